@@ -1,0 +1,116 @@
+//! The normalized messages that cross the channel boundary.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+/// Where a reply goes: `<channel>:<segments...>`, e.g. `telegram:123` or `slack:T1:C2:1712.5`.
+///
+/// The first segment is always the channel name; the rest is the channel's business
+/// (DESIGN.md section 4).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct ConversationKey(String);
+
+impl ConversationKey {
+    /// Joins a channel name and its segments with `:`.
+    #[must_use]
+    pub fn new<I, S>(channel: &str, segments: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        let mut key = channel.to_owned();
+        for segment in segments {
+            key.push(':');
+            key.push_str(segment.as_ref());
+        }
+        Self(key)
+    }
+
+    /// The whole key.
+    #[must_use]
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The channel this conversation lives on.
+    #[must_use]
+    pub fn channel(&self) -> &str {
+        self.0.split(':').next().unwrap_or_default()
+    }
+}
+
+impl fmt::Display for ConversationKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Who wrote a message.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UserRef {
+    /// The platform's user id (memory is keyed by channel + this).
+    pub id: String,
+    /// A display name when the platform gives one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+}
+
+/// One message addressed to the bot, normalized from any platform.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct InboundEvent {
+    /// The channel name (`api`, `telegram`, ...).
+    pub channel: String,
+    /// The platform's id for this delivery (update_id, event_id, interaction id, message_id):
+    /// the dedupe key, unique within the channel.
+    pub event_id: String,
+    /// Where the reply goes.
+    pub conversation: ConversationKey,
+    /// The author.
+    pub user: UserRef,
+    /// The text, with the bot's own mention removed.
+    pub text: String,
+    /// The platform message to reply to, when the platform threads replies.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reply_to: Option<String>,
+    /// When antler received it, in milliseconds since the Unix epoch.
+    pub received_at_ms: u64,
+}
+
+/// One message for a channel to deliver.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OutboundMessage {
+    /// A key that is the same every time this exact message is (re)tried, so a platform or
+    /// receiver that supports idempotency can drop a duplicate.
+    pub idempotency_key: String,
+    /// Where it goes.
+    pub conversation: ConversationKey,
+    /// The antler thread it answers.
+    pub thread_id: String,
+    /// Markdown text.
+    pub text: String,
+    /// The platform message it replies to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reply_to: Option<String>,
+}
+
+/// Proof of delivery: the platform's id for the message it created.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Receipt {
+    /// The platform's message id.
+    pub platform_message_id: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn conversation_key_joins_segments_and_knows_its_channel() {
+        let key = ConversationKey::new("slack", ["T1", "C2", "1712.5"]);
+        assert_eq!(key.as_str(), "slack:T1:C2:1712.5");
+        assert_eq!(key.channel(), "slack");
+        assert_eq!(key.to_string(), "slack:T1:C2:1712.5");
+    }
+}

@@ -1,0 +1,88 @@
+//! # antler-channel
+//!
+//! What every antler channel shares: the [`Channel`] trait, the normalized [`InboundEvent`] and
+//! [`OutboundMessage`], conversation keys, and the constant-time verification helpers in
+//! [`verify`].
+//!
+//! A channel is pure protocol. [`Channel::verify`] and [`Channel::parse`] are synchronous and
+//! work on the raw request (headers and body bytes), so they can be tested against recorded
+//! payloads with no runtime; only [`Channel::send`] does I/O. This crate never depends on the
+//! gateway (`antler`), which keeps platform crates free of runtime details.
+#![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
+
+mod event;
+pub mod verify;
+
+pub use event::{ConversationKey, InboundEvent, OutboundMessage, Receipt, UserRef};
+
+use std::time::Duration;
+
+/// A webhook request as the platform sent it: headers and the exact body bytes.
+///
+/// Signatures are computed over the raw bytes, so nothing may parse the body before
+/// [`Channel::verify`] has accepted it.
+#[derive(Debug, Clone, Copy)]
+pub struct WebhookRequest<'a> {
+    /// The request headers.
+    pub headers: &'a http::HeaderMap,
+    /// The raw body.
+    pub body: &'a [u8],
+}
+
+/// What a verified webhook turned into.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Parsed {
+    /// Messages to accept (dedupe, store, answer later).
+    Events(Vec<InboundEvent>),
+    /// A protocol reply to send back at once (URL challenge, PING), nothing to store.
+    Reply(serde_json::Value),
+    /// A well-formed request that asks nothing of antler (the bot's own echo, an unhandled kind).
+    Ignore,
+}
+
+/// The errors of the channel boundary. Each variant carries what the caller's policy needs.
+#[derive(Debug, thiserror::Error, Clone, PartialEq)]
+pub enum ChannelError {
+    /// The request's signature, secret or token did not verify (HTTP 401).
+    #[error("unauthorized")]
+    Unauthorized,
+    /// The request verified but its body is not what the protocol says (HTTP 400).
+    #[error("malformed request: {0}")]
+    Malformed(String),
+    /// The platform asked us to slow down; retry after the given delay.
+    #[error("rate limited, retry after {retry_after:?}")]
+    RateLimited {
+        /// How long the platform asked us to wait.
+        retry_after: Duration,
+    },
+    /// A failure that may go away (5xx, timeout, connection reset): retry with backoff.
+    #[error("transient failure: {0}")]
+    Transient(String),
+    /// A failure that retrying will not fix (4xx other than 429, a deleted chat).
+    #[error("permanent failure: {0}")]
+    Permanent(String),
+}
+
+impl ChannelError {
+    /// Whether the delivery worker should try again.
+    #[must_use]
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, Self::RateLimited { .. } | Self::Transient(_))
+    }
+}
+
+/// One messaging platform (or antler's own HTTP API) as the gateway sees it.
+#[async_trait::async_trait]
+pub trait Channel: Send + Sync + 'static {
+    /// The channel's name: the first segment of its conversation keys and its route.
+    fn name(&self) -> &'static str;
+
+    /// Authenticates the raw request. Must compare secrets in constant time.
+    fn verify(&self, request: &WebhookRequest<'_>) -> Result<(), ChannelError>;
+
+    /// Turns a verified request into events or an immediate reply.
+    fn parse(&self, request: &WebhookRequest<'_>) -> Result<Parsed, ChannelError>;
+
+    /// Delivers one message; the receipt names what the platform created.
+    async fn send(&self, message: &OutboundMessage) -> Result<Receipt, ChannelError>;
+}

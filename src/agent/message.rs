@@ -1,0 +1,105 @@
+//! The conversation data the runtime works on: chat messages, tool calls and token usage.
+//!
+//! These are antler's own types, stored in the thread state; the model client maps them to
+//! and from the OpenAI wire format.
+
+use serde::{Deserialize, Serialize};
+
+/// One message of a thread.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "role", rename_all = "lowercase")]
+pub(crate) enum ChatMessage {
+    /// Instructions for the model.
+    System {
+        /// The instructions.
+        content: String,
+    },
+    /// What a person wrote.
+    User {
+        /// The text.
+        content: String,
+    },
+    /// What the model answered: text, tool calls, or both.
+    Assistant {
+        /// The visible text (may be empty when the model only calls tools).
+        #[serde(default)]
+        content: String,
+        /// Tools the model asked to run, answered by the `Tool` messages that follow.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        tool_calls: Vec<ToolCall>,
+    },
+    /// The result of one tool call.
+    Tool {
+        /// The id of the call it answers.
+        tool_call_id: String,
+        /// The result (or error) text the model sees.
+        content: String,
+    },
+}
+
+impl ChatMessage {
+    /// A system message.
+    #[must_use]
+    pub(crate) fn system(content: impl Into<String>) -> Self {
+        Self::System {
+            content: content.into(),
+        }
+    }
+
+    /// A user message.
+    #[must_use]
+    pub(crate) fn user(content: impl Into<String>) -> Self {
+        Self::User {
+            content: content.into(),
+        }
+    }
+
+    /// An assistant message with text only.
+    #[must_use]
+    pub(crate) fn assistant(content: impl Into<String>) -> Self {
+        Self::Assistant {
+            content: content.into(),
+            tool_calls: Vec::new(),
+        }
+    }
+
+    /// A tool result.
+    #[must_use]
+    pub(crate) fn tool(tool_call_id: impl Into<String>, content: impl Into<String>) -> Self {
+        Self::Tool {
+            tool_call_id: tool_call_id.into(),
+            content: content.into(),
+        }
+    }
+}
+
+/// A tool call the model made.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct ToolCall {
+    /// The provider's call id; the tool result names it.
+    pub(crate) id: String,
+    /// The tool's name.
+    pub(crate) name: String,
+    /// The arguments as the model wrote them: a JSON object as text, possibly invalid.
+    pub(crate) arguments: String,
+}
+
+/// Tokens counted by the model provider.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct TokenUsage {
+    /// Tokens in the prompt.
+    pub(crate) prompt_tokens: u64,
+    /// Tokens generated.
+    pub(crate) completion_tokens: u64,
+    /// Their sum as the provider reports it.
+    pub(crate) total_tokens: u64,
+}
+
+impl TokenUsage {
+    /// Adds another count to this one.
+    pub(crate) fn add(&mut self, other: &Self) {
+        self.prompt_tokens += other.prompt_tokens;
+        self.completion_tokens += other.completion_tokens;
+        self.total_tokens += other.total_tokens;
+    }
+}

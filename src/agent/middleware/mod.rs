@@ -1,0 +1,350 @@
+//! The middleware chain around model calls and tool calls.
+//!
+//! A run is `before_run → loop { before_model → MODEL → after_model → for each tool call
+//! { before_tool → TOOL → after_tool } } → after_run`. `before_*` hooks run in chain order,
+//! `after_*` hooks in reverse, so the first middleware is the outermost layer.
+//!
+//! The order is data: [`CHAIN_ORDER`] names every middleware antler knows, where it sits and
+//! why; [`MiddlewareChain::new`] refuses a chain that breaks it. Observers fail open (an error
+//! is logged and the run goes on); guards fail closed (an error stops what they guard).
+
+pub(crate) mod dangling_tool_call;
+pub(crate) mod loop_detection;
+pub(crate) mod title;
+pub(crate) mod token_usage;
+
+use std::sync::Arc;
+
+use super::message::{ToolCall, TokenUsage};
+use super::model::{ModelRequest, ModelResponse};
+use super::thread::ThreadState;
+
+/// Every middleware antler knows, in chain order, with the reason for its place
+/// (DESIGN.md section 5).
+pub(crate) const CHAIN_ORDER: &[(&str, &str)] = &[
+    ("thread_data", "sets up the per-thread workspace every later middleware may use"),
+    ("uploads", "needs the workspace to store attachments before the model sees them"),
+    ("input_sanitization", "neutralises user text before anything injects trusted blocks"),
+    (
+        "dangling_tool_call",
+        "repairs unanswered tool calls before any later hook reads or extends the request",
+    ),
+    ("guardrail", "authorizes tool calls before anything else inspects or runs them"),
+    ("sandbox_audit", "audits shell commands that the guardrail allowed"),
+    ("tool_output_budget", "cuts tool output before it is stored or summarized"),
+    ("summarization", "compacts history before per-request context is added"),
+    ("todo", "plan reminders are added to the compacted history"),
+    (
+        "token_usage",
+        "its after_model runs late (reverse order), after other hooks rewrote the response",
+    ),
+    ("title", "titles the final answer, after loop detection may have rewritten it"),
+    ("memory", "injects memory close to the model call and queues updates after the run"),
+    ("view_image", "adds images to the request after memory and context are in place"),
+    ("deferred_tools", "filters the tool list just before the model sees it"),
+    ("subagent_limit", "caps task calls in the raw model response, before other after_model hooks"),
+    (
+        "loop_detection",
+        "must see the raw tool calls first (its after_model runs early) and inject warnings last",
+    ),
+    ("clarification", "interrupts the run at the tool call; always last"),
+];
+
+/// Runtime facts a middleware may read and update during one run.
+#[derive(Debug)]
+pub(crate) struct RunContext<'a> {
+    /// The thread, including the messages of this run so far.
+    pub(crate) thread: &'a mut ThreadState,
+    /// The user the run is for (`<channel>:<user id>`).
+    pub(crate) user_id: &'a str,
+    /// Model calls made so far in this run.
+    pub(crate) model_calls: u32,
+    /// Tokens used by this run so far.
+    pub(crate) run_usage: TokenUsage,
+    /// Why the run was stopped early, if a middleware stopped it.
+    pub(crate) stop_reason: Option<String>,
+}
+
+/// The result of a tool call, as the model will see it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ToolOutput {
+    /// The text the model sees.
+    pub(crate) content: String,
+    /// Whether this reports a failure.
+    pub(crate) is_error: bool,
+}
+
+impl ToolOutput {
+    /// A successful result.
+    pub(crate) fn ok(content: impl Into<String>) -> Self {
+        Self {
+            content: content.into(),
+            is_error: false,
+        }
+    }
+
+    /// A failure the model is told about; the run goes on.
+    pub(crate) fn error(content: impl Into<String>) -> Self {
+        Self {
+            content: content.into(),
+            is_error: true,
+        }
+    }
+}
+
+/// What `before_tool` decides about one tool call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum ToolDecision {
+    /// Run the tool.
+    Run,
+    /// Do not run it; answer the model with this result instead.
+    Skip(ToolOutput),
+}
+
+/// How a middleware's own failure is treated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum FailurePolicy {
+    /// Observers: log the error, carry on as if the hook had done nothing.
+    FailOpen,
+    /// Guards: the error stops the guarded step (a tool call is refused, a run fails).
+    FailClosed,
+}
+
+/// A middleware's own failure.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub(crate) struct MiddlewareError(pub(crate) String);
+
+/// A chain that breaks [`CHAIN_ORDER`].
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub(crate) enum ChainError {
+    /// A name that is not in [`CHAIN_ORDER`].
+    #[error("unknown middleware `{0}`")]
+    Unknown(String),
+    /// The same middleware twice.
+    #[error("middleware `{0}` appears twice")]
+    Duplicate(String),
+    /// Two middlewares in the wrong order.
+    #[error("middleware `{later}` must come after `{earlier}`: {reason}")]
+    OutOfOrder {
+        /// The one that must come first.
+        earlier: String,
+        /// The one that must come later.
+        later: String,
+        /// Why the later one sits where it does.
+        reason: String,
+    },
+}
+
+/// One middleware: hooks with no-op defaults.
+#[async_trait::async_trait]
+pub(crate) trait Middleware: Send + Sync {
+    /// Its name in [`CHAIN_ORDER`] and in config.
+    fn name(&self) -> &'static str;
+
+    /// How its failures are treated.
+    fn failure_policy(&self) -> FailurePolicy {
+        FailurePolicy::FailOpen
+    }
+
+    /// Once, before the first model call of a run.
+    async fn before_run(&self, _cx: &mut RunContext<'_>) -> Result<(), MiddlewareError> {
+        Ok(())
+    }
+
+    /// Before each model call; may change the request (not the stored history).
+    async fn before_model(
+        &self,
+        _cx: &mut RunContext<'_>,
+        _request: &mut ModelRequest,
+    ) -> Result<(), MiddlewareError> {
+        Ok(())
+    }
+
+    /// After each model call, in reverse chain order; may rewrite the response before it is
+    /// stored (strip tool calls, append a note).
+    async fn after_model(
+        &self,
+        _cx: &mut RunContext<'_>,
+        _response: &mut ModelResponse,
+    ) -> Result<(), MiddlewareError> {
+        Ok(())
+    }
+
+    /// Before each tool call; may refuse it.
+    async fn before_tool(
+        &self,
+        _cx: &mut RunContext<'_>,
+        _call: &ToolCall,
+    ) -> Result<ToolDecision, MiddlewareError> {
+        Ok(ToolDecision::Run)
+    }
+
+    /// After each tool call, in reverse chain order; may rewrite the result.
+    async fn after_tool(
+        &self,
+        _cx: &mut RunContext<'_>,
+        _call: &ToolCall,
+        _output: &mut ToolOutput,
+    ) -> Result<(), MiddlewareError> {
+        Ok(())
+    }
+
+    /// Once, after the run ended (answered, interrupted or stopped), in reverse chain order.
+    async fn after_run(&self, _cx: &mut RunContext<'_>) -> Result<(), MiddlewareError> {
+        Ok(())
+    }
+}
+
+/// A validated, ordered list of middlewares and the hook runner.
+#[derive(Clone, Default)]
+pub(crate) struct MiddlewareChain {
+    items: Vec<Arc<dyn Middleware>>,
+}
+
+impl std::fmt::Debug for MiddlewareChain {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list()
+            .entries(self.items.iter().map(|m| m.name()))
+            .finish()
+    }
+}
+
+/// A fail-closed middleware refused to let the run go on.
+#[derive(Debug, thiserror::Error)]
+#[error("middleware `{name}` failed: {source}")]
+pub(crate) struct ChainAbort {
+    pub(crate) name: &'static str,
+    #[source]
+    pub(crate) source: MiddlewareError,
+}
+
+impl MiddlewareChain {
+    /// Builds a chain, checking it against [`CHAIN_ORDER`].
+    pub(crate) fn new(items: Vec<Arc<dyn Middleware>>) -> Result<Self, ChainError> {
+        let mut last: Option<(usize, &str)> = None;
+        for item in &items {
+            let name = item.name();
+            let Some(position) = CHAIN_ORDER.iter().position(|(n, _)| *n == name) else {
+                return Err(ChainError::Unknown(name.to_owned()));
+            };
+            if let Some((last_position, last_name)) = last {
+                if position == last_position {
+                    return Err(ChainError::Duplicate(name.to_owned()));
+                }
+                if position < last_position {
+                    let reason = CHAIN_ORDER
+                        .get(last_position)
+                        .map(|(_, why)| *why)
+                        .unwrap_or_default();
+                    return Err(ChainError::OutOfOrder {
+                        earlier: name.to_owned(),
+                        later: last_name.to_owned(),
+                        reason: reason.to_owned(),
+                    });
+                }
+            }
+            last = Some((position, name));
+        }
+        Ok(Self { items })
+    }
+
+    /// The middleware names in chain order.
+    pub(crate) fn names(&self) -> Vec<&'static str> {
+        self.items.iter().map(|m| m.name()).collect()
+    }
+
+    fn settle(
+        item: &Arc<dyn Middleware>,
+        hook: &'static str,
+        result: Result<(), MiddlewareError>,
+    ) -> Result<(), ChainAbort> {
+        match result {
+            Ok(()) => Ok(()),
+            Err(source) => match item.failure_policy() {
+                FailurePolicy::FailOpen => {
+                    tracing::warn!(middleware = item.name(), hook, error = %source, "middleware failed open");
+                    metrics::counter!("antler_middleware_errors_total", "middleware" => item.name()).increment(1);
+                    Ok(())
+                }
+                FailurePolicy::FailClosed => Err(ChainAbort {
+                    name: item.name(),
+                    source,
+                }),
+            },
+        }
+    }
+
+    pub(crate) async fn before_run(&self, cx: &mut RunContext<'_>) -> Result<(), ChainAbort> {
+        for item in &self.items {
+            let result = item.before_run(cx).await;
+            Self::settle(item, "before_run", result)?;
+        }
+        Ok(())
+    }
+
+    pub(crate) async fn before_model(
+        &self,
+        cx: &mut RunContext<'_>,
+        request: &mut ModelRequest,
+    ) -> Result<(), ChainAbort> {
+        for item in &self.items {
+            let result = item.before_model(cx, request).await;
+            Self::settle(item, "before_model", result)?;
+        }
+        Ok(())
+    }
+
+    pub(crate) async fn after_model(
+        &self,
+        cx: &mut RunContext<'_>,
+        response: &mut ModelResponse,
+    ) -> Result<(), ChainAbort> {
+        for item in self.items.iter().rev() {
+            let result = item.after_model(cx, response).await;
+            Self::settle(item, "after_model", result)?;
+        }
+        Ok(())
+    }
+
+    /// Asks every middleware in order; the first `Skip` wins. A failing guard refuses the call.
+    pub(crate) async fn before_tool(&self, cx: &mut RunContext<'_>, call: &ToolCall) -> ToolDecision {
+        for item in &self.items {
+            match item.before_tool(cx, call).await {
+                Ok(ToolDecision::Run) => {}
+                Ok(skip @ ToolDecision::Skip(_)) => return skip,
+                Err(error) => {
+                    if Self::settle(item, "before_tool", Err(error)).is_err() {
+                        return ToolDecision::Skip(ToolOutput::error(format!(
+                            "Tool call `{}` was refused: the {} check failed.",
+                            call.name,
+                            item.name()
+                        )));
+                    }
+                }
+            }
+        }
+        ToolDecision::Run
+    }
+
+    pub(crate) async fn after_tool(
+        &self,
+        cx: &mut RunContext<'_>,
+        call: &ToolCall,
+        output: &mut ToolOutput,
+    ) -> Result<(), ChainAbort> {
+        for item in self.items.iter().rev() {
+            let result = item.after_tool(cx, call, output).await;
+            Self::settle(item, "after_tool", result)?;
+        }
+        Ok(())
+    }
+
+    pub(crate) async fn after_run(&self, cx: &mut RunContext<'_>) -> Result<(), ChainAbort> {
+        for item in self.items.iter().rev() {
+            let result = item.after_run(cx).await;
+            Self::settle(item, "after_run", result)?;
+        }
+        Ok(())
+    }
+}

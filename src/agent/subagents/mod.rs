@@ -1,0 +1,1 @@
+//! Subagents: the registry record types (the executor comes with a later issue).

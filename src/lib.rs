@@ -1,0 +1,18 @@
+//! # antler
+//!
+//! A chat-ops agent gateway: platform webhooks in, one durable agent runtime, answers out.
+//!
+//! ## Layout
+//! - [`config`]: the typed TOML configuration, `${ENV}` substitution and validation.
+//! - `http`: the axum router (webhooks, the API channel, health, metrics).
+//! - `ingress`: dedupe, inbox, the per-conversation dispatcher, commands.
+//! - `delivery`: the outbox and a delivery worker per channel.
+//! - `agent`: the runtime (model client, tools, middleware chain), free of HTTP and platforms.
+//! - `memory`: long-term memory documents and their update queue.
+//! - `store`: the `Store` trait and its sled implementation.
+#![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
+
+pub(crate) mod agent;
+pub mod config;
+pub(crate) mod memory;
+pub(crate) mod store;
