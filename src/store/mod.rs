@@ -1,1 +1,267 @@
-//! The store.
+//! Durable state behind one trait: conversations, threads, the inbox, the dedupe set, the
+//! outbox, memory documents, the memory update queue and the subagent registry.
+//!
+//! Each method that changes more than one collection is one transaction, so a crash leaves
+//! the state before or the state after, never half (DESIGN.md section 2). Methods documented
+//! as *durable* return only after the change is flushed to disk; concurrent callers share one
+//! flush (group commit, see `group_commit`).
+
+mod group_commit;
+mod sled_store;
+
+pub(crate) use sled_store::SledStore;
+
+use antler_channel::{InboundEvent, OutboundMessage, Receipt};
+use serde::{Deserialize, Serialize};
+
+use crate::agent::subagents::{SubagentRecord, SubagentStatus};
+use crate::agent::thread::ThreadState;
+use crate::memory::{MemoryDocument, MemoryUpdate};
+
+/// The store layout version this build writes. Bump it when a stored type changes
+/// incompatibly, and teach `SledStore::open` to migrate.
+pub(crate) const SCHEMA_VERSION: u32 = 1;
+
+/// The errors of the store boundary.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum StoreError {
+    /// The embedded database failed (I/O, corruption).
+    #[error("store: {0}")]
+    Backend(String),
+    /// A stored record could not be decoded.
+    #[error("store: cannot decode {what}: {detail}")]
+    Codec { what: &'static str, detail: String },
+    /// The store was written by a newer antler.
+    #[error(
+        "store at {path} has schema version {found}, but this antler supports at most {supported}; \
+         run a newer antler or point [store] path elsewhere"
+    )]
+    NewerSchema {
+        path: String,
+        found: u32,
+        supported: u32,
+    },
+    /// A record that must exist does not.
+    #[error("store: no {what} {key}")]
+    Missing { what: &'static str, key: String },
+}
+
+impl From<sled::Error> for StoreError {
+    fn from(e: sled::Error) -> Self {
+        Self::Backend(e.to_string())
+    }
+}
+
+/// Where a conversation stands: its current thread.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct ConversationRecord {
+    pub(crate) key: String,
+    /// Incremented by `/new`.
+    pub(crate) generation: u64,
+    /// The current thread's id.
+    pub(crate) thread_id: String,
+    /// The user who started the current thread.
+    pub(crate) user_id: String,
+}
+
+/// What to do with the conversation when accepting an event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ThreadChoice {
+    /// Use the current thread (create the conversation if it is new).
+    Current,
+    /// Start a fresh thread (`/new`): the next generation, history kept under the old id.
+    Fresh,
+}
+
+/// A request to accept an inbound event.
+#[derive(Debug, Clone)]
+pub(crate) struct Accept {
+    /// `<channel>:<event id>`: the dedupe key.
+    pub(crate) dedupe_key: String,
+    /// How long the key is remembered.
+    pub(crate) dedupe_ttl_ms: u64,
+    pub(crate) event: InboundEvent,
+    pub(crate) thread: ThreadChoice,
+    pub(crate) now_ms: u64,
+}
+
+/// The outcome of [`Store::accept`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Accepted {
+    /// Stored and flushed: it will run.
+    New { seq: u64, thread_id: String },
+    /// Seen before (within the dedupe TTL): nothing stored.
+    Duplicate { thread_id: String },
+}
+
+/// An inbox item's place in its life. Finished items are removed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum InboxStatus {
+    Pending,
+    Running,
+}
+
+/// An accepted event waiting for (or in) its turn.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(crate) struct InboxItem {
+    /// Arrival order, unique for the store's lifetime.
+    pub(crate) seq: u64,
+    pub(crate) event: InboundEvent,
+    /// The thread it was accepted into.
+    pub(crate) thread_id: String,
+    /// Whether this item started a fresh thread (`/new`).
+    pub(crate) fresh_thread: bool,
+    pub(crate) status: InboxStatus,
+    /// Turns started for it (a crash mid-turn leaves this above zero).
+    pub(crate) attempts: u32,
+    pub(crate) accepted_at_ms: u64,
+}
+
+/// An outbox item's state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum OutboxStatus {
+    Pending,
+    Sent,
+    /// Given up after the last attempt; kept for inspection.
+    Failed,
+}
+
+/// One reply to deliver.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(crate) struct OutboxItem {
+    pub(crate) seq: u64,
+    pub(crate) message: OutboundMessage,
+    pub(crate) status: OutboxStatus,
+    pub(crate) attempts: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) last_error: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) receipt: Option<Receipt>,
+    pub(crate) created_at_ms: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) finished_at_ms: Option<u64>,
+}
+
+/// A finished turn: everything written together.
+#[derive(Debug, Clone)]
+pub(crate) struct FinishTurn {
+    pub(crate) inbox_seq: u64,
+    /// The thread after the turn (None: unchanged, e.g. a command that touches no thread).
+    pub(crate) thread: Option<ThreadState>,
+    /// Replies to deliver, in order.
+    pub(crate) replies: Vec<OutboundMessage>,
+    /// A memory update to queue with the turn, if any.
+    pub(crate) memory_update: Option<MemoryUpdate>,
+    pub(crate) now_ms: u64,
+}
+
+/// The result of a subagent status change.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Transition {
+    /// Applied; the record as stored now.
+    Applied(SubagentRecord),
+    /// Refused (e.g. a terminal status was already written); the record as it is.
+    Refused(SubagentRecord),
+}
+
+/// Counts for `/status`, `/readyz` and metrics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct StoreStats {
+    pub(crate) inbox: usize,
+    pub(crate) outbox_pending: usize,
+    pub(crate) threads: usize,
+}
+
+/// Durable state. See the module doc for the transaction and flush rules.
+#[async_trait::async_trait]
+pub(crate) trait Store: Send + Sync + std::fmt::Debug {
+    /// Dedupe key + conversation + inbox item in one transaction, then a flush. *Durable.*
+    async fn accept(&self, accept: Accept) -> Result<Accepted, StoreError>;
+
+    /// Inbox items not yet finished, in arrival order.
+    async fn inbox(&self) -> Result<Vec<InboxItem>, StoreError>;
+
+    /// Marks an item running and counts the attempt. *Durable*, so a message that crashes the
+    /// process every time is recognised after a few restarts.
+    async fn start_turn(&self, seq: u64) -> Result<InboxItem, StoreError>;
+
+    /// Thread state + replies into the outbox + the inbox item removed (+ a memory update),
+    /// in one transaction. *Durable.* Returns the new outbox items.
+    async fn finish_turn(&self, finish: FinishTurn) -> Result<Vec<OutboxItem>, StoreError>;
+
+    /// Saves a thread mid-turn (after a tool result). *Durable.*
+    async fn checkpoint_thread(&self, thread: &ThreadState) -> Result<(), StoreError>;
+
+    async fn conversation(&self, key: &str) -> Result<Option<ConversationRecord>, StoreError>;
+
+    async fn thread(&self, id: &str) -> Result<Option<ThreadState>, StoreError>;
+
+    /// Outbox items still to deliver, in order.
+    async fn outbox_pending(&self) -> Result<Vec<OutboxItem>, StoreError>;
+
+    async fn outbox_item(&self, seq: u64) -> Result<Option<OutboxItem>, StoreError>;
+
+    /// Records a failed attempt; `give_up` marks the item failed for good.
+    async fn delivery_failed(
+        &self,
+        seq: u64,
+        error: &str,
+        give_up: bool,
+        now_ms: u64,
+    ) -> Result<OutboxItem, StoreError>;
+
+    /// Marks an item sent with its receipt. *Durable.*
+    async fn delivered(&self, seq: u64, receipt: Receipt, now_ms: u64)
+    -> Result<OutboxItem, StoreError>;
+
+    /// Forgets expired dedupe keys and finished outbox items older than `retain_ms`.
+    async fn sweep(&self, now_ms: u64, retain_ms: u64) -> Result<usize, StoreError>;
+
+    async fn stats(&self) -> Result<StoreStats, StoreError>;
+
+    async fn memory(&self, user_id: &str) -> Result<Option<MemoryDocument>, StoreError>;
+
+    /// *Durable.*
+    async fn put_memory(&self, user_id: &str, doc: &MemoryDocument) -> Result<(), StoreError>;
+
+    /// Queues an update; a newer one for the same thread replaces it. *Durable.*
+    async fn queue_memory_update(&self, update: MemoryUpdate) -> Result<(), StoreError>;
+
+    /// Queued updates whose debounce window has ended, oldest first.
+    async fn due_memory_updates(
+        &self,
+        now_ms: u64,
+        limit: usize,
+    ) -> Result<Vec<MemoryUpdate>, StoreError>;
+
+    /// Removes a processed update unless a newer one replaced it meanwhile.
+    async fn remove_memory_update(
+        &self,
+        thread_id: &str,
+        enqueued_at_ms: u64,
+    ) -> Result<bool, StoreError>;
+
+    /// *Durable.*
+    async fn create_subagent(&self, record: &SubagentRecord) -> Result<(), StoreError>;
+
+    async fn subagent(&self, id: &str) -> Result<Option<SubagentRecord>, StoreError>;
+
+    /// Moves a record along its state machine; the first terminal write wins. *Durable.*
+    async fn transition_subagent(
+        &self,
+        id: &str,
+        to: SubagentStatus,
+        result: Option<String>,
+        error: Option<String>,
+        now_ms: u64,
+    ) -> Result<Transition, StoreError>;
+
+    /// After a restart: records left PENDING or RUNNING become FAILED with `reason`.
+    async fn fail_unfinished_subagents(&self, reason: &str, now_ms: u64)
+    -> Result<usize, StoreError>;
+
+    /// Flushes everything written so far. *Durable.*
+    async fn flush(&self) -> Result<(), StoreError>;
+}

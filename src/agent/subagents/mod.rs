@@ -1,1 +1,6 @@
-//! Subagents: the registry record types (the executor comes with a later issue).
+//! Subagents (DESIGN.md section 7). This issue defines the registry record the store keeps;
+//! the executor and the `task` tool come with a later issue.
+
+mod registry;
+
+pub(crate) use registry::{SubagentRecord, SubagentStatus};
