@@ -7,3 +7,4 @@ pub(crate) mod model;
 pub(crate) mod subagents;
 pub(crate) mod thread;
 pub(crate) mod tools;
+pub(crate) mod runtime;

@@ -209,8 +209,8 @@ impl Store for SledStore {
         } = accept;
         let conversation_key = event.conversation.as_str().to_owned();
         let user_id = format!("{}:{}", event.channel, event.user.id);
-        let outcome = (&self.dedupe, &self.conversations, &self.inbox)
-            .transaction(|(dedupe, conversations, inbox)| {
+        let outcome = (&self.dedupe, &self.conversations, &self.inbox, &self.threads)
+            .transaction(|(dedupe, conversations, inbox, threads)| {
                 if let Some(bytes) = dedupe.get(dedupe_key.as_bytes())? {
                     let seen: DedupeEntry = tx_decode("dedupe entry", &bytes)?;
                     if seen.expires_at_ms > now_ms {
@@ -225,12 +225,23 @@ impl Store for SledStore {
                     .transpose()?;
                 let record = match (current, thread) {
                     (Some(record), ThreadChoice::Current) => record,
-                    (current, _) => ConversationRecord {
-                        key: conversation_key.clone(),
-                        generation: current.map_or(0, |r| r.generation + 1),
-                        thread_id: new_thread_id(),
-                        user_id: user_id.clone(),
-                    },
+                    (current, _) => {
+                        let record = ConversationRecord {
+                            key: conversation_key.clone(),
+                            generation: current.map_or(0, |r| r.generation + 1),
+                            thread_id: new_thread_id(),
+                            user_id: user_id.clone(),
+                        };
+                        // The thread exists from the moment it is named in an answer.
+                        let state = ThreadState::new(
+                            record.thread_id.clone(),
+                            conversation_key.clone(),
+                            record.generation,
+                            now_ms,
+                        );
+                        threads.insert(record.thread_id.as_bytes(), tx_encode("thread", &state)?)?;
+                        record
+                    }
                 };
                 conversations.insert(
                     conversation_key.as_bytes(),

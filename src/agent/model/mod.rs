@@ -5,6 +5,8 @@
 //! Retries, timeouts and backoff live in the client, not in the middleware chain.
 
 mod openai;
+#[cfg(test)]
+pub(crate) mod scripted;
 
 pub(crate) use openai::{OpenAiClient, OpenAiConfig};
 

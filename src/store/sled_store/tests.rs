@@ -79,6 +79,9 @@ async fn fresh_thread_starts_the_next_generation() {
     assert_eq!(record.generation, 1);
     assert_eq!(record.thread_id, second);
     assert_eq!(record.user_id, "api:u1");
+    let fresh = store.thread(&second).await.unwrap().unwrap();
+    assert_eq!((fresh.generation, fresh.messages.len()), (1, 0));
+    assert!(store.thread(&first).await.unwrap().is_some(), "history is kept");
     let items = store.inbox().await.unwrap();
     assert!(!items[0].fresh_thread && items[1].fresh_thread);
 }
