@@ -89,7 +89,7 @@ pub(crate) struct Accept {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Accepted {
     /// Stored and flushed: it will run.
-    New { seq: u64, thread_id: String },
+    New(InboxItem),
     /// Seen before (within the dedupe TTL): nothing stored.
     Duplicate { thread_id: String },
 }

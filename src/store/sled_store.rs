@@ -263,13 +263,10 @@ impl Store for SledStore {
                     thread_id: record.thread_id.clone(),
                 };
                 dedupe.insert(dedupe_key.as_bytes(), tx_encode("dedupe entry", &entry)?)?;
-                Ok(Accepted::New {
-                    seq,
-                    thread_id: record.thread_id,
-                })
+                Ok(Accepted::New(item))
             })
             .map_err(from_tx)?;
-        if matches!(outcome, Accepted::New { .. }) {
+        if matches!(outcome, Accepted::New(_)) {
             self.commit.flush().await?;
         }
         Ok(outcome)

@@ -43,7 +43,7 @@ fn reply(thread_id: &str, text: &str) -> OutboundMessage {
 #[tokio::test]
 async fn accept_stores_once_and_recognises_redelivery_until_expiry() {
     let store = SledStore::temporary().unwrap();
-    let Accepted::New { seq, thread_id } =
+    let Accepted::New(InboxItem { seq, thread_id, .. }) =
         store.accept(accept("m1", ThreadChoice::Current, 10)).await.unwrap()
     else {
         panic!("first delivery must be new");
@@ -57,19 +57,19 @@ async fn accept_stores_once_and_recognises_redelivery_until_expiry() {
 
     // After the TTL the key is forgotten and the same id is a new message.
     let late = store.accept(accept("m1", ThreadChoice::Current, 2_000)).await.unwrap();
-    assert!(matches!(late, Accepted::New { thread_id: t, .. } if t == thread_id));
+    assert!(matches!(late, Accepted::New(InboxItem { thread_id: t, .. }) if t == thread_id));
     assert_eq!(store.inbox().await.unwrap().len(), 2);
 }
 
 #[tokio::test]
 async fn fresh_thread_starts_the_next_generation() {
     let store = SledStore::temporary().unwrap();
-    let Accepted::New { thread_id: first, .. } =
+    let Accepted::New(InboxItem { thread_id: first, .. }) =
         store.accept(accept("m1", ThreadChoice::Current, 1)).await.unwrap()
     else {
         panic!()
     };
-    let Accepted::New { thread_id: second, .. } =
+    let Accepted::New(InboxItem { thread_id: second, .. }) =
         store.accept(accept("m2", ThreadChoice::Fresh, 2)).await.unwrap()
     else {
         panic!()
@@ -89,7 +89,7 @@ async fn fresh_thread_starts_the_next_generation() {
 #[tokio::test]
 async fn finish_turn_writes_thread_outbox_and_removes_the_inbox_item_together() {
     let store = SledStore::temporary().unwrap();
-    let Accepted::New { seq, thread_id } =
+    let Accepted::New(InboxItem { seq, thread_id, .. }) =
         store.accept(accept("m1", ThreadChoice::Current, 1)).await.unwrap()
     else {
         panic!()
@@ -133,7 +133,7 @@ async fn finish_turn_writes_thread_outbox_and_removes_the_inbox_item_together() 
 #[tokio::test]
 async fn delivery_records_receipts_and_failures() {
     let store = SledStore::temporary().unwrap();
-    let Accepted::New { seq, thread_id } =
+    let Accepted::New(InboxItem { seq, thread_id, .. }) =
         store.accept(accept("m1", ThreadChoice::Current, 1)).await.unwrap()
     else {
         panic!()
@@ -173,7 +173,7 @@ async fn state_survives_reopening_and_newer_schemas_are_refused() {
     let dir = tempfile::tempdir().unwrap();
     let thread_id = {
         let store = SledStore::open(dir.path()).unwrap();
-        let Accepted::New { thread_id, .. } =
+        let Accepted::New(InboxItem { thread_id, .. }) =
             store.accept(accept("m1", ThreadChoice::Current, 1)).await.unwrap()
         else {
             panic!()
@@ -203,7 +203,7 @@ async fn concurrent_accepts_all_land_and_share_flushes() {
         }));
     }
     for task in tasks {
-        assert!(matches!(task.await.unwrap().unwrap(), Accepted::New { .. }));
+        assert!(matches!(task.await.unwrap().unwrap(), Accepted::New(_)));
     }
     let inbox = store.inbox().await.unwrap();
     assert_eq!(inbox.len(), 200);

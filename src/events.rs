@@ -1,0 +1,87 @@
+//! Live thread events for subscribers (the API channel's SSE streams): streamed text while a
+//! turn runs and the final answer when it is delivered. Events are not stored; a subscriber
+//! that connects late reads the thread instead.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use serde::Serialize;
+use tokio::sync::broadcast;
+
+/// Buffer per thread; a subscriber that falls further behind skips ahead.
+const BUFFER: usize = 256;
+
+/// One event on a thread.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub(crate) enum ThreadEvent {
+    /// A fragment of the answer being written.
+    Delta { in_reply_to: String, text: String },
+    /// A reply was delivered.
+    Final { in_reply_to: String, text: String },
+}
+
+impl ThreadEvent {
+    /// The message this event answers.
+    pub(crate) fn in_reply_to(&self) -> &str {
+        match self {
+            Self::Delta { in_reply_to, .. } | Self::Final { in_reply_to, .. } => in_reply_to,
+        }
+    }
+
+    /// The SSE event name.
+    pub(crate) fn name(&self) -> &'static str {
+        match self {
+            Self::Delta { .. } => "delta",
+            Self::Final { .. } => "final",
+        }
+    }
+}
+
+/// Broadcast channels by thread id, created on first subscription.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct EventHub {
+    threads: Arc<Mutex<HashMap<String, broadcast::Sender<ThreadEvent>>>>,
+}
+
+impl EventHub {
+    pub(crate) fn subscribe(&self, thread_id: &str) -> broadcast::Receiver<ThreadEvent> {
+        let Ok(mut threads) = self.threads.lock() else {
+            return broadcast::channel(1).1;
+        };
+        threads
+            .entry(thread_id.to_owned())
+            .or_insert_with(|| broadcast::channel(BUFFER).0)
+            .subscribe()
+    }
+
+    /// Sends to current subscribers; forgets the thread when nobody listens any more.
+    pub(crate) fn publish(&self, thread_id: &str, event: ThreadEvent) {
+        let Ok(mut threads) = self.threads.lock() else {
+            return;
+        };
+        if let Some(sender) = threads.get(thread_id) {
+            if sender.send(event).is_err() {
+                threads.remove(thread_id);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn subscribers_get_events_and_idle_threads_are_forgotten() {
+        let hub = EventHub::default();
+        hub.publish("t", ThreadEvent::Delta { in_reply_to: "m".into(), text: "lost".into() });
+        let mut rx = hub.subscribe("t");
+        let event = ThreadEvent::Final { in_reply_to: "m".into(), text: "hi".into() };
+        hub.publish("t", event.clone());
+        assert_eq!(rx.recv().await.unwrap(), event);
+        drop(rx);
+        hub.publish("t", event);
+        assert!(hub.threads.lock().unwrap().is_empty());
+    }
+}

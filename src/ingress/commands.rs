@@ -1,0 +1,59 @@
+//! Chat commands, the same on every channel: `/help`, `/new`, `/status`.
+//!
+//! A command is a message whose first token starts with `/`, matched case-insensitively, with
+//! a Telegram-style `@botname` suffix ignored (`/status@opsbot_bot`).
+
+/// A recognised command.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Command {
+    Help,
+    New,
+    Status,
+    /// Something that looks like a command but is not one of ours.
+    Unknown(String),
+}
+
+/// The commands, for `/help` and the unknown-command reply.
+pub(crate) const HELP: &str = "Commands:\n\
+/help — this list\n\
+/new — start a fresh conversation (the old one is kept)\n\
+/status — the current thread, model, token usage and queue\n\
+Anything else is a message for the assistant.";
+
+/// The text after `/new`, etc. is ignored; `None` for ordinary messages.
+pub(crate) fn parse(text: &str) -> Option<Command> {
+    let first = text.split_whitespace().next()?;
+    let name = first.strip_prefix('/')?;
+    let name = name.split('@').next().unwrap_or_default().to_ascii_lowercase();
+    if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+        // "/", "/ path", "/etc/hosts" are text, not commands.
+        return None;
+    }
+    Some(match name.as_str() {
+        "help" | "start" => Command::Help,
+        "new" | "reset" => Command::New,
+        "status" => Command::Status,
+        _ => Command::Unknown(name),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn commands_are_case_insensitive_and_ignore_the_bot_suffix() {
+        assert_eq!(parse("/help"), Some(Command::Help));
+        assert_eq!(parse("  /NEW please"), Some(Command::New));
+        assert_eq!(parse("/status@opsbot_bot prod"), Some(Command::Status));
+        assert_eq!(parse("/deploy now"), Some(Command::Unknown("deploy".into())));
+    }
+
+    #[test]
+    fn text_and_paths_are_not_commands() {
+        assert_eq!(parse("hello /new"), None);
+        assert_eq!(parse("/etc/hosts is broken"), None);
+        assert_eq!(parse("/"), None);
+        assert_eq!(parse(""), None);
+    }
+}
