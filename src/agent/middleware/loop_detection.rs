@@ -1,6 +1,50 @@
-//! loop_detection (chain position 16). HELPER: implement.
+//! loop_detection (chain position 16): stops a model that keeps making the same tool calls.
+//!
+//! Semantics after DeerFlow's LoopDetectionMiddleware (reference/deerflow.md section 5):
+//!
+//! - In `after_model`, a response with tool calls is reduced to one hash: MD5 over the sorted
+//!   list of `name:canonical_args` (arguments parsed as JSON and re-serialized with sorted
+//!   keys; the trimmed raw text when they are not JSON), first 12 hex chars. The order of the
+//!   calls within one response does not matter.
+//! - Per thread (`ThreadState::id`) the last `window` (20) hashes are kept. When the new hash
+//!   occurs `warn_threshold` (3) times in the window, a warning is queued for that thread —
+//!   once per hash while it stays in the window (DeerFlow's behaviour: the 4th repeat does not
+//!   warn again; a hash that left the window may warn again later).
+//! - The queued warning ([`WARNING`]) is injected by the *next* `before_model` as a user
+//!   message appended at the very end of the request, after the tool results, then cleared.
+//!   Injecting it in the same step would place a user message between an assistant's tool
+//!   calls and their results, which OpenAI-compatible providers reject with HTTP 400.
+//! - When the hash occurs `hard_limit` (5) or more times, all tool calls are stripped, the
+//!   finish reason becomes `Stop`, [`FORCED_STOP`] is appended to the content and
+//!   `RunContext::stop_reason` is set to `loop_capped`.
+//! - At most `max_threads` (100) threads are tracked; the least recently used is forgotten.
+//!   The state outlives a run (like DeerFlow), so repeats across turns of a thread count too.
+//!
+//! Placement: last but one in the chain. `after_model` hooks run in reverse order, so its
+//! `after_model` runs first and sees the raw tool calls before anything else rewrites the
+//! response (and title/token_usage see its forced stop). Its `before_model` runs last, so the
+//! warning is appended after everything earlier middlewares added or repaired
+//! (dangling_tool_call has already completed the tool results it lands after). It fails open.
 
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::Mutex;
+
+use md5::{Digest, Md5};
 use serde::{Deserialize, Serialize};
+
+use super::{Middleware, MiddlewareError, RunContext};
+use crate::agent::message::{ChatMessage, ToolCall};
+use crate::agent::model::{FinishReason, ModelRequest, ModelResponse};
+
+/// The warning injected before the model call that follows a repeated tool-call set.
+pub(crate) const WARNING: &str = "[LOOP DETECTED] You are repeating the same tool calls. Stop calling tools and answer with what you have, or try a different approach.";
+
+/// Appended to the answer when repeated tool calls were stripped.
+pub(crate) const FORCED_STOP: &str =
+    "[FORCED STOP] Repeated tool calls were stopped; answering with what is known so far.";
+
+/// The run's stop reason after a forced stop.
+pub(crate) const STOP_REASON: &str = "loop_capped";
 
 /// `[agent.middleware.loop_detection]`
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -27,5 +71,607 @@ impl Default for LoopDetectionConfig {
             window: 20,
             max_threads: 100,
         }
+    }
+}
+
+/// What one thread's recent tool calls look like.
+#[derive(Debug, Default)]
+struct ThreadLoops {
+    /// The most recent tool-call set hashes, oldest first, at most `window`.
+    recent: VecDeque<String>,
+    /// Hashes already warned about while they were in the window.
+    warned: HashSet<String>,
+    /// A warning waiting for the next model call.
+    pending_warning: bool,
+    /// When this thread was last used (a tick of [`LoopState::clock`]).
+    last_used: u64,
+}
+
+/// All tracked threads.
+#[derive(Debug, Default)]
+struct LoopState {
+    threads: HashMap<String, ThreadLoops>,
+    clock: u64,
+}
+
+impl LoopState {
+    /// The thread's entry, created if needed and marked as most recently used; evicts the
+    /// least recently used threads beyond `max_threads`.
+    fn touch(&mut self, thread_id: &str, max_threads: usize) -> Option<&mut ThreadLoops> {
+        self.clock += 1;
+        if !self.threads.contains_key(thread_id) {
+            while self.threads.len() >= max_threads {
+                let Some(oldest) = self
+                    .threads
+                    .iter()
+                    .min_by_key(|(_, t)| t.last_used)
+                    .map(|(id, _)| id.clone())
+                else {
+                    break;
+                };
+                self.threads.remove(&oldest);
+            }
+            self.threads
+                .insert(thread_id.to_owned(), ThreadLoops::default());
+        }
+        let entry = self.threads.get_mut(thread_id)?;
+        entry.last_used = self.clock;
+        Some(entry)
+    }
+}
+
+/// What `after_model` decided for one response.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Verdict {
+    Pass,
+    Warn,
+    Stop,
+}
+
+/// Detects repeated tool-call sets per thread.
+#[derive(Debug)]
+pub(crate) struct LoopDetectionMiddleware {
+    warn_threshold: usize,
+    hard_limit: usize,
+    window: usize,
+    max_threads: usize,
+    state: Mutex<LoopState>,
+}
+
+impl LoopDetectionMiddleware {
+    /// The middleware, or `None` when it is disabled. Values below 1 are raised to 1, and the
+    /// hard limit to at least the warn threshold.
+    pub(crate) fn from_config(cfg: &LoopDetectionConfig) -> Option<Self> {
+        let warn_threshold = cfg.warn_threshold.max(1);
+        cfg.enabled.then(|| Self {
+            warn_threshold,
+            hard_limit: cfg.hard_limit.max(warn_threshold),
+            window: cfg.window.max(1),
+            max_threads: cfg.max_threads.max(1),
+            state: Mutex::new(LoopState::default()),
+        })
+    }
+
+    /// Records one tool-call set for a thread and says what to do about it.
+    fn record(&self, thread_id: &str, hash: String) -> Result<(Verdict, usize), MiddlewareError> {
+        let mut state = self
+            .state
+            .lock()
+            .map_err(|_| MiddlewareError("loop detection state is poisoned".into()))?;
+        let Some(thread) = state.touch(thread_id, self.max_threads) else {
+            return Ok((Verdict::Pass, 0));
+        };
+        thread.recent.push_back(hash.clone());
+        while thread.recent.len() > self.window {
+            let Some(old) = thread.recent.pop_front() else {
+                break;
+            };
+            if !thread.recent.contains(&old) {
+                thread.warned.remove(&old);
+            }
+        }
+        let count = thread.recent.iter().filter(|h| **h == hash).count();
+        let verdict = if count >= self.hard_limit {
+            Verdict::Stop
+        } else if count >= self.warn_threshold && thread.warned.insert(hash) {
+            thread.pending_warning = true;
+            Verdict::Warn
+        } else {
+            Verdict::Pass
+        };
+        Ok((verdict, count))
+    }
+
+    /// Takes the thread's pending warning, if any.
+    fn take_warning(&self, thread_id: &str) -> Result<bool, MiddlewareError> {
+        let mut state = self
+            .state
+            .lock()
+            .map_err(|_| MiddlewareError("loop detection state is poisoned".into()))?;
+        Ok(state
+            .threads
+            .get_mut(thread_id)
+            .is_some_and(|t| std::mem::take(&mut t.pending_warning)))
+    }
+}
+
+#[async_trait::async_trait]
+impl Middleware for LoopDetectionMiddleware {
+    fn name(&self) -> &'static str {
+        "loop_detection"
+    }
+
+    async fn before_model(
+        &self,
+        cx: &mut RunContext<'_>,
+        request: &mut ModelRequest,
+    ) -> Result<(), MiddlewareError> {
+        if self.take_warning(&cx.thread.id)? {
+            // At the end: after the last assistant message's tool results, never between.
+            request.messages.push(ChatMessage::user(WARNING));
+        }
+        Ok(())
+    }
+
+    async fn after_model(
+        &self,
+        cx: &mut RunContext<'_>,
+        response: &mut ModelResponse,
+    ) -> Result<(), MiddlewareError> {
+        if response.tool_calls.is_empty() {
+            return Ok(());
+        }
+        let hash = tool_calls_hash(&response.tool_calls);
+        let (verdict, count) = self.record(&cx.thread.id, hash.clone())?;
+        match verdict {
+            Verdict::Pass => {}
+            Verdict::Warn => {
+                tracing::info!(thread = %cx.thread.id, %hash, count, "repeated tool calls: warning queued");
+                metrics::counter!("antler_loop_detection_total", "action" => "warn").increment(1);
+            }
+            Verdict::Stop => {
+                tracing::warn!(thread = %cx.thread.id, %hash, count, "repeated tool calls: forced stop");
+                metrics::counter!("antler_loop_detection_total", "action" => "stop").increment(1);
+                response.tool_calls.clear();
+                response.finish_reason = FinishReason::Stop;
+                if response.content.trim().is_empty() {
+                    response.content = FORCED_STOP.to_owned();
+                } else {
+                    response.content.push_str("\n\n");
+                    response.content.push_str(FORCED_STOP);
+                }
+                cx.stop_reason = Some(STOP_REASON.into());
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The canonical form of one call: `name:args` with JSON arguments re-serialized with sorted
+/// keys, or the trimmed raw text when they are not JSON.
+fn normalize(call: &ToolCall) -> String {
+    let args = match serde_json::from_str::<serde_json::Value>(&call.arguments) {
+        Ok(value) => serde_json::to_string(&sort_keys(value))
+            .unwrap_or_else(|_| call.arguments.trim().to_owned()),
+        Err(_) => call.arguments.trim().to_owned(),
+    };
+    format!("{}:{}", call.name, args)
+}
+
+/// The value with every object's keys in sorted order (independent of whether serde_json's
+/// `preserve_order` feature is on somewhere in the build).
+fn sort_keys(value: serde_json::Value) -> serde_json::Value {
+    match value {
+        serde_json::Value::Object(map) => {
+            let mut entries: Vec<(String, serde_json::Value)> = map.into_iter().collect();
+            entries.sort_by(|(a, _), (b, _)| a.cmp(b));
+            serde_json::Value::Object(
+                entries
+                    .into_iter()
+                    .map(|(k, v)| (k, sort_keys(v)))
+                    .collect(),
+            )
+        }
+        serde_json::Value::Array(items) => {
+            serde_json::Value::Array(items.into_iter().map(sort_keys).collect())
+        }
+        other => other,
+    }
+}
+
+/// The hash of one response's tool-call set: MD5 of the sorted normalized calls joined by
+/// newlines, first 12 hex chars.
+pub(crate) fn tool_calls_hash(calls: &[ToolCall]) -> String {
+    let mut normalized: Vec<String> = calls.iter().map(normalize).collect();
+    normalized.sort_unstable();
+    let digest = Md5::digest(normalized.join("\n").as_bytes());
+    let mut hex = hex::encode(digest);
+    hex.truncate(12);
+    hex
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::agent::middleware::test_context;
+    use crate::agent::thread::ThreadState;
+
+    fn call(id: &str, name: &str, arguments: &str) -> ToolCall {
+        ToolCall {
+            id: id.into(),
+            name: name.into(),
+            arguments: arguments.into(),
+        }
+    }
+
+    fn response(calls: Vec<ToolCall>) -> ModelResponse {
+        ModelResponse {
+            content: String::new(),
+            tool_calls: calls,
+            usage: None,
+            finish_reason: FinishReason::ToolCalls,
+        }
+    }
+
+    fn shell(id: &str) -> Vec<ToolCall> {
+        vec![call(id, "shell", r#"{"command": "kubectl get pods"}"#)]
+    }
+
+    fn middleware(cfg: LoopDetectionConfig) -> LoopDetectionMiddleware {
+        let Some(m) = LoopDetectionMiddleware::from_config(&cfg) else {
+            panic!("enabled");
+        };
+        m
+    }
+
+    fn thread(id: &str) -> ThreadState {
+        ThreadState::new(id.into(), "c".into(), 0, 0)
+    }
+
+    /// A request ending like the real loop's: the assistant's tool calls and their results.
+    fn request_after(calls: &[ToolCall]) -> ModelRequest {
+        let mut messages = vec![
+            ChatMessage::system("sys"),
+            ChatMessage::user("check the pods"),
+            ChatMessage::Assistant {
+                content: String::new(),
+                tool_calls: calls.to_vec(),
+            },
+        ];
+        messages.extend(
+            calls
+                .iter()
+                .map(|c| ChatMessage::tool(c.id.clone(), "output")),
+        );
+        ModelRequest {
+            messages,
+            tools: Vec::new(),
+        }
+    }
+
+    /// One model step: before_model on a request, then after_model on a response with these
+    /// calls. Returns the request as sent and the response as rewritten.
+    async fn step(
+        m: &LoopDetectionMiddleware,
+        cx: &mut RunContext<'_>,
+        calls: Vec<ToolCall>,
+    ) -> (ModelRequest, ModelResponse) {
+        let mut request = request_after(&calls);
+        m.before_model(cx, &mut request).await.unwrap();
+        let mut r = response(calls);
+        m.after_model(cx, &mut r).await.unwrap();
+        (request, r)
+    }
+
+    fn warnings(request: &ModelRequest) -> usize {
+        request
+            .messages
+            .iter()
+            .filter(|m| **m == ChatMessage::user(WARNING))
+            .count()
+    }
+
+    #[test]
+    fn hash_ignores_call_order_and_key_order_but_not_args() {
+        let a = call(
+            "1",
+            "read",
+            r#"{"path": "/a", "lines": [1, {"z": 1, "y": 2}]}"#,
+        );
+        let b = call("2", "shell", "  not json  ");
+        let a_reordered = call("9", "read", r#"{"lines":[1,{"y":2,"z":1}],"path":"/a"}"#);
+        let b_trimmed = call("8", "shell", "not json");
+        assert_eq!(
+            tool_calls_hash(&[a.clone(), b.clone()]),
+            tool_calls_hash(&[b_trimmed, a_reordered])
+        );
+        assert_eq!(tool_calls_hash(std::slice::from_ref(&a)).len(), 12);
+        assert_ne!(
+            tool_calls_hash(std::slice::from_ref(&a)),
+            tool_calls_hash(&[call("1", "read", r#"{"path": "/b"}"#)])
+        );
+        assert_ne!(
+            tool_calls_hash(std::slice::from_ref(&a)),
+            tool_calls_hash(&[a, b])
+        );
+    }
+
+    #[tokio::test]
+    async fn warns_at_third_repeat_in_the_next_request_at_the_end() {
+        let m = middleware(LoopDetectionConfig::default());
+        let mut t = thread("t1");
+        let mut cx = test_context(&mut t);
+
+        for i in 1..=2 {
+            let (request, r) = step(&m, &mut cx, shell(&format!("c{i}"))).await;
+            assert_eq!(warnings(&request), 0);
+            assert_eq!(r.tool_calls.len(), 1);
+        }
+        // The 3rd identical set: the warning is queued, not added to this response.
+        let (request, r) = step(&m, &mut cx, shell("c3")).await;
+        assert_eq!(warnings(&request), 0);
+        assert_eq!(r.tool_calls.len(), 1, "a warning does not strip the calls");
+        assert_eq!(r.finish_reason, FinishReason::ToolCalls);
+
+        // The next request carries it once, as the very last message, after the tool results.
+        let calls = shell("c3");
+        let mut next = request_after(&calls);
+        let before = next.messages.clone();
+        m.before_model(&mut cx, &mut next).await.unwrap();
+        assert_eq!(next.messages.len(), before.len() + 1);
+        assert_eq!(next.messages[..before.len()], before[..]);
+        assert_eq!(next.messages.last(), Some(&ChatMessage::user(WARNING)));
+
+        // Cleared after injection.
+        let mut after = request_after(&calls);
+        m.before_model(&mut cx, &mut after).await.unwrap();
+        assert_eq!(warnings(&after), 0);
+        assert_eq!(cx.stop_reason, None);
+    }
+
+    #[tokio::test]
+    async fn warning_never_lands_between_tool_calls_and_results() {
+        let m = middleware(LoopDetectionConfig::default());
+        let mut t = thread("t1");
+        let mut cx = test_context(&mut t);
+        let calls = vec![
+            call("a", "shell", r#"{"command":"ls"}"#),
+            call("b", "read", r#"{"path":"x"}"#),
+        ];
+        for _ in 0..3 {
+            m.after_model(&mut cx, &mut response(calls.clone()))
+                .await
+                .unwrap();
+        }
+        let mut request = request_after(&calls);
+        m.before_model(&mut cx, &mut request).await.unwrap();
+
+        let position = request
+            .messages
+            .iter()
+            .position(|m| *m == ChatMessage::user(WARNING));
+        let Some(position) = position else {
+            panic!("warning missing: {:#?}", request.messages);
+        };
+        // Everything after an assistant message with tool calls up to the warning is a result.
+        let assistant = request.messages.iter().rposition(
+            |m| matches!(m, ChatMessage::Assistant { tool_calls, .. } if !tool_calls.is_empty()),
+        );
+        let Some(assistant) = assistant else {
+            panic!("no assistant message");
+        };
+        assert!(position > assistant);
+        let between = &request.messages[assistant + 1..position];
+        assert_eq!(between.len(), calls.len());
+        assert!(
+            between
+                .iter()
+                .all(|m| matches!(m, ChatMessage::Tool { .. }))
+        );
+    }
+
+    #[tokio::test]
+    async fn warns_once_per_hash_and_strips_at_the_fifth() {
+        let m = middleware(LoopDetectionConfig::default());
+        let mut t = thread("t1");
+        let mut cx = test_context(&mut t);
+        let mut warned_at = Vec::new();
+        for i in 1..=4 {
+            let mut r = response(shell("c"));
+            m.after_model(&mut cx, &mut r).await.unwrap();
+            assert_eq!(r.tool_calls.len(), 1, "repeat {i} must not strip");
+            if m.take_warning("t1").unwrap() {
+                warned_at.push(i);
+            }
+        }
+        assert_eq!(warned_at, vec![3]);
+
+        let mut r = response(shell("c"));
+        r.content = "Let me check again.".into();
+        m.after_model(&mut cx, &mut r).await.unwrap();
+        assert!(r.tool_calls.is_empty());
+        assert_eq!(r.finish_reason, FinishReason::Stop);
+        assert_eq!(r.content, format!("Let me check again.\n\n{FORCED_STOP}"));
+        assert_eq!(cx.stop_reason.as_deref(), Some(STOP_REASON));
+
+        // Empty content becomes just the notice.
+        let mut r = response(shell("c"));
+        m.after_model(&mut cx, &mut r).await.unwrap();
+        assert_eq!(r.content, FORCED_STOP);
+        assert!(r.tool_calls.is_empty());
+    }
+
+    #[tokio::test]
+    async fn calls_in_a_different_order_count_as_the_same_set() {
+        let m = middleware(LoopDetectionConfig::default());
+        let mut t = thread("t1");
+        let mut cx = test_context(&mut t);
+        let a = call("1", "shell", r#"{"command":"ls","cwd":"/"}"#);
+        let b = call("2", "read", r#"{"path":"x"}"#);
+        let a2 = call("3", "shell", r#"{"cwd":"/","command":"ls"}"#);
+        m.after_model(&mut cx, &mut response(vec![a.clone(), b.clone()]))
+            .await
+            .unwrap();
+        m.after_model(&mut cx, &mut response(vec![b.clone(), a2]))
+            .await
+            .unwrap();
+        assert!(!m.take_warning("t1").unwrap());
+        m.after_model(&mut cx, &mut response(vec![b, a]))
+            .await
+            .unwrap();
+        assert!(m.take_warning("t1").unwrap());
+    }
+
+    #[tokio::test]
+    async fn different_args_do_not_count() {
+        let m = middleware(LoopDetectionConfig::default());
+        let mut t = thread("t1");
+        let mut cx = test_context(&mut t);
+        for i in 0..10 {
+            let mut r = response(vec![call("c", "read", &format!(r#"{{"path":"/f{i}"}}"#))]);
+            m.after_model(&mut cx, &mut r).await.unwrap();
+            assert_eq!(r.tool_calls.len(), 1);
+        }
+        assert!(!m.take_warning("t1").unwrap());
+        assert_eq!(cx.stop_reason, None);
+    }
+
+    #[tokio::test]
+    async fn window_forgets_old_sets() {
+        let m = middleware(LoopDetectionConfig::default());
+        let mut t = thread("t1");
+        let mut cx = test_context(&mut t);
+        // Two repeats, then 18 other sets fill the 20-wide window.
+        for _ in 0..2 {
+            m.after_model(&mut cx, &mut response(shell("c")))
+                .await
+                .unwrap();
+        }
+        for i in 0..18 {
+            let calls = vec![call("c", "read", &format!(r#"{{"path":"/f{i}"}}"#))];
+            m.after_model(&mut cx, &mut response(calls)).await.unwrap();
+        }
+        // The 3rd shell pushes the 1st out: 2 in the window, no warning.
+        m.after_model(&mut cx, &mut response(shell("c")))
+            .await
+            .unwrap();
+        assert!(!m.take_warning("t1").unwrap());
+        // The 4th pushes the 2nd out: still 2.
+        m.after_model(&mut cx, &mut response(shell("c")))
+            .await
+            .unwrap();
+        assert!(!m.take_warning("t1").unwrap());
+        // The 5th is the 3rd in the window.
+        m.after_model(&mut cx, &mut response(shell("c")))
+            .await
+            .unwrap();
+        assert!(m.take_warning("t1").unwrap());
+        assert_eq!(cx.stop_reason, None);
+    }
+
+    #[tokio::test]
+    async fn warns_again_after_the_hash_left_the_window() {
+        let m = middleware(LoopDetectionConfig {
+            window: 4,
+            ..LoopDetectionConfig::default()
+        });
+        let mut t = thread("t1");
+        let mut cx = test_context(&mut t);
+        for _ in 0..3 {
+            m.after_model(&mut cx, &mut response(shell("c")))
+                .await
+                .unwrap();
+        }
+        assert!(m.take_warning("t1").unwrap());
+        for i in 0..4 {
+            let calls = vec![call("c", "read", &format!(r#"{{"path":"/f{i}"}}"#))];
+            m.after_model(&mut cx, &mut response(calls)).await.unwrap();
+        }
+        for _ in 0..3 {
+            m.after_model(&mut cx, &mut response(shell("c")))
+                .await
+                .unwrap();
+        }
+        assert!(m.take_warning("t1").unwrap());
+    }
+
+    #[tokio::test]
+    async fn threads_are_tracked_separately_and_lru_evicts() {
+        let m = middleware(LoopDetectionConfig {
+            max_threads: 2,
+            ..LoopDetectionConfig::default()
+        });
+        let mut a = thread("a");
+        let mut b = thread("b");
+        let mut c = thread("c");
+        let tracked = |m: &LoopDetectionMiddleware| {
+            let state = m.state.lock().unwrap();
+            let mut ids: Vec<String> = state.threads.keys().cloned().collect();
+            ids.sort();
+            ids
+        };
+        // a and b each make the same call twice: a thread's count is its own.
+        for _ in 0..2 {
+            m.after_model(&mut test_context(&mut a), &mut response(shell("x")))
+                .await
+                .unwrap();
+            m.after_model(&mut test_context(&mut b), &mut response(shell("x")))
+                .await
+                .unwrap();
+        }
+        assert!(!m.take_warning("a").unwrap());
+        assert!(!m.take_warning("b").unwrap());
+        // a's third call warns and makes a the most recently used thread.
+        m.after_model(&mut test_context(&mut a), &mut response(shell("x")))
+            .await
+            .unwrap();
+        assert!(m.take_warning("a").unwrap());
+        // A third thread evicts the least recently used one: b.
+        m.after_model(&mut test_context(&mut c), &mut response(shell("x")))
+            .await
+            .unwrap();
+        assert_eq!(tracked(&m), vec!["a", "c"]);
+        // b starts over: its third call is its first now (and evicts a, now the oldest).
+        m.after_model(&mut test_context(&mut b), &mut response(shell("x")))
+            .await
+            .unwrap();
+        assert!(!m.take_warning("b").unwrap());
+        assert_eq!(tracked(&m), vec!["b", "c"]);
+    }
+
+    #[tokio::test]
+    async fn responses_without_tool_calls_are_ignored() {
+        let m = middleware(LoopDetectionConfig::default());
+        let mut t = thread("t1");
+        let mut cx = test_context(&mut t);
+        for _ in 0..6 {
+            let mut r = response(Vec::new());
+            r.content = "plain answer".into();
+            r.finish_reason = FinishReason::Stop;
+            m.after_model(&mut cx, &mut r).await.unwrap();
+            assert_eq!(r.content, "plain answer");
+        }
+        assert_eq!(cx.stop_reason, None);
+        assert!(m.state.lock().unwrap().threads.is_empty());
+    }
+
+    #[test]
+    fn config_is_respected() {
+        let disabled = LoopDetectionConfig {
+            enabled: false,
+            ..LoopDetectionConfig::default()
+        };
+        assert!(LoopDetectionMiddleware::from_config(&disabled).is_none());
+        let odd = LoopDetectionConfig {
+            warn_threshold: 4,
+            hard_limit: 2,
+            window: 0,
+            max_threads: 0,
+            enabled: true,
+        };
+        let m = middleware(odd);
+        assert_eq!(m.hard_limit, 4);
+        assert_eq!(m.window, 1);
+        assert_eq!(m.max_threads, 1);
     }
 }

@@ -15,39 +15,78 @@ pub(crate) mod token_usage;
 
 use std::sync::Arc;
 
-use super::message::{ToolCall, TokenUsage};
+use super::message::{TokenUsage, ToolCall};
 use super::model::{ModelRequest, ModelResponse};
 use super::thread::ThreadState;
 
 /// Every middleware antler knows, in chain order, with the reason for its place
 /// (DESIGN.md section 5).
 pub(crate) const CHAIN_ORDER: &[(&str, &str)] = &[
-    ("thread_data", "sets up the per-thread workspace every later middleware may use"),
-    ("uploads", "needs the workspace to store attachments before the model sees them"),
-    ("input_sanitization", "neutralises user text before anything injects trusted blocks"),
+    (
+        "thread_data",
+        "sets up the per-thread workspace every later middleware may use",
+    ),
+    (
+        "uploads",
+        "needs the workspace to store attachments before the model sees them",
+    ),
+    (
+        "input_sanitization",
+        "neutralises user text before anything injects trusted blocks",
+    ),
     (
         "dangling_tool_call",
         "repairs unanswered tool calls before any later hook reads or extends the request",
     ),
-    ("guardrail", "authorizes tool calls before anything else inspects or runs them"),
-    ("sandbox_audit", "audits shell commands that the guardrail allowed"),
-    ("tool_output_budget", "cuts tool output before it is stored or summarized"),
-    ("summarization", "compacts history before per-request context is added"),
+    (
+        "guardrail",
+        "authorizes tool calls before anything else inspects or runs them",
+    ),
+    (
+        "sandbox_audit",
+        "audits shell commands that the guardrail allowed",
+    ),
+    (
+        "tool_output_budget",
+        "cuts tool output before it is stored or summarized",
+    ),
+    (
+        "summarization",
+        "compacts history before per-request context is added",
+    ),
     ("todo", "plan reminders are added to the compacted history"),
     (
         "token_usage",
         "its after_model runs late (reverse order), after other hooks rewrote the response",
     ),
-    ("title", "titles the final answer, after loop detection may have rewritten it"),
-    ("memory", "injects memory close to the model call and queues updates after the run"),
-    ("view_image", "adds images to the request after memory and context are in place"),
-    ("deferred_tools", "filters the tool list just before the model sees it"),
-    ("subagent_limit", "caps task calls in the raw model response, before other after_model hooks"),
+    (
+        "title",
+        "titles the final answer, after loop detection may have rewritten it",
+    ),
+    (
+        "memory",
+        "injects memory close to the model call and queues updates after the run",
+    ),
+    (
+        "view_image",
+        "adds images to the request after memory and context are in place",
+    ),
+    (
+        "deferred_tools",
+        "filters the tool list just before the model sees it",
+    ),
+    (
+        "subagent_limit",
+        "caps task calls in the raw model response, before other after_model hooks",
+    ),
     (
         "loop_detection",
         "must see the raw tool calls first (its after_model runs early) and inject warnings last",
     ),
-    ("clarification", "interrupts the run at the tool call; always last"),
+    (
+        "clarification",
+        "interrupts the run at the tool call; always last",
+    ),
 ];
 
 /// Runtime facts a middleware may read and update during one run.
@@ -308,7 +347,11 @@ impl MiddlewareChain {
     }
 
     /// Asks every middleware in order; the first `Skip` wins. A failing guard refuses the call.
-    pub(crate) async fn before_tool(&self, cx: &mut RunContext<'_>, call: &ToolCall) -> ToolDecision {
+    pub(crate) async fn before_tool(
+        &self,
+        cx: &mut RunContext<'_>,
+        call: &ToolCall,
+    ) -> ToolDecision {
         for item in &self.items {
             match item.before_tool(cx, call).await {
                 Ok(ToolDecision::Run) => {}
@@ -346,5 +389,412 @@ impl MiddlewareChain {
             Self::settle(item, "after_run", result)?;
         }
         Ok(())
+    }
+}
+
+/// A run context for tests: user `test:user`, no model calls yet, no usage, not stopped.
+#[cfg(test)]
+pub(crate) fn test_context(thread: &mut ThreadState) -> RunContext<'_> {
+    RunContext {
+        thread,
+        user_id: "test:user",
+        model_calls: 0,
+        run_usage: TokenUsage::default(),
+        stop_reason: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::*;
+    use crate::agent::model::FinishReason;
+
+    /// Records every hook call as `<name>.<hook>`; may fail every hook.
+    struct Recorder {
+        name: &'static str,
+        log: Arc<Mutex<Vec<String>>>,
+        fail: Option<FailurePolicy>,
+    }
+
+    impl Recorder {
+        fn ok(name: &'static str, log: &Arc<Mutex<Vec<String>>>) -> Arc<dyn Middleware> {
+            Arc::new(Self {
+                name,
+                log: Arc::clone(log),
+                fail: None,
+            })
+        }
+
+        fn failing(
+            name: &'static str,
+            log: &Arc<Mutex<Vec<String>>>,
+            policy: FailurePolicy,
+        ) -> Arc<dyn Middleware> {
+            Arc::new(Self {
+                name,
+                log: Arc::clone(log),
+                fail: Some(policy),
+            })
+        }
+
+        fn record(&self, hook: &str) -> Result<(), MiddlewareError> {
+            self.log
+                .lock()
+                .unwrap()
+                .push(format!("{}.{hook}", self.name));
+            match self.fail {
+                Some(_) => Err(MiddlewareError(format!("{} broke", self.name))),
+                None => Ok(()),
+            }
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl Middleware for Recorder {
+        fn name(&self) -> &'static str {
+            self.name
+        }
+
+        fn failure_policy(&self) -> FailurePolicy {
+            self.fail.unwrap_or(FailurePolicy::FailOpen)
+        }
+
+        async fn before_run(&self, _cx: &mut RunContext<'_>) -> Result<(), MiddlewareError> {
+            self.record("before_run")
+        }
+
+        async fn before_model(
+            &self,
+            _cx: &mut RunContext<'_>,
+            request: &mut ModelRequest,
+        ) -> Result<(), MiddlewareError> {
+            request
+                .messages
+                .push(crate::agent::message::ChatMessage::user(self.name));
+            self.record("before_model")
+        }
+
+        async fn after_model(
+            &self,
+            _cx: &mut RunContext<'_>,
+            response: &mut ModelResponse,
+        ) -> Result<(), MiddlewareError> {
+            response.content.push_str(self.name);
+            response.content.push(' ');
+            self.record("after_model")
+        }
+
+        async fn before_tool(
+            &self,
+            _cx: &mut RunContext<'_>,
+            _call: &ToolCall,
+        ) -> Result<ToolDecision, MiddlewareError> {
+            self.record("before_tool").map(|()| ToolDecision::Run)
+        }
+
+        async fn after_tool(
+            &self,
+            _cx: &mut RunContext<'_>,
+            _call: &ToolCall,
+            _output: &mut ToolOutput,
+        ) -> Result<(), MiddlewareError> {
+            self.record("after_tool")
+        }
+
+        async fn after_run(&self, _cx: &mut RunContext<'_>) -> Result<(), MiddlewareError> {
+            self.record("after_run")
+        }
+    }
+
+    /// A guard that refuses one tool by name.
+    struct Refuser;
+
+    #[async_trait::async_trait]
+    impl Middleware for Refuser {
+        fn name(&self) -> &'static str {
+            "guardrail"
+        }
+
+        async fn before_tool(
+            &self,
+            _cx: &mut RunContext<'_>,
+            call: &ToolCall,
+        ) -> Result<ToolDecision, MiddlewareError> {
+            Ok(if call.name == "forbidden" {
+                ToolDecision::Skip(ToolOutput::error("not allowed"))
+            } else {
+                ToolDecision::Run
+            })
+        }
+    }
+
+    fn log() -> Arc<Mutex<Vec<String>>> {
+        Arc::new(Mutex::new(Vec::new()))
+    }
+
+    fn thread() -> ThreadState {
+        ThreadState::new("t".into(), "c".into(), 0, 0)
+    }
+
+    fn tool_call(name: &str) -> ToolCall {
+        ToolCall {
+            id: "1".into(),
+            name: name.into(),
+            arguments: "{}".into(),
+        }
+    }
+
+    fn empty_response() -> ModelResponse {
+        ModelResponse {
+            content: String::new(),
+            tool_calls: Vec::new(),
+            usage: None,
+            finish_reason: FinishReason::Stop,
+        }
+    }
+
+    #[test]
+    fn chain_order_names_are_unique_and_have_reasons() {
+        for (index, (name, reason)) in CHAIN_ORDER.iter().enumerate() {
+            assert!(!reason.is_empty(), "{name} has no reason");
+            assert_eq!(
+                CHAIN_ORDER.iter().position(|(n, _)| n == name),
+                Some(index),
+                "{name} appears twice"
+            );
+        }
+        assert_eq!(CHAIN_ORDER.last().map(|(n, _)| *n), Some("clarification"));
+    }
+
+    #[test]
+    fn valid_order_is_accepted() {
+        let log = log();
+        let chain = MiddlewareChain::new(vec![
+            Recorder::ok("dangling_tool_call", &log),
+            Recorder::ok("token_usage", &log),
+            Recorder::ok("title", &log),
+            Recorder::ok("loop_detection", &log),
+        ])
+        .unwrap();
+        assert_eq!(
+            chain.names(),
+            vec![
+                "dangling_tool_call",
+                "token_usage",
+                "title",
+                "loop_detection"
+            ]
+        );
+        assert!(MiddlewareChain::new(Vec::new()).unwrap().names().is_empty());
+    }
+
+    #[test]
+    fn reversed_order_is_rejected_with_the_reason() {
+        let log = log();
+        let err = MiddlewareChain::new(vec![
+            Recorder::ok("title", &log),
+            Recorder::ok("token_usage", &log),
+        ])
+        .unwrap_err();
+        let ChainError::OutOfOrder {
+            earlier,
+            later,
+            reason,
+        } = &err
+        else {
+            panic!("expected OutOfOrder, got {err:?}");
+        };
+        assert_eq!(earlier, "token_usage");
+        assert_eq!(later, "title");
+        let expected = CHAIN_ORDER
+            .iter()
+            .find(|(n, _)| *n == "title")
+            .map(|(_, why)| *why)
+            .unwrap();
+        assert_eq!(reason, expected);
+        assert!(err.to_string().contains(expected), "{err}");
+        assert!(
+            err.to_string()
+                .starts_with("middleware `title` must come after `token_usage`"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn unknown_and_duplicate_names_are_rejected() {
+        let log = log();
+        assert_eq!(
+            MiddlewareChain::new(vec![
+                Recorder::ok("title", &log),
+                Recorder::ok("no_such_middleware", &log),
+            ])
+            .unwrap_err(),
+            ChainError::Unknown("no_such_middleware".into())
+        );
+        assert_eq!(
+            MiddlewareChain::new(vec![
+                Recorder::ok("token_usage", &log),
+                Recorder::ok("token_usage", &log),
+            ])
+            .unwrap_err(),
+            ChainError::Duplicate("token_usage".into())
+        );
+    }
+
+    #[tokio::test]
+    async fn before_hooks_run_in_order_and_after_hooks_in_reverse() {
+        let log = log();
+        let chain = MiddlewareChain::new(vec![
+            Recorder::ok("token_usage", &log),
+            Recorder::ok("title", &log),
+        ])
+        .unwrap();
+        let mut thread = thread();
+        let mut cx = test_context(&mut thread);
+        let mut request = ModelRequest {
+            messages: Vec::new(),
+            tools: Vec::new(),
+        };
+        let mut response = empty_response();
+        let call = tool_call("shell");
+        let mut output = ToolOutput::ok("out");
+
+        chain.before_run(&mut cx).await.unwrap();
+        chain.before_model(&mut cx, &mut request).await.unwrap();
+        chain.after_model(&mut cx, &mut response).await.unwrap();
+        assert_eq!(chain.before_tool(&mut cx, &call).await, ToolDecision::Run);
+        chain.after_tool(&mut cx, &call, &mut output).await.unwrap();
+        chain.after_run(&mut cx).await.unwrap();
+
+        assert_eq!(
+            *log.lock().unwrap(),
+            vec![
+                "token_usage.before_run",
+                "title.before_run",
+                "token_usage.before_model",
+                "title.before_model",
+                "title.after_model",
+                "token_usage.after_model",
+                "token_usage.before_tool",
+                "title.before_tool",
+                "title.after_tool",
+                "token_usage.after_tool",
+                "title.after_run",
+                "token_usage.after_run",
+            ]
+        );
+        // The hooks' edits compose in the same order.
+        assert_eq!(
+            request.messages,
+            vec![
+                crate::agent::message::ChatMessage::user("token_usage"),
+                crate::agent::message::ChatMessage::user("title"),
+            ]
+        );
+        assert_eq!(response.content, "title token_usage ");
+    }
+
+    #[tokio::test]
+    async fn fail_open_error_does_not_abort() {
+        let log = log();
+        let chain = MiddlewareChain::new(vec![
+            Recorder::failing("token_usage", &log, FailurePolicy::FailOpen),
+            Recorder::ok("title", &log),
+        ])
+        .unwrap();
+        let mut thread = thread();
+        let mut cx = test_context(&mut thread);
+        let mut request = ModelRequest {
+            messages: Vec::new(),
+            tools: Vec::new(),
+        };
+        chain.before_model(&mut cx, &mut request).await.unwrap();
+        chain
+            .after_model(&mut cx, &mut empty_response())
+            .await
+            .unwrap();
+        assert_eq!(
+            chain.before_tool(&mut cx, &tool_call("shell")).await,
+            ToolDecision::Run
+        );
+        chain.after_run(&mut cx).await.unwrap();
+        // The later middleware still ran every time.
+        let log = log.lock().unwrap();
+        assert!(log.contains(&"title.before_model".to_owned()));
+        assert!(log.contains(&"title.before_tool".to_owned()));
+        assert!(log.contains(&"title.after_run".to_owned()));
+    }
+
+    #[tokio::test]
+    async fn fail_closed_error_aborts_hooks() {
+        let log = log();
+        let chain = MiddlewareChain::new(vec![
+            Recorder::failing("guardrail", &log, FailurePolicy::FailClosed),
+            Recorder::ok("title", &log),
+        ])
+        .unwrap();
+        let mut thread = thread();
+        let mut cx = test_context(&mut thread);
+        let mut request = ModelRequest {
+            messages: Vec::new(),
+            tools: Vec::new(),
+        };
+        let abort = chain.before_model(&mut cx, &mut request).await.unwrap_err();
+        assert_eq!(abort.name, "guardrail");
+        assert_eq!(abort.source.0, "guardrail broke");
+        assert!(
+            !log.lock()
+                .unwrap()
+                .contains(&"title.before_model".to_owned())
+        );
+    }
+
+    #[tokio::test]
+    async fn fail_closed_error_in_before_tool_skips_with_an_error_output() {
+        let log = log();
+        let chain = MiddlewareChain::new(vec![
+            Recorder::failing("guardrail", &log, FailurePolicy::FailClosed),
+            Recorder::ok("title", &log),
+        ])
+        .unwrap();
+        let mut thread = thread();
+        let mut cx = test_context(&mut thread);
+        let decision = chain.before_tool(&mut cx, &tool_call("shell")).await;
+        let ToolDecision::Skip(output) = decision else {
+            panic!("expected Skip, got {decision:?}");
+        };
+        assert!(output.is_error);
+        assert!(output.content.contains("`shell`"), "{}", output.content);
+        assert!(output.content.contains("guardrail"), "{}", output.content);
+        // The refusal stops the chain: later middlewares are not asked.
+        assert!(
+            !log.lock()
+                .unwrap()
+                .contains(&"title.before_tool".to_owned())
+        );
+    }
+
+    #[tokio::test]
+    async fn first_skip_wins_in_before_tool() {
+        let log = log();
+        let chain = MiddlewareChain::new(vec![
+            Arc::new(Refuser) as Arc<dyn Middleware>,
+            Recorder::ok("title", &log),
+        ])
+        .unwrap();
+        let mut thread = thread();
+        let mut cx = test_context(&mut thread);
+        assert_eq!(
+            chain.before_tool(&mut cx, &tool_call("forbidden")).await,
+            ToolDecision::Skip(ToolOutput::error("not allowed"))
+        );
+        assert!(log.lock().unwrap().is_empty());
+        assert_eq!(
+            chain.before_tool(&mut cx, &tool_call("fine")).await,
+            ToolDecision::Run
+        );
+        assert_eq!(*log.lock().unwrap(), vec!["title.before_tool"]);
     }
 }
