@@ -160,11 +160,11 @@ mod tests {
         let stop = CancellationToken::new();
         let lanes = {
             let done = Arc::clone(&done);
-            let stop = stop.clone();
+            let inner_stop = stop.clone();
             Lanes::new(
                 move |n: u32| {
+                    let stop = inner_stop.clone();
                     let done = Arc::clone(&done);
-                    let stop = stop.clone();
                     async move {
                         done.lock().unwrap().push(n);
                         stop.cancel();

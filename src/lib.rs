@@ -16,3 +16,14 @@ pub(crate) mod agent;
 pub mod config;
 pub(crate) mod memory;
 pub(crate) mod store;
+pub(crate) mod delivery;
+pub(crate) mod events;
+pub(crate) mod ingress;
+pub(crate) mod lanes;
+
+/// Milliseconds since the Unix epoch (wall clock, for stored timestamps).
+pub(crate) fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}

@@ -54,7 +54,7 @@ impl Delivery {
     ) -> Self {
         let channels = Arc::new(channels);
         let lanes = {
-            let stop = stop.clone();
+            let lane_stop = stop.clone();
             Lanes::new(
                 move |item: OutboxItem| {
                     let store = Arc::clone(&store);
@@ -63,7 +63,7 @@ impl Delivery {
                     async move { deliver(store.as_ref(), &channels, policy, &stop, item).await }
                 },
                 tracker,
-                stop,
+                lane_stop,
             )
         };
         Self { lanes }

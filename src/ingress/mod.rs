@@ -149,7 +149,8 @@ impl Ingress {
         self.inner.backlog.fetch_add(items.len(), Ordering::SeqCst);
         metrics::gauge!("antler_inbox_depth").increment(items.len() as f64);
         for item in items {
-            self.inner.lanes.push(item.event.conversation.as_str(), item);
+            let conversation = item.event.conversation.as_str().to_owned();
+            self.inner.lanes.push(&conversation, item);
         }
     }
 
@@ -185,7 +186,6 @@ impl Ingress {
             event,
             thread,
         };
-        let conversation = accept.event.conversation.as_str().to_owned();
         match inner.store.accept(accept).await? {
             Accepted::Duplicate { thread_id } => {
                 metrics::counter!("antler_ingress_duplicates_total").increment(1);
@@ -201,6 +201,7 @@ impl Ingress {
                 let thread_id = item.thread_id.clone();
                 // Subscribe before the turn is queued, so not even an instant answer is missed.
                 let events = subscribe.then(|| inner.hub.subscribe(&thread_id));
+                let conversation = item.event.conversation.as_str().to_owned();
                 inner.lanes.push(&conversation, item);
                 Ok(Admission {
                     thread_id,

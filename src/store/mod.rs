@@ -86,7 +86,7 @@ pub(crate) struct Accept {
 }
 
 /// The outcome of [`Store::accept`].
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub(crate) enum Accepted {
     /// Stored and flushed: it will run.
     New(InboxItem),
