@@ -1,1 +1,0 @@
-//! HELPER: configuration.

@@ -1,0 +1,104 @@
+//! [`Secret`] and the lenient string deserializers the config structs use.
+//!
+//! A value that was exactly one `${VAR}` may have been turned into an integer, float or boolean
+//! by env substitution (so numeric settings can come from the environment); string settings
+//! therefore accept those scalars too and take their text. Empty strings count as absent for
+//! every optional string and secret.
+
+use std::fmt;
+
+use serde::Deserializer;
+use serde::de::{self, Visitor};
+
+/// A secret value: deserialized from a plain string, printed as `***`, never serialized.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    /// Wraps a secret value.
+    pub fn new(value: impl Into<String>) -> Self {
+        Self(value.into())
+    }
+
+    /// The secret in clear, for the one place that must send or check it.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("***")
+    }
+}
+
+impl fmt::Display for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("***")
+    }
+}
+
+impl<'de> de::Deserialize<'de> for Secret {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(TextVisitor).map(Self)
+    }
+}
+
+/// Accepts a string, or a scalar that env substitution typed, as text.
+struct TextVisitor;
+
+impl Visitor<'_> for TextVisitor {
+    type Value = String;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a string")
+    }
+
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<String, E> {
+        Ok(v.to_owned())
+    }
+
+    fn visit_string<E: de::Error>(self, v: String) -> Result<String, E> {
+        Ok(v)
+    }
+
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<String, E> {
+        Ok(v.to_string())
+    }
+
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<String, E> {
+        Ok(v.to_string())
+    }
+
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<String, E> {
+        Ok(v.to_string())
+    }
+
+    fn visit_bool<E: de::Error>(self, v: bool) -> Result<String, E> {
+        Ok(v.to_string())
+    }
+}
+
+/// A required string setting (anything built from a `String`).
+pub(crate) fn string<'de, D, T>(deserializer: D) -> Result<T, D::Error>
+where
+    D: Deserializer<'de>,
+    T: From<String>,
+{
+    deserializer.deserialize_any(TextVisitor).map(T::from)
+}
+
+/// An optional string setting; empty means absent.
+pub(crate) fn opt_string<'de, D: Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Option<String>, D::Error> {
+    let text = deserializer.deserialize_any(TextVisitor)?;
+    Ok((!text.is_empty()).then_some(text))
+}
+
+/// An optional secret; empty means absent.
+pub(crate) fn opt_secret<'de, D: Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Option<Secret>, D::Error> {
+    Ok(opt_string(deserializer)?.map(Secret))
+}

@@ -1,0 +1,246 @@
+//! Range and cross-field checks; every issue is collected.
+
+use super::{Config, ConfigIssue, Secret};
+
+/// The chat platforms whose adapters exist in this build; an enabled platform outside this list
+/// is refused until its adapter lands.
+pub(crate) const AVAILABLE_PLATFORMS: &[&str] = &[];
+
+/// Collects the issues of a deserialized configuration.
+pub(crate) fn validate(config: &Config) -> Vec<ConfigIssue> {
+    let mut v = Issues::default();
+    server(config, &mut v);
+    model(config, &mut v);
+    agent(config, &mut v);
+    delivery(config, &mut v);
+    channels(config, &mut v);
+    v.0
+}
+
+#[derive(Default)]
+struct Issues(Vec<ConfigIssue>);
+
+impl Issues {
+    fn push(&mut self, key: &str, problem: impl Into<String>) {
+        self.0.push(ConfigIssue::new(key, problem));
+    }
+
+    fn at_least<T: PartialOrd + std::fmt::Display>(&mut self, key: &str, value: T, min: T) {
+        if value < min {
+            self.push(key, format!("must be at least {min} (got {value})"));
+        }
+    }
+
+    fn url(&mut self, key: &str, url: &str) {
+        if let Err(problem) = check_http_url(url) {
+            self.push(key, problem);
+        }
+    }
+}
+
+fn server(config: &Config, v: &mut Issues) {
+    let server = &config.server;
+    if let Some(url) = &server.public_url {
+        v.url("server.public_url", url);
+    }
+    v.at_least("server.body_limit_bytes", server.body_limit_bytes, 1);
+    if config.store.path.as_os_str().is_empty() {
+        v.push("store.path", "must not be empty");
+    }
+    v.at_least("store.dedupe_ttl_secs", config.store.dedupe_ttl_secs, 1);
+}
+
+fn model(config: &Config, v: &mut Issues) {
+    let model = &config.model;
+    v.url("model.base_url", &model.base_url);
+    if model.model.trim().is_empty() {
+        v.push("model.model", "must not be empty");
+    }
+    v.at_least("model.request_timeout_secs", model.request_timeout_secs, 1);
+    if let Some(temperature) = model.temperature
+        && !(0.0..=2.0).contains(&temperature)
+    {
+        v.push(
+            "model.temperature",
+            format!("must be between 0 and 2 (got {temperature})"),
+        );
+    }
+    if let Some(max_tokens) = model.max_tokens {
+        v.at_least("model.max_tokens", max_tokens, 1);
+    }
+}
+
+fn agent(config: &Config, v: &mut Issues) {
+    let agent = &config.agent;
+    if !(1..=200).contains(&agent.max_iterations) {
+        v.push(
+            "agent.max_iterations",
+            format!("must be between 1 and 200 (got {})", agent.max_iterations),
+        );
+    }
+    v.at_least("agent.max_concurrent_turns", agent.max_concurrent_turns, 1);
+    v.at_least("agent.backlog", agent.backlog, 1);
+    v.at_least("agent.turn_timeout_secs", agent.turn_timeout_secs, 1);
+    v.at_least("agent.max_turn_attempts", agent.max_turn_attempts, 1);
+
+    let title = &agent.middleware.title;
+    v.at_least("agent.middleware.title.max_words", title.max_words, 1);
+    v.at_least("agent.middleware.title.max_chars", title.max_chars, 8);
+
+    let loops = &agent.middleware.loop_detection;
+    v.at_least(
+        "agent.middleware.loop_detection.warn_threshold",
+        loops.warn_threshold,
+        1,
+    );
+    if loops.hard_limit <= loops.warn_threshold {
+        v.push(
+            "agent.middleware.loop_detection.hard_limit",
+            format!(
+                "must be greater than warn_threshold ({} <= {})",
+                loops.hard_limit, loops.warn_threshold
+            ),
+        );
+    }
+    if loops.window < loops.hard_limit {
+        v.push(
+            "agent.middleware.loop_detection.window",
+            format!(
+                "must be at least hard_limit ({} < {})",
+                loops.window, loops.hard_limit
+            ),
+        );
+    }
+    v.at_least(
+        "agent.middleware.loop_detection.max_threads",
+        loops.max_threads,
+        1,
+    );
+}
+
+fn delivery(config: &Config, v: &mut Issues) {
+    let delivery = &config.delivery;
+    v.at_least("delivery.max_attempts", delivery.max_attempts, 1);
+    v.at_least("delivery.backoff_base_ms", delivery.backoff_base_ms, 1);
+    v.at_least("delivery.backoff_max_secs", delivery.backoff_max_secs, 1);
+}
+
+fn channels(config: &Config, v: &mut Issues) {
+    let channels = &config.channels;
+    let api = &channels.api;
+    if api.enabled && api.token.is_none() && !config.server.listen.ip().is_loopback() {
+        v.push(
+            "channels.api.token",
+            "required when server.listen is not a loopback address",
+        );
+    }
+
+    let telegram = &channels.telegram;
+    v.url("channels.telegram.api_url", &telegram.api_url);
+    platform(
+        v,
+        "telegram",
+        telegram.enabled,
+        &[
+            ("bot_token", secret(&telegram.bot_token)),
+            ("webhook_secret", secret(&telegram.webhook_secret)),
+        ],
+    );
+
+    let slack = &channels.slack;
+    v.url("channels.slack.api_url", &slack.api_url);
+    platform(
+        v,
+        "slack",
+        slack.enabled,
+        &[
+            ("bot_token", secret(&slack.bot_token)),
+            ("signing_secret", secret(&slack.signing_secret)),
+        ],
+    );
+
+    let discord = &channels.discord;
+    v.url("channels.discord.api_url", &discord.api_url);
+    if let Some(key) = &discord.public_key
+        && !(key.len() == 64 && key.bytes().all(|b| b.is_ascii_hexdigit()))
+    {
+        v.push(
+            "channels.discord.public_key",
+            "must be 64 hexadecimal characters",
+        );
+    }
+    platform(
+        v,
+        "discord",
+        discord.enabled,
+        &[
+            ("application_id", discord.application_id.is_some()),
+            ("public_key", discord.public_key.is_some()),
+            ("bot_token", secret(&discord.bot_token)),
+        ],
+    );
+
+    let feishu = &channels.feishu;
+    v.url("channels.feishu.api_url", &feishu.api_url);
+    platform(
+        v,
+        "feishu",
+        feishu.enabled,
+        &[
+            ("app_id", feishu.app_id.is_some()),
+            ("app_secret", secret(&feishu.app_secret)),
+            ("verification_token", secret(&feishu.verification_token)),
+        ],
+    );
+}
+
+fn secret(value: &Option<Secret>) -> bool {
+    value.is_some()
+}
+
+/// Required keys of an enabled platform, then whether this build has its adapter.
+fn platform(v: &mut Issues, name: &str, enabled: bool, required: &[(&str, bool)]) {
+    if !enabled {
+        return;
+    }
+    for (key, present) in required {
+        if !present {
+            v.push(&format!("channels.{name}.{key}"), "required when enabled");
+        }
+    }
+    if !AVAILABLE_PLATFORMS.contains(&name) {
+        v.push(
+            &format!("channels.{name}.enabled"),
+            format!("the {name} channel is not available in this build yet"),
+        );
+    }
+}
+
+/// Checks that `url` is an absolute http(s) URL with a host.
+pub(crate) fn check_http_url(url: &str) -> Result<(), String> {
+    let parsed = reqwest::Url::parse(url).map_err(|err| format!("not a valid URL ({err})"))?;
+    if !matches!(parsed.scheme(), "http" | "https") {
+        return Err(format!(
+            "must be an http or https URL (got scheme {:?})",
+            parsed.scheme()
+        ));
+    }
+    if parsed.host_str().is_none_or(str::is_empty) {
+        return Err("must have a host".to_owned());
+    }
+    Ok(())
+}
+
+/// `url` with any password replaced by `***`, for display.
+pub(crate) fn mask_url(url: &str) -> String {
+    match reqwest::Url::parse(url) {
+        Ok(mut parsed) if parsed.password().is_some() => {
+            if parsed.set_password(Some("***")).is_ok() {
+                parsed.to_string()
+            } else {
+                "<url with credentials>".to_owned()
+            }
+        }
+        _ => url.to_owned(),
+    }
+}
