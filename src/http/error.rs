@@ -1,0 +1,76 @@
+//! The one error type of the HTTP edge. It answers JSON `{"error": {"code", "message"}}` and
+//! never shows internals: the cause of a 500 is logged, not sent.
+
+use axum::Json;
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+
+use crate::ingress::{IngressError, RETRY_AFTER};
+use crate::store::StoreError;
+
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ApiError {
+    #[error("missing or wrong bearer token")]
+    Unauthorized,
+    #[error("{0}")]
+    BadRequest(String),
+    #[error("{0}")]
+    NotFound(String),
+    #[error("the request body is larger than {limit} bytes")]
+    TooLarge { limit: usize },
+    #[error("too many messages are waiting; retry later")]
+    Overloaded,
+    #[error("antler is shutting down; retry later")]
+    ShuttingDown,
+    #[error("internal error")]
+    Internal(String),
+}
+
+impl ApiError {
+    fn status_and_code(&self) -> (StatusCode, &'static str) {
+        match self {
+            Self::Unauthorized => (StatusCode::UNAUTHORIZED, "unauthorized"),
+            Self::BadRequest(_) => (StatusCode::BAD_REQUEST, "bad_request"),
+            Self::NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
+            Self::TooLarge { .. } => (StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large"),
+            Self::Overloaded => (StatusCode::SERVICE_UNAVAILABLE, "overloaded"),
+            Self::ShuttingDown => (StatusCode::SERVICE_UNAVAILABLE, "shutting_down"),
+            Self::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
+        }
+    }
+}
+
+impl From<IngressError> for ApiError {
+    fn from(e: IngressError) -> Self {
+        match e {
+            IngressError::Overloaded { .. } => Self::Overloaded,
+            IngressError::ShuttingDown => Self::ShuttingDown,
+            IngressError::Store(e) => e.into(),
+        }
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(e: StoreError) -> Self {
+        Self::Internal(e.to_string())
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        if let Self::Internal(cause) = &self {
+            tracing::error!(%cause, "request failed");
+        }
+        let (status, code) = self.status_and_code();
+        let body = json!({ "error": { "code": code, "message": self.to_string() } });
+        let mut response = (status, Json(body)).into_response();
+        if status == StatusCode::SERVICE_UNAVAILABLE {
+            response.headers_mut().insert(
+                header::RETRY_AFTER,
+                HeaderValue::from(RETRY_AFTER.as_secs()),
+            );
+        }
+        response
+    }
+}
