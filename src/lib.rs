@@ -13,13 +13,19 @@
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
 
 pub(crate) mod agent;
+mod app;
+pub mod chat;
+pub mod cli;
 pub mod config;
+pub(crate) mod http;
 pub(crate) mod memory;
 pub(crate) mod store;
 pub(crate) mod delivery;
 pub(crate) mod events;
 pub(crate) mod ingress;
 pub(crate) mod lanes;
+
+pub use app::{AppError, serve};
 
 /// Milliseconds since the Unix epoch (wall clock, for stored timestamps).
 pub(crate) fn now_ms() -> u64 {

@@ -4,12 +4,6 @@
 //! failures and timeouts are retried with exponential backoff and jitter (or the server's
 //! `Retry-After`); everything else fails at once. A streamed attempt that has already passed
 //! text to the delta sink is never retried, because the retry would repeat that text.
-// Nothing builds the client outside tests until the runtime is wired to it; `expect` so that the
-// attribute is flagged for removal once it is.
-#![cfg_attr(
-    not(test),
-    expect(dead_code, reason = "the runtime does not construct the client yet")
-)]
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;

@@ -1,0 +1,58 @@
+//! The command line: `serve`, `check-config`, `chat`.
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+/// antler: a chat-ops agent gateway.
+#[derive(Debug, Parser)]
+#[command(name = "antler", version, about)]
+pub struct Cli {
+    /// Log format (the level comes from RUST_LOG, default `info`).
+    #[arg(long, value_enum, default_value_t = LogFormat::Human, global = true)]
+    pub log_format: LogFormat,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// How logs are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Readable lines.
+    Human,
+    /// One JSON object per line.
+    Json,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the gateway.
+    Serve {
+        /// The configuration file.
+        #[arg(long, env = "ANTLER_CONFIG", default_value = crate::config::DEFAULT_PATH)]
+        config: PathBuf,
+    },
+    /// Validate the configuration and print a summary (secrets masked).
+    CheckConfig {
+        /// The configuration file.
+        #[arg(long, env = "ANTLER_CONFIG", default_value = crate::config::DEFAULT_PATH)]
+        config: PathBuf,
+    },
+    /// Talk to a running antler through its HTTP API, with streamed answers.
+    Chat {
+        /// The antler base URL.
+        #[arg(long, env = "ANTLER_URL", default_value = "http://127.0.0.1:8080")]
+        url: String,
+        /// The API bearer token (`channels.api.token`), if one is set.
+        #[arg(long, env = "ANTLER_API_TOKEN", hide_env_values = true)]
+        token: Option<String>,
+        /// The conversation to talk in.
+        #[arg(long, default_value = "terminal")]
+        conversation: String,
+        /// Who you are.
+        #[arg(long, env = "USER", default_value = "me")]
+        user: String,
+    },
+}
