@@ -133,12 +133,16 @@ where
         config.agent.max_iterations,
     );
 
+    tracing::info!(model = runtime.model_name(), middleware = ?runtime.middleware_names(), "agent runtime ready");
     let intake_stop = CancellationToken::new();
     let delivery_stop = CancellationToken::new();
     let turns = TaskTracker::new();
     let deliveries = TaskTracker::new();
     let hub = EventHub::default();
-    let api = Arc::new(ApiChannel::new(config.channels.api.token.clone(), hub.clone()));
+    let api = Arc::new(ApiChannel::new(
+        config.channels.api.token.clone(),
+        hub.clone(),
+    ));
     let mut channels: HashMap<String, Arc<dyn Channel>> = HashMap::new();
     if config.channels.api.enabled {
         channels.insert("api".to_owned(), api.clone());
@@ -183,7 +187,12 @@ where
     let inbox = store.inbox().await?;
     let outbox = store.outbox_pending().await?;
     if !inbox.is_empty() || !outbox.is_empty() || failed > 0 {
-        tracing::info!(inbox = inbox.len(), outbox = outbox.len(), subagents_failed = failed, "resuming after restart");
+        tracing::info!(
+            inbox = inbox.len(),
+            outbox = outbox.len(),
+            subagents_failed = failed,
+            "resuming after restart"
+        );
     }
     ingress.recover(inbox);
     delivery.enqueue(outbox);
@@ -221,11 +230,17 @@ where
     // Drain: turns first (they produce replies), then deliveries, within one grace period.
     let deadline = Instant::now() + Duration::from_secs(config.server.shutdown_grace_secs);
     turns.close();
-    if tokio::time::timeout_at(deadline, turns.wait()).await.is_err() {
+    if tokio::time::timeout_at(deadline, turns.wait())
+        .await
+        .is_err()
+    {
         tracing::warn!("grace period over with turns still running; they resume on the next start");
     }
     deliveries.close();
-    if tokio::time::timeout_at(deadline, deliveries.wait()).await.is_err() {
+    if tokio::time::timeout_at(deadline, deliveries.wait())
+        .await
+        .is_err()
+    {
         tracing::warn!("grace period over with deliveries pending; they resume on the next start");
     }
     delivery_stop.cancel();

@@ -75,9 +75,18 @@ mod tests {
     #[tokio::test]
     async fn subscribers_get_events_and_idle_threads_are_forgotten() {
         let hub = EventHub::default();
-        hub.publish("t", ThreadEvent::Delta { in_reply_to: "m".into(), text: "lost".into() });
+        hub.publish(
+            "t",
+            ThreadEvent::Delta {
+                in_reply_to: "m".into(),
+                text: "lost".into(),
+            },
+        );
         let mut rx = hub.subscribe("t");
-        let event = ThreadEvent::Final { in_reply_to: "m".into(), text: "hi".into() };
+        let event = ThreadEvent::Final {
+            in_reply_to: "m".into(),
+            text: "hi".into(),
+        };
         hub.publish("t", event.clone());
         assert_eq!(rx.recv().await.unwrap(), event);
         drop(rx);

@@ -71,7 +71,8 @@ where
         drop(queues);
         let lanes = self.clone();
         let key = key.to_owned();
-        self.tracker.spawn(async move { lanes.drain(key, item).await });
+        self.tracker
+            .spawn(async move { lanes.drain(key, item).await });
     }
 
     /// Items waiting (not running) on a key's lane.
@@ -146,8 +147,16 @@ mod tests {
         tracker.close();
         tracker.wait().await;
         let log = log.lock().unwrap();
-        let a: Vec<u32> = log.iter().filter(|(k, _)| *k == "a").map(|(_, n)| *n).collect();
-        let b: Vec<u32> = log.iter().filter(|(k, _)| *k == "b").map(|(_, n)| *n).collect();
+        let a: Vec<u32> = log
+            .iter()
+            .filter(|(k, _)| *k == "a")
+            .map(|(_, n)| *n)
+            .collect();
+        let b: Vec<u32> = log
+            .iter()
+            .filter(|(k, _)| *k == "b")
+            .map(|(_, n)| *n)
+            .collect();
         assert_eq!(a, [0, 1, 2, 3, 4]);
         assert_eq!(b, [0, 1, 2, 3, 4]);
         assert_eq!(lanes.waiting("a"), 0);

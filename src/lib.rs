@@ -17,13 +17,13 @@ mod app;
 pub mod chat;
 pub mod cli;
 pub mod config;
-pub(crate) mod http;
-pub(crate) mod memory;
-pub(crate) mod store;
 pub(crate) mod delivery;
 pub(crate) mod events;
+pub(crate) mod http;
 pub(crate) mod ingress;
 pub(crate) mod lanes;
+pub(crate) mod memory;
+pub(crate) mod store;
 
 pub use app::{AppError, serve};
 

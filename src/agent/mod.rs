@@ -4,7 +4,7 @@
 pub(crate) mod message;
 pub(crate) mod middleware;
 pub(crate) mod model;
+pub(crate) mod runtime;
 pub(crate) mod subagents;
 pub(crate) mod thread;
 pub(crate) mod tools;
-pub(crate) mod runtime;

@@ -23,9 +23,11 @@ pub(crate) trait RunObserver: Send + Sync {
 }
 
 /// An observer that ignores everything.
+#[cfg(test)]
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct Unobserved;
 
+#[cfg(test)]
 #[async_trait::async_trait]
 impl RunObserver for Unobserved {
     fn delta(&self, _text: &str) {}
@@ -117,6 +119,7 @@ impl Runtime {
             run_usage: Default::default(),
             stop_reason: None,
         };
+        tracing::debug!(thread = %cx.thread.id, user = cx.user_id, "run starts");
         let result = self.run_loop(&mut cx, observer).await;
         // after_run hooks see every run, also failed ones (usage, memory, cleanup).
         let after = self.chain.after_run(&mut cx).await;
@@ -154,7 +157,8 @@ impl Runtime {
             if last_allowed && !response.tool_calls.is_empty() {
                 // Out of model calls: keep the text, drop calls that would need another round.
                 response.tool_calls.clear();
-                cx.stop_reason.get_or_insert_with(|| "iteration_limit".to_owned());
+                cx.stop_reason
+                    .get_or_insert_with(|| "iteration_limit".to_owned());
                 if response.content.trim().is_empty() {
                     response.content = format!(
                         "I stopped after {} steps without reaching a final answer.",

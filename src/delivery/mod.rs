@@ -89,14 +89,18 @@ async fn deliver(
     let Some(channel) = channels.get(&channel_name) else {
         let error = format!("channel `{channel_name}` is not enabled");
         tracing::error!(seq = item.seq, %error, "cannot deliver");
-        if let Err(e) = store.delivery_failed(item.seq, &error, true, crate::now_ms()).await {
+        if let Err(e) = store
+            .delivery_failed(item.seq, &error, true, crate::now_ms())
+            .await
+        {
             tracing::error!(seq = item.seq, error = %e, "cannot record delivery failure");
         }
         return;
     };
     let channel_label = channel.name();
     loop {
-        metrics::counter!("antler_delivery_attempts_total", "channel" => channel_label).increment(1);
+        metrics::counter!("antler_delivery_attempts_total", "channel" => channel_label)
+            .increment(1);
         let error = match channel.send(&item.message).await {
             Ok(receipt) => {
                 if let Err(e) = store.delivered(item.seq, receipt, crate::now_ms()).await {
@@ -107,7 +111,8 @@ async fn deliver(
             }
             Err(error) => error,
         };
-        metrics::counter!("antler_delivery_failures_total", "channel" => channel_label).increment(1);
+        metrics::counter!("antler_delivery_failures_total", "channel" => channel_label)
+            .increment(1);
         let attempts = item.attempts + 1;
         let give_up = !error.is_retryable() || attempts >= policy.max_attempts;
         match store

@@ -75,7 +75,13 @@ fn policy(max_attempts: u32) -> RetryPolicy {
 async fn run(channel: Arc<FlakyChannel>, store: Arc<SledStore>, items: Vec<OutboxItem>, max: u32) {
     let tracker = TaskTracker::new();
     let channels = HashMap::from([("api".to_owned(), channel as Arc<dyn Channel>)]);
-    let delivery = Delivery::new(store, channels, policy(max), tracker.clone(), CancellationToken::new());
+    let delivery = Delivery::new(
+        store,
+        channels,
+        policy(max),
+        tracker.clone(),
+        CancellationToken::new(),
+    );
     delivery.enqueue(items);
     tracker.close();
     tracker.wait().await;
@@ -88,11 +94,16 @@ async fn transient_failures_and_rate_limits_are_retried_in_order_with_receipts()
     let channel = Arc::new(FlakyChannel::default());
     *channel.failures.lock().unwrap() = vec![
         ChannelError::Transient("502".into()),
-        ChannelError::RateLimited { retry_after: Duration::from_secs(3) },
+        ChannelError::RateLimited {
+            retry_after: Duration::from_secs(3),
+        },
     ];
     let before = tokio::time::Instant::now();
     run(Arc::clone(&channel), Arc::clone(&store), items.clone(), 5).await;
-    assert!(before.elapsed() >= Duration::from_secs(3), "retry_after honoured");
+    assert!(
+        before.elapsed() >= Duration::from_secs(3),
+        "retry_after honoured"
+    );
     assert_eq!(*channel.sent.lock().unwrap(), ["one", "two"]);
     let first = store.outbox_item(items[0].seq).await.unwrap().unwrap();
     assert_eq!((first.status, first.attempts), (OutboxStatus::Sent, 3));
@@ -113,7 +124,10 @@ async fn permanent_failures_and_exhausted_retries_give_up_without_blocking_the_l
     run(Arc::clone(&channel), Arc::clone(&store), items.clone(), 2).await;
     let bad = store.outbox_item(items[0].seq).await.unwrap().unwrap();
     assert_eq!((bad.status, bad.attempts), (OutboxStatus::Failed, 1));
-    assert_eq!(bad.last_error.as_deref(), Some("permanent failure: chat not found"));
+    assert_eq!(
+        bad.last_error.as_deref(),
+        Some("permanent failure: chat not found")
+    );
     let flaky = store.outbox_item(items[1].seq).await.unwrap().unwrap();
     assert_eq!((flaky.status, flaky.attempts), (OutboxStatus::Failed, 2));
     assert_eq!(*channel.sent.lock().unwrap(), ["fine"]);
@@ -125,6 +139,9 @@ fn backoff_grows_exponentially_within_the_cap() {
     for attempt in 1..10 {
         let wait = policy.backoff(attempt);
         let ceiling = Duration::from_millis(100 * (1 << (attempt - 1))).min(Duration::from_secs(5));
-        assert!(wait >= ceiling / 2 && wait <= ceiling, "attempt {attempt}: {wait:?}");
+        assert!(
+            wait >= ceiling / 2 && wait <= ceiling,
+            "attempt {attempt}: {wait:?}"
+        );
     }
 }

@@ -60,7 +60,9 @@ struct PostMessage {
 
 fn check_id(field: &str, value: &str) -> Result<(), ChannelError> {
     if value.trim().is_empty() {
-        return Err(ChannelError::Malformed(format!("`{field}` must not be empty")));
+        return Err(ChannelError::Malformed(format!(
+            "`{field}` must not be empty"
+        )));
     }
     if value.chars().count() > MAX_ID_CHARS || value.chars().any(char::is_control) {
         return Err(ChannelError::Malformed(format!(
@@ -84,7 +86,9 @@ impl ApiChannel {
             check_id("message_id", id)?;
         }
         if message.text.trim().is_empty() {
-            return Err(ChannelError::Malformed("`text` must not be empty".to_owned()));
+            return Err(ChannelError::Malformed(
+                "`text` must not be empty".to_owned(),
+            ));
         }
         let message_id = message
             .message_id
@@ -189,7 +193,9 @@ pub(crate) async fn post_message(
     };
     if message.stream {
         let stream = answer_stream(events, message_id, state.stop.clone());
-        return Ok(Sse::new(stream).keep_alive(KeepAlive::default()).into_response());
+        return Ok(Sse::new(stream)
+            .keep_alive(KeepAlive::default())
+            .into_response());
     }
     match wait_for_answer(events, &message_id, &state.stop).await {
         Some(reply) => Ok((
@@ -244,32 +250,29 @@ fn answer_stream(
     message_id: String,
     stop: CancellationToken,
 ) -> impl Stream<Item = Result<Event, Infallible>> {
-    futures_util::stream::unfold(
-        (events, false),
-        move |(mut events, finished)| {
-            let message_id = message_id.clone();
-            let stop = stop.clone();
-            async move {
-                if finished {
-                    return None;
-                }
-                loop {
-                    let next = tokio::select! {
-                        next = events.recv() => next,
-                        () = stop.cancelled() => return None,
-                    };
-                    match next {
-                        Ok(event) if event.in_reply_to() == message_id => {
-                            let last = matches!(event, ThreadEvent::Final { .. });
-                            return Some((Ok(sse_event(&event)), (events, last)));
-                        }
-                        Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => {}
-                        Err(broadcast::error::RecvError::Closed) => return None,
+    futures_util::stream::unfold((events, false), move |(mut events, finished)| {
+        let message_id = message_id.clone();
+        let stop = stop.clone();
+        async move {
+            if finished {
+                return None;
+            }
+            loop {
+                let next = tokio::select! {
+                    next = events.recv() => next,
+                    () = stop.cancelled() => return None,
+                };
+                match next {
+                    Ok(event) if event.in_reply_to() == message_id => {
+                        let last = matches!(event, ThreadEvent::Final { .. });
+                        return Some((Ok(sse_event(&event)), (events, last)));
                     }
+                    Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => {}
+                    Err(broadcast::error::RecvError::Closed) => return None,
                 }
             }
-        },
-    )
+        }
+    })
 }
 
 /// Every event of a thread until the client goes away (or shutdown).
@@ -319,5 +322,7 @@ pub(crate) async fn thread_events(
         return Err(ApiError::NotFound(format!("no thread `{id}`")));
     }
     let stream = thread_stream(state.hub.subscribe(&id), state.stop.clone());
-    Ok(Sse::new(stream).keep_alive(KeepAlive::default()).into_response())
+    Ok(Sse::new(stream)
+        .keep_alive(KeepAlive::default())
+        .into_response())
 }

@@ -17,7 +17,11 @@ pub(crate) async fn healthz() -> &'static str {
 pub(crate) async fn readyz(State(state): State<AppState>) -> impl IntoResponse {
     let stats = state.store.stats().await;
     let ready = stats.is_ok() && state.model_configured && !state.stop.is_cancelled();
-    let status = if ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+    let status = if ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
     let body = match stats {
         Ok(stats) => json!({
             "ready": ready,
@@ -25,6 +29,8 @@ pub(crate) async fn readyz(State(state): State<AppState>) -> impl IntoResponse {
             "model_configured": state.model_configured,
             "shutting_down": state.stop.is_cancelled(),
             "inbox": stats.inbox,
+            "backlog": state.ingress.backlog(),
+            "store_bytes": stats.disk_bytes,
             "outbox_pending": stats.outbox_pending,
         }),
         Err(e) => json!({ "ready": false, "store": e.to_string() }),

@@ -24,7 +24,11 @@ Anything else is a message for the assistant.";
 pub(crate) fn parse(text: &str) -> Option<Command> {
     let first = text.split_whitespace().next()?;
     let name = first.strip_prefix('/')?;
-    let name = name.split('@').next().unwrap_or_default().to_ascii_lowercase();
+    let name = name
+        .split('@')
+        .next()
+        .unwrap_or_default()
+        .to_ascii_lowercase();
     if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
         // "/", "/ path", "/etc/hosts" are text, not commands.
         return None;
@@ -46,7 +50,10 @@ mod tests {
         assert_eq!(parse("/help"), Some(Command::Help));
         assert_eq!(parse("  /NEW please"), Some(Command::New));
         assert_eq!(parse("/status@opsbot_bot prod"), Some(Command::Status));
-        assert_eq!(parse("/deploy now"), Some(Command::Unknown("deploy".into())));
+        assert_eq!(
+            parse("/deploy now"),
+            Some(Command::Unknown("deploy".into()))
+        );
     }
 
     #[test]

@@ -101,7 +101,9 @@ impl Ingress {
         stop: CancellationToken,
     ) -> Self {
         let backlog = Arc::new(AtomicUsize::new(0));
-        let permits = Arc::new(tokio::sync::Semaphore::new(settings.max_concurrent_turns.max(1)));
+        let permits = Arc::new(tokio::sync::Semaphore::new(
+            settings.max_concurrent_turns.max(1),
+        ));
         let lanes = {
             let backlog = Arc::clone(&backlog);
             let runner = runner.clone();

@@ -99,7 +99,11 @@ impl TurnRunner {
             }
         };
         let (thread, text, outcome) = if item.attempts > inner.max_attempts {
-            tracing::error!(seq = item.seq, attempts = item.attempts, "giving up on a message that keeps failing");
+            tracing::error!(
+                seq = item.seq,
+                attempts = item.attempts,
+                "giving up on a message that keeps failing"
+            );
             let text = format!(
                 "⚠️ Sorry, I could not process this message after {} attempts, so I gave up on it.",
                 inner.max_attempts
@@ -156,19 +160,34 @@ impl TurnRunner {
             ),
             Err(e) => {
                 tracing::error!(error = %e, "cannot load thread");
-                let thread = ThreadState::new(item.thread_id.clone(), item.event.conversation.to_string(), 0, now);
-                return (thread, "⚠️ Sorry, I could not load this conversation.".to_owned(), "failed");
+                let thread = ThreadState::new(
+                    item.thread_id.clone(),
+                    item.event.conversation.to_string(),
+                    0,
+                    now,
+                );
+                return (
+                    thread,
+                    "⚠️ Sorry, I could not load this conversation.".to_owned(),
+                    "failed",
+                );
             }
         };
         let user_id = format!("{}:{}", item.event.channel, item.event.user.id);
-        let in_reply_to = item.event.reply_to.clone().unwrap_or_else(|| item.event.event_id.clone());
+        let in_reply_to = item
+            .event
+            .reply_to
+            .clone()
+            .unwrap_or_else(|| item.event.event_id.clone());
         let observer = TurnObserver {
             store: inner.store.as_ref(),
             hub: &inner.hub,
             thread_id: &item.thread_id,
             in_reply_to: &in_reply_to,
         };
-        let run = inner.runtime.run(&mut thread, &user_id, &item.event.text, &observer);
+        let run = inner
+            .runtime
+            .run(&mut thread, &user_id, &item.event.text, &observer);
         let (text, outcome) = match tokio::time::timeout(inner.turn_timeout, run).await {
             Ok(Ok(outcome)) if outcome.answer.trim().is_empty() => {
                 ("(The model returned an empty answer.)".to_owned(), "ok")
@@ -176,7 +195,10 @@ impl TurnRunner {
             Ok(Ok(outcome)) => (outcome.answer, "ok"),
             Ok(Err(e)) => {
                 tracing::warn!(error = %e, "turn failed");
-                (format!("⚠️ Sorry, the turn failed: {e}. Send your message again to retry."), "failed")
+                (
+                    format!("⚠️ Sorry, the turn failed: {e}. Send your message again to retry."),
+                    "failed",
+                )
             }
             Err(_) => {
                 tracing::warn!(timeout = ?inner.turn_timeout, "turn timed out");

@@ -1,6 +1,11 @@
 //! Long-term memory (DESIGN.md section 6): the per-user document and the debounced update
 //! queue's entries. The store persists both; the updater and injection come with a later issue.
 
+#![cfg_attr(
+    not(test),
+    allow(dead_code, reason = "the store persists these now; the updater comes with a later issue")
+)]
+
 mod schema;
 
-pub(crate) use schema::{Fact, MemoryDocument, MemoryUpdate};
+pub(crate) use schema::{MemoryDocument, MemoryUpdate};

@@ -45,7 +45,9 @@ impl GroupCommit {
         match wait.await {
             Ok(Ok(())) => Ok(()),
             Ok(Err(e)) => Err(StoreError::Backend(format!("flush failed: {e}"))),
-            Err(_) => Err(StoreError::Backend("the flusher thread has stopped".to_owned())),
+            Err(_) => Err(StoreError::Backend(
+                "the flusher thread has stopped".to_owned(),
+            )),
         }
     }
 }

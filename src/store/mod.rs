@@ -169,12 +169,18 @@ pub(crate) enum Transition {
 /// Counts for `/status`, `/readyz` and metrics.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct StoreStats {
+    /// Bytes the store occupies on disk.
+    pub(crate) disk_bytes: u64,
     pub(crate) inbox: usize,
     pub(crate) outbox_pending: usize,
     pub(crate) threads: usize,
 }
 
 /// Durable state. See the module doc for the transaction and flush rules.
+#[allow(
+    dead_code,
+    reason = "memory, subagent and inspection methods serve later issues; their tests run now"
+)]
 #[async_trait::async_trait]
 pub(crate) trait Store: Send + Sync + std::fmt::Debug {
     /// Dedupe key + conversation + inbox item in one transaction, then a flush. *Durable.*
@@ -213,8 +219,12 @@ pub(crate) trait Store: Send + Sync + std::fmt::Debug {
     ) -> Result<OutboxItem, StoreError>;
 
     /// Marks an item sent with its receipt. *Durable.*
-    async fn delivered(&self, seq: u64, receipt: Receipt, now_ms: u64)
-    -> Result<OutboxItem, StoreError>;
+    async fn delivered(
+        &self,
+        seq: u64,
+        receipt: Receipt,
+        now_ms: u64,
+    ) -> Result<OutboxItem, StoreError>;
 
     /// Forgets expired dedupe keys and finished outbox items older than `retain_ms`.
     async fn sweep(&self, now_ms: u64, retain_ms: u64) -> Result<usize, StoreError>;
@@ -259,8 +269,11 @@ pub(crate) trait Store: Send + Sync + std::fmt::Debug {
     ) -> Result<Transition, StoreError>;
 
     /// After a restart: records left PENDING or RUNNING become FAILED with `reason`.
-    async fn fail_unfinished_subagents(&self, reason: &str, now_ms: u64)
-    -> Result<usize, StoreError>;
+    async fn fail_unfinished_subagents(
+        &self,
+        reason: &str,
+        now_ms: u64,
+    ) -> Result<usize, StoreError>;
 
     /// Flushes everything written so far. *Durable.*
     async fn flush(&self) -> Result<(), StoreError>;

@@ -31,14 +31,15 @@ struct DedupeEntry {
 #[derive(Clone)]
 pub(crate) struct SledStore {
     db: sled::Db,
-    meta: sled::Tree,
     conversations: sled::Tree,
     threads: sled::Tree,
     inbox: sled::Tree,
     dedupe: sled::Tree,
     outbox: sled::Tree,
+    #[allow(dead_code, reason = "read by the memory methods, which serve a later issue")]
     memory: sled::Tree,
     memory_queue: sled::Tree,
+    #[allow(dead_code, reason = "read by the subagent methods, which serve a later issue")]
     subagents: sled::Tree,
     commit: GroupCommit,
 }
@@ -144,7 +145,6 @@ impl SledStore {
             memory: db.open_tree("memory")?,
             memory_queue: db.open_tree("memory_queue")?,
             subagents: db.open_tree("subagents")?,
-            meta,
             db,
             commit,
         })
@@ -152,7 +152,7 @@ impl SledStore {
 
     #[cfg(test)]
     pub(crate) fn write_schema_version(&self, version: u32) -> Result<(), StoreError> {
-        self.meta.insert(SCHEMA_KEY, &version.to_be_bytes())?;
+        self.db.open_tree("meta")?.insert(SCHEMA_KEY, &version.to_be_bytes())?;
         self.db.flush()?;
         Ok(())
     }
@@ -209,7 +209,12 @@ impl Store for SledStore {
         } = accept;
         let conversation_key = event.conversation.as_str().to_owned();
         let user_id = format!("{}:{}", event.channel, event.user.id);
-        let outcome = (&self.dedupe, &self.conversations, &self.inbox, &self.threads)
+        let outcome = (
+            &self.dedupe,
+            &self.conversations,
+            &self.inbox,
+            &self.threads,
+        )
             .transaction(|(dedupe, conversations, inbox, threads)| {
                 if let Some(bytes) = dedupe.get(dedupe_key.as_bytes())? {
                     let seen: DedupeEntry = tx_decode("dedupe entry", &bytes)?;
@@ -239,7 +244,8 @@ impl Store for SledStore {
                             record.generation,
                             now_ms,
                         );
-                        threads.insert(record.thread_id.as_bytes(), tx_encode("thread", &state)?)?;
+                        threads
+                            .insert(record.thread_id.as_bytes(), tx_encode("thread", &state)?)?;
                         record
                     }
                 };
@@ -423,6 +429,7 @@ impl Store for SledStore {
 
     async fn stats(&self) -> Result<StoreStats, StoreError> {
         Ok(StoreStats {
+            disk_bytes: self.db.size_on_disk()?,
             inbox: self.inbox.len(),
             outbox_pending: self.outbox_pending().await?.len(),
             threads: self.threads.len(),

@@ -146,6 +146,10 @@ pub(crate) enum FailurePolicy {
     /// Observers: log the error, carry on as if the hook had done nothing.
     FailOpen,
     /// Guards: the error stops the guarded step (a tool call is refused, a run fails).
+    #[cfg_attr(
+        not(test),
+        allow(dead_code, reason = "the first guards (guardrail, sandbox_audit) come with a later issue")
+    )]
     FailClosed,
 }
 

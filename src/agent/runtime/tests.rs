@@ -71,11 +71,18 @@ async fn tool_calls_run_and_their_results_go_back_to_the_model() {
     assert_eq!(outcome.answer, "it is late");
     // user, assistant(tool_calls), tool, tool, assistant
     assert_eq!(thread.messages.len(), 5);
-    let ChatMessage::Tool { tool_call_id, content } = &thread.messages[2] else {
+    let ChatMessage::Tool {
+        tool_call_id,
+        content,
+    } = &thread.messages[2]
+    else {
         panic!("expected a tool result")
     };
     assert_eq!(tool_call_id, "c1");
-    assert!(content.contains("UTC") || content.contains('T'), "{content}");
+    assert!(
+        content.contains("UTC") || content.contains('T'),
+        "{content}"
+    );
     let ChatMessage::Tool { content, .. } = &thread.messages[3] else {
         panic!("expected a tool result")
     };
@@ -96,7 +103,11 @@ async fn the_model_call_cap_forces_an_answer() {
         .unwrap();
     assert_eq!(outcome.model_calls, 2);
     assert_eq!(outcome.stop_reason.as_deref(), Some("iteration_limit"));
-    assert!(outcome.answer.contains("stopped after 2 steps"), "{}", outcome.answer);
+    assert!(
+        outcome.answer.contains("stopped after 2 steps"),
+        "{}",
+        outcome.answer
+    );
     let Some(ChatMessage::Assistant { tool_calls, .. }) = thread.messages.last() else {
         panic!("expected a final assistant message")
     };
@@ -113,7 +124,10 @@ async fn a_model_failure_is_an_error_and_keeps_the_user_message() {
         .run(&mut thread, "api:u1", "hi", &Unobserved)
         .await
         .unwrap_err();
-    assert!(matches!(error, RunError::Model(ModelError::Unauthorized { .. })));
+    assert!(matches!(
+        error,
+        RunError::Model(ModelError::Unauthorized { .. })
+    ));
     assert_eq!(thread.messages, vec![ChatMessage::user("hi")]);
     assert_eq!(thread.turns, 0);
 }

@@ -24,9 +24,10 @@ impl Tool for CurrentTime {
     fn spec(&self) -> ToolSpec {
         ToolSpec {
             name: "current_time".to_owned(),
-            description: "Returns the current date and time (RFC 3339) and weekday, in UTC or at a \
+            description:
+                "Returns the current date and time (RFC 3339) and weekday, in UTC or at a \
                           given UTC offset."
-                .to_owned(),
+                    .to_owned(),
             parameters: json!({
                 "type": "object",
                 "properties": {
@@ -44,8 +45,10 @@ impl Tool for CurrentTime {
 
     async fn call(&self, arguments: serde_json::Value) -> Result<String, ToolError> {
         let Arguments { utc_offset_minutes } = parse_arguments(arguments)?;
-        let offset = UtcOffset::from_whole_seconds(utc_offset_minutes.saturating_mul(60))
-            .map_err(|_| ToolError::InvalidArguments("utc_offset_minutes is out of range".into()))?;
+        let offset =
+            UtcOffset::from_whole_seconds(utc_offset_minutes.saturating_mul(60)).map_err(|_| {
+                ToolError::InvalidArguments("utc_offset_minutes is out of range".into())
+            })?;
         let now = OffsetDateTime::now_utc().to_offset(offset);
         let stamp = now
             .format(&Rfc3339)
@@ -60,7 +63,10 @@ mod tests {
 
     #[tokio::test]
     async fn answers_rfc3339_at_the_requested_offset() {
-        let out = CurrentTime.call(json!({"utc_offset_minutes": 90})).await.unwrap();
+        let out = CurrentTime
+            .call(json!({"utc_offset_minutes": 90}))
+            .await
+            .unwrap();
         let stamp = out.split(' ').next().unwrap();
         let parsed = OffsetDateTime::parse(stamp, &Rfc3339).unwrap();
         assert_eq!(parsed.offset().whole_minutes(), 90);
@@ -68,7 +74,10 @@ mod tests {
 
     #[tokio::test]
     async fn rejects_offsets_beyond_eighteen_hours() {
-        let err = CurrentTime.call(json!({"utc_offset_minutes": 5000})).await.unwrap_err();
+        let err = CurrentTime
+            .call(json!({"utc_offset_minutes": 5000}))
+            .await
+            .unwrap_err();
         assert!(matches!(err, ToolError::InvalidArguments(_)));
     }
 }

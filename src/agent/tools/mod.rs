@@ -84,7 +84,11 @@ impl ToolRegistry {
                 known.join(", ")
             ));
         };
-        let raw = if call.arguments.trim().is_empty() { "{}" } else { call.arguments.as_str() };
+        let raw = if call.arguments.trim().is_empty() {
+            "{}"
+        } else {
+            call.arguments.as_str()
+        };
         let arguments = match serde_json::from_str::<serde_json::Value>(raw) {
             Ok(value @ serde_json::Value::Object(_)) => value,
             Ok(_) => {
@@ -123,7 +127,11 @@ mod tests {
     async fn unknown_tool_is_an_error_result_naming_the_known_tools() {
         let out = ToolRegistry::builtin().call(&call("rm_rf", "{}")).await;
         assert!(out.is_error);
-        assert!(out.content.contains("no tool named `rm_rf`"), "{}", out.content);
+        assert!(
+            out.content.contains("no tool named `rm_rf`"),
+            "{}",
+            out.content
+        );
         assert!(out.content.contains("current_time"), "{}", out.content);
     }
 
@@ -131,9 +139,17 @@ mod tests {
     async fn invalid_json_and_non_object_arguments_are_error_results() {
         let registry = ToolRegistry::builtin();
         let out = registry.call(&call("current_time", "{not json")).await;
-        assert!(out.is_error && out.content.contains("not valid JSON"), "{}", out.content);
+        assert!(
+            out.is_error && out.content.contains("not valid JSON"),
+            "{}",
+            out.content
+        );
         let out = registry.call(&call("current_time", "[1]")).await;
-        assert!(out.is_error && out.content.contains("JSON object"), "{}", out.content);
+        assert!(
+            out.is_error && out.content.contains("JSON object"),
+            "{}",
+            out.content
+        );
     }
 
     #[tokio::test]
@@ -141,12 +157,18 @@ mod tests {
         let out = ToolRegistry::builtin()
             .call(&call("current_time", r#"{"utc_offset_minutes":"soon"}"#))
             .await;
-        assert!(out.is_error && out.content.contains("invalid arguments"), "{}", out.content);
+        assert!(
+            out.is_error && out.content.contains("invalid arguments"),
+            "{}",
+            out.content
+        );
     }
 
     #[tokio::test]
     async fn empty_arguments_mean_an_empty_object() {
-        let out = ToolRegistry::builtin().call(&call("current_time", "")).await;
+        let out = ToolRegistry::builtin()
+            .call(&call("current_time", ""))
+            .await;
         assert!(!out.is_error, "{}", out.content);
     }
 }

@@ -43,20 +43,33 @@ fn reply(thread_id: &str, text: &str) -> OutboundMessage {
 #[tokio::test]
 async fn accept_stores_once_and_recognises_redelivery_until_expiry() {
     let store = SledStore::temporary().unwrap();
-    let Accepted::New(InboxItem { seq, thread_id, .. }) =
-        store.accept(accept("m1", ThreadChoice::Current, 10)).await.unwrap()
+    let Accepted::New(InboxItem { seq, thread_id, .. }) = store
+        .accept(accept("m1", ThreadChoice::Current, 10))
+        .await
+        .unwrap()
     else {
         panic!("first delivery must be new");
     };
-    let again = store.accept(accept("m1", ThreadChoice::Current, 20)).await.unwrap();
-    assert_eq!(again, Accepted::Duplicate { thread_id: thread_id.clone() });
+    let again = store
+        .accept(accept("m1", ThreadChoice::Current, 20))
+        .await
+        .unwrap();
+    assert_eq!(
+        again,
+        Accepted::Duplicate {
+            thread_id: thread_id.clone()
+        }
+    );
     let inbox = store.inbox().await.unwrap();
     assert_eq!(inbox.len(), 1);
     assert_eq!(inbox[0].seq, seq);
     assert_eq!(inbox[0].status, InboxStatus::Pending);
 
     // After the TTL the key is forgotten and the same id is a new message.
-    let late = store.accept(accept("m1", ThreadChoice::Current, 2_000)).await.unwrap();
+    let late = store
+        .accept(accept("m1", ThreadChoice::Current, 2_000))
+        .await
+        .unwrap();
     assert!(matches!(late, Accepted::New(InboxItem { thread_id: t, .. }) if t == thread_id));
     assert_eq!(store.inbox().await.unwrap().len(), 2);
 }
@@ -64,13 +77,21 @@ async fn accept_stores_once_and_recognises_redelivery_until_expiry() {
 #[tokio::test]
 async fn fresh_thread_starts_the_next_generation() {
     let store = SledStore::temporary().unwrap();
-    let Accepted::New(InboxItem { thread_id: first, .. }) =
-        store.accept(accept("m1", ThreadChoice::Current, 1)).await.unwrap()
+    let Accepted::New(InboxItem {
+        thread_id: first, ..
+    }) = store
+        .accept(accept("m1", ThreadChoice::Current, 1))
+        .await
+        .unwrap()
     else {
         panic!()
     };
-    let Accepted::New(InboxItem { thread_id: second, .. }) =
-        store.accept(accept("m2", ThreadChoice::Fresh, 2)).await.unwrap()
+    let Accepted::New(InboxItem {
+        thread_id: second, ..
+    }) = store
+        .accept(accept("m2", ThreadChoice::Fresh, 2))
+        .await
+        .unwrap()
     else {
         panic!()
     };
@@ -81,7 +102,10 @@ async fn fresh_thread_starts_the_next_generation() {
     assert_eq!(record.user_id, "api:u1");
     let fresh = store.thread(&second).await.unwrap().unwrap();
     assert_eq!((fresh.generation, fresh.messages.len()), (1, 0));
-    assert!(store.thread(&first).await.unwrap().is_some(), "history is kept");
+    assert!(
+        store.thread(&first).await.unwrap().is_some(),
+        "history is kept"
+    );
     let items = store.inbox().await.unwrap();
     assert!(!items[0].fresh_thread && items[1].fresh_thread);
 }
@@ -89,13 +113,18 @@ async fn fresh_thread_starts_the_next_generation() {
 #[tokio::test]
 async fn finish_turn_writes_thread_outbox_and_removes_the_inbox_item_together() {
     let store = SledStore::temporary().unwrap();
-    let Accepted::New(InboxItem { seq, thread_id, .. }) =
-        store.accept(accept("m1", ThreadChoice::Current, 1)).await.unwrap()
+    let Accepted::New(InboxItem { seq, thread_id, .. }) = store
+        .accept(accept("m1", ThreadChoice::Current, 1))
+        .await
+        .unwrap()
     else {
         panic!()
     };
     let started = store.start_turn(seq).await.unwrap();
-    assert_eq!((started.status, started.attempts), (InboxStatus::Running, 1));
+    assert_eq!(
+        (started.status, started.attempts),
+        (InboxStatus::Running, 1)
+    );
 
     let mut thread = ThreadState::new(thread_id.clone(), "api:c1".to_owned(), 0, 1);
     thread.messages.push(ChatMessage::user("hi"));
@@ -123,18 +152,32 @@ async fn finish_turn_writes_thread_outbox_and_removes_the_inbox_item_together() 
     assert_eq!(store.thread(&thread_id).await.unwrap(), Some(thread));
     let pending = store.outbox_pending().await.unwrap();
     assert_eq!(
-        pending.iter().map(|i| i.message.text.as_str()).collect::<Vec<_>>(),
+        pending
+            .iter()
+            .map(|i| i.message.text.as_str())
+            .collect::<Vec<_>>(),
         ["a", "b"]
     );
-    assert!(store.due_memory_updates(30_004, 10).await.unwrap().is_empty());
-    assert_eq!(store.due_memory_updates(30_005, 10).await.unwrap(), vec![update]);
+    assert!(
+        store
+            .due_memory_updates(30_004, 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert_eq!(
+        store.due_memory_updates(30_005, 10).await.unwrap(),
+        vec![update]
+    );
 }
 
 #[tokio::test]
 async fn delivery_records_receipts_and_failures() {
     let store = SledStore::temporary().unwrap();
-    let Accepted::New(InboxItem { seq, thread_id, .. }) =
-        store.accept(accept("m1", ThreadChoice::Current, 1)).await.unwrap()
+    let Accepted::New(InboxItem { seq, thread_id, .. }) = store
+        .accept(accept("m1", ThreadChoice::Current, 1))
+        .await
+        .unwrap()
     else {
         panic!()
     };
@@ -148,15 +191,24 @@ async fn delivery_records_receipts_and_failures() {
         })
         .await
         .unwrap();
-    let failed = store.delivery_failed(items[0].seq, "503", false, 2).await.unwrap();
+    let failed = store
+        .delivery_failed(items[0].seq, "503", false, 2)
+        .await
+        .unwrap();
     assert_eq!((failed.attempts, failed.status), (1, OutboxStatus::Pending));
     let receipt = Receipt {
         platform_message_id: "pm-1".to_owned(),
     };
-    let sent = store.delivered(items[0].seq, receipt.clone(), 3).await.unwrap();
+    let sent = store
+        .delivered(items[0].seq, receipt.clone(), 3)
+        .await
+        .unwrap();
     assert_eq!((sent.attempts, sent.status), (2, OutboxStatus::Sent));
     assert_eq!(sent.receipt, Some(receipt));
-    let gave_up = store.delivery_failed(items[1].seq, "gone", true, 4).await.unwrap();
+    let gave_up = store
+        .delivery_failed(items[1].seq, "gone", true, 4)
+        .await
+        .unwrap();
     assert_eq!(gave_up.status, OutboxStatus::Failed);
     assert!(store.outbox_pending().await.unwrap().is_empty());
 
@@ -173,8 +225,10 @@ async fn state_survives_reopening_and_newer_schemas_are_refused() {
     let dir = tempfile::tempdir().unwrap();
     let thread_id = {
         let store = SledStore::open(dir.path()).unwrap();
-        let Accepted::New(InboxItem { thread_id, .. }) =
-            store.accept(accept("m1", ThreadChoice::Current, 1)).await.unwrap()
+        let Accepted::New(InboxItem { thread_id, .. }) = store
+            .accept(accept("m1", ThreadChoice::Current, 1))
+            .await
+            .unwrap()
         else {
             panic!()
         };
@@ -230,9 +284,18 @@ fn subagent(id: &str, status: SubagentStatus) -> SubagentRecord {
 #[tokio::test]
 async fn subagent_first_terminal_write_wins_and_restart_fails_running_ones() {
     let store = SledStore::temporary().unwrap();
-    store.create_subagent(&subagent("s1", SubagentStatus::Pending)).await.unwrap();
-    store.create_subagent(&subagent("s2", SubagentStatus::Running)).await.unwrap();
-    store.create_subagent(&subagent("s3", SubagentStatus::Completed)).await.unwrap();
+    store
+        .create_subagent(&subagent("s1", SubagentStatus::Pending))
+        .await
+        .unwrap();
+    store
+        .create_subagent(&subagent("s2", SubagentStatus::Running))
+        .await
+        .unwrap();
+    store
+        .create_subagent(&subagent("s3", SubagentStatus::Completed))
+        .await
+        .unwrap();
 
     let running = store
         .transition_subagent("s1", SubagentStatus::Running, None, None, 2)
@@ -250,9 +313,18 @@ async fn subagent_first_terminal_write_wins_and_restart_fails_running_ones() {
         .unwrap();
     assert!(matches!(late, Transition::Refused(ref r) if r.status == SubagentStatus::Completed));
 
-    assert_eq!(store.fail_unfinished_subagents("restarted", 5).await.unwrap(), 1);
+    assert_eq!(
+        store
+            .fail_unfinished_subagents("restarted", 5)
+            .await
+            .unwrap(),
+        1
+    );
     let s2 = store.subagent("s2").await.unwrap().unwrap();
-    assert_eq!((s2.status, s2.error.as_deref()), (SubagentStatus::Failed, Some("restarted")));
+    assert_eq!(
+        (s2.status, s2.error.as_deref()),
+        (SubagentStatus::Failed, Some("restarted"))
+    );
     let s3 = store.subagent("s3").await.unwrap().unwrap();
     assert_eq!(s3.status, SubagentStatus::Completed);
     let missing = store
