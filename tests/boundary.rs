@@ -33,7 +33,12 @@ fn the_agent_runtime_imports_no_gateway_or_platform_code() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/agent");
     let mut files = Vec::new();
     rust_files(&root, &mut files);
-    assert!(files.len() > 5, "found only {} files under {}", files.len(), root.display());
+    assert!(
+        files.len() > 5,
+        "found only {} files under {}",
+        files.len(),
+        root.display()
+    );
     let mut violations = Vec::new();
     for file in &files {
         let text = std::fs::read_to_string(file).unwrap();
@@ -45,7 +50,11 @@ fn the_agent_runtime_imports_no_gateway_or_platform_code() {
             }
         }
     }
-    assert!(violations.is_empty(), "boundary violations:\n{}", violations.join("\n"));
+    assert!(
+        violations.is_empty(),
+        "boundary violations:\n{}",
+        violations.join("\n")
+    );
 }
 
 #[test]

@@ -107,14 +107,22 @@ impl Ingress {
         let lanes = {
             let backlog = Arc::clone(&backlog);
             let runner = runner.clone();
+            let lane_stop = stop.clone();
             Lanes::new(
                 move |item: InboxItem| {
                     let runner = runner.clone();
                     let permits = Arc::clone(&permits);
                     let backlog = Arc::clone(&backlog);
+                    let stop = lane_stop.clone();
                     async move {
-                        // The semaphore is never closed, so acquiring only fails if it were.
-                        let Ok(_permit) = permits.acquire_owned().await else {
+                        // A turn still waiting for a permit at shutdown stays in the inbox
+                        // for the next start instead of stretching the grace period.
+                        let permit = tokio::select! {
+                            permit = permits.acquire_owned() => permit,
+                            () = stop.cancelled() => return,
+                        };
+                        // The semaphore is never closed, so acquiring cannot fail.
+                        let Ok(_permit) = permit else {
                             return;
                         };
                         if runner.run(item).await {

@@ -3,7 +3,10 @@
 
 #![cfg_attr(
     not(test),
-    allow(dead_code, reason = "the store persists these now; the updater comes with a later issue")
+    allow(
+        dead_code,
+        reason = "the store persists these now; the updater comes with a later issue"
+    )
 )]
 
 mod schema;

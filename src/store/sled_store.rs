@@ -36,10 +36,16 @@ pub(crate) struct SledStore {
     inbox: sled::Tree,
     dedupe: sled::Tree,
     outbox: sled::Tree,
-    #[allow(dead_code, reason = "read by the memory methods, which serve a later issue")]
+    #[allow(
+        dead_code,
+        reason = "read by the memory methods, which serve a later issue"
+    )]
     memory: sled::Tree,
     memory_queue: sled::Tree,
-    #[allow(dead_code, reason = "read by the subagent methods, which serve a later issue")]
+    #[allow(
+        dead_code,
+        reason = "read by the subagent methods, which serve a later issue"
+    )]
     subagents: sled::Tree,
     commit: GroupCommit,
 }
@@ -152,7 +158,9 @@ impl SledStore {
 
     #[cfg(test)]
     pub(crate) fn write_schema_version(&self, version: u32) -> Result<(), StoreError> {
-        self.db.open_tree("meta")?.insert(SCHEMA_KEY, &version.to_be_bytes())?;
+        self.db
+            .open_tree("meta")?
+            .insert(SCHEMA_KEY, &version.to_be_bytes())?;
         self.db.flush()?;
         Ok(())
     }

@@ -148,7 +148,10 @@ pub(crate) enum FailurePolicy {
     /// Guards: the error stops the guarded step (a tool call is refused, a run fails).
     #[cfg_attr(
         not(test),
-        allow(dead_code, reason = "the first guards (guardrail, sandbox_audit) come with a later issue")
+        allow(
+            dead_code,
+            reason = "the first guards (guardrail, sandbox_audit) come with a later issue"
+        )
     )]
     FailClosed,
 }
