@@ -38,6 +38,28 @@ impl<T> std::fmt::Debug for Lanes<T> {
     }
 }
 
+/// The waiting counts of some lanes, without their handler. A handler may own one without
+/// forming a reference cycle (which would keep everything the handler owns alive forever).
+pub(crate) struct Waiting<T> {
+    queues: Arc<Mutex<HashMap<String, VecDeque<T>>>>,
+}
+
+impl<T> std::fmt::Debug for Waiting<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Waiting").finish_non_exhaustive()
+    }
+}
+
+impl<T> Waiting<T> {
+    /// Items waiting (not running) on a key's lane.
+    pub(crate) fn waiting(&self, key: &str) -> usize {
+        self.queues
+            .lock()
+            .map(|q| q.get(key).map_or(0, VecDeque::len))
+            .unwrap_or(0)
+    }
+}
+
 impl<T> Lanes<T>
 where
     T: Send + 'static,
@@ -75,12 +97,11 @@ where
             .spawn(async move { lanes.drain(key, item).await });
     }
 
-    /// Items waiting (not running) on a key's lane.
-    pub(crate) fn waiting(&self, key: &str) -> usize {
-        self.queues
-            .lock()
-            .map(|q| q.get(key).map_or(0, VecDeque::len))
-            .unwrap_or(0)
+    /// The waiting counts, without the handler.
+    pub(crate) fn waiting_view(&self) -> Waiting<T> {
+        Waiting {
+            queues: Arc::clone(&self.queues),
+        }
     }
 
     async fn drain(&self, key: String, first: T) {
@@ -143,7 +164,7 @@ mod tests {
             lanes.push("a", ("a", n));
             lanes.push("b", ("b", n));
         }
-        assert_eq!(lanes.waiting("a"), 4);
+        assert_eq!(lanes.waiting_view().waiting("a"), 4);
         tracker.close();
         tracker.wait().await;
         let log = log.lock().unwrap();
@@ -159,7 +180,7 @@ mod tests {
             .collect();
         assert_eq!(a, [0, 1, 2, 3, 4]);
         assert_eq!(b, [0, 1, 2, 3, 4]);
-        assert_eq!(lanes.waiting("a"), 0);
+        assert_eq!(lanes.waiting_view().waiting("a"), 0);
     }
 
     #[tokio::test]

@@ -112,6 +112,17 @@ impl Runtime {
         observer: &dyn RunObserver,
     ) -> Result<RunOutcome, RunError> {
         thread.messages.push(ChatMessage::user(user_text));
+        self.resume(thread, user_id, observer).await
+    }
+
+    /// Continues a turn whose user message (and maybe some rounds of tool results) is already
+    /// at the end of `thread`: the re-run of a turn interrupted after a checkpoint.
+    pub(crate) async fn resume(
+        &self,
+        thread: &mut ThreadState,
+        user_id: &str,
+        observer: &dyn RunObserver,
+    ) -> Result<RunOutcome, RunError> {
         let mut cx = RunContext {
             thread,
             user_id,

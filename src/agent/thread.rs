@@ -25,6 +25,10 @@ pub(crate) struct ThreadState {
     /// Turns completed on this thread.
     #[serde(default)]
     pub(crate) turns: u64,
+    /// Set while a turn runs (so only in mid-turn checkpoints): the inbox item the turn is
+    /// for. A re-run of that item after a crash continues from the checkpoint.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) checkpoint_of: Option<u64>,
     /// Creation time, milliseconds since the Unix epoch.
     pub(crate) created_at_ms: u64,
     /// Last update, milliseconds since the Unix epoch.
@@ -43,6 +47,7 @@ impl ThreadState {
             messages: Vec::new(),
             usage: TokenUsage::default(),
             turns: 0,
+            checkpoint_of: None,
             created_at_ms: now_ms,
             updated_at_ms: now_ms,
         }

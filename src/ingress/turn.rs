@@ -12,7 +12,7 @@ use crate::agent::runtime::{RunObserver, Runtime};
 use crate::agent::thread::ThreadState;
 use crate::delivery::Delivery;
 use crate::events::{EventHub, ThreadEvent};
-use crate::lanes::Lanes;
+use crate::lanes::{Lanes, Waiting};
 use crate::store::{FinishTurn, InboxItem, Store};
 
 /// Runs inbox items. Cloning shares it.
@@ -29,7 +29,9 @@ struct Inner {
     delivery: Delivery,
     max_attempts: u32,
     turn_timeout: Duration,
-    lanes: OnceLock<Lanes<InboxItem>>,
+    /// Only the counts: the lanes' handler owns this runner, so owning the lanes would be a
+    /// cycle that keeps the store open after shutdown.
+    lanes: OnceLock<Waiting<InboxItem>>,
 }
 
 /// Streams deltas to subscribers and checkpoints the thread after tool results.
@@ -83,7 +85,7 @@ impl TurnRunner {
 
     /// Lets `/status` see the queue (the lanes are built after the runner).
     pub(crate) fn attach_lanes(&self, lanes: Lanes<InboxItem>) {
-        let _ = self.inner.lanes.set(lanes);
+        let _ = self.inner.lanes.set(lanes.waiting_view());
     }
 
     /// Runs one item to completion. Returns whether it finished (left the inbox); `false`
@@ -185,9 +187,20 @@ impl TurnRunner {
             thread_id: &item.thread_id,
             in_reply_to: &in_reply_to,
         };
-        let run = inner
-            .runtime
-            .run(&mut thread, &user_id, &item.event.text, &observer);
+        // A re-run after a crash continues from the checkpoint this item's turn left, if any,
+        // so its user message is not added twice and finished tool rounds do not run again.
+        let resume = thread.checkpoint_of == Some(item.seq);
+        thread.checkpoint_of = Some(item.seq);
+        let run = async {
+            if resume {
+                inner.runtime.resume(&mut thread, &user_id, &observer).await
+            } else {
+                inner
+                    .runtime
+                    .run(&mut thread, &user_id, &item.event.text, &observer)
+                    .await
+            }
+        };
         let (text, outcome) = match tokio::time::timeout(inner.turn_timeout, run).await {
             Ok(Ok(outcome)) if outcome.answer.trim().is_empty() => {
                 ("(The model returned an empty answer.)".to_owned(), "ok")
@@ -211,6 +224,7 @@ impl TurnRunner {
                 )
             }
         };
+        thread.checkpoint_of = None;
         thread.updated_at_ms = crate::now_ms();
         (thread, text, outcome)
     }

@@ -1,0 +1,107 @@
+//! Loop detection end to end: a model repeating the same tool calls is warned after the third
+//! repeat (in the next request, after the tool results) and stopped at the fifth.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use common::{Behaviour, MockModel, TestApp};
+use serde_json::Value;
+
+/// The texts of src/agent/middleware/loop_detection.rs.
+const WARNING: &str = "[LOOP DETECTED] You are repeating the same tool calls. Stop calling tools and answer with what you have, or try a different approach.";
+const FORCED_STOP: &str =
+    "[FORCED STOP] Repeated tool calls were stopped; answering with what is known so far.";
+
+fn is_warning(message: &Value) -> bool {
+    message["role"] == "user"
+        && message["content"]
+            .as_str()
+            .is_some_and(|c| c.contains("[LOOP DETECTED]"))
+}
+
+/// Every assistant message with tool calls is followed directly by exactly its tool results.
+fn assert_tool_results_follow_calls(messages: &[Value], request: usize) {
+    for (i, message) in messages.iter().enumerate() {
+        let Some(calls) = message["tool_calls"].as_array() else {
+            continue;
+        };
+        let ids: Vec<&str> = calls.iter().map(|c| c["id"].as_str().unwrap()).collect();
+        let following: Vec<&Value> = messages.iter().skip(i + 1).take(ids.len()).collect();
+        assert_eq!(
+            following.len(),
+            ids.len(),
+            "request {request}: results missing"
+        );
+        for (result, id) in following.iter().zip(&ids) {
+            assert_eq!(
+                result["role"],
+                "tool",
+                "request {request}: message {} between tool calls and results: {result}",
+                i + 1
+            );
+            assert_eq!(result["tool_call_id"], *id, "request {request}");
+        }
+    }
+}
+
+async fn run(stream: bool) {
+    let mock = MockModel::start(Behaviour::Loop).await;
+    let overrides = format!("[model]\nstream = {stream}\n[agent]\nmax_iterations = 10\n");
+    let app = TestApp::spawn(&mock, &overrides).await;
+
+    let answer = app.ask("loop", "what time is it in London and UTC?").await;
+    let reply = answer.json["reply"].as_str().unwrap();
+    assert!(reply.contains("[FORCED STOP]"), "{reply}");
+    assert_eq!(reply, FORCED_STOP);
+
+    let requests = mock.requests();
+    assert_eq!(requests.len(), 5, "stopped at the fifth identical set");
+    for (n, request) in requests.iter().enumerate() {
+        let messages = request.messages();
+        assert_tool_results_follow_calls(&messages, n + 1);
+        let warnings = messages.iter().filter(|m| is_warning(m)).count();
+        if n == 3 {
+            assert_eq!(warnings, 1, "the 4th request carries the warning");
+            let last = messages.last().unwrap();
+            assert!(is_warning(last), "the warning is the last message: {last}");
+            assert_eq!(last["content"], WARNING);
+            let before = &messages[messages.len() - 2];
+            assert_eq!(
+                before["role"], "tool",
+                "the warning follows the tool results"
+            );
+        } else {
+            assert_eq!(warnings, 0, "request {} has no warning", n + 1);
+        }
+        // Requests 2.. end with the previous response's calls and their results.
+        if n >= 1 {
+            let expected_calls = 2 * n;
+            let calls = messages.iter().filter(|m| m["role"] == "tool").count();
+            assert_eq!(calls, expected_calls, "request {}", n + 1);
+        }
+    }
+
+    let thread = app.thread(answer.json["thread_id"].as_str().unwrap()).await;
+    let messages = thread["messages"].as_array().unwrap();
+    // user, 4 × (assistant with 2 calls + 2 results), the final stripped answer.
+    assert_eq!(messages.len(), 1 + 4 * 3 + 1, "{messages:?}");
+    let last = messages.last().unwrap();
+    assert_eq!(last["role"], "assistant");
+    assert!(last["tool_calls"].is_null(), "tool calls stripped: {last}");
+    assert_eq!(last["content"], FORCED_STOP);
+    assert!(
+        !messages.iter().any(is_warning),
+        "the warning is not stored in the thread"
+    );
+    app.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repeated_tool_calls_are_warned_then_stopped() {
+    run(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repeated_tool_calls_are_warned_then_stopped_when_streaming() {
+    run(true).await;
+}

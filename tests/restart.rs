@@ -1,0 +1,47 @@
+//! Thread history survives a graceful restart on the same store.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use common::{Behaviour, MockModel, TestApp};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn history_survives_a_restart_and_the_thread_continues() {
+    let mock = MockModel::start(Behaviour::Echo).await;
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+
+    let app = TestApp::start(&mock, &store, "").await;
+    let first = app.ask("keep", "remember me").await;
+    let thread_id = first.json["thread_id"].as_str().unwrap().to_owned();
+    app.wait_idle().await;
+    app.shutdown().await;
+
+    let app = TestApp::start(&mock, &store, "").await;
+    let thread = app.thread(&thread_id).await;
+    let messages = thread["messages"].as_array().unwrap();
+    assert_eq!(messages.len(), 2, "{messages:?}");
+    assert_eq!(messages[0]["content"], "remember me");
+    assert_eq!(messages[1]["content"], "echo: remember me");
+
+    let second = app.ask("keep", "still there?").await;
+    assert_eq!(
+        second.json["thread_id"],
+        thread_id.as_str(),
+        "same thread after restart"
+    );
+    assert_eq!(second.json["reply"], "echo: still there?");
+    let thread = app.thread(&thread_id).await;
+    assert_eq!(thread["messages"].as_array().unwrap().len(), 4);
+    assert_eq!(thread["turns"], 2);
+    // The model saw the history from before the restart.
+    let last = mock.requests().last().unwrap().messages();
+    assert_eq!(last.len(), 4, "system + 2 old + the new message: {last:?}");
+    assert_eq!(last[1]["content"], "remember me");
+    app.shutdown().await;
+
+    // A third start still reads the store (the second shutdown released it too).
+    let app = TestApp::start(&mock, &store, "").await;
+    assert_eq!(app.thread(&thread_id).await["turns"], 2);
+    app.shutdown().await;
+}
