@@ -1,6 +1,10 @@
 //! Live thread events for subscribers (the API channel's SSE streams): streamed text while a
 //! turn runs and the final answer when it is delivered. Events are not stored; a subscriber
 //! that connects late reads the thread instead.
+//!
+//! A thread's channel (and its buffer of `BUFFER` slots, allocated up front) lives only while
+//! someone subscribes: dropping the last [`Subscription`] forgets it, so memory does not grow
+//! with the number of threads ever watched.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -44,15 +48,56 @@ pub(crate) struct EventHub {
     threads: Arc<Mutex<HashMap<String, broadcast::Sender<ThreadEvent>>>>,
 }
 
-impl EventHub {
-    pub(crate) fn subscribe(&self, thread_id: &str) -> broadcast::Receiver<ThreadEvent> {
-        let Ok(mut threads) = self.threads.lock() else {
-            return broadcast::channel(1).1;
+/// One subscriber's view of a thread's events.
+#[derive(Debug)]
+pub(crate) struct Subscription {
+    /// Taken (dropped) in `drop`, under the hub's lock.
+    receiver: Option<broadcast::Receiver<ThreadEvent>>,
+    hub: EventHub,
+    thread_id: String,
+}
+
+impl Subscription {
+    /// The next event, as [`broadcast::Receiver::recv`].
+    pub(crate) async fn recv(&mut self) -> Result<ThreadEvent, broadcast::error::RecvError> {
+        match &mut self.receiver {
+            Some(receiver) => receiver.recv().await,
+            None => Err(broadcast::error::RecvError::Closed),
+        }
+    }
+}
+
+impl Drop for Subscription {
+    /// Forgets the thread's channel when this was its last subscriber. The receiver is dropped
+    /// under the same lock `subscribe` takes, so a concurrent subscriber is never cut off.
+    fn drop(&mut self) {
+        let Ok(mut threads) = self.hub.threads.lock() else {
+            return;
         };
-        threads
-            .entry(thread_id.to_owned())
-            .or_insert_with(|| broadcast::channel(BUFFER).0)
-            .subscribe()
+        drop(self.receiver.take());
+        if threads
+            .get(&self.thread_id)
+            .is_some_and(|sender| sender.receiver_count() == 0)
+        {
+            threads.remove(&self.thread_id);
+        }
+    }
+}
+
+impl EventHub {
+    pub(crate) fn subscribe(&self, thread_id: &str) -> Subscription {
+        let receiver = match self.threads.lock() {
+            Ok(mut threads) => threads
+                .entry(thread_id.to_owned())
+                .or_insert_with(|| broadcast::channel(BUFFER).0)
+                .subscribe(),
+            Err(_) => broadcast::channel(1).1,
+        };
+        Subscription {
+            receiver: Some(receiver),
+            hub: self.clone(),
+            thread_id: thread_id.to_owned(),
+        }
     }
 
     /// Sends to current subscribers; forgets the thread when nobody listens any more.
@@ -91,6 +136,20 @@ mod tests {
         assert_eq!(rx.recv().await.unwrap(), event);
         drop(rx);
         hub.publish("t", event);
+        assert!(hub.threads.lock().unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn the_last_subscription_dropped_forgets_the_thread() {
+        let hub = EventHub::default();
+        let first = hub.subscribe("t");
+        let mut second = hub.subscribe("t");
+        drop(first);
+        assert_eq!(hub.threads.lock().unwrap().len(), 1, "one subscriber is left");
+        let event = ThreadEvent::Final { in_reply_to: "m".into(), text: "hi".into() };
+        hub.publish("t", event.clone());
+        assert_eq!(second.recv().await.unwrap(), event);
+        drop(second);
         assert!(hub.threads.lock().unwrap().is_empty());
     }
 }

@@ -30,7 +30,7 @@ use tokio_util::sync::CancellationToken;
 use super::AppState;
 use super::error::ApiError;
 use crate::config::Secret;
-use crate::events::{EventHub, ThreadEvent};
+use crate::events::{EventHub, Subscription, ThreadEvent};
 
 /// How long `"wait": true` waits for the answer before answering 202 anyway.
 const WAIT_LIMIT: Duration = Duration::from_secs(120);
@@ -214,7 +214,7 @@ pub(crate) async fn post_message(
 }
 
 async fn wait_for_answer(
-    mut events: broadcast::Receiver<ThreadEvent>,
+    mut events: Subscription,
     message_id: &str,
     stop: &CancellationToken,
 ) -> Option<String> {
@@ -246,7 +246,7 @@ fn sse_event(event: &ThreadEvent) -> Event {
 
 /// Events of one message's answer, ending with its final reply (or at shutdown).
 fn answer_stream(
-    events: broadcast::Receiver<ThreadEvent>,
+    events: Subscription,
     message_id: String,
     stop: CancellationToken,
 ) -> impl Stream<Item = Result<Event, Infallible>> {
@@ -277,7 +277,7 @@ fn answer_stream(
 
 /// Every event of a thread until the client goes away (or shutdown).
 fn thread_stream(
-    events: broadcast::Receiver<ThreadEvent>,
+    events: Subscription,
     stop: CancellationToken,
 ) -> impl Stream<Item = Result<Event, Infallible>> {
     futures_util::stream::unfold(events, move |mut events| {

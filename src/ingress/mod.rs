@@ -16,11 +16,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use antler_channel::InboundEvent;
-use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::events::{EventHub, ThreadEvent};
+use crate::events::{EventHub, Subscription};
 use crate::lanes::Lanes;
 use crate::store::{Accept, Accepted, InboxItem, Store, StoreError, ThreadChoice};
 use commands::Command;
@@ -48,7 +47,7 @@ pub(crate) struct Admission {
     /// False for a redelivery of something already accepted.
     pub(crate) new: bool,
     /// Events of the thread, subscribed before the turn was queued (when asked for).
-    pub(crate) events: Option<broadcast::Receiver<ThreadEvent>>,
+    pub(crate) events: Option<Subscription>,
 }
 
 /// The admission side of the gateway, shared by every channel.
