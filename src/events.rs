@@ -145,8 +145,15 @@ mod tests {
         let first = hub.subscribe("t");
         let mut second = hub.subscribe("t");
         drop(first);
-        assert_eq!(hub.threads.lock().unwrap().len(), 1, "one subscriber is left");
-        let event = ThreadEvent::Final { in_reply_to: "m".into(), text: "hi".into() };
+        assert_eq!(
+            hub.threads.lock().unwrap().len(),
+            1,
+            "one subscriber is left"
+        );
+        let event = ThreadEvent::Final {
+            in_reply_to: "m".into(),
+            text: "hi".into(),
+        };
         hub.publish("t", event.clone());
         assert_eq!(second.recv().await.unwrap(), event);
         drop(second);
