@@ -280,9 +280,9 @@ impl Store for SledStore {
                 Ok(Accepted::New(item))
             })
             .map_err(from_tx)?;
-        if matches!(outcome, Accepted::New(_)) {
-            self.commit.flush().await?;
-        }
+        // A duplicate is flushed too: its first delivery may still be waiting for its flush, and
+        // acknowledging the redelivery must not get ahead of the data it stands for.
+        self.commit.flush().await?;
         Ok(outcome)
     }
 
