@@ -36,6 +36,9 @@ pub(crate) struct SledStore {
     inbox: sled::Tree,
     dedupe: sled::Tree,
     outbox: sled::Tree,
+    /// The seqs of outbox items still to deliver: an index, so finding them never reads the
+    /// sent items kept for inspection.
+    outbox_pending: sled::Tree,
     #[allow(
         dead_code,
         reason = "read by the memory methods, which serve a later issue"
@@ -148,6 +151,7 @@ impl SledStore {
             inbox: db.open_tree("inbox")?,
             dedupe: db.open_tree("dedupe")?,
             outbox: db.open_tree("outbox")?,
+            outbox_pending: db.open_tree("outbox_pending")?,
             memory: db.open_tree("memory")?,
             memory_queue: db.open_tree("memory_queue")?,
             subagents: db.open_tree("subagents")?,
@@ -183,25 +187,30 @@ impl SledStore {
         tree.get(key)?.map(|v| decode(what, &v)).transpose()
     }
 
-    /// Reads, changes and writes back one outbox record.
+    /// Reads, changes and writes back one outbox record, keeping the pending index in step.
     fn update_outbox(
         &self,
         seq: u64,
         change: impl Fn(&mut OutboxItem),
     ) -> Result<OutboxItem, StoreError> {
         let key = seq_key(seq);
-        let mut updated = None;
-        self.outbox.fetch_and_update(key, |old| {
-            let mut item: OutboxItem = decode("outbox item", old?).ok()?;
-            change(&mut item);
-            let bytes = encode("outbox item", &item).ok()?;
-            updated = Some(item);
-            Some(bytes)
-        })?;
-        updated.ok_or_else(|| StoreError::Missing {
-            what: "outbox item",
-            key: seq.to_string(),
-        })
+        (&self.outbox, &self.outbox_pending)
+            .transaction(|(outbox, pending)| {
+                let Some(bytes) = outbox.get(key)? else {
+                    return abort(StoreError::Missing {
+                        what: "outbox item",
+                        key: seq.to_string(),
+                    });
+                };
+                let mut item: OutboxItem = tx_decode("outbox item", &bytes)?;
+                change(&mut item);
+                outbox.insert(&key, tx_encode("outbox item", &item)?)?;
+                if item.status != OutboxStatus::Pending {
+                    pending.remove(&key)?;
+                }
+                Ok(item)
+            })
+            .map_err(from_tx)
     }
 }
 
@@ -324,8 +333,15 @@ impl Store for SledStore {
             .as_ref()
             .map(|m| Ok::<_, StoreError>((m.thread_id.clone(), encode("memory update", m)?)))
             .transpose()?;
-        let items = (&self.inbox, &self.threads, &self.outbox, &self.memory_queue)
-            .transaction(|(inbox, threads, outbox, memory_queue)| {
+        let trees = (
+            &self.inbox,
+            &self.threads,
+            &self.outbox,
+            &self.outbox_pending,
+            &self.memory_queue,
+        );
+        let items = trees
+            .transaction(|(inbox, threads, outbox, pending, memory_queue)| {
                 inbox.remove(&seq_key(inbox_seq))?;
                 if let Some((id, bytes)) = &thread_bytes {
                     threads.insert(id.as_bytes(), bytes.as_slice())?;
@@ -335,7 +351,7 @@ impl Store for SledStore {
                 }
                 let mut items = Vec::with_capacity(replies.len());
                 for message in &replies {
-                    items.push(push_outbox(outbox, message.clone(), now_ms)?);
+                    items.push(push_outbox(outbox, pending, message.clone(), now_ms)?);
                 }
                 Ok(items)
             })
@@ -359,11 +375,13 @@ impl Store for SledStore {
     }
 
     async fn outbox_pending(&self) -> Result<Vec<OutboxItem>, StoreError> {
-        let all: Vec<OutboxItem> = Self::scan(&self.outbox, "outbox item")?;
-        Ok(all
-            .into_iter()
-            .filter(|i| i.status == OutboxStatus::Pending)
-            .collect())
+        let mut items = Vec::with_capacity(self.outbox_pending.len());
+        for key in self.outbox_pending.iter().keys() {
+            if let Some(item) = Self::get(&self.outbox, "outbox item", &key?)? {
+                items.push(item);
+            }
+        }
+        Ok(items)
     }
 
     async fn outbox_item(&self, seq: u64) -> Result<Option<OutboxItem>, StoreError> {
@@ -439,7 +457,7 @@ impl Store for SledStore {
         Ok(StoreStats {
             disk_bytes: self.db.size_on_disk()?,
             inbox: self.inbox.len(),
-            outbox_pending: self.outbox_pending().await?.len(),
+            outbox_pending: self.outbox_pending.len(),
             threads: self.threads.len(),
         })
     }
@@ -574,6 +592,7 @@ impl Store for SledStore {
 
 fn push_outbox(
     outbox: &TransactionalTree,
+    pending: &TransactionalTree,
     message: OutboundMessage,
     now_ms: u64,
 ) -> Result<OutboxItem, ConflictableTransactionError<StoreError>> {
@@ -589,6 +608,7 @@ fn push_outbox(
         finished_at_ms: None,
     };
     outbox.insert(&seq_key(seq), tx_encode("outbox item", &item)?)?;
+    pending.insert(&seq_key(seq), &[])?;
     Ok(item)
 }
 
