@@ -191,6 +191,7 @@ async fn delivery_records_receipts_and_failures() {
         })
         .await
         .unwrap();
+    assert_eq!(store.stats().await.unwrap().outbox_pending, 2);
     let failed = store
         .delivery_failed(items[0].seq, "503", false, 2)
         .await
@@ -211,6 +212,7 @@ async fn delivery_records_receipts_and_failures() {
         .unwrap();
     assert_eq!(gave_up.status, OutboxStatus::Failed);
     assert!(store.outbox_pending().await.unwrap().is_empty());
+    assert_eq!(store.stats().await.unwrap().outbox_pending, 0);
 
     // The sweep keeps finished items for the retention period, then drops them.
     assert_eq!(store.sweep(10, 100).await.unwrap(), 0);
