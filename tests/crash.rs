@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{Behaviour, Child, MockModel, config_text, free_port, wait_until};
+use common::{Behaviour, ChildRig, MockModel, wait_until};
 use reqwest::StatusCode;
 use serde_json::json;
 
@@ -13,18 +13,9 @@ async fn kill_9_mid_turn_then_restart_answers_exactly_once() {
     let mock = MockModel::start(Behaviour::Echo).await;
     // The model never answers while the first process lives: the turn stays in flight.
     mock.hold();
-    let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let config = dir.path().join("antler.toml");
-    let text = config_text(
-        &mock.base_url(),
-        &dir.path().join("store"),
-        &format!("[server]\nlisten = \"127.0.0.1:{port}\"\n"),
-    );
-    std::fs::write(&config, text).unwrap();
-    let log = dir.path().join("antler.log");
+    let rig = ChildRig::new(&mock, "");
 
-    let mut first = Child::serve(&config, port, &log).await;
+    let mut first = rig.serve().await;
     let message = json!({"conversation": "crash", "user": "u", "text": "survive this", "message_id": "m-crash"});
     let accepted = first.post(&message).await;
     assert_eq!(accepted.status, StatusCode::ACCEPTED, "{}", accepted.text);
@@ -34,7 +25,7 @@ async fn kill_9_mid_turn_then_restart_answers_exactly_once() {
     first.kill().await;
 
     mock.release();
-    let second = Child::serve(&config, port, &log).await;
+    let second = rig.serve().await;
     let thread = second.wait_for_messages(&thread_id, 2).await;
     second.wait_idle().await;
     let thread_now = second.thread(&thread_id).await;
@@ -86,18 +77,9 @@ async fn kill_9_after_a_checkpointed_tool_result_resumes_from_the_checkpoint() {
     // The first model call (the tool call) goes through; the second one never answers while
     // the first process lives, so the kill lands after the checkpointed tool result.
     mock.hold_from(1);
-    let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let config = dir.path().join("antler.toml");
-    let text = config_text(
-        &mock.base_url(),
-        &dir.path().join("store"),
-        &format!("[server]\nlisten = \"127.0.0.1:{port}\"\n"),
-    );
-    std::fs::write(&config, text).unwrap();
-    let log = dir.path().join("antler.log");
+    let rig = ChildRig::new(&mock, "");
 
-    let mut first = Child::serve(&config, port, &log).await;
+    let mut first = rig.serve().await;
     let message = json!({"conversation": "crash-tool", "user": "u", "text": "what time is it?", "message_id": "m-tool"});
     let accepted = first.post(&message).await;
     assert_eq!(accepted.status, StatusCode::ACCEPTED, "{}", accepted.text);
@@ -118,7 +100,7 @@ async fn kill_9_after_a_checkpointed_tool_result_resumes_from_the_checkpoint() {
     first.kill().await;
 
     mock.release();
-    let second = Child::serve(&config, port, &log).await;
+    let second = rig.serve().await;
     let thread = wait_until("the resumed turn finished", || async {
         let thread = second.thread(&thread_id).await;
         (thread["turns"] == 1).then_some(thread)
@@ -157,18 +139,9 @@ async fn kill_9_after_a_checkpointed_tool_result_resumes_from_the_checkpoint() {
 async fn a_message_that_keeps_crashing_is_given_up_after_max_turn_attempts() {
     let mock = MockModel::start(Behaviour::Echo).await;
     mock.hold();
-    let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let config = dir.path().join("antler.toml");
-    let text = config_text(
-        &mock.base_url(),
-        &dir.path().join("store"),
-        &format!("[server]\nlisten = \"127.0.0.1:{port}\"\n[agent]\nmax_turn_attempts = 1\n"),
-    );
-    std::fs::write(&config, text).unwrap();
-    let log = dir.path().join("antler.log");
+    let rig = ChildRig::new(&mock, "[agent]\nmax_turn_attempts = 1\n");
 
-    let mut first = Child::serve(&config, port, &log).await;
+    let mut first = rig.serve().await;
     let accepted = first
         .post(&json!({"conversation": "poison", "user": "u", "text": "crash me"}))
         .await;
@@ -177,7 +150,7 @@ async fn a_message_that_keeps_crashing_is_given_up_after_max_turn_attempts() {
     first.kill().await;
 
     mock.release();
-    let second = Child::serve(&config, port, &log).await;
+    let second = rig.serve().await;
     second.wait_idle().await;
     let metrics = wait_until("the abandoned turn is counted", || async {
         let metrics = second.get("/metrics").await.text;
@@ -199,18 +172,9 @@ async fn a_message_that_keeps_crashing_is_given_up_after_max_turn_attempts() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_acknowledged_message_survives_a_kill_in_order() {
     let mock = MockModel::start(Behaviour::Slow(std::time::Duration::from_millis(100))).await;
-    let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let config = dir.path().join("antler.toml");
-    let text = config_text(
-        &mock.base_url(),
-        &dir.path().join("store"),
-        &format!("[server]\nlisten = \"127.0.0.1:{port}\"\n"),
-    );
-    std::fs::write(&config, text).unwrap();
-    let log = dir.path().join("antler.log");
+    let rig = ChildRig::new(&mock, "");
 
-    let mut first = Child::serve(&config, port, &log).await;
+    let mut first = rig.serve().await;
     let conversations = ["k1", "k2", "k3"];
     let per_conversation = 4;
     let mut threads = std::collections::HashMap::new();
@@ -231,7 +195,7 @@ async fn every_acknowledged_message_survives_a_kill_in_order() {
     first.kill().await;
 
     mock.set_behaviour(Behaviour::Echo);
-    let second = Child::serve(&config, port, &log).await;
+    let second = rig.serve().await;
     for conversation in conversations {
         let thread_id = &threads[conversation];
         second

@@ -525,6 +525,15 @@ impl Client {
         }
     }
 
+    /// Whether `/healthz` answers 200 (false while the server is not up yet).
+    pub async fn is_healthy(&self) -> bool {
+        self.http
+            .get(format!("{}/healthz", self.base))
+            .send()
+            .await
+            .is_ok_and(|r| r.status() == StatusCode::OK)
+    }
+
     fn authorized(&self, request: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
         match &self.token {
             Some(token) => request.bearer_auth(token),
@@ -640,13 +649,7 @@ impl TestApp {
                     other => panic!("serve ended before it answered: {other:?}"),
                 }
             }
-            let up = client
-                .http
-                .get(format!("{}/healthz", client.base))
-                .send()
-                .await
-                .is_ok_and(|r| r.status() == StatusCode::OK);
-            if up {
+            if client.is_healthy().await {
                 break;
             }
             if start.elapsed() > DEADLINE {
@@ -707,6 +710,42 @@ pub fn free_port() -> u16 {
     listener.local_addr().expect("address").port()
 }
 
+/// A config file, store and log in a temporary directory, for `antler serve` child processes
+/// that are started (and restarted) on the same port and store.
+pub struct ChildRig {
+    pub dir: tempfile::TempDir,
+    pub config: PathBuf,
+    pub port: u16,
+    pub log: PathBuf,
+}
+
+impl ChildRig {
+    /// Writes a config for `mock` on a free port; `overrides` is appended TOML (no `[server]`).
+    pub fn new(mock: &MockModel, overrides: &str) -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let port = free_port();
+        let config = dir.path().join("antler.toml");
+        let text = config_text(
+            &mock.base_url(),
+            &dir.path().join("store"),
+            &format!("[server]\nlisten = \"127.0.0.1:{port}\"\n{overrides}"),
+        );
+        std::fs::write(&config, text).expect("write config");
+        let log = dir.path().join("antler.log");
+        Self {
+            dir,
+            config,
+            port,
+            log,
+        }
+    }
+
+    /// Starts `antler serve` on this rig and waits until it answers.
+    pub async fn serve(&self) -> Child {
+        Child::serve(&self.config, self.port, &self.log).await
+    }
+}
+
 /// `antler serve` as a child process; killed with SIGKILL when dropped.
 pub struct Child {
     pub process: tokio::process::Child,
@@ -745,13 +784,7 @@ impl Child {
             if let Ok(Some(status)) = child.process.try_wait() {
                 panic!("antler exited early with {status}:\n{}", child.log_text());
             }
-            let up = probe
-                .http
-                .get(format!("{}/healthz", probe.base))
-                .send()
-                .await
-                .is_ok_and(|r| r.status() == StatusCode::OK);
-            if up {
+            if probe.is_healthy().await {
                 break;
             }
             if start.elapsed() > DEADLINE {
