@@ -158,11 +158,28 @@ where
         deliveries.clone(),
         delivery_stop.clone(),
     );
+    // Resume what the last process left: interrupted subagents fail, replies go, turns run.
+    let now = crate::now_ms();
+    let failed = store
+        .fail_unfinished_subagents("antler restarted while the task was running", now)
+        .await?;
+    let inbox = store.inbox().await?;
+    let outbox = store.outbox_pending().await?;
+    if !inbox.is_empty() || !outbox.is_empty() || failed > 0 {
+        tracing::info!(
+            inbox = inbox.len(),
+            outbox = outbox.len(),
+            subagents_failed = failed,
+            "resuming after restart"
+        );
+    }
+    // Replies left in the outbox go first; the runner then owns the delivery handle.
+    delivery.enqueue(outbox);
     let runner = TurnRunner::new(
         Arc::clone(&store),
         runtime,
         hub.clone(),
-        delivery.clone(),
+        delivery,
         config.agent.max_turn_attempts,
         Duration::from_secs(config.agent.turn_timeout_secs),
     );
@@ -179,23 +196,7 @@ where
         intake_stop.clone(),
     );
 
-    // Resume what the last process left: interrupted subagents fail, turns run, replies go.
-    let now = crate::now_ms();
-    let failed = store
-        .fail_unfinished_subagents("antler restarted while the task was running", now)
-        .await?;
-    let inbox = store.inbox().await?;
-    let outbox = store.outbox_pending().await?;
-    if !inbox.is_empty() || !outbox.is_empty() || failed > 0 {
-        tracing::info!(
-            inbox = inbox.len(),
-            outbox = outbox.len(),
-            subagents_failed = failed,
-            "resuming after restart"
-        );
-    }
     ingress.recover(inbox);
-    delivery.enqueue(outbox);
 
     let sweeper = tokio::spawn(sweep(
         Arc::clone(&store),
@@ -244,8 +245,20 @@ where
         tracing::warn!("grace period over with deliveries pending; they resume on the next start");
     }
     delivery_stop.cancel();
-    sweeper.abort();
+    // The sweeper ends with intake; awaiting it (rather than aborting it) means it no longer
+    // holds the store when `serve` returns, so the store can be opened again at once.
+    let _ = sweeper.await;
     store.flush().await?;
+    // Connection tasks may still be dropping their handles to the store; wait (briefly) for
+    // them, so the store is closed when `serve` returns and can be opened again at once.
+    let closing = Instant::now() + Duration::from_secs(5);
+    while Arc::strong_count(&store) > 1 && Instant::now() < closing {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    if Arc::strong_count(&store) > 1 {
+        tracing::warn!("the store is still in use at exit");
+    }
+    drop(store);
     tracing::info!("stopped");
     Ok(())
 }
