@@ -35,6 +35,9 @@ pub(crate) struct SledStore {
     threads: sled::Tree,
     inbox: sled::Tree,
     dedupe: sled::Tree,
+    /// `expires_at_ms (BE) ++ dedupe key` → empty: the dedupe keys in expiry order, so the
+    /// sweep reads only what has expired.
+    dedupe_expiry: sled::Tree,
     outbox: sled::Tree,
     /// The seqs of outbox items still to deliver: an index, so finding them never reads the
     /// sent items kept for inspection.
@@ -107,6 +110,13 @@ fn seq_key(seq: u64) -> [u8; 8] {
     seq.to_be_bytes()
 }
 
+fn expiry_key(expires_at_ms: u64, dedupe_key: &str) -> Vec<u8> {
+    let mut key = Vec::with_capacity(8 + dedupe_key.len());
+    key.extend_from_slice(&expires_at_ms.to_be_bytes());
+    key.extend_from_slice(dedupe_key.as_bytes());
+    key
+}
+
 impl SledStore {
     /// Opens (or creates) the store in `path`, checking the schema version.
     pub(crate) fn open(path: &Path) -> Result<Self, StoreError> {
@@ -150,6 +160,7 @@ impl SledStore {
             threads: db.open_tree("threads")?,
             inbox: db.open_tree("inbox")?,
             dedupe: db.open_tree("dedupe")?,
+            dedupe_expiry: db.open_tree("dedupe_expiry")?,
             outbox: db.open_tree("outbox")?,
             outbox_pending: db.open_tree("outbox_pending")?,
             memory: db.open_tree("memory")?,
@@ -228,11 +239,12 @@ impl Store for SledStore {
         let user_id = format!("{}:{}", event.channel, event.user.id);
         let outcome = (
             &self.dedupe,
+            &self.dedupe_expiry,
             &self.conversations,
             &self.inbox,
             &self.threads,
         )
-            .transaction(|(dedupe, conversations, inbox, threads)| {
+            .transaction(|(dedupe, dedupe_expiry, conversations, inbox, threads)| {
                 if let Some(bytes) = dedupe.get(dedupe_key.as_bytes())? {
                     let seen: DedupeEntry = tx_decode("dedupe entry", &bytes)?;
                     if seen.expires_at_ms > now_ms {
@@ -286,6 +298,7 @@ impl Store for SledStore {
                     thread_id: record.thread_id.clone(),
                 };
                 dedupe.insert(dedupe_key.as_bytes(), tx_encode("dedupe entry", &entry)?)?;
+                dedupe_expiry.insert(expiry_key(entry.expires_at_ms, &dedupe_key), &[])?;
                 Ok(Accepted::New(item))
             })
             .map_err(from_tx)?;
@@ -427,25 +440,38 @@ impl Store for SledStore {
 
     async fn sweep(&self, now_ms: u64, retain_ms: u64) -> Result<usize, StoreError> {
         let mut removed = 0;
-        for entry in self.dedupe.iter() {
-            let (key, value) = entry?;
-            let seen: DedupeEntry = decode("dedupe entry", &value)?;
-            if seen.expires_at_ms <= now_ms
-                && self
-                    .dedupe
-                    .compare_and_swap(&key, Some(&value), None as Option<&[u8]>)?
-                    .is_ok()
-            {
-                removed += 1;
+        // Expired dedupe keys, oldest first, up to now. A key accepted again after it expired
+        // has a newer expiry than its old index entry and is left alone.
+        for entry in self
+            .dedupe_expiry
+            .range(..expiry_key(now_ms.saturating_add(1), ""))
+        {
+            let (index_key, _) = entry?;
+            let (expires_at_ms, key) = index_key.split_at(8.min(index_key.len()));
+            if let Some(value) = self.dedupe.get(key)? {
+                let seen: DedupeEntry = decode("dedupe entry", &value)?;
+                if seen.expires_at_ms.to_be_bytes() == expires_at_ms
+                    && self
+                        .dedupe
+                        .compare_and_swap(key, Some(&value), None as Option<&[u8]>)?
+                        .is_ok()
+                {
+                    removed += 1;
+                }
             }
+            self.dedupe_expiry.remove(&index_key)?;
         }
+        // Finished outbox items past retention. Sequence order is creation order and an item
+        // finishes after it is created, so nothing after the first too-young item can be due.
+        let cutoff = now_ms.saturating_sub(retain_ms);
         for entry in self.outbox.iter() {
             let (key, value) = entry?;
             let item: OutboxItem = decode("outbox item", &value)?;
-            let old = item
-                .finished_at_ms
-                .is_some_and(|t| t.saturating_add(retain_ms) <= now_ms);
-            if item.status != OutboxStatus::Pending && old {
+            if item.created_at_ms > cutoff {
+                break;
+            }
+            let due = item.finished_at_ms.is_some_and(|t| t <= cutoff);
+            if item.status != OutboxStatus::Pending && due {
                 self.outbox.remove(&key)?;
                 removed += 1;
             }

@@ -72,6 +72,20 @@ async fn accept_stores_once_and_recognises_redelivery_until_expiry() {
         .unwrap();
     assert!(matches!(late, Accepted::New(InboxItem { thread_id: t, .. }) if t == thread_id));
     assert_eq!(store.inbox().await.unwrap().len(), 2);
+
+    // Sweeping the first acceptance's expiry must not forget the second one (expires 3,000).
+    assert_eq!(store.sweep(2_500, 0).await.unwrap(), 0);
+    let again = store
+        .accept(accept("m1", ThreadChoice::Current, 2_600))
+        .await
+        .unwrap();
+    assert!(matches!(again, Accepted::Duplicate { .. }), "{again:?}");
+    assert_eq!(store.sweep(3_000, 0).await.unwrap(), 1);
+    let after = store
+        .accept(accept("m1", ThreadChoice::Current, 3_001))
+        .await
+        .unwrap();
+    assert!(matches!(after, Accepted::New(_)), "{after:?}");
 }
 
 #[tokio::test]
