@@ -2,6 +2,8 @@
 //! scans come back in arrival order.
 
 use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use antler_channel::{OutboundMessage, Receipt};
 use serde::Serialize;
@@ -39,9 +41,9 @@ pub(crate) struct SledStore {
     /// sweep reads only what has expired.
     dedupe_expiry: sled::Tree,
     outbox: sled::Tree,
-    /// The seqs of outbox items still to deliver: an index, so finding them never reads the
-    /// sent items kept for inspection.
-    outbox_pending: sled::Tree,
+    /// How many outbox items are still to deliver, counted once at open and kept in step
+    /// after, so readiness checks never scan the sent items kept for inspection.
+    outbox_pending: Arc<AtomicUsize>,
     #[allow(
         dead_code,
         reason = "read by the memory methods, which serve a later issue"
@@ -155,20 +157,26 @@ impl SledStore {
             }
         }
         let commit = GroupCommit::start(db.clone())?;
-        Ok(Self {
+        let store = Self {
             conversations: db.open_tree("conversations")?,
             threads: db.open_tree("threads")?,
             inbox: db.open_tree("inbox")?,
             dedupe: db.open_tree("dedupe")?,
             dedupe_expiry: db.open_tree("dedupe_expiry")?,
             outbox: db.open_tree("outbox")?,
-            outbox_pending: db.open_tree("outbox_pending")?,
+            outbox_pending: Arc::new(AtomicUsize::new(0)),
             memory: db.open_tree("memory")?,
             memory_queue: db.open_tree("memory_queue")?,
             subagents: db.open_tree("subagents")?,
             db,
             commit,
-        })
+        };
+        let pending = Self::scan::<OutboxItem>(&store.outbox, "outbox item")?
+            .iter()
+            .filter(|item| item.status == OutboxStatus::Pending)
+            .count();
+        store.outbox_pending.store(pending, Ordering::SeqCst);
+        Ok(store)
     }
 
     #[cfg(test)]
@@ -198,30 +206,32 @@ impl SledStore {
         tree.get(key)?.map(|v| decode(what, &v)).transpose()
     }
 
-    /// Reads, changes and writes back one outbox record, keeping the pending index in step.
+    /// Reads, changes and writes back one outbox record, keeping the pending count in step.
     fn update_outbox(
         &self,
         seq: u64,
         change: impl Fn(&mut OutboxItem),
     ) -> Result<OutboxItem, StoreError> {
         let key = seq_key(seq);
-        (&self.outbox, &self.outbox_pending)
-            .transaction(|(outbox, pending)| {
-                let Some(bytes) = outbox.get(key)? else {
-                    return abort(StoreError::Missing {
-                        what: "outbox item",
-                        key: seq.to_string(),
-                    });
-                };
-                let mut item: OutboxItem = tx_decode("outbox item", &bytes)?;
-                change(&mut item);
-                outbox.insert(&key, tx_encode("outbox item", &item)?)?;
-                if item.status != OutboxStatus::Pending {
-                    pending.remove(&key)?;
-                }
-                Ok(item)
-            })
-            .map_err(from_tx)
+        let mut updated = None;
+        let old = self.outbox.fetch_and_update(key, |old| {
+            let mut item: OutboxItem = decode("outbox item", old?).ok()?;
+            change(&mut item);
+            let bytes = encode("outbox item", &item).ok()?;
+            updated = Some(item);
+            Some(bytes)
+        })?;
+        let item = updated.ok_or_else(|| StoreError::Missing {
+            what: "outbox item",
+            key: seq.to_string(),
+        })?;
+        let was_pending = old
+            .and_then(|bytes| decode::<OutboxItem>("outbox item", &bytes).ok())
+            .is_some_and(|old| old.status == OutboxStatus::Pending);
+        if was_pending && item.status != OutboxStatus::Pending {
+            self.outbox_pending.fetch_sub(1, Ordering::SeqCst);
+        }
+        Ok(item)
     }
 }
 
@@ -346,15 +356,8 @@ impl Store for SledStore {
             .as_ref()
             .map(|m| Ok::<_, StoreError>((m.thread_id.clone(), encode("memory update", m)?)))
             .transpose()?;
-        let trees = (
-            &self.inbox,
-            &self.threads,
-            &self.outbox,
-            &self.outbox_pending,
-            &self.memory_queue,
-        );
-        let items = trees
-            .transaction(|(inbox, threads, outbox, pending, memory_queue)| {
+        let items = (&self.inbox, &self.threads, &self.outbox, &self.memory_queue)
+            .transaction(|(inbox, threads, outbox, memory_queue)| {
                 inbox.remove(&seq_key(inbox_seq))?;
                 if let Some((id, bytes)) = &thread_bytes {
                     threads.insert(id.as_bytes(), bytes.as_slice())?;
@@ -364,11 +367,12 @@ impl Store for SledStore {
                 }
                 let mut items = Vec::with_capacity(replies.len());
                 for message in &replies {
-                    items.push(push_outbox(outbox, pending, message.clone(), now_ms)?);
+                    items.push(push_outbox(outbox, message.clone(), now_ms)?);
                 }
                 Ok(items)
             })
             .map_err(from_tx)?;
+        self.outbox_pending.fetch_add(items.len(), Ordering::SeqCst);
         self.commit.flush().await?;
         Ok(items)
     }
@@ -388,13 +392,11 @@ impl Store for SledStore {
     }
 
     async fn outbox_pending(&self) -> Result<Vec<OutboxItem>, StoreError> {
-        let mut items = Vec::with_capacity(self.outbox_pending.len());
-        for key in self.outbox_pending.iter().keys() {
-            if let Some(item) = Self::get(&self.outbox, "outbox item", &key?)? {
-                items.push(item);
-            }
-        }
-        Ok(items)
+        let all: Vec<OutboxItem> = Self::scan(&self.outbox, "outbox item")?;
+        Ok(all
+            .into_iter()
+            .filter(|i| i.status == OutboxStatus::Pending)
+            .collect())
     }
 
     async fn outbox_item(&self, seq: u64) -> Result<Option<OutboxItem>, StoreError> {
@@ -483,7 +485,7 @@ impl Store for SledStore {
         Ok(StoreStats {
             disk_bytes: self.db.size_on_disk()?,
             inbox: self.inbox.len(),
-            outbox_pending: self.outbox_pending.len(),
+            outbox_pending: self.outbox_pending.load(Ordering::SeqCst),
             threads: self.threads.len(),
         })
     }
@@ -618,7 +620,6 @@ impl Store for SledStore {
 
 fn push_outbox(
     outbox: &TransactionalTree,
-    pending: &TransactionalTree,
     message: OutboundMessage,
     now_ms: u64,
 ) -> Result<OutboxItem, ConflictableTransactionError<StoreError>> {
@@ -634,7 +635,6 @@ fn push_outbox(
         finished_at_ms: None,
     };
     outbox.insert(&seq_key(seq), tx_encode("outbox item", &item)?)?;
-    pending.insert(&seq_key(seq), &[])?;
     Ok(item)
 }
 

@@ -248,11 +248,30 @@ async fn state_survives_reopening_and_newer_schemas_are_refused() {
         else {
             panic!()
         };
+        let Accepted::New(InboxItem { seq, .. }) = store
+            .accept(accept("m2", ThreadChoice::Current, 1))
+            .await
+            .unwrap()
+        else {
+            panic!()
+        };
+        store
+            .finish_turn(FinishTurn {
+                inbox_seq: seq,
+                thread: None,
+                replies: vec![reply(&thread_id, "pending")],
+                memory_update: None,
+                now_ms: 1,
+            })
+            .await
+            .unwrap();
         thread_id
     };
     {
         let store = SledStore::open(dir.path()).unwrap();
         assert_eq!(store.inbox().await.unwrap()[0].thread_id, thread_id);
+        // The count of replies still to deliver is rebuilt from the outbox.
+        assert_eq!(store.stats().await.unwrap().outbox_pending, 1);
         store.write_schema_version(SCHEMA_VERSION + 1).unwrap();
     }
     let error = SledStore::open(dir.path()).unwrap_err();
