@@ -247,14 +247,19 @@ impl Store for SledStore {
         } = accept;
         let conversation_key = event.conversation.as_str().to_owned();
         let user_id = format!("{}:{}", event.channel, event.user.id);
+        let expires_at_ms = now_ms.saturating_add(dedupe_ttl_ms);
+        // The expiry index is only a hint for the sweep, so it is written before (and outside)
+        // the transaction: after a crash in between, the sweep finds no matching key and just
+        // drops the hint. Keeping it out of the transaction keeps accept cheaper.
+        self.dedupe_expiry
+            .insert(expiry_key(expires_at_ms, &dedupe_key), &[])?;
         let outcome = (
             &self.dedupe,
-            &self.dedupe_expiry,
             &self.conversations,
             &self.inbox,
             &self.threads,
         )
-            .transaction(|(dedupe, dedupe_expiry, conversations, inbox, threads)| {
+            .transaction(|(dedupe, conversations, inbox, threads)| {
                 if let Some(bytes) = dedupe.get(dedupe_key.as_bytes())? {
                     let seen: DedupeEntry = tx_decode("dedupe entry", &bytes)?;
                     if seen.expires_at_ms > now_ms {
@@ -304,11 +309,10 @@ impl Store for SledStore {
                 };
                 inbox.insert(&seq_key(seq), tx_encode("inbox item", &item)?)?;
                 let entry = DedupeEntry {
-                    expires_at_ms: now_ms.saturating_add(dedupe_ttl_ms),
+                    expires_at_ms,
                     thread_id: record.thread_id.clone(),
                 };
                 dedupe.insert(dedupe_key.as_bytes(), tx_encode("dedupe entry", &entry)?)?;
-                dedupe_expiry.insert(expiry_key(entry.expires_at_ms, &dedupe_key), &[])?;
                 Ok(Accepted::New(item))
             })
             .map_err(from_tx)?;
