@@ -226,7 +226,8 @@ pub(crate) trait Store: Send + Sync + std::fmt::Debug {
         now_ms: u64,
     ) -> Result<OutboxItem, StoreError>;
 
-    /// Forgets expired dedupe keys and finished outbox items older than `retain_ms`.
+    /// Forgets expired dedupe keys (`retain_ms` is also the dedupe TTL) and finished outbox
+    /// items older than `retain_ms`; returns how many outbox items and dedupe generations went.
     async fn sweep(&self, now_ms: u64, retain_ms: u64) -> Result<usize, StoreError>;
 
     async fn stats(&self) -> Result<StoreStats, StoreError>;

@@ -2,8 +2,8 @@
 //! scans come back in arrival order.
 
 use std::path::Path;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
 use antler_channel::{OutboundMessage, Receipt};
 use serde::Serialize;
@@ -36,10 +36,11 @@ pub(crate) struct SledStore {
     conversations: sled::Tree,
     threads: sled::Tree,
     inbox: sled::Tree,
-    dedupe: sled::Tree,
-    /// `expires_at_ms (BE) ++ dedupe key` → empty: the dedupe keys in expiry order, so the
-    /// sweep reads only what has expired.
-    dedupe_expiry: sled::Tree,
+    /// The dedupe set in generations: keys accepted in `[start, start + ttl)` live in the
+    /// tree `dedupe.<start>`. A lookup reads this generation and the previous one; the sweep
+    /// drops whole generations once everything in them has expired, so forgetting keys costs
+    /// neither a scan nor a write per message. The two open generations are cached here.
+    dedupe_generations: Arc<Mutex<Option<DedupeGenerations>>>,
     outbox: sled::Tree,
     /// How many outbox items are still to deliver, counted once at open and kept in step
     /// after, so readiness checks never scan the sent items kept for inspection.
@@ -112,11 +113,15 @@ fn seq_key(seq: u64) -> [u8; 8] {
     seq.to_be_bytes()
 }
 
-fn expiry_key(expires_at_ms: u64, dedupe_key: &str) -> Vec<u8> {
-    let mut key = Vec::with_capacity(8 + dedupe_key.len());
-    key.extend_from_slice(&expires_at_ms.to_be_bytes());
-    key.extend_from_slice(dedupe_key.as_bytes());
-    key
+const DEDUPE_PREFIX: &str = "dedupe.";
+
+/// The current and previous dedupe generations for one generation length.
+#[derive(Clone)]
+struct DedupeGenerations {
+    ttl_ms: u64,
+    start_ms: u64,
+    current: sled::Tree,
+    previous: sled::Tree,
 }
 
 impl SledStore {
@@ -161,8 +166,7 @@ impl SledStore {
             conversations: db.open_tree("conversations")?,
             threads: db.open_tree("threads")?,
             inbox: db.open_tree("inbox")?,
-            dedupe: db.open_tree("dedupe")?,
-            dedupe_expiry: db.open_tree("dedupe_expiry")?,
+            dedupe_generations: Arc::default(),
             outbox: db.open_tree("outbox")?,
             outbox_pending: Arc::new(AtomicUsize::new(0)),
             memory: db.open_tree("memory")?,
@@ -204,6 +208,34 @@ impl SledStore {
         key: &[u8],
     ) -> Result<Option<T>, StoreError> {
         tree.get(key)?.map(|v| decode(what, &v)).transpose()
+    }
+
+    /// The dedupe generations a key accepted at `now_ms` is looked up in and written to.
+    fn dedupe_generations(
+        &self,
+        now_ms: u64,
+        ttl_ms: u64,
+    ) -> Result<DedupeGenerations, StoreError> {
+        let ttl_ms = ttl_ms.max(1);
+        let start_ms = now_ms - now_ms % ttl_ms;
+        let mut cached = self
+            .dedupe_generations
+            .lock()
+            .map_err(|_| StoreError::Backend("dedupe cache lock poisoned".to_owned()))?;
+        if let Some(generations) = cached.as_ref() {
+            if generations.ttl_ms == ttl_ms && generations.start_ms == start_ms {
+                return Ok(generations.clone());
+            }
+        }
+        let open = |start: u64| self.db.open_tree(format!("{DEDUPE_PREFIX}{start}"));
+        let generations = DedupeGenerations {
+            ttl_ms,
+            start_ms,
+            current: open(start_ms)?,
+            previous: open(start_ms.saturating_sub(ttl_ms))?,
+        };
+        *cached = Some(generations.clone());
+        Ok(generations)
     }
 
     /// Reads, changes and writes back one outbox record, keeping the pending count in step.
@@ -248,24 +280,23 @@ impl Store for SledStore {
         let conversation_key = event.conversation.as_str().to_owned();
         let user_id = format!("{}:{}", event.channel, event.user.id);
         let expires_at_ms = now_ms.saturating_add(dedupe_ttl_ms);
-        // The expiry index is only a hint for the sweep, so it is written before (and outside)
-        // the transaction: after a crash in between, the sweep finds no matching key and just
-        // drops the hint. Keeping it out of the transaction keeps accept cheaper.
-        self.dedupe_expiry
-            .insert(expiry_key(expires_at_ms, &dedupe_key), &[])?;
+        let generations = self.dedupe_generations(now_ms, dedupe_ttl_ms)?;
         let outcome = (
-            &self.dedupe,
+            &generations.current,
+            &generations.previous,
             &self.conversations,
             &self.inbox,
             &self.threads,
         )
-            .transaction(|(dedupe, conversations, inbox, threads)| {
-                if let Some(bytes) = dedupe.get(dedupe_key.as_bytes())? {
-                    let seen: DedupeEntry = tx_decode("dedupe entry", &bytes)?;
-                    if seen.expires_at_ms > now_ms {
-                        return Ok(Accepted::Duplicate {
-                            thread_id: seen.thread_id,
-                        });
+            .transaction(|(dedupe, previous, conversations, inbox, threads)| {
+                for generation in [dedupe, previous] {
+                    if let Some(bytes) = generation.get(dedupe_key.as_bytes())? {
+                        let seen: DedupeEntry = tx_decode("dedupe entry", &bytes)?;
+                        if seen.expires_at_ms > now_ms {
+                            return Ok(Accepted::Duplicate {
+                                thread_id: seen.thread_id,
+                            });
+                        }
                     }
                 }
                 let current: Option<ConversationRecord> = conversations
@@ -446,26 +477,26 @@ impl Store for SledStore {
 
     async fn sweep(&self, now_ms: u64, retain_ms: u64) -> Result<usize, StoreError> {
         let mut removed = 0;
-        // Expired dedupe keys, oldest first, up to now. A key accepted again after it expired
-        // has a newer expiry than its old index entry and is left alone.
-        for entry in self
-            .dedupe_expiry
-            .range(..expiry_key(now_ms.saturating_add(1), ""))
-        {
-            let (index_key, _) = entry?;
-            let (expires_at_ms, key) = index_key.split_at(8.min(index_key.len()));
-            if let Some(value) = self.dedupe.get(key)? {
-                let seen: DedupeEntry = decode("dedupe entry", &value)?;
-                if seen.expires_at_ms.to_be_bytes() == expires_at_ms
-                    && self
-                        .dedupe
-                        .compare_and_swap(key, Some(&value), None as Option<&[u8]>)?
-                        .is_ok()
-                {
+        // Dedupe generations whose every key has expired: keys of `dedupe.<start>` were
+        // accepted before `start + ttl` and so expire before `start + 2 ttl`.
+        let ttl_ms = retain_ms.max(1);
+        for name in self.db.tree_names() {
+            let Some(start) = std::str::from_utf8(&name)
+                .ok()
+                .and_then(|n| n.strip_prefix(DEDUPE_PREFIX))
+                .and_then(|n| n.parse::<u64>().ok())
+            else {
+                continue;
+            };
+            if start.saturating_add(ttl_ms.saturating_mul(2)) <= now_ms {
+                if let Ok(mut cached) = self.dedupe_generations.lock() {
+                    // Never leave a dropped tree in the cache.
+                    *cached = None;
+                }
+                if self.db.drop_tree(&name)? {
                     removed += 1;
                 }
             }
-            self.dedupe_expiry.remove(&index_key)?;
         }
         // Finished outbox items past retention. Sequence order is creation order and an item
         // finishes after it is created, so nothing after the first too-young item can be due.

@@ -73,19 +73,35 @@ async fn accept_stores_once_and_recognises_redelivery_until_expiry() {
     assert!(matches!(late, Accepted::New(InboxItem { thread_id: t, .. }) if t == thread_id));
     assert_eq!(store.inbox().await.unwrap().len(), 2);
 
-    // Sweeping the first acceptance's expiry must not forget the second one (expires 3,000).
-    assert_eq!(store.sweep(2_500, 0).await.unwrap(), 0);
+    // A key from the previous generation is still recognised until it expires.
+    let m2 = |at| store.accept(accept("m2", ThreadChoice::Current, at));
+    assert!(matches!(m2(2_900).await.unwrap(), Accepted::New(_)));
+    assert!(matches!(
+        m2(3_100).await.unwrap(),
+        Accepted::Duplicate { .. }
+    ));
+
+    // The sweep drops the generation of t=10 (all expired by 2,000), keeps the others.
+    assert_eq!(store.sweep(2_500, 1_000).await.unwrap(), 1);
     let again = store
         .accept(accept("m1", ThreadChoice::Current, 2_600))
         .await
         .unwrap();
     assert!(matches!(again, Accepted::Duplicate { .. }), "{again:?}");
-    assert_eq!(store.sweep(3_000, 0).await.unwrap(), 1);
-    let after = store
-        .accept(accept("m1", ThreadChoice::Current, 3_001))
-        .await
-        .unwrap();
-    assert!(matches!(after, Accepted::New(_)), "{after:?}");
+    assert!(matches!(
+        m2(3_500).await.unwrap(),
+        Accepted::Duplicate { .. }
+    ));
+    assert_eq!(
+        store.sweep(4_000, 1_000).await.unwrap(),
+        2,
+        "generations 1,000 (opened empty as a previous one) and 2,000"
+    );
+    assert_eq!(
+        store.sweep(5_000, 1_000).await.unwrap(),
+        1,
+        "generation 3,000"
+    );
 }
 
 #[tokio::test]
@@ -229,10 +245,10 @@ async fn delivery_records_receipts_and_failures() {
     assert_eq!(store.stats().await.unwrap().outbox_pending, 0);
 
     // The sweep keeps finished items for the retention period, then drops them.
-    assert_eq!(store.sweep(10, 100).await.unwrap(), 0);
-    assert_eq!(store.sweep(200, 100).await.unwrap(), 2);
-    // The dedupe key (TTL 1,000 ms from t=1) goes once it has expired.
-    assert_eq!(store.sweep(2_000, 100).await.unwrap(), 1);
+    assert_eq!(store.sweep(10, 1_000).await.unwrap(), 0);
+    assert_eq!(store.sweep(1_500, 1_000).await.unwrap(), 2);
+    // The dedupe generation of t=1 (TTL 1,000 ms) goes once all its keys have expired.
+    assert_eq!(store.sweep(2_000, 1_000).await.unwrap(), 1);
     assert!(store.outbox_item(items[0].seq).await.unwrap().is_none());
 }
 
