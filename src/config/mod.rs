@@ -63,6 +63,24 @@ pub struct ServerConfig {
     pub body_limit_bytes: usize,
     /// How long a graceful shutdown waits for in-flight work.
     pub shutdown_grace_secs: u64,
+    /// Open client connections at most; further clients wait in the listen backlog.
+    pub max_connections: usize,
+    /// A connection that has not sent a complete request head within this time is closed:
+    /// slow clients and idle keep-alive connections alike.
+    pub header_read_timeout_secs: u64,
+    /// A request whose body has not arrived in full within this time is refused (408).
+    pub body_read_timeout_secs: u64,
+    /// Long-lived responses at once: SSE streams and `"wait": true` requests.
+    pub max_streams: usize,
+    /// Extra `Host` values the API accepts (loopback names, the listen address and the host
+    /// of `public_url` always are); `"*"` accepts any.
+    pub allowed_hosts: Vec<String>,
+    /// Bearer token for `/metrics` and the detail of `/readyz` on the main listener.
+    #[serde(deserialize_with = "secret::opt_secret")]
+    pub metrics_token: Option<Secret>,
+    /// A separate address for `/healthz`, `/readyz` and `/metrics`, served without a token
+    /// (the Prometheus convention); the main listener then keeps only `/healthz`.
+    pub ops_listen: Option<SocketAddr>,
 }
 
 impl Default for ServerConfig {
@@ -72,6 +90,13 @@ impl Default for ServerConfig {
             public_url: None,
             body_limit_bytes: 1_048_576,
             shutdown_grace_secs: 10,
+            max_connections: 512,
+            header_read_timeout_secs: 10,
+            body_read_timeout_secs: 30,
+            max_streams: 256,
+            allowed_hosts: Vec::new(),
+            metrics_token: None,
+            ops_listen: None,
         }
     }
 }
@@ -85,6 +110,8 @@ pub struct StoreConfig {
     pub path: PathBuf,
     /// How long a delivered platform event id is remembered for dedupe.
     pub dedupe_ttl_secs: u64,
+    /// The memory sled may use for its page cache, in bytes.
+    pub cache_capacity_bytes: u64,
 }
 
 impl Default for StoreConfig {
@@ -92,6 +119,7 @@ impl Default for StoreConfig {
         Self {
             path: PathBuf::from("data"),
             dedupe_ttl_secs: 86_400,
+            cache_capacity_bytes: 32 * 1024 * 1024,
         }
     }
 }
@@ -280,9 +308,12 @@ impl ChannelsConfig {
 pub struct ApiChannelConfig {
     /// Whether the API routes are served.
     pub enabled: bool,
-    /// The bearer token; required unless the server listens on a loopback address.
+    /// An admin bearer token (reaches every conversation). A token is required unless the
+    /// server listens on a loopback address.
     #[serde(deserialize_with = "secret::opt_secret")]
     pub token: Option<Secret>,
+    /// `[[channels.api.tokens]]`: more tokens, each bound to one user and a role.
+    pub tokens: Vec<ApiToken>,
 }
 
 impl Default for ApiChannelConfig {
@@ -290,8 +321,34 @@ impl Default for ApiChannelConfig {
         Self {
             enabled: true,
             token: None,
+            tokens: Vec::new(),
         }
     }
+}
+
+/// One `[[channels.api.tokens]]` entry.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApiToken {
+    /// The bearer token.
+    pub token: Secret,
+    /// The user every request with this token acts as.
+    #[serde(deserialize_with = "secret::string")]
+    pub user: String,
+    /// `user` (its own conversations only) or `admin` (every conversation).
+    #[serde(default)]
+    pub role: ApiRole,
+}
+
+/// What an API token may reach.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ApiRole {
+    /// Its own conversations.
+    #[default]
+    User,
+    /// Every conversation.
+    Admin,
 }
 
 /// `[channels.telegram]`
