@@ -9,6 +9,7 @@ use std::time::Duration;
 use antler_channel::Channel;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -18,18 +19,22 @@ use crate::agent::middleware::loop_detection::LoopDetectionMiddleware;
 use crate::agent::middleware::title::TitleMiddleware;
 use crate::agent::middleware::token_usage::TokenUsageMiddleware;
 use crate::agent::middleware::{ChainError, Middleware, MiddlewareChain};
-use crate::agent::model::{ChatModel, ModelError, OpenAiClient, OpenAiConfig};
+use crate::agent::model::{ModelError, ModelHealth, OpenAiClient, OpenAiConfig};
 use crate::agent::runtime::Runtime;
 use crate::agent::tools::ToolRegistry;
 use crate::config::Config;
 use crate::delivery::{Delivery, RetryPolicy};
 use crate::events::EventHub;
-use crate::http::{AppState, api::ApiChannel, router};
+use crate::http::guard::{ApiAuth, HostPolicy};
+use crate::http::serve::{ServeLimits, serve as serve_http};
+use crate::http::{AppState, api::ApiChannel, ops_router, router};
 use crate::ingress::{Ingress, IngressSettings, TurnRunner};
 use crate::store::{SledStore, Store, StoreError};
 
 /// How often expired dedupe keys and old outbox records are swept.
 const SWEEP_EVERY: Duration = Duration::from_secs(60);
+/// How long interrupted turns get to give their attempt back.
+const INTERRUPT_WAIT: Duration = Duration::from_secs(5);
 
 /// Why the application could not start or stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -43,6 +48,9 @@ pub enum AppError {
     /// The middleware chain is invalid.
     #[error("agent.middleware: {0}")]
     Chain(String),
+    /// A listener could not be bound.
+    #[error("{0}")]
+    Bind(String),
     /// Serving HTTP failed.
     #[error("http server: {0}")]
     Serve(#[from] std::io::Error),
@@ -98,7 +106,7 @@ fn middleware_chain(config: &Config) -> Result<MiddlewareChain, ChainError> {
     MiddlewareChain::new(items)
 }
 
-fn model_client(config: &Config) -> Result<Arc<dyn ChatModel>, ModelError> {
+fn model_client(config: &Config, health: ModelHealth) -> Result<OpenAiClient, ModelError> {
     let m = &config.model;
     let mut client = OpenAiConfig::new(m.base_url.clone(), m.model.clone());
     client.api_key = m.api_key.as_ref().map(|k| k.expose().to_owned());
@@ -107,12 +115,42 @@ fn model_client(config: &Config) -> Result<Arc<dyn ChatModel>, ModelError> {
     client.stream = m.stream;
     client.temperature = m.temperature;
     client.max_tokens = m.max_tokens;
-    Ok(Arc::new(OpenAiClient::new(client)?))
+    Ok(OpenAiClient::new(client)?.with_health(health))
 }
 
-/// Runs antler on `listener` until `shutdown` resolves, then drains: intake stops, running
-/// turns get `server.shutdown_grace_secs` to finish, pending deliveries the rest of it, and
-/// the store is flushed. What is left is durable and resumes on the next start.
+/// Asks the model endpoint whether it is there, once, and says so in the log: an unreachable
+/// model is found at start, not by the first user.
+async fn probe_model(client: OpenAiClient, model: String) {
+    let url = client.display_url();
+    match client.probe().await {
+        Ok(report) if report.models.is_empty() || report.models.contains(&model) => {
+            tracing::info!(base_url = %url, model = %model, "model endpoint reachable");
+        }
+        Ok(report) => tracing::warn!(
+            base_url = %url,
+            model = %model,
+            available = report.models.len(),
+            "the model endpoint does not list the configured model; check model.model (ANTLER_MODEL)"
+        ),
+        Err(e) if e.reached_endpoint() => tracing::warn!(
+            base_url = %url,
+            error = %e,
+            "the model endpoint answered the probe with an error; check model.api_key and model.base_url"
+        ),
+        Err(e) => tracing::warn!(
+            base_url = %url,
+            error = %e,
+            "the model endpoint is unreachable; turns will fail until it is up. Check \
+             model.base_url (ANTLER_MODEL_BASE_URL in the default config)"
+        ),
+    }
+}
+
+/// Runs antler on `listener` until `shutdown` resolves, then drains: intake stops (new
+/// messages get 503), running turns get `server.shutdown_grace_secs` to finish, turns still
+/// running after that are interrupted (they run again on the next start, their attempt not
+/// counted), pending deliveries get the rest of the grace period, connections close, and the
+/// store is synced. What is left is durable and resumes on the next start.
 pub async fn serve<F>(config: Config, listener: TcpListener, shutdown: F) -> Result<(), AppError>
 where
     F: Future<Output = ()> + Send + 'static,
@@ -120,29 +158,38 @@ where
     let started = Instant::now();
     let metrics = metrics_handle();
     let path = config.store.path.clone();
+    let cache = config.store.cache_capacity_bytes;
     let store: Arc<dyn Store> = Arc::new(
-        tokio::task::spawn_blocking(move || SledStore::open(&path))
+        tokio::task::spawn_blocking(move || SledStore::open(&path, cache))
             .await
             .map_err(|e| AppError::Store(e.to_string()))??,
     );
+    let model_health = ModelHealth::default();
+    let client = model_client(&config, model_health.clone())?;
     let runtime = Runtime::new(
-        model_client(&config)?,
+        Arc::new(client.clone()),
         ToolRegistry::builtin(),
         middleware_chain(&config)?,
         config.model.system_prompt.clone(),
         config.agent.max_iterations,
     );
+    tracing::info!(
+        model = runtime.model_name(),
+        base_url = %client.display_url(),
+        middleware = ?runtime.middleware_names(),
+        "agent runtime ready"
+    );
+    let probe = tokio::spawn(probe_model(client, config.model.model.clone()));
 
-    tracing::info!(model = runtime.model_name(), middleware = ?runtime.middleware_names(), "agent runtime ready");
     let intake_stop = CancellationToken::new();
+    let turn_cancel = CancellationToken::new();
     let delivery_stop = CancellationToken::new();
+    let http_stop = CancellationToken::new();
     let turns = TaskTracker::new();
     let deliveries = TaskTracker::new();
     let hub = EventHub::default();
-    let api = Arc::new(ApiChannel::new(
-        config.channels.api.token.clone(),
-        hub.clone(),
-    ));
+    let auth = ApiAuth::from_config(&config.channels.api);
+    let api = Arc::new(ApiChannel::new(auth.clone(), hub.clone()));
     let mut channels: HashMap<String, Arc<dyn Channel>> = HashMap::new();
     if config.channels.api.enabled {
         channels.insert("api".to_owned(), api.clone());
@@ -182,6 +229,7 @@ where
         delivery,
         config.agent.max_turn_attempts,
         Duration::from_secs(config.agent.turn_timeout_secs),
+        turn_cancel.clone(),
     );
     let ingress = Ingress::new(
         Arc::clone(&store),
@@ -205,37 +253,79 @@ where
         intake_stop.clone(),
     ));
 
+    let server = &config.server;
     let state = AppState {
         ingress,
         store: Arc::clone(&store),
         hub,
-        api,
         metrics,
         model_configured: !config.model.base_url.is_empty() && !config.model.model.is_empty(),
-        body_limit: config.server.body_limit_bytes,
+        model_health,
+        body_limit: server.body_limit_bytes,
+        body_timeout: Duration::from_secs(server.body_read_timeout_secs),
         stop: intake_stop.clone(),
+        auth,
+        hosts: HostPolicy::from_config(server),
+        streams: Arc::new(Semaphore::new(server.max_streams.max(1))),
+        metrics_token: server.metrics_token.clone(),
     };
-    let app = router(state, config.channels.api.enabled);
+    let limits = ServeLimits {
+        max_connections: server.max_connections,
+        header_read_timeout: Duration::from_secs(server.header_read_timeout_secs),
+    };
+    let grace = Duration::from_secs(server.shutdown_grace_secs);
+    let mut listeners = Vec::new();
+    if let Some(address) = server.ops_listen {
+        let ops = TcpListener::bind(address).await.map_err(|e| {
+            AppError::Bind(format!("server.ops_listen: cannot bind {address}: {e}"))
+        })?;
+        tracing::info!(address = %ops.local_addr()?, "ops endpoints are served here");
+        listeners.push(tokio::spawn(serve_http(
+            ops,
+            ops_router(state.clone()),
+            limits,
+            http_stop.clone(),
+            grace,
+        )));
+    }
+    let app = router(
+        state,
+        config.channels.api.enabled,
+        server.ops_listen.is_some(),
+    );
     let local = listener.local_addr()?;
+    listeners.push(tokio::spawn(serve_http(
+        listener,
+        app,
+        limits,
+        http_stop.clone(),
+        grace,
+    )));
     tracing::info!(address = %local, startup_ms = started.elapsed().as_millis() as u64, "antler is serving");
 
-    let signal_stop = intake_stop.clone();
-    axum::serve(listener, app)
-        .with_graceful_shutdown(async move {
-            shutdown.await;
-            tracing::info!("shutting down: intake stopped");
-            signal_stop.cancel();
-        })
-        .await?;
+    shutdown.await;
+    tracing::info!("shutting down: intake stopped, new messages are refused with 503");
+    intake_stop.cancel();
 
     // Drain: turns first (they produce replies), then deliveries, within one grace period.
-    let deadline = Instant::now() + Duration::from_secs(config.server.shutdown_grace_secs);
+    let deadline = Instant::now() + grace;
     turns.close();
     if tokio::time::timeout_at(deadline, turns.wait())
         .await
         .is_err()
     {
-        tracing::warn!("grace period over with turns still running; they resume on the next start");
+        let running = turns.len();
+        tracing::warn!(
+            running,
+            "grace period over; interrupting the turns still running (they run again on the next start)"
+        );
+        turn_cancel.cancel();
+        if tokio::time::timeout(INTERRUPT_WAIT, turns.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!("some turns did not stop in time");
+        }
     }
     deliveries.close();
     if tokio::time::timeout_at(deadline, deliveries.wait())
@@ -245,12 +335,17 @@ where
         tracing::warn!("grace period over with deliveries pending; they resume on the next start");
     }
     delivery_stop.cancel();
+    http_stop.cancel();
+    for listener in listeners {
+        let _ = listener.await;
+    }
+    probe.abort();
     // The sweeper ends with intake; awaiting it (rather than aborting it) means it no longer
     // holds the store when `serve` returns, so the store can be opened again at once.
     let _ = sweeper.await;
     store.flush().await?;
-    // Connection tasks may still be dropping their handles to the store; wait (briefly) for
-    // them, so the store is closed when `serve` returns and can be opened again at once.
+    // Tasks may still be dropping their handles to the store; wait (briefly) for them, so the
+    // store is closed when `serve` returns and can be opened again at once.
     let closing = Instant::now() + Duration::from_secs(5);
     while Arc::strong_count(&store) > 1 && Instant::now() < closing {
         tokio::time::sleep(Duration::from_millis(5)).await;

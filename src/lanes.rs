@@ -1,13 +1,15 @@
 //! Lanes: per-key FIFO execution. Items with the same key run one at a time in push order;
-//! different keys run concurrently. The dispatcher uses a lane per conversation (one turn at a
-//! time, in arrival order); delivery uses a lane per conversation so replies arrive in order
-//! while one slow chat does not hold up the others.
+//! different keys run concurrently. Delivery uses a lane per conversation, so replies arrive
+//! in order while one slow chat does not hold up the others. (Turns have their own dispatcher,
+//! which also bounds how many run at once.) A panic while handling one item is contained: the
+//! lane goes on with the next.
 
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 
+use futures_util::FutureExt;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -35,28 +37,6 @@ impl<T> Clone for Lanes<T> {
 impl<T> std::fmt::Debug for Lanes<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Lanes").finish_non_exhaustive()
-    }
-}
-
-/// The waiting counts of some lanes, without their handler. A handler may own one without
-/// forming a reference cycle (which would keep everything the handler owns alive forever).
-pub(crate) struct Waiting<T> {
-    queues: Arc<Mutex<HashMap<String, VecDeque<T>>>>,
-}
-
-impl<T> std::fmt::Debug for Waiting<T> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Waiting").finish_non_exhaustive()
-    }
-}
-
-impl<T> Waiting<T> {
-    /// Items waiting (not running) on a key's lane.
-    pub(crate) fn waiting(&self, key: &str) -> usize {
-        self.queues
-            .lock()
-            .map(|q| q.get(key).map_or(0, VecDeque::len))
-            .unwrap_or(0)
     }
 }
 
@@ -97,20 +77,19 @@ where
             .spawn(async move { lanes.drain(key, item).await });
     }
 
-    /// The waiting counts, without the handler.
-    pub(crate) fn waiting_view(&self) -> Waiting<T> {
-        Waiting {
-            queues: Arc::clone(&self.queues),
-        }
-    }
-
     async fn drain(&self, key: String, first: T) {
         let mut next = Some(first);
         while let Some(item) = next {
             if self.stop.is_cancelled() {
                 break;
             }
-            (self.handler)(item).await;
+            let handled = std::panic::AssertUnwindSafe((self.handler)(item))
+                .catch_unwind()
+                .await;
+            if handled.is_err() {
+                tracing::error!(lane = %key, "handling an item panicked; the lane goes on");
+                metrics::counter!("antler_lane_panics_total").increment(1);
+            }
             next = match self.queues.lock() {
                 Ok(mut queues) => {
                     let item = queues.get_mut(&key).and_then(VecDeque::pop_front);
@@ -131,7 +110,7 @@ mod tests {
 
     use super::*;
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn same_key_runs_in_order_one_at_a_time_and_keys_run_concurrently() {
         let log = Arc::new(Mutex::new(Vec::new()));
         let running = Arc::new(std::sync::atomic::AtomicUsize::new(0));
@@ -139,6 +118,7 @@ mod tests {
         let tracker = TaskTracker::new();
         let lanes = {
             let log = Arc::clone(&log);
+            let max_same_key = Arc::clone(&max_same_key);
             Lanes::new(
                 move |(key, n): (&'static str, u32)| {
                     let log = Arc::clone(&log);
@@ -151,6 +131,7 @@ mod tests {
                         }
                         tokio::time::sleep(Duration::from_millis(5)).await;
                         log.lock().unwrap().push((key, n));
+                        assert!(!(key == "b" && n == 2), "one item panics");
                         if key == "a" {
                             running.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
                         }
@@ -164,7 +145,6 @@ mod tests {
             lanes.push("a", ("a", n));
             lanes.push("b", ("b", n));
         }
-        assert_eq!(lanes.waiting_view().waiting("a"), 4);
         tracker.close();
         tracker.wait().await;
         let log = log.lock().unwrap();
@@ -179,8 +159,16 @@ mod tests {
             .map(|(_, n)| *n)
             .collect();
         assert_eq!(a, [0, 1, 2, 3, 4]);
-        assert_eq!(b, [0, 1, 2, 3, 4]);
-        assert_eq!(lanes.waiting_view().waiting("a"), 0);
+        assert_eq!(b, [0, 1, 2, 3, 4], "the lane went on after the panic");
+        assert_eq!(
+            max_same_key.load(std::sync::atomic::Ordering::SeqCst),
+            1,
+            "two items of one key never ran at once"
+        );
+        assert!(
+            lanes.queues.lock().unwrap().is_empty(),
+            "idle lanes are forgotten"
+        );
     }
 
     #[tokio::test]

@@ -139,11 +139,13 @@ async fn same_message_id_twice_runs_one_turn() {
     assert_eq!(first.json["duplicate"], false);
     assert_eq!(first.json["reply"], "echo: only once");
 
+    // Resent with `wait`, it is recognised and answered with the reply that already exists.
     let second = app.post(&body).await;
-    assert_eq!(second.status, StatusCode::ACCEPTED, "{}", second.text);
+    assert_eq!(second.status, StatusCode::OK, "{}", second.text);
     assert_eq!(second.json["duplicate"], true);
     assert_eq!(second.json["thread_id"], first.json["thread_id"]);
     assert_eq!(second.json["message_id"], "m-1");
+    assert_eq!(second.json["reply"], "echo: only once");
 
     app.wait_idle().await;
     assert_eq!(mock.count(), 1, "the model saw the message once");
@@ -240,9 +242,13 @@ async fn bearer_token_is_required_when_configured() {
     assert_eq!(wrong.status, StatusCode::UNAUTHORIZED);
     let wrong_get = app.get("/api/v1/threads/anything").await;
     assert_eq!(wrong_get.status, StatusCode::UNAUTHORIZED);
-    assert_eq!(app.get("/readyz").await.json["inbox"], 0);
 
     app.client.token = Some("s3cret-token".to_owned());
+    assert_eq!(
+        app.get("/readyz").await.json["inbox"],
+        0,
+        "nothing was stored"
+    );
     let right = app.post(&body).await;
     assert_eq!(right.status, StatusCode::ACCEPTED, "{}", right.text);
     let thread_id = right.json["thread_id"].as_str().unwrap().to_owned();

@@ -55,7 +55,6 @@ impl ChatMessage {
     }
 
     /// An assistant message with text only.
-    #[cfg(test)]
     #[must_use]
     pub(crate) fn assistant(content: impl Into<String>) -> Self {
         Self::Assistant {

@@ -18,8 +18,9 @@ pub(crate) trait RunObserver: Send + Sync {
     /// A fragment of streamed answer text.
     fn delta(&self, text: &str);
 
-    /// The thread after a round of tool results; a good moment to save it.
-    async fn checkpoint(&self, thread: &ThreadState);
+    /// The thread after a round of tool results; a good moment to save it (the observer
+    /// records what it saved in `thread.saved_messages`).
+    async fn checkpoint(&self, thread: &mut ThreadState);
 }
 
 /// An observer that ignores everything.
@@ -32,7 +33,7 @@ pub(crate) struct Unobserved;
 impl RunObserver for Unobserved {
     fn delta(&self, _text: &str) {}
 
-    async fn checkpoint(&self, _thread: &ThreadState) {}
+    async fn checkpoint(&self, _thread: &mut ThreadState) {}
 }
 
 /// How a run ended.
@@ -53,6 +54,21 @@ pub(crate) enum RunError {
     Model(#[from] ModelError),
     #[error(transparent)]
     Middleware(#[from] ChainAbort),
+}
+
+impl RunError {
+    /// What to tell the person who sent the message: what went wrong and what helps, without
+    /// the provider's raw text (that goes to the log).
+    pub(crate) fn user_message(&self) -> String {
+        match self {
+            Self::Model(e) => e.user_message(),
+            Self::Middleware(abort) => format!(
+                "⚠️ Sorry, this turn was stopped by antler's `{}` check. The details are in \
+                 antler's log.",
+                abort.name
+            ),
+        }
+    }
 }
 
 /// The agent: a model, tools, a middleware chain and a system prompt.
@@ -154,8 +170,9 @@ impl Runtime {
         let sink = |text: &str| observer.delta(text);
         loop {
             let mut request = ModelRequest {
+                // Failed turns stay in the thread for people, not for the model.
                 messages: std::iter::once(ChatMessage::system(&self.system_prompt))
-                    .chain(cx.thread.messages.iter().cloned())
+                    .chain(cx.thread.context().cloned())
                     .collect(),
                 tools: tools.clone(),
             };

@@ -1,35 +1,39 @@
 //! The HTTP API channel: antler's own channel, for `antler chat`, scripts and tests.
 //!
-//! `POST /api/v1/messages` accepts `{conversation, user, text, message_id?}` and answers 202
+//! `POST /api/v1/messages` accepts `{conversation, user?, text, message_id?}` and answers 202
 //! with the thread id once the message is durable; the same `message_id` again is recognised
 //! and answered with the same thread, nothing stored twice. `"stream": true` answers with an
-//! SSE stream of that message's answer instead, `"wait": true` with the answer itself.
-//! Replies are delivered through the outbox like any platform's: delivery publishes them to
-//! the thread's SSE subscribers.
+//! SSE stream instead (`accepted`, then the answer's `delta`s and its `final`), `"wait": true`
+//! with the answer itself; both also work for a resent `message_id`, whose answer is given as
+//! soon as it exists. Replies are delivered through the outbox like any platform's: delivery
+//! publishes them to the thread's SSE subscribers.
+//!
+//! Requests pass [`super::guard::api_guard`] first, which names the [`Principal`]: an admin
+//! names any conversation and any `user`; a user's token reaches only that user's
+//! conversations (stored under `api:<user>/<conversation>`) and always acts as that user.
 
 use std::convert::Infallible;
+use std::sync::Arc;
 use std::time::Duration;
 
 use antler_channel::{
-    Channel, ChannelError, ConversationKey, InboundEvent, OutboundMessage, Parsed, Receipt,
-    UserRef, WebhookRequest, verify,
+    Channel, ChannelError, InboundEvent, OutboundMessage, Parsed, Receipt, UserRef, WebhookRequest,
 };
-use axum::Json;
-use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
-use axum::extract::{Path, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::extract::{Path, Request, State};
+use axum::http::StatusCode;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
 use futures_util::Stream;
 use serde::Deserialize;
-use serde_json::json;
-use tokio::sync::broadcast;
+use serde_json::{Value, json};
+use tokio::sync::{OwnedSemaphorePermit, broadcast};
 use tokio_util::sync::CancellationToken;
 
 use super::AppState;
 use super::error::ApiError;
-use crate::config::Secret;
+use super::guard::{ApiAuth, Principal};
+use crate::agent::thread::ThreadState;
 use crate::events::{EventHub, Subscription, ThreadEvent};
 
 /// How long `"wait": true` waits for the answer before answering 202 anyway.
@@ -39,7 +43,7 @@ const MAX_ID_CHARS: usize = 256;
 /// The API channel.
 #[derive(Debug)]
 pub(crate) struct ApiChannel {
-    token: Option<Secret>,
+    auth: ApiAuth,
     hub: EventHub,
 }
 
@@ -48,7 +52,8 @@ pub(crate) struct ApiChannel {
 #[serde(deny_unknown_fields)]
 struct PostMessage {
     conversation: String,
-    user: String,
+    #[serde(default)]
+    user: Option<String>,
     text: String,
     #[serde(default)]
     message_id: Option<String>,
@@ -73,15 +78,32 @@ fn check_id(field: &str, value: &str) -> Result<(), ChannelError> {
 }
 
 impl ApiChannel {
-    pub(crate) fn new(token: Option<Secret>, hub: EventHub) -> Self {
-        Self { token, hub }
+    pub(crate) fn new(auth: ApiAuth, hub: EventHub) -> Self {
+        Self { auth, hub }
     }
 
-    fn read(body: &[u8]) -> Result<(PostMessage, InboundEvent), ChannelError> {
+    fn read(
+        body: &[u8],
+        principal: &Principal,
+    ) -> Result<(PostMessage, InboundEvent), ChannelError> {
         let message: PostMessage = serde_json::from_slice(body)
             .map_err(|e| ChannelError::Malformed(format!("invalid JSON body: {e}")))?;
         check_id("conversation", &message.conversation)?;
-        check_id("user", &message.user)?;
+        let user = match (&principal.user, &message.user) {
+            (None, Some(user)) => user.clone(),
+            (None, None) => {
+                return Err(ChannelError::Malformed(
+                    "`user` is required with an admin token".to_owned(),
+                ));
+            }
+            (Some(own), Some(user)) if own != user => {
+                return Err(ChannelError::Malformed(format!(
+                    "`user` must be this token's user ({own}) or left out"
+                )));
+            }
+            (Some(own), _) => own.clone(),
+        };
+        check_id("user", &user)?;
         if let Some(id) = &message.message_id {
             check_id("message_id", id)?;
         }
@@ -97,9 +119,9 @@ impl ApiChannel {
         let event = InboundEvent {
             channel: "api".to_owned(),
             event_id: message_id.clone(),
-            conversation: ConversationKey::new("api", [&message.conversation]),
+            conversation: principal.conversation_key(&message.conversation),
             user: UserRef {
-                id: message.user.clone(),
+                id: user,
                 name: None,
             },
             text: message.text.clone(),
@@ -117,16 +139,18 @@ impl Channel for ApiChannel {
     }
 
     fn verify(&self, request: &WebhookRequest<'_>) -> Result<(), ChannelError> {
-        match &self.token {
-            Some(token) if !verify::bearer_matches(request.headers, token.expose()) => {
-                Err(ChannelError::Unauthorized)
-            }
-            _ => Ok(()),
-        }
+        self.auth
+            .principal(request.headers)
+            .map(|_| ())
+            .ok_or(ChannelError::Unauthorized)
     }
 
     fn parse(&self, request: &WebhookRequest<'_>) -> Result<Parsed, ChannelError> {
-        Self::read(request.body).map(|(_, event)| Parsed::Events(vec![event]))
+        let principal = self
+            .auth
+            .principal(request.headers)
+            .ok_or(ChannelError::Unauthorized)?;
+        Self::read(request.body, &principal).map(|(_, event)| Parsed::Events(vec![event]))
     }
 
     /// Publishes the reply to the thread's subscribers; the thread already holds it.
@@ -144,43 +168,85 @@ impl Channel for ApiChannel {
     }
 }
 
-fn authorize(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
-    let request = WebhookRequest { headers, body: &[] };
-    state.api.verify(&request).map_err(|_| {
-        metrics::counter!("antler_webhooks_rejected_total", "channel" => "api", "reason" => "unauthorized").increment(1);
-        ApiError::Unauthorized
+/// The request body, within the size limit and the read deadline.
+async fn read_body(state: &AppState, request: Request) -> Result<axum::body::Bytes, ApiError> {
+    let too_large = || {
+        metrics::counter!("antler_webhooks_rejected_total", "channel" => "api", "reason" => "too_large").increment(1);
+        ApiError::TooLarge {
+            limit: state.body_limit,
+        }
+    };
+    let declared = request
+        .headers()
+        .get(axum::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > state.body_limit as u64) {
+        return Err(too_large());
+    }
+    let read = axum::body::to_bytes(request.into_body(), state.body_limit);
+    match tokio::time::timeout(state.body_timeout, read).await {
+        Err(_) => {
+            metrics::counter!("antler_webhooks_rejected_total", "channel" => "api", "reason" => "body_timeout").increment(1);
+            Err(ApiError::BodyTimeout {
+                secs: state.body_timeout.as_secs(),
+            })
+        }
+        Ok(Ok(bytes)) => Ok(bytes),
+        Ok(Err(e)) => {
+            let mut source: Option<&(dyn std::error::Error + 'static)> = Some(&e);
+            while let Some(cause) = source {
+                if cause.is::<http_body_util::LengthLimitError>() {
+                    return Err(too_large());
+                }
+                source = cause.source();
+            }
+            Err(ApiError::BadRequest(
+                "the request body could not be read".to_owned(),
+            ))
+        }
+    }
+}
+
+/// A place among the long-lived responses, or 503 when they are all taken.
+fn stream_permit(state: &AppState) -> Result<OwnedSemaphorePermit, ApiError> {
+    Arc::clone(&state.streams).try_acquire_owned().map_err(|_| {
+        metrics::counter!("antler_streams_refused_total").increment(1);
+        ApiError::TooManyStreams
     })
 }
 
-fn body_bytes(state: &AppState, body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
-    body.map_err(|rejection| {
-        if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            metrics::counter!("antler_webhooks_rejected_total", "channel" => "api", "reason" => "too_large").increment(1);
-            ApiError::TooLarge {
-                limit: state.body_limit,
-            }
-        } else {
-            ApiError::BadRequest(rejection.body_text())
-        }
-    })
+/// The text of the replies already produced for inbox item `seq`, if any.
+async fn existing_reply(state: &AppState, seq: u64) -> Result<Option<String>, ApiError> {
+    let replies = state.store.replies(seq).await?;
+    if replies.is_empty() {
+        return Ok(None);
+    }
+    Ok(Some(
+        replies
+            .into_iter()
+            .map(|item| item.message.text)
+            .collect::<Vec<_>>()
+            .join("\n\n"),
+    ))
 }
 
 /// `POST /api/v1/messages`
 pub(crate) async fn post_message(
     State(state): State<AppState>,
-    headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    Extension(principal): Extension<Arc<Principal>>,
+    request: Request,
 ) -> Result<Response, ApiError> {
     metrics::counter!("antler_webhooks_received_total", "channel" => "api").increment(1);
-    authorize(&state, &headers)?;
-    let body = body_bytes(&state, body)?;
-    let (message, event) = ApiChannel::read(&body).map_err(|e| {
+    let body = read_body(&state, request).await?;
+    let (message, event) = ApiChannel::read(&body, &principal).map_err(|e| {
         metrics::counter!("antler_webhooks_rejected_total", "channel" => "api", "reason" => "malformed").increment(1);
         ApiError::BadRequest(e.to_string())
     })?;
     let message_id = event.event_id.clone();
     let conversation = event.conversation.to_string();
     let listen = message.stream || message.wait;
+    let permit = listen.then(|| stream_permit(&state)).transpose()?;
     let admission = state.ingress.accept(event, listen).await?;
     let accepted = json!({
         "thread_id": admission.thread_id,
@@ -188,23 +254,43 @@ pub(crate) async fn post_message(
         "message_id": message_id,
         "duplicate": !admission.new,
     });
-    let Some(events) = admission.events else {
+    let (Some(events), Some(permit)) = (admission.events, permit) else {
         return Ok((StatusCode::ACCEPTED, Json(accepted)).into_response());
     };
+    // A redelivery: its answer may exist already. (Subscribed first, so an answer that lands
+    // after this check still arrives as an event.)
+    let existing = match (admission.new, admission.seq) {
+        (true, _) => None,
+        (false, Some(seq)) => existing_reply(&state, seq).await?,
+        // Accepted before antler recorded which item a key became: nothing to wait for.
+        (false, None) => return Ok((StatusCode::ACCEPTED, Json(accepted)).into_response()),
+    };
     if message.stream {
-        let stream = answer_stream(events, message_id, state.stop.clone());
+        let first = Event::default()
+            .event("accepted")
+            .data(accepted.to_string());
+        let stream = answer_stream(events, message_id, existing, state.stop.clone(), permit);
+        let stream = futures_util::StreamExt::chain(
+            futures_util::stream::once(async move { Ok(first) }),
+            stream,
+        );
         return Ok(Sse::new(stream)
             .keep_alive(KeepAlive::default())
             .into_response());
     }
-    match wait_for_answer(events, &message_id, &state.stop).await {
+    let reply = match existing {
+        Some(reply) => Some(reply),
+        None => wait_for_answer(events, &message_id, &state.stop).await,
+    };
+    drop(permit);
+    match reply {
         Some(reply) => Ok((
             StatusCode::OK,
             Json(json!({
                 "thread_id": admission.thread_id,
                 "conversation": conversation,
                 "message_id": message_id,
-                "duplicate": false,
+                "duplicate": !admission.new,
                 "reply": reply,
             })),
         )
@@ -244,28 +330,53 @@ fn sse_event(event: &ThreadEvent) -> Event {
     Event::default().event(event.name()).data(data.to_string())
 }
 
+/// Where an answer stream is.
+struct AnswerStream {
+    events: Subscription,
+    /// The answer when it was already there: sent as the only event.
+    existing: Option<String>,
+    finished: bool,
+    _permit: OwnedSemaphorePermit,
+}
+
 /// Events of one message's answer, ending with its final reply (or at shutdown).
 fn answer_stream(
     events: Subscription,
     message_id: String,
+    existing: Option<String>,
     stop: CancellationToken,
+    permit: OwnedSemaphorePermit,
 ) -> impl Stream<Item = Result<Event, Infallible>> {
-    futures_util::stream::unfold((events, false), move |(mut events, finished)| {
+    let state = AnswerStream {
+        events,
+        existing,
+        finished: false,
+        _permit: permit,
+    };
+    futures_util::stream::unfold(state, move |mut state| {
         let message_id = message_id.clone();
         let stop = stop.clone();
         async move {
-            if finished {
+            if state.finished {
                 return None;
+            }
+            if let Some(text) = state.existing.take() {
+                let event = ThreadEvent::Final {
+                    in_reply_to: message_id,
+                    text,
+                };
+                state.finished = true;
+                return Some((Ok(sse_event(&event)), state));
             }
             loop {
                 let next = tokio::select! {
-                    next = events.recv() => next,
+                    next = state.events.recv() => next,
                     () = stop.cancelled() => return None,
                 };
                 match next {
                     Ok(event) if event.in_reply_to() == message_id => {
-                        let last = matches!(event, ThreadEvent::Final { .. });
-                        return Some((Ok(sse_event(&event)), (events, last)));
+                        state.finished = matches!(event, ThreadEvent::Final { .. });
+                        return Some((Ok(sse_event(&event)), state));
                     }
                     Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => {}
                     Err(broadcast::error::RecvError::Closed) => return None,
@@ -279,8 +390,9 @@ fn answer_stream(
 fn thread_stream(
     events: Subscription,
     stop: CancellationToken,
+    permit: OwnedSemaphorePermit,
 ) -> impl Stream<Item = Result<Event, Infallible>> {
-    futures_util::stream::unfold(events, move |mut events| {
+    futures_util::stream::unfold((events, permit), move |(mut events, permit)| {
         let stop = stop.clone();
         async move {
             loop {
@@ -289,7 +401,7 @@ fn thread_stream(
                     () = stop.cancelled() => return None,
                 };
                 match next {
-                    Ok(event) => return Some((Ok(sse_event(&event)), events)),
+                    Ok(event) => return Some((Ok(sse_event(&event)), (events, permit))),
                     Err(broadcast::error::RecvError::Lagged(_)) => {}
                     Err(broadcast::error::RecvError::Closed) => return None,
                 }
@@ -298,30 +410,62 @@ fn thread_stream(
     })
 }
 
+/// The thread as the API shows it: its metadata and messages, those of failed turns marked
+/// `"failed": true`.
+fn thread_view(thread: &ThreadState) -> Value {
+    let mut view = serde_json::to_value(thread).unwrap_or_else(|_| json!({}));
+    let messages: Vec<Value> = thread
+        .messages
+        .iter()
+        .enumerate()
+        .map(|(index, message)| {
+            let mut value = serde_json::to_value(message).unwrap_or(Value::Null);
+            if thread.is_failed(index) {
+                if let Some(object) = value.as_object_mut() {
+                    object.insert("failed".to_owned(), Value::Bool(true));
+                }
+            }
+            value
+        })
+        .collect();
+    if let Some(object) = view.as_object_mut() {
+        object.insert("messages".to_owned(), Value::Array(messages));
+    }
+    view
+}
+
+/// The thread `id` if it exists and `principal` may read it (404 otherwise, so a user cannot
+/// tell another's thread ids from unknown ones).
+async fn readable_thread(
+    state: &AppState,
+    principal: &Principal,
+    id: &str,
+) -> Result<ThreadState, ApiError> {
+    match state.store.thread(id).await? {
+        Some(thread) if principal.may_read(&thread.conversation) => Ok(thread),
+        _ => Err(ApiError::NotFound(format!("no thread `{id}`"))),
+    }
+}
+
 /// `GET /api/v1/threads/{id}`
 pub(crate) async fn get_thread(
     State(state): State<AppState>,
-    headers: HeaderMap,
+    Extension(principal): Extension<Arc<Principal>>,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
-    authorize(&state, &headers)?;
-    match state.store.thread(&id).await? {
-        Some(thread) => Ok(Json(thread).into_response()),
-        None => Err(ApiError::NotFound(format!("no thread `{id}`"))),
-    }
+    let thread = readable_thread(&state, &principal, &id).await?;
+    Ok(Json(thread_view(&thread)).into_response())
 }
 
 /// `GET /api/v1/threads/{id}/events`
 pub(crate) async fn thread_events(
     State(state): State<AppState>,
-    headers: HeaderMap,
+    Extension(principal): Extension<Arc<Principal>>,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
-    authorize(&state, &headers)?;
-    if state.store.thread(&id).await?.is_none() {
-        return Err(ApiError::NotFound(format!("no thread `{id}`")));
-    }
-    let stream = thread_stream(state.hub.subscribe(&id), state.stop.clone());
+    readable_thread(&state, &principal, &id).await?;
+    let permit = stream_permit(&state)?;
+    let stream = thread_stream(state.hub.subscribe(&id), state.stop.clone(), permit);
     Ok(Sse::new(stream)
         .keep_alive(KeepAlive::default())
         .into_response())

@@ -14,13 +14,21 @@ pub(crate) enum ApiError {
     #[error("missing or wrong bearer token")]
     Unauthorized,
     #[error("{0}")]
+    Forbidden(String),
+    #[error("{0}")]
     BadRequest(String),
     #[error("{0}")]
     NotFound(String),
+    #[error("the request body did not arrive within {secs} seconds")]
+    BodyTimeout { secs: u64 },
     #[error("the request body is larger than {limit} bytes")]
     TooLarge { limit: usize },
+    #[error("the body must be JSON (Content-Type: application/json)")]
+    UnsupportedMediaType,
     #[error("too many messages are waiting; retry later")]
     Overloaded,
+    #[error("too many open streams; retry later")]
+    TooManyStreams,
     #[error("antler is shutting down; retry later")]
     ShuttingDown,
     #[error("internal error")]
@@ -31,10 +39,16 @@ impl ApiError {
     fn status_and_code(&self) -> (StatusCode, &'static str) {
         match self {
             Self::Unauthorized => (StatusCode::UNAUTHORIZED, "unauthorized"),
+            Self::Forbidden(_) => (StatusCode::FORBIDDEN, "forbidden"),
             Self::BadRequest(_) => (StatusCode::BAD_REQUEST, "bad_request"),
             Self::NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
+            Self::BodyTimeout { .. } => (StatusCode::REQUEST_TIMEOUT, "body_timeout"),
             Self::TooLarge { .. } => (StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large"),
+            Self::UnsupportedMediaType => {
+                (StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type")
+            }
             Self::Overloaded => (StatusCode::SERVICE_UNAVAILABLE, "overloaded"),
+            Self::TooManyStreams => (StatusCode::SERVICE_UNAVAILABLE, "too_many_streams"),
             Self::ShuttingDown => (StatusCode::SERVICE_UNAVAILABLE, "shutting_down"),
             Self::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
         }
@@ -47,6 +61,7 @@ impl From<IngressError> for ApiError {
             IngressError::Overloaded { .. } => Self::Overloaded,
             IngressError::ShuttingDown => Self::ShuttingDown,
             IngressError::Store(e) => e.into(),
+            IngressError::Internal(cause) => Self::Internal(cause),
         }
     }
 }
@@ -65,6 +80,11 @@ impl IntoResponse for ApiError {
         let (status, code) = self.status_and_code();
         let body = json!({ "error": { "code": code, "message": self.to_string() } });
         let mut response = (status, Json(body)).into_response();
+        if status == StatusCode::UNAUTHORIZED {
+            response
+                .headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
         if status == StatusCode::SERVICE_UNAVAILABLE {
             response.headers_mut().insert(
                 header::RETRY_AFTER,

@@ -1,22 +1,28 @@
 //! The axum router: the API channel, health and metrics (platform webhooks join here as their
-//! channels are added).
+//! channels are added), and the accept loop that serves it.
 
 pub(crate) mod api;
 mod error;
+pub(crate) mod guard;
 mod ops;
+pub(crate) mod serve;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post};
 use metrics_exporter_prometheus::PrometheusHandle;
+use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
+use crate::agent::model::ModelHealth;
+use crate::config::Secret;
 use crate::events::EventHub;
 use crate::ingress::Ingress;
 use crate::store::Store;
-use api::ApiChannel;
+use guard::{ApiAuth, HostPolicy};
 
 /// What every handler can reach.
 #[derive(Debug, Clone)]
@@ -24,27 +30,52 @@ pub(crate) struct AppState {
     pub(crate) ingress: Ingress,
     pub(crate) store: Arc<dyn Store>,
     pub(crate) hub: EventHub,
-    pub(crate) api: Arc<ApiChannel>,
     pub(crate) metrics: PrometheusHandle,
     pub(crate) model_configured: bool,
+    pub(crate) model_health: ModelHealth,
     pub(crate) body_limit: usize,
+    pub(crate) body_timeout: Duration,
     /// Cancelled when intake stops (shutdown): streams end, readiness fails.
     pub(crate) stop: CancellationToken,
+    pub(crate) auth: ApiAuth,
+    pub(crate) hosts: HostPolicy,
+    /// Places for long-lived responses (SSE streams, `"wait": true`).
+    pub(crate) streams: Arc<Semaphore>,
+    /// Grants `/metrics` and the detail of `/readyz` on the main listener.
+    pub(crate) metrics_token: Option<Secret>,
 }
 
-/// The whole HTTP surface.
-pub(crate) fn router(state: AppState, api_enabled: bool) -> Router {
-    let mut router = Router::new()
-        .route("/healthz", get(ops::healthz))
-        .route("/readyz", get(ops::readyz))
-        .route("/metrics", get(ops::metrics));
-    if api_enabled {
+/// The main listener's routes. With `ops_elsewhere`, `/readyz` and `/metrics` are left to the
+/// ops listener ([`ops_router`]).
+pub(crate) fn router(state: AppState, api_enabled: bool, ops_elsewhere: bool) -> Router {
+    let mut router = Router::new().route("/healthz", get(ops::healthz));
+    if !ops_elsewhere {
         router = router
+            .route("/readyz", get(ops::readyz))
+            .route("/metrics", get(ops::metrics));
+    }
+    if api_enabled {
+        let api = Router::new()
             .route("/api/v1/messages", post(api::post_message))
             .route("/api/v1/threads/{id}", get(api::get_thread))
-            .route("/api/v1/threads/{id}/events", get(api::thread_events));
+            .route("/api/v1/threads/{id}/events", get(api::thread_events))
+            .route_layer(axum::middleware::from_fn_with_state(
+                state.clone(),
+                guard::api_guard,
+            ));
+        router = router.merge(api);
     }
     router
         .layer(DefaultBodyLimit::max(state.body_limit))
+        .with_state(state)
+}
+
+/// The ops listener's routes: health, readiness with detail and metrics, without a token.
+pub(crate) fn ops_router(state: AppState) -> Router {
+    Router::new()
+        .route("/healthz", get(ops::healthz))
+        .route("/readyz", get(ops::readyz))
+        .route("/metrics", get(ops::metrics))
+        .layer(axum::Extension(ops::OpsListener))
         .with_state(state)
 }

@@ -1,16 +1,25 @@
-//! Ingress: dedupe → inbox → ack, then the dispatcher.
+//! Ingress: dedupe → inbox → queue → durable → ack, then the dispatcher.
 //!
 //! [`Ingress::accept`] answers only after the event is durably in the inbox (or recognised as a
-//! redelivery), so an acknowledged message is never lost. Accepted items go to a lane per
-//! conversation: one turn at a time, in arrival order, under a global limit on running turns.
-//! The backlog (items accepted and not yet finished) is bounded; when it is full, nothing is
-//! stored and the caller is told to retry later.
+//! redelivery), so an acknowledged message is never lost. Accepting runs in its own task: once
+//! it has started, the event is stored, queued and synced whether or not the client that sent
+//! it waits for the answer (a handler future is dropped when its client hangs up).
+//!
+//! Per conversation, storing and queueing happen under one lock, so items are queued in the
+//! order the inbox numbered them, and a redelivery is answered only after its original was
+//! queued and synced. Accepted items go to the [`Dispatcher`]: one turn at a time per
+//! conversation, in inbox order, under a global limit on running turns. The backlog (items
+//! accepted and not yet finished) is bounded; when it is full, nothing is stored and the
+//! caller is told to retry later.
 
 pub(crate) mod commands;
+mod dispatcher;
 mod turn;
 
+pub(crate) use dispatcher::{Dispatcher, RunTurn};
 pub(crate) use turn::TurnRunner;
 
+use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -20,12 +29,14 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::events::{EventHub, Subscription};
-use crate::lanes::Lanes;
 use crate::store::{Accept, Accepted, InboxItem, Store, StoreError, ThreadChoice};
 use commands::Command;
 
 /// How long a client is asked to wait when the backlog is full.
 pub(crate) const RETRY_AFTER: Duration = Duration::from_secs(5);
+
+/// Locks that order accepts per conversation (a conversation always maps to the same one).
+const ACCEPT_SHARDS: usize = 64;
 
 /// Why an event was not accepted.
 #[derive(Debug, thiserror::Error)]
@@ -38,6 +49,9 @@ pub(crate) enum IngressError {
     ShuttingDown,
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// The accept task failed unexpectedly.
+    #[error("accepting failed: {0}")]
+    Internal(String),
 }
 
 /// The result of accepting an event.
@@ -46,6 +60,8 @@ pub(crate) struct Admission {
     pub(crate) thread_id: String,
     /// False for a redelivery of something already accepted.
     pub(crate) new: bool,
+    /// The inbox item the event became (for a redelivery: its original's, when known).
+    pub(crate) seq: Option<u64>,
     /// Events of the thread, subscribed before the turn was queued (when asked for).
     pub(crate) events: Option<Subscription>,
 }
@@ -59,12 +75,13 @@ pub(crate) struct Ingress {
 #[derive(Debug)]
 struct Inner {
     store: Arc<dyn Store>,
-    lanes: Lanes<InboxItem>,
+    dispatcher: Dispatcher,
     hub: EventHub,
     backlog: Arc<AtomicUsize>,
     backlog_limit: usize,
     dedupe_ttl: Duration,
     stop: CancellationToken,
+    shards: Vec<tokio::sync::Mutex<()>>,
 }
 
 /// A reserved place in the backlog, given back on drop unless kept.
@@ -90,7 +107,8 @@ pub(crate) struct IngressSettings {
 }
 
 impl Ingress {
-    /// Builds the ingress and its dispatcher. Turns run on `tracker`; `stop` ends intake.
+    /// Builds the ingress and its dispatcher. Turns run on `tracker`; `stop` ends intake and
+    /// the starting of turns.
     pub(crate) fn new(
         store: Arc<dyn Store>,
         runner: TurnRunner,
@@ -100,50 +118,35 @@ impl Ingress {
         stop: CancellationToken,
     ) -> Self {
         let backlog = Arc::new(AtomicUsize::new(0));
-        let permits = Arc::new(tokio::sync::Semaphore::new(
-            settings.max_concurrent_turns.max(1),
-        ));
-        let lanes = {
+        let run: RunTurn = {
             let backlog = Arc::clone(&backlog);
             let runner = runner.clone();
-            let lane_stop = stop.clone();
-            Lanes::new(
-                move |item: InboxItem| {
-                    let runner = runner.clone();
-                    let permits = Arc::clone(&permits);
-                    let backlog = Arc::clone(&backlog);
-                    let stop = lane_stop.clone();
-                    async move {
-                        // A turn still waiting for a permit at shutdown stays in the inbox
-                        // for the next start instead of stretching the grace period.
-                        let permit = tokio::select! {
-                            permit = permits.acquire_owned() => permit,
-                            () = stop.cancelled() => return,
-                        };
-                        // The semaphore is never closed, so acquiring cannot fail.
-                        let Ok(_permit) = permit else {
-                            return;
-                        };
-                        if runner.run(item).await {
-                            backlog.fetch_sub(1, Ordering::SeqCst);
-                            metrics::gauge!("antler_inbox_depth").decrement(1.0);
-                        }
+            Arc::new(move |_conversation, seq| {
+                let runner = runner.clone();
+                let backlog = Arc::clone(&backlog);
+                Box::pin(async move {
+                    if runner.run(seq).await {
+                        backlog.fetch_sub(1, Ordering::SeqCst);
+                        metrics::gauge!("antler_inbox_depth").decrement(1.0);
                     }
-                },
-                tracker,
-                stop.clone(),
-            )
+                })
+            })
         };
-        runner.attach_lanes(lanes.clone());
+        let dispatcher = Dispatcher::new(settings.max_concurrent_turns, run, tracker, stop.clone());
+        let queue: Arc<dyn turn::QueueView> = Arc::new(dispatcher.clone());
+        runner.attach_queue(Arc::downgrade(&queue));
         Self {
             inner: Arc::new(Inner {
                 store,
-                lanes,
+                dispatcher,
                 hub,
                 backlog,
                 backlog_limit: settings.backlog_limit,
                 dedupe_ttl: settings.dedupe_ttl,
                 stop,
+                shards: (0..ACCEPT_SHARDS)
+                    .map(|_| tokio::sync::Mutex::new(()))
+                    .collect(),
             }),
         }
     }
@@ -153,71 +156,104 @@ impl Ingress {
         self.inner.backlog.load(Ordering::SeqCst)
     }
 
+    /// Turns running now.
+    pub(crate) fn running(&self) -> usize {
+        self.inner.dispatcher.running()
+    }
+
     /// Requeues what was accepted before a restart (pending or interrupted), in arrival order.
     pub(crate) fn recover(&self, items: Vec<InboxItem>) {
         self.inner.backlog.fetch_add(items.len(), Ordering::SeqCst);
         metrics::gauge!("antler_inbox_depth").increment(items.len() as f64);
         for item in items {
-            let conversation = item.event.conversation.as_str().to_owned();
-            self.inner.lanes.push(&conversation, item);
+            self.inner
+                .dispatcher
+                .push(item.event.conversation.as_str(), item.seq);
         }
     }
 
-    /// Accepts one event: dedupe + inbox (durable), then queues its turn.
+    /// Accepts one event: dedupe + inbox, queue its turn, sync; then answers. Runs to the end
+    /// in its own task even if the caller stops waiting.
     pub(crate) async fn accept(
         &self,
         event: InboundEvent,
         subscribe: bool,
     ) -> Result<Admission, IngressError> {
-        let inner = &self.inner;
-        if inner.stop.is_cancelled() {
+        let inner = Arc::clone(&self.inner);
+        tokio::spawn(async move { inner.accept(event, subscribe).await })
+            .await
+            .map_err(|e| IngressError::Internal(e.to_string()))?
+    }
+}
+
+impl Inner {
+    fn shard(&self, conversation: &str) -> &tokio::sync::Mutex<()> {
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        conversation.hash(&mut hasher);
+        let index = usize::try_from(hasher.finish() % ACCEPT_SHARDS as u64).unwrap_or(0);
+        &self.shards[index % self.shards.len()]
+    }
+
+    async fn accept(
+        &self,
+        event: InboundEvent,
+        subscribe: bool,
+    ) -> Result<Admission, IngressError> {
+        if self.stop.is_cancelled() {
             return Err(IngressError::ShuttingDown);
         }
-        let reserved = inner.backlog.fetch_add(1, Ordering::SeqCst);
+        let reserved = self.backlog.fetch_add(1, Ordering::SeqCst);
         let mut slot = Slot {
-            backlog: &inner.backlog,
+            backlog: &self.backlog,
             kept: false,
         };
-        if reserved >= inner.backlog_limit {
+        if reserved >= self.backlog_limit {
             metrics::counter!("antler_ingress_overloaded_total").increment(1);
             return Err(IngressError::Overloaded {
-                limit: inner.backlog_limit,
+                limit: self.backlog_limit,
             });
         }
         let thread = match commands::parse(&event.text) {
             Some(Command::New) => ThreadChoice::Fresh,
             _ => ThreadChoice::Current,
         };
+        let conversation = event.conversation.as_str().to_owned();
         let accept = Accept {
-            dedupe_key: format!("{}:{}", event.conversation, event.event_id),
-            dedupe_ttl_ms: u64::try_from(inner.dedupe_ttl.as_millis()).unwrap_or(u64::MAX),
+            dedupe_ttl_ms: u64::try_from(self.dedupe_ttl.as_millis()).unwrap_or(u64::MAX),
             now_ms: crate::now_ms(),
             event,
             thread,
         };
-        match inner.store.accept(accept).await? {
-            Accepted::Duplicate { thread_id } => {
+        let ordered = self.shard(&conversation).lock().await;
+        let admission = match self.store.accept(accept).await? {
+            Accepted::Duplicate { thread_id, seq } => {
                 metrics::counter!("antler_ingress_duplicates_total").increment(1);
-                Ok(Admission {
+                let events = subscribe.then(|| self.hub.subscribe(&thread_id));
+                Admission {
                     thread_id,
                     new: false,
-                    events: None,
-                })
+                    seq,
+                    events,
+                }
             }
             Accepted::New(item) => {
                 slot.kept = true;
                 metrics::gauge!("antler_inbox_depth").increment(1.0);
-                let thread_id = item.thread_id.clone();
                 // Subscribe before the turn is queued, so not even an instant answer is missed.
-                let events = subscribe.then(|| inner.hub.subscribe(&thread_id));
-                let conversation = item.event.conversation.as_str().to_owned();
-                inner.lanes.push(&conversation, item);
-                Ok(Admission {
-                    thread_id,
+                let events = subscribe.then(|| self.hub.subscribe(&item.thread_id));
+                self.dispatcher.push(&conversation, item.seq);
+                Admission {
+                    thread_id: item.thread_id,
                     new: true,
+                    seq: Some(item.seq),
                     events,
-                })
+                }
             }
-        }
+        };
+        drop(ordered);
+        // Durable before the answer, for a redelivery too: its original may still be waiting
+        // for its own sync, and the answer must not get ahead of the data it stands for.
+        self.store.flush().await?;
+        Ok(admission)
     }
 }

@@ -1,19 +1,38 @@
 //! One turn: an inbox item becomes a command reply or an agent run, and its replies go to the
 //! outbox in the same transaction that removes the item from the inbox.
+//!
+//! A turn never gives its place up to a later message of its conversation: when the store
+//! fails to start or finish it, the runner retries with backoff until it succeeds or antler
+//! stops. A turn that fails (model error, timeout, panic) is answered with what went wrong,
+//! and its messages stay in the thread marked as failed, out of the model's context, so the
+//! user can simply send the message again. A turn interrupted by shutdown gives its attempt
+//! back; only attempts cut short by a crash count towards giving up on a message.
 
+use std::future::Future;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use antler_channel::OutboundMessage;
+use futures_util::FutureExt;
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
 use super::commands::{self, Command};
+use super::dispatcher::Dispatcher;
+use crate::agent::message::ChatMessage;
 use crate::agent::runtime::{RunObserver, Runtime};
-use crate::agent::thread::ThreadState;
+use crate::agent::thread::{RunningTurn, ThreadState};
 use crate::delivery::Delivery;
 use crate::events::{EventHub, ThreadEvent};
-use crate::lanes::{Lanes, Waiting};
-use crate::store::{FinishTurn, InboxItem, Store};
+use crate::store::{FinishTurn, InboxItem, Store, StoreError};
+
+/// The first wait before retrying a failed store operation; it doubles up to the cap.
+const STORE_RETRY_FIRST: Duration = Duration::from_millis(100);
+const STORE_RETRY_CAP: Duration = Duration::from_secs(10);
+
+/// The answer to a turn that panicked.
+const PANIC_REPLY: &str = "⚠️ Sorry, something went wrong inside antler while answering this \
+message; the details are in antler's log. Send it again to retry.";
 
 /// Runs inbox items. Cloning shares it.
 #[derive(Debug, Clone)]
@@ -29,9 +48,30 @@ struct Inner {
     delivery: Delivery,
     max_attempts: u32,
     turn_timeout: Duration,
-    /// Only the counts: the lanes' handler owns this runner, so owning the lanes would be a
-    /// cycle that keeps the store open after shutdown.
-    lanes: OnceLock<Waiting<InboxItem>>,
+    /// Cancelled when running turns must stop (shutdown, after the grace period).
+    cancel: CancellationToken,
+    /// For `/status`. Set once the dispatcher exists; weak, because the dispatcher owns this
+    /// runner and a cycle would keep the store open after shutdown.
+    queue: OnceLock<std::sync::Weak<dyn QueueView>>,
+}
+
+/// What `/status` reads about the queue.
+pub(crate) trait QueueView: Send + Sync + std::fmt::Debug {
+    /// Items waiting in a conversation.
+    fn waiting(&self, conversation: &str) -> usize;
+}
+
+impl QueueView for Dispatcher {
+    fn waiting(&self, conversation: &str) -> usize {
+        Dispatcher::waiting(self, conversation)
+    }
+}
+
+/// What a turn produced.
+struct TurnResult {
+    thread: Option<ThreadState>,
+    text: String,
+    outcome: &'static str,
 }
 
 /// Streams deltas to subscribers and checkpoints the thread after tool results.
@@ -54,7 +94,7 @@ impl RunObserver for TurnObserver<'_> {
         );
     }
 
-    async fn checkpoint(&self, thread: &ThreadState) {
+    async fn checkpoint(&self, thread: &mut ThreadState) {
         if let Err(e) = self.store.checkpoint_thread(thread).await {
             tracing::warn!(thread = %thread.id, error = %e, "checkpoint failed");
         }
@@ -69,6 +109,7 @@ impl TurnRunner {
         delivery: Delivery,
         max_attempts: u32,
         turn_timeout: Duration,
+        cancel: CancellationToken,
     ) -> Self {
         Self {
             inner: Arc::new(Inner {
@@ -78,103 +119,179 @@ impl TurnRunner {
                 delivery,
                 max_attempts: max_attempts.max(1),
                 turn_timeout,
-                lanes: OnceLock::new(),
+                cancel,
+                queue: OnceLock::new(),
             }),
         }
     }
 
-    /// Lets `/status` see the queue (the lanes are built after the runner).
-    pub(crate) fn attach_lanes(&self, lanes: Lanes<InboxItem>) {
-        let _ = self.inner.lanes.set(lanes.waiting_view());
+    /// Lets `/status` see the queue (the dispatcher is built after the runner).
+    pub(crate) fn attach_queue(&self, queue: std::sync::Weak<dyn QueueView>) {
+        let _ = self.inner.queue.set(queue);
     }
 
     /// Runs one item to completion. Returns whether it finished (left the inbox); `false`
     /// means it stays in the inbox and runs again after a restart.
-    pub(crate) async fn run(&self, item: InboxItem) -> bool {
+    pub(crate) async fn run(&self, seq: u64) -> bool {
         let inner = &self.inner;
         let started = Instant::now();
-        let item = match inner.store.start_turn(item.seq).await {
-            Ok(item) => item,
-            Err(e) => {
-                tracing::error!(seq = item.seq, error = %e, "cannot start turn; it stays in the inbox");
-                return false;
-            }
+        let Some(item) = self
+            .retry("start the turn", seq, || inner.store.start_turn(seq))
+            .await
+        else {
+            return false;
         };
-        let (thread, text, outcome) = if item.attempts > inner.max_attempts {
-            tracing::error!(
-                seq = item.seq,
-                attempts = item.attempts,
-                "giving up on a message that keeps failing"
-            );
-            let text = format!(
-                "⚠️ Sorry, I could not process this message after {} attempts, so I gave up on it.",
-                inner.max_attempts
-            );
-            (None, text, "abandoned")
-        } else {
-            match commands::parse(&item.event.text) {
-                Some(command) => (None, self.command(&item, command).await, "command"),
-                None => {
-                    let (thread, text, outcome) = self.agent_turn(&item).await;
-                    (Some(thread), text, outcome)
-                }
+        let planned = tokio::select! {
+            biased;
+            () = inner.cancel.cancelled() => None,
+            result = self.plan(&item) => Some(result),
+        };
+        let Some(result) = planned else {
+            // Stopped on purpose: the attempt does not count as a crash.
+            if let Err(e) = inner.store.release_turn(seq).await {
+                tracing::warn!(seq, error = %e, "cannot release an interrupted turn");
             }
+            tracing::info!(
+                seq,
+                "turn interrupted by shutdown; it runs again on the next start"
+            );
+            return false;
         };
         let reply = OutboundMessage {
             idempotency_key: format!("{}:{}:0", item.thread_id, item.seq),
             conversation: item.event.conversation.clone(),
             thread_id: item.thread_id.clone(),
-            text,
+            text: result.text,
             reply_to: item.event.reply_to.clone(),
         };
         let finish = FinishTurn {
             inbox_seq: item.seq,
-            thread,
+            thread: result.thread,
             replies: vec![reply],
             memory_update: None,
             now_ms: crate::now_ms(),
         };
-        match inner.store.finish_turn(finish).await {
-            Ok(items) => {
-                inner.delivery.enqueue(items);
-                metrics::counter!("antler_turns_total", "outcome" => outcome).increment(1);
-                metrics::histogram!("antler_turn_duration_seconds")
-                    .record(started.elapsed().as_secs_f64());
-                true
+        let Some(items) = self
+            .retry("finish the turn", seq, || {
+                inner.store.finish_turn(finish.clone())
+            })
+            .await
+        else {
+            return false;
+        };
+        inner.delivery.enqueue(items);
+        metrics::counter!("antler_turns_total", "outcome" => result.outcome).increment(1);
+        metrics::histogram!("antler_turn_duration_seconds").record(started.elapsed().as_secs_f64());
+        true
+    }
+
+    /// Retries a store operation with backoff until it succeeds; `None` once turns are
+    /// cancelled. Skipping the item instead would let a later message of its conversation
+    /// overtake it.
+    async fn retry<T, F, Fut>(&self, what: &str, seq: u64, mut operation: F) -> Option<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, StoreError>>,
+    {
+        let mut wait = STORE_RETRY_FIRST;
+        loop {
+            match operation().await {
+                Ok(value) => return Some(value),
+                Err(e) => {
+                    tracing::error!(seq, error = %e, retry_in = ?wait, "cannot {what}; retrying");
+                    metrics::counter!("antler_store_errors_total").increment(1);
+                }
             }
-            Err(e) => {
-                tracing::error!(seq = item.seq, error = %e, "cannot finish turn; it stays in the inbox");
-                false
+            tokio::select! {
+                () = tokio::time::sleep(wait) => {}
+                () = self.inner.cancel.cancelled() => return None,
             }
+            wait = (wait * 2).min(STORE_RETRY_CAP);
         }
     }
 
-    async fn agent_turn(&self, item: &InboxItem) -> (ThreadState, String, &'static str) {
-        let inner = &self.inner;
-        let now = crate::now_ms();
-        let mut thread = match inner.store.thread(&item.thread_id).await {
-            Ok(Some(thread)) => thread,
-            Ok(None) => ThreadState::new(
+    /// What the item becomes: a command reply, an agent turn, or the notice that it was
+    /// given up.
+    async fn plan(&self, item: &InboxItem) -> TurnResult {
+        let command = commands::parse(&item.event.text);
+        if item.attempts > self.inner.max_attempts {
+            return self.give_up(item, command.is_none()).await;
+        }
+        match command {
+            Some(command) => TurnResult {
+                thread: None,
+                text: self.command(item, command).await,
+                outcome: "command",
+            },
+            None => self.agent_turn(item).await,
+        }
+    }
+
+    /// The item's thread, loaded (with retries) or new.
+    async fn load_thread(&self, item: &InboxItem) -> ThreadState {
+        let store = &self.inner.store;
+        let loaded = self
+            .retry("load the thread", item.seq, || {
+                store.thread(&item.thread_id)
+            })
+            .await
+            .flatten();
+        loaded.unwrap_or_else(|| {
+            ThreadState::new(
                 item.thread_id.clone(),
                 item.event.conversation.to_string(),
                 0,
-                now,
-            ),
-            Err(e) => {
-                tracing::error!(error = %e, "cannot load thread");
-                let thread = ThreadState::new(
-                    item.thread_id.clone(),
-                    item.event.conversation.to_string(),
-                    0,
-                    now,
-                );
-                return (
-                    thread,
-                    "⚠️ Sorry, I could not load this conversation.".to_owned(),
-                    "failed",
-                );
-            }
+                crate::now_ms(),
+            )
+        })
+    }
+
+    /// A message that kept crashing antler: its text stays in the thread, marked failed,
+    /// with the reason, and it is not run again.
+    async fn give_up(&self, item: &InboxItem, in_thread: bool) -> TurnResult {
+        let max = self.inner.max_attempts;
+        tracing::error!(
+            seq = item.seq,
+            attempts = item.attempts,
+            "giving up on a message that keeps failing"
+        );
+        let times = if max == 1 {
+            "once".to_owned()
+        } else {
+            format!("{max} times")
         };
+        let text = format!(
+            "⚠️ Sorry, I gave up on this message: antler stopped unexpectedly {times} while \
+             working on it. It stays in the conversation, marked as failed; send it again if \
+             you still need an answer."
+        );
+        let thread = if in_thread {
+            let mut thread = self.load_thread(item).await;
+            let start = match thread.running {
+                Some(running) if running.inbox_seq == item.seq => running.start,
+                _ => {
+                    thread.messages.push(ChatMessage::user(&item.event.text));
+                    thread.messages.len() - 1
+                }
+            };
+            thread.messages.push(ChatMessage::assistant(&text));
+            thread.fail_from(start);
+            thread.running = None;
+            thread.updated_at_ms = crate::now_ms();
+            Some(thread)
+        } else {
+            None
+        };
+        TurnResult {
+            thread,
+            text,
+            outcome: "abandoned",
+        }
+    }
+
+    async fn agent_turn(&self, item: &InboxItem) -> TurnResult {
+        let inner = &self.inner;
+        let mut thread = self.load_thread(item).await;
         let user_id = format!("{}:{}", item.event.channel, item.event.user.id);
         let in_reply_to = item
             .event
@@ -189,44 +306,79 @@ impl TurnRunner {
         };
         // A re-run after a crash continues from the checkpoint this item's turn left, if any,
         // so its user message is not added twice and finished tool rounds do not run again.
-        let resume = thread.checkpoint_of == Some(item.seq);
-        thread.checkpoint_of = Some(item.seq);
-        let run = async {
-            if resume {
-                inner.runtime.resume(&mut thread, &user_id, &observer).await
-            } else {
-                inner
-                    .runtime
-                    .run(&mut thread, &user_id, &item.event.text, &observer)
-                    .await
-            }
+        let (start, resume) = match thread.running {
+            Some(running) if running.inbox_seq == item.seq => (running.start, true),
+            _ => (thread.messages.len(), false),
         };
-        let (text, outcome) = match tokio::time::timeout(inner.turn_timeout, run).await {
-            Ok(Ok(outcome)) if outcome.answer.trim().is_empty() => {
-                ("(The model returned an empty answer.)".to_owned(), "ok")
+        thread.running = Some(RunningTurn {
+            inbox_seq: item.seq,
+            start,
+        });
+        let result = {
+            let run = async {
+                if resume {
+                    inner.runtime.resume(&mut thread, &user_id, &observer).await
+                } else {
+                    inner
+                        .runtime
+                        .run(&mut thread, &user_id, &item.event.text, &observer)
+                        .await
+                }
+            };
+            tokio::time::timeout(
+                inner.turn_timeout,
+                std::panic::AssertUnwindSafe(run).catch_unwind(),
+            )
+            .await
+        };
+        let (text, outcome, failed) = match result {
+            Ok(Ok(Ok(outcome))) if outcome.answer.trim().is_empty() => (
+                "(The model returned an empty answer.)".to_owned(),
+                "ok",
+                false,
+            ),
+            Ok(Ok(Ok(outcome))) => (outcome.answer, "ok", false),
+            Ok(Ok(Err(e))) => {
+                tracing::warn!(seq = item.seq, error = %e, "turn failed");
+                (e.user_message(), "failed", true)
             }
-            Ok(Ok(outcome)) => (outcome.answer, "ok"),
-            Ok(Err(e)) => {
-                tracing::warn!(error = %e, "turn failed");
-                (
-                    format!("⚠️ Sorry, the turn failed: {e}. Send your message again to retry."),
-                    "failed",
-                )
+            Ok(Err(panic)) => {
+                let message = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| (*s).to_owned())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_default();
+                tracing::error!(seq = item.seq, panic = %message, "turn panicked");
+                metrics::counter!("antler_turn_panics_total").increment(1);
+                (PANIC_REPLY.to_owned(), "panicked", true)
             }
             Err(_) => {
-                tracing::warn!(timeout = ?inner.turn_timeout, "turn timed out");
+                tracing::warn!(seq = item.seq, timeout = ?inner.turn_timeout, "turn timed out");
                 (
                     format!(
-                        "⚠️ Sorry, this took longer than {} seconds and was stopped.",
+                        "⚠️ Sorry, this took longer than {} seconds and was stopped. Send it \
+                         again to retry, perhaps asking for less at once.",
                         inner.turn_timeout.as_secs()
                     ),
                     "timed_out",
+                    true,
                 )
             }
         };
-        thread.checkpoint_of = None;
+        if failed {
+            if thread.messages.len() <= start {
+                thread.messages.push(ChatMessage::user(&item.event.text));
+            }
+            thread.messages.push(ChatMessage::assistant(&text));
+            thread.fail_from(start);
+        }
+        thread.running = None;
         thread.updated_at_ms = crate::now_ms();
-        (thread, text, outcome)
+        TurnResult {
+            thread: Some(thread),
+            text,
+            outcome,
+        }
     }
 
     async fn command(&self, item: &InboxItem, command: Command) -> String {
@@ -242,19 +394,29 @@ impl TurnRunner {
         let inner = &self.inner;
         let thread = inner.store.thread(&item.thread_id).await.ok().flatten();
         let waiting = inner
-            .lanes
+            .queue
             .get()
-            .map_or(0, |l| l.waiting(item.event.conversation.as_str()));
+            .and_then(std::sync::Weak::upgrade)
+            .map_or(0, |q| q.waiting(item.event.conversation.as_str()));
         let backlog = inner.store.stats().await.map(|s| s.inbox).unwrap_or(0);
         let mut out = format!("Thread: {}", item.thread_id);
         if let Some(thread) = &thread {
             if let Some(title) = &thread.title {
                 out.push_str(&format!(" — {title}"));
             }
+            let failed: usize = thread.failed.iter().map(ExactSizeIterator::len).sum();
             out.push_str(&format!(
-                "\nTurns: {} · messages: {}\nTokens: {} prompt + {} completion = {} total",
+                "\nTurns: {} · messages: {}",
                 thread.turns,
-                thread.messages.len(),
+                thread.messages.len()
+            ));
+            if failed > 0 {
+                out.push_str(&format!(
+                    " ({failed} in failed turns, hidden from the model)"
+                ));
+            }
+            out.push_str(&format!(
+                "\nTokens: {} prompt + {} completion = {} total",
                 thread.usage.prompt_tokens,
                 thread.usage.completion_tokens,
                 thread.usage.total_tokens

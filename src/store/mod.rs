@@ -2,11 +2,15 @@
 //! outbox, memory documents, the memory update queue and the subagent registry.
 //!
 //! Each method that changes more than one collection is one transaction, so a crash leaves
-//! the state before or the state after, never half (DESIGN.md section 2). Methods documented
-//! as *durable* return only after the change is flushed to disk; concurrent callers share one
-//! flush (group commit, see `group_commit`).
+//! the state before or the state after, never half (docs/architecture.md, "Crash safety").
+//! Methods documented as *durable* return only after the change is on disk (written and
+//! `fdatasync`ed); concurrent callers share one sync (group commit, see `group_commit`).
+//!
+//! Keys made of several parts are tuple-encoded (`keys`), never joined with a separator, so no
+//! two different tuples can meet in one key.
 
 mod group_commit;
+mod keys;
 mod sled_store;
 
 pub(crate) use sled_store::SledStore;
@@ -20,7 +24,7 @@ use crate::memory::{MemoryDocument, MemoryUpdate};
 
 /// The store layout version this build writes. Bump it when a stored type changes
 /// incompatibly, and teach `SledStore::open` to migrate.
-pub(crate) const SCHEMA_VERSION: u32 = 1;
+pub(crate) const SCHEMA_VERSION: u32 = 2;
 
 /// The errors of the store boundary.
 #[derive(Debug, thiserror::Error)]
@@ -44,6 +48,9 @@ pub(crate) enum StoreError {
     /// A record that must exist does not.
     #[error("store: no {what} {key}")]
     Missing { what: &'static str, key: String },
+    /// Another process holds the store's lock.
+    #[error("another antler is using the store at {path} (one process per store)")]
+    InUse { path: String },
 }
 
 impl From<sled::Error> for StoreError {
@@ -73,12 +80,10 @@ pub(crate) enum ThreadChoice {
     Fresh,
 }
 
-/// A request to accept an inbound event.
+/// A request to accept an inbound event. Its dedupe key is the pair (conversation, event id).
 #[derive(Debug, Clone)]
 pub(crate) struct Accept {
-    /// `<channel>:<event id>`: the dedupe key.
-    pub(crate) dedupe_key: String,
-    /// How long the key is remembered.
+    /// How long the event id is remembered.
     pub(crate) dedupe_ttl_ms: u64,
     pub(crate) event: InboundEvent,
     pub(crate) thread: ThreadChoice,
@@ -91,7 +96,11 @@ pub(crate) enum Accepted {
     /// Stored and flushed: it will run.
     New(InboxItem),
     /// Seen before (within the dedupe TTL): nothing stored.
-    Duplicate { thread_id: String },
+    Duplicate {
+        thread_id: String,
+        /// The inbox item of the first delivery (unknown for keys stored before schema 2).
+        seq: Option<u64>,
+    },
 }
 
 /// An inbox item's place in its life. Finished items are removed.
@@ -113,7 +122,8 @@ pub(crate) struct InboxItem {
     /// Whether this item started a fresh thread (`/new`).
     pub(crate) fresh_thread: bool,
     pub(crate) status: InboxStatus,
-    /// Turns started for it (a crash mid-turn leaves this above zero).
+    /// Turns started for it and cut short by a crash, the one running now included. A turn
+    /// interrupted by a clean shutdown gives its attempt back.
     pub(crate) attempts: u32,
     pub(crate) accepted_at_ms: u64,
 }
@@ -131,6 +141,9 @@ pub(crate) enum OutboxStatus {
 /// One reply to deliver.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub(crate) struct OutboxItem {
+    /// The inbox item that produced it and its place among that item's replies, packed by
+    /// [`outbox_seq`]: replies sort in arrival order of what they answer, and the replies to
+    /// one message are found without an index.
     pub(crate) seq: u64,
     pub(crate) message: OutboundMessage,
     pub(crate) status: OutboxStatus,
@@ -144,11 +157,25 @@ pub(crate) struct OutboxItem {
     pub(crate) finished_at_ms: Option<u64>,
 }
 
+/// Replies one inbox item may produce.
+pub(crate) const MAX_REPLIES_PER_ITEM: u64 = 1 << 16;
+
+/// The outbox key of reply `index` to inbox item `inbox_seq`.
+pub(crate) fn outbox_seq(inbox_seq: u64, index: u64) -> Option<u64> {
+    if index >= MAX_REPLIES_PER_ITEM {
+        return None;
+    }
+    inbox_seq
+        .checked_mul(MAX_REPLIES_PER_ITEM)
+        .and_then(|base| base.checked_add(index))
+}
+
 /// A finished turn: everything written together.
 #[derive(Debug, Clone)]
 pub(crate) struct FinishTurn {
     pub(crate) inbox_seq: u64,
     /// The thread after the turn (None: unchanged, e.g. a command that touches no thread).
+    /// Only its messages past `saved_messages` are written.
     pub(crate) thread: Option<ThreadState>,
     /// Replies to deliver, in order.
     pub(crate) replies: Vec<OutboundMessage>,
@@ -166,14 +193,14 @@ pub(crate) enum Transition {
     Refused(SubagentRecord),
 }
 
-/// Counts for `/status`, `/readyz` and metrics.
+/// Counts for `/status`, `/readyz` and metrics, kept up to date as records change, so
+/// reading them never scans a collection.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct StoreStats {
     /// Bytes the store occupies on disk.
     pub(crate) disk_bytes: u64,
     pub(crate) inbox: usize,
     pub(crate) outbox_pending: usize,
-    pub(crate) threads: usize,
 }
 
 /// Durable state. See the module doc for the transaction and flush rules.
@@ -183,7 +210,9 @@ pub(crate) struct StoreStats {
 )]
 #[async_trait::async_trait]
 pub(crate) trait Store: Send + Sync + std::fmt::Debug {
-    /// Dedupe key + conversation + inbox item in one transaction, then a flush. *Durable.*
+    /// Dedupe key + conversation + inbox item in one transaction. *Not durable by itself*: the
+    /// caller queues the item and then calls [`Store::flush`] before acknowledging, so that a
+    /// caller that goes away during the flush has already queued what it stored.
     async fn accept(&self, accept: Accept) -> Result<Accepted, StoreError>;
 
     /// Inbox items not yet finished, in arrival order.
@@ -193,21 +222,30 @@ pub(crate) trait Store: Send + Sync + std::fmt::Debug {
     /// process every time is recognised after a few restarts.
     async fn start_turn(&self, seq: u64) -> Result<InboxItem, StoreError>;
 
-    /// Thread state + replies into the outbox + the inbox item removed (+ a memory update),
-    /// in one transaction. *Durable.* Returns the new outbox items.
+    /// Gives back the attempt of a turn interrupted on purpose (shutdown): the item is pending
+    /// again and the interruption does not count towards giving up on it. *Durable.*
+    async fn release_turn(&self, seq: u64) -> Result<(), StoreError>;
+
+    /// Thread (metadata + new messages) + replies into the outbox + the inbox item removed
+    /// (+ a memory update), in one transaction. *Durable.* Returns the new outbox items.
     async fn finish_turn(&self, finish: FinishTurn) -> Result<Vec<OutboxItem>, StoreError>;
 
-    /// Saves a thread mid-turn (after a tool result). *Durable.*
-    async fn checkpoint_thread(&self, thread: &ThreadState) -> Result<(), StoreError>;
+    /// Saves a thread mid-turn (after a tool result): its metadata and the messages not yet
+    /// saved, then advances `saved_messages`. *Durable.*
+    async fn checkpoint_thread(&self, thread: &mut ThreadState) -> Result<(), StoreError>;
 
     async fn conversation(&self, key: &str) -> Result<Option<ConversationRecord>, StoreError>;
 
+    /// The thread with all its messages.
     async fn thread(&self, id: &str) -> Result<Option<ThreadState>, StoreError>;
 
     /// Outbox items still to deliver, in order.
     async fn outbox_pending(&self) -> Result<Vec<OutboxItem>, StoreError>;
 
     async fn outbox_item(&self, seq: u64) -> Result<Option<OutboxItem>, StoreError>;
+
+    /// The replies produced for one inbox item (any delivery status), in order.
+    async fn replies(&self, inbox_seq: u64) -> Result<Vec<OutboxItem>, StoreError>;
 
     /// Records a failed attempt; `give_up` marks the item failed for good.
     async fn delivery_failed(

@@ -1,32 +1,52 @@
 //! The [`Store`] on sled: one tree per collection, JSON values, big-endian sequence keys so
-//! scans come back in arrival order.
+//! scans come back in arrival order, tuple-encoded keys (`keys`) where a key has several parts.
+//!
+//! | tree | key | value |
+//! |---|---|---|
+//! | `meta` | `schema_version` | layout version (u32) |
+//! | `conversations` | conversation key | [`ConversationRecord`] |
+//! | `threads` | thread id | thread metadata ([`ThreadState`] without messages) |
+//! | `messages` | (thread id) + index | one [`ChatMessage`] |
+//! | `inbox` | seq | [`InboxItem`] |
+//! | `outbox2` | [`super::outbox_seq`] | [`OutboxItem`] |
+//! | `dedupe.<start>.<length>` | (conversation, event id) | `DedupeEntry` |
+//! | `memory`, `memory_queue`, `subagents` | user id, thread id, task id | their records |
+
+mod migrate;
 
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use antler_channel::{OutboundMessage, Receipt};
+use antler_channel::Receipt;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use sled::Transactional;
 use sled::transaction::{ConflictableTransactionError, TransactionError, TransactionalTree};
 
-use super::group_commit::GroupCommit;
+use super::group_commit::{GroupCommit, SyncFiles};
 use super::{
     Accept, Accepted, ConversationRecord, FinishTurn, InboxItem, InboxStatus, OutboxItem,
-    OutboxStatus, SCHEMA_VERSION, Store, StoreError, StoreStats, ThreadChoice, Transition,
+    OutboxStatus, SCHEMA_VERSION, Store, StoreError, StoreStats, ThreadChoice, Transition, keys,
+    outbox_seq,
 };
+use crate::agent::message::ChatMessage;
 use crate::agent::subagents::{SubagentRecord, SubagentStatus};
 use crate::agent::thread::ThreadState;
 use crate::memory::{MemoryDocument, MemoryUpdate};
 
 const SCHEMA_KEY: &[u8] = b"schema_version";
+const OUTBOX_TREE: &str = "outbox2";
+const DEDUPE_PREFIX: &str = "dedupe.";
 
 /// What the dedupe set remembers about a key.
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
 struct DedupeEntry {
     expires_at_ms: u64,
     thread_id: String,
+    /// The inbox item the first delivery became.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    seq: Option<u64>,
 }
 
 /// The sled-backed store.
@@ -35,15 +55,18 @@ pub(crate) struct SledStore {
     db: sled::Db,
     conversations: sled::Tree,
     threads: sled::Tree,
+    messages: sled::Tree,
     inbox: sled::Tree,
-    /// The dedupe set in generations: keys accepted in `[start, start + ttl)` live in the
-    /// tree `dedupe.<start>`. A lookup reads this generation and the previous one; the sweep
-    /// drops whole generations once everything in them has expired, so forgetting keys costs
-    /// neither a scan nor a write per message. The two open generations are cached here.
-    dedupe_generations: Arc<Mutex<Option<DedupeGenerations>>>,
     outbox: sled::Tree,
-    /// How many outbox items are still to deliver, counted once at open and kept in step
-    /// after, so readiness checks never scan the sent items kept for inspection.
+    /// The dedupe set in generations: keys accepted in `[start, start + length)` live in the
+    /// tree `dedupe.<start>.<length>`, where the length is the TTL they were accepted with.
+    /// The sweep drops a whole generation once every key in it has expired, so forgetting keys
+    /// costs neither a scan nor a write per message; recording the length in the name keeps a
+    /// key findable until it really expires, also after the TTL setting changes.
+    dedupe_generations: Arc<Mutex<Option<DedupeGenerations>>>,
+    /// Inbox items, counted at open and kept in step, so readiness checks never scan.
+    inbox_len: Arc<AtomicUsize>,
+    /// Outbox items still to deliver, counted at open and kept in step.
     outbox_pending: Arc<AtomicUsize>,
     #[allow(
         dead_code,
@@ -113,32 +136,152 @@ fn seq_key(seq: u64) -> [u8; 8] {
     seq.to_be_bytes()
 }
 
-const DEDUPE_PREFIX: &str = "dedupe.";
+fn dedupe_key(conversation: &str, event_id: &str) -> Vec<u8> {
+    keys::tuple(&[conversation.as_bytes(), event_id.as_bytes()])
+}
 
-/// The current and previous dedupe generations for one generation length.
+/// The tree name of the dedupe generation starting at `start_ms` with length `length_ms`.
+fn generation_name(start_ms: u64, length_ms: u64) -> String {
+    format!("{DEDUPE_PREFIX}{start_ms}.{length_ms}")
+}
+
+/// `(start, length)` of a dedupe generation's tree name.
+fn parse_generation(name: &[u8]) -> Option<(u64, u64)> {
+    let rest = std::str::from_utf8(name)
+        .ok()?
+        .strip_prefix(DEDUPE_PREFIX)?;
+    let (start, length) = rest.split_once('.')?;
+    Some((start.parse().ok()?, length.parse().ok()?))
+}
+
+/// The encoded thread metadata and the messages a save must write.
+struct ThreadWrite {
+    id: String,
+    meta: Vec<u8>,
+    messages: Vec<(Vec<u8>, Vec<u8>)>,
+}
+
+impl ThreadWrite {
+    fn of(thread: &ThreadState) -> Result<Self, StoreError> {
+        let from = thread.saved_messages.min(thread.messages.len());
+        let mut messages = Vec::with_capacity(thread.messages.len() - from);
+        for (index, message) in thread.messages.iter().enumerate().skip(from) {
+            messages.push((
+                keys::with_index(&thread.id, index as u64),
+                encode("message", message)?,
+            ));
+        }
+        Ok(Self {
+            id: thread.id.clone(),
+            meta: encode("thread", thread)?,
+            messages,
+        })
+    }
+
+    fn apply(
+        &self,
+        threads: &TransactionalTree,
+        messages: &TransactionalTree,
+    ) -> Result<(), ConflictableTransactionError<StoreError>> {
+        threads.insert(self.id.as_bytes(), self.meta.as_slice())?;
+        for (key, bytes) in &self.messages {
+            messages.insert(key.as_slice(), bytes.as_slice())?;
+        }
+        Ok(())
+    }
+}
+
+/// The dedupe generations a key accepted now is looked up in and written to.
 #[derive(Clone)]
 struct DedupeGenerations {
-    ttl_ms: u64,
+    length_ms: u64,
     start_ms: u64,
     current: sled::Tree,
     previous: sled::Tree,
+    /// Generations of other lengths (the TTL changed) whose keys may not all have expired.
+    /// Nothing writes to them any more, so they are read outside the accept transaction.
+    older: Vec<(u64, u64, sled::Tree)>,
+}
+
+/// Creates the store directory private to its owner, or makes an existing one so.
+fn prepare_dir(path: &Path) -> Result<(), StoreError> {
+    let io =
+        |e: std::io::Error| StoreError::Backend(format!("cannot prepare {}: {e}", path.display()));
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(path)
+            .map_err(io)?;
+        let mode = std::fs::metadata(path).map_err(io)?.permissions().mode();
+        if mode & 0o077 != 0 {
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o700)).map_err(io)?;
+            tracing::info!(path = %path.display(), "store directory made private (0700)");
+        }
+    }
+    #[cfg(not(unix))]
+    std::fs::create_dir_all(path).map_err(io)?;
+    Ok(())
+}
+
+/// Makes the files sled created readable by the owner only (the directory already is).
+fn tighten_files(path: &Path) {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let Ok(entries) = std::fs::read_dir(path) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let mode = if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                0o700
+            } else {
+                0o600
+            };
+            // Best effort: the 0700 directory already keeps others out.
+            let _ = std::fs::set_permissions(entry.path(), std::fs::Permissions::from_mode(mode));
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = path;
+}
+
+fn open_error(e: sled::Error, path: &Path) -> StoreError {
+    match &e {
+        sled::Error::Io(io) if io.to_string().contains("could not acquire lock") => {
+            StoreError::InUse {
+                path: path.display().to_string(),
+            }
+        }
+        _ => StoreError::Backend(format!("cannot open {}: {e}", path.display())),
+    }
 }
 
 impl SledStore {
-    /// Opens (or creates) the store in `path`, checking the schema version.
-    pub(crate) fn open(path: &Path) -> Result<Self, StoreError> {
-        let db = sled::Config::new().path(path).open()?;
-        Self::from_db(db, &path.display().to_string())
+    /// Opens (or creates) the store in `path`, migrating an older layout and checking the
+    /// schema version. `cache_capacity` bounds sled's page cache.
+    pub(crate) fn open(path: &Path, cache_capacity: u64) -> Result<Self, StoreError> {
+        prepare_dir(path)?;
+        let db = sled::Config::new()
+            .path(path)
+            .cache_capacity(cache_capacity)
+            .open()
+            .map_err(|e| open_error(e, path))?;
+        tighten_files(path);
+        let files = SyncFiles::open(path)?;
+        Self::from_db(db, &path.display().to_string(), Some(files))
     }
 
     /// A store in a temporary directory that sled deletes on drop (tests).
     #[cfg(test)]
     pub(crate) fn temporary() -> Result<Self, StoreError> {
         let db = sled::Config::new().temporary(true).open()?;
-        Self::from_db(db, "<temporary>")
+        Self::from_db(db, "<temporary>", None)
     }
 
-    fn from_db(db: sled::Db, path: &str) -> Result<Self, StoreError> {
+    fn from_db(db: sled::Db, path: &str, files: Option<SyncFiles>) -> Result<Self, StoreError> {
         let meta = db.open_tree("meta")?;
         match meta.get(SCHEMA_KEY)? {
             Some(bytes) => {
@@ -155,19 +298,23 @@ impl SledStore {
                         supported: SCHEMA_VERSION,
                     });
                 }
+                if found < 2 {
+                    migrate::v1_to_v2(&db)?;
+                    tracing::info!(path, "store migrated to schema version 2");
+                }
             }
-            None => {
-                meta.insert(SCHEMA_KEY, &SCHEMA_VERSION.to_be_bytes())?;
-                db.flush()?;
-            }
+            None => {}
         }
-        let commit = GroupCommit::start(db.clone())?;
+        meta.insert(SCHEMA_KEY, &SCHEMA_VERSION.to_be_bytes())?;
+        let commit = GroupCommit::start(db.clone(), files)?;
         let store = Self {
             conversations: db.open_tree("conversations")?,
             threads: db.open_tree("threads")?,
+            messages: db.open_tree("messages")?,
             inbox: db.open_tree("inbox")?,
+            outbox: db.open_tree(OUTBOX_TREE)?,
             dedupe_generations: Arc::default(),
-            outbox: db.open_tree("outbox")?,
+            inbox_len: Arc::new(AtomicUsize::new(0)),
             outbox_pending: Arc::new(AtomicUsize::new(0)),
             memory: db.open_tree("memory")?,
             memory_queue: db.open_tree("memory_queue")?,
@@ -175,6 +322,8 @@ impl SledStore {
             db,
             commit,
         };
+        // Counted once here; every later change keeps the counts in step.
+        store.inbox_len.store(store.inbox.len(), Ordering::SeqCst);
         let pending = Self::scan::<OutboxItem>(&store.outbox, "outbox item")?
             .iter()
             .filter(|item| item.status == OutboxStatus::Pending)
@@ -190,6 +339,12 @@ impl SledStore {
             .insert(SCHEMA_KEY, &version.to_be_bytes())?;
         self.db.flush()?;
         Ok(())
+    }
+
+    /// Batches the group commit has made durable so far.
+    #[cfg(test)]
+    pub(crate) fn syncs(&self) -> u64 {
+        self.commit.syncs()
     }
 
     fn scan<T: DeserializeOwned>(
@@ -210,29 +365,43 @@ impl SledStore {
         tree.get(key)?.map(|v| decode(what, &v)).transpose()
     }
 
-    /// The dedupe generations a key accepted at `now_ms` is looked up in and written to.
+    /// The dedupe generations for a key accepted at `now_ms` with a TTL of `ttl_ms`.
     fn dedupe_generations(
         &self,
         now_ms: u64,
         ttl_ms: u64,
     ) -> Result<DedupeGenerations, StoreError> {
-        let ttl_ms = ttl_ms.max(1);
-        let start_ms = now_ms - now_ms % ttl_ms;
+        let length_ms = ttl_ms.max(1);
+        let start_ms = now_ms - now_ms % length_ms;
         let mut cached = self
             .dedupe_generations
             .lock()
             .map_err(|_| StoreError::Backend("dedupe cache lock poisoned".to_owned()))?;
         if let Some(generations) = cached.as_ref() {
-            if generations.ttl_ms == ttl_ms && generations.start_ms == start_ms {
+            if generations.length_ms == length_ms && generations.start_ms == start_ms {
                 return Ok(generations.clone());
             }
         }
-        let open = |start: u64| self.db.open_tree(format!("{DEDUPE_PREFIX}{start}"));
+        let previous_start = start_ms.saturating_sub(length_ms);
+        let mut older = Vec::new();
+        for name in self.db.tree_names() {
+            let Some((start, length)) = parse_generation(&name) else {
+                continue;
+            };
+            let ours = length == length_ms && (start == start_ms || start == previous_start);
+            let live = start.saturating_add(length.saturating_mul(2)) > now_ms;
+            if !ours && live {
+                older.push((start, length, self.db.open_tree(&name)?));
+            }
+        }
         let generations = DedupeGenerations {
-            ttl_ms,
+            length_ms,
             start_ms,
-            current: open(start_ms)?,
-            previous: open(start_ms.saturating_sub(ttl_ms))?,
+            current: self.db.open_tree(generation_name(start_ms, length_ms))?,
+            previous: self
+                .db
+                .open_tree(generation_name(previous_start, length_ms))?,
+            older,
         };
         *cached = Some(generations.clone());
         Ok(generations)
@@ -265,22 +434,53 @@ impl SledStore {
         }
         Ok(item)
     }
+
+    /// Reads, changes and writes back one inbox record.
+    fn update_inbox(
+        &self,
+        seq: u64,
+        change: impl Fn(&mut InboxItem),
+    ) -> Result<InboxItem, StoreError> {
+        let mut updated = None;
+        self.inbox.fetch_and_update(seq_key(seq), |old| {
+            let mut item: InboxItem = decode("inbox item", old?).ok()?;
+            change(&mut item);
+            let bytes = encode("inbox item", &item).ok()?;
+            updated = Some(item);
+            Some(bytes)
+        })?;
+        updated.ok_or_else(|| StoreError::Missing {
+            what: "inbox item",
+            key: seq.to_string(),
+        })
+    }
 }
 
 #[async_trait::async_trait]
 impl Store for SledStore {
     async fn accept(&self, accept: Accept) -> Result<Accepted, StoreError> {
         let Accept {
-            dedupe_key,
             dedupe_ttl_ms,
             event,
             thread,
             now_ms,
         } = accept;
         let conversation_key = event.conversation.as_str().to_owned();
+        let key = dedupe_key(&conversation_key, &event.event_id);
         let user_id = format!("{}:{}", event.channel, event.user.id);
         let expires_at_ms = now_ms.saturating_add(dedupe_ttl_ms);
         let generations = self.dedupe_generations(now_ms, dedupe_ttl_ms)?;
+        for (_, _, tree) in &generations.older {
+            if let Some(bytes) = tree.get(&key)? {
+                let seen: DedupeEntry = decode("dedupe entry", &bytes)?;
+                if seen.expires_at_ms > now_ms {
+                    return Ok(Accepted::Duplicate {
+                        thread_id: seen.thread_id,
+                        seq: seen.seq,
+                    });
+                }
+            }
+        }
         let outcome = (
             &generations.current,
             &generations.previous,
@@ -290,11 +490,12 @@ impl Store for SledStore {
         )
             .transaction(|(dedupe, previous, conversations, inbox, threads)| {
                 for generation in [dedupe, previous] {
-                    if let Some(bytes) = generation.get(dedupe_key.as_bytes())? {
+                    if let Some(bytes) = generation.get(&key)? {
                         let seen: DedupeEntry = tx_decode("dedupe entry", &bytes)?;
                         if seen.expires_at_ms > now_ms {
                             return Ok(Accepted::Duplicate {
                                 thread_id: seen.thread_id,
+                                seq: seen.seq,
                             });
                         }
                     }
@@ -342,14 +543,15 @@ impl Store for SledStore {
                 let entry = DedupeEntry {
                     expires_at_ms,
                     thread_id: record.thread_id.clone(),
+                    seq: Some(seq),
                 };
-                dedupe.insert(dedupe_key.as_bytes(), tx_encode("dedupe entry", &entry)?)?;
+                dedupe.insert(key.as_slice(), tx_encode("dedupe entry", &entry)?)?;
                 Ok(Accepted::New(item))
             })
             .map_err(from_tx)?;
-        // A duplicate is flushed too: its first delivery may still be waiting for its flush, and
-        // acknowledging the redelivery must not get ahead of the data it stands for.
-        self.commit.flush().await?;
+        if matches!(outcome, Accepted::New(_)) {
+            self.inbox_len.fetch_add(1, Ordering::SeqCst);
+        }
         Ok(outcome)
     }
 
@@ -358,21 +560,20 @@ impl Store for SledStore {
     }
 
     async fn start_turn(&self, seq: u64) -> Result<InboxItem, StoreError> {
-        let mut updated = None;
-        self.inbox.fetch_and_update(seq_key(seq), |old| {
-            let mut item: InboxItem = decode("inbox item", old?).ok()?;
+        let item = self.update_inbox(seq, |item| {
             item.status = InboxStatus::Running;
             item.attempts += 1;
-            let bytes = encode("inbox item", &item).ok()?;
-            updated = Some(item);
-            Some(bytes)
-        })?;
-        let item = updated.ok_or_else(|| StoreError::Missing {
-            what: "inbox item",
-            key: seq.to_string(),
         })?;
         self.commit.flush().await?;
         Ok(item)
+    }
+
+    async fn release_turn(&self, seq: u64) -> Result<(), StoreError> {
+        self.update_inbox(seq, |item| {
+            item.status = InboxStatus::Pending;
+            item.attempts = item.attempts.saturating_sub(1);
+        })?;
+        self.commit.flush().await
     }
 
     async fn finish_turn(&self, finish: FinishTurn) -> Result<Vec<OutboxItem>, StoreError> {
@@ -383,39 +584,68 @@ impl Store for SledStore {
             memory_update,
             now_ms,
         } = finish;
-        let thread_bytes = thread
-            .as_ref()
-            .map(|t| Ok::<_, StoreError>((t.id.clone(), encode("thread", t)?)))
-            .transpose()?;
+        let thread_write = thread.as_ref().map(ThreadWrite::of).transpose()?;
         let memory_bytes = memory_update
             .as_ref()
             .map(|m| Ok::<_, StoreError>((m.thread_id.clone(), encode("memory update", m)?)))
             .transpose()?;
-        let items = (&self.inbox, &self.threads, &self.outbox, &self.memory_queue)
-            .transaction(|(inbox, threads, outbox, memory_queue)| {
-                inbox.remove(&seq_key(inbox_seq))?;
-                if let Some((id, bytes)) = &thread_bytes {
-                    threads.insert(id.as_bytes(), bytes.as_slice())?;
+        let mut items = Vec::with_capacity(replies.len());
+        for (index, message) in replies.into_iter().enumerate() {
+            let seq = outbox_seq(inbox_seq, index as u64).ok_or_else(|| {
+                StoreError::Backend(format!("too many replies for inbox item {inbox_seq}"))
+            })?;
+            items.push(OutboxItem {
+                seq,
+                message,
+                status: OutboxStatus::Pending,
+                attempts: 0,
+                last_error: None,
+                receipt: None,
+                created_at_ms: now_ms,
+                finished_at_ms: None,
+            });
+        }
+        let encoded = items
+            .iter()
+            .map(|item| encode("outbox item", item).map(|bytes| (seq_key(item.seq), bytes)))
+            .collect::<Result<Vec<_>, _>>()?;
+        let removed = (
+            &self.inbox,
+            &self.threads,
+            &self.messages,
+            &self.outbox,
+            &self.memory_queue,
+        )
+            .transaction(|(inbox, threads, messages, outbox, memory_queue)| {
+                let removed = inbox.remove(&seq_key(inbox_seq))?.is_some();
+                if let Some(write) = &thread_write {
+                    write.apply(threads, messages)?;
                 }
                 if let Some((thread_id, bytes)) = &memory_bytes {
                     memory_queue.insert(thread_id.as_bytes(), bytes.as_slice())?;
                 }
-                let mut items = Vec::with_capacity(replies.len());
-                for message in &replies {
-                    items.push(push_outbox(outbox, message.clone(), now_ms)?);
+                for (key, bytes) in &encoded {
+                    outbox.insert(key, bytes.as_slice())?;
                 }
-                Ok(items)
+                Ok(removed)
             })
             .map_err(from_tx)?;
+        if removed {
+            self.inbox_len.fetch_sub(1, Ordering::SeqCst);
+        }
         self.outbox_pending.fetch_add(items.len(), Ordering::SeqCst);
         self.commit.flush().await?;
         Ok(items)
     }
 
-    async fn checkpoint_thread(&self, thread: &ThreadState) -> Result<(), StoreError> {
-        self.threads
-            .insert(thread.id.as_bytes(), encode("thread", thread)?)?;
-        self.commit.flush().await
+    async fn checkpoint_thread(&self, thread: &mut ThreadState) -> Result<(), StoreError> {
+        let write = ThreadWrite::of(thread)?;
+        (&self.threads, &self.messages)
+            .transaction(|(threads, messages)| write.apply(threads, messages))
+            .map_err(from_tx)?;
+        self.commit.flush().await?;
+        thread.saved_messages = thread.messages.len();
+        Ok(())
     }
 
     async fn conversation(&self, key: &str) -> Result<Option<ConversationRecord>, StoreError> {
@@ -423,7 +653,18 @@ impl Store for SledStore {
     }
 
     async fn thread(&self, id: &str) -> Result<Option<ThreadState>, StoreError> {
-        Self::get(&self.threads, "thread", id.as_bytes())
+        let Some(mut thread) = Self::get::<ThreadState>(&self.threads, "thread", id.as_bytes())?
+        else {
+            return Ok(None);
+        };
+        thread.messages = self
+            .messages
+            .scan_prefix(keys::tuple(&[id.as_bytes()]))
+            .values()
+            .map(|value| decode::<ChatMessage>("message", &value?))
+            .collect::<Result<_, _>>()?;
+        thread.saved_messages = thread.messages.len();
+        Ok(Some(thread))
     }
 
     async fn outbox_pending(&self) -> Result<Vec<OutboxItem>, StoreError> {
@@ -436,6 +677,18 @@ impl Store for SledStore {
 
     async fn outbox_item(&self, seq: u64) -> Result<Option<OutboxItem>, StoreError> {
         Self::get(&self.outbox, "outbox item", &seq_key(seq))
+    }
+
+    async fn replies(&self, inbox_seq: u64) -> Result<Vec<OutboxItem>, StoreError> {
+        let Some(first) = outbox_seq(inbox_seq, 0) else {
+            return Ok(Vec::new());
+        };
+        let end = first.saturating_add(super::MAX_REPLIES_PER_ITEM);
+        self.outbox
+            .range(seq_key(first)..seq_key(end))
+            .values()
+            .map(|value| decode("outbox item", &value?))
+            .collect()
     }
 
     async fn delivery_failed(
@@ -477,18 +730,14 @@ impl Store for SledStore {
 
     async fn sweep(&self, now_ms: u64, retain_ms: u64) -> Result<usize, StoreError> {
         let mut removed = 0;
-        // Dedupe generations whose every key has expired: keys of `dedupe.<start>` were
-        // accepted before `start + ttl` and so expire before `start + 2 ttl`.
-        let ttl_ms = retain_ms.max(1);
+        // Dedupe generations whose every key has expired: keys of a generation were accepted
+        // before `start + length` with a TTL of `length`, so they expire before
+        // `start + 2 length`.
         for name in self.db.tree_names() {
-            let Some(start) = std::str::from_utf8(&name)
-                .ok()
-                .and_then(|n| n.strip_prefix(DEDUPE_PREFIX))
-                .and_then(|n| n.parse::<u64>().ok())
-            else {
+            let Some((start, length)) = parse_generation(&name) else {
                 continue;
             };
-            if start.saturating_add(ttl_ms.saturating_mul(2)) <= now_ms {
+            if start.saturating_add(length.saturating_mul(2)) <= now_ms {
                 if let Ok(mut cached) = self.dedupe_generations.lock() {
                     // Never leave a dropped tree in the cache.
                     *cached = None;
@@ -498,8 +747,10 @@ impl Store for SledStore {
                 }
             }
         }
-        // Finished outbox items past retention. Sequence order is creation order and an item
-        // finishes after it is created, so nothing after the first too-young item can be due.
+        // Finished outbox items past retention. Keys follow the arrival order of the messages
+        // they answer, which is close to creation order: the walk stops at the first item
+        // created after the cutoff, so an item behind a slower one is swept a little later,
+        // never early.
         let cutoff = now_ms.saturating_sub(retain_ms);
         for entry in self.outbox.iter() {
             let (key, value) = entry?;
@@ -519,9 +770,8 @@ impl Store for SledStore {
     async fn stats(&self) -> Result<StoreStats, StoreError> {
         Ok(StoreStats {
             disk_bytes: self.db.size_on_disk()?,
-            inbox: self.inbox.len(),
+            inbox: self.inbox_len.load(Ordering::SeqCst),
             outbox_pending: self.outbox_pending.load(Ordering::SeqCst),
-            threads: self.threads.len(),
         })
     }
 
@@ -651,26 +901,6 @@ impl Store for SledStore {
     async fn flush(&self) -> Result<(), StoreError> {
         self.commit.flush().await
     }
-}
-
-fn push_outbox(
-    outbox: &TransactionalTree,
-    message: OutboundMessage,
-    now_ms: u64,
-) -> Result<OutboxItem, ConflictableTransactionError<StoreError>> {
-    let seq = outbox.generate_id()?;
-    let item = OutboxItem {
-        seq,
-        message,
-        status: OutboxStatus::Pending,
-        attempts: 0,
-        last_error: None,
-        receipt: None,
-        created_at_ms: now_ms,
-        finished_at_ms: None,
-    };
-    outbox.insert(&seq_key(seq), tx_encode("outbox item", &item)?)?;
-    Ok(item)
 }
 
 #[cfg(test)]

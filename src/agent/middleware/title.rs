@@ -1,6 +1,7 @@
 //! title (chain position 11): gives a new thread a short title after its first exchange.
 //!
-//! In `after_model`, when the thread has no title yet, holds exactly one user message, and the
+//! In `after_model`, when the thread has no title yet, holds exactly one user message outside
+//! failed turns, and the
 //! response is a final answer (no tool calls), it sets `ThreadState::title` from that user
 //! message, locally and without a model call: whitespace collapsed, at most `max_words` words
 //! and `max_chars` characters (cut on a character boundary, "…" appended when anything was
@@ -76,14 +77,19 @@ impl Middleware for TitleMiddleware {
         if cx.thread.title.is_some() || !response.tool_calls.is_empty() {
             return Ok(());
         }
-        let mut users = cx.thread.messages.iter().filter_map(|m| match m {
-            ChatMessage::User { content } => Some(content.as_str()),
-            _ => None,
-        });
-        let (Some(first), None) = (users.next(), users.next()) else {
-            return Ok(());
+        // Failed turns do not count: a thread whose first turn failed is titled after the
+        // first exchange that was answered.
+        let title = {
+            let mut users = cx.thread.context().filter_map(|m| match m {
+                ChatMessage::User { content } => Some(content.as_str()),
+                _ => None,
+            });
+            let (Some(first), None) = (users.next(), users.next()) else {
+                return Ok(());
+            };
+            make_title(first, self.max_words, self.max_chars)
         };
-        cx.thread.title = Some(make_title(first, self.max_words, self.max_chars));
+        cx.thread.title = Some(title);
         Ok(())
     }
 }
@@ -251,6 +257,22 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(thread.title, None);
+    }
+
+    #[tokio::test]
+    async fn a_thread_whose_first_turn_failed_is_titled_by_its_first_answered_one() {
+        let mut thread = thread_with(vec![
+            ChatMessage::user("first try"),
+            ChatMessage::assistant("⚠️ the model failed"),
+            ChatMessage::user("Why is the build red?"),
+        ]);
+        thread.failed = vec![0..2];
+        let mut cx = test_context(&mut thread);
+        middleware()
+            .after_model(&mut cx, &mut answer("A flaky test."))
+            .await
+            .unwrap();
+        assert_eq!(thread.title.as_deref(), Some("Why is the build red?"));
     }
 
     #[tokio::test]

@@ -4,10 +4,12 @@
 //! chat-completions protocol (OpenAI, Azure, vLLM, Ollama, llama.cpp, OpenRouter, DeepSeek ...).
 //! Retries, timeouts and backoff live in the client, not in the middleware chain.
 
+mod health;
 mod openai;
 #[cfg(test)]
 pub(crate) mod scripted;
 
+pub(crate) use health::ModelHealth;
 pub(crate) use openai::{OpenAiClient, OpenAiConfig};
 
 use std::time::Duration;
@@ -114,6 +116,70 @@ pub(crate) enum ModelError {
     /// The endpoint answered something that is not a chat completion.
     #[error("the model endpoint answered garbage: {0}")]
     InvalidResponse(String),
+}
+
+impl ModelError {
+    /// Whether the endpoint answered at all (for [`ModelHealth`]).
+    pub(crate) fn reached_endpoint(&self) -> bool {
+        !matches!(self, Self::Unreachable(_) | Self::Timeout(_))
+    }
+
+    /// What to tell a chat user: what went wrong and what helps. Never the provider's raw
+    /// text, which may quote the request or credentials; the full error goes to the log.
+    pub(crate) fn user_message(&self) -> String {
+        match self {
+            Self::Unauthorized { .. } => "⚠️ Sorry, the model provider refused antler's \
+                credentials, so I cannot answer right now. The operator needs to check \
+                `model.api_key` (OPENAI_API_KEY in the default config)."
+                .to_owned(),
+            Self::NotFound { .. } => "⚠️ Sorry, the model provider does not know the model or \
+                endpoint antler is set up with. The operator needs to check `model.model` and \
+                `model.base_url`."
+                .to_owned(),
+            Self::RateLimited { .. } => "⚠️ Sorry, the model provider is limiting requests \
+                right now. Send your message again in a minute."
+                .to_owned(),
+            Self::Server { status, .. } => format!(
+                "⚠️ Sorry, the model provider failed (HTTP {status}). Send your message again \
+                 in a moment."
+            ),
+            Self::BadRequest { status, detail } if mentions_context_length(detail) => format!(
+                "⚠️ Sorry, this conversation is now too long for the model (HTTP {status}). \
+                 Send /new to start a fresh one."
+            ),
+            Self::BadRequest { status, .. } => format!(
+                "⚠️ Sorry, the model provider refused the request (HTTP {status}). The details \
+                 are in antler's log."
+            ),
+            Self::Timeout(limit) => format!(
+                "⚠️ Sorry, the model did not answer within {} seconds. Send your message again \
+                 to retry.",
+                limit.as_secs()
+            ),
+            Self::Unreachable(_) => "⚠️ Sorry, antler cannot reach the model server right \
+                now. The operator needs to check that it is running and that `model.base_url` \
+                (ANTLER_MODEL_BASE_URL in the default config) points at it. Send your message \
+                again once it is back."
+                .to_owned(),
+            Self::InvalidResponse(_) => "⚠️ Sorry, the model server answered something antler \
+                cannot read. The details are in antler's log; send your message again to retry."
+                .to_owned(),
+        }
+    }
+}
+
+/// Whether a provider's 4xx text says the request was too long for the model's context.
+fn mentions_context_length(detail: &str) -> bool {
+    let lower = detail.to_ascii_lowercase();
+    [
+        "context length",
+        "context_length",
+        "maximum context",
+        "too many tokens",
+        "context window",
+    ]
+    .iter()
+    .any(|needle| lower.contains(needle))
 }
 
 /// An LLM that completes chats.

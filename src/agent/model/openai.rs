@@ -12,13 +12,17 @@ use bytes::Bytes;
 use reqwest::header::{ACCEPT, CONTENT_TYPE, HeaderMap, RETRY_AFTER};
 use serde::{Deserialize, Serialize};
 
-use super::{ChatModel, DeltaSink, FinishReason, ModelError, ModelRequest, ModelResponse};
+use super::{
+    ChatModel, DeltaSink, FinishReason, ModelError, ModelHealth, ModelRequest, ModelResponse,
+};
 use crate::agent::message::{ChatMessage, TokenUsage, ToolCall};
 
 /// The longest provider message kept in an error.
 const DETAIL_MAX_CHARS: usize = 300;
 /// The longest `Retry-After` honoured; a server asking for more is waited on for this long.
 const RETRY_AFTER_CAP: Duration = Duration::from_secs(60);
+/// The most of an error body read for its message.
+const ERROR_BODY_MAX_BYTES: usize = 64 * 1024;
 /// The longest SSE line buffered; a stream without newlines beyond this is not SSE.
 const SSE_LINE_MAX_BYTES: usize = 8 * 1024 * 1024;
 
@@ -91,7 +95,18 @@ pub(crate) struct OpenAiClient {
     config: OpenAiConfig,
     url: reqwest::Url,
     http: reqwest::Client,
+    health: ModelHealth,
 }
+
+/// What probing the endpoint found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ProbeReport {
+    /// The model names `GET /models` listed (empty when the endpoint lists none).
+    pub(crate) models: Vec<String>,
+}
+
+/// How long the probe at start waits for `GET /models`.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 
 impl OpenAiClient {
     /// Builds the client; fails when the base URL is not an http(s) URL.
@@ -109,7 +124,79 @@ impl OpenAiClient {
             .user_agent(concat!("antler/", env!("CARGO_PKG_VERSION")))
             .build()
             .map_err(|e| ModelError::Unreachable(format!("cannot build HTTP client: {e}")))?;
-        Ok(Self { config, url, http })
+        Ok(Self {
+            config,
+            url,
+            http,
+            health: ModelHealth::default(),
+        })
+    }
+
+    /// Records every outcome in `health` (for `/readyz`).
+    #[must_use]
+    pub(crate) fn with_health(mut self, health: ModelHealth) -> Self {
+        self.health = health;
+        self
+    }
+
+    /// The base URL with any password masked, for logs.
+    pub(crate) fn display_url(&self) -> String {
+        let mut url = self.url.clone();
+        if url.password().is_some() {
+            let _ = url.set_password(Some("***"));
+        }
+        url.as_str()
+            .trim_end_matches("/chat/completions")
+            .to_owned()
+    }
+
+    /// Asks the endpoint for its models (`GET {base_url}/models`), which costs no tokens, and
+    /// records whether it answered.
+    pub(crate) async fn probe(&self) -> Result<ProbeReport, ModelError> {
+        let result = self.probe_once().await;
+        match &result {
+            Ok(_) => self.health.record(true, "ok"),
+            Err(e) => self.health.record(e.reached_endpoint(), e.to_string()),
+        }
+        result
+    }
+
+    async fn probe_once(&self) -> Result<ProbeReport, ModelError> {
+        let mut url = self.url.clone();
+        url.set_path(&format!(
+            "{}/models",
+            self.url.path().trim_end_matches("/chat/completions")
+        ));
+        let mut request = self.http.get(url).timeout(PROBE_TIMEOUT);
+        if let Some(key) = &self.config.api_key {
+            request = request.bearer_auth(key);
+        }
+        let mut response =
+            request
+                .send()
+                .await
+                .map_err(|e| match AttemptError::from_reqwest(e) {
+                    AttemptError::Timeout => ModelError::Timeout(PROBE_TIMEOUT),
+                    other => self.final_error(other, 1),
+                })?;
+        let status = response.status();
+        let text = read_capped(&mut response, ERROR_BODY_MAX_BYTES).await;
+        if !status.is_success() {
+            let error = AttemptError::Status {
+                status: status.as_u16(),
+                retry_after: None,
+                detail: provider_detail(&self.redact(text)),
+            };
+            return Err(self.final_error(error, 1));
+        }
+        let models = serde_json::from_str::<serde_json::Value>(&text)
+            .ok()
+            .and_then(|v| v.get("data").and_then(|d| d.as_array()).cloned())
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|m| m.get("id").and_then(|id| id.as_str()).map(str::to_owned))
+            .collect();
+        Ok(ProbeReport { models })
     }
 
     /// One HTTP attempt. Sets `emitted` once text has gone to the sink.
@@ -136,11 +223,12 @@ impl OpenAiClient {
         if !status.is_success() {
             let retry_after = retry_after(response.headers());
             // The body only feeds the error detail; a failure to read it must not hide the status.
-            let text = response.text().await.unwrap_or_default();
+            let text = read_capped(&mut response, ERROR_BODY_MAX_BYTES).await;
+            // Masked before it is cut, so no part of a key can survive the cut.
             return Err(AttemptError::Status {
                 status: status.as_u16(),
                 retry_after,
-                detail: provider_detail(&text),
+                detail: provider_detail(&self.redact(text)),
             });
         }
 
@@ -246,6 +334,7 @@ impl ChatModel for OpenAiClient {
 
             let error = match result {
                 Ok(response) => {
+                    self.health.record(true, "ok");
                     if let Some(usage) = &response.usage {
                         metrics::counter!("antler_model_tokens_total", "kind" => "prompt")
                             .increment(usage.prompt_tokens);
@@ -264,7 +353,10 @@ impl ChatModel for OpenAiClient {
                 || attempts > self.config.max_retries
                 || emitted.load(Ordering::Relaxed)
             {
-                return Err(self.final_error(error, attempts));
+                let error = self.final_error(error, attempts);
+                self.health
+                    .record(error.reached_endpoint(), error.to_string());
+                return Err(error);
             }
             let delay = self.backoff(attempts, error.retry_after());
             tracing::warn!(
@@ -403,6 +495,19 @@ fn retry_after(headers: &HeaderMap) -> Option<Duration> {
     Some(Duration::from_secs_f64(
         secs.min(RETRY_AFTER_CAP.as_secs_f64()),
     ))
+}
+
+/// At most `limit` bytes of a response body, as text; what cannot be read is left out.
+async fn read_capped(response: &mut reqwest::Response, limit: usize) -> String {
+    let mut body = Vec::new();
+    while body.len() < limit {
+        match response.chunk().await {
+            Ok(Some(chunk)) => body.extend_from_slice(&chunk),
+            Ok(None) | Err(_) => break,
+        }
+    }
+    body.truncate(limit);
+    String::from_utf8_lossy(&body).into_owned()
 }
 
 /// The provider's error message from an error body, shortened.

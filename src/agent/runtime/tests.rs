@@ -29,7 +29,7 @@ impl RunObserver for Recorder {
         self.deltas.lock().unwrap().push(text.to_owned());
     }
 
-    async fn checkpoint(&self, thread: &ThreadState) {
+    async fn checkpoint(&self, thread: &mut ThreadState) {
         self.checkpoints.lock().unwrap().push(thread.messages.len());
     }
 }

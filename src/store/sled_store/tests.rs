@@ -4,6 +4,9 @@ use antler_channel::{ConversationKey, InboundEvent, OutboundMessage, Receipt, Us
 
 use super::*;
 use crate::agent::message::ChatMessage;
+use crate::store::outbox_seq;
+
+const CACHE: u64 = 8 * 1024 * 1024;
 
 fn event(conversation: &str, event_id: &str, text: &str) -> InboundEvent {
     InboundEvent {
@@ -22,7 +25,6 @@ fn event(conversation: &str, event_id: &str, text: &str) -> InboundEvent {
 
 fn accept(event_id: &str, thread: ThreadChoice, now_ms: u64) -> Accept {
     Accept {
-        dedupe_key: format!("api:{event_id}"),
         dedupe_ttl_ms: 1_000,
         event: event("c1", event_id, "hi"),
         thread,
@@ -57,7 +59,8 @@ async fn accept_stores_once_and_recognises_redelivery_until_expiry() {
     assert_eq!(
         again,
         Accepted::Duplicate {
-            thread_id: thread_id.clone()
+            thread_id: thread_id.clone(),
+            seq: Some(seq),
         }
     );
     let inbox = store.inbox().await.unwrap();
@@ -178,7 +181,14 @@ async fn finish_turn_writes_thread_outbox_and_removes_the_inbox_item_together() 
         .unwrap();
     assert_eq!(items.len(), 2);
     assert!(items[0].seq < items[1].seq);
+    assert_eq!(
+        store.replies(seq).await.unwrap(),
+        items,
+        "the replies to an inbox item are found by its seq"
+    );
+    assert!(store.replies(seq + 1).await.unwrap().is_empty());
     assert!(store.inbox().await.unwrap().is_empty());
+    thread.saved_messages = 2;
     assert_eq!(store.thread(&thread_id).await.unwrap(), Some(thread));
     let pending = store.outbox_pending().await.unwrap();
     assert_eq!(
@@ -256,7 +266,7 @@ async fn delivery_records_receipts_and_failures() {
 async fn state_survives_reopening_and_newer_schemas_are_refused() {
     let dir = tempfile::tempdir().unwrap();
     let thread_id = {
-        let store = SledStore::open(dir.path()).unwrap();
+        let store = SledStore::open(dir.path(), CACHE).unwrap();
         let Accepted::New(InboxItem { thread_id, .. }) = store
             .accept(accept("m1", ThreadChoice::Current, 1))
             .await
@@ -284,13 +294,13 @@ async fn state_survives_reopening_and_newer_schemas_are_refused() {
         thread_id
     };
     {
-        let store = SledStore::open(dir.path()).unwrap();
+        let store = SledStore::open(dir.path(), CACHE).unwrap();
         assert_eq!(store.inbox().await.unwrap()[0].thread_id, thread_id);
         // The count of replies still to deliver is rebuilt from the outbox.
         assert_eq!(store.stats().await.unwrap().outbox_pending, 1);
         store.write_schema_version(SCHEMA_VERSION + 1).unwrap();
     }
-    let error = SledStore::open(dir.path()).unwrap_err();
+    let error = SledStore::open(dir.path(), CACHE).unwrap_err();
     assert!(matches!(error, StoreError::NewerSchema { found, .. } if found == SCHEMA_VERSION + 1));
     assert!(error.to_string().contains("newer antler"), "{error}");
 }
@@ -408,4 +418,332 @@ async fn memory_documents_and_queue_newest_wins() {
     assert!(!store.remove_memory_update("t1", 1).await.unwrap());
     assert!(store.remove_memory_update("t1", 2).await.unwrap());
     assert!(store.due_memory_updates(100, 10).await.unwrap().is_empty());
+}
+
+fn accept_in(conversation: &str, event_id: &str, now_ms: u64, ttl_ms: u64) -> Accept {
+    Accept {
+        dedupe_ttl_ms: ttl_ms,
+        event: event(conversation, event_id, "hi"),
+        thread: ThreadChoice::Current,
+        now_ms,
+    }
+}
+
+#[tokio::test]
+async fn dedupe_keys_of_different_conversations_never_collide() {
+    let store = SledStore::temporary().unwrap();
+    // Joined with ':' both would be "api:victim:b:c".
+    let victim = store
+        .accept(accept_in("victim", "b:c", 1, 1_000))
+        .await
+        .unwrap();
+    let other = store
+        .accept(accept_in("victim:b", "c", 1, 1_000))
+        .await
+        .unwrap();
+    let (Accepted::New(victim), Accepted::New(other)) = (victim, other) else {
+        panic!("both are new messages");
+    };
+    assert_ne!(victim.thread_id, other.thread_id);
+    assert_eq!(store.inbox().await.unwrap().len(), 2);
+}
+
+#[tokio::test]
+async fn keys_stay_known_until_they_expire_when_the_ttl_changes() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let store = SledStore::open(dir.path(), CACHE).unwrap();
+        let first = store
+            .accept(accept_in("c", "m1", 9_500, 10_000))
+            .await
+            .unwrap();
+        assert!(matches!(first, Accepted::New(_)));
+        store.flush().await.unwrap();
+    }
+    // Restarted with a much shorter TTL: the key, accepted with 10 s, is still remembered
+    // (it expires at 19,500), although 19,000 lies two short generations later.
+    let store = SledStore::open(dir.path(), CACHE).unwrap();
+    let again = store
+        .accept(accept_in("c", "m1", 19_000, 1_000))
+        .await
+        .unwrap();
+    assert!(matches!(again, Accepted::Duplicate { .. }), "{again:?}");
+    let expired = store
+        .accept(accept_in("c", "m1", 19_600, 1_000))
+        .await
+        .unwrap();
+    assert!(matches!(expired, Accepted::New(_)), "{expired:?}");
+    // The old generation (start 0, length 10 s) is kept until all of it has expired.
+    let generations = |store: &SledStore| -> Vec<(u64, u64)> {
+        store
+            .db
+            .tree_names()
+            .iter()
+            .filter_map(|n| parse_generation(n))
+            .collect()
+    };
+    store.sweep(19_999, 1_000).await.unwrap();
+    assert!(generations(&store).contains(&(0, 10_000)));
+    store.sweep(20_000, 1_000).await.unwrap();
+    assert!(!generations(&store).contains(&(0, 10_000)));
+}
+
+#[tokio::test]
+async fn a_released_turn_gives_its_attempt_back() {
+    let store = SledStore::temporary().unwrap();
+    let Accepted::New(InboxItem { seq, .. }) = store
+        .accept(accept("m1", ThreadChoice::Current, 1))
+        .await
+        .unwrap()
+    else {
+        panic!()
+    };
+    assert_eq!(store.start_turn(seq).await.unwrap().attempts, 1);
+    store.release_turn(seq).await.unwrap();
+    let item = &store.inbox().await.unwrap()[0];
+    assert_eq!((item.status, item.attempts), (InboxStatus::Pending, 0));
+    assert_eq!(store.start_turn(seq).await.unwrap().attempts, 1);
+}
+
+#[tokio::test]
+async fn a_turn_writes_only_the_messages_it_added() {
+    let store = SledStore::temporary().unwrap();
+    let Accepted::New(InboxItem { thread_id, .. }) = store
+        .accept(accept("m1", ThreadChoice::Current, 1))
+        .await
+        .unwrap()
+    else {
+        panic!()
+    };
+    let mut thread = store.thread(&thread_id).await.unwrap().unwrap();
+    let mut written = Vec::new();
+    for turn in 0..20 {
+        thread
+            .messages
+            .push(ChatMessage::user(format!("question {turn}")));
+        thread
+            .messages
+            .push(ChatMessage::assistant(format!("answer {turn}")));
+        let before = store.messages.len();
+        store.checkpoint_thread(&mut thread).await.unwrap();
+        written.push(store.messages.len() - before);
+        assert_eq!(thread.saved_messages, thread.messages.len());
+    }
+    assert!(written.iter().all(|&n| n == 2), "{written:?}");
+    // A failed span is metadata: marking one rewrites no message.
+    thread.fail_from(38);
+    store.checkpoint_thread(&mut thread).await.unwrap();
+    let loaded = store.thread(&thread_id).await.unwrap().unwrap();
+    assert_eq!(loaded.messages, thread.messages);
+    assert_eq!(loaded.failed, [38..40]);
+    assert_eq!(loaded.saved_messages, 40);
+}
+
+#[tokio::test]
+async fn counts_follow_accepts_and_finished_turns() {
+    let store = SledStore::temporary().unwrap();
+    let mut seqs = Vec::new();
+    for n in 0..3 {
+        let Accepted::New(item) = store
+            .accept(accept(&format!("m{n}"), ThreadChoice::Current, 1))
+            .await
+            .unwrap()
+        else {
+            panic!()
+        };
+        seqs.push(item.seq);
+    }
+    // A redelivery adds nothing.
+    store
+        .accept(accept("m0", ThreadChoice::Current, 2))
+        .await
+        .unwrap();
+    assert_eq!(store.stats().await.unwrap().inbox, 3);
+    store
+        .finish_turn(FinishTurn {
+            inbox_seq: seqs[0],
+            thread: None,
+            replies: vec![reply("t", "done")],
+            memory_update: None,
+            now_ms: 3,
+        })
+        .await
+        .unwrap();
+    let stats = store.stats().await.unwrap();
+    assert_eq!((stats.inbox, stats.outbox_pending), (2, 1));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_writers_share_data_syncs() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(SledStore::open(dir.path(), CACHE).unwrap());
+    let before = store.syncs();
+    let writers = 64;
+    let barrier = Arc::new(tokio::sync::Barrier::new(writers));
+    let mut tasks = Vec::new();
+    for n in 0..writers {
+        let store = Arc::clone(&store);
+        let barrier = Arc::clone(&barrier);
+        tasks.push(tokio::spawn(async move {
+            barrier.wait().await;
+            let mut a = accept(&format!("m{n}"), ThreadChoice::Current, 1);
+            a.event.conversation = ConversationKey::new("api", [format!("c{n}")]);
+            store.accept(a).await.unwrap();
+            let synced_before = store.syncs();
+            store.flush().await.unwrap();
+            // The flush that answered started after this writer asked: it is counted.
+            assert!(store.syncs() > synced_before);
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let syncs = store.syncs() - before;
+    assert!(syncs >= 1);
+    assert!(
+        syncs < writers as u64,
+        "{writers} concurrent writers needed {syncs} syncs: they should share them"
+    );
+}
+
+#[cfg(unix)]
+#[tokio::test]
+async fn the_store_is_private_and_a_second_process_is_told_who_holds_it() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store");
+    let store = SledStore::open(&path, CACHE).unwrap();
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&path), 0o700);
+    assert_eq!(mode(&path.join("db")), 0o600);
+    let error = SledStore::open(&path, CACHE).unwrap_err();
+    assert!(matches!(error, StoreError::InUse { .. }), "{error:?}");
+    assert!(
+        error.to_string().contains("another antler is using"),
+        "{error}"
+    );
+    drop(store);
+
+    // An existing directory that others could read is made private.
+    let lax = dir.path().join("lax");
+    std::fs::create_dir(&lax).unwrap();
+    std::fs::set_permissions(&lax, std::fs::Permissions::from_mode(0o755)).unwrap();
+    drop(SledStore::open(&lax, CACHE).unwrap());
+    assert_eq!(mode(&lax), 0o700);
+}
+
+/// Writes a store as schema 1 did: whole threads, `<conversation>:<event>` dedupe keys in
+/// `dedupe.<start>`, outbox items under a counter.
+fn write_v1_store(path: &std::path::Path) -> String {
+    let db = sled::Config::new().path(path).open().unwrap();
+    db.open_tree("meta")
+        .unwrap()
+        .insert(SCHEMA_KEY, &1u32.to_be_bytes())
+        .unwrap();
+    let thread_id = "0192thread".to_owned();
+    let legacy_thread = serde_json::json!({
+        "id": thread_id,
+        "conversation": "api:ops:eu",
+        "generation": 0,
+        "title": "Deploy",
+        "messages": [
+            {"role": "user", "content": "deploy?"},
+            {"role": "assistant", "content": "done"},
+            {"role": "user", "content": "status?"}
+        ],
+        "usage": {"prompt_tokens": 1, "completion_tokens": 2, "total_tokens": 3},
+        "turns": 1,
+        "checkpoint_of": 7,
+        "created_at_ms": 1,
+        "updated_at_ms": 2
+    });
+    db.open_tree("threads")
+        .unwrap()
+        .insert(
+            thread_id.as_bytes(),
+            serde_json::to_vec(&legacy_thread).unwrap(),
+        )
+        .unwrap();
+    let entry = serde_json::json!({"expires_at_ms": 50_000, "thread_id": thread_id});
+    db.open_tree("dedupe.0")
+        .unwrap()
+        .insert(b"api:ops:eu:m:1", serde_json::to_vec(&entry).unwrap())
+        .unwrap();
+    let item = OutboxItem {
+        seq: 3,
+        message: OutboundMessage {
+            idempotency_key: format!("{thread_id}:7:0"),
+            conversation: ConversationKey::new("api", ["ops:eu"]),
+            thread_id: thread_id.clone(),
+            text: "pending reply".to_owned(),
+            reply_to: None,
+        },
+        status: OutboxStatus::Pending,
+        attempts: 0,
+        last_error: None,
+        receipt: None,
+        created_at_ms: 2,
+        finished_at_ms: None,
+    };
+    db.open_tree("outbox")
+        .unwrap()
+        .insert(3u64.to_be_bytes(), serde_json::to_vec(&item).unwrap())
+        .unwrap();
+    db.flush().unwrap();
+    thread_id
+}
+
+#[tokio::test]
+async fn a_schema_1_store_is_migrated_on_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let thread_id = write_v1_store(dir.path());
+    let store = SledStore::open(dir.path(), CACHE).unwrap();
+
+    let thread = store.thread(&thread_id).await.unwrap().unwrap();
+    assert_eq!(thread.messages.len(), 3);
+    assert_eq!(thread.messages[2], ChatMessage::user("status?"));
+    assert_eq!(thread.title.as_deref(), Some("Deploy"));
+    assert_eq!(
+        thread.running,
+        Some(crate::agent::thread::RunningTurn {
+            inbox_seq: 7,
+            start: 2
+        }),
+        "the checkpoint's turn starts at its user message"
+    );
+    assert_eq!(store.messages.len(), 3, "one record per message");
+
+    // The dedupe key was split exactly, with the thread's conversation.
+    let mut redelivery = accept_in("ops:eu", "m:1", 1_000, 86_400_000);
+    redelivery.event.conversation = ConversationKey::new("api", ["ops:eu"]);
+    let again = store.accept(redelivery).await.unwrap();
+    assert!(
+        matches!(&again, Accepted::Duplicate { thread_id: t, seq: None } if *t == thread_id),
+        "{again:?}"
+    );
+
+    // The pending reply is keyed by the inbox item it answers and still pending.
+    let pending = store.outbox_pending().await.unwrap();
+    assert_eq!(pending.len(), 1);
+    assert_eq!(pending[0].seq, outbox_seq(7, 0).unwrap());
+    assert_eq!(
+        store.replies(7).await.unwrap()[0].message.text,
+        "pending reply"
+    );
+    assert_eq!(store.stats().await.unwrap().outbox_pending, 1);
+    drop(store);
+
+    // Opening again finds schema 2 and changes nothing.
+    let store = SledStore::open(dir.path(), CACHE).unwrap();
+    assert_eq!(
+        store
+            .thread(&thread_id)
+            .await
+            .unwrap()
+            .unwrap()
+            .messages
+            .len(),
+        3
+    );
+    assert_eq!(store.messages.len(), 3);
 }
