@@ -1171,3 +1171,37 @@ fn summary_shows_new_facts_with_secrets_masked() {
     assert!(!summary.contains("ops listener"), "{summary}");
     assert!(!summary.contains("metrics token"), "{summary}");
 }
+
+#[test]
+fn example_token_table_is_valid_once_uncommented() {
+    let mut uncommented = 0;
+    let text: String = EXAMPLE
+        .lines()
+        .scan(false, |inside, line| {
+            if line == "# [[channels.api.tokens]]" {
+                *inside = true;
+            } else if *inside && !line.starts_with("# ") {
+                *inside = false;
+            }
+            let line = match line.strip_prefix("# ") {
+                Some(rest) if *inside => {
+                    uncommented += 1;
+                    rest
+                }
+                _ => line,
+            };
+            Some(format!("{line}\n"))
+        })
+        .collect();
+    assert_eq!(uncommented, 4, "the example table moved");
+    let env = env_of(&[
+        ("OPENAI_API_KEY", "sk-example"),
+        ("ANTLER_ALICE_TOKEN", "alice-0123456789"),
+    ]);
+    let config = Config::from_toml_str(&text, &env).unwrap();
+    let tokens = &config.channels.api.tokens;
+    assert_eq!(tokens.len(), 1);
+    assert_eq!(tokens[0].user, "alice");
+    assert_eq!(tokens[0].role, ApiRole::User);
+    assert_eq!(tokens[0].token.expose(), "alice-0123456789");
+}
