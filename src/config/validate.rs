@@ -5,7 +5,7 @@ use std::net::{Ipv6Addr, SocketAddr};
 
 use super::{Config, ConfigIssue, Secret};
 
-/// The smallest sled page cache accepted: below it sled thrashes on every write.
+/// The smallest sled page cache accepted (1 MiB).
 pub(crate) const MIN_CACHE_CAPACITY_BYTES: u64 = 1024 * 1024;
 
 /// The shortest token accepted when the server is reachable from other hosts.
