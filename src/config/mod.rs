@@ -3,8 +3,12 @@
 //! Loading runs in four steps, and every failure names the dotted key it is about:
 //! 1. the text is parsed as TOML ([`ConfigError::Syntax`] with line and column);
 //! 2. every string value is expanded: `${VAR}` and `${VAR:-default}` (see [`Config::from_toml_str`]);
-//! 3. the tree is deserialized into [`Config`]; unknown keys and wrong types are errors;
+//! 3. the tree is deserialized into [`Config`]; every unknown key and every wrong type is an
+//!    issue, all reported in one run, in file order;
 //! 4. [`Config::validate`] checks ranges and cross-field rules and collects every issue.
+//!
+//! No error shows a configured value: any of them may hold a secret (directly or through
+//! `${VAR}`). Errors name the key, its position, the expected type or the allowed names instead.
 //!
 //! Secrets are [`Secret`]s: they print as `***` and are never serialized. An empty secret (for
 //! example `"${OPENAI_API_KEY:-}"` with the variable unset) counts as absent.
@@ -16,6 +20,7 @@ mod validate;
 #[cfg(test)]
 mod tests;
 
+use std::collections::HashMap;
 use std::fmt;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -79,7 +84,9 @@ pub struct ServerConfig {
     #[serde(deserialize_with = "secret::opt_secret")]
     pub metrics_token: Option<Secret>,
     /// A separate address for `/healthz`, `/readyz` and `/metrics`, served without a token
-    /// (the Prometheus convention); the main listener then keeps only `/healthz`.
+    /// (the Prometheus convention); the main listener then keeps only `/healthz`. Empty means
+    /// absent, so it can come from an unset `${VAR:-}`.
+    #[serde(deserialize_with = "secret::opt_socket_addr")]
     pub ops_listen: Option<SocketAddr>,
 }
 
@@ -511,9 +518,17 @@ pub enum ConfigError {
         #[source]
         source: std::io::Error,
     },
-    /// The text is not valid TOML (the message carries line and column).
-    #[error("{0}")]
-    Syntax(String),
+    /// The text is not valid TOML. Only the position and the parser's description are kept:
+    /// the offending line is never quoted, since it may hold a secret.
+    #[error("line {line}, column {column}: {message}")]
+    Syntax {
+        /// The 1-based line.
+        line: usize,
+        /// The 1-based column, in characters.
+        column: usize,
+        /// What is wrong, without any text from the file.
+        message: String,
+    },
     /// The TOML is valid but its content is not; every issue is listed.
     #[error("{}", display_issues(.0))]
     Invalid(Vec<ConfigIssue>),
@@ -524,7 +539,7 @@ impl ConfigError {
     pub fn issues(&self) -> &[ConfigIssue] {
         match self {
             Self::Invalid(issues) => issues,
-            Self::Io { .. } | Self::Syntax(_) => &[],
+            Self::Io { .. } | Self::Syntax { .. } => &[],
         }
     }
 }
@@ -554,20 +569,61 @@ impl Config {
     /// without a default is an error naming the key. A value that is exactly one `${...}` and
     /// expands to a TOML integer, float or boolean takes that type, so numeric and boolean
     /// settings can come from the environment too.
+    ///
+    /// Failed substitutions are reported alone (the values they leave are unknown). Otherwise
+    /// the error lists every unknown key and wrong type, in file order, followed by every
+    /// validation issue; no issue quotes a configured value.
     pub fn from_toml_str(
         text: &str,
         env: &dyn Fn(&str) -> Option<String>,
     ) -> Result<Self, ConfigError> {
-        let mut table: toml::Table =
-            toml::from_str(text).map_err(|err| ConfigError::Syntax(err.to_string()))?;
+        let positions = key_positions(text)?;
+        // The grammar is checked above; what fails here is a literal toml cannot represent
+        // (an integer beyond 64 bits), whose message quotes it.
+        let mut table: toml::Table = toml::from_str(text).map_err(|err| {
+            let mut error = syntax_error(text, &err);
+            if let ConfigError::Syntax { message, .. } = &mut error {
+                *message = if message.starts_with("invalid type: integer") {
+                    "integer out of range (TOML integers are 64-bit)".to_owned()
+                } else {
+                    friendly_message(message)
+                };
+            }
+            error
+        })?;
         let issues = env::substitute(&mut table, env);
         if !issues.is_empty() {
             return Err(ConfigError::Invalid(issues));
         }
-        let config: Self = serde_path_to_error::deserialize(toml::Value::Table(table))
-            .map_err(|err| ConfigError::Invalid(vec![deserialize_issue(&err)]))?;
-        config.validate()?;
-        Ok(config)
+
+        let mut collected = deserialize_collecting(toml::Value::Table(table));
+        // A stable sort: issues at the same position keep the order they were found in.
+        collected
+            .issues
+            .sort_by_key(|issue| position_of(&positions, &issue.key));
+        let Some(config) = collected.config else {
+            return Err(ConfigError::Invalid(collected.issues));
+        };
+        let mut issues = collected.issues;
+        let reported: Vec<String> = issues.iter().map(|issue| issue.key.clone()).collect();
+        for issue in validate::validate(&config) {
+            let key = collected.renumbering.original_key(&issue.key);
+            // A key that failed to deserialize was validated at its default: whatever the rules
+            // say about that default is noise next to the real error.
+            let about_failed_key = reported.contains(&key)
+                || collected
+                    .removed
+                    .iter()
+                    .any(|removed| is_within(&key, removed));
+            if !about_failed_key {
+                issues.push(ConfigIssue::new(key, issue.problem));
+            }
+        }
+        if issues.is_empty() {
+            Ok(config)
+        } else {
+            Err(ConfigError::Invalid(issues))
+        }
     }
 
     /// Checks ranges and cross-field rules, reporting every issue at once.
@@ -599,15 +655,52 @@ impl Config {
         if let Some(url) = &server.public_url {
             lines.push(format!("public url: {}", validate::mask_url(url)));
         }
-        lines.push(format!("store: {}", self.store.path.display()));
+        if let Some(ops) = server.ops_listen {
+            lines.push(format!("ops listener: {ops}"));
+        }
+        if !server.allowed_hosts.is_empty() {
+            lines.push(format!(
+                "allowed hosts: {}",
+                server.allowed_hosts.join(", ")
+            ));
+        }
+        lines.push(format!(
+            "limits: {} connections, {} streams, header timeout {}s, body timeout {}s",
+            server.max_connections,
+            server.max_streams,
+            server.header_read_timeout_secs,
+            server.body_read_timeout_secs,
+        ));
+        if server.metrics_token.is_some() {
+            lines.push("metrics token: ***".to_owned());
+        }
+        lines.push(format!(
+            "store: {} (cache: {})",
+            self.store.path.display(),
+            display_bytes(self.store.cache_capacity_bytes),
+        ));
         lines.push(format!(
             "model: {} at {} (api key: {})",
             model.model,
             validate::mask_url(&model.base_url),
             set(model.api_key.is_some()),
         ));
+        let mut user_tokens = String::new();
+        if !api.tokens.is_empty() {
+            let count = api.tokens.len();
+            let plural = if count == 1 { "" } else { "s" };
+            user_tokens = format!(", {count} user token{plural}");
+            let admins = api
+                .tokens
+                .iter()
+                .filter(|entry| entry.role == ApiRole::Admin)
+                .count();
+            if admins > 0 {
+                user_tokens.push_str(&format!(", {admins} with role admin"));
+            }
+        }
         lines.push(format!(
-            "api channel: {} (token: {})",
+            "api channel: {} (admin token: {}{user_tokens})",
             if api.enabled { "enabled" } else { "disabled" },
             set(api.token.is_some()),
         ));
@@ -617,32 +710,429 @@ impl Config {
     }
 }
 
-/// Turns a deserialization error into an issue naming the full dotted key.
-fn deserialize_issue(err: &serde_path_to_error::Error<toml::de::Error>) -> ConfigIssue {
-    let path = err.path().to_string();
-    let key = if path == "." {
-        "<root>".to_owned()
+/// `bytes` in MiB when it is a whole number of them.
+fn display_bytes(bytes: u64) -> String {
+    const MIB: u64 = 1024 * 1024;
+    if bytes > 0 && bytes % MIB == 0 {
+        format!("{} MiB", bytes / MIB)
     } else {
-        path
-    };
-    let message = err.inner().message().trim();
-    ConfigIssue::new(key, friendly_message(message))
+        format!("{bytes} bytes")
+    }
 }
 
-/// Rewrites serde's unknown-field message into antler's wording; other messages pass through.
-fn friendly_message(message: &str) -> String {
-    let Some(rest) = message.strip_prefix("unknown field `") else {
-        return message.to_owned();
+// ---------------------------------------------------------------------------------------------
+// Syntax errors and key positions
+// ---------------------------------------------------------------------------------------------
+
+/// A syntax error at the position `err` points to, with the parser's description only.
+fn syntax_error(text: &str, err: &toml::de::Error) -> ConfigError {
+    // Errors without a span are about input that ended too early.
+    let offset = err.span().map_or(text.len(), |span| span.start);
+    let (line, column) = line_column(text, offset);
+    // toml's own Display quotes the offending line, which may hold a secret: only the
+    // description is kept. A parse error's description comes from the grammar (`invalid
+    // key-value pair, expected ...`), never from the text.
+    let message = err.message().lines().next().unwrap_or_default().trim();
+    let message = if message.is_empty() {
+        "invalid TOML".to_owned()
+    } else {
+        message.to_owned()
     };
-    let Some((_, expected)) = rest.split_once("`, ") else {
-        return message.to_owned();
-    };
-    if expected == "there are no fields" {
-        return "unknown key (this table takes no keys)".to_owned();
+    ConfigError::Syntax {
+        line,
+        column,
+        message,
     }
-    let names = expected
-        .trim_start_matches("expected one of ")
-        .trim_start_matches("expected ")
-        .replace('`', "");
-    format!("unknown key (expected one of: {names})")
+}
+
+/// The 1-based line and column (in characters) of byte `offset` in `text`.
+fn line_column(text: &str, offset: usize) -> (usize, usize) {
+    let mut end = offset.min(text.len());
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    let before = text.get(..end).unwrap_or_default();
+    let line = before.matches('\n').count() + 1;
+    let column = before
+        .rsplit('\n')
+        .next()
+        .unwrap_or_default()
+        .chars()
+        .count()
+        + 1;
+    (line, column)
+}
+
+/// Where each dotted key (and array element) first appears in `text`, in bytes; this also
+/// reports syntax errors.
+fn key_positions(text: &str) -> Result<HashMap<String, usize>, ConfigError> {
+    let document = toml::de::DeTable::parse(text).map_err(|err| syntax_error(text, &err))?;
+    let mut positions = HashMap::new();
+    table_positions(document.get_ref(), "", &mut positions);
+    Ok(positions)
+}
+
+fn table_positions(table: &toml::de::DeTable<'_>, prefix: &str, out: &mut HashMap<String, usize>) {
+    for (key, value) in table {
+        let path = if prefix.is_empty() {
+            key.get_ref().to_string()
+        } else {
+            format!("{prefix}.{}", key.get_ref())
+        };
+        out.entry(path.clone()).or_insert(key.span().start);
+        value_positions(value, &path, out);
+    }
+}
+
+fn value_positions(
+    value: &toml::Spanned<toml::de::DeValue<'_>>,
+    path: &str,
+    out: &mut HashMap<String, usize>,
+) {
+    match value.get_ref() {
+        toml::de::DeValue::Table(table) => table_positions(table, path, out),
+        toml::de::DeValue::Array(items) => {
+            for (index, item) in items.iter().enumerate() {
+                let path = format!("{path}[{index}]");
+                out.entry(path.clone()).or_insert(item.span().start);
+                value_positions(item, &path, out);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// The position of `key`, or of its nearest ancestor written in the file (a missing key is
+/// reported where its table is); keys nowhere in the file sort last.
+fn position_of(positions: &HashMap<String, usize>, key: &str) -> usize {
+    let mut key = key;
+    loop {
+        if let Some(position) = positions.get(key) {
+            return *position;
+        }
+        match key.rfind(['.', '[']) {
+            Some(end) => key = &key[..end],
+            None => return usize::MAX,
+        }
+    }
+}
+
+/// Whether `key` is `ancestor` or lies inside it.
+fn is_within(key: &str, ancestor: &str) -> bool {
+    key.strip_prefix(ancestor)
+        .is_some_and(|rest| rest.is_empty() || rest.starts_with(['.', '[']))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Deserialization that reports every issue
+// ---------------------------------------------------------------------------------------------
+
+/// One step of a key path.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum Segment {
+    /// A table key.
+    Key(String),
+    /// An array index.
+    Index(usize),
+}
+
+/// The dotted form of a path: `channels.api.tokens[0].user`.
+fn dotted(path: &[Segment]) -> String {
+    let mut out = String::new();
+    for segment in path {
+        match segment {
+            Segment::Key(key) => {
+                if !out.is_empty() {
+                    out.push('.');
+                }
+                out.push_str(key);
+            }
+            Segment::Index(index) => out.push_str(&format!("[{index}]")),
+        }
+    }
+    if out.is_empty() {
+        "<root>".to_owned()
+    } else {
+        out
+    }
+}
+
+/// The path of a dotted key; `None` when it is not of the form [`dotted`] writes.
+fn undotted(key: &str) -> Option<Vec<Segment>> {
+    let mut path = Vec::new();
+    for part in key.split('.') {
+        let mut pieces = part.split('[');
+        let name = pieces.next().unwrap_or_default();
+        if !name.is_empty() {
+            path.push(Segment::Key(name.to_owned()));
+        }
+        for piece in pieces {
+            let index = piece.strip_suffix(']')?.parse().ok()?;
+            path.push(Segment::Index(index));
+        }
+    }
+    Some(path)
+}
+
+/// Array elements removed so far, by the path (in the file) of their array.
+///
+/// Removing an element shifts the ones after it, so a later error's path counts the remaining
+/// elements; this maps it back to the index the operator sees in the file.
+#[derive(Debug, Default)]
+struct Renumbering(HashMap<Vec<Segment>, Vec<usize>>);
+
+impl Renumbering {
+    /// The path in the file of a path in the current (trimmed) document.
+    fn original(&self, path: &[Segment]) -> Vec<Segment> {
+        let mut out = Vec::with_capacity(path.len());
+        for segment in path {
+            let segment = match segment {
+                Segment::Index(index) => Segment::Index(self.original_index(&out, *index)),
+                Segment::Key(_) => segment.clone(),
+            };
+            out.push(segment);
+        }
+        out
+    }
+
+    fn original_index(&self, array: &[Segment], index: usize) -> usize {
+        match self.0.get(array) {
+            Some(removed) => (0..)
+                .filter(|candidate| !removed.contains(candidate))
+                .nth(index)
+                .unwrap_or(index),
+            None => index,
+        }
+    }
+
+    /// [`Self::original`] for a dotted key.
+    fn original_key(&self, key: &str) -> String {
+        if self.0.is_empty() {
+            return key.to_owned();
+        }
+        undotted(key).map_or_else(|| key.to_owned(), |path| dotted(&self.original(&path)))
+    }
+
+    /// Notes that the element at `original` (a path in the file) was removed.
+    fn record(&mut self, original: &[Segment]) {
+        if let [array @ .., Segment::Index(index)] = original {
+            self.0.entry(array.to_vec()).or_default().push(*index);
+        }
+    }
+}
+
+/// What [`deserialize_collecting`] found.
+#[derive(Debug, Default)]
+struct Collected {
+    /// The configuration with every failing value at its default; `None` if no such
+    /// configuration could be built.
+    config: Option<Config>,
+    /// One issue per failing key, in the order they were found.
+    issues: Vec<ConfigIssue>,
+    /// The dotted keys (as in the file) removed so that the rest could be deserialized.
+    removed: Vec<String>,
+    /// How array indices shifted through those removals.
+    renumbering: Renumbering,
+}
+
+/// Deserializes `document` into a [`Config`], reporting every unknown key and wrong type.
+///
+/// serde stops at the first error, so each error's value is recorded, removed from the document
+/// (its default then applies) and the rest deserialized again. Every round removes one value,
+/// so the rounds are bounded by the number of values.
+fn deserialize_collecting(mut document: toml::Value) -> Collected {
+    let mut collected = Collected::default();
+    let rounds = count_values(&document) + 1;
+    for _ in 0..rounds {
+        let err = match serde_path_to_error::deserialize::<_, Config>(document.clone()) {
+            Ok(config) => {
+                collected.config = Some(config);
+                break;
+            }
+            Err(err) => err,
+        };
+        let current: Vec<Segment> = err
+            .path()
+            .iter()
+            .map_while(|segment| match segment {
+                serde_path_to_error::Segment::Seq { index } => Some(Segment::Index(*index)),
+                serde_path_to_error::Segment::Map { key } => Some(Segment::Key(key.clone())),
+                serde_path_to_error::Segment::Enum { .. }
+                | serde_path_to_error::Segment::Unknown => None,
+            })
+            .collect();
+        let original = collected.renumbering.original(&current);
+        let message = err.inner().message();
+        let issue = match missing_field(message) {
+            Some(field) => {
+                let mut path = original.clone();
+                path.push(Segment::Key(field.to_owned()));
+                ConfigIssue::new(dotted(&path), "required")
+            }
+            None => ConfigIssue::new(dotted(&original), friendly_message(message)),
+        };
+        // A value with a wrong type inside a table with required keys fails twice: once for
+        // its type, then as missing once it is removed. The first says more.
+        if !collected.issues.iter().any(|seen| seen.key == issue.key) {
+            collected.issues.push(issue);
+        }
+        if !remove(&mut document, &current) {
+            break;
+        }
+        collected.removed.push(dotted(&original));
+        collected.renumbering.record(&original);
+    }
+    collected
+}
+
+/// How many values `value` holds, itself included.
+fn count_values(value: &toml::Value) -> usize {
+    1 + match value {
+        toml::Value::Table(table) => table.values().map(count_values).sum(),
+        toml::Value::Array(items) => items.iter().map(count_values).sum(),
+        _ => 0,
+    }
+}
+
+/// Removes the value at `path`; `false` when there is none (or `path` is the root).
+fn remove(value: &mut toml::Value, path: &[Segment]) -> bool {
+    match (path, value) {
+        ([Segment::Key(key)], toml::Value::Table(table)) => table.remove(key).is_some(),
+        ([Segment::Index(index)], toml::Value::Array(items)) => {
+            let found = *index < items.len();
+            if found {
+                items.remove(*index);
+            }
+            found
+        }
+        ([Segment::Key(key), rest @ ..], toml::Value::Table(table)) => {
+            table.get_mut(key).is_some_and(|child| remove(child, rest))
+        }
+        ([Segment::Index(index), rest @ ..], toml::Value::Array(items)) => items
+            .get_mut(*index)
+            .is_some_and(|child| remove(child, rest)),
+        _ => false,
+    }
+}
+
+/// The field of serde's `missing field `x`` message.
+fn missing_field(message: &str) -> Option<&str> {
+    message
+        .trim()
+        .strip_prefix("missing field `")?
+        .strip_suffix('`')
+}
+
+/// Rewrites a serde message into antler's wording.
+///
+/// serde quotes the offending value (`invalid type: string "sk-live-123", expected u32`,
+/// ``unknown variant `x` ``); the value may be a secret substituted from the environment, so
+/// only its kind is kept. Key names and the allowed names stay: they come from the code.
+fn friendly_message(message: &str) -> String {
+    let message = message.trim();
+    if let Some(rest) = message.strip_prefix("unknown field `") {
+        if rest.ends_with("there are no fields") {
+            return "unknown key (this table takes no keys)".to_owned();
+        }
+        let expected = rest.rsplit_once("`, expected ").map_or("", |(_, e)| e);
+        let names = quoted_names(expected);
+        if names.is_empty() {
+            return "unknown key".to_owned();
+        }
+        return format!("unknown key (expected one of: {})", names.join(", "));
+    }
+    if message.starts_with("unknown variant `") {
+        if message.ends_with("there are no variants") {
+            return "unknown value (nothing is allowed here)".to_owned();
+        }
+        let expected = message.rsplit_once("`, expected ").map_or("", |(_, e)| e);
+        let names = quoted_names(expected);
+        if names.is_empty() {
+            return "unknown value".to_owned();
+        }
+        return format!("unknown value (must be one of: {})", names.join(", "));
+    }
+    if let Some(rest) = message.strip_prefix("invalid type: ")
+        && let Some((found, expected)) = rest.rsplit_once(", expected ")
+    {
+        return format!(
+            "invalid type: expected {}, found {}",
+            expected_kind(expected),
+            found_kind(found)
+        );
+    }
+    if let Some(rest) = message.strip_prefix("invalid value: ")
+        && let Some((found, expected)) = rest.rsplit_once(", expected ")
+    {
+        let found = found_kind(found);
+        if matches!(found, "an integer" | "a float") {
+            return format!("out of range: expected {}", expected_range(expected));
+        }
+        return format!(
+            "invalid value: expected {}, found {found}",
+            expected_kind(expected)
+        );
+    }
+    if let Some(field) = message
+        .strip_prefix("duplicate field `")
+        .and_then(|rest| rest.strip_suffix('`'))
+    {
+        return format!("duplicate key {field}");
+    }
+    // Any other message comes from a deserializer; one that quotes anything might quote the
+    // value, so it is replaced.
+    if message.contains(['`', '"', '\'']) {
+        "invalid value".to_owned()
+    } else {
+        message.to_owned()
+    }
+}
+
+/// The names between backticks in serde's lists (`` `a`, `b` or `c` ``).
+fn quoted_names(text: &str) -> Vec<&str> {
+    text.split('`').skip(1).step_by(2).collect()
+}
+
+/// What a serde "found" description (`string "..."`, ``integer `5` ``) is, without the value.
+fn found_kind(found: &str) -> &'static str {
+    const KINDS: &[(&str, &str)] = &[
+        ("string ", "a string"),
+        ("integer ", "an integer"),
+        ("floating point ", "a float"),
+        ("boolean ", "a boolean"),
+        ("character ", "a character"),
+        ("sequence", "an array"),
+        ("map", "a table"),
+        ("unit value", "an empty value"),
+        ("byte array", "bytes"),
+    ];
+    KINDS
+        .iter()
+        .find(|(prefix, _)| found.starts_with(prefix))
+        .map_or("a value of another type", |(_, kind)| kind)
+}
+
+/// serde's "expected" text (from the code, never from the file) in antler's words.
+fn expected_kind(expected: &str) -> String {
+    match expected {
+        "u8" | "u16" | "u32" | "u64" | "u128" | "usize" => "an unsigned integer".to_owned(),
+        "i8" | "i16" | "i32" | "i64" | "i128" | "isize" => "an integer".to_owned(),
+        "f32" | "f64" => "a number".to_owned(),
+        "a sequence" => "an array".to_owned(),
+        "string only" => "a string".to_owned(),
+        "socket address" => "a socket address (ip:port)".to_owned(),
+        _ if expected.starts_with("struct ") => "a table".to_owned(),
+        _ => expected.to_owned(),
+    }
+}
+
+/// Like [`expected_kind`], with the range of the bounded integer types.
+fn expected_range(expected: &str) -> String {
+    match expected {
+        "u8" => "an integer from 0 to 255".to_owned(),
+        "u16" => "an integer from 0 to 65535".to_owned(),
+        "u32" => "an integer from 0 to 4294967295".to_owned(),
+        "u64" | "u128" | "usize" => "a non-negative integer".to_owned(),
+        _ => expected_kind(expected),
+    }
 }

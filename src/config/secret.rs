@@ -102,3 +102,17 @@ pub(crate) fn opt_secret<'de, D: Deserializer<'de>>(
 ) -> Result<Option<Secret>, D::Error> {
     Ok(opt_string(deserializer)?.map(Secret))
 }
+
+/// An optional socket address (`host:port`); empty means absent.
+pub(crate) fn opt_socket_addr<'de, D: Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Option<std::net::SocketAddr>, D::Error> {
+    let Some(text) = opt_string(deserializer)? else {
+        return Ok(None);
+    };
+    // The parse error is replaced rather than forwarded so that the text never reaches a
+    // message (std's error does not quote it today; this keeps it so).
+    text.parse().map(Some).map_err(|_| {
+        de::Error::custom("invalid socket address syntax (expected ip:port, e.g. 127.0.0.1:9090)")
+    })
+}

@@ -60,7 +60,7 @@ fn local_default_follows_environment() {
         ("ANTLER_MODEL", "qwen2.5"),
         ("OPENAI_API_KEY", "sk-local-123"),
         ("ANTLER_LISTEN", "0.0.0.0:9000"),
-        ("ANTLER_API_TOKEN", "tok-abc"),
+        ("ANTLER_API_TOKEN", "tok-abc-0123456789"),
     ]);
     let config = Config::from_toml_str(LOCAL, &env).unwrap();
     assert_eq!(config.model.model, "qwen2.5");
@@ -193,7 +193,7 @@ fn wrong_type_names_dotted_path() {
 #[test]
 fn syntax_error_has_line_information() {
     let err = parse("[server]\nlisten = \n").unwrap_err();
-    assert!(matches!(err, ConfigError::Syntax(_)), "{err:?}");
+    assert!(matches!(err, ConfigError::Syntax { .. }), "{err:?}");
     assert!(err.to_string().contains("line 2"), "{err}");
 }
 
@@ -319,10 +319,10 @@ fn env_substitution_coerces_numbers_and_booleans() {
     );
     let env = env_of(&[("R", "0x10")]);
     let err = Config::from_toml_str("[model]\nmax_retries = \"${R}\"\n", &env).unwrap_err();
-    assert!(
-        err.to_string()
-            .starts_with("model.max_retries: invalid type: string \"0x10\""),
-        "{err}"
+    // The value is not quoted: it may be a secret.
+    assert_eq!(
+        err.to_string(),
+        "model.max_retries: invalid type: expected an unsigned integer, found a string"
     );
 }
 
@@ -421,7 +421,8 @@ fn non_loopback_listen_requires_api_token() {
         issues(text),
         ["channels.api.token: required when server.listen is not a loopback address"]
     );
-    parse("[server]\nlisten = \"0.0.0.0:8080\"\n[channels.api]\ntoken = \"t\"\n").unwrap();
+    parse("[server]\nlisten = \"0.0.0.0:8080\"\n[channels.api]\ntoken = \"t-0123456789abcdef\"\n")
+        .unwrap();
     parse("[server]\nlisten = \"0.0.0.0:8080\"\n[channels.api]\nenabled = false\n").unwrap();
     parse("[server]\nlisten = \"[::1]:8080\"\n").unwrap();
     assert_issue(
@@ -508,11 +509,15 @@ fn secrets_are_masked_in_debug_display_and_summary() {
     let text = r#"
         [server]
         listen = "0.0.0.0:8080"
+        metrics_token = "SECRET-11-metrics-token"
         [model]
         base_url = "https://user:pw-SECRET-0@llm.example.com/v1"
         api_key = "SECRET-1"
         [channels.api]
-        token = "SECRET-2"
+        token = "SECRET-2-admin-api-token"
+        [[channels.api.tokens]]
+        token = "SECRET-12-user-api-token"
+        user = "alice"
         [channels.telegram]
         bot_token = "SECRET-3"
         webhook_secret = "SECRET-4"
@@ -547,9 +552,10 @@ fn summary_lists_the_essentials() {
     assert_eq!(
         summary,
         "listen: 127.0.0.1:8080\n\
-         store: data\n\
+         limits: 512 connections, 256 streams, header timeout 10s, body timeout 30s\n\
+         store: data (cache: 32 MiB)\n\
          model: llama3.2 at http://127.0.0.1:11434/v1 (api key: not set)\n\
-         api channel: enabled (token: not set)\n\
+         api channel: enabled (admin token: not set)\n\
          platforms: none\n\
          middleware: dangling_tool_call, token_usage, title, loop_detection"
     );
@@ -561,4 +567,641 @@ fn summary_lists_the_essentials() {
         summary.contains("middleware: dangling_tool_call, token_usage, loop_detection"),
         "{summary}"
     );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Every issue in one run; no value in any message
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn every_unknown_key_and_type_error_is_reported_at_once_in_file_order() {
+    // File order differs from alphabetical order, both across and within tables.
+    let text = r#"
+        [store]
+        pth = "data"
+        [server]
+        max_streams = "lots"
+        lisen = "127.0.0.1:1"
+        [agent]
+        max_iterations = true
+        [delivery]
+        max_attempts = 0
+    "#;
+    let found = issues(text);
+    let keys: Vec<&str> = found
+        .iter()
+        .map(|issue| issue.split_once(':').map_or("", |(key, _)| key))
+        .collect();
+    assert_eq!(
+        keys,
+        [
+            "store.pth",
+            "server.max_streams",
+            "server.lisen",
+            "agent.max_iterations",
+            "delivery.max_attempts",
+        ],
+        "{found:#?}"
+    );
+    assert_eq!(
+        found[0],
+        "store.pth: unknown key (expected one of: path, dedupe_ttl_secs, cache_capacity_bytes)"
+    );
+    assert_eq!(
+        found[1],
+        "server.max_streams: invalid type: expected an unsigned integer, found a string"
+    );
+    assert!(
+        found[2].starts_with("server.lisen: unknown key (expected one of: listen, public_url"),
+        "{found:?}"
+    );
+    assert_eq!(
+        found[3],
+        "agent.max_iterations: invalid type: expected an unsigned integer, found a boolean"
+    );
+    // Validation still runs over the rest, and its issues follow.
+    assert_eq!(
+        found[4],
+        "delivery.max_attempts: must be at least 1 (got 0)"
+    );
+}
+
+#[test]
+fn unknown_tables_and_wrong_types_at_any_depth_are_all_reported() {
+    let text = r#"
+        [channels.matrix]
+        enabled = true
+        [channels]
+        api = 3
+        [agent.middleware.title]
+        max_words = "six"
+        max_char = 10
+    "#;
+    let found = issues(text);
+    assert_eq!(found.len(), 4, "{found:#?}");
+    assert!(
+        found[0].starts_with("channels.matrix: unknown key"),
+        "{found:?}"
+    );
+    assert_eq!(
+        found[1],
+        "channels.api: invalid type: expected a table, found an integer"
+    );
+    assert_eq!(
+        found[2],
+        "agent.middleware.title.max_words: invalid type: expected an unsigned integer, found a string"
+    );
+    assert!(
+        found[3].starts_with("agent.middleware.title.max_char: unknown key"),
+        "{found:?}"
+    );
+}
+
+#[test]
+fn a_failed_key_is_not_also_validated_at_its_default() {
+    // Without the wrong type, the default hard_limit (5) would fail "greater than
+    // warn_threshold (10)": that would blame a value the file never set.
+    let text =
+        "[agent.middleware.loop_detection]\nwarn_threshold = 10\nhard_limit = \"x\"\nwindow = 30\n";
+    assert_eq!(
+        issues(text),
+        [
+            "agent.middleware.loop_detection.hard_limit: invalid type: expected an unsigned integer, found a string"
+        ]
+    );
+    // A whole table that failed takes its rules with it.
+    let text = "[server]\nlisten = \"0.0.0.0:8080\"\n[channels]\napi = 3\n";
+    assert_eq!(
+        issues(text),
+        ["channels.api: invalid type: expected a table, found an integer"]
+    );
+}
+
+#[test]
+fn arrays_of_tables_are_reported_with_the_index_in_the_file() {
+    let text = r#"
+        [[channels.api.tokens]]
+        token = "0123456789abcdef-0"
+        user = ["alice"]
+        [[channels.api.tokens]]
+        token = "0123456789abcdef-1"
+        user = "bob"
+        colour = "red"
+        [[channels.api.tokens]]
+        token = "0123456789abcdef-2"
+        user = "a/b"
+        [[channels.api.tokens]]
+        user = "dave"
+    "#;
+    // Element 0 cannot be built (its user is not a string) and is dropped; the later errors
+    // still name the elements by their index in the file.
+    assert_eq!(
+        issues(text),
+        [
+            "channels.api.tokens[0].user: invalid type: expected a string, found an array",
+            "channels.api.tokens[1].colour: unknown key (expected one of: token, user, role)",
+            "channels.api.tokens[3].token: required",
+            "channels.api.tokens[2].user: must be 1 to 64 characters from A-Z, a-z, 0-9, `.`, `_`, `@` and `-`",
+        ]
+    );
+}
+
+#[test]
+fn syntax_error_shows_line_and_column_but_not_the_line() {
+    let text = "[server]\nlisten = \"127.0.0.1:8080\"\n\n[channels.api]\ntoken = \"sk-secret-value-1234567890\" oops\n";
+    let err = parse(text).unwrap_err();
+    let ConfigError::Syntax {
+        line,
+        column,
+        message,
+    } = &err
+    else {
+        panic!("expected a syntax error, got {err:?}");
+    };
+    let bad_line = text.lines().nth(4).unwrap();
+    assert_eq!(*line, 5);
+    assert_eq!(*column, bad_line.find("oops").unwrap() + 1);
+    assert!(!message.is_empty());
+    let shown = err.to_string();
+    assert!(shown.starts_with("line 5, column 38: "), "{shown}");
+    for leak in ["sk-secret", "oops", "token ="] {
+        assert!(!shown.contains(leak), "the line leaked: {shown}");
+        assert!(
+            !format!("{err:?}").contains(leak),
+            "the line leaked: {err:?}"
+        );
+    }
+}
+
+#[test]
+fn unrepresentable_literal_is_a_syntax_error_without_the_literal() {
+    let err = parse("[model]\nmax_tokens = 123456789012345678901234567890\n").unwrap_err();
+    assert!(matches!(err, ConfigError::Syntax { .. }), "{err:?}");
+    let shown = err.to_string();
+    assert!(shown.starts_with("line 2, column 14: "), "{shown}");
+    assert!(!shown.contains("1234567890"), "the literal leaked: {shown}");
+}
+
+#[test]
+fn line_and_column_count_characters() {
+    assert_eq!(line_column("", 0), (1, 1));
+    assert_eq!(line_column("ab\ncd", 4), (2, 2));
+    assert_eq!(line_column("ab\ncd", 99), (2, 3));
+    // `é` is two bytes but one column; an offset inside it counts from its start.
+    assert_eq!(line_column("a = \"é\" x", 9), (1, 9));
+    assert_eq!(line_column("é", 1), (1, 1));
+}
+
+#[test]
+fn a_secret_substituted_into_a_typed_field_is_never_echoed() {
+    let env = env_of(&[
+        ("OPENAI_API_KEY", "sk-live-123"),
+        ("NUMERIC_SECRET", "-4242424242"),
+    ]);
+    let text = r#"
+        [server]
+        listen = "${OPENAI_API_KEY}"
+        ops_listen = "${OPENAI_API_KEY}"
+        [model]
+        max_retries = "${OPENAI_API_KEY}"
+        max_tokens = "${NUMERIC_SECRET}"
+        stream = "${OPENAI_API_KEY}"
+        [[channels.api.tokens]]
+        token = "0123456789abcdef"
+        user = "alice"
+        role = "${OPENAI_API_KEY}"
+    "#;
+    let err = Config::from_toml_str(text, &env).unwrap_err();
+    let shown = err.to_string();
+    for leak in ["sk-live", "4242"] {
+        assert!(!shown.contains(leak), "secret leaked: {shown}");
+    }
+    let found: Vec<String> = err.issues().iter().map(ToString::to_string).collect();
+    assert_eq!(
+        found,
+        [
+            "server.listen: invalid socket address syntax",
+            "server.ops_listen: invalid socket address syntax (expected ip:port, e.g. 127.0.0.1:9090)",
+            "model.max_retries: invalid type: expected an unsigned integer, found a string",
+            "model.max_tokens: out of range: expected an integer from 0 to 4294967295",
+            "model.stream: invalid type: expected a boolean, found a string",
+            "channels.api.tokens[0].role: unknown value (must be one of: user, admin)",
+        ]
+    );
+}
+
+#[test]
+fn serde_messages_lose_their_values() {
+    let cases = [
+        (
+            "invalid type: string \"sk-1, expected x\", expected u32",
+            "invalid type: expected an unsigned integer, found a string",
+        ),
+        (
+            "invalid type: floating point `1.5`, expected i64",
+            "invalid type: expected an integer, found a float",
+        ),
+        (
+            "invalid type: sequence, expected struct ServerConfig",
+            "invalid type: expected a table, found an array",
+        ),
+        (
+            "invalid value: integer `-1`, expected u8",
+            "out of range: expected an integer from 0 to 255",
+        ),
+        (
+            "invalid value: string \"sk-2\", expected a port",
+            "invalid value: expected a port, found a string",
+        ),
+        (
+            "unknown variant `sk-3`, expected `user` or `admin`",
+            "unknown value (must be one of: user, admin)",
+        ),
+        (
+            "unknown variant `sk-4`, expected one of `a`, `b`, `c`",
+            "unknown value (must be one of: a, b, c)",
+        ),
+        (
+            "unknown variant `sk-5`, there are no variants",
+            "unknown value (nothing is allowed here)",
+        ),
+        (
+            "unknown field `x`, there are no fields",
+            "unknown key (this table takes no keys)",
+        ),
+        ("duplicate field `user`", "duplicate key user"),
+        ("something about \"sk-6\"", "invalid value"),
+        (
+            "invalid socket address syntax",
+            "invalid socket address syntax",
+        ),
+    ];
+    for (message, expected) in cases {
+        assert_eq!(friendly_message(message), expected, "for {message:?}");
+    }
+}
+
+#[test]
+fn env_errors_still_name_the_variable_and_not_the_value() {
+    let env = env_of(&[("SET", "sk-present-value")]);
+    let text = "[model]\napi_key = \"${SET}-${MISSING}\"\n";
+    let err = Config::from_toml_str(text, &env).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "model.api_key: environment variable MISSING is not set"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Rules for the server limits, hosts, listeners, cache and API tokens
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn server_limits_and_cache_size_have_lower_bounds() {
+    let text = r#"
+        [server]
+        max_connections = 0
+        header_read_timeout_secs = 0
+        body_read_timeout_secs = 0
+        max_streams = 0
+        [store]
+        cache_capacity_bytes = 1048575
+    "#;
+    assert_eq!(
+        issues(text),
+        [
+            "server.max_connections: must be at least 1 (got 0)",
+            "server.header_read_timeout_secs: must be at least 1 (got 0)",
+            "server.body_read_timeout_secs: must be at least 1 (got 0)",
+            "server.max_streams: must be at least 1 (got 0)",
+            "store.cache_capacity_bytes: must be at least 1048576 (got 1048575)",
+        ]
+    );
+    let text = r#"
+        [server]
+        max_connections = 1
+        header_read_timeout_secs = 1
+        body_read_timeout_secs = 1
+        max_streams = 1
+        [store]
+        cache_capacity_bytes = 1048576
+    "#;
+    let config = parse(text).unwrap();
+    assert_eq!(config.server.max_connections, 1);
+    assert_eq!(config.store.cache_capacity_bytes, 1_048_576);
+}
+
+#[test]
+fn new_keys_default_as_documented() {
+    let config = Config::default();
+    assert_eq!(config.server.max_connections, 512);
+    assert_eq!(config.server.header_read_timeout_secs, 10);
+    assert_eq!(config.server.body_read_timeout_secs, 30);
+    assert_eq!(config.server.max_streams, 256);
+    assert!(config.server.allowed_hosts.is_empty());
+    assert_eq!(config.server.metrics_token, None);
+    assert_eq!(config.server.ops_listen, None);
+    assert_eq!(config.store.cache_capacity_bytes, 32 * 1024 * 1024);
+    assert!(config.channels.api.tokens.is_empty());
+}
+
+#[test]
+fn allowed_hosts_are_hosts_or_host_ports() {
+    let text = r#"
+        [server]
+        allowed_hosts = [
+            "*",
+            "bot.example.com",
+            "bot.example.com:8443",
+            "10.0.0.7",
+            "[::1]:8080",
+            "",
+            "https://bot.example.com",
+            "bot.example.com/api",
+            "*.example.com",
+            "::1",
+            "bot.example.com:99999",
+            "bot example.com",
+            "[::1",
+        ]
+    "#;
+    assert_eq!(
+        issues(text),
+        [
+            "server.allowed_hosts[5]: must not be empty",
+            "server.allowed_hosts[6]: must be a host or host:port, without a scheme",
+            "server.allowed_hosts[7]: must be a host or host:port, without a path",
+            "server.allowed_hosts[8]: `*` must stand alone (it accepts any host)",
+            "server.allowed_hosts[9]: an IPv6 address must be written in brackets: [::1]:8080",
+            "server.allowed_hosts[10]: the port must be a number from 0 to 65535",
+            "server.allowed_hosts[11]: must be a host name or IP address (letters, digits, `-`, `.`, `_`), optionally with :port",
+            "server.allowed_hosts[12]: an IPv6 address needs a closing `]`",
+        ]
+    );
+    let config =
+        parse("[server]\nallowed_hosts = [\"*\", \"[::1]\", \"bot.example.com:8443\"]\n").unwrap();
+    assert_eq!(config.server.allowed_hosts.len(), 3);
+}
+
+#[test]
+fn ops_listener_must_differ_from_the_main_listener() {
+    let clash = "server.ops_listen: must differ from server.listen (another port, or another address that is not a wildcard)";
+    assert_eq!(
+        issues("[server]\nlisten = \"127.0.0.1:8080\"\nops_listen = \"127.0.0.1:8080\"\n"),
+        [clash]
+    );
+    assert_eq!(
+        issues("[server]\nlisten = \"127.0.0.1:8080\"\nops_listen = \"0.0.0.0:8080\"\n"),
+        [clash]
+    );
+    let config =
+        parse("[server]\nlisten = \"127.0.0.1:8080\"\nops_listen = \"127.0.0.1:9090\"\n").unwrap();
+    assert_eq!(
+        config.server.ops_listen,
+        Some(SocketAddr::from(([127, 0, 0, 1], 9090)))
+    );
+    // Port 0 picks a fresh port for each listener.
+    parse("[server]\nlisten = \"127.0.0.1:0\"\nops_listen = \"127.0.0.1:0\"\n").unwrap();
+    parse("[server]\nlisten = \"127.0.0.1:8080\"\nops_listen = \"127.0.0.2:8080\"\n").unwrap();
+    // Empty (an unset `${VAR:-}`) means no ops listener.
+    let config = parse("[server]\nops_listen = \"${ANTLER_OPS_LISTEN:-}\"\n").unwrap();
+    assert_eq!(config.server.ops_listen, None);
+}
+
+#[test]
+fn api_users_are_well_formed_and_unique() {
+    let long = "u".repeat(65);
+    let longest = "u".repeat(64);
+    let text = format!(
+        r#"
+        [[channels.api.tokens]]
+        token = "token-0"
+        user = "alice.smith_1@example-org"
+        [[channels.api.tokens]]
+        token = "token-1"
+        user = "a/b"
+        [[channels.api.tokens]]
+        token = "token-2"
+        user = "api:alice"
+        [[channels.api.tokens]]
+        token = "token-3"
+        user = ""
+        [[channels.api.tokens]]
+        token = "token-4"
+        user = "{long}"
+        [[channels.api.tokens]]
+        token = "token-5"
+        user = "alice.smith_1@example-org"
+        role = "admin"
+        [[channels.api.tokens]]
+        token = "token-6"
+        user = "{longest}"
+        [[channels.api.tokens]]
+        token = "token-7"
+        user = "bob smith"
+        "#
+    );
+    let rule = "must be 1 to 64 characters from A-Z, a-z, 0-9, `.`, `_`, `@` and `-`";
+    assert_eq!(
+        issues(&text),
+        [
+            format!("channels.api.tokens[1].user: {rule}"),
+            format!("channels.api.tokens[2].user: {rule}"),
+            format!("channels.api.tokens[3].user: {rule}"),
+            format!("channels.api.tokens[4].user: {rule}"),
+            "channels.api.tokens[5].user: duplicate user (the same as channels.api.tokens[0].user)"
+                .to_owned(),
+            format!("channels.api.tokens[7].user: {rule}"),
+        ]
+    );
+    let config = parse(
+        "[[channels.api.tokens]]\ntoken = \"t\"\nuser = \"alice\"\n\
+         [[channels.api.tokens]]\ntoken = \"u\"\nuser = \"bob\"\nrole = \"admin\"\n",
+    )
+    .unwrap();
+    assert_eq!(
+        config.channels.api.tokens[0].role,
+        ApiRole::User,
+        "the default"
+    );
+    assert_eq!(config.channels.api.tokens[1].role, ApiRole::Admin);
+    assert_eq!(config.channels.api.tokens[1].user, "bob");
+    assert_eq!(config.channels.api.tokens[1].token.expose(), "u");
+}
+
+#[test]
+fn every_token_is_distinct_and_not_empty() {
+    let text = r#"
+        [server]
+        metrics_token = "shared-admin-token"
+        [channels.api]
+        token = "shared-admin-token"
+        [[channels.api.tokens]]
+        token = "shared-admin-token"
+        user = "alice"
+        [[channels.api.tokens]]
+        token = "user-token-bob"
+        user = "bob"
+        [[channels.api.tokens]]
+        token = "user-token-bob"
+        user = "carol"
+        [[channels.api.tokens]]
+        token = "${UNSET_TOKEN:-}"
+        user = "dave"
+    "#;
+    let found = issues(text);
+    assert_eq!(
+        found,
+        [
+            "channels.api.tokens[0].token: must differ from channels.api.token",
+            "channels.api.tokens[2].token: must differ from channels.api.tokens[1].token",
+            "channels.api.tokens[3].token: must not be empty",
+            "server.metrics_token: must differ from channels.api.token",
+        ]
+    );
+    for issue in &found {
+        assert!(
+            !issue.contains("shared-admin") && !issue.contains("user-token"),
+            "{issue}"
+        );
+    }
+}
+
+#[test]
+fn non_loopback_listen_needs_a_token_and_long_tokens() {
+    // `tokens` alone satisfies the token requirement.
+    let text = "[server]\nlisten = \"0.0.0.0:8080\"\n\
+                [[channels.api.tokens]]\ntoken = \"0123456789abcdef\"\nuser = \"alice\"\n";
+    parse(text).unwrap();
+
+    let text = r#"
+        [server]
+        listen = "0.0.0.0:8080"
+        metrics_token = "short-metrics"
+        [channels.api]
+        token = "short-admin"
+        [[channels.api.tokens]]
+        token = "short-user"
+        user = "alice"
+        [[channels.api.tokens]]
+        token = "long-enough-user-token"
+        user = "bob"
+    "#;
+    let rule = "must be at least 16 characters when server.listen is not a loopback address";
+    let found = issues(text);
+    assert_eq!(
+        found,
+        [
+            format!("channels.api.token: {rule}"),
+            format!("channels.api.tokens[0].token: {rule}"),
+            format!("server.metrics_token: {rule}"),
+        ]
+    );
+    for issue in &found {
+        assert!(!issue.contains("short-"), "token shown: {issue}");
+    }
+    // Characters, not bytes: 15 two-byte characters are too short.
+    let text = format!(
+        "[server]\nlisten = \"0.0.0.0:8080\"\n[channels.api]\ntoken = \"{}\"\n",
+        "é".repeat(15)
+    );
+    assert_eq!(issues(&text), [format!("channels.api.token: {rule}")]);
+
+    // On loopback, short tokens are fine.
+    parse(
+        "[server]\nlisten = \"127.0.0.1:8080\"\nmetrics_token = \"m\"\n\
+         [channels.api]\ntoken = \"t\"\n[[channels.api.tokens]]\ntoken = \"u\"\nuser = \"alice\"\n",
+    )
+    .unwrap();
+    // A disabled API channel's tokens guard nothing; the metrics token still guards /metrics.
+    let text = "[server]\nlisten = \"0.0.0.0:8080\"\nmetrics_token = \"m\"\n\
+                [channels.api]\nenabled = false\ntoken = \"t\"\n";
+    assert_eq!(issues(text), [format!("server.metrics_token: {rule}")]);
+}
+
+#[test]
+fn summary_shows_new_facts_with_secrets_masked() {
+    let text = r#"
+        [server]
+        listen = "0.0.0.0:8080"
+        ops_listen = "127.0.0.1:9090"
+        allowed_hosts = ["bot.example.com", "*"]
+        max_connections = 100
+        max_streams = 20
+        metrics_token = "metrics-token-0123456789"
+        [store]
+        cache_capacity_bytes = 67108864
+        [channels.api]
+        token = "admin-token-0123456789"
+        [[channels.api.tokens]]
+        token = "alice-token-0123456789"
+        user = "alice"
+        [[channels.api.tokens]]
+        token = "bob-token-0123456789"
+        user = "bob"
+        role = "admin"
+    "#;
+    let summary = parse(text).unwrap().summary();
+    for line in [
+        "ops listener: 127.0.0.1:9090",
+        "allowed hosts: bot.example.com, *",
+        "limits: 100 connections, 20 streams, header timeout 10s, body timeout 30s",
+        "metrics token: ***",
+        "store: data (cache: 64 MiB)",
+        "api channel: enabled (admin token: ***, 2 user tokens, 1 with role admin)",
+    ] {
+        assert!(
+            summary.lines().any(|l| l == line),
+            "{line:?} not in:\n{summary}"
+        );
+    }
+    assert!(!summary.contains("token-0123456789"), "{summary}");
+
+    let summary = parse("[[channels.api.tokens]]\ntoken = \"t\"\nuser = \"alice\"\n[store]\ncache_capacity_bytes = 2000000\n")
+        .unwrap()
+        .summary();
+    assert!(
+        summary.contains("\napi channel: enabled (admin token: not set, 1 user token)\n"),
+        "{summary}"
+    );
+    assert!(
+        summary.contains("\nstore: data (cache: 2000000 bytes)\n"),
+        "{summary}"
+    );
+    assert!(!summary.contains("ops listener"), "{summary}");
+    assert!(!summary.contains("metrics token"), "{summary}");
+}
+
+#[test]
+fn example_token_table_is_valid_once_uncommented() {
+    let mut uncommented = 0;
+    let text: String = EXAMPLE
+        .lines()
+        .scan(false, |inside, line| {
+            if line == "# [[channels.api.tokens]]" {
+                *inside = true;
+            } else if *inside && !line.starts_with("# ") {
+                *inside = false;
+            }
+            let line = match line.strip_prefix("# ") {
+                Some(rest) if *inside => {
+                    uncommented += 1;
+                    rest
+                }
+                _ => line,
+            };
+            Some(format!("{line}\n"))
+        })
+        .collect();
+    assert_eq!(uncommented, 4, "the example table moved");
+    let env = env_of(&[
+        ("OPENAI_API_KEY", "sk-example"),
+        ("ANTLER_ALICE_TOKEN", "alice-0123456789"),
+    ]);
+    let config = Config::from_toml_str(&text, &env).unwrap();
+    let tokens = &config.channels.api.tokens;
+    assert_eq!(tokens.len(), 1);
+    assert_eq!(tokens[0].user, "alice");
+    assert_eq!(tokens[0].role, ApiRole::User);
+    assert_eq!(tokens[0].token.expose(), "alice-0123456789");
 }

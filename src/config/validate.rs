@@ -1,6 +1,18 @@
 //! Range and cross-field checks; every issue is collected.
 
+use std::collections::HashMap;
+use std::net::{Ipv6Addr, SocketAddr};
+
 use super::{Config, ConfigIssue, Secret};
+
+/// The smallest sled page cache accepted (1 MiB).
+pub(crate) const MIN_CACHE_CAPACITY_BYTES: u64 = 1024 * 1024;
+
+/// The shortest token accepted when the server is reachable from other hosts.
+pub(crate) const MIN_TOKEN_CHARS: usize = 16;
+
+/// The longest API user name.
+pub(crate) const MAX_USER_CHARS: usize = 64;
 
 /// The chat platforms whose adapters exist in this build; an enabled platform outside this list
 /// is refused until its adapter lands.
@@ -44,10 +56,120 @@ fn server(config: &Config, v: &mut Issues) {
         v.url("server.public_url", url);
     }
     v.at_least("server.body_limit_bytes", server.body_limit_bytes, 1);
+    v.at_least("server.max_connections", server.max_connections, 1);
+    v.at_least(
+        "server.header_read_timeout_secs",
+        server.header_read_timeout_secs,
+        1,
+    );
+    v.at_least(
+        "server.body_read_timeout_secs",
+        server.body_read_timeout_secs,
+        1,
+    );
+    v.at_least("server.max_streams", server.max_streams, 1);
+    for (index, host) in server.allowed_hosts.iter().enumerate() {
+        if let Err(problem) = check_allowed_host(host) {
+            v.push(&format!("server.allowed_hosts[{index}]"), problem);
+        }
+    }
+    if let Some(ops) = server.ops_listen
+        && listeners_clash(ops, server.listen)
+    {
+        v.push(
+            "server.ops_listen",
+            "must differ from server.listen (another port, or another address that is not a wildcard)",
+        );
+    }
     if config.store.path.as_os_str().is_empty() {
         v.push("store.path", "must not be empty");
     }
     v.at_least("store.dedupe_ttl_secs", config.store.dedupe_ttl_secs, 1);
+    v.at_least(
+        "store.cache_capacity_bytes",
+        config.store.cache_capacity_bytes,
+        MIN_CACHE_CAPACITY_BYTES,
+    );
+}
+
+/// Whether two listeners would fight over one port: the same port (0 picks a fresh one each
+/// time) on the same address, or with either one binding every address.
+fn listeners_clash(a: SocketAddr, b: SocketAddr) -> bool {
+    a.port() != 0
+        && a.port() == b.port()
+        && (a.ip() == b.ip() || a.ip().is_unspecified() || b.ip().is_unspecified())
+}
+
+/// Checks one `server.allowed_hosts` entry: `*`, or a `Host` header value (`host` or
+/// `host:port`). Problems never quote the entry.
+pub(crate) fn check_allowed_host(entry: &str) -> Result<(), &'static str> {
+    if entry == "*" {
+        return Ok(());
+    }
+    if entry.trim().is_empty() {
+        return Err("must not be empty");
+    }
+    if entry.contains("://") {
+        return Err("must be a host or host:port, without a scheme");
+    }
+    if entry.contains(['/', '?', '#']) {
+        return Err("must be a host or host:port, without a path");
+    }
+    if entry.contains('*') {
+        return Err("`*` must stand alone (it accepts any host)");
+    }
+    let (host, port) = if let Some(rest) = entry.strip_prefix('[') {
+        let Some((address, after)) = rest.split_once(']') else {
+            return Err("an IPv6 address needs a closing `]`");
+        };
+        if address.parse::<Ipv6Addr>().is_err() {
+            return Err("must hold an IPv6 address between `[` and `]`");
+        }
+        let port = match after {
+            "" => None,
+            _ => match after.strip_prefix(':') {
+                Some(port) => Some(port),
+                None => return Err("only `:port` may follow `]`"),
+            },
+        };
+        (None, port)
+    } else {
+        match entry.split_once(':') {
+            Some((_, port)) if port.contains(':') => {
+                return Err("an IPv6 address must be written in brackets: [::1]:8080");
+            }
+            Some((host, port)) => (Some(host), Some(port)),
+            None => (Some(entry), None),
+        }
+    };
+    if let Some(host) = host {
+        let valid = !host.is_empty()
+            && host
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_'));
+        if !valid {
+            return Err(
+                "must be a host name or IP address (letters, digits, `-`, `.`, `_`), optionally with :port",
+            );
+        }
+    }
+    // `parse` alone would take `+80`.
+    if let Some(port) = port
+        && !(port.bytes().all(|b| b.is_ascii_digit()) && port.parse::<u16>().is_ok())
+    {
+        return Err("the port must be a number from 0 to 65535");
+    }
+    Ok(())
+}
+
+/// Whether `user` may name an API user: it becomes part of conversation keys
+/// (`api:<user>/<conversation>`), so the separators `:` and `/` are out.
+pub(crate) fn is_valid_user(user: &str) -> bool {
+    let chars = user.chars().count();
+    (1..=MAX_USER_CHARS).contains(&chars)
+        && user
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'@' | b'-'))
 }
 
 fn model(config: &Config, v: &mut Issues) {
@@ -127,13 +249,7 @@ fn delivery(config: &Config, v: &mut Issues) {
 
 fn channels(config: &Config, v: &mut Issues) {
     let channels = &config.channels;
-    let api = &channels.api;
-    if api.enabled && api.token.is_none() && !config.server.listen.ip().is_loopback() {
-        v.push(
-            "channels.api.token",
-            "required when server.listen is not a loopback address",
-        );
-    }
+    api_tokens(config, v);
 
     let telegram = &channels.telegram;
     v.url("channels.telegram.api_url", &telegram.api_url);
@@ -192,6 +308,77 @@ fn channels(config: &Config, v: &mut Issues) {
             ("verification_token", secret(&feishu.verification_token)),
         ],
     );
+}
+
+/// The API channel's tokens and users, and the metrics token: present when reachable from
+/// other hosts, long enough there, all distinct, users well-formed and unique.
+fn api_tokens(config: &Config, v: &mut Issues) {
+    let api = &config.channels.api;
+    let exposed = !config.server.listen.ip().is_loopback();
+    if api.enabled && exposed && api.token.is_none() && api.tokens.is_empty() {
+        v.push(
+            "channels.api.token",
+            "required when server.listen is not a loopback address",
+        );
+    }
+
+    let mut users: HashMap<&str, usize> = HashMap::new();
+    for (index, entry) in api.tokens.iter().enumerate() {
+        let key = format!("channels.api.tokens[{index}].user");
+        if !is_valid_user(&entry.user) {
+            v.push(
+                &key,
+                format!(
+                    "must be 1 to {MAX_USER_CHARS} characters from A-Z, a-z, 0-9, `.`, `_`, `@` and `-`"
+                ),
+            );
+        } else if let Some(first) = users.get(entry.user.as_str()) {
+            v.push(
+                &key,
+                format!("duplicate user (the same as channels.api.tokens[{first}].user)"),
+            );
+        } else {
+            users.insert(&entry.user, index);
+        }
+    }
+
+    // Every configured token, in the order they are reported.
+    let mut tokens: Vec<(String, &str)> = Vec::new();
+    if let Some(token) = &api.token {
+        tokens.push(("channels.api.token".to_owned(), token.expose()));
+    }
+    for (index, entry) in api.tokens.iter().enumerate() {
+        tokens.push((
+            format!("channels.api.tokens[{index}].token"),
+            entry.token.expose(),
+        ));
+    }
+    let api_token_count = tokens.len();
+    if let Some(token) = &config.server.metrics_token {
+        tokens.push(("server.metrics_token".to_owned(), token.expose()));
+    }
+
+    for (position, (key, token)) in tokens.iter().enumerate() {
+        if token.is_empty() {
+            // Only `[[channels.api.tokens]]` can hold an empty one: elsewhere empty means absent.
+            v.push(key, "must not be empty");
+            continue;
+        }
+        // Unused API tokens (the channel is off) do not guard anything.
+        let guards = position >= api_token_count || api.enabled;
+        if exposed && guards && token.chars().count() < MIN_TOKEN_CHARS {
+            v.push(
+                key,
+                format!(
+                    "must be at least {MIN_TOKEN_CHARS} characters when server.listen is not a loopback address"
+                ),
+            );
+        }
+        if let Some((earlier, _)) = tokens[..position].iter().find(|(_, other)| other == token) {
+            // A shared token would let one user act as another (or as the admin).
+            v.push(key, format!("must differ from {earlier}"));
+        }
+    }
 }
 
 fn secret(value: &Option<Secret>) -> bool {
