@@ -1,11 +1,8 @@
 //! `antler check-config`: errors name the key, a valid file prints a summary without secrets.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-
-mod common;
 
 use std::path::PathBuf;
 
-use common::run_binary;
+use crate::support::run_binary;
 
 fn write(dir: &tempfile::TempDir, text: &str) -> PathBuf {
     let path = dir.path().join("antler.toml");
@@ -69,7 +66,7 @@ async fn bad_values_and_syntax_are_reported() {
 async fn a_valid_config_prints_a_summary_without_secrets() {
     let dir = tempfile::tempdir().unwrap();
     let store = dir.path().join("store");
-    let text = common::config_text(
+    let text = crate::support::config_text(
         "http://127.0.0.1:9/v1",
         &store,
         "[model]\napi_key = \"sk-very-secret-value-123\"\n[channels.api]\ntoken = \"api-token-secret-456\"\n",
@@ -78,7 +75,7 @@ async fn a_valid_config_prints_a_summary_without_secrets() {
     let (code, stdout, stderr) = check(&path).await;
     assert_eq!(code, Some(0), "{stdout}\n{stderr}");
     assert!(stdout.contains("valid"), "{stdout}");
-    assert!(stdout.contains(common::MODEL_NAME), "{stdout}");
+    assert!(stdout.contains(crate::support::MODEL_NAME), "{stdout}");
     assert!(stdout.contains("127.0.0.1:9"), "{stdout}");
     for secret in ["sk-very-secret-value-123", "api-token-secret-456"] {
         assert!(!stdout.contains(secret), "secret shown: {stdout}");
@@ -152,7 +149,7 @@ async fn a_secret_in_a_numeric_field_is_not_printed() {
 async fn a_valid_file_with_the_new_keys_exits_zero() {
     let dir = tempfile::tempdir().unwrap();
     let store = dir.path().join("store");
-    let text = common::config_text(
+    let text = crate::support::config_text(
         "http://127.0.0.1:9/v1",
         &store,
         r#"

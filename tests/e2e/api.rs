@@ -1,10 +1,7 @@
 //! The HTTP API channel end to end: replies (plain, streamed, with a tool), dedupe, bad input,
 //! authentication, operations endpoints and chat commands.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod common;
-
-use common::{Behaviour, MODEL_NAME, MockModel, TestApp, read_sse, read_sse_until};
+use crate::support::{Behaviour, MODEL_NAME, MockModel, TestApp, read_sse, read_sse_until};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 

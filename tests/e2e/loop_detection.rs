@@ -1,10 +1,7 @@
 //! Loop detection end to end: a model repeating the same tool calls is warned after the third
 //! repeat (in the next request, after the tool results) and stopped at the fifth.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod common;
-
-use common::{Behaviour, MockModel, TestApp};
+use crate::support::{Behaviour, MockModel, TestApp};
 use serde_json::Value;
 
 /// The texts of src/agent/middleware/loop_detection.rs.

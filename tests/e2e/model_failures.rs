@@ -1,10 +1,7 @@
 //! Model endpoint failures end to end: rate limits are retried, server errors end the turn
 //! with a message after the configured retries, bad credentials are reported as such.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod common;
-
-use common::{Behaviour, MockModel, TestApp};
+use crate::support::{Behaviour, MockModel, TestApp};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rate_limited_then_answered() {
@@ -58,7 +55,7 @@ async fn unauthorized_reply_mentions_credentials() {
     assert_eq!(mock.count(), 1, "401 is not retried");
     assert_eq!(
         mock.requests()[0].body["model"],
-        common::MODEL_NAME,
+        crate::support::MODEL_NAME,
         "the request was a normal chat completion"
     );
     app.shutdown().await;

@@ -1,11 +1,8 @@
 //! One conversation, one order; bounded backlog.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-
-mod common;
 
 use std::time::Duration;
 
-use common::{Behaviour, MockModel, TestApp, wait_until};
+use crate::support::{Behaviour, MockModel, TestApp, wait_until};
 use reqwest::StatusCode;
 use serde_json::json;
 

@@ -1,10 +1,7 @@
 //! Crash safety with the real binary: an acknowledged message whose turn is in flight when the
 //! process is SIGKILLed is answered exactly once after a restart.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod common;
-
-use common::{Behaviour, ChildRig, MockModel, wait_until};
+use crate::support::{Behaviour, ChildRig, MockModel, wait_until};
 use reqwest::StatusCode;
 use serde_json::json;
 

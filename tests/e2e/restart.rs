@@ -1,9 +1,6 @@
 //! Thread history survives a graceful restart on the same store.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod common;
-
-use common::{Behaviour, MockModel, TestApp};
+use crate::support::{Behaviour, MockModel, TestApp};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn history_survives_a_restart_and_the_thread_continues() {

@@ -1,0 +1,436 @@
+//! A mock OpenAI-compatible chat-completions server on 127.0.0.1, shared by the end-to-end
+//! tests and the pipeline benchmark (which includes this file with `#[path]`), so both measure
+//! and test against the same model. It records every request (unless started with
+//! [`MockModel::start_unrecorded`]), can hold requests until released, and answers by
+//! [`Behaviour`]: echo, slow, tool calls, rate limits, server errors, loops.
+#![allow(dead_code, unreachable_pub)]
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde_json::{Value, json};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+/// The model name the mock reports (tests configure antler with it).
+pub const MODEL_NAME: &str = "mock-model-e2e";
+
+/// How long [`MockModel::wait_for_requests`] waits.
+const WAIT: Duration = Duration::from_secs(30);
+
+/// How the mock model answers.
+#[derive(Debug, Clone)]
+pub enum Behaviour {
+    /// Echoes the last user message: `echo: <text>` (streamed when the request asks for it).
+    Echo,
+    /// Sleeps, then echoes.
+    Slow(Duration),
+    /// Calls `current_time` with `{}`; answers with the tool result once the last message is one.
+    ToolThenAnswer,
+    /// Answers 429 with `Retry-After: 0` this many times (in total), then echoes.
+    RateLimited { times: usize },
+    /// Answers 500 forever.
+    ServerError,
+    /// Answers 401 forever.
+    Unauthorized,
+    /// Always the same two `current_time` calls (offset 0 and 60), their order swapped between
+    /// responses.
+    Loop,
+    /// Answers `status` with `{"error": {"message": message}}` forever.
+    Fail { status: u16, message: String },
+}
+
+/// One request the mock received.
+#[derive(Debug, Clone)]
+pub struct Recorded {
+    /// Arrival order, from 0.
+    pub index: usize,
+    /// When it arrived.
+    pub at: Instant,
+    /// The JSON body.
+    pub body: Value,
+    /// The conversation key: the first user message of the request.
+    pub conversation: String,
+    /// Requests in flight (this one included) when it arrived.
+    pub in_flight: usize,
+    /// Requests of the same conversation in flight (this one included) when it arrived.
+    pub in_flight_same_conversation: usize,
+}
+
+impl Recorded {
+    /// The request's messages.
+    pub fn messages(&self) -> Vec<Value> {
+        self.body["messages"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    /// The content of the last user message.
+    pub fn last_user_text(&self) -> String {
+        last_user_text(&self.body)
+    }
+
+    /// Whether this request overlapped another one.
+    pub fn concurrent(&self) -> bool {
+        self.in_flight > 1
+    }
+}
+
+#[derive(Default)]
+struct MockState {
+    behaviour: Mutex<Option<Behaviour>>,
+    /// Whether request bodies are kept (the benchmark turns it off).
+    record: bool,
+    served: AtomicUsize,
+    requests: Mutex<Vec<Recorded>>,
+    in_flight: AtomicUsize,
+    in_flight_by_conversation: Mutex<HashMap<String, usize>>,
+    max_in_flight_by_conversation: Mutex<HashMap<String, usize>>,
+    failures_served: AtomicUsize,
+    loop_responses: AtomicUsize,
+    /// `Some(n)`: requests from arrival index `n` on wait (after being recorded) until it
+    /// turns `None`.
+    gate: Option<watch::Sender<Option<usize>>>,
+}
+
+/// Decrements the in-flight counters when a request is done (or its handler is dropped).
+struct InFlight {
+    state: Arc<MockState>,
+    conversation: String,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.state.in_flight.fetch_sub(1, Ordering::SeqCst);
+        if let Ok(mut map) = self.state.in_flight_by_conversation.lock() {
+            if let Some(n) = map.get_mut(&self.conversation) {
+                *n = n.saturating_sub(1);
+            }
+        }
+    }
+}
+
+/// A mock OpenAI-compatible chat-completions server on 127.0.0.1.
+#[derive(Clone)]
+pub struct MockModel {
+    state: Arc<MockState>,
+    addr: SocketAddr,
+}
+
+impl MockModel {
+    /// Starts the server with `behaviour`, recording every request.
+    pub async fn start(behaviour: Behaviour) -> Self {
+        Self::start_with(behaviour, true).await
+    }
+
+    /// Starts the server without keeping request bodies (only counting them), for load.
+    pub async fn start_unrecorded(behaviour: Behaviour) -> Self {
+        Self::start_with(behaviour, false).await
+    }
+
+    async fn start_with(behaviour: Behaviour, record: bool) -> Self {
+        let (gate, _) = watch::channel(None);
+        let state = Arc::new(MockState {
+            behaviour: Mutex::new(Some(behaviour)),
+            record,
+            gate: Some(gate),
+            ..MockState::default()
+        });
+        let app = Router::new()
+            .route("/v1/chat/completions", post(completions))
+            .route("/v1/models", get(models))
+            .with_state(Arc::clone(&state));
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind mock");
+        let addr = listener.local_addr().expect("mock address");
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        Self { state, addr }
+    }
+
+    /// The API base URL to configure (`.../v1`).
+    pub fn base_url(&self) -> String {
+        format!("http://{}/v1", self.addr)
+    }
+
+    /// Changes how later requests are answered.
+    pub fn set_behaviour(&self, behaviour: Behaviour) {
+        *self.state.behaviour.lock().expect("behaviour lock") = Some(behaviour);
+    }
+
+    /// Makes requests wait (after being recorded) until [`MockModel::release`].
+    pub fn hold(&self) {
+        self.hold_from(0);
+    }
+
+    /// Makes requests from the `n`th (0-based arrival index) on wait until released.
+    pub fn hold_from(&self, n: usize) {
+        if let Some(gate) = &self.state.gate {
+            gate.send_replace(Some(n));
+        }
+    }
+
+    /// Lets held and later requests through.
+    pub fn release(&self) {
+        if let Some(gate) = &self.state.gate {
+            gate.send_replace(None);
+        }
+    }
+
+    /// Every request so far, in arrival order.
+    pub fn requests(&self) -> Vec<Recorded> {
+        self.state.requests.lock().expect("requests lock").clone()
+    }
+
+    /// How many chat-completion requests arrived.
+    pub fn count(&self) -> usize {
+        self.state.served.load(Ordering::SeqCst)
+    }
+
+    /// The largest number of requests of one conversation that were in flight at once.
+    pub fn max_in_flight(&self, conversation: &str) -> usize {
+        self.state
+            .max_in_flight_by_conversation
+            .lock()
+            .expect("max lock")
+            .get(conversation)
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// Waits until at least `n` requests arrived (panics after 30 s).
+    pub async fn wait_for_requests(&self, n: usize) -> Vec<Recorded> {
+        let start = Instant::now();
+        loop {
+            let requests = self.requests();
+            if requests.len() >= n {
+                return requests;
+            }
+            assert!(
+                start.elapsed() < WAIT,
+                "the mock model received {} of {n} requests within {WAIT:?}",
+                requests.len()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+fn last_user_text(body: &Value) -> String {
+    body["messages"]
+        .as_array()
+        .and_then(|m| m.iter().rev().find(|m| m["role"] == "user"))
+        .and_then(|m| m["content"].as_str())
+        .unwrap_or_default()
+        .to_owned()
+}
+
+fn first_user_text(body: &Value) -> String {
+    body["messages"]
+        .as_array()
+        .and_then(|m| m.iter().find(|m| m["role"] == "user"))
+        .and_then(|m| m["content"].as_str())
+        .unwrap_or_default()
+        .to_owned()
+}
+
+async fn completions(State(state): State<Arc<MockState>>, body: Bytes) -> Response {
+    let Ok(body) = serde_json::from_slice::<Value>(&body) else {
+        return (StatusCode::BAD_REQUEST, "bad json").into_response();
+    };
+    let conversation = first_user_text(&body);
+    let in_flight = state.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+    let same = {
+        let mut map = state.in_flight_by_conversation.lock().expect("lock");
+        let n = map.entry(conversation.clone()).or_insert(0);
+        *n += 1;
+        *n
+    };
+    {
+        let mut max = state.max_in_flight_by_conversation.lock().expect("lock");
+        let m = max.entry(conversation.clone()).or_insert(0);
+        *m = (*m).max(same);
+    }
+    let _guard = InFlight {
+        state: Arc::clone(&state),
+        conversation: conversation.clone(),
+    };
+    let index = {
+        let mut requests = state.requests.lock().expect("lock");
+        let index = state.served.fetch_add(1, Ordering::SeqCst);
+        if state.record {
+            requests.push(Recorded {
+                index,
+                at: Instant::now(),
+                body: body.clone(),
+                conversation,
+                in_flight,
+                in_flight_same_conversation: same,
+            });
+        }
+        index
+    };
+    if let Some(gate) = &state.gate {
+        let mut rx = gate.subscribe();
+        let _ = rx
+            .wait_for(|held| held.is_none_or(|from| index < from))
+            .await;
+    }
+    let behaviour = state
+        .behaviour
+        .lock()
+        .expect("lock")
+        .clone()
+        .unwrap_or(Behaviour::Echo);
+    let stream = body["stream"].as_bool().unwrap_or(false);
+    match behaviour {
+        Behaviour::Echo => echo(&body, stream),
+        Behaviour::Slow(wait) => {
+            tokio::time::sleep(wait).await;
+            echo(&body, stream)
+        }
+        Behaviour::ToolThenAnswer => {
+            let last = body["messages"]
+                .as_array()
+                .and_then(|m| m.last())
+                .cloned()
+                .unwrap_or(Value::Null);
+            if last["role"] == "tool" {
+                let result = last["content"].as_str().unwrap_or_default();
+                answer(&format!("The time is {result}"), stream)
+            } else {
+                tool_calls(&[("call_time_1", "{}")], stream)
+            }
+        }
+        Behaviour::RateLimited { times } => {
+            if state.failures_served.fetch_add(1, Ordering::SeqCst) < times {
+                (
+                    StatusCode::TOO_MANY_REQUESTS,
+                    [(header::RETRY_AFTER, "0")],
+                    axum::Json(json!({"error": {"message": "slow down", "type": "rate_limit"}})),
+                )
+                    .into_response()
+            } else {
+                echo(&body, stream)
+            }
+        }
+        Behaviour::ServerError => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            axum::Json(json!({"error": {"message": "boom", "type": "server_error"}})),
+        )
+            .into_response(),
+        Behaviour::Unauthorized => (
+            StatusCode::UNAUTHORIZED,
+            axum::Json(json!({"error": {"message": "Incorrect API key provided", "type": "invalid_request_error"}})),
+        )
+            .into_response(),
+        Behaviour::Fail { status, message } => (
+            StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+            axum::Json(json!({"error": {"message": message, "type": "mock_error"}})),
+        )
+            .into_response(),
+        Behaviour::Loop => {
+            let n = state.loop_responses.fetch_add(1, Ordering::SeqCst);
+            let a = (
+                format!("call_{n}_a"),
+                r#"{"utc_offset_minutes":0}"#.to_owned(),
+            );
+            let b = (
+                format!("call_{n}_b"),
+                r#"{"utc_offset_minutes":60}"#.to_owned(),
+            );
+            let calls = if n % 2 == 0 { [a, b] } else { [b, a] };
+            let calls: Vec<(&str, &str)> = calls
+                .iter()
+                .map(|(id, args)| (id.as_str(), args.as_str()))
+                .collect();
+            tool_calls(&calls, stream)
+        }
+    }
+}
+
+/// `GET /v1/models`: the one model the mock serves.
+async fn models() -> Response {
+    axum::Json(json!({"object": "list", "data": [{"id": MODEL_NAME, "object": "model"}]}))
+        .into_response()
+}
+
+const USAGE: &str = r#"{"prompt_tokens":10,"completion_tokens":5,"total_tokens":15}"#;
+
+fn echo(body: &Value, stream: bool) -> Response {
+    answer(&format!("echo: {}", last_user_text(body)), stream)
+}
+
+fn usage() -> Value {
+    serde_json::from_str(USAGE).unwrap_or(Value::Null)
+}
+
+/// A text answer, as one JSON completion or as SSE chunks of a few characters.
+fn answer(text: &str, stream: bool) -> Response {
+    if !stream {
+        return axum::Json(json!({
+            "id": "chatcmpl-mock",
+            "object": "chat.completion",
+            "model": MODEL_NAME,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+            "usage": usage(),
+        }))
+        .into_response();
+    }
+    let chars: Vec<char> = text.chars().collect();
+    let mut events = vec![json!({"choices": [{"index": 0, "delta": {"role": "assistant"}}]})];
+    for piece in chars.chunks(4) {
+        let piece: String = piece.iter().collect();
+        events.push(json!({"choices": [{"index": 0, "delta": {"content": piece}}]}));
+    }
+    events.push(
+        json!({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}], "usage": usage()}),
+    );
+    sse(&events)
+}
+
+/// An answer with tool calls `(id, arguments)` to `current_time`.
+fn tool_calls(calls: &[(&str, &str)], stream: bool) -> Response {
+    let wire: Vec<Value> = calls
+        .iter()
+        .enumerate()
+        .map(|(i, (id, args))| {
+            json!({"index": i, "id": id, "type": "function", "function": {"name": "current_time", "arguments": args}})
+        })
+        .collect();
+    if !stream {
+        return axum::Json(json!({
+            "id": "chatcmpl-mock",
+            "object": "chat.completion",
+            "model": MODEL_NAME,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": null, "tool_calls": wire}, "finish_reason": "tool_calls"}],
+            "usage": usage(),
+        }))
+        .into_response();
+    }
+    let mut events = vec![json!({"choices": [{"index": 0, "delta": {"role": "assistant"}}]})];
+    for call in wire {
+        events.push(json!({"choices": [{"index": 0, "delta": {"tool_calls": [call]}}]}));
+    }
+    events.push(json!({"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}], "usage": usage()}));
+    sse(&events)
+}
+
+fn sse(events: &[Value]) -> Response {
+    let mut body = String::new();
+    for event in events {
+        body.push_str(&format!("data: {event}\n\n"));
+    }
+    body.push_str("data: [DONE]\n\n");
+    ([(header::CONTENT_TYPE, "text/event-stream")], body).into_response()
+}
