@@ -257,3 +257,6 @@ impl Inner {
         Ok(admission)
     }
 }
+
+#[cfg(test)]
+mod tests;

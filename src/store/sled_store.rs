@@ -80,6 +80,9 @@ pub(crate) struct SledStore {
     )]
     subagents: sled::Tree,
     commit: GroupCommit,
+    /// Failures to inject (tests): how many `start_turn` and `finish_turn` calls fail next.
+    #[cfg(test)]
+    faults: Arc<[std::sync::atomic::AtomicUsize; 2]>,
 }
 
 impl std::fmt::Debug for SledStore {
@@ -321,6 +324,8 @@ impl SledStore {
             subagents: db.open_tree("subagents")?,
             db,
             commit,
+            #[cfg(test)]
+            faults: Arc::default(),
         };
         // Counted once here; every later change keeps the counts in step.
         store.inbox_len.store(store.inbox.len(), Ordering::SeqCst);
@@ -338,6 +343,26 @@ impl SledStore {
             .open_tree("meta")?
             .insert(SCHEMA_KEY, &version.to_be_bytes())?;
         self.db.flush()?;
+        Ok(())
+    }
+
+    /// Makes the next `start_turns` calls of `start_turn` and `finish_turns` calls of
+    /// `finish_turn` fail, as a failing disk would.
+    #[cfg(test)]
+    pub(crate) fn inject_faults(&self, start_turns: usize, finish_turns: usize) {
+        self.faults[0].store(start_turns, Ordering::SeqCst);
+        self.faults[1].store(finish_turns, Ordering::SeqCst);
+    }
+
+    /// Whether an injected fault makes this call fail.
+    #[cfg(test)]
+    fn fault(&self, which: usize) -> Result<(), StoreError> {
+        let fail = self.faults[which]
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        if fail {
+            return Err(StoreError::Backend("injected fault".to_owned()));
+        }
         Ok(())
     }
 
@@ -560,6 +585,8 @@ impl Store for SledStore {
     }
 
     async fn start_turn(&self, seq: u64) -> Result<InboxItem, StoreError> {
+        #[cfg(test)]
+        self.fault(0)?;
         let item = self.update_inbox(seq, |item| {
             item.status = InboxStatus::Running;
             item.attempts += 1;
@@ -584,6 +611,8 @@ impl Store for SledStore {
             memory_update,
             now_ms,
         } = finish;
+        #[cfg(test)]
+        self.fault(1)?;
         let thread_write = thread.as_ref().map(ThreadWrite::of).transpose()?;
         let memory_bytes = memory_update
             .as_ref()

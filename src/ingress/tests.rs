@@ -1,0 +1,389 @@
+//! The ingress, dispatcher and turn runner together, on a real (temporary) store, with a
+//! model that echoes and a channel that records what it was asked to send.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use antler_channel::{
+    Channel, ChannelError, ConversationKey, InboundEvent, OutboundMessage, Parsed, Receipt,
+    UserRef, WebhookRequest,
+};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use super::*;
+use crate::agent::message::ChatMessage;
+use crate::agent::middleware::MiddlewareChain;
+use crate::agent::model::{ChatModel, DeltaSink, ModelError, ModelRequest, ModelResponse};
+use crate::agent::runtime::Runtime;
+use crate::agent::tools::ToolRegistry;
+use crate::delivery::{Delivery, RetryPolicy};
+use crate::store::{InboxStatus, SledStore};
+
+/// Echoes the last user message; `panic`, `hang` and `fail` do what they say.
+#[derive(Debug, Default)]
+struct EchoModel {
+    requests: Mutex<Vec<ModelRequest>>,
+}
+
+#[async_trait::async_trait]
+impl ChatModel for EchoModel {
+    fn name(&self) -> &str {
+        "echo"
+    }
+
+    async fn complete(
+        &self,
+        request: &ModelRequest,
+        _deltas: Option<DeltaSink<'_>>,
+    ) -> Result<ModelResponse, ModelError> {
+        self.requests.lock().unwrap().push(request.clone());
+        let last = request
+            .messages
+            .iter()
+            .rev()
+            .find_map(|m| match m {
+                ChatMessage::User { content } => Some(content.clone()),
+                _ => None,
+            })
+            .unwrap_or_default();
+        match last.as_str() {
+            "panic" => panic!("the model exploded"),
+            "hang" => std::future::pending().await,
+            "fail" => Err(ModelError::Server {
+                status: 500,
+                attempts: 1,
+            }),
+            _ => crate::agent::model::scripted::ScriptedModel::text(&format!("echo: {last}")),
+        }
+    }
+}
+
+/// Records sends, in order.
+#[derive(Debug, Default)]
+struct RecordingChannel {
+    sent: Mutex<Vec<String>>,
+}
+
+#[async_trait::async_trait]
+impl Channel for RecordingChannel {
+    fn name(&self) -> &'static str {
+        "api"
+    }
+
+    fn verify(&self, _: &WebhookRequest<'_>) -> Result<(), ChannelError> {
+        Ok(())
+    }
+
+    fn parse(&self, _: &WebhookRequest<'_>) -> Result<Parsed, ChannelError> {
+        Ok(Parsed::Ignore)
+    }
+
+    async fn send(&self, message: &OutboundMessage) -> Result<Receipt, ChannelError> {
+        self.sent.lock().unwrap().push(message.text.clone());
+        Ok(Receipt {
+            platform_message_id: message.idempotency_key.clone(),
+        })
+    }
+}
+
+struct Harness {
+    store: Arc<SledStore>,
+    ingress: Ingress,
+    model: Arc<EchoModel>,
+    channel: Arc<RecordingChannel>,
+    turns: TaskTracker,
+    turn_cancel: CancellationToken,
+    stop: CancellationToken,
+}
+
+fn harness(max_attempts: u32) -> Harness {
+    let store = Arc::new(SledStore::temporary().unwrap());
+    let model = Arc::new(EchoModel::default());
+    let channel = Arc::new(RecordingChannel::default());
+    let hub = EventHub::default();
+    let turns = TaskTracker::new();
+    let turn_cancel = CancellationToken::new();
+    let stop = CancellationToken::new();
+    let delivery = Delivery::new(
+        store.clone(),
+        [("api".to_owned(), channel.clone() as Arc<dyn Channel>)].into(),
+        RetryPolicy {
+            max_attempts: 3,
+            backoff_base: Duration::from_millis(1),
+            backoff_max: Duration::from_millis(5),
+        },
+        TaskTracker::new(),
+        CancellationToken::new(),
+    );
+    let runtime = Runtime::new(
+        model.clone(),
+        ToolRegistry::builtin(),
+        MiddlewareChain::default(),
+        "test".to_owned(),
+        5,
+    );
+    let runner = TurnRunner::new(
+        store.clone(),
+        runtime,
+        hub.clone(),
+        delivery,
+        max_attempts,
+        Duration::from_secs(60),
+        turn_cancel.clone(),
+    );
+    let ingress = Ingress::new(
+        store.clone(),
+        runner,
+        hub,
+        &IngressSettings {
+            backlog_limit: 100,
+            dedupe_ttl: Duration::from_secs(60),
+            max_concurrent_turns: 4,
+        },
+        turns.clone(),
+        stop.clone(),
+    );
+    Harness {
+        store,
+        ingress,
+        model,
+        channel,
+        turns,
+        turn_cancel,
+        stop,
+    }
+}
+
+fn event(conversation: &str, id: &str, text: &str) -> InboundEvent {
+    InboundEvent {
+        channel: "api".to_owned(),
+        event_id: id.to_owned(),
+        conversation: ConversationKey::new("api", [conversation]),
+        user: UserRef {
+            id: "u1".to_owned(),
+            name: None,
+        },
+        text: text.to_owned(),
+        reply_to: None,
+        received_at_ms: 1,
+    }
+}
+
+/// Waits (generously) until `done` holds.
+async fn until(what: &str, done: impl Fn() -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while !done() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting until {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+impl Harness {
+    fn sent(&self) -> Vec<String> {
+        self.channel.sent.lock().unwrap().clone()
+    }
+
+    async fn thread(&self, id: &str) -> crate::agent::thread::ThreadState {
+        self.store.thread(id).await.unwrap().unwrap()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn store_failures_delay_a_turn_but_never_reorder_or_leak() {
+    let h = harness(3);
+    // The first message's turn cannot be started twice, then cannot be finished twice.
+    h.store.inject_faults(2, 2);
+    let mut thread_id = String::new();
+    for n in 0..3 {
+        let admission = h
+            .ingress
+            .accept(event("c", &format!("m{n}"), &format!("message {n}")), false)
+            .await
+            .unwrap();
+        thread_id = admission.thread_id;
+    }
+    until("three replies", || h.sent().len() == 3).await;
+    assert_eq!(
+        h.sent(),
+        ["echo: message 0", "echo: message 1", "echo: message 2"],
+        "in order: the later messages waited for the failing one"
+    );
+    until("the backlog is empty", || h.ingress.backlog() == 0).await;
+    assert!(h.store.inbox().await.unwrap().is_empty());
+    let thread = h.thread(&thread_id).await;
+    let users: Vec<&ChatMessage> = thread
+        .messages
+        .iter()
+        .filter(|m| matches!(m, ChatMessage::User { .. }))
+        .collect();
+    assert_eq!(users.len(), 3, "each message once: {:?}", thread.messages);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicking_turn_is_answered_and_kept_out_of_the_context() {
+    let h = harness(3);
+    let first = h
+        .ingress
+        .accept(event("c", "m1", "panic"), false)
+        .await
+        .unwrap();
+    h.ingress
+        .accept(event("c", "m2", "hello"), false)
+        .await
+        .unwrap();
+    until("two replies", || h.sent().len() == 2).await;
+    let sent = h.sent();
+    assert!(
+        sent[0].contains("something went wrong inside antler"),
+        "{sent:?}"
+    );
+    assert_eq!(sent[1], "echo: hello", "the conversation goes on");
+    let thread = h.thread(&first.thread_id).await;
+    assert_eq!(thread.messages.len(), 4);
+    assert_eq!(
+        thread.failed,
+        [0..2],
+        "the panicked exchange is marked failed"
+    );
+    let last = h.model.requests.lock().unwrap().last().cloned().unwrap();
+    assert!(
+        !last
+            .messages
+            .iter()
+            .any(|m| *m == ChatMessage::user("panic")),
+        "the failed exchange is not sent to the model again: {:?}",
+        last.messages
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_turn_stays_readable_and_a_resend_reads_naturally() {
+    let h = harness(3);
+    let first = h
+        .ingress
+        .accept(event("c", "m1", "fail"), false)
+        .await
+        .unwrap();
+    until("the failure reply", || h.sent().len() == 1).await;
+    let reply = h.sent()[0].clone();
+    assert!(
+        reply.contains("HTTP 500") && reply.contains("again"),
+        "a 5xx says what happened and that a resend can help: {reply}"
+    );
+    h.ingress
+        .accept(event("c", "m2", "hello"), false)
+        .await
+        .unwrap();
+    until("the second reply", || h.sent().len() == 2).await;
+    let thread = h.thread(&first.thread_id).await;
+    assert_eq!(
+        thread.messages,
+        [
+            ChatMessage::user("fail"),
+            ChatMessage::assistant(h.sent()[0].clone()),
+            ChatMessage::user("hello"),
+            ChatMessage::assistant("echo: hello"),
+        ]
+    );
+    assert_eq!(thread.failed, [0..2]);
+    assert_eq!(thread.turns, 1, "only the answered turn counts");
+    let requests = h.model.requests.lock().unwrap().clone();
+    assert_eq!(
+        requests[1].messages,
+        [ChatMessage::system("test"), ChatMessage::user("hello")],
+        "the model sees the resend alone"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_turn_interrupted_by_shutdown_gives_its_attempt_back() {
+    let h = harness(1);
+    h.ingress
+        .accept(event("c", "m1", "hang"), false)
+        .await
+        .unwrap();
+    until("the model is asked", || {
+        !h.model.requests.lock().unwrap().is_empty()
+    })
+    .await;
+    h.stop.cancel();
+    h.turn_cancel.cancel();
+    h.turns.close();
+    tokio::time::timeout(Duration::from_secs(30), h.turns.wait())
+        .await
+        .unwrap();
+    let inbox = h.store.inbox().await.unwrap();
+    assert_eq!(inbox.len(), 1, "it stays in the inbox for the next start");
+    assert_eq!(
+        (inbox[0].status, inbox[0].attempts),
+        (InboxStatus::Pending, 0)
+    );
+    assert!(h.sent().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_that_kept_crashing_is_given_up_and_kept_in_the_thread() {
+    let h = harness(2);
+    // Two earlier processes died while this message's turn ran.
+    let stored = h
+        .store
+        .accept(crate::store::Accept {
+            dedupe_ttl_ms: 60_000,
+            event: event("c", "m1", "crash me"),
+            thread: crate::store::ThreadChoice::Current,
+            now_ms: 1,
+        })
+        .await
+        .unwrap();
+    let crate::store::Accepted::New(item) = stored else {
+        panic!("new");
+    };
+    h.store.start_turn(item.seq).await.unwrap();
+    h.store.start_turn(item.seq).await.unwrap();
+    let items = h.store.inbox().await.unwrap();
+    h.ingress.recover(items);
+    until("the give-up reply", || h.sent().len() == 1).await;
+    let reply = &h.sent()[0];
+    assert!(
+        reply.contains("gave up") && reply.contains("2 times"),
+        "{reply}"
+    );
+    assert!(h.model.requests.lock().unwrap().is_empty(), "not run again");
+    let thread = h.thread(&item.thread_id).await;
+    assert_eq!(
+        thread.messages,
+        [
+            ChatMessage::user("crash me"),
+            ChatMessage::assistant(reply.clone())
+        ]
+    );
+    assert_eq!(thread.failed, [0..2]);
+    until("the backlog is empty", || h.ingress.backlog() == 0).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redelivery_waits_for_its_original_and_names_it() {
+    let h = harness(3);
+    let first = h
+        .ingress
+        .accept(event("c", "m1", "hello"), false)
+        .await
+        .unwrap();
+    let again = h
+        .ingress
+        .accept(event("c", "m1", "hello"), true)
+        .await
+        .unwrap();
+    assert!(first.new && !again.new);
+    assert_eq!(
+        again.seq, first.seq,
+        "the redelivery names the original's item"
+    );
+    assert!(again.events.is_some());
+    until("one reply", || h.sent().len() == 1).await;
+    assert_eq!(h.store.replies(first.seq.unwrap()).await.unwrap().len(), 1);
+}
