@@ -1,116 +1,308 @@
 //! `antler chat`: a terminal client of the API channel. Each line is posted with
-//! `"stream": true` and the answer is printed as it streams in.
+//! `"stream": true` and the answer is printed as it streams in. A refused message or an
+//! unreachable server is reported and the chat goes on; it ends on `/quit`, `/exit` or the end
+//! of input. Everything the server sends is sanitized before it reaches the terminal.
+//!
+//! `antler healthcheck`: one `GET /healthz`, for container health checks.
 
 use std::io::Write;
+use std::time::Duration;
 
 use futures_util::StreamExt;
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, BufReader};
 
-/// Why the chat client stopped.
+use crate::logging::{escape_line, sanitize_for_terminal};
+
+/// How long `antler chat` waits for a connection to antler.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long `antler healthcheck` waits for the whole answer.
+pub const HEALTH_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The longest server error text shown, in characters.
+const SERVER_MESSAGE_MAX_CHARS: usize = 300;
+
+/// Why the chat client stopped early.
 #[derive(Debug, thiserror::Error)]
 pub enum ChatError {
-    /// The server could not be reached or broke the connection.
-    #[error("cannot reach antler at {url}: {source}")]
-    Http {
-        /// The base URL.
-        url: String,
-        /// The cause.
-        #[source]
-        source: reqwest::Error,
-    },
-    /// The server refused the message.
-    #[error("antler answered {status}: {body}")]
-    Refused {
-        /// The HTTP status.
-        status: u16,
-        /// The error body.
-        body: String,
-    },
+    /// The HTTP client could not be built.
+    #[error("cannot set up the HTTP client: {0}")]
+    Client(#[source] reqwest::Error),
     /// Reading the terminal failed.
     #[error("reading input: {0}")]
     Input(#[from] std::io::Error),
 }
 
-/// Runs the interactive loop until end of input.
+/// Why `antler healthcheck` failed.
+#[derive(Debug, thiserror::Error)]
+pub enum HealthError {
+    /// The HTTP client could not be built.
+    #[error("cannot set up the HTTP client: {0}")]
+    Client(#[source] reqwest::Error),
+    /// No answer: nothing listening, a broken connection or the timeout.
+    #[error("no answer from {url}: {reason}")]
+    Unreachable {
+        /// The health URL.
+        url: String,
+        /// What went wrong.
+        reason: String,
+    },
+    /// An answer other than 200.
+    #[error("{url} answered {status}")]
+    Unhealthy {
+        /// The health URL.
+        url: String,
+        /// The HTTP status.
+        status: u16,
+    },
+}
+
+/// Runs the interactive loop until `/quit`, `/exit` or the end of input.
 pub async fn run(
     url: &str,
     token: Option<&str>,
     conversation: &str,
     user: &str,
 ) -> Result<(), ChatError> {
-    let client = reqwest::Client::new();
-    let endpoint = format!("{}/api/v1/messages", url.trim_end_matches('/'));
-    let http = |source| ChatError::Http {
-        url: url.to_owned(),
-        source,
+    let client = reqwest::Client::builder()
+        .connect_timeout(CONNECT_TIMEOUT)
+        .build()
+        .map_err(ChatError::Client)?;
+    let base = url.trim_end_matches('/');
+    let mut session = Session {
+        client,
+        url: base,
+        endpoint: format!("{base}/api/v1/messages"),
+        token,
+        conversation,
+        user,
+        thread: None,
     };
-    let mut lines = BufReader::new(tokio::io::stdin()).lines();
-    prompt();
-    while let Some(line) = lines.next_line().await? {
-        let text = line.trim();
-        if text.is_empty() {
-            prompt();
-            continue;
+    show(&format!(
+        "antler chat: talking to {} in conversation {:?} as {}.\n\
+         Type a message and press Enter; /quit, /exit or Ctrl-D leaves.\n",
+        escape_line(base),
+        escape_line(conversation),
+        escape_line(user),
+    ));
+    let mut input = BufReader::new(tokio::io::stdin());
+    let mut line = Vec::new();
+    loop {
+        show("> ");
+        line.clear();
+        if input.read_until(b'\n', &mut line).await? == 0 {
+            // End of input (Ctrl-D) arrives mid-prompt: end that line so the shell prompt
+            // starts on its own.
+            show("\n");
+            return Ok(());
         }
-        let mut request = client.post(&endpoint).json(&json!({
-            "conversation": conversation,
-            "user": user,
+        let text = String::from_utf8_lossy(&line);
+        match text.trim() {
+            "" => {}
+            "/quit" | "/exit" => return Ok(()),
+            text => session.send(text).await,
+        }
+    }
+}
+
+/// Asks antler at `url` for `GET /healthz`; `Ok` only on HTTP 200 within [`HEALTH_TIMEOUT`].
+pub async fn healthcheck(url: &str) -> Result<(), HealthError> {
+    let target = format!("{}/healthz", url.trim_end_matches('/'));
+    let client = reqwest::Client::builder()
+        .timeout(HEALTH_TIMEOUT)
+        // The check targets this host or container; a proxy from the environment would only
+        // get in the way.
+        .no_proxy()
+        .build()
+        .map_err(HealthError::Client)?;
+    let response = client
+        .get(&target)
+        .send()
+        .await
+        .map_err(|e| HealthError::Unreachable {
+            url: target.clone(),
+            reason: failure_reason(&e, HEALTH_TIMEOUT),
+        })?;
+    match response.status() {
+        reqwest::StatusCode::OK => Ok(()),
+        status => Err(HealthError::Unhealthy {
+            url: target,
+            status: status.as_u16(),
+        }),
+    }
+}
+
+/// One chat: where it goes and what was shown already.
+struct Session<'a> {
+    client: reqwest::Client,
+    url: &'a str,
+    endpoint: String,
+    token: Option<&'a str>,
+    conversation: &'a str,
+    user: &'a str,
+    /// The thread id last shown.
+    thread: Option<String>,
+}
+
+/// Whether an answer stream is over.
+#[derive(Debug, PartialEq, Eq)]
+enum Flow {
+    Continue,
+    Done,
+}
+
+impl Session<'_> {
+    /// Posts `text` and prints the answer; every failure is reported, none ends the chat.
+    async fn send(&mut self, text: &str) {
+        let mut request = self.client.post(&self.endpoint).json(&json!({
+            "conversation": self.conversation,
+            "user": self.user,
             "text": text,
             "stream": true,
         }));
-        if let Some(token) = token {
+        if let Some(token) = self.token {
             request = request.bearer_auth(token);
         }
-        let response = request.send().await.map_err(http)?;
-        let status = response.status();
-        if !status.is_success() {
+        let response = match request.send().await {
+            Ok(response) => response,
+            Err(e) => {
+                warn(&format!(
+                    "cannot reach antler at {}: {}",
+                    escape_line(self.url),
+                    failure_reason(&e, CONNECT_TIMEOUT)
+                ));
+                return;
+            }
+        };
+        let status = response.status().as_u16();
+        if !response.status().is_success() {
             let body = response.text().await.unwrap_or_default();
-            return Err(ChatError::Refused {
-                status: status.as_u16(),
-                body,
-            });
+            warn(&refusal(status, &body));
+            return;
         }
+        self.print_answer(response).await;
+    }
+
+    /// Prints a `text/event-stream` answer until its `final` event.
+    async fn print_answer(&mut self, response: reqwest::Response) {
         let mut streamed = false;
-        let mut buffer = String::new();
+        // Bytes, not text: a character may be split across two chunks.
+        let mut buffer: Vec<u8> = Vec::new();
         let mut body = response.bytes_stream();
-        'stream: while let Some(chunk) = body.next().await {
-            buffer.push_str(&String::from_utf8_lossy(&chunk.map_err(http)?));
-            while let Some(end) = buffer.find("\n\n") {
-                let block: String = buffer.drain(..end + 2).collect();
-                let (event, data) = parse_block(&block);
-                let text = serde_json::from_str::<Value>(&data)
-                    .ok()
-                    .and_then(|v| v.get("text").and_then(Value::as_str).map(str::to_owned))
-                    .unwrap_or_default();
-                match event.as_str() {
-                    "delta" => {
-                        streamed = true;
-                        print!("{text}");
-                        let _ = std::io::stdout().flush();
-                    }
-                    "final" => {
-                        // Streamed text already shows the answer; print the final only when
-                        // nothing streamed (commands, errors, non-streaming models).
-                        if streamed {
-                            println!();
-                        } else {
-                            println!("{text}");
-                        }
-                        break 'stream;
-                    }
-                    _ => {}
+        while let Some(chunk) = body.next().await {
+            let chunk = match chunk {
+                Ok(chunk) => chunk,
+                Err(e) => {
+                    end_line(streamed);
+                    warn(&format!(
+                        "the answer from {} broke off: {}",
+                        escape_line(self.url),
+                        failure_reason(&e, CONNECT_TIMEOUT)
+                    ));
+                    return;
+                }
+            };
+            buffer.extend_from_slice(&chunk);
+            while let Some(end) = block_end(&buffer) {
+                let block: Vec<u8> = buffer.drain(..end).collect();
+                let (event, data) = parse_block(&String::from_utf8_lossy(&block));
+                let (text, flow) = self.on_event(&event, &data, &mut streamed);
+                show(&text);
+                if flow == Flow::Done {
+                    return;
                 }
             }
         }
-        prompt();
+        end_line(streamed);
+        warn("the answer stream ended before the final answer (is antler shutting down?)");
     }
-    Ok(())
+
+    /// What to print for one SSE event, and whether the answer is complete; unknown events
+    /// print nothing.
+    fn on_event(&mut self, event: &str, data: &str, streamed: &mut bool) -> (String, Flow) {
+        let data = serde_json::from_str::<Value>(data).unwrap_or(Value::Null);
+        let text = data.get("text").and_then(Value::as_str).unwrap_or_default();
+        match event {
+            "accepted" => {
+                // Shown once per thread, quietly, so the user can look the thread up later.
+                match data.get("thread_id").and_then(Value::as_str) {
+                    Some(thread) if self.thread.as_deref() != Some(thread) => {
+                        self.thread = Some(thread.to_owned());
+                        (
+                            format!("[thread {}]\n", escape_line(thread)),
+                            Flow::Continue,
+                        )
+                    }
+                    _ => (String::new(), Flow::Continue),
+                }
+            }
+            "delta" => {
+                *streamed = true;
+                (sanitize_for_terminal(text), Flow::Continue)
+            }
+            // Streamed text already shows the answer; print the final only when nothing
+            // streamed (commands, errors, non-streaming models).
+            "final" if *streamed => ("\n".to_owned(), Flow::Done),
+            "final" => (format!("{}\n", sanitize_for_terminal(text)), Flow::Done),
+            _ => (String::new(), Flow::Continue),
+        }
+    }
 }
 
-fn prompt() {
-    print!("> ");
-    let _ = std::io::stdout().flush();
+/// What to tell the user about a non-2xx answer.
+fn refusal(status: u16, body: &str) -> String {
+    let message = server_message(body);
+    if status == 401 {
+        let message = message.unwrap_or_else(|| "missing or wrong API token".to_owned());
+        return format!("antler answered 401: {message}; pass --token or set ANTLER_API_TOKEN");
+    }
+    match message {
+        Some(message) => format!("antler answered {status}: {message}"),
+        None => format!("antler answered {status}"),
+    }
+}
+
+/// The server's error message (`{"error": {"message"}}`), else the body's text; shortened and
+/// on one line.
+fn server_message(body: &str) -> Option<String> {
+    let parsed = serde_json::from_str::<Value>(body).ok();
+    let message = parsed
+        .as_ref()
+        .and_then(|v| v.pointer("/error/message"))
+        .and_then(Value::as_str)
+        .unwrap_or(body)
+        .trim();
+    if message.is_empty() {
+        return None;
+    }
+    let short: String = message.chars().take(SERVER_MESSAGE_MAX_CHARS).collect();
+    let ellipsis = if short.len() < message.len() {
+        "..."
+    } else {
+        ""
+    };
+    Some(format!("{}{ellipsis}", escape_line(&short)))
+}
+
+/// The root cause of a failed request, on one line (reqwest's own message repeats the URL).
+fn failure_reason(error: &reqwest::Error, timeout: Duration) -> String {
+    if error.is_timeout() {
+        return format!("no answer within {} s", timeout.as_secs());
+    }
+    let mut cause: &(dyn std::error::Error + 'static) = error;
+    while let Some(source) = cause.source() {
+        cause = source;
+    }
+    escape_line(&cause.to_string())
+}
+
+/// The end (exclusive) of the first complete SSE block in `buffer`.
+fn block_end(buffer: &[u8]) -> Option<usize> {
+    buffer
+        .windows(2)
+        .position(|pair| pair == b"\n\n")
+        .map(|at| at + 2)
 }
 
 /// Splits one SSE block into its event name and joined data lines.
@@ -127,9 +319,29 @@ fn parse_block(block: &str) -> (String, String) {
     (event, data.join("\n"))
 }
 
+// `print!` panics when stdout is closed (`antler chat | head`); output that cannot be written
+// is dropped instead.
+fn show(text: &str) {
+    let mut stdout = std::io::stdout().lock();
+    let _ = stdout.write_all(text.as_bytes());
+    let _ = stdout.flush();
+}
+
+fn end_line(streamed: bool) {
+    if streamed {
+        show("\n");
+    }
+}
+
+/// A problem, on stderr, after whatever stdout holds.
+fn warn(text: &str) {
+    let _ = std::io::stdout().lock().flush();
+    let _ = writeln!(std::io::stderr().lock(), "{text}");
+}
+
 #[cfg(test)]
 mod tests {
-    use super::parse_block;
+    use super::*;
 
     #[test]
     fn sse_blocks_split_into_event_and_data() {
@@ -138,5 +350,92 @@ mod tests {
         assert_eq!(data, "{\"text\":\"hi\"}");
         let (event, data) = parse_block(": keep-alive\n\n");
         assert_eq!((event.as_str(), data.as_str()), ("message", ""));
+        assert_eq!(block_end(b"data: x\n\nrest"), Some(9));
+        assert_eq!(block_end(b"data: x\n"), None);
+    }
+
+    #[test]
+    fn refusals_carry_the_server_message_and_401_the_fix() {
+        let body = r#"{"error":{"code":"unauthorized","message":"missing or wrong bearer token"}}"#;
+        let text = refusal(401, body);
+        assert!(
+            text.starts_with("antler answered 401: missing or wrong bearer token"),
+            "{text}"
+        );
+        assert!(
+            text.contains("pass --token or set ANTLER_API_TOKEN"),
+            "{text}"
+        );
+        let body = r#"{"error":{"code":"queue_full","message":"too many\nmessages \u001b[2J"}}"#;
+        assert_eq!(
+            refusal(503, body),
+            "antler answered 503: too many\\nmessages \\x1b[2J"
+        );
+        assert_eq!(refusal(502, "  "), "antler answered 502");
+        assert_eq!(
+            refusal(500, "plain text"),
+            "antler answered 500: plain text"
+        );
+        let long = "x".repeat(1000);
+        assert_eq!(
+            refusal(500, &long).len(),
+            "antler answered 500: ".len() + SERVER_MESSAGE_MAX_CHARS + 3
+        );
+    }
+
+    #[test]
+    fn server_text_reaches_the_terminal_without_escape_sequences() {
+        let mut session = Session {
+            client: reqwest::Client::new(),
+            url: "http://127.0.0.1:1",
+            endpoint: String::new(),
+            token: None,
+            conversation: "c",
+            user: "u",
+            thread: None,
+        };
+        let mut streamed = false;
+        let mut shown = String::new();
+        let mut event = |name: &str, data: Value| {
+            let (text, flow) = session.on_event(name, &data.to_string(), &mut streamed);
+            shown.push_str(&text);
+            flow
+        };
+        let accepted = json!({"thread_id": "t1", "message_id": "m", "duplicate": false});
+        assert_eq!(event("accepted", accepted.clone()), Flow::Continue);
+        assert_eq!(event("accepted", accepted), Flow::Continue);
+        // An escape sequence split across deltas, an OSC title change, BEL and a C1 CSI.
+        for piece in ["evil \x1b", "]0;pwned\x07 \x1b[2J", "\u{9b}31m\tdone\nok"] {
+            let data = json!({ "in_reply_to": "m", "text": piece });
+            assert_eq!(event("delta", data), Flow::Continue);
+        }
+        assert_eq!(event("something-new", json!({"x": 1})), Flow::Continue);
+        assert_eq!(
+            event("final", json!({"text": "evil \x1b]0;pwned"})),
+            Flow::Done
+        );
+        assert_eq!(
+            shown,
+            "[thread t1]\nevil \\x1b]0;pwned\\x07 \\x1b[2J\\u{9b}31m\tdone\nok\n"
+        );
+        assert!(!shown.contains(['\x1b', '\x07', '\u{9b}']), "{shown:?}");
+    }
+
+    #[test]
+    fn a_final_without_deltas_is_printed_sanitized() {
+        let mut session = Session {
+            client: reqwest::Client::new(),
+            url: "http://127.0.0.1:1",
+            endpoint: String::new(),
+            token: None,
+            conversation: "c",
+            user: "u",
+            thread: None,
+        };
+        let mut streamed = false;
+        let data = json!({"text": "done \x1b[31mred"}).to_string();
+        let (text, flow) = session.on_event("final", &data, &mut streamed);
+        assert_eq!(flow, Flow::Done);
+        assert_eq!(text, "done \\x1b[31mred\n");
     }
 }

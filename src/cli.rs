@@ -1,4 +1,4 @@
-//! The command line: `serve`, `check-config`, `chat`.
+//! The command line: `serve`, `check-config`, `chat`, `healthcheck`.
 
 use std::path::PathBuf;
 
@@ -54,5 +54,12 @@ pub enum Command {
         /// Who you are.
         #[arg(long, env = "USER", default_value = "me")]
         user: String,
+    },
+    /// Exit 0 when a running antler answers `GET /healthz` with 200 within 5 s, else 1 (for
+    /// container health checks: no curl needed).
+    Healthcheck {
+        /// The antler base URL.
+        #[arg(long, env = "ANTLER_URL", default_value = "http://127.0.0.1:8080")]
+        url: String,
     },
 }

@@ -22,6 +22,7 @@ pub(crate) mod events;
 pub(crate) mod http;
 pub(crate) mod ingress;
 pub(crate) mod lanes;
+pub mod logging;
 pub(crate) mod memory;
 pub(crate) mod store;
 

@@ -1,22 +1,12 @@
 //! The `antler` binary: parse the command line, set up logging, call into the library.
 
+use std::io::Write;
 use std::process::ExitCode;
 
-use antler::cli::{Cli, Command, LogFormat};
+use antler::cli::{Cli, Command};
 use antler::config::Config;
+use antler::logging;
 use clap::Parser;
-use tracing_subscriber::EnvFilter;
-
-fn init_logging(format: LogFormat) {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    match format {
-        LogFormat::Human => builder.init(),
-        LogFormat::Json => builder.json().init(),
-    }
-}
 
 /// Resolves on Ctrl-C or SIGTERM.
 async fn shutdown_signal() {
@@ -49,21 +39,30 @@ async fn serve(config_path: &std::path::Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-#[tokio::main]
-async fn main() -> ExitCode {
-    let cli = Cli::parse();
-    init_logging(cli.log_format);
-    let result = match &cli.command {
-        Command::Serve { config } => serve(config).await,
+// `println!`/`eprintln!` panic when the stream is closed (`antler ... | head`, a dead `tee`);
+// a line that cannot be written is lost instead.
+fn say(text: std::fmt::Arguments<'_>) {
+    let _ = writeln!(std::io::stdout().lock(), "{text}");
+}
+
+fn complain(text: std::fmt::Arguments<'_>) {
+    let _ = writeln!(std::io::stderr().lock(), "{text}");
+}
+
+/// Runs the command; `Ok` carries the exit code of a command that ends on its own terms.
+async fn run(command: &Command) -> anyhow::Result<ExitCode> {
+    match command {
+        Command::Serve { config } => serve(config).await?,
         Command::CheckConfig { config: path } => match Config::load(path) {
-            Ok(config) => {
-                println!("{}: valid\n{}", path.display(), config.summary());
-                Ok(())
-            }
+            Ok(config) => say(format_args!(
+                "{}: valid\n{}",
+                path.display(),
+                config.summary()
+            )),
             Err(e) => {
-                eprintln!("{}: invalid\n{e}", path.display());
+                complain(format_args!("{}: invalid\n{e}", path.display()));
                 // EX_USAGE, as for any other bad configuration.
-                return ExitCode::from(64);
+                return Ok(ExitCode::from(64));
             }
         },
         Command::Chat {
@@ -71,15 +70,37 @@ async fn main() -> ExitCode {
             token,
             conversation,
             user,
-        } => antler::chat::run(url, token.as_deref(), conversation, user)
-            .await
-            .map_err(anyhow::Error::from),
-    };
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
+        } => antler::chat::run(url, token.as_deref(), conversation, user).await?,
+        Command::Healthcheck { url } => antler::chat::healthcheck(url).await?,
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let logs = match logging::init(cli.log_format) {
+        Ok(guard) => Some(guard),
         Err(e) => {
-            tracing::error!("{e:#}");
-            eprintln!("error: {e:#}");
+            // Running without logs beats not running.
+            complain(format_args!("warning: logging is off: {e}"));
+            None
+        }
+    };
+    let outcome = run(&cli.command).await;
+    // Dropping the guard writes the queued log lines (waiting a second at most), so the
+    // error below comes after them.
+    drop(logs);
+    match outcome {
+        Ok(code) => code,
+        Err(e) => {
+            // Printed once, here, and not logged: the same text twice on stderr helps nobody.
+            let error: &(dyn std::error::Error + 'static) = e.as_ref();
+            let message = logging::error_message(error);
+            complain(format_args!(
+                "error: {}",
+                logging::sanitize_for_terminal(&message)
+            ));
             ExitCode::FAILURE
         }
     }

@@ -1,0 +1,388 @@
+//! The binary as an operator meets it: logging that never blocks or kills the process, log
+//! formats without injected lines or colour codes, errors printed once, `antler chat` and
+//! `antler healthcheck`.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::process::{ExitStatus, Stdio};
+
+use axum::Router;
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+use axum::routing::post;
+use common::{Behaviour, ChildRig, Client, DEADLINE, MockModel, TestApp, free_port, run_binary};
+use serde_json::{Value, json};
+use tokio::io::AsyncWriteExt;
+use tokio::process::{Child, Command};
+
+// ---------------------------------------------------------------------------------------------
+// Helpers
+// ---------------------------------------------------------------------------------------------
+
+/// Starts `antler serve` on `rig` with `extra` arguments, `RUST_LOG=rust_log` and `stderr`.
+fn spawn_serve(rig: &ChildRig, extra: &[&str], rust_log: &str, stderr: Stdio) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_antler"))
+        .args(extra)
+        .arg("serve")
+        .arg("--config")
+        .arg(&rig.config)
+        .env("RUST_LOG", rust_log)
+        .env_remove("NO_COLOR")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(stderr)
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn antler")
+}
+
+/// Waits until the child answers `/healthz` (panics if it exits first).
+async fn wait_up(child: &mut Child, client: &Client) {
+    let start = std::time::Instant::now();
+    loop {
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("antler exited early with {status}");
+        }
+        if client.is_healthy().await {
+            return;
+        }
+        assert!(
+            start.elapsed() < DEADLINE,
+            "antler did not answer /healthz within {DEADLINE:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
+/// Sends SIGTERM and waits (up to the deadline) for the process to exit.
+async fn terminate(child: &mut Child) -> ExitStatus {
+    let pid = child.id().expect("the child is running");
+    let sent = std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .expect("run kill");
+    assert!(sent.success(), "kill -TERM {pid}");
+    tokio::time::timeout(DEADLINE, child.wait())
+        .await
+        .unwrap_or_else(|_| panic!("antler did not exit within {DEADLINE:?} of SIGTERM"))
+        .expect("wait for antler")
+}
+
+fn log_file(rig: &ChildRig) -> std::fs::File {
+    std::fs::File::create(&rig.log).expect("log file")
+}
+
+fn client_for(rig: &ChildRig) -> Client {
+    Client::new(format!("http://127.0.0.1:{}", rig.port))
+}
+
+/// Runs `antler chat` with `args`, feeding `input` on stdin: (exit code, stdout, stderr).
+async fn chat(args: &[&str], input: &str) -> (Option<i32>, String, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_antler"))
+        .arg("chat")
+        .args(args)
+        .env_remove("ANTLER_API_TOKEN")
+        .env_remove("ANTLER_URL")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn antler chat");
+    let mut stdin = child.stdin.take().expect("stdin");
+    stdin
+        .write_all(input.as_bytes())
+        .await
+        .expect("write stdin");
+    // Closing stdin is the end of input (Ctrl-D) after the lines above.
+    drop(stdin);
+    let output = tokio::time::timeout(DEADLINE, child.wait_with_output())
+        .await
+        .expect("antler chat ends")
+        .expect("antler chat output");
+    (
+        output.status.code(),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+/// A model server that fails every request with an error message made to forge log lines
+/// and drive a terminal.
+async fn hostile_model() -> String {
+    async fn fail() -> impl IntoResponse {
+        (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            axum::Json(json!({"error": {
+                "message": "boom\nFAKE 2026-01-01T00:00:00Z  INFO forged line \u{1b}[2J\u{1b}[31m\r"
+            }})),
+        )
+    }
+    let app = Router::new().route("/v1/chat/completions", post(fail));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    format!("http://{addr}/v1")
+}
+
+// ---------------------------------------------------------------------------------------------
+// Logging never takes the process down
+// ---------------------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn serve_shuts_down_cleanly_when_stderr_is_a_closed_pipe() {
+    let mock = MockModel::start(Behaviour::Echo).await;
+    let rig = ChildRig::new(&mock, "");
+    let mut child = spawn_serve(&rig, &[], "debug", Stdio::piped());
+    // Closing the read end (what a dead `tee` does) makes every log write fail with EPIPE.
+    drop(child.stderr.take());
+    let client = client_for(&rig);
+    wait_up(&mut child, &client).await;
+    let answer = client.ask("closed-pipe", "hello").await;
+    assert_eq!(answer.json["reply"], "echo: hello", "{}", answer.text);
+    let status = terminate(&mut child).await;
+    assert!(status.success(), "antler exited with {status}");
+}
+
+#[tokio::test]
+async fn serve_keeps_answering_and_shuts_down_when_nobody_reads_stderr() {
+    let mock = MockModel::start(Behaviour::Echo).await;
+    let rig = ChildRig::new(&mock, "");
+    // Trace level logs far more than a pipe holds (64 KiB on Linux) within a few requests.
+    let mut child = spawn_serve(&rig, &[], "trace", Stdio::piped());
+    let mut stderr = child.stderr.take().expect("stderr pipe");
+    let client = client_for(&rig);
+    wait_up(&mut child, &client).await;
+    for i in 0..40 {
+        let answer = client.ask("full-pipe", &format!("message {i}")).await;
+        assert_eq!(
+            answer.json["reply"],
+            format!("echo: message {i}"),
+            "{}",
+            answer.text
+        );
+    }
+    for _ in 0..200 {
+        assert!(client.is_healthy().await, "/healthz answers");
+    }
+    let status = terminate(&mut child).await;
+    assert!(status.success(), "antler exited with {status}");
+    // The pipe really was full: the last lines (`stopped`) never made it in.
+    let mut logged = Vec::new();
+    tokio::io::AsyncReadExt::read_to_end(&mut stderr, &mut logged)
+        .await
+        .unwrap();
+    let logged = String::from_utf8_lossy(&logged);
+    assert!(!logged.is_empty(), "something was logged");
+    assert!(
+        !logged.contains("antler::app: stopped"),
+        "the pipe never filled up; the test proves nothing"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Log formats
+// ---------------------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn json_logs_are_one_object_per_line() {
+    let model = hostile_model().await;
+    let mock = MockModel::start(Behaviour::Echo).await;
+    let rig = ChildRig::new(&mock, &format!("[model]\nbase_url = \"{model}\"\n"));
+    let mut child = spawn_serve(
+        &rig,
+        &["--log-format", "json"],
+        "info",
+        log_file(&rig).into(),
+    );
+    let client = client_for(&rig);
+    wait_up(&mut child, &client).await;
+    client.ask("json-logs", "hello").await;
+    let status = terminate(&mut child).await;
+    assert!(status.success(), "antler exited with {status}");
+
+    let text = std::fs::read_to_string(&rig.log).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(
+        lines.len() >= 3,
+        "startup, the model failure, shutdown:\n{text}"
+    );
+    for line in &lines {
+        let value: Value = serde_json::from_str(line)
+            .unwrap_or_else(|e| panic!("not one JSON object per line ({e}): {line:?}"));
+        assert!(value.is_object(), "{line}");
+        assert!(value["level"].is_string(), "{line}");
+        assert!(value["fields"].is_object(), "{line}");
+    }
+    // The hostile provider message is in there, as data.
+    assert!(
+        lines.iter().any(|line| line.contains("FAKE 2026")),
+        "the model failure was logged:\n{text}"
+    );
+}
+
+#[tokio::test]
+async fn human_logs_in_a_file_have_no_colour_codes_and_no_forged_lines() {
+    let model = hostile_model().await;
+    let mock = MockModel::start(Behaviour::Echo).await;
+    let rig = ChildRig::new(&mock, &format!("[model]\nbase_url = \"{model}\"\n"));
+    let mut child = spawn_serve(&rig, &[], "info", log_file(&rig).into());
+    let client = client_for(&rig);
+    wait_up(&mut child, &client).await;
+    client.ask("human-logs", "hello").await;
+    let status = terminate(&mut child).await;
+    assert!(status.success(), "antler exited with {status}");
+
+    let bytes = std::fs::read(&rig.log).unwrap();
+    let text = String::from_utf8_lossy(&bytes);
+    assert!(!bytes.contains(&0x1b), "ESC in a redirected log:\n{text}");
+    assert!(!bytes.contains(&b'\r'), "CR in the log:\n{text}");
+    assert!(
+        text.contains("boom\\nFAKE 2026-01-01T00:00:00Z  INFO forged line \\x1b[2J"),
+        "the provider message shows escaped:\n{text}"
+    );
+    for line in text.lines() {
+        assert!(!line.starts_with("FAKE"), "a forged line: {line}");
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Errors
+// ---------------------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn a_failing_command_prints_its_error_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("missing.toml");
+    let (code, stdout, stderr) =
+        run_binary(&["serve", "--config", missing.to_str().unwrap()]).await;
+    assert_eq!(code, Some(1), "{stderr}");
+    assert_eq!(stdout, "");
+    assert_eq!(stderr.lines().count(), 1, "one line: {stderr:?}");
+    assert!(stderr.starts_with("error: cannot read "), "{stderr:?}");
+    assert!(stderr.contains("missing.toml"), "{stderr:?}");
+    assert_eq!(
+        stderr.matches("No such file or directory").count(),
+        1,
+        "the cause once: {stderr:?}"
+    );
+
+    // check-config keeps its own report and exit code.
+    let (code, _, stderr) =
+        run_binary(&["check-config", "--config", missing.to_str().unwrap()]).await;
+    assert_eq!(code, Some(64), "{stderr}");
+    assert!(stderr.contains(": invalid\n"), "{stderr:?}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// antler chat
+// ---------------------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn chat_prints_a_banner_streams_the_answer_and_quits_locally() {
+    let mock = MockModel::start(Behaviour::Echo).await;
+    let app = TestApp::spawn(&mock, "").await;
+    let url = format!("http://{}", app.addr);
+    let (code, stdout, stderr) =
+        chat(&["--url", &url, "--conversation", "c"], "hello\n/quit\n").await;
+    assert_eq!(code, Some(0), "{stdout}\n{stderr}");
+    assert!(stdout.contains(&format!("talking to {url}")), "{stdout}");
+    assert!(stdout.contains("conversation \"c\""), "{stdout}");
+    assert!(
+        stdout.contains("/quit") && stdout.contains("Ctrl-D"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("echo: hello\n"), "{stdout}");
+    assert_eq!(stderr, "", "no complaints");
+    // `/quit` stayed local: the model saw only `hello`.
+    assert_eq!(mock.count(), 1);
+    assert_eq!(mock.requests()[0].last_user_text(), "hello");
+    app.shutdown().await;
+}
+
+#[tokio::test]
+async fn chat_without_the_token_says_how_to_fix_it_and_keeps_going() {
+    let mock = MockModel::start(Behaviour::Echo).await;
+    let app = TestApp::spawn(&mock, "[channels.api]\ntoken = \"s3cret-token\"\n").await;
+    let url = format!("http://{}", app.addr);
+    let (code, stdout, stderr) = chat(&["--url", &url], "hello\nagain\n/exit\n").await;
+    assert_eq!(code, Some(0), "{stdout}\n{stderr}");
+    assert_eq!(
+        stderr.matches("antler answered 401").count(),
+        2,
+        "both lines were tried: {stderr}"
+    );
+    assert!(
+        stderr.contains("pass --token or set ANTLER_API_TOKEN"),
+        "{stderr}"
+    );
+    assert_eq!(mock.count(), 0);
+
+    // With the token the same chat works.
+    let (code, stdout, stderr) = chat(&["--url", &url, "--token", "s3cret-token"], "hello\n").await;
+    assert_eq!(code, Some(0), "{stdout}\n{stderr}");
+    assert!(stdout.contains("echo: hello"), "{stdout}");
+    app.shutdown().await;
+}
+
+#[tokio::test]
+async fn chat_reports_an_unreachable_server_and_ends_the_line_on_end_of_input() {
+    let port = free_port();
+    let url = format!("http://127.0.0.1:{port}");
+    let (code, stdout, stderr) = chat(&["--url", &url], "hello\nagain\n").await;
+    assert_eq!(code, Some(0), "{stdout}\n{stderr}");
+    assert_eq!(
+        stderr
+            .matches(&format!("cannot reach antler at {url}"))
+            .count(),
+        2,
+        "kept going after the first failure: {stderr}"
+    );
+    // End of input arrives at the prompt; the newline after it gives the shell its own line.
+    assert!(stdout.ends_with("> \n"), "{stdout:?}");
+}
+
+#[tokio::test]
+async fn chat_neutralises_escape_sequences_in_answers() {
+    let mock = MockModel::start(Behaviour::Echo).await;
+    let app = TestApp::spawn(&mock, "").await;
+    let url = format!("http://{}", app.addr);
+    let (code, stdout, stderr) =
+        chat(&["--url", &url], "paint \u{1b}[2J\u{1b}]0;title\u{7} it\n").await;
+    assert_eq!(code, Some(0), "{stdout}\n{stderr}");
+    assert!(
+        !stdout.contains(['\u{1b}', '\u{7}']),
+        "raw control characters: {stdout:?}"
+    );
+    assert!(
+        stdout.contains("echo: paint \\x1b[2J\\x1b]0;title\\x07 it"),
+        "{stdout:?}"
+    );
+    app.shutdown().await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// antler healthcheck
+// ---------------------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn healthcheck_exits_0_on_a_running_app_and_1_on_a_closed_port() {
+    let mock = MockModel::start(Behaviour::Echo).await;
+    let app = TestApp::spawn(&mock, "").await;
+    let url = format!("http://{}", app.addr);
+    let (code, _, stderr) = run_binary(&["healthcheck", "--url", &url]).await;
+    assert_eq!(code, Some(0), "{stderr}");
+    app.shutdown().await;
+
+    let url = format!("http://127.0.0.1:{}", free_port());
+    let (code, _, stderr) = run_binary(&["healthcheck", "--url", &url]).await;
+    assert_eq!(code, Some(1), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "one line: {stderr:?}");
+    assert!(
+        stderr.starts_with(&format!("error: no answer from {url}/healthz: ")),
+        "{stderr:?}"
+    );
+}
