@@ -5,6 +5,7 @@
 
 mod api;
 mod boundary;
+mod cli;
 mod config;
 mod crash;
 mod loop_detection;

@@ -1,17 +1,16 @@
 //! The binary as an operator meets it: logging that never blocks or kills the process, log
 //! formats without injected lines or colour codes, errors printed once, `antler chat` and
 //! `antler healthcheck`.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-
-mod common;
 
 use std::process::{ExitStatus, Stdio};
 
+use crate::support::{
+    Behaviour, ChildRig, Client, DEADLINE, MockModel, TestApp, free_port, run_binary,
+};
 use axum::Router;
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::routing::post;
-use common::{Behaviour, ChildRig, Client, DEADLINE, MockModel, TestApp, free_port, run_binary};
 use serde_json::{Value, json};
 use tokio::io::AsyncWriteExt;
 use tokio::process::{Child, Command};
