@@ -31,7 +31,8 @@ use crate::http::{AppState, api::ApiChannel, ops_router, router};
 use crate::ingress::{Ingress, IngressSettings, TurnRunner};
 use crate::store::{SledStore, Store, StoreError};
 
-/// How often expired dedupe keys and old outbox records are swept.
+/// How often expired dedupe keys and old outbox records are swept, at most (a short dedupe
+/// TTL is swept more often: twice per TTL).
 const SWEEP_EVERY: Duration = Duration::from_secs(60);
 /// How long interrupted turns get to give their attempt back.
 const INTERRUPT_WAIT: Duration = Duration::from_secs(5);
@@ -365,7 +366,8 @@ async fn sweep(
     stop: CancellationToken,
 ) {
     let retain_ms = u64::try_from(retain.as_millis()).unwrap_or(u64::MAX);
-    let mut every = tokio::time::interval(SWEEP_EVERY);
+    let period = (retain / 2).clamp(Duration::from_secs(1), SWEEP_EVERY);
+    let mut every = tokio::time::interval(period);
     loop {
         tokio::select! {
             _ = every.tick() => {}
@@ -374,7 +376,10 @@ async fn sweep(
         metrics.run_upkeep();
         match store.sweep(crate::now_ms(), retain_ms).await {
             Ok(0) => {}
-            Ok(removed) => tracing::debug!(removed, "swept expired records"),
+            Ok(removed) => {
+                metrics::counter!("antler_store_swept_total").increment(removed as u64);
+                tracing::debug!(removed, "swept expired records");
+            }
             Err(e) => tracing::warn!(error = %e, "sweep failed"),
         }
     }

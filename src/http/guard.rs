@@ -101,9 +101,10 @@ impl ApiAuth {
         found
     }
 
-    /// Whether the request carries an admin token.
+    /// Whether the request carries an admin token (never true without tokens: an open API
+    /// does not open what has a token of its own, such as the metrics).
     pub(crate) fn is_admin(&self, headers: &HeaderMap) -> bool {
-        self.principal(headers).is_some_and(|p| p.user.is_none())
+        !self.is_open() && self.principal(headers).is_some_and(|p| p.user.is_none())
     }
 }
 
@@ -326,7 +327,13 @@ mod tests {
         assert!(!ana.may_read("api:ops"));
         assert!(!ana.may_read("telegram:1"));
         assert!(Principal::ADMIN.may_read("api:ana/ops"));
-        assert!(ApiAuth::from_config(&ApiChannelConfig::default()).is_open());
+        let open = ApiAuth::from_config(&ApiChannelConfig::default());
+        assert!(open.is_open());
+        assert_eq!(open.principal(&HeaderMap::new()), Some(Principal::ADMIN));
+        assert!(
+            !open.is_admin(&HeaderMap::new()),
+            "no token, no admin token"
+        );
     }
 
     #[test]

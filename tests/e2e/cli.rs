@@ -2,16 +2,12 @@
 //! formats without injected lines or colour codes, errors printed once, `antler chat` and
 //! `antler healthcheck`.
 
-use std::process::{ExitStatus, Stdio};
+use std::process::Stdio;
 
 use crate::support::{
-    Behaviour, ChildRig, Client, DEADLINE, MockModel, TestApp, free_port, run_binary,
+    Behaviour, ChildRig, Client, DEADLINE, MockModel, TestApp, free_port, run_binary, sigterm,
 };
-use axum::Router;
-use axum::http::StatusCode;
-use axum::response::IntoResponse;
-use axum::routing::post;
-use serde_json::{Value, json};
+use serde_json::Value;
 use tokio::io::AsyncWriteExt;
 use tokio::process::{Child, Command};
 
@@ -54,20 +50,6 @@ async fn wait_up(child: &mut Child, client: &Client) {
     }
 }
 
-/// Sends SIGTERM and waits (up to the deadline) for the process to exit.
-async fn terminate(child: &mut Child) -> ExitStatus {
-    let pid = child.id().expect("the child is running");
-    let sent = std::process::Command::new("kill")
-        .args(["-TERM", &pid.to_string()])
-        .status()
-        .expect("run kill");
-    assert!(sent.success(), "kill -TERM {pid}");
-    tokio::time::timeout(DEADLINE, child.wait())
-        .await
-        .unwrap_or_else(|_| panic!("antler did not exit within {DEADLINE:?} of SIGTERM"))
-        .expect("wait for antler")
-}
-
 fn log_file(rig: &ChildRig) -> std::fs::File {
     std::fs::File::create(&rig.log).expect("log file")
 }
@@ -107,24 +89,15 @@ async fn chat(args: &[&str], input: &str) -> (Option<i32>, String, String) {
     )
 }
 
-/// A model server that fails every request with an error message made to forge log lines
-/// and drive a terminal.
-async fn hostile_model() -> String {
-    async fn fail() -> impl IntoResponse {
-        (
-            StatusCode::INTERNAL_SERVER_ERROR,
-            axum::Json(json!({"error": {
-                "message": "boom\nFAKE 2026-01-01T00:00:00Z  INFO forged line \u{1b}[2J\u{1b}[31m\r"
-            }})),
-        )
-    }
-    let app = Router::new().route("/v1/chat/completions", post(fail));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    });
-    format!("http://{addr}/v1")
+/// A model that fails every request with an error message made to forge log lines and drive
+/// a terminal.
+async fn hostile_model() -> MockModel {
+    MockModel::start(Behaviour::Fail {
+        status: 500,
+        message: "boom\nFAKE 2026-01-01T00:00:00Z  INFO forged line \u{1b}[2J\u{1b}[31m\r"
+            .to_owned(),
+    })
+    .await
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -142,7 +115,7 @@ async fn serve_shuts_down_cleanly_when_stderr_is_a_closed_pipe() {
     wait_up(&mut child, &client).await;
     let answer = client.ask("closed-pipe", "hello").await;
     assert_eq!(answer.json["reply"], "echo: hello", "{}", answer.text);
-    let status = terminate(&mut child).await;
+    let status = sigterm(&mut child).await;
     assert!(status.success(), "antler exited with {status}");
 }
 
@@ -167,7 +140,7 @@ async fn serve_keeps_answering_and_shuts_down_when_nobody_reads_stderr() {
     for _ in 0..200 {
         assert!(client.is_healthy().await, "/healthz answers");
     }
-    let status = terminate(&mut child).await;
+    let status = sigterm(&mut child).await;
     assert!(status.success(), "antler exited with {status}");
     // The pipe really was full: the last lines (`stopped`) never made it in.
     let mut logged = Vec::new();
@@ -188,9 +161,8 @@ async fn serve_keeps_answering_and_shuts_down_when_nobody_reads_stderr() {
 
 #[tokio::test]
 async fn json_logs_are_one_object_per_line() {
-    let model = hostile_model().await;
-    let mock = MockModel::start(Behaviour::Echo).await;
-    let rig = ChildRig::new(&mock, &format!("[model]\nbase_url = \"{model}\"\n"));
+    let mock = hostile_model().await;
+    let rig = ChildRig::new(&mock, "");
     let mut child = spawn_serve(
         &rig,
         &["--log-format", "json"],
@@ -200,7 +172,7 @@ async fn json_logs_are_one_object_per_line() {
     let client = client_for(&rig);
     wait_up(&mut child, &client).await;
     client.ask("json-logs", "hello").await;
-    let status = terminate(&mut child).await;
+    let status = sigterm(&mut child).await;
     assert!(status.success(), "antler exited with {status}");
 
     let text = std::fs::read_to_string(&rig.log).unwrap();
@@ -225,14 +197,13 @@ async fn json_logs_are_one_object_per_line() {
 
 #[tokio::test]
 async fn human_logs_in_a_file_have_no_colour_codes_and_no_forged_lines() {
-    let model = hostile_model().await;
-    let mock = MockModel::start(Behaviour::Echo).await;
-    let rig = ChildRig::new(&mock, &format!("[model]\nbase_url = \"{model}\"\n"));
+    let mock = hostile_model().await;
+    let rig = ChildRig::new(&mock, "");
     let mut child = spawn_serve(&rig, &[], "info", log_file(&rig).into());
     let client = client_for(&rig);
     wait_up(&mut child, &client).await;
     client.ask("human-logs", "hello").await;
-    let status = terminate(&mut child).await;
+    let status = sigterm(&mut child).await;
     assert!(status.success(), "antler exited with {status}");
 
     let bytes = std::fs::read(&rig.log).unwrap();

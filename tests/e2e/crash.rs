@@ -159,6 +159,14 @@ async fn a_message_that_keeps_crashing_is_given_up_after_max_turn_attempts() {
     .await;
     assert!(!metrics.contains("outcome=\"ok\""), "{metrics}");
     assert_eq!(mock.count(), 1, "not run again after the crash");
+    let thread = second
+        .thread(accepted.json["thread_id"].as_str().unwrap())
+        .await;
+    let notice = thread["messages"][1]["content"].as_str().unwrap();
+    assert!(
+        notice.contains("gave up") && notice.contains("once"),
+        "the reply says why: {notice}"
+    );
 
     // The conversation is not stuck.
     let next = second.ask("poison", "hello again").await;

@@ -1,14 +1,14 @@
 //! One conversation, one order; bounded backlog.
 
-use std::time::Duration;
-
 use crate::support::{Behaviour, MockModel, TestApp, wait_until};
 use reqwest::StatusCode;
 use serde_json::json;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn quick_messages_are_answered_in_order_one_turn_at_a_time() {
-    let mock = MockModel::start(Behaviour::Slow(Duration::from_millis(300))).await;
+    let mock = MockModel::start(Behaviour::Echo).await;
+    // The first turn is held at the model, so the other two are queued behind it.
+    mock.hold();
     let app = TestApp::spawn(&mock, "").await;
 
     let texts = ["one", "two", "three"];
@@ -24,6 +24,13 @@ async fn quick_messages_are_answered_in_order_one_turn_at_a_time() {
         thread_ids.iter().all(|t| *t == thread_ids[0]),
         "one thread: {thread_ids:?}"
     );
+    mock.wait_for_requests(1).await;
+    assert_eq!(
+        mock.count(),
+        1,
+        "while the first turn runs, the others wait their turn"
+    );
+    mock.release();
 
     let thread = app.wait_for_messages(&thread_ids[0], 6).await;
     let messages = thread["messages"].as_array().unwrap();

@@ -285,6 +285,13 @@ impl TestApp {
         }
     }
 
+    /// Starts the shutdown (as SIGTERM would) without waiting for it.
+    pub fn begin_shutdown(&mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+    }
+
     /// Stops the app and waits for `serve` to return (it must return Ok).
     pub async fn shutdown(mut self) {
         if let Some(tx) = self.shutdown.take() {
@@ -430,6 +437,20 @@ impl std::ops::Deref for Child {
     fn deref(&self) -> &Client {
         &self.client
     }
+}
+
+/// Sends SIGTERM to a child process and waits (up to the deadline) for it to exit.
+pub async fn sigterm(child: &mut tokio::process::Child) -> std::process::ExitStatus {
+    let pid = child.id().expect("the child is running");
+    let sent = std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .expect("run kill");
+    assert!(sent.success(), "kill -TERM {pid}");
+    tokio::time::timeout(DEADLINE, child.wait())
+        .await
+        .unwrap_or_else(|_| panic!("antler did not exit within {DEADLINE:?} of SIGTERM"))
+        .expect("wait for antler")
 }
 
 /// Runs the binary with `args` to completion: (exit code, stdout, stderr).
