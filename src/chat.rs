@@ -63,7 +63,7 @@ pub async fn run(
     url: &str,
     token: Option<&str>,
     conversation: &str,
-    user: &str,
+    user: Option<&str>,
 ) -> Result<(), ChatError> {
     let client = reqwest::Client::builder()
         .connect_timeout(CONNECT_TIMEOUT)
@@ -79,12 +79,16 @@ pub async fn run(
         user,
         thread: None,
     };
+    let who = match user {
+        Some(user) => escape_line(user),
+        None if token.is_some() => "the token's user".to_owned(),
+        None => "operator".to_owned(),
+    };
     show(&format!(
-        "antler chat: talking to {} in conversation {:?} as {}.\n\
+        "antler chat: talking to {} in conversation {:?} as {who}.\n\
          Type a message and press Enter; /quit, /exit or Ctrl-D leaves.\n",
         escape_line(base),
         escape_line(conversation),
-        escape_line(user),
     ));
     let mut input = BufReader::new(tokio::io::stdin());
     let mut line = Vec::new();
@@ -140,7 +144,8 @@ struct Session<'a> {
     endpoint: String,
     token: Option<&'a str>,
     conversation: &'a str,
-    user: &'a str,
+    /// Who to speak as; without it the server uses the token's user (or `operator`).
+    user: Option<&'a str>,
     /// The thread id last shown.
     thread: Option<String>,
 }
@@ -155,12 +160,15 @@ enum Flow {
 impl Session<'_> {
     /// Posts `text` and prints the answer; every failure is reported, none ends the chat.
     async fn send(&mut self, text: &str) {
-        let mut request = self.client.post(&self.endpoint).json(&json!({
+        let mut body = json!({
             "conversation": self.conversation,
-            "user": self.user,
             "text": text,
             "stream": true,
-        }));
+        });
+        if let Some(user) = self.user {
+            body["user"] = json!(user);
+        }
+        let mut request = self.client.post(&self.endpoint).json(&body);
         if let Some(token) = self.token {
             request = request.bearer_auth(token);
         }
@@ -391,7 +399,7 @@ mod tests {
             endpoint: String::new(),
             token: None,
             conversation: "c",
-            user: "u",
+            user: Some("u"),
             thread: None,
         };
         let mut streamed = false;
@@ -429,7 +437,7 @@ mod tests {
             endpoint: String::new(),
             token: None,
             conversation: "c",
-            user: "u",
+            user: Some("u"),
             thread: None,
         };
         let mut streamed = false;

@@ -51,9 +51,17 @@ pub enum Command {
         /// The conversation to talk in.
         #[arg(long, default_value = "terminal")]
         conversation: String,
-        /// Who you are.
-        #[arg(long, env = "USER", default_value = "me")]
-        user: String,
+        /// Who you speak as (an admin token or no token); a user's token always speaks as its
+        /// user. Without it: the token's user, or `operator`.
+        #[arg(long, env = "ANTLER_USER")]
+        user: Option<String>,
+    },
+    /// Check the configuration, store, listen address, model endpoint and API access, and
+    /// say how to fix what fails (exit 1 if anything does).
+    Doctor {
+        /// The configuration file.
+        #[arg(long, env = "ANTLER_CONFIG", default_value = crate::config::DEFAULT_PATH)]
+        config: PathBuf,
     },
     /// Exit 0 when a running antler answers `GET /healthz` with 200 within 5 s, else 1 (for
     /// container health checks: no curl needed).

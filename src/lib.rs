@@ -10,6 +10,7 @@
 //! - `agent`: the runtime (model client, tools, middleware chain), free of HTTP and platforms.
 //! - `memory`: long-term memory documents and their update queue.
 //! - `store`: the `Store` trait and its sled implementation.
+//! - [`doctor`], [`chat`], [`logging`], [`cli`]: what the binary's subcommands and setup use.
 #![cfg_attr(
     test,
     allow(
@@ -26,6 +27,7 @@ pub mod chat;
 pub mod cli;
 pub mod config;
 pub(crate) mod delivery;
+pub mod doctor;
 pub(crate) mod events;
 pub(crate) mod http;
 pub(crate) mod ingress;

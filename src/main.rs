@@ -70,8 +70,13 @@ async fn run(command: &Command) -> anyhow::Result<ExitCode> {
             token,
             conversation,
             user,
-        } => antler::chat::run(url, token.as_deref(), conversation, user).await?,
+        } => antler::chat::run(url, token.as_deref(), conversation, user.as_deref()).await?,
         Command::Healthcheck { url } => antler::chat::healthcheck(url).await?,
+        Command::Doctor { config } => {
+            if !antler::doctor::run(config).await {
+                return Ok(ExitCode::FAILURE);
+            }
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -1,6 +1,7 @@
 //! The HTTP API channel: antler's own channel, for `antler chat`, scripts and tests.
 //!
-//! `POST /api/v1/messages` accepts `{conversation, user?, text, message_id?}` and answers 202
+//! `POST /api/v1/messages` accepts `{conversation, user?, text, message_id?}` (`user` defaults
+//! to the token's user, or `operator`) and answers 202
 //! with the thread id once the message is durable; the same `message_id` again is recognised
 //! and answered with the same thread, nothing stored twice. `"stream": true` answers with an
 //! SSE stream instead (`accepted`, then the answer's `delta`s and its `final`), `"wait": true`
@@ -39,6 +40,8 @@ use crate::events::{EventHub, Subscription, ThreadEvent};
 /// How long `"wait": true` waits for the answer before answering 202 anyway.
 const WAIT_LIMIT: Duration = Duration::from_secs(120);
 const MAX_ID_CHARS: usize = 256;
+/// Who a message is from when an admin (or a token-less setup) does not say.
+const DEFAULT_USER: &str = "operator";
 
 /// The API channel.
 #[derive(Debug)]
@@ -91,11 +94,7 @@ impl ApiChannel {
         check_id("conversation", &message.conversation)?;
         let user = match (&principal.user, &message.user) {
             (None, Some(user)) => user.clone(),
-            (None, None) => {
-                return Err(ChannelError::Malformed(
-                    "`user` is required with an admin token".to_owned(),
-                ));
-            }
+            (None, None) => DEFAULT_USER.to_owned(),
             (Some(own), Some(user)) if own != user => {
                 return Err(ChannelError::Malformed(format!(
                     "`user` must be this token's user ({own}) or left out"

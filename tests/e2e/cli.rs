@@ -356,3 +356,64 @@ async fn healthcheck_exits_0_on_a_running_app_and_1_on_a_closed_port() {
         "{stderr:?}"
     );
 }
+
+// ---------------------------------------------------------------------------------------------
+// antler doctor
+// ---------------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn doctor_says_what_is_fine_and_how_to_fix_what_is_not() {
+    let mock = MockModel::start(Behaviour::Echo).await;
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let write = |name: &str, text: String| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        path.display().to_string()
+    };
+    let port = free_port();
+    let good = write(
+        "good.toml",
+        crate::support::config_text(
+            &mock.base_url(),
+            &store,
+            &format!("[server]\nlisten = \"127.0.0.1:{port}\"\n"),
+        ),
+    );
+    let (code, stdout, _) = run_binary(&["doctor", "--config", &good]).await;
+    assert_eq!(code, Some(0), "{stdout}");
+    assert!(stdout.contains("ok    config"), "{stdout}");
+    assert!(
+        stdout.contains("serves `mock-model-e2e`"),
+        "the model answered and lists ours: {stdout}"
+    );
+    assert!(stdout.contains("does not exist yet"), "{stdout}");
+
+    // With antler running on that store, the store is in use, and that is fine.
+    let app = TestApp::start(&mock, &store, "").await;
+    let (code, stdout, _) = run_binary(&["doctor", "--config", &good]).await;
+    assert_eq!(code, Some(0), "{stdout}");
+    assert!(stdout.contains("in use by a running antler"), "{stdout}");
+    app.shutdown().await;
+
+    let dead = format!("http://127.0.0.1:{}/v1", free_port());
+    let broken = write(
+        "dead-model.toml",
+        crate::support::config_text(&dead, &store, ""),
+    );
+    let (code, stdout, _) = run_binary(&["doctor", "--config", &broken]).await;
+    assert_eq!(code, Some(1), "{stdout}");
+    assert!(stdout.contains("FAIL  model"), "{stdout}");
+    assert!(
+        stdout.contains("fix: start the model server, or set model.base_url"),
+        "{stdout}"
+    );
+
+    let invalid = write("invalid.toml", "[server]\nlisten = 5\n".to_owned());
+    let (code, stdout, _) = run_binary(&["doctor", "--config", &invalid]).await;
+    assert_eq!(code, Some(1), "{stdout}");
+    assert!(
+        stdout.contains("FAIL  config") && stdout.contains("server.listen"),
+        "{stdout}"
+    );
+}

@@ -1,0 +1,302 @@
+//! `antler doctor`: checks what a deployment needs, one line each, with the fix for what fails.
+//!
+//! The configuration, the store, the listen address, the model endpoint and the API's access
+//! rules; each enabled platform's credentials join as their channels land. Nothing is changed,
+//! except that a store is opened the way `antler serve` would open it (an older layout is
+//! migrated); a store another antler holds is reported, not touched.
+
+use std::io::Write;
+use std::path::Path;
+use std::time::Duration;
+
+use crate::agent::model::{ModelError, OpenAiClient, OpenAiConfig};
+use crate::config::Config;
+use crate::store::{SledStore, Store, StoreError};
+
+/// How one check came out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Verdict {
+    Ok,
+    /// Worth knowing, not broken.
+    Note,
+    Fail,
+}
+
+/// One line of the report.
+#[derive(Debug)]
+struct Finding {
+    verdict: Verdict,
+    what: &'static str,
+    detail: String,
+    fix: Option<String>,
+}
+
+impl Finding {
+    fn ok(what: &'static str, detail: impl Into<String>) -> Self {
+        Self {
+            verdict: Verdict::Ok,
+            what,
+            detail: detail.into(),
+            fix: None,
+        }
+    }
+
+    fn note(what: &'static str, detail: impl Into<String>) -> Self {
+        Self {
+            verdict: Verdict::Note,
+            what,
+            detail: detail.into(),
+            fix: None,
+        }
+    }
+
+    fn fail(what: &'static str, detail: impl Into<String>, fix: impl Into<String>) -> Self {
+        Self {
+            verdict: Verdict::Fail,
+            what,
+            detail: detail.into(),
+            fix: Some(fix.into()),
+        }
+    }
+
+    fn line(&self) -> String {
+        let label = match self.verdict {
+            Verdict::Ok => "ok  ",
+            Verdict::Note => "note",
+            Verdict::Fail => "FAIL",
+        };
+        let mut line = format!("{label}  {:<8} {}", self.what, self.detail);
+        if let Some(fix) = &self.fix {
+            line.push_str(&format!("\n                fix: {fix}"));
+        }
+        line
+    }
+}
+
+/// Runs every check and prints the report; returns whether nothing failed.
+pub async fn run(config_path: &Path) -> bool {
+    let findings = check(config_path).await;
+    let mut out = std::io::stdout().lock();
+    for finding in &findings {
+        // A closed stdout loses the report; the exit code still tells.
+        let _ = writeln!(out, "{}", finding.line());
+    }
+    let failed = findings
+        .iter()
+        .filter(|f| f.verdict == Verdict::Fail)
+        .count();
+    let _ = if failed == 0 {
+        writeln!(out, "\nantler is ready to serve.")
+    } else {
+        writeln!(
+            out,
+            "\n{failed} problem(s) to fix before antler can serve well."
+        )
+    };
+    failed == 0
+}
+
+async fn check(config_path: &Path) -> Vec<Finding> {
+    let config = match Config::load(config_path) {
+        Ok(config) => config,
+        Err(e) => {
+            return vec![Finding::fail(
+                "config",
+                format!("{} is invalid:\n{e}", config_path.display()),
+                format!(
+                    "correct the keys above (`antler check-config --config {}` repeats them)",
+                    config_path.display()
+                ),
+            )];
+        }
+    };
+    let mut findings = vec![Finding::ok(
+        "config",
+        format!("{} is valid", config_path.display()),
+    )];
+    findings.push(check_store(&config).await);
+    findings.push(check_listen(&config).await);
+    findings.push(check_model(&config).await);
+    findings.push(check_api(&config));
+    let platforms = config.channels.enabled_platforms();
+    findings.push(if platforms.is_empty() {
+        Finding::note(
+            "channels",
+            "no chat platform is enabled; the HTTP API is the way in",
+        )
+    } else {
+        Finding::ok("channels", format!("enabled: {}", platforms.join(", ")))
+    });
+    findings
+}
+
+async fn check_store(config: &Config) -> Finding {
+    let path = config.store.path.clone();
+    if !path.exists() {
+        return Finding::note(
+            "store",
+            format!(
+                "{} does not exist yet; `antler serve` creates it",
+                path.display()
+            ),
+        );
+    }
+    let cache = config.store.cache_capacity_bytes;
+    let opened = tokio::task::spawn_blocking(move || SledStore::open(&path, cache)).await;
+    let path = config.store.path.display();
+    match opened {
+        Ok(Ok(store)) => match store.stats().await {
+            Ok(stats) => Finding::ok(
+                "store",
+                format!(
+                    "{path}: {} KiB on disk, {} message(s) waiting, {} repl(ies) to deliver",
+                    stats.disk_bytes / 1024,
+                    stats.inbox,
+                    stats.outbox_pending
+                ),
+            ),
+            Err(e) => Finding::fail("store", format!("{path}: {e}"), "see the error above"),
+        },
+        Ok(Err(StoreError::InUse { .. })) => Finding::note(
+            "store",
+            format!("{path} is in use by a running antler (fine if that is this deployment)"),
+        ),
+        Ok(Err(e @ StoreError::NewerSchema { .. })) => Finding::fail(
+            "store",
+            e.to_string(),
+            "run the antler version that wrote it, or point store.path elsewhere",
+        ),
+        Ok(Err(e)) => Finding::fail(
+            "store",
+            format!("{path}: {e}"),
+            format!("make {path} writable by this user, or set store.path (ANTLER_DATA_DIR)"),
+        ),
+        Err(e) => Finding::fail("store", e.to_string(), "report this as a bug"),
+    }
+}
+
+async fn check_listen(config: &Config) -> Finding {
+    let address = config.server.listen;
+    match tokio::net::TcpListener::bind(address).await {
+        Ok(_) => Finding::ok("listen", format!("{address} is free")),
+        Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
+            let healthz = format!("http://{address}/healthz");
+            let antler = reqwest::Client::new()
+                .get(&healthz)
+                .timeout(Duration::from_secs(2))
+                .send()
+                .await
+                .is_ok_and(|r| r.status().is_success());
+            if antler {
+                Finding::note("listen", format!("{address}: an antler is serving there"))
+            } else {
+                Finding::fail(
+                    "listen",
+                    format!("{address} is taken by another program"),
+                    "stop it, or set server.listen (ANTLER_LISTEN) to a free address",
+                )
+            }
+        }
+        Err(e) => Finding::fail(
+            "listen",
+            format!("cannot bind {address}: {e}"),
+            "set server.listen (ANTLER_LISTEN) to an address of this machine",
+        ),
+    }
+}
+
+async fn check_model(config: &Config) -> Finding {
+    let m = &config.model;
+    let mut settings = OpenAiConfig::new(m.base_url.clone(), m.model.clone());
+    settings.api_key = m.api_key.as_ref().map(|k| k.expose().to_owned());
+    let client = match OpenAiClient::new(settings) {
+        Ok(client) => client,
+        Err(e) => {
+            return Finding::fail(
+                "model",
+                e.to_string(),
+                "set model.base_url (ANTLER_MODEL_BASE_URL)",
+            );
+        }
+    };
+    let url = client.display_url();
+    match client.probe().await {
+        Ok(report) if report.models.is_empty() => Finding::ok(
+            "model",
+            format!(
+                "{url} answers (it lists no models; `{}` is assumed)",
+                m.model
+            ),
+        ),
+        Ok(report) if report.models.contains(&m.model) => {
+            Finding::ok("model", format!("{url} answers and serves `{}`", m.model))
+        }
+        Ok(report) => Finding::fail(
+            "model",
+            format!(
+                "{url} answers but does not list `{}` ({} other models)",
+                m.model,
+                report.models.len()
+            ),
+            "set model.model (ANTLER_MODEL) to one of the endpoint's models",
+        ),
+        Err(ModelError::Unauthorized { status }) => Finding::fail(
+            "model",
+            format!("{url} refused the credentials (HTTP {status})"),
+            "set model.api_key (OPENAI_API_KEY in the default config)",
+        ),
+        Err(e @ ModelError::NotFound { .. }) => Finding::fail(
+            "model",
+            format!("{url}: {e}"),
+            "check model.base_url: it usually ends in /v1",
+        ),
+        Err(e) if e.reached_endpoint() => Finding::fail(
+            "model",
+            format!("{url}: {e}"),
+            "check model.base_url and model.api_key",
+        ),
+        Err(e) => Finding::fail(
+            "model",
+            format!("{url} is unreachable: {e}"),
+            "start the model server, or set model.base_url (ANTLER_MODEL_BASE_URL)",
+        ),
+    }
+}
+
+fn check_api(config: &Config) -> Finding {
+    let api = &config.channels.api;
+    if !api.enabled {
+        return Finding::note("api", "the HTTP API channel is disabled");
+    }
+    let tokens = usize::from(api.token.is_some()) + api.tokens.len();
+    if tokens == 0 {
+        // Validation refuses this off loopback, so it is a local setup.
+        return Finding::note(
+            "api",
+            format!(
+                "no token: open to every local program on {}",
+                config.server.listen
+            ),
+        );
+    }
+    Finding::ok("api", format!("{tokens} token(s) configured"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failure_shows_its_fix_under_it() {
+        let line = Finding::fail("model", "unreachable", "start it").line();
+        assert_eq!(
+            line,
+            "FAIL  model    unreachable\n                fix: start it"
+        );
+        assert!(
+            Finding::ok("store", "fine")
+                .line()
+                .starts_with("ok    store")
+        );
+    }
+}
