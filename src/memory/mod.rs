@@ -1,5 +1,6 @@
-//! Long-term memory (DESIGN.md section 6): the per-user document and the debounced update
-//! queue's entries. The store persists both; the updater and injection come with a later issue.
+//! Long-term memory (docs/architecture.md, "Store layout"): the per-user document and the
+//! debounced update queue's entries. The store persists both; the updater and injection come
+//! with a later issue.
 
 #![cfg_attr(
     not(test),

@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 /// Where a reply goes: `<channel>:<segments...>`, e.g. `telegram:123` or `slack:T1:C2:1712.5`.
 ///
 /// The first segment is always the channel name; the rest is the channel's business
-/// (DESIGN.md section 4).
+/// (docs/architecture.md, "Conversations and threads").
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct ConversationKey(String);

@@ -20,7 +20,7 @@ use super::model::{ModelRequest, ModelResponse};
 use super::thread::ThreadState;
 
 /// Every middleware antler knows, in chain order, with the reason for its place
-/// (DESIGN.md section 5).
+/// (docs/architecture.md, "Agent runtime").
 pub(crate) const CHAIN_ORDER: &[(&str, &str)] = &[
     (
         "thread_data",

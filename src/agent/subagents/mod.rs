@@ -1,5 +1,5 @@
-//! Subagents (DESIGN.md section 7). This issue defines the registry record the store keeps;
-//! the executor and the `task` tool come with a later issue.
+//! Subagents (docs/architecture.md, "Store layout"). The registry record the store keeps is
+//! defined here; the executor and the `task` tool come with a later issue.
 
 #![cfg_attr(
     not(test),
