@@ -384,3 +384,100 @@ async fn sweep(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use antler_channel::{ConversationKey, InboundEvent, OutboundMessage, UserRef};
+
+    use super::*;
+    use crate::store::{Accept, Accepted, FinishTurn, OutboxStatus, ThreadChoice};
+
+    /// The state a crash leaves right after a turn finished and before its reply went out: the
+    /// reply is in the outbox, pending. The next start delivers it, once.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_reply_left_by_a_crash_after_the_turn_is_delivered_on_the_next_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("store");
+        let seq = {
+            let store = SledStore::open(&path, 8 << 20).unwrap();
+            let event = InboundEvent {
+                channel: "api".to_owned(),
+                event_id: "m1".to_owned(),
+                conversation: ConversationKey::new("api", ["c"]),
+                user: UserRef {
+                    id: "u".to_owned(),
+                    name: None,
+                },
+                text: "hi".to_owned(),
+                reply_to: Some("m1".to_owned()),
+                received_at_ms: 1,
+            };
+            let Accepted::New(item) = store
+                .accept(Accept {
+                    dedupe_ttl_ms: 60_000,
+                    event: event.clone(),
+                    thread: ThreadChoice::Current,
+                    now_ms: 1,
+                })
+                .await
+                .unwrap()
+            else {
+                panic!("a new message");
+            };
+            store.start_turn(item.seq).await.unwrap();
+            store
+                .finish_turn(FinishTurn {
+                    inbox_seq: item.seq,
+                    thread: None,
+                    replies: vec![OutboundMessage {
+                        idempotency_key: format!("{}:{}:0", item.thread_id, item.seq),
+                        conversation: event.conversation,
+                        thread_id: item.thread_id.clone(),
+                        text: "hello".to_owned(),
+                        reply_to: Some("m1".to_owned()),
+                    }],
+                    memory_update: None,
+                    now_ms: 2,
+                })
+                .await
+                .unwrap();
+            // The process dies here: the store is closed with the reply still pending.
+            item.seq
+        };
+
+        let mut config = Config::default();
+        config.store.path = path.clone();
+        config.model.base_url = "http://127.0.0.1:9/v1".to_owned();
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let readyz = format!("http://{}/readyz", listener.local_addr().unwrap());
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(serve(config, listener, async move {
+            let _ = stopped.await;
+        }));
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let ready: serde_json::Value = match reqwest::get(&readyz).await {
+                Ok(response) => response.json().await.unwrap_or_default(),
+                Err(_) => serde_json::Value::Null,
+            };
+            if ready["outbox_pending"] == 0 {
+                break;
+            }
+            assert!(Instant::now() < deadline, "the reply was never delivered");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let _ = stop.send(());
+        server.await.unwrap().unwrap();
+
+        let store = SledStore::open(&path, 8 << 20).unwrap();
+        let replies = store.replies(seq).await.unwrap();
+        assert_eq!(replies.len(), 1);
+        assert_eq!(replies[0].status, OutboxStatus::Sent);
+        assert_eq!(replies[0].attempts, 1, "sent once");
+        assert!(replies[0].receipt.is_some());
+        assert!(
+            store.inbox().await.unwrap().is_empty(),
+            "the turn did not run again"
+        );
+    }
+}

@@ -417,3 +417,31 @@ async fn doctor_says_what_is_fine_and_how_to_fix_what_is_not() {
         "{stdout}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_antler_on_the_same_store_says_who_holds_it() {
+    let mock = MockModel::start(Behaviour::Echo).await;
+    let rig = ChildRig::new(&mock, "");
+    let _first = rig.serve().await;
+    let other = rig.dir.path().join("other.toml");
+    std::fs::write(
+        &other,
+        crate::support::config_text(
+            &mock.base_url(),
+            &rig.dir.path().join("store"),
+            &format!("[server]\nlisten = \"127.0.0.1:{}\"\n", free_port()),
+        ),
+    )
+    .unwrap();
+    let (code, _, stderr) = run_binary(&["serve", "--config", other.to_str().unwrap()]).await;
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(
+        stderr.contains("another antler is using the store at"),
+        "{stderr}"
+    );
+    assert_eq!(
+        stderr.matches("another antler").count(),
+        1,
+        "said once: {stderr}"
+    );
+}
