@@ -351,6 +351,18 @@ fn warn(text: &str) {
 mod tests {
     use super::*;
 
+    fn session() -> Session<'static> {
+        Session {
+            client: reqwest::Client::new(),
+            url: "http://127.0.0.1:1",
+            endpoint: String::new(),
+            token: None,
+            conversation: "c",
+            user: Some("u"),
+            thread: None,
+        }
+    }
+
     #[test]
     fn sse_blocks_split_into_event_and_data() {
         let (event, data) = parse_block("event: delta\ndata: {\"text\":\"hi\"}\n\n");
@@ -393,15 +405,7 @@ mod tests {
 
     #[test]
     fn server_text_reaches_the_terminal_without_escape_sequences() {
-        let mut session = Session {
-            client: reqwest::Client::new(),
-            url: "http://127.0.0.1:1",
-            endpoint: String::new(),
-            token: None,
-            conversation: "c",
-            user: Some("u"),
-            thread: None,
-        };
+        let mut session = session();
         let mut streamed = false;
         let mut shown = String::new();
         let mut event = |name: &str, data: Value| {
@@ -431,15 +435,7 @@ mod tests {
 
     #[test]
     fn a_final_without_deltas_is_printed_sanitized() {
-        let mut session = Session {
-            client: reqwest::Client::new(),
-            url: "http://127.0.0.1:1",
-            endpoint: String::new(),
-            token: None,
-            conversation: "c",
-            user: Some("u"),
-            thread: None,
-        };
+        let mut session = session();
         let mut streamed = false;
         let data = json!({"text": "done \x1b[31mred"}).to_string();
         let (text, flow) = session.on_event("final", &data, &mut streamed);

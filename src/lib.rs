@@ -35,6 +35,8 @@ pub(crate) mod lanes;
 pub mod logging;
 pub(crate) mod memory;
 pub(crate) mod store;
+#[cfg(test)]
+pub(crate) mod test_support;
 
 pub use app::{AppError, serve};
 

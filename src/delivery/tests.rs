@@ -1,45 +1,8 @@
-use std::sync::Mutex;
-
-use antler_channel::{ConversationKey, OutboundMessage, Parsed, Receipt, WebhookRequest};
+use antler_channel::{ConversationKey, OutboundMessage};
 
 use super::*;
 use crate::store::{FinishTurn, OutboxStatus, SledStore};
-
-/// A channel that answers sends from a script, then succeeds.
-#[derive(Default)]
-struct FlakyChannel {
-    failures: Mutex<Vec<ChannelError>>,
-    sent: Mutex<Vec<String>>,
-}
-
-#[async_trait::async_trait]
-impl Channel for FlakyChannel {
-    fn name(&self) -> &'static str {
-        "api"
-    }
-
-    fn verify(&self, _: &WebhookRequest<'_>) -> Result<(), ChannelError> {
-        Ok(())
-    }
-
-    fn parse(&self, _: &WebhookRequest<'_>) -> Result<Parsed, ChannelError> {
-        Ok(Parsed::Ignore)
-    }
-
-    async fn send(&self, message: &OutboundMessage) -> Result<Receipt, ChannelError> {
-        let failure = {
-            let mut failures = self.failures.lock().unwrap();
-            (!failures.is_empty()).then(|| failures.remove(0))
-        };
-        if let Some(failure) = failure {
-            return Err(failure);
-        }
-        self.sent.lock().unwrap().push(message.text.clone());
-        Ok(Receipt {
-            platform_message_id: format!("pm-{}", message.text),
-        })
-    }
-}
+use crate::test_support::RecordingChannel;
 
 async fn outbox(store: &SledStore, texts: &[&str]) -> Vec<OutboxItem> {
     let replies = texts
@@ -72,7 +35,12 @@ fn policy(max_attempts: u32) -> RetryPolicy {
     }
 }
 
-async fn run(channel: Arc<FlakyChannel>, store: Arc<SledStore>, items: Vec<OutboxItem>, max: u32) {
+async fn run(
+    channel: Arc<RecordingChannel>,
+    store: Arc<SledStore>,
+    items: Vec<OutboxItem>,
+    max: u32,
+) {
     let tracker = TaskTracker::new();
     let channels = HashMap::from([("api".to_owned(), channel as Arc<dyn Channel>)]);
     let delivery = Delivery::new(
@@ -91,7 +59,7 @@ async fn run(channel: Arc<FlakyChannel>, store: Arc<SledStore>, items: Vec<Outbo
 async fn transient_failures_and_rate_limits_are_retried_in_order_with_receipts() {
     let store = Arc::new(SledStore::temporary().unwrap());
     let items = outbox(&store, &["one", "two"]).await;
-    let channel = Arc::new(FlakyChannel::default());
+    let channel = Arc::new(RecordingChannel::default());
     *channel.failures.lock().unwrap() = vec![
         ChannelError::Transient("502".into()),
         ChannelError::RateLimited {
@@ -115,7 +83,7 @@ async fn transient_failures_and_rate_limits_are_retried_in_order_with_receipts()
 async fn permanent_failures_and_exhausted_retries_give_up_without_blocking_the_lane() {
     let store = Arc::new(SledStore::temporary().unwrap());
     let items = outbox(&store, &["bad", "flaky", "fine"]).await;
-    let channel = Arc::new(FlakyChannel::default());
+    let channel = Arc::new(RecordingChannel::default());
     *channel.failures.lock().unwrap() = vec![
         ChannelError::Permanent("chat not found".into()),
         ChannelError::Transient("503".into()),

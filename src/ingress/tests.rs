@@ -4,10 +4,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use antler_channel::{
-    Channel, ChannelError, ConversationKey, InboundEvent, OutboundMessage, Parsed, Receipt,
-    UserRef, WebhookRequest,
-};
+use antler_channel::Channel;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -19,6 +16,7 @@ use crate::agent::runtime::Runtime;
 use crate::agent::tools::ToolRegistry;
 use crate::delivery::{Delivery, RetryPolicy};
 use crate::store::{InboxStatus, SledStore};
+use crate::test_support::{RecordingChannel, event};
 
 /// Echoes the last user message; `panic`, `hang` and `fail` do what they say.
 #[derive(Debug, Default)]
@@ -56,34 +54,6 @@ impl ChatModel for EchoModel {
             }),
             _ => crate::agent::model::scripted::ScriptedModel::text(&format!("echo: {last}")),
         }
-    }
-}
-
-/// Records sends, in order.
-#[derive(Debug, Default)]
-struct RecordingChannel {
-    sent: Mutex<Vec<String>>,
-}
-
-#[async_trait::async_trait]
-impl Channel for RecordingChannel {
-    fn name(&self) -> &'static str {
-        "api"
-    }
-
-    fn verify(&self, _: &WebhookRequest<'_>) -> Result<(), ChannelError> {
-        Ok(())
-    }
-
-    fn parse(&self, _: &WebhookRequest<'_>) -> Result<Parsed, ChannelError> {
-        Ok(Parsed::Ignore)
-    }
-
-    async fn send(&self, message: &OutboundMessage) -> Result<Receipt, ChannelError> {
-        self.sent.lock().unwrap().push(message.text.clone());
-        Ok(Receipt {
-            platform_message_id: message.idempotency_key.clone(),
-        })
     }
 }
 
@@ -155,21 +125,6 @@ fn harness(max_attempts: u32) -> Harness {
     }
 }
 
-fn event(conversation: &str, id: &str, text: &str) -> InboundEvent {
-    InboundEvent {
-        channel: "api".to_owned(),
-        event_id: id.to_owned(),
-        conversation: ConversationKey::new("api", [conversation]),
-        user: UserRef {
-            id: "u1".to_owned(),
-            name: None,
-        },
-        text: text.to_owned(),
-        reply_to: None,
-        received_at_ms: 1,
-    }
-}
-
 /// Waits (generously) until `done` holds.
 async fn until(what: &str, done: impl Fn() -> bool) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
@@ -184,7 +139,7 @@ async fn until(what: &str, done: impl Fn() -> bool) {
 
 impl Harness {
     fn sent(&self) -> Vec<String> {
-        self.channel.sent.lock().unwrap().clone()
+        self.channel.sent()
     }
 
     async fn thread(&self, id: &str) -> crate::agent::thread::ThreadState {

@@ -435,47 +435,36 @@ impl SledStore {
         seq: u64,
         change: impl Fn(&mut OutboxItem),
     ) -> Result<OutboxItem, StoreError> {
-        let key = seq_key(seq);
-        let mut updated = None;
-        let old = self.outbox.fetch_and_update(key, |old| {
-            let mut item: OutboxItem = decode("outbox item", old?).ok()?;
-            change(&mut item);
-            let bytes = encode("outbox item", &item).ok()?;
-            updated = Some(item);
-            Some(bytes)
-        })?;
-        let item = updated.ok_or_else(|| StoreError::Missing {
-            what: "outbox item",
-            key: seq.to_string(),
-        })?;
-        let was_pending = old
-            .and_then(|bytes| decode::<OutboxItem>("outbox item", &bytes).ok())
-            .is_some_and(|old| old.status == OutboxStatus::Pending);
+        let (old, item) = update_record(&self.outbox, "outbox item", seq, change)?;
+        let was_pending = old.is_some_and(|old| old.status == OutboxStatus::Pending);
         if was_pending && item.status != OutboxStatus::Pending {
             self.outbox_pending.fetch_sub(1, Ordering::SeqCst);
         }
         Ok(item)
     }
+}
 
-    /// Reads, changes and writes back one inbox record.
-    fn update_inbox(
-        &self,
-        seq: u64,
-        change: impl Fn(&mut InboxItem),
-    ) -> Result<InboxItem, StoreError> {
-        let mut updated = None;
-        self.inbox.fetch_and_update(seq_key(seq), |old| {
-            let mut item: InboxItem = decode("inbox item", old?).ok()?;
-            change(&mut item);
-            let bytes = encode("inbox item", &item).ok()?;
-            updated = Some(item);
-            Some(bytes)
-        })?;
-        updated.ok_or_else(|| StoreError::Missing {
-            what: "inbox item",
-            key: seq.to_string(),
-        })
-    }
+/// Reads, changes and writes back the record at `seq`: the record before and after.
+fn update_record<T: Serialize + DeserializeOwned>(
+    tree: &sled::Tree,
+    what: &'static str,
+    seq: u64,
+    change: impl Fn(&mut T),
+) -> Result<(Option<T>, T), StoreError> {
+    let mut updated = None;
+    let old = tree.fetch_and_update(seq_key(seq), |old| {
+        let mut record: T = decode(what, old?).ok()?;
+        change(&mut record);
+        let bytes = encode(what, &record).ok()?;
+        updated = Some(record);
+        Some(bytes)
+    })?;
+    let record = updated.ok_or_else(|| StoreError::Missing {
+        what,
+        key: seq.to_string(),
+    })?;
+    let old = old.and_then(|bytes| decode(what, &bytes).ok());
+    Ok((old, record))
 }
 
 #[async_trait::async_trait]
@@ -584,7 +573,7 @@ impl Store for SledStore {
     async fn start_turn(&self, seq: u64) -> Result<InboxItem, StoreError> {
         #[cfg(test)]
         self.fault(0)?;
-        let item = self.update_inbox(seq, |item| {
+        let (_, item) = update_record(&self.inbox, "inbox item", seq, |item: &mut InboxItem| {
             item.status = InboxStatus::Running;
             item.attempts += 1;
         })?;
@@ -593,7 +582,7 @@ impl Store for SledStore {
     }
 
     async fn release_turn(&self, seq: u64) -> Result<(), StoreError> {
-        self.update_inbox(seq, |item| {
+        update_record(&self.inbox, "inbox item", seq, |item: &mut InboxItem| {
             item.status = InboxStatus::Pending;
             item.attempts = item.attempts.saturating_sub(1);
         })?;

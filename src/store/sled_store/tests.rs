@@ -1,25 +1,19 @@
 use std::sync::Arc;
 
-use antler_channel::{ConversationKey, InboundEvent, OutboundMessage, Receipt, UserRef};
+use antler_channel::{ConversationKey, OutboundMessage, Receipt};
 
 use super::*;
 use crate::agent::message::ChatMessage;
 use crate::store::outbox_seq;
+use crate::test_support::event;
 
 const CACHE: u64 = 8 * 1024 * 1024;
 
-fn event(conversation: &str, event_id: &str, text: &str) -> InboundEvent {
-    InboundEvent {
-        channel: "api".to_owned(),
-        event_id: event_id.to_owned(),
-        conversation: ConversationKey::new("api", [conversation]),
-        user: UserRef {
-            id: "u1".to_owned(),
-            name: None,
-        },
-        text: text.to_owned(),
-        reply_to: None,
-        received_at_ms: 1,
+/// Accepts a message that must be new.
+async fn accept_new(store: &SledStore, request: Accept) -> InboxItem {
+    match store.accept(request).await.unwrap() {
+        Accepted::New(item) => item,
+        other => panic!("expected a new message, got {other:?}"),
     }
 }
 
@@ -45,13 +39,8 @@ fn reply(thread_id: &str, text: &str) -> OutboundMessage {
 #[tokio::test]
 async fn accept_stores_once_and_recognises_redelivery_until_expiry() {
     let store = SledStore::temporary().unwrap();
-    let Accepted::New(InboxItem { seq, thread_id, .. }) = store
-        .accept(accept("m1", ThreadChoice::Current, 10))
-        .await
-        .unwrap()
-    else {
-        panic!("first delivery must be new");
-    };
+    let InboxItem { seq, thread_id, .. } =
+        accept_new(&store, accept("m1", ThreadChoice::Current, 10)).await;
     let again = store
         .accept(accept("m1", ThreadChoice::Current, 20))
         .await
@@ -110,24 +99,12 @@ async fn accept_stores_once_and_recognises_redelivery_until_expiry() {
 #[tokio::test]
 async fn fresh_thread_starts_the_next_generation() {
     let store = SledStore::temporary().unwrap();
-    let Accepted::New(InboxItem {
+    let InboxItem {
         thread_id: first, ..
-    }) = store
-        .accept(accept("m1", ThreadChoice::Current, 1))
-        .await
-        .unwrap()
-    else {
-        panic!()
-    };
-    let Accepted::New(InboxItem {
+    } = accept_new(&store, accept("m1", ThreadChoice::Current, 1)).await;
+    let InboxItem {
         thread_id: second, ..
-    }) = store
-        .accept(accept("m2", ThreadChoice::Fresh, 2))
-        .await
-        .unwrap()
-    else {
-        panic!()
-    };
+    } = accept_new(&store, accept("m2", ThreadChoice::Fresh, 2)).await;
     assert_ne!(first, second);
     let record = store.conversation("api:c1").await.unwrap().unwrap();
     assert_eq!(record.generation, 1);
@@ -146,13 +123,8 @@ async fn fresh_thread_starts_the_next_generation() {
 #[tokio::test]
 async fn finish_turn_writes_thread_outbox_and_removes_the_inbox_item_together() {
     let store = SledStore::temporary().unwrap();
-    let Accepted::New(InboxItem { seq, thread_id, .. }) = store
-        .accept(accept("m1", ThreadChoice::Current, 1))
-        .await
-        .unwrap()
-    else {
-        panic!()
-    };
+    let InboxItem { seq, thread_id, .. } =
+        accept_new(&store, accept("m1", ThreadChoice::Current, 1)).await;
     let started = store.start_turn(seq).await.unwrap();
     assert_eq!(
         (started.status, started.attempts),
@@ -214,13 +186,8 @@ async fn finish_turn_writes_thread_outbox_and_removes_the_inbox_item_together() 
 #[tokio::test]
 async fn delivery_records_receipts_and_failures() {
     let store = SledStore::temporary().unwrap();
-    let Accepted::New(InboxItem { seq, thread_id, .. }) = store
-        .accept(accept("m1", ThreadChoice::Current, 1))
-        .await
-        .unwrap()
-    else {
-        panic!()
-    };
+    let InboxItem { seq, thread_id, .. } =
+        accept_new(&store, accept("m1", ThreadChoice::Current, 1)).await;
     let items = store
         .finish_turn(FinishTurn {
             inbox_seq: seq,
@@ -267,20 +234,10 @@ async fn state_survives_reopening_and_newer_schemas_are_refused() {
     let dir = tempfile::tempdir().unwrap();
     let thread_id = {
         let store = SledStore::open(dir.path(), CACHE).unwrap();
-        let Accepted::New(InboxItem { thread_id, .. }) = store
-            .accept(accept("m1", ThreadChoice::Current, 1))
-            .await
-            .unwrap()
-        else {
-            panic!()
-        };
-        let Accepted::New(InboxItem { seq, .. }) = store
-            .accept(accept("m2", ThreadChoice::Current, 1))
-            .await
-            .unwrap()
-        else {
-            panic!()
-        };
+        let InboxItem { thread_id, .. } =
+            accept_new(&store, accept("m1", ThreadChoice::Current, 1)).await;
+        let InboxItem { seq, .. } =
+            accept_new(&store, accept("m2", ThreadChoice::Current, 1)).await;
         store
             .finish_turn(FinishTurn {
                 inbox_seq: seq,
@@ -491,13 +448,7 @@ async fn keys_stay_known_until_they_expire_when_the_ttl_changes() {
 #[tokio::test]
 async fn a_released_turn_gives_its_attempt_back() {
     let store = SledStore::temporary().unwrap();
-    let Accepted::New(InboxItem { seq, .. }) = store
-        .accept(accept("m1", ThreadChoice::Current, 1))
-        .await
-        .unwrap()
-    else {
-        panic!()
-    };
+    let InboxItem { seq, .. } = accept_new(&store, accept("m1", ThreadChoice::Current, 1)).await;
     assert_eq!(store.start_turn(seq).await.unwrap().attempts, 1);
     store.release_turn(seq).await.unwrap();
     let item = &store.inbox().await.unwrap()[0];
@@ -508,13 +459,8 @@ async fn a_released_turn_gives_its_attempt_back() {
 #[tokio::test]
 async fn a_turn_writes_only_the_messages_it_added() {
     let store = SledStore::temporary().unwrap();
-    let Accepted::New(InboxItem { thread_id, .. }) = store
-        .accept(accept("m1", ThreadChoice::Current, 1))
-        .await
-        .unwrap()
-    else {
-        panic!()
-    };
+    let InboxItem { thread_id, .. } =
+        accept_new(&store, accept("m1", ThreadChoice::Current, 1)).await;
     let mut thread = store.thread(&thread_id).await.unwrap().unwrap();
     let mut written = Vec::new();
     for turn in 0..20 {
@@ -544,13 +490,7 @@ async fn counts_follow_accepts_and_finished_turns() {
     let store = SledStore::temporary().unwrap();
     let mut seqs = Vec::new();
     for n in 0..3 {
-        let Accepted::New(item) = store
-            .accept(accept(&format!("m{n}"), ThreadChoice::Current, 1))
-            .await
-            .unwrap()
-        else {
-            panic!()
-        };
+        let item = accept_new(&store, accept(&format!("m{n}"), ThreadChoice::Current, 1)).await;
         seqs.push(item.seq);
     }
     // A redelivery adds nothing.
