@@ -10,7 +10,15 @@
 //! - `agent`: the runtime (model client, tools, middleware chain), free of HTTP and platforms.
 //! - `memory`: long-term memory documents and their update queue.
 //! - `store`: the `Store` trait and its sled implementation.
-#![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
+#![cfg_attr(
+    test,
+    allow(
+        clippy::unwrap_used,
+        clippy::expect_used,
+        clippy::panic,
+        clippy::single_range_in_vec_init
+    )
+)]
 
 pub(crate) mod agent;
 mod app;

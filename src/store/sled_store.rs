@@ -286,27 +286,24 @@ impl SledStore {
 
     fn from_db(db: sled::Db, path: &str, files: Option<SyncFiles>) -> Result<Self, StoreError> {
         let meta = db.open_tree("meta")?;
-        match meta.get(SCHEMA_KEY)? {
-            Some(bytes) => {
-                let found = <[u8; 4]>::try_from(bytes.as_ref())
-                    .map(u32::from_be_bytes)
-                    .map_err(|_| StoreError::Codec {
-                        what: "schema version",
-                        detail: format!("{} bytes", bytes.len()),
-                    })?;
-                if found > SCHEMA_VERSION {
-                    return Err(StoreError::NewerSchema {
-                        path: path.to_owned(),
-                        found,
-                        supported: SCHEMA_VERSION,
-                    });
-                }
-                if found < 2 {
-                    migrate::v1_to_v2(&db)?;
-                    tracing::info!(path, "store migrated to schema version 2");
-                }
+        if let Some(bytes) = meta.get(SCHEMA_KEY)? {
+            let found = <[u8; 4]>::try_from(bytes.as_ref())
+                .map(u32::from_be_bytes)
+                .map_err(|_| StoreError::Codec {
+                    what: "schema version",
+                    detail: format!("{} bytes", bytes.len()),
+                })?;
+            if found > SCHEMA_VERSION {
+                return Err(StoreError::NewerSchema {
+                    path: path.to_owned(),
+                    found,
+                    supported: SCHEMA_VERSION,
+                });
             }
-            None => {}
+            if found < 2 {
+                migrate::v1_to_v2(&db)?;
+                tracing::info!(path, "store migrated to schema version 2");
+            }
         }
         meta.insert(SCHEMA_KEY, &SCHEMA_VERSION.to_be_bytes())?;
         let commit = GroupCommit::start(db.clone(), files)?;
