@@ -1,16 +1,21 @@
 //! Ingress: dedupe → inbox → queue → durable → ack, then the dispatcher.
 //!
 //! [`Ingress::accept`] answers only after the event is durably in the inbox (or recognised as a
-//! redelivery), so an acknowledged message is never lost. Accepting runs in its own task: once
-//! it has started, the event is stored, queued and synced whether or not the client that sent
-//! it waits for the answer (a handler future is dropped when its client hangs up).
+//! redelivery), so an acknowledged message is never lost. Accepting is done by one task, the
+//! acceptor, not by the request's handler: once an event is handed over, it is stored, queued
+//! and synced whether or not the client that sent it waits for the answer (a handler future is
+//! dropped when its client hangs up).
 //!
-//! Per conversation, storing and queueing happen under one lock, so items are queued in the
-//! order the inbox numbered them, and a redelivery is answered only after its original was
-//! queued and synced. Accepted items go to the [`Dispatcher`]: one turn at a time per
-//! conversation, in inbox order, under a global limit on running turns. The backlog (items
-//! accepted and not yet finished) is bounded; when it is full, nothing is stored and the
-//! caller is told to retry later.
+//! The acceptor takes every event waiting at that moment and stores them all in one
+//! transaction: each transaction costs the store a log write of its own, so batching is what
+//! lets accepting keep up with the HTTP edge. It then queues the new items in the order the
+//! inbox numbered them (being the only writer of the inbox, that order is per conversation the
+//! arrival order), and answers the batch once the group commit has synced it; meanwhile it goes
+//! on with the next batch. A redelivery is answered only after its original was queued and
+//! synced. Accepted items go to the [`Dispatcher`]: one turn at a time per conversation, in
+//! inbox order, under a global limit on running turns. The backlog (items accepted and not yet
+//! finished) is bounded; when it is full, nothing is stored and the caller is told to retry
+//! later.
 
 pub(crate) mod commands;
 mod dispatcher;
@@ -19,12 +24,13 @@ mod turn;
 pub(crate) use dispatcher::{Dispatcher, RunTurn};
 pub(crate) use turn::TurnRunner;
 
-use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use antler_channel::InboundEvent;
+use futures_util::FutureExt;
+use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -35,8 +41,8 @@ use commands::Command;
 /// How long a client is asked to wait when the backlog is full.
 pub(crate) const RETRY_AFTER: Duration = Duration::from_secs(5);
 
-/// Locks that order accepts per conversation (a conversation always maps to the same one).
-const ACCEPT_SHARDS: usize = 64;
+/// The most events stored in one transaction.
+const MAX_BATCH: usize = 512;
 
 /// Why an event was not accepted.
 #[derive(Debug, thiserror::Error)]
@@ -74,28 +80,44 @@ pub(crate) struct Ingress {
 
 #[derive(Debug)]
 struct Inner {
-    store: Arc<dyn Store>,
     dispatcher: Dispatcher,
-    hub: EventHub,
     backlog: Arc<AtomicUsize>,
     backlog_limit: usize,
     dedupe_ttl: Duration,
     stop: CancellationToken,
-    shards: Vec<tokio::sync::Mutex<()>>,
+    acceptor: mpsc::UnboundedSender<Request>,
 }
 
-/// A reserved place in the backlog, given back on drop unless kept.
-struct Slot<'a> {
-    backlog: &'a AtomicUsize,
+/// An event handed to the acceptor, with the backlog slot it holds.
+#[derive(Debug)]
+struct Request {
+    accept: Accept,
+    subscribe: bool,
+    answer: oneshot::Sender<Result<Admission, IngressError>>,
+    slot: Slot,
+}
+
+/// A reserved place in the backlog: kept by a new item, given back when dropped otherwise (a
+/// redelivery, a failure, even a panic).
+#[derive(Debug)]
+struct Slot {
+    backlog: Arc<AtomicUsize>,
     kept: bool,
 }
 
-impl Drop for Slot<'_> {
+impl Drop for Slot {
     fn drop(&mut self) {
         if !self.kept {
             self.backlog.fetch_sub(1, Ordering::SeqCst);
         }
     }
+}
+
+/// What the acceptor needs.
+struct Acceptor {
+    store: Arc<dyn Store>,
+    dispatcher: Dispatcher,
+    hub: EventHub,
 }
 
 /// Settings of the ingress.
@@ -135,18 +157,24 @@ impl Ingress {
         let dispatcher = Dispatcher::new(settings.max_concurrent_turns, run, tracker, stop.clone());
         let queue: Arc<dyn turn::QueueView> = Arc::new(dispatcher.clone());
         runner.attach_queue(Arc::downgrade(&queue));
+        let (acceptor, requests) = mpsc::unbounded_channel();
+        // Ends when the last handle to this ingress is dropped.
+        tokio::spawn(
+            Acceptor {
+                store,
+                dispatcher: dispatcher.clone(),
+                hub,
+            }
+            .run(requests),
+        );
         Self {
             inner: Arc::new(Inner {
-                store,
                 dispatcher,
-                hub,
                 backlog,
                 backlog_limit: settings.backlog_limit,
                 dedupe_ttl: settings.dedupe_ttl,
                 stop,
-                shards: (0..ACCEPT_SHARDS)
-                    .map(|_| tokio::sync::Mutex::new(()))
-                    .collect(),
+                acceptor,
             }),
         }
     }
@@ -172,63 +200,119 @@ impl Ingress {
         }
     }
 
-    /// Accepts one event: dedupe + inbox, queue its turn, sync; then answers. Runs to the end
-    /// in its own task even if the caller stops waiting.
+    /// Accepts one event: dedupe + inbox, queue its turn, sync; then answers. Once handed to
+    /// the acceptor, the event is accepted even if the caller stops waiting.
     pub(crate) async fn accept(
         &self,
         event: InboundEvent,
         subscribe: bool,
     ) -> Result<Admission, IngressError> {
-        let inner = Arc::clone(&self.inner);
-        tokio::spawn(async move { inner.accept(event, subscribe).await })
-            .await
-            .map_err(|e| IngressError::Internal(e.to_string()))?
-    }
-}
-
-impl Inner {
-    fn shard(&self, conversation: &str) -> &tokio::sync::Mutex<()> {
-        let mut hasher = std::collections::hash_map::DefaultHasher::new();
-        conversation.hash(&mut hasher);
-        let index = usize::try_from(hasher.finish() % ACCEPT_SHARDS as u64).unwrap_or(0);
-        &self.shards[index % self.shards.len()]
-    }
-
-    async fn accept(
-        &self,
-        event: InboundEvent,
-        subscribe: bool,
-    ) -> Result<Admission, IngressError> {
-        if self.stop.is_cancelled() {
+        let inner = &self.inner;
+        if inner.stop.is_cancelled() {
             return Err(IngressError::ShuttingDown);
         }
-        let reserved = self.backlog.fetch_add(1, Ordering::SeqCst);
-        let mut slot = Slot {
-            backlog: &self.backlog,
+        let reserved = inner.backlog.fetch_add(1, Ordering::SeqCst);
+        let slot = Slot {
+            backlog: Arc::clone(&inner.backlog),
             kept: false,
         };
-        if reserved >= self.backlog_limit {
+        if reserved >= inner.backlog_limit {
             metrics::counter!("antler_ingress_overloaded_total").increment(1);
             return Err(IngressError::Overloaded {
-                limit: self.backlog_limit,
+                limit: inner.backlog_limit,
             });
         }
         let thread = match commands::parse(&event.text) {
             Some(Command::New) => ThreadChoice::Fresh,
             _ => ThreadChoice::Current,
         };
-        let conversation = event.conversation.as_str().to_owned();
-        let accept = Accept {
-            dedupe_ttl_ms: u64::try_from(self.dedupe_ttl.as_millis()).unwrap_or(u64::MAX),
-            now_ms: crate::now_ms(),
-            event,
-            thread,
+        let (answer, answered) = oneshot::channel();
+        let request = Request {
+            accept: Accept {
+                dedupe_ttl_ms: u64::try_from(inner.dedupe_ttl.as_millis()).unwrap_or(u64::MAX),
+                now_ms: crate::now_ms(),
+                event,
+                thread,
+            },
+            subscribe,
+            answer,
+            slot,
         };
-        let ordered = self.shard(&conversation).lock().await;
-        let admission = match self.store.accept(accept).await? {
+        if inner.acceptor.send(request).is_err() {
+            return Err(IngressError::ShuttingDown);
+        }
+        answered
+            .await
+            .map_err(|_| IngressError::Internal("the acceptor stopped".to_owned()))?
+    }
+}
+
+impl Acceptor {
+    /// Takes whatever is waiting, stores it in one transaction, queues the new items in inbox
+    /// order, and answers once synced; until every sender is gone. A panic while handling a
+    /// batch fails that batch's requests (their slots go back) and the acceptor goes on.
+    async fn run(self, mut requests: mpsc::UnboundedReceiver<Request>) {
+        let mut batch = Vec::new();
+        while requests.recv_many(&mut batch, MAX_BATCH).await > 0 {
+            let requests: Vec<Request> = std::mem::take(&mut batch);
+            metrics::histogram!("antler_accept_batch_size").record(requests.len() as f64);
+            let handled = std::panic::AssertUnwindSafe(self.accept_batch(requests))
+                .catch_unwind()
+                .await;
+            if handled.is_err() {
+                tracing::error!("accepting a batch panicked; its requests failed");
+                metrics::counter!("antler_accept_panics_total").increment(1);
+            }
+        }
+    }
+
+    async fn accept_batch(&self, requests: Vec<Request>) {
+        let accepts = requests.iter().map(|r| r.accept.clone()).collect();
+        let answers: Vec<_> = match self.store.accept_batch(accepts).await {
+            Ok(outcomes) => requests
+                .into_iter()
+                .zip(outcomes)
+                .map(|(mut request, outcome)| {
+                    let admission = self.admit(&mut request, outcome);
+                    (request.answer, Ok(admission))
+                })
+                .collect(),
+            Err(e) => {
+                tracing::error!(error = %e, "accepting failed");
+                let message = e.to_string();
+                requests
+                    .into_iter()
+                    .map(|r| {
+                        let error = StoreError::Backend(message.clone());
+                        (r.answer, Err(IngressError::Store(error)))
+                    })
+                    .collect()
+            }
+        };
+        // Durable before the answers, for redeliveries too: an original may still be waiting
+        // for its own sync, and an answer must not get ahead of its data. The next batch is
+        // stored meanwhile; the group commit syncs them together.
+        let store = Arc::clone(&self.store);
+        tokio::spawn(async move {
+            let synced = store.flush().await.map_err(|e| e.to_string());
+            for (answer, admission) in answers {
+                let admission = match &synced {
+                    Ok(()) => admission,
+                    Err(e) => Err(IngressError::Store(StoreError::Backend(e.clone()))),
+                };
+                // A caller that stopped waiting is fine: its event is stored and queued.
+                let _ = answer.send(admission);
+            }
+        });
+    }
+
+    /// Queues a new item (keeping its backlog slot) or names the original of a redelivery
+    /// (giving the slot back).
+    fn admit(&self, request: &mut Request, outcome: Accepted) -> Admission {
+        match outcome {
             Accepted::Duplicate { thread_id, seq } => {
                 metrics::counter!("antler_ingress_duplicates_total").increment(1);
-                let events = subscribe.then(|| self.hub.subscribe(&thread_id));
+                let events = request.subscribe.then(|| self.hub.subscribe(&thread_id));
                 Admission {
                     thread_id,
                     new: false,
@@ -237,11 +321,14 @@ impl Inner {
                 }
             }
             Accepted::New(item) => {
-                slot.kept = true;
+                request.slot.kept = true;
                 metrics::gauge!("antler_inbox_depth").increment(1.0);
                 // Subscribe before the turn is queued, so not even an instant answer is missed.
-                let events = subscribe.then(|| self.hub.subscribe(&item.thread_id));
-                self.dispatcher.push(&conversation, item.seq);
+                let events = request
+                    .subscribe
+                    .then(|| self.hub.subscribe(&item.thread_id));
+                self.dispatcher
+                    .push(item.event.conversation.as_str(), item.seq);
                 Admission {
                     thread_id: item.thread_id,
                     new: true,
@@ -249,12 +336,7 @@ impl Inner {
                     events,
                 }
             }
-        };
-        drop(ordered);
-        // Durable before the answer, for a redelivery too: its original may still be waiting
-        // for its own sync, and the answer must not get ahead of the data it stands for.
-        self.store.flush().await?;
-        Ok(admission)
+        }
     }
 }
 

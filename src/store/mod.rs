@@ -210,10 +210,20 @@ pub(crate) struct StoreStats {
 )]
 #[async_trait::async_trait]
 pub(crate) trait Store: Send + Sync + std::fmt::Debug {
-    /// Dedupe key + conversation + inbox item in one transaction. *Not durable by itself*: the
-    /// caller queues the item and then calls [`Store::flush`] before acknowledging, so that a
-    /// caller that goes away during the flush has already queued what it stored.
-    async fn accept(&self, accept: Accept) -> Result<Accepted, StoreError>;
+    /// For each event in order: dedupe key + conversation + inbox item, all in one
+    /// transaction (a later event sees what an earlier one wrote, so a redelivery inside the
+    /// batch is recognised). *Not durable by itself*: the caller queues the items and then
+    /// calls [`Store::flush`] before acknowledging. One transaction for many events is what
+    /// makes accepting cheap: each transaction costs the store a log write of its own.
+    async fn accept_batch(&self, accepts: Vec<Accept>) -> Result<Vec<Accepted>, StoreError>;
+
+    /// [`Store::accept_batch`] of one event.
+    async fn accept(&self, accept: Accept) -> Result<Accepted, StoreError> {
+        self.accept_batch(vec![accept])
+            .await?
+            .pop()
+            .ok_or_else(|| StoreError::Backend("an accept batch came back empty".to_owned()))
+    }
 
     /// Inbox items not yet finished, in arrival order.
     async fn inbox(&self) -> Result<Vec<InboxItem>, StoreError>;

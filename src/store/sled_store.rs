@@ -444,6 +444,89 @@ impl SledStore {
     }
 }
 
+/// The trees one accept reads and writes, inside the accept transaction.
+struct AcceptTrees<'a> {
+    dedupe: &'a TransactionalTree,
+    previous: &'a TransactionalTree,
+    conversations: &'a TransactionalTree,
+    inbox: &'a TransactionalTree,
+    threads: &'a TransactionalTree,
+}
+
+/// One event of an accept batch: a duplicate, or a new inbox item (with its conversation and,
+/// for a new conversation or `/new`, its thread).
+fn accept_one(
+    accept: &Accept,
+    conversation: &str,
+    key: &[u8],
+    trees: AcceptTrees<'_>,
+) -> Result<Accepted, ConflictableTransactionError<StoreError>> {
+    let now_ms = accept.now_ms;
+    for generation in [trees.dedupe, trees.previous] {
+        if let Some(bytes) = generation.get(key)? {
+            let seen: DedupeEntry = tx_decode("dedupe entry", &bytes)?;
+            if seen.expires_at_ms > now_ms {
+                return Ok(Accepted::Duplicate {
+                    thread_id: seen.thread_id,
+                    seq: seen.seq,
+                });
+            }
+        }
+    }
+    let current: Option<ConversationRecord> = trees
+        .conversations
+        .get(conversation.as_bytes())?
+        .map(|b| tx_decode("conversation", &b))
+        .transpose()?;
+    let record = match (current, accept.thread) {
+        (Some(record), ThreadChoice::Current) => record,
+        (current, _) => {
+            let record = ConversationRecord {
+                key: conversation.to_owned(),
+                generation: current.map_or(0, |r| r.generation + 1),
+                thread_id: new_thread_id(),
+                user_id: format!("{}:{}", accept.event.channel, accept.event.user.id),
+            };
+            // The thread exists from the moment it is named in an answer.
+            let state = ThreadState::new(
+                record.thread_id.clone(),
+                conversation.to_owned(),
+                record.generation,
+                now_ms,
+            );
+            trees
+                .threads
+                .insert(record.thread_id.as_bytes(), tx_encode("thread", &state)?)?;
+            record
+        }
+    };
+    trees
+        .conversations
+        .insert(conversation.as_bytes(), tx_encode("conversation", &record)?)?;
+    let seq = trees.inbox.generate_id()?;
+    let item = InboxItem {
+        seq,
+        event: accept.event.clone(),
+        thread_id: record.thread_id.clone(),
+        fresh_thread: accept.thread == ThreadChoice::Fresh,
+        status: InboxStatus::Pending,
+        attempts: 0,
+        accepted_at_ms: now_ms,
+    };
+    trees
+        .inbox
+        .insert(&seq_key(seq), tx_encode("inbox item", &item)?)?;
+    let entry = DedupeEntry {
+        expires_at_ms: now_ms.saturating_add(accept.dedupe_ttl_ms),
+        thread_id: record.thread_id,
+        seq: Some(seq),
+    };
+    trees
+        .dedupe
+        .insert(key, tx_encode("dedupe entry", &entry)?)?;
+    Ok(Accepted::New(item))
+}
+
 /// Reads, changes and writes back the record at `seq`: the record before and after.
 fn update_record<T: Serialize + DeserializeOwned>(
     tree: &sled::Tree,
@@ -469,30 +552,38 @@ fn update_record<T: Serialize + DeserializeOwned>(
 
 #[async_trait::async_trait]
 impl Store for SledStore {
-    async fn accept(&self, accept: Accept) -> Result<Accepted, StoreError> {
-        let Accept {
-            dedupe_ttl_ms,
-            event,
-            thread,
-            now_ms,
-        } = accept;
-        let conversation_key = event.conversation.as_str().to_owned();
-        let key = dedupe_key(&conversation_key, &event.event_id);
-        let user_id = format!("{}:{}", event.channel, event.user.id);
-        let expires_at_ms = now_ms.saturating_add(dedupe_ttl_ms);
-        let generations = self.dedupe_generations(now_ms, dedupe_ttl_ms)?;
-        for (_, _, tree) in &generations.older {
-            if let Some(bytes) = tree.get(&key)? {
-                let seen: DedupeEntry = decode("dedupe entry", &bytes)?;
-                if seen.expires_at_ms > now_ms {
-                    return Ok(Accepted::Duplicate {
-                        thread_id: seen.thread_id,
-                        seq: seen.seq,
-                    });
+    async fn accept_batch(&self, accepts: Vec<Accept>) -> Result<Vec<Accepted>, StoreError> {
+        // One pair of generations for the batch, chosen by its latest time and longest TTL:
+        // a key lands in a generation that is swept no earlier than the key expires.
+        let (Some(now_ms), Some(ttl_ms)) = (
+            accepts.iter().map(|a| a.now_ms).max(),
+            accepts.iter().map(|a| a.dedupe_ttl_ms).max(),
+        ) else {
+            return Ok(Vec::new());
+        };
+        let generations = self.dedupe_generations(now_ms, ttl_ms)?;
+        let mut prepared = Vec::with_capacity(accepts.len());
+        for accept in accepts {
+            let conversation = accept.event.conversation.as_str().to_owned();
+            let key = dedupe_key(&conversation, &accept.event.event_id);
+            // Generations of another TTL are read-only, so they are read outside the
+            // transaction.
+            let mut older = None;
+            for (_, _, tree) in &generations.older {
+                if let Some(bytes) = tree.get(&key)? {
+                    let seen: DedupeEntry = decode("dedupe entry", &bytes)?;
+                    if seen.expires_at_ms > accept.now_ms {
+                        older = Some(Accepted::Duplicate {
+                            thread_id: seen.thread_id,
+                            seq: seen.seq,
+                        });
+                        break;
+                    }
                 }
             }
+            prepared.push((accept, conversation, key, older));
         }
-        let outcome = (
+        let outcomes = (
             &generations.current,
             &generations.previous,
             &self.conversations,
@@ -500,70 +591,35 @@ impl Store for SledStore {
             &self.threads,
         )
             .transaction(|(dedupe, previous, conversations, inbox, threads)| {
-                for generation in [dedupe, previous] {
-                    if let Some(bytes) = generation.get(&key)? {
-                        let seen: DedupeEntry = tx_decode("dedupe entry", &bytes)?;
-                        if seen.expires_at_ms > now_ms {
-                            return Ok(Accepted::Duplicate {
-                                thread_id: seen.thread_id,
-                                seq: seen.seq,
-                            });
-                        }
+                let mut outcomes = Vec::with_capacity(prepared.len());
+                for (accept, conversation, key, older) in &prepared {
+                    if let Some(duplicate) = older {
+                        outcomes.push(duplicate.clone());
+                        continue;
                     }
+                    let outcome = accept_one(
+                        accept,
+                        conversation,
+                        key,
+                        AcceptTrees {
+                            dedupe,
+                            previous,
+                            conversations,
+                            inbox,
+                            threads,
+                        },
+                    )?;
+                    outcomes.push(outcome);
                 }
-                let current: Option<ConversationRecord> = conversations
-                    .get(conversation_key.as_bytes())?
-                    .map(|b| tx_decode("conversation", &b))
-                    .transpose()?;
-                let record = match (current, thread) {
-                    (Some(record), ThreadChoice::Current) => record,
-                    (current, _) => {
-                        let record = ConversationRecord {
-                            key: conversation_key.clone(),
-                            generation: current.map_or(0, |r| r.generation + 1),
-                            thread_id: new_thread_id(),
-                            user_id: user_id.clone(),
-                        };
-                        // The thread exists from the moment it is named in an answer.
-                        let state = ThreadState::new(
-                            record.thread_id.clone(),
-                            conversation_key.clone(),
-                            record.generation,
-                            now_ms,
-                        );
-                        threads
-                            .insert(record.thread_id.as_bytes(), tx_encode("thread", &state)?)?;
-                        record
-                    }
-                };
-                conversations.insert(
-                    conversation_key.as_bytes(),
-                    tx_encode("conversation", &record)?,
-                )?;
-                let seq = inbox.generate_id()?;
-                let item = InboxItem {
-                    seq,
-                    event: event.clone(),
-                    thread_id: record.thread_id.clone(),
-                    fresh_thread: thread == ThreadChoice::Fresh,
-                    status: InboxStatus::Pending,
-                    attempts: 0,
-                    accepted_at_ms: now_ms,
-                };
-                inbox.insert(&seq_key(seq), tx_encode("inbox item", &item)?)?;
-                let entry = DedupeEntry {
-                    expires_at_ms,
-                    thread_id: record.thread_id.clone(),
-                    seq: Some(seq),
-                };
-                dedupe.insert(key.as_slice(), tx_encode("dedupe entry", &entry)?)?;
-                Ok(Accepted::New(item))
+                Ok(outcomes)
             })
             .map_err(from_tx)?;
-        if matches!(outcome, Accepted::New(_)) {
-            self.inbox_len.fetch_add(1, Ordering::SeqCst);
-        }
-        Ok(outcome)
+        let new = outcomes
+            .iter()
+            .filter(|o| matches!(o, Accepted::New(_)))
+            .count();
+        self.inbox_len.fetch_add(new, Ordering::SeqCst);
+        Ok(outcomes)
     }
 
     async fn inbox(&self) -> Result<Vec<InboxItem>, StoreError> {

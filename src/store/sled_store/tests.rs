@@ -687,3 +687,38 @@ async fn a_schema_1_store_is_migrated_on_open() {
     );
     assert_eq!(store.messages.len(), 3);
 }
+
+#[tokio::test]
+async fn a_batch_is_accepted_in_order_and_sees_its_own_redeliveries() {
+    let store = SledStore::temporary().unwrap();
+    let outcomes = store
+        .accept_batch(vec![
+            accept_in("a", "m1", 5, 1_000),
+            accept_in("b", "m1", 5, 1_000),
+            accept_in("a", "m1", 6, 1_000),
+            accept_in("a", "m2", 6, 1_000),
+        ])
+        .await
+        .unwrap();
+    let [
+        Accepted::New(first),
+        Accepted::New(other),
+        Accepted::Duplicate { thread_id, seq },
+        Accepted::New(second),
+    ] = outcomes.as_slice()
+    else {
+        panic!("{outcomes:?}");
+    };
+    assert_eq!((thread_id, *seq), (&first.thread_id, Some(first.seq)));
+    assert_eq!(
+        second.thread_id, first.thread_id,
+        "one conversation, one thread"
+    );
+    assert_ne!(other.thread_id, first.thread_id);
+    assert!(
+        first.seq < other.seq && other.seq < second.seq,
+        "inbox order is batch order"
+    );
+    assert_eq!(store.stats().await.unwrap().inbox, 3);
+    assert!(store.accept_batch(Vec::new()).await.unwrap().is_empty());
+}
