@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use antler_channel::OutboundMessage;
 use futures_util::FutureExt;
+use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -24,11 +25,20 @@ use crate::agent::runtime::{RunObserver, Runtime};
 use crate::agent::thread::{RunningTurn, ThreadState};
 use crate::delivery::Delivery;
 use crate::events::{EventHub, ThreadEvent};
-use crate::store::{FinishTurn, InboxItem, Store, StoreError};
+use crate::store::{FinishTurn, InboxItem, OutboxItem, Store, StoreError};
 
 /// The first wait before retrying a failed store operation; it doubles up to the cap.
 const STORE_RETRY_FIRST: Duration = Duration::from_millis(100);
 const STORE_RETRY_CAP: Duration = Duration::from_secs(10);
+
+/// The most finished turns written in one transaction.
+const MAX_FINISH_BATCH: usize = 256;
+
+/// A finished turn on its way to the finisher, and where its outbox items go.
+type FinishRequest = (
+    FinishTurn,
+    oneshot::Sender<Result<Vec<OutboxItem>, StoreError>>,
+);
 
 /// The answer to a turn that panicked.
 const PANIC_REPLY: &str = "⚠️ Sorry, something went wrong inside antler while answering this \
@@ -50,6 +60,8 @@ struct Inner {
     turn_timeout: Duration,
     /// Cancelled when running turns must stop (shutdown, after the grace period).
     cancel: CancellationToken,
+    /// The finisher: writes every finished turn waiting at that moment in one transaction.
+    finisher: mpsc::UnboundedSender<FinishRequest>,
     /// For `/status`. Set once the dispatcher exists; weak, because the dispatcher owns this
     /// runner and a cycle would keep the store open after shutdown.
     queue: OnceLock<std::sync::Weak<dyn QueueView>>,
@@ -111,8 +123,12 @@ impl TurnRunner {
         turn_timeout: Duration,
         cancel: CancellationToken,
     ) -> Self {
+        let (finisher, finishes) = mpsc::unbounded_channel();
+        // Ends when the last handle to this runner is dropped.
+        tokio::spawn(finish_batches(Arc::clone(&store), finishes));
         Self {
             inner: Arc::new(Inner {
+                finisher,
                 store,
                 runtime,
                 hub,
@@ -172,9 +188,7 @@ impl TurnRunner {
             now_ms: crate::now_ms(),
         };
         let Some(items) = self
-            .retry("finish the turn", seq, || {
-                inner.store.finish_turn(finish.clone())
-            })
+            .retry("finish the turn", seq, || self.finish(finish.clone()))
             .await
         else {
             return false;
@@ -183,6 +197,18 @@ impl TurnRunner {
         metrics::counter!("antler_turns_total", "outcome" => result.outcome).increment(1);
         metrics::histogram!("antler_turn_duration_seconds").record(started.elapsed().as_secs_f64());
         true
+    }
+
+    /// Writes a finished turn through the finisher (durable once it answers).
+    async fn finish(&self, finish: FinishTurn) -> Result<Vec<OutboxItem>, StoreError> {
+        let (answer, answered) = oneshot::channel();
+        self.inner
+            .finisher
+            .send((finish, answer))
+            .map_err(|_| StoreError::Backend("the finisher has stopped".to_owned()))?;
+        answered
+            .await
+            .map_err(|_| StoreError::Backend("the finisher has stopped".to_owned()))?
     }
 
     /// Retries a store operation with backoff until it succeeds; `None` once turns are
@@ -427,5 +453,43 @@ impl TurnRunner {
             inner.runtime.model_name()
         ));
         out
+    }
+}
+
+/// The finisher: takes every finished turn waiting at that moment and writes them in one
+/// transaction (synced), then answers each; until every sender is gone. Turns finish in
+/// parallel, so under load one transaction serves many of them; the next batch gathers while
+/// one is written.
+async fn finish_batches(
+    store: Arc<dyn Store>,
+    mut requests: mpsc::UnboundedReceiver<FinishRequest>,
+) {
+    let mut batch = Vec::new();
+    while requests.recv_many(&mut batch, MAX_FINISH_BATCH).await > 0 {
+        let (finishes, answers): (Vec<FinishTurn>, Vec<_>) =
+            std::mem::take(&mut batch).into_iter().unzip();
+        metrics::histogram!("antler_finish_batch_size").record(finishes.len() as f64);
+        let written = std::panic::AssertUnwindSafe(store.finish_turns(finishes))
+            .catch_unwind()
+            .await
+            .unwrap_or_else(|_| {
+                Err(StoreError::Backend(
+                    "writing finished turns panicked".to_owned(),
+                ))
+            });
+        match written {
+            Ok(items) => {
+                for (answer, items) in answers.into_iter().zip(items) {
+                    let _ = answer.send(Ok(items));
+                }
+            }
+            Err(e) => {
+                // Each turn retries on its own.
+                let message = e.to_string();
+                for answer in answers {
+                    let _ = answer.send(Err(StoreError::Backend(message.clone())));
+                }
+            }
+        }
     }
 }

@@ -236,9 +236,22 @@ pub(crate) trait Store: Send + Sync + std::fmt::Debug {
     /// again and the interruption does not count towards giving up on it. *Durable.*
     async fn release_turn(&self, seq: u64) -> Result<(), StoreError>;
 
-    /// Thread (metadata + new messages) + replies into the outbox + the inbox item removed
-    /// (+ a memory update), in one transaction. *Durable.* Returns the new outbox items.
-    async fn finish_turn(&self, finish: FinishTurn) -> Result<Vec<OutboxItem>, StoreError>;
+    /// For each finished turn: thread (metadata + new messages) + replies into the outbox +
+    /// the inbox item removed (+ a memory update); all of them in one transaction. *Durable.*
+    /// Returns each turn's new outbox items. Like accepts, finishes are batched because each
+    /// transaction costs the store a log write of its own.
+    async fn finish_turns(
+        &self,
+        finishes: Vec<FinishTurn>,
+    ) -> Result<Vec<Vec<OutboxItem>>, StoreError>;
+
+    /// [`Store::finish_turns`] of one turn.
+    async fn finish_turn(&self, finish: FinishTurn) -> Result<Vec<OutboxItem>, StoreError> {
+        self.finish_turns(vec![finish])
+            .await?
+            .pop()
+            .ok_or_else(|| StoreError::Backend("a finish batch came back empty".to_owned()))
+    }
 
     /// Saves a thread mid-turn (after a tool result): its metadata and the messages not yet
     /// saved, then advances `saved_messages`. *Durable.*

@@ -194,6 +194,57 @@ impl ThreadWrite {
     }
 }
 
+/// A finished turn, encoded for the finish transaction.
+struct FinishWrite {
+    inbox_seq: u64,
+    thread: Option<ThreadWrite>,
+    memory: Option<(String, Vec<u8>)>,
+    items: Vec<OutboxItem>,
+    encoded: Vec<([u8; 8], Vec<u8>)>,
+}
+
+impl FinishWrite {
+    fn of(finish: FinishTurn) -> Result<Self, StoreError> {
+        let FinishTurn {
+            inbox_seq,
+            thread,
+            replies,
+            memory_update,
+            now_ms,
+        } = finish;
+        let mut items = Vec::with_capacity(replies.len());
+        for (index, message) in replies.into_iter().enumerate() {
+            let seq = outbox_seq(inbox_seq, index as u64).ok_or_else(|| {
+                StoreError::Backend(format!("too many replies for inbox item {inbox_seq}"))
+            })?;
+            items.push(OutboxItem {
+                seq,
+                message,
+                status: OutboxStatus::Pending,
+                attempts: 0,
+                last_error: None,
+                receipt: None,
+                created_at_ms: now_ms,
+                finished_at_ms: None,
+            });
+        }
+        let encoded = items
+            .iter()
+            .map(|item| encode("outbox item", item).map(|bytes| (seq_key(item.seq), bytes)))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Self {
+            inbox_seq,
+            thread: thread.as_ref().map(ThreadWrite::of).transpose()?,
+            memory: memory_update
+                .as_ref()
+                .map(|m| Ok::<_, StoreError>((m.thread_id.clone(), encode("memory update", m)?)))
+                .transpose()?,
+            items,
+            encoded,
+        })
+    }
+}
+
 /// The dedupe generations a key accepted now is looked up in and written to.
 #[derive(Clone)]
 struct DedupeGenerations {
@@ -645,40 +696,15 @@ impl Store for SledStore {
         self.commit.flush().await
     }
 
-    async fn finish_turn(&self, finish: FinishTurn) -> Result<Vec<OutboxItem>, StoreError> {
-        let FinishTurn {
-            inbox_seq,
-            thread,
-            replies,
-            memory_update,
-            now_ms,
-        } = finish;
+    async fn finish_turns(
+        &self,
+        finishes: Vec<FinishTurn>,
+    ) -> Result<Vec<Vec<OutboxItem>>, StoreError> {
         #[cfg(test)]
         self.fault(1)?;
-        let thread_write = thread.as_ref().map(ThreadWrite::of).transpose()?;
-        let memory_bytes = memory_update
-            .as_ref()
-            .map(|m| Ok::<_, StoreError>((m.thread_id.clone(), encode("memory update", m)?)))
-            .transpose()?;
-        let mut items = Vec::with_capacity(replies.len());
-        for (index, message) in replies.into_iter().enumerate() {
-            let seq = outbox_seq(inbox_seq, index as u64).ok_or_else(|| {
-                StoreError::Backend(format!("too many replies for inbox item {inbox_seq}"))
-            })?;
-            items.push(OutboxItem {
-                seq,
-                message,
-                status: OutboxStatus::Pending,
-                attempts: 0,
-                last_error: None,
-                receipt: None,
-                created_at_ms: now_ms,
-                finished_at_ms: None,
-            });
-        }
-        let encoded = items
-            .iter()
-            .map(|item| encode("outbox item", item).map(|bytes| (seq_key(item.seq), bytes)))
+        let writes = finishes
+            .into_iter()
+            .map(FinishWrite::of)
             .collect::<Result<Vec<_>, _>>()?;
         let removed = (
             &self.inbox,
@@ -688,23 +714,28 @@ impl Store for SledStore {
             &self.memory_queue,
         )
             .transaction(|(inbox, threads, messages, outbox, memory_queue)| {
-                let removed = inbox.remove(&seq_key(inbox_seq))?.is_some();
-                if let Some(write) = &thread_write {
-                    write.apply(threads, messages)?;
-                }
-                if let Some((thread_id, bytes)) = &memory_bytes {
-                    memory_queue.insert(thread_id.as_bytes(), bytes.as_slice())?;
-                }
-                for (key, bytes) in &encoded {
-                    outbox.insert(key, bytes.as_slice())?;
+                let mut removed = 0;
+                for write in &writes {
+                    if inbox.remove(&seq_key(write.inbox_seq))?.is_some() {
+                        removed += 1;
+                    }
+                    if let Some(thread) = &write.thread {
+                        thread.apply(threads, messages)?;
+                    }
+                    if let Some((thread_id, bytes)) = &write.memory {
+                        memory_queue.insert(thread_id.as_bytes(), bytes.as_slice())?;
+                    }
+                    for (key, bytes) in &write.encoded {
+                        outbox.insert(key, bytes.as_slice())?;
+                    }
                 }
                 Ok(removed)
             })
             .map_err(from_tx)?;
-        if removed {
-            self.inbox_len.fetch_sub(1, Ordering::SeqCst);
-        }
-        self.outbox_pending.fetch_add(items.len(), Ordering::SeqCst);
+        self.inbox_len.fetch_sub(removed, Ordering::SeqCst);
+        let items: Vec<Vec<OutboxItem>> = writes.into_iter().map(|w| w.items).collect();
+        self.outbox_pending
+            .fetch_add(items.iter().map(Vec::len).sum(), Ordering::SeqCst);
         self.commit.flush().await?;
         Ok(items)
     }
