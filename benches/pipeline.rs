@@ -32,7 +32,8 @@
 //!   what is appended) and the bytes antler caused to be written to storage (`write_bytes` of
 //!   `/proc/<pid>/io`, whole 4 KiB pages); growth per turn over turns 1–5 and over the last five.
 //!
-//! Startup is spawn → first 200 of `/readyz` (median of S spawns). Every figure is the median
+//! With `ANTLER_BENCH_WRAP` set (e.g. `heaptrack -o /tmp/antler`), each antler runs under that
+//! command. Startup is spawn → first 200 of `/readyz` (median of S spawns). Every figure is the median
 //! of the R runs; ratios are taken within a run, against that run's ceiling. Each phase prints
 //! its antler's pid on stderr (for `perf`). Prints a table and one JSON line.
 
@@ -287,7 +288,17 @@ async fn start_antler(
     let probe = reqwest::Client::new();
     let url = format!("http://127.0.0.1:{port}");
     let started = Instant::now();
-    let child = Command::new(antler_binary())
+    // `ANTLER_BENCH_WRAP="heaptrack -o /tmp/antler"` runs antler under a profiler.
+    let mut command = match std::env::var("ANTLER_BENCH_WRAP") {
+        Ok(wrap) if !wrap.trim().is_empty() => {
+            let mut words = wrap.split_whitespace();
+            let mut command = Command::new(words.next().unwrap());
+            command.args(words).arg(antler_binary());
+            command
+        }
+        _ => Command::new(antler_binary()),
+    };
+    let child = command
         .args(["serve", "--config"])
         .arg(&config_path)
         .stdin(Stdio::null())

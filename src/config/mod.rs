@@ -126,7 +126,7 @@ impl Default for StoreConfig {
         Self {
             path: PathBuf::from("data"),
             dedupe_ttl_secs: 86_400,
-            cache_capacity_bytes: 32 * 1024 * 1024,
+            cache_capacity_bytes: 8 * 1024 * 1024,
         }
     }
 }

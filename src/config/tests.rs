@@ -553,7 +553,7 @@ fn summary_lists_the_essentials() {
         summary,
         "listen: 127.0.0.1:8080\n\
          limits: 512 connections, 256 streams, header timeout 10s, body timeout 30s\n\
-         store: data (cache: 32 MiB)\n\
+         store: data (cache: 8 MiB)\n\
          model: llama3.2 at http://127.0.0.1:11434/v1 (api key: not set)\n\
          api channel: enabled (admin token: not set)\n\
          platforms: none\n\
@@ -901,7 +901,7 @@ fn new_keys_default_as_documented() {
     assert!(config.server.allowed_hosts.is_empty());
     assert_eq!(config.server.metrics_token, None);
     assert_eq!(config.server.ops_listen, None);
-    assert_eq!(config.store.cache_capacity_bytes, 32 * 1024 * 1024);
+    assert_eq!(config.store.cache_capacity_bytes, 8 * 1024 * 1024);
     assert!(config.channels.api.tokens.is_empty());
 }
 

@@ -54,6 +54,20 @@ struct State {
     running: usize,
 }
 
+impl State {
+    /// Gives memory back once a burst has drained: the tables keep the size of their largest
+    /// backlog otherwise (tens of bytes per conversation that ever waited at once).
+    fn shrink_after_a_burst(&mut self) {
+        const SMALL: usize = 1024;
+        if self.lanes.capacity() > SMALL && self.lanes.len() < self.lanes.capacity() / 4 {
+            self.lanes.shrink_to(self.lanes.len() * 2);
+        }
+        if self.ready.capacity() > SMALL && self.ready.len() < self.ready.capacity() / 4 {
+            self.ready.shrink_to(self.ready.len() * 2);
+        }
+    }
+}
+
 #[derive(Default)]
 struct Lane {
     waiting: VecDeque<u64>,
@@ -183,6 +197,7 @@ impl Inner {
                 lane.running = false;
                 if lane.waiting.is_empty() {
                     state.lanes.remove(conversation);
+                    state.shrink_after_a_burst();
                 } else {
                     state.ready.push_back(Arc::clone(conversation));
                 }
@@ -298,6 +313,27 @@ mod tests {
         assert_eq!(dispatcher.running(), 0);
         assert_eq!(dispatcher.waiting("a"), 0);
         assert!(dispatcher.inner.state.lock().unwrap().lanes.is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_tables_give_their_memory_back_after_a_burst() {
+        let tracker = TaskTracker::new();
+        let (dispatcher, _probe) = probe_dispatcher(4, &tracker, None);
+        for seq in 0..20_000 {
+            dispatcher.push(&format!("c{seq}"), seq);
+        }
+        let grown = dispatcher.inner.state.lock().unwrap().lanes.capacity();
+        assert!(grown >= 20_000);
+        tracker.close();
+        tracker.wait().await;
+        let state = dispatcher.inner.state.lock().unwrap();
+        assert!(state.lanes.is_empty());
+        assert!(
+            state.lanes.capacity() <= 1024 * 2 && state.ready.capacity() <= 1024 * 2,
+            "{} / {}",
+            state.lanes.capacity(),
+            state.ready.capacity()
+        );
     }
 
     #[tokio::test(start_paused = true)]
