@@ -33,7 +33,7 @@
 //!   `/proc/<pid>/io`, whole 4 KiB pages); growth per turn over turns 1–5 and over the last five.
 //!
 //! With `ANTLER_BENCH_WRAP` set (e.g. `heaptrack -o /tmp/antler`), each antler runs under that
-//! command. Startup is spawn → first 200 of `/readyz` (median of S spawns). Every figure is the median
+//! command; the bench stops the wrapper, so check for antlers left running afterwards. Startup is spawn → first 200 of `/readyz` (median of S spawns). Every figure is the median
 //! of the R runs; ratios are taken within a run, against that run's ceiling. Each phase prints
 //! its antler's pid on stderr (for `perf`). Prints a table and one JSON line.
 

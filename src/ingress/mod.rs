@@ -42,7 +42,7 @@ use commands::Command;
 pub(crate) const RETRY_AFTER: Duration = Duration::from_secs(5);
 
 /// The most events stored in one transaction.
-const MAX_BATCH: usize = 64;
+const MAX_BATCH: usize = 256;
 
 /// Why an event was not accepted.
 #[derive(Debug, thiserror::Error)]
