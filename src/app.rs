@@ -27,7 +27,7 @@ use crate::delivery::{Delivery, RetryPolicy};
 use crate::events::EventHub;
 use crate::http::guard::{ApiAuth, HostPolicy};
 use crate::http::serve::{ServeLimits, serve as serve_http};
-use crate::http::{AppState, api::ApiChannel, ops_router, router};
+use crate::http::{AppContext, api::ApiChannel, ops_router, router};
 use crate::ingress::{Ingress, IngressSettings, TurnRunner};
 use crate::store::{SledStore, Store, StoreError};
 
@@ -255,7 +255,7 @@ where
     ));
 
     let server = &config.server;
-    let state = AppState {
+    let state = Arc::new(AppContext {
         ingress,
         store: Arc::clone(&store),
         hub,
@@ -269,7 +269,7 @@ where
         hosts: HostPolicy::from_config(server),
         streams: Arc::new(Semaphore::new(server.max_streams.max(1))),
         metrics_token: server.metrics_token.clone(),
-    };
+    });
     let limits = ServeLimits {
         max_connections: server.max_connections,
         header_read_timeout: Duration::from_secs(server.header_read_timeout_secs),

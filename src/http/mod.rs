@@ -24,9 +24,12 @@ use crate::ingress::Ingress;
 use crate::store::Store;
 use guard::{ApiAuth, HostPolicy};
 
-/// What every handler can reach.
-#[derive(Debug, Clone)]
-pub(crate) struct AppState {
+/// What every handler can reach; cloned per request, so it is one `Arc`.
+pub(crate) type AppState = Arc<AppContext>;
+
+/// The shared state behind [`AppState`].
+#[derive(Debug)]
+pub(crate) struct AppContext {
     pub(crate) ingress: Ingress,
     pub(crate) store: Arc<dyn Store>,
     pub(crate) hub: EventHub,

@@ -88,10 +88,16 @@ struct Inner {
     acceptor: mpsc::UnboundedSender<Request>,
 }
 
-/// An event handed to the acceptor, with the backlog slot it holds.
+/// An event handed to the acceptor, and how to answer it.
 #[derive(Debug)]
 struct Request {
     accept: Accept,
+    reply: Reply,
+}
+
+/// Where an accept's answer goes, with the backlog slot it holds.
+#[derive(Debug)]
+struct Reply {
     subscribe: bool,
     answer: oneshot::Sender<Result<Admission, IngressError>>,
     slot: Slot,
@@ -234,9 +240,11 @@ impl Ingress {
                 event,
                 thread,
             },
-            subscribe,
-            answer,
-            slot,
+            reply: Reply {
+                subscribe,
+                answer,
+                slot,
+            },
         };
         if inner.acceptor.send(request).is_err() {
             return Err(IngressError::ShuttingDown);
@@ -267,20 +275,21 @@ impl Acceptor {
     }
 
     async fn accept_batch(&self, requests: Vec<Request>) {
-        let accepts = requests.iter().map(|r| r.accept.clone()).collect();
+        let (accepts, replies): (Vec<Accept>, Vec<Reply>) =
+            requests.into_iter().map(|r| (r.accept, r.reply)).unzip();
         let answers: Vec<_> = match self.store.accept_batch(accepts).await {
-            Ok(outcomes) => requests
+            Ok(outcomes) => replies
                 .into_iter()
                 .zip(outcomes)
-                .map(|(mut request, outcome)| {
-                    let admission = self.admit(&mut request, outcome);
-                    (request.answer, Ok(admission))
+                .map(|(mut reply, outcome)| {
+                    let admission = self.admit(&mut reply, outcome);
+                    (reply.answer, Ok(admission))
                 })
                 .collect(),
             Err(e) => {
                 tracing::error!(error = %e, "accepting failed");
                 let message = e.to_string();
-                requests
+                replies
                     .into_iter()
                     .map(|r| {
                         let error = StoreError::Backend(message.clone());
@@ -308,11 +317,11 @@ impl Acceptor {
 
     /// Queues a new item (keeping its backlog slot) or names the original of a redelivery
     /// (giving the slot back).
-    fn admit(&self, request: &mut Request, outcome: Accepted) -> Admission {
+    fn admit(&self, reply: &mut Reply, outcome: Accepted) -> Admission {
         match outcome {
             Accepted::Duplicate { thread_id, seq } => {
                 metrics::counter!("antler_ingress_duplicates_total").increment(1);
-                let events = request.subscribe.then(|| self.hub.subscribe(&thread_id));
+                let events = reply.subscribe.then(|| self.hub.subscribe(&thread_id));
                 Admission {
                     thread_id,
                     new: false,
@@ -321,12 +330,10 @@ impl Acceptor {
                 }
             }
             Accepted::New(item) => {
-                request.slot.kept = true;
+                reply.slot.kept = true;
                 metrics::gauge!("antler_inbox_depth").increment(1.0);
                 // Subscribe before the turn is queued, so not even an instant answer is missed.
-                let events = request
-                    .subscribe
-                    .then(|| self.hub.subscribe(&item.thread_id));
+                let events = reply.subscribe.then(|| self.hub.subscribe(&item.thread_id));
                 self.dispatcher
                     .push(item.event.conversation.as_str(), item.seq);
                 Admission {
