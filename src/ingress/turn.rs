@@ -34,9 +34,10 @@ const STORE_RETRY_CAP: Duration = Duration::from_secs(10);
 /// The most finished turns written in one transaction.
 const MAX_FINISH_BATCH: usize = 256;
 
-/// A finished turn on its way to the finisher, and where its outbox items go.
+/// A finished turn on its way to the finisher, and where its outbox items go. Shared, so a
+/// retry sends the same turn again without copying its thread.
 type FinishRequest = (
-    FinishTurn,
+    Arc<FinishTurn>,
     oneshot::Sender<Result<Vec<OutboxItem>, StoreError>>,
 );
 
@@ -180,15 +181,15 @@ impl TurnRunner {
             text: result.text,
             reply_to: item.event.reply_to.clone(),
         };
-        let finish = FinishTurn {
+        let finish = Arc::new(FinishTurn {
             inbox_seq: item.seq,
             thread: result.thread,
             replies: vec![reply],
             memory_update: None,
             now_ms: crate::now_ms(),
-        };
+        });
         let Some(items) = self
-            .retry("finish the turn", seq, || self.finish(finish.clone()))
+            .retry("finish the turn", seq, || self.finish(Arc::clone(&finish)))
             .await
         else {
             return false;
@@ -200,7 +201,7 @@ impl TurnRunner {
     }
 
     /// Writes a finished turn through the finisher (durable once it answers).
-    async fn finish(&self, finish: FinishTurn) -> Result<Vec<OutboxItem>, StoreError> {
+    async fn finish(&self, finish: Arc<FinishTurn>) -> Result<Vec<OutboxItem>, StoreError> {
         let (answer, answered) = oneshot::channel();
         self.inner
             .finisher
@@ -466,10 +467,11 @@ async fn finish_batches(
 ) {
     let mut batch = Vec::new();
     while requests.recv_many(&mut batch, MAX_FINISH_BATCH).await > 0 {
-        let (finishes, answers): (Vec<FinishTurn>, Vec<_>) =
+        let (finishes, answers): (Vec<Arc<FinishTurn>>, Vec<_>) =
             std::mem::take(&mut batch).into_iter().unzip();
         metrics::histogram!("antler_finish_batch_size").record(finishes.len() as f64);
-        let written = std::panic::AssertUnwindSafe(store.finish_turns(finishes))
+        let turns: Vec<&FinishTurn> = finishes.iter().map(AsRef::as_ref).collect();
+        let written = std::panic::AssertUnwindSafe(store.finish_turns(&turns))
             .catch_unwind()
             .await
             .unwrap_or_else(|_| {

@@ -240,14 +240,15 @@ pub(crate) trait Store: Send + Sync + std::fmt::Debug {
     /// the inbox item removed (+ a memory update); all of them in one transaction. *Durable.*
     /// Returns each turn's new outbox items. Like accepts, finishes are batched because each
     /// transaction costs the store a log write of its own.
+    /// The turns are borrowed, so a caller can retry with the same one after a failure.
     async fn finish_turns(
         &self,
-        finishes: Vec<FinishTurn>,
+        finishes: &[&FinishTurn],
     ) -> Result<Vec<Vec<OutboxItem>>, StoreError>;
 
     /// [`Store::finish_turns`] of one turn.
     async fn finish_turn(&self, finish: FinishTurn) -> Result<Vec<OutboxItem>, StoreError> {
-        self.finish_turns(vec![finish])
+        self.finish_turns(&[&finish])
             .await?
             .pop()
             .ok_or_else(|| StoreError::Backend("a finish batch came back empty".to_owned()))

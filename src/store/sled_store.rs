@@ -204,7 +204,7 @@ struct FinishWrite {
 }
 
 impl FinishWrite {
-    fn of(finish: FinishTurn) -> Result<Self, StoreError> {
+    fn of(finish: &FinishTurn) -> Result<Self, StoreError> {
         let FinishTurn {
             inbox_seq,
             thread,
@@ -212,8 +212,9 @@ impl FinishWrite {
             memory_update,
             now_ms,
         } = finish;
+        let (inbox_seq, now_ms) = (*inbox_seq, *now_ms);
         let mut items = Vec::with_capacity(replies.len());
-        for (index, message) in replies.into_iter().enumerate() {
+        for (index, message) in replies.iter().cloned().enumerate() {
             let seq = outbox_seq(inbox_seq, index as u64).ok_or_else(|| {
                 StoreError::Backend(format!("too many replies for inbox item {inbox_seq}"))
             })?;
@@ -698,13 +699,13 @@ impl Store for SledStore {
 
     async fn finish_turns(
         &self,
-        finishes: Vec<FinishTurn>,
+        finishes: &[&FinishTurn],
     ) -> Result<Vec<Vec<OutboxItem>>, StoreError> {
         #[cfg(test)]
         self.fault(1)?;
         let writes = finishes
-            .into_iter()
-            .map(FinishWrite::of)
+            .iter()
+            .map(|finish| FinishWrite::of(finish))
             .collect::<Result<Vec<_>, _>>()?;
         let removed = (
             &self.inbox,
