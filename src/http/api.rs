@@ -282,19 +282,13 @@ pub(crate) async fn post_message(
         None => wait_for_answer(events, &message_id, &state.stop).await,
     };
     drop(permit);
+    let mut answer = accepted;
     match reply {
-        Some(reply) => Ok((
-            StatusCode::OK,
-            Json(json!({
-                "thread_id": admission.thread_id,
-                "conversation": conversation,
-                "message_id": message_id,
-                "duplicate": !admission.new,
-                "reply": reply,
-            })),
-        )
-            .into_response()),
-        None => Ok((StatusCode::ACCEPTED, Json(accepted)).into_response()),
+        Some(reply) => {
+            answer["reply"] = Value::String(reply);
+            Ok((StatusCode::OK, Json(answer)).into_response())
+        }
+        None => Ok((StatusCode::ACCEPTED, Json(answer)).into_response()),
     }
 }
 
