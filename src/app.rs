@@ -387,7 +387,7 @@ async fn sweep(
 
 #[cfg(test)]
 mod tests {
-    use antler_channel::{ConversationKey, InboundEvent, OutboundMessage, UserRef};
+    use antler_channel::{InboundEvent, OutboundMessage};
 
     use super::*;
     use crate::store::{Accept, Accepted, FinishTurn, OutboxStatus, ThreadChoice};
@@ -401,16 +401,8 @@ mod tests {
         let seq = {
             let store = SledStore::open(&path, 8 << 20).unwrap();
             let event = InboundEvent {
-                channel: "api".to_owned(),
-                event_id: "m1".to_owned(),
-                conversation: ConversationKey::new("api", ["c"]),
-                user: UserRef {
-                    id: "u".to_owned(),
-                    name: None,
-                },
-                text: "hi".to_owned(),
                 reply_to: Some("m1".to_owned()),
-                received_at_ms: 1,
+                ..crate::test_support::event("c", "m1", "hi")
             };
             let Accepted::New(item) = store
                 .accept(Accept {

@@ -17,10 +17,14 @@ pub(crate) fn event(conversation: &str, event_id: &str, text: &str) -> InboundEv
         user: UserRef {
             id: "u1".to_owned(),
             name: None,
+            admin: false,
         },
         text: text.to_owned(),
         reply_to: None,
         received_at_ms: 1,
+        attachments: Vec::new(),
+        group: false,
+        interactive: false,
     }
 }
 

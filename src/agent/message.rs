@@ -18,6 +18,9 @@ pub(crate) enum ChatMessage {
     User {
         /// The text.
         content: String,
+        /// Further content after the text (images for vision models), sent as content parts.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        parts: Vec<ContentPart>,
     },
     /// What the model answered: text, tool calls, or both.
     Assistant {
@@ -27,6 +30,10 @@ pub(crate) enum ChatMessage {
         /// Tools the model asked to run, answered by the `Tool` messages that follow.
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         tool_calls: Vec<ToolCall>,
+        /// The model's reasoning (`reasoning_content`, `<think>` blocks), kept apart from the
+        /// answer: never streamed or delivered as answer text, never sent back to the model.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reasoning: Option<String>,
     },
     /// The result of one tool call.
     Tool {
@@ -51,6 +58,7 @@ impl ChatMessage {
     pub(crate) fn user(content: impl Into<String>) -> Self {
         Self::User {
             content: content.into(),
+            parts: Vec::new(),
         }
     }
 
@@ -60,6 +68,28 @@ impl ChatMessage {
         Self::Assistant {
             content: content.into(),
             tool_calls: Vec::new(),
+            reasoning: None,
+        }
+    }
+
+    /// An assistant message with text and tool calls.
+    #[must_use]
+    pub(crate) fn assistant_calls(content: impl Into<String>, tool_calls: Vec<ToolCall>) -> Self {
+        Self::Assistant {
+            content: content.into(),
+            tool_calls,
+            reasoning: None,
+        }
+    }
+
+    /// The message's text (empty for none).
+    #[must_use]
+    pub(crate) fn text(&self) -> &str {
+        match self {
+            Self::System { content }
+            | Self::User { content, .. }
+            | Self::Assistant { content, .. }
+            | Self::Tool { content, .. } => content,
         }
     }
 
@@ -71,6 +101,22 @@ impl ChatMessage {
             content: content.into(),
         }
     }
+}
+
+/// A piece of message content beyond its text.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub(crate) enum ContentPart {
+    /// More text.
+    Text {
+        /// The text.
+        text: String,
+    },
+    /// An image, as an `https:` URL or a `data:` URL with base64 content.
+    Image {
+        /// Where the model reads it.
+        url: String,
+    },
 }
 
 /// A tool call the model made.

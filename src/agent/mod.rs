@@ -1,6 +1,7 @@
 //! The agent runtime: a thread, a model, tools and the middleware chain, with no knowledge of
 //! HTTP, ingress, delivery or any platform (a test enforces the boundary).
 
+pub(crate) mod input;
 pub(crate) mod message;
 pub(crate) mod middleware;
 pub(crate) mod model;

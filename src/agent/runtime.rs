@@ -198,6 +198,7 @@ impl Runtime {
             cx.thread.messages.push(ChatMessage::Assistant {
                 content: response.content.clone(),
                 tool_calls: calls.clone(),
+                reasoning: response.reasoning.take(),
             });
             if calls.is_empty() {
                 return Ok(response.content);

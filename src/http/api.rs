@@ -122,10 +122,14 @@ impl ApiChannel {
             user: UserRef {
                 id: user,
                 name: None,
+                admin: false,
             },
             text: message.text.clone(),
             reply_to: Some(message_id),
             received_at_ms: crate::now_ms(),
+            attachments: Vec::new(),
+            group: false,
+            interactive: message.wait || message.stream,
         };
         Ok((message, event))
     }

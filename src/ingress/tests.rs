@@ -41,7 +41,7 @@ impl ChatModel for EchoModel {
             .iter()
             .rev()
             .find_map(|m| match m {
-                ChatMessage::User { content } => Some(content.clone()),
+                ChatMessage::User { content, .. } => Some(content.clone()),
                 _ => None,
             })
             .unwrap_or_default();

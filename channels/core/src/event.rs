@@ -55,6 +55,9 @@ pub struct UserRef {
     /// A display name when the platform gives one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
+    /// The channel counts this user as an operator (its `admins` list, an admin token).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub admin: bool,
 }
 
 /// One message addressed to the bot, normalized from any platform.
@@ -76,6 +79,52 @@ pub struct InboundEvent {
     pub reply_to: Option<String>,
     /// When antler received it, in milliseconds since the Unix epoch.
     pub received_at_ms: u64,
+    /// Files sent with the message, as references: the turn fetches them, never the ack.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub attachments: Vec<AttachmentRef>,
+    /// It was written in a group chat, where others read the answer.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub group: bool,
+    /// Someone waits for the answer as it is written (a chat window, a streaming client).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub interactive: bool,
+}
+
+/// A file that came with a message, as the platform names it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AttachmentRef {
+    /// The file name the user gave it (untrusted: made safe before it names a file).
+    pub name: String,
+    /// Its media type, when the platform says.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub media_type: Option<String>,
+    /// Its size in bytes, when the platform says (checked again while fetching).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size: Option<u64>,
+    /// Where its bytes are.
+    pub source: AttachmentSource,
+}
+
+/// Where an attachment's bytes are.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum AttachmentSource {
+    /// A platform file id, fetched through [`crate::Channel::fetch_attachment`].
+    Platform {
+        /// The platform's id for the file.
+        id: String,
+    },
+    /// A URL, fetched through [`crate::Channel::fetch_attachment`] (with the bot's
+    /// credentials where the platform needs them).
+    Url {
+        /// The URL.
+        url: String,
+    },
+    /// The bytes themselves, sent inline (the API channel), base64-encoded.
+    Inline {
+        /// Standard base64.
+        data_base64: String,
+    },
 }
 
 /// One message for a channel to deliver.

@@ -13,7 +13,10 @@
 mod event;
 pub mod verify;
 
-pub use event::{ConversationKey, InboundEvent, OutboundMessage, Receipt, UserRef};
+pub use event::{
+    AttachmentRef, AttachmentSource, ConversationKey, InboundEvent, OutboundMessage, Receipt,
+    UserRef,
+};
 
 use std::time::Duration;
 
@@ -61,6 +64,15 @@ pub enum ChannelError {
     /// A failure that retrying will not fix (4xx other than 429, a deleted chat).
     #[error("permanent failure: {0}")]
     Permanent(String),
+    /// A file is larger than antler accepts.
+    #[error("the file is larger than {limit} bytes")]
+    TooLarge {
+        /// The limit, in bytes.
+        limit: u64,
+    },
+    /// The channel cannot do what was asked (fetch a file, edit a message).
+    #[error("not supported by this channel")]
+    Unsupported,
 }
 
 impl ChannelError {
@@ -85,4 +97,28 @@ pub trait Channel: Send + Sync + 'static {
 
     /// Delivers one message; the receipt names what the platform created.
     async fn send(&self, message: &OutboundMessage) -> Result<Receipt, ChannelError>;
+
+    /// What the platform can show.
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::default()
+    }
+
+    /// Downloads an attachment's bytes, at most `max_bytes` of them (more is
+    /// [`ChannelError::TooLarge`], found out without reading the rest).
+    async fn fetch_attachment(
+        &self,
+        _attachment: &AttachmentRef,
+        _max_bytes: u64,
+    ) -> Result<Vec<u8>, ChannelError> {
+        Err(ChannelError::Unsupported)
+    }
+}
+
+/// What a platform can show besides text.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Capabilities {
+    /// It can deliver files.
+    pub files: bool,
+    /// It can show images.
+    pub images: bool,
 }

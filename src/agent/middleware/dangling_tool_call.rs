@@ -237,11 +237,13 @@ pub(crate) fn repair(messages: &mut Vec<ChatMessage>) -> RepairReport {
             ChatMessage::Assistant {
                 content,
                 mut tool_calls,
+                reasoning,
             } => {
                 let Some(plan) = plans.remove(&index) else {
                     out.push(ChatMessage::Assistant {
                         content,
                         tool_calls,
+                        reasoning,
                     });
                     continue;
                 };
@@ -251,6 +253,7 @@ pub(crate) fn repair(messages: &mut Vec<ChatMessage>) -> RepairReport {
                 out.push(ChatMessage::Assistant {
                     content,
                     tool_calls,
+                    reasoning,
                 });
 
                 // Existing results, in their original order, then placeholders in call order.
@@ -307,10 +310,7 @@ mod tests {
     }
 
     fn calls(ids: &[&str]) -> ChatMessage {
-        ChatMessage::Assistant {
-            content: String::new(),
-            tool_calls: ids.iter().map(|id| call(id, "t")).collect(),
-        }
+        ChatMessage::assistant_calls("", ids.iter().map(|id| call(id, "t")).collect())
     }
 
     /// Asserts the OpenAI pairing rule: each assistant message with tool calls is followed by

@@ -310,6 +310,7 @@ mod tests {
             tool_calls: calls,
             usage: None,
             finish_reason: FinishReason::ToolCalls,
+            reasoning: None,
         }
     }
 
@@ -333,10 +334,7 @@ mod tests {
         let mut messages = vec![
             ChatMessage::system("sys"),
             ChatMessage::user("check the pods"),
-            ChatMessage::Assistant {
-                content: String::new(),
-                tool_calls: calls.to_vec(),
-            },
+            ChatMessage::assistant_calls("", calls.to_vec()),
         ];
         messages.extend(
             calls

@@ -559,6 +559,7 @@ mod tests {
             tool_calls: Vec::new(),
             usage: None,
             finish_reason: FinishReason::Stop,
+            reasoning: None,
         }
     }
 

@@ -81,7 +81,7 @@ impl Middleware for TitleMiddleware {
         // first exchange that was answered.
         let title = {
             let mut users = cx.thread.context().filter_map(|m| match m {
-                ChatMessage::User { content } => Some(content.as_str()),
+                ChatMessage::User { content, .. } => Some(content.as_str()),
                 _ => None,
             });
             let (Some(first), None) = (users.next(), users.next()) else {
@@ -136,6 +136,7 @@ mod tests {
             tool_calls: Vec::new(),
             usage: None,
             finish_reason: FinishReason::Stop,
+            reasoning: None,
         }
     }
 

@@ -78,6 +78,7 @@ mod tests {
             tool_calls: Vec::new(),
             usage,
             finish_reason: FinishReason::Stop,
+            reasoning: None,
         }
     }
 

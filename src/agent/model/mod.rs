@@ -65,6 +65,8 @@ pub(crate) struct ModelResponse {
     pub(crate) usage: Option<TokenUsage>,
     /// Why it stopped.
     pub(crate) finish_reason: FinishReason,
+    /// The model's reasoning, apart from the answer, when it gave any.
+    pub(crate) reasoning: Option<String>,
 }
 
 /// Receives streamed text as it arrives.

@@ -622,10 +622,11 @@ impl<'a> From<&'a ChatMessage> for WireMessage<'a> {
     fn from(message: &'a ChatMessage) -> Self {
         match message {
             ChatMessage::System { content } => Self::System { content },
-            ChatMessage::User { content } => Self::User { content },
+            ChatMessage::User { content, .. } => Self::User { content },
             ChatMessage::Assistant {
                 content,
                 tool_calls,
+                ..
             } => Self::Assistant {
                 content: (!content.is_empty() || tool_calls.is_empty()).then_some(content),
                 tool_calls: tool_calls
@@ -793,6 +794,7 @@ fn parse_completion(bytes: &[u8]) -> Result<ModelResponse, AttemptError> {
     Ok(ModelResponse {
         content: choice.message.content.unwrap_or_default(),
         finish_reason: finish_reason(choice.finish_reason, !tool_calls.is_empty()),
+        reasoning: None,
         tool_calls,
         usage: completion.usage.map(TokenUsage::from),
     })
@@ -978,6 +980,7 @@ impl StreamState {
         ModelResponse {
             content: self.content,
             finish_reason: finish_reason(self.finish_reason, !tool_calls.is_empty()),
+            reasoning: None,
             tool_calls,
             usage: self.usage,
         }
@@ -1410,10 +1413,7 @@ mod tests {
             messages: vec![
                 ChatMessage::system("sys"),
                 ChatMessage::user("list files"),
-                ChatMessage::Assistant {
-                    content: String::new(),
-                    tool_calls: vec![call("call_1", "ls", "{}")],
-                },
+                ChatMessage::assistant_calls("", vec![call("call_1", "ls", "{}")]),
                 ChatMessage::tool("call_1", "a.txt"),
                 ChatMessage::assistant("There is a.txt."),
             ],

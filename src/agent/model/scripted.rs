@@ -32,6 +32,7 @@ impl ScriptedModel {
                 total_tokens: 15,
             }),
             finish_reason: FinishReason::Stop,
+            reasoning: None,
         })
     }
 
@@ -49,6 +50,7 @@ impl ScriptedModel {
                 .collect(),
             usage: None,
             finish_reason: FinishReason::ToolCalls,
+            reasoning: None,
         })
     }
 
