@@ -20,7 +20,7 @@ use crate::agent::middleware::title::TitleMiddleware;
 use crate::agent::middleware::token_usage::TokenUsageMiddleware;
 use crate::agent::middleware::{ChainError, Middleware, MiddlewareChain};
 use crate::agent::model::{ModelError, ModelHealth, OpenAiClient, OpenAiConfig};
-use crate::agent::runtime::Runtime;
+use crate::agent::runtime::{Runtime, RuntimeSettings};
 use crate::agent::tools::ToolRegistry;
 use crate::config::Config;
 use crate::delivery::{Delivery, RetryPolicy};
@@ -28,7 +28,7 @@ use crate::events::EventHub;
 use crate::http::guard::{ApiAuth, HostPolicy};
 use crate::http::serve::{ServeLimits, serve as serve_http};
 use crate::http::{AppContext, api::ApiChannel, ops_router, router};
-use crate::ingress::{Ingress, IngressSettings, TurnRunner};
+use crate::ingress::{Channels, Ingress, IngressSettings, TurnRunner, TurnSettings};
 use crate::store::{SledStore, Store, StoreError};
 
 /// How often expired dedupe keys and old outbox records are swept, at most (a short dedupe
@@ -107,6 +107,28 @@ fn middleware_chain(config: &Config) -> Result<MiddlewareChain, ChainError> {
     MiddlewareChain::new(items)
 }
 
+fn tool_registry(config: &Config) -> ToolRegistry {
+    let agent = &config.agent;
+    ToolRegistry::builtin().with_timeouts(
+        Duration::from_secs(agent.tool_timeout_secs),
+        agent
+            .tool_timeouts
+            .iter()
+            .map(|(name, secs)| (name.clone(), Duration::from_secs(*secs)))
+            .collect(),
+    )
+}
+
+fn runtime_settings(config: &Config) -> RuntimeSettings {
+    RuntimeSettings {
+        system_prompt: config.model.system_prompt.clone(),
+        max_model_calls: config.agent.max_iterations,
+        max_parallel_tools: config.agent.max_parallel_tools,
+        context_tokens: 0,
+        data_root: config.store.path.clone(),
+    }
+}
+
 fn model_client(config: &Config, health: ModelHealth) -> Result<OpenAiClient, ModelError> {
     let m = &config.model;
     let mut client = OpenAiConfig::new(m.base_url.clone(), m.model.clone());
@@ -169,10 +191,9 @@ where
     let client = model_client(&config, model_health.clone())?;
     let runtime = Runtime::new(
         Arc::new(client.clone()),
-        ToolRegistry::builtin(),
+        tool_registry(&config),
         middleware_chain(&config)?,
-        config.model.system_prompt.clone(),
-        config.agent.max_iterations,
+        runtime_settings(&config),
     );
     tracing::info!(
         model = runtime.model_name(),
@@ -195,9 +216,10 @@ where
     if config.channels.api.enabled {
         channels.insert("api".to_owned(), api.clone());
     }
+    let channels = Channels(Arc::new(channels));
     let delivery = Delivery::new(
         Arc::clone(&store),
-        channels,
+        channels.0.as_ref().clone(),
         RetryPolicy {
             max_attempts: config.delivery.max_attempts,
             backoff_base: Duration::from_millis(config.delivery.backoff_base_ms),
@@ -228,8 +250,11 @@ where
         runtime,
         hub.clone(),
         delivery,
-        config.agent.max_turn_attempts,
-        Duration::from_secs(config.agent.turn_timeout_secs),
+        channels,
+        &TurnSettings {
+            max_attempts: config.agent.max_turn_attempts,
+            turn_timeout: Duration::from_secs(config.agent.turn_timeout_secs),
+        },
         turn_cancel.clone(),
     );
     let ingress = Ingress::new(

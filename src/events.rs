@@ -1,5 +1,5 @@
-//! Live thread events for subscribers (the API channel's SSE streams): streamed text while a
-//! turn runs and the final answer when it is delivered. Events are not stored; a subscriber
+//! Live thread events for subscribers (the API channel's SSE streams): streamed text and tool
+//! progress while a turn runs, and the final answer when it is delivered. Events are not stored; a subscriber
 //! that connects late reads the thread instead.
 //!
 //! A thread's channel (and its buffer of `BUFFER` slots, allocated up front) lives only while
@@ -23,13 +23,34 @@ pub(crate) enum ThreadEvent {
     Delta { in_reply_to: String, text: String },
     /// A reply was delivered.
     Final { in_reply_to: String, text: String },
+    /// A tool call of the turn started, reported progress or ended.
+    Tool {
+        in_reply_to: String,
+        call_id: String,
+        name: String,
+        state: ToolState,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        text: Option<String>,
+    },
+}
+
+/// Where a tool call is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum ToolState {
+    Started,
+    Running,
+    Finished,
+    Failed,
 }
 
 impl ThreadEvent {
     /// The message this event answers.
     pub(crate) fn in_reply_to(&self) -> &str {
         match self {
-            Self::Delta { in_reply_to, .. } | Self::Final { in_reply_to, .. } => in_reply_to,
+            Self::Delta { in_reply_to, .. }
+            | Self::Final { in_reply_to, .. }
+            | Self::Tool { in_reply_to, .. } => in_reply_to,
         }
     }
 
@@ -38,6 +59,7 @@ impl ThreadEvent {
         match self {
             Self::Delta { .. } => "delta",
             Self::Final { .. } => "final",
+            Self::Tool { .. } => "tool",
         }
     }
 }

@@ -1,26 +1,96 @@
-//! The run loop: one user message in, one answer out.
+//! The run loop: one user message in, one outcome out.
 //!
-//! `before_run → loop { before_model → model → after_model → tool calls } → after_run`, with a
-//! cap on model calls. The thread is changed in place; the caller persists it. After each round
-//! of tool results the observer may checkpoint it, so a crash re-runs as little as possible.
+//! `before_run → loop { before_model → finalize → model → after_model → tool calls } →
+//! after_run`. The thread is changed in place; the caller persists it.
+//!
+//! - **Finalization** runs after every `before_model` hook: it repairs tool-call pairing
+//!   (whatever the hooks did to the history), leaves the oldest whole exchanges out when the
+//!   request would exceed `model.context_tokens`, and takes the tools away from the last model
+//!   call a run may make, so a run ends with an answer rather than with a dangling call.
+//! - **Tools** of one response run concurrently, at most `max_parallel_tools` at a time, each
+//!   in its own task with its time limit; results are appended in call order, and the thread
+//!   is checkpointed after each one. A checkpoint that fails fails the run: going on would
+//!   risk running the same tools twice after a crash.
+//! - **Control**: hooks may send the model back (`Continue`, capped per run), end the run
+//!   with a question (`Interrupt`; the user's next message answers it) or `Stop` it.
+//! - **Endings**: the run ends answered, interrupted, stopped, failed or timed out, and
+//!   `after_run` hooks see every ending. The answer is all the text the user was shown,
+//!   across rounds, not only the last round's.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
-use super::message::ChatMessage;
-use super::middleware::{ChainAbort, MiddlewareChain, RunContext, ToolDecision};
-use super::model::{ChatModel, ModelError, ModelRequest};
-use super::thread::ThreadState;
-use super::tools::ToolRegistry;
+use tokio::sync::{Semaphore, mpsc};
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::input::{RunInput, ThreadFolders};
+use super::message::{ChatMessage, ContentPart, TokenUsage, ToolCall};
+use super::middleware::dangling_tool_call;
+use super::middleware::{
+    ChainAbort, MiddlewareChain, RunContext, RunControl, RunEnding, RunOutputs, ToolDecision,
+    ToolOutput,
+};
+use super::model::{ChatModel, FinishReason, ModelError, ModelRequest, ModelResponse};
+use super::thread::{PendingQuestion, ThreadState};
+use super::tools::{ToolContext, ToolRegistry};
+
+/// How often hooks may send the model back (`Continue`) in one run.
+pub(crate) const MAX_CONTINUES: u32 = 3;
+
+/// How long `after_run` hooks may take after the run itself ended.
+const AFTER_RUN_LIMIT: Duration = Duration::from_secs(30);
+
+/// Something a tool did, for channels that show it ("running `bash`…").
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Progress {
+    /// A tool call started.
+    ToolStarted {
+        /// The call's id.
+        call_id: String,
+        /// The tool's name.
+        name: String,
+    },
+    /// A running tool reported progress.
+    ToolNote {
+        /// The call's id.
+        call_id: String,
+        /// The tool's name.
+        name: String,
+        /// What it said.
+        text: String,
+    },
+    /// A tool call ended.
+    ToolFinished {
+        /// The call's id.
+        call_id: String,
+        /// The tool's name.
+        name: String,
+        /// Whether its result is an error.
+        is_error: bool,
+    },
+}
+
+/// A checkpoint that could not be saved.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("could not save the thread: {0}")]
+pub(crate) struct CheckpointError(pub(crate) String);
 
 /// What the runtime tells its caller while a run is going on.
 #[async_trait::async_trait]
 pub(crate) trait RunObserver: Send + Sync {
-    /// A fragment of streamed answer text.
+    /// A fragment of streamed answer text (never reasoning).
     fn delta(&self, text: &str);
 
-    /// The thread after a round of tool results; a good moment to save it (the observer
-    /// records what it saved in `thread.saved_messages`).
-    async fn checkpoint(&self, thread: &mut ThreadState);
+    /// A tool started, reported progress or ended.
+    fn progress(&self, _event: &Progress) {}
+
+    /// The thread after a tool result; it must be saved before the run goes on (the
+    /// observer records what it saved in `thread.saved_messages`).
+    async fn checkpoint(&self, thread: &mut ThreadState) -> Result<(), CheckpointError>;
 }
 
 /// An observer that ignores everything.
@@ -33,18 +103,45 @@ pub(crate) struct Unobserved;
 impl RunObserver for Unobserved {
     fn delta(&self, _text: &str) {}
 
-    async fn checkpoint(&self, _thread: &mut ThreadState) {}
+    async fn checkpoint(&self, _thread: &mut ThreadState) -> Result<(), CheckpointError> {
+        Ok(())
+    }
+}
+
+/// The bounds of one run: its time, and a token that stops it (`/stop`).
+#[derive(Debug, Clone)]
+pub(crate) struct RunLimits {
+    /// How long the run may take, tool calls included (`after_run` hooks get a little more).
+    pub(crate) timeout: Duration,
+    /// Cancelled when the user stops the run.
+    pub(crate) cancel: CancellationToken,
 }
 
 /// How a run ended.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug)]
 pub(crate) struct RunOutcome {
-    /// The text to send to the user.
+    /// Answered, interrupted, stopped, failed or timed out.
+    pub(crate) ending: RunEnding,
+    /// The text for the user: everything they were shown, plus the question, the notice of
+    /// a stop, or what went wrong.
     pub(crate) answer: String,
+    /// The failure, when the run failed.
+    pub(crate) error: Option<RunError>,
     /// Model calls made.
     pub(crate) model_calls: u32,
-    /// Why the run stopped early (`loop_capped`, `iteration_limit`), if it did.
+    /// Why the run stopped early (`loop_capped`, `iteration_limit`, `stopped_by_user`).
     pub(crate) stop_reason: Option<String>,
+    /// Tokens the run used, helper calls included.
+    pub(crate) usage: TokenUsage,
+    /// Side outputs for the caller to persist with the turn.
+    pub(crate) outputs: RunOutputs,
+}
+
+impl RunOutcome {
+    /// Whether the run's messages belong out of the model's context (failed or timed out).
+    pub(crate) fn failed(&self) -> bool {
+        matches!(self.ending, RunEnding::Failed | RunEnding::TimedOut)
+    }
 }
 
 /// Why a run failed. Tool failures are not here: they are results for the model.
@@ -54,6 +151,8 @@ pub(crate) enum RunError {
     Model(#[from] ModelError),
     #[error(transparent)]
     Middleware(#[from] ChainAbort),
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
 }
 
 impl RunError {
@@ -67,18 +166,36 @@ impl RunError {
                  antler's log.",
                 abort.name
             ),
+            Self::Checkpoint(_) => "⚠️ Sorry, antler could not save this conversation's \
+                progress, so it stopped rather than risk repeating work. Send your message \
+                again in a moment."
+                .to_owned(),
         }
     }
 }
 
-/// The agent: a model, tools, a middleware chain and a system prompt.
+/// How the runtime is set up.
+#[derive(Debug, Clone)]
+pub(crate) struct RuntimeSettings {
+    /// The system prompt, first in every request.
+    pub(crate) system_prompt: String,
+    /// Model calls per run; the last one is made without tools.
+    pub(crate) max_model_calls: u32,
+    /// Tool calls of one response that run at once.
+    pub(crate) max_parallel_tools: usize,
+    /// The most tokens a request may hold (estimated); 0 for no bound.
+    pub(crate) context_tokens: usize,
+    /// Where threads keep their folders (the store's directory).
+    pub(crate) data_root: PathBuf,
+}
+
+/// The agent: a model, tools, a middleware chain and its settings.
 #[derive(Clone)]
 pub(crate) struct Runtime {
     model: Arc<dyn ChatModel>,
     tools: ToolRegistry,
     chain: MiddlewareChain,
-    system_prompt: String,
-    max_model_calls: u32,
+    settings: Arc<RuntimeSettings>,
 }
 
 impl std::fmt::Debug for Runtime {
@@ -87,25 +204,46 @@ impl std::fmt::Debug for Runtime {
             .field("model", &self.model.name())
             .field("tools", &self.tools)
             .field("chain", &self.chain)
-            .field("max_model_calls", &self.max_model_calls)
+            .field("max_model_calls", &self.settings.max_model_calls)
             .finish_non_exhaustive()
     }
 }
 
+/// How the loop itself ended (before `after_run`).
+enum Finish {
+    Answered,
+    Interrupted(PendingQuestion),
+    Stopped(String),
+}
+
+/// The run was cut short from outside.
+enum CutShort {
+    Cancelled,
+    TimedOut,
+}
+
 impl Runtime {
+    /// A runtime whose registry also holds the tools the middlewares contribute.
     pub(crate) fn new(
         model: Arc<dyn ChatModel>,
-        tools: ToolRegistry,
+        mut tools: ToolRegistry,
         chain: MiddlewareChain,
-        system_prompt: String,
-        max_model_calls: u32,
+        mut settings: RuntimeSettings,
     ) -> Self {
+        for tool in chain.tools() {
+            let name = tool.spec().name;
+            if tools.contains(&name) {
+                tracing::warn!(tool = %name, "a middleware's tool replaces a built-in tool of the same name");
+            }
+            tools.register(tool);
+        }
+        settings.max_model_calls = settings.max_model_calls.max(1);
+        settings.max_parallel_tools = settings.max_parallel_tools.max(1);
         Self {
             model,
             tools,
             chain,
-            system_prompt,
-            max_model_calls: max_model_calls.max(1),
+            settings: Arc::new(settings),
         }
     }
 
@@ -119,105 +257,590 @@ impl Runtime {
         self.chain.names()
     }
 
-    /// Runs one turn for `user_text` on `thread`.
+    /// The folders of thread `thread_id`.
+    pub(crate) fn folders(
+        &self,
+        thread_id: &str,
+    ) -> Result<ThreadFolders, super::input::UnsafeThreadId> {
+        ThreadFolders::new(&self.settings.data_root, thread_id)
+    }
+
+    /// Runs one turn for `input` on `thread`. When the thread holds a question from the last
+    /// run, the message answers it (a number picks one of its options).
     pub(crate) async fn run(
         &self,
         thread: &mut ThreadState,
-        user_id: &str,
-        user_text: &str,
+        input: &RunInput,
         observer: &dyn RunObserver,
-    ) -> Result<RunOutcome, RunError> {
-        thread.messages.push(ChatMessage::user(user_text));
-        self.resume(thread, user_id, observer).await
+        limits: &RunLimits,
+    ) -> RunOutcome {
+        let answering = thread.pending_question.take();
+        let text = answering
+            .as_ref()
+            .map_or_else(|| input.text.clone(), |q| q.answer(&input.text));
+        thread.messages.push(ChatMessage::user(text));
+        self.drive_to_end(thread, input, answering, observer, limits)
+            .await
     }
 
-    /// Continues a turn whose user message (and maybe some rounds of tool results) is already
-    /// at the end of `thread`: the re-run of a turn interrupted after a checkpoint.
+    /// Continues a turn whose user message (and maybe some tool results) is already at the
+    /// end of `thread`: the re-run of a turn interrupted after a checkpoint. Tool calls of the
+    /// last round that have no result yet run first.
     pub(crate) async fn resume(
         &self,
         thread: &mut ThreadState,
-        user_id: &str,
+        input: &RunInput,
         observer: &dyn RunObserver,
-    ) -> Result<RunOutcome, RunError> {
-        let mut cx = RunContext {
-            thread,
-            user_id,
-            model_calls: 0,
-            run_usage: Default::default(),
-            stop_reason: None,
-        };
-        tracing::debug!(thread = %cx.thread.id, user = cx.user_id, "run starts");
-        let result = self.run_loop(&mut cx, observer).await;
-        // after_run hooks see every run, also failed ones (usage, memory, cleanup).
-        let after = self.chain.after_run(&mut cx).await;
-        let answer = result?;
-        after?;
-        cx.thread.turns += 1;
-        Ok(RunOutcome {
-            answer,
-            model_calls: cx.model_calls,
-            stop_reason: cx.stop_reason,
-        })
+        limits: &RunLimits,
+    ) -> RunOutcome {
+        self.drive_to_end(thread, input, None, observer, limits)
+            .await
     }
 
-    async fn run_loop(
+    async fn drive_to_end(
+        &self,
+        thread: &mut ThreadState,
+        input: &RunInput,
+        answering: Option<PendingQuestion>,
+        observer: &dyn RunObserver,
+        limits: &RunLimits,
+    ) -> RunOutcome {
+        let mut cx = RunContext::new(thread, input, self.model.as_ref());
+        cx.answering = answering;
+        let shown = Shown::default();
+        let deadline = Instant::now() + limits.timeout;
+        tracing::debug!(thread = %cx.thread.id, user = %cx.user_id, "run starts");
+        let result = tokio::select! {
+            biased;
+            () = limits.cancel.cancelled() => Err(CutShort::Cancelled),
+            () = tokio::time::sleep_until(deadline) => Err(CutShort::TimedOut),
+            result = self.drive(&mut cx, observer, &shown, &limits.cancel, deadline) => Ok(result),
+        };
+        let (ending, mut answer, mut error) = match result {
+            Ok(Ok(Finish::Answered)) => (RunEnding::Answered, shown.completed(), None),
+            Ok(Ok(Finish::Interrupted(question))) => {
+                let text = join(shown.completed(), &question.render());
+                cx.thread.pending_question = Some(question);
+                (RunEnding::Interrupted, text, None)
+            }
+            Ok(Ok(Finish::Stopped(reason))) => {
+                cx.stop_reason.get_or_insert(reason);
+                (RunEnding::Stopped, shown.completed(), None)
+            }
+            Ok(Err(e)) => (
+                RunEnding::Failed,
+                join(shown.everything(), &e.user_message()),
+                Some(e),
+            ),
+            Err(CutShort::Cancelled) => {
+                cx.stop_reason = Some("stopped_by_user".to_owned());
+                let text = shown.everything();
+                // The user saw it and may say "go on": it stays in the context.
+                cx.thread
+                    .messages
+                    .push(ChatMessage::assistant(join(text.clone(), "[stopped]")));
+                let notice = if text.trim().is_empty() {
+                    "⏹ Stopped before an answer was written."
+                } else {
+                    "⏹ Stopped."
+                };
+                (RunEnding::Stopped, join(text, notice), None)
+            }
+            Err(CutShort::TimedOut) => {
+                tracing::warn!(thread = %cx.thread.id, timeout = ?limits.timeout, "run timed out");
+                let notice = format!(
+                    "⚠️ Sorry, this took longer than {} seconds and was stopped. Send it again \
+                     to retry, perhaps asking for less at once.",
+                    limits.timeout.as_secs()
+                );
+                (RunEnding::TimedOut, join(shown.everything(), &notice), None)
+            }
+        };
+        let mut ending = ending;
+        cx.ending = Some(ending);
+        // after_run hooks see every run, also failed ones (usage, memory, cleanup).
+        match tokio::time::timeout(AFTER_RUN_LIMIT, self.chain.after_run(&mut cx)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(abort)) => {
+                if error.is_none() {
+                    let e = RunError::from(abort);
+                    answer = e.user_message();
+                    ending = RunEnding::Failed;
+                    error = Some(e);
+                }
+            }
+            Err(_) => tracing::warn!(thread = %cx.thread.id, "after_run hooks ran out of time"),
+        }
+        if !matches!(ending, RunEnding::Failed | RunEnding::TimedOut) {
+            cx.thread.turns += 1;
+        }
+        metrics::counter!("antler_runs_total", "ending" => ending.as_str()).increment(1);
+        RunOutcome {
+            ending,
+            answer,
+            error,
+            model_calls: cx.model_calls,
+            stop_reason: cx.stop_reason.take(),
+            usage: cx.run_usage,
+            outputs: std::mem::take(&mut cx.outputs),
+        }
+    }
+
+    async fn drive(
         &self,
         cx: &mut RunContext<'_>,
         observer: &dyn RunObserver,
-    ) -> Result<String, RunError> {
+        shown: &Shown,
+        cancel: &CancellationToken,
+        deadline: Instant,
+    ) -> Result<Finish, RunError> {
         self.chain.before_run(cx).await?;
-        let tools = self.tools.specs();
-        let sink = |text: &str| observer.delta(text);
+        let mut continues = 0;
+        let unanswered = unanswered_calls(&cx.thread.messages);
+        if !unanswered.is_empty() {
+            tracing::info!(thread = %cx.thread.id, calls = unanswered.len(), "running the tool calls a crash left unanswered");
+            self.run_tools(cx, &unanswered, observer, cancel, deadline)
+                .await?;
+        }
         loop {
+            let last_call = cx.model_calls + 1 >= self.settings.max_model_calls;
             let mut request = ModelRequest {
                 // Failed turns stay in the thread for people, not for the model.
-                messages: std::iter::once(ChatMessage::system(&self.system_prompt))
+                messages: std::iter::once(ChatMessage::system(&self.settings.system_prompt))
                     .chain(cx.thread.context().cloned())
                     .collect(),
-                tools: tools.clone(),
+                tools: self.tools.specs(),
             };
             self.chain.before_model(cx, &mut request).await?;
+            self.finalize(&mut request, last_call, &cx.thread.id);
+
+            shown.begin_round();
+            let sink = |text: &str| shown.stream(text, observer);
             let mut response = self.model.complete(&request, Some(&sink)).await?;
             cx.model_calls += 1;
             self.chain.after_model(cx, &mut response).await?;
 
-            let last_allowed = cx.model_calls >= self.max_model_calls;
-            if last_allowed && !response.tool_calls.is_empty() {
-                // Out of model calls: keep the text, drop calls that would need another round.
+            let control = cx.take_control();
+            let ends_here = matches!(
+                control,
+                Some(RunControl::Stop { .. } | RunControl::Interrupt { .. })
+            );
+            if (last_call || ends_here) && !response.tool_calls.is_empty() {
+                // No round may follow: keep the text, drop calls that would need one.
                 response.tool_calls.clear();
-                cx.stop_reason
-                    .get_or_insert_with(|| "iteration_limit".to_owned());
-                if response.content.trim().is_empty() {
-                    response.content = format!(
-                        "I stopped after {} steps without reaching a final answer.",
-                        cx.model_calls
-                    );
+                if !ends_here {
+                    cx.stop_reason
+                        .get_or_insert_with(|| "iteration_limit".to_owned());
+                    if response.content.trim().is_empty() {
+                        response.content = format!(
+                            "I stopped after {} steps without reaching a final answer.",
+                            cx.model_calls
+                        );
+                    }
                 }
             }
             let calls = std::mem::take(&mut response.tool_calls);
+            let note = if calls.is_empty() {
+                finish_note(&response.finish_reason)
+            } else {
+                None
+            };
+            shown.end_round(&response.content, note);
+            let ModelResponse {
+                content, reasoning, ..
+            } = response;
             cx.thread.messages.push(ChatMessage::Assistant {
-                content: response.content.clone(),
+                content,
                 tool_calls: calls.clone(),
-                reasoning: response.reasoning.take(),
+                reasoning,
             });
-            if calls.is_empty() {
-                return Ok(response.content);
-            }
-            for call in &calls {
-                let mut output = match self.chain.before_tool(cx, call).await {
-                    ToolDecision::Run => self.tools.call(call).await,
-                    ToolDecision::Skip(output) => output,
-                };
-                self.chain.after_tool(cx, call, &mut output).await?;
-                if output.is_error {
-                    tracing::debug!(tool = %call.name, "tool call answered with an error");
+
+            let mut added = Vec::new();
+            match control {
+                Some(RunControl::Stop { reason }) => return Ok(Finish::Stopped(reason)),
+                Some(RunControl::Interrupt { question, options }) => {
+                    return Ok(Finish::Interrupted(PendingQuestion { question, options }));
                 }
-                cx.thread
-                    .messages
-                    .push(ChatMessage::tool(call.id.clone(), output.content));
+                Some(RunControl::Continue(messages)) => added = messages,
+                None => {}
             }
-            observer.checkpoint(cx.thread).await;
+            if !calls.is_empty() {
+                self.run_tools(cx, &calls, observer, cancel, deadline)
+                    .await?;
+                match cx.take_control() {
+                    Some(RunControl::Stop { reason }) => return Ok(Finish::Stopped(reason)),
+                    Some(RunControl::Interrupt { question, options }) => {
+                        return Ok(Finish::Interrupted(PendingQuestion { question, options }));
+                    }
+                    Some(RunControl::Continue(messages)) => added.extend(messages),
+                    None => {}
+                }
+            }
+            if !added.is_empty() {
+                if continues < MAX_CONTINUES {
+                    continues += 1;
+                    cx.thread.messages.extend(added);
+                    continue;
+                }
+                tracing::info!(thread = %cx.thread.id, cap = MAX_CONTINUES, "a hook asked to continue past the cap; the run ends");
+                metrics::counter!("antler_run_continues_capped_total").increment(1);
+            }
+            if calls.is_empty() {
+                return Ok(Finish::Answered);
+            }
         }
+    }
+
+    /// Makes the request valid whatever the hooks did: tool-call pairing repaired, the
+    /// oldest whole exchanges left out when it is too long, no tools on the last call.
+    fn finalize(&self, request: &mut ModelRequest, last_call: bool, thread_id: &str) {
+        dangling_tool_call::repair(&mut request.messages);
+        if last_call {
+            request.tools.clear();
+        }
+        if self.settings.context_tokens > 0 {
+            let dropped = fit_context(request, self.settings.context_tokens);
+            if dropped > 0 {
+                tracing::debug!(thread = thread_id, messages = dropped, "left the oldest exchanges out of the request");
+                metrics::counter!("antler_context_trimmed_messages_total")
+                    .increment(dropped as u64);
+            }
+        }
+    }
+
+    /// Runs one response's tool calls: hooks first (in order, one at a time), then the
+    /// approved calls concurrently, bounded; results go into the thread in call order, each
+    /// checkpointed.
+    async fn run_tools(
+        &self,
+        cx: &mut RunContext<'_>,
+        calls: &[ToolCall],
+        observer: &dyn RunObserver,
+        cancel: &CancellationToken,
+        deadline: Instant,
+    ) -> Result<(), RunError> {
+        let mut slots: Vec<Option<ToolOutput>> = Vec::with_capacity(calls.len());
+        let mut approved = Vec::new();
+        for (index, call) in calls.iter().enumerate() {
+            let ended = matches!(
+                cx.control(),
+                Some(RunControl::Stop { .. } | RunControl::Interrupt { .. })
+            );
+            let decision = if ended {
+                ToolDecision::Skip(ToolOutput::error(
+                    "Not run: the run ended before this call.",
+                ))
+            } else {
+                self.chain.before_tool(cx, call).await
+            };
+            match decision {
+                ToolDecision::Run => {
+                    slots.push(None);
+                    approved.push(index);
+                }
+                ToolDecision::Skip(output) => slots.push(Some(output)),
+            }
+        }
+
+        let folders = ThreadFolders::new(&self.settings.data_root, &cx.thread.id)
+            .map_err(|e| CheckpointError(e.to_string()))?;
+        let calls_cancel = cancel.child_token();
+        // Tools still running when the run ends (an error, a timeout) are told to stop.
+        let _stop_calls = calls_cancel.clone().drop_guard();
+        let permits = Arc::new(Semaphore::new(self.settings.max_parallel_tools));
+        let (events, mut progress) = mpsc::unbounded_channel::<Progress>();
+        let mut running = JoinSet::new();
+        let mut index_of = HashMap::new();
+        for index in approved {
+            let Some(call) = calls.get(index).cloned() else {
+                continue;
+            };
+            let registry = self.tools.clone();
+            let permits = Arc::clone(&permits);
+            let events = events.clone();
+            let notes = events.clone();
+            let (call_id, name) = (call.id.clone(), call.name.clone());
+            let base = ToolContext {
+                thread_id: cx.thread.id.clone(),
+                call_id: call.id.clone(),
+                author: cx.input.author.clone(),
+                folders: folders.clone(),
+                deadline,
+                cancel: calls_cancel.clone(),
+                progress: Arc::new(move |text: &str| {
+                    let _ = notes.send(Progress::ToolNote {
+                        call_id: call_id.clone(),
+                        name: name.clone(),
+                        text: text.to_owned(),
+                    });
+                }),
+            };
+            let handle = running.spawn(async move {
+                // The semaphore is never closed; a failed acquire just runs unbounded.
+                let _permit = permits.acquire_owned().await;
+                let _ = events.send(Progress::ToolStarted {
+                    call_id: call.id.clone(),
+                    name: call.name.clone(),
+                });
+                let started = Instant::now();
+                let cx = ToolContext {
+                    deadline: base.deadline.min(started + registry.timeout(&call.name)),
+                    ..base
+                };
+                registry.call(&call, &cx).await
+            });
+            index_of.insert(handle.id(), index);
+        }
+        drop(events);
+
+        let mut next = 0;
+        loop {
+            while let Some(output) = slots.get_mut(next).and_then(Option::take) {
+                let Some(call) = calls.get(next) else { break };
+                self.record_result(cx, call, output, observer).await?;
+                next += 1;
+            }
+            if next >= calls.len() {
+                return Ok(());
+            }
+            tokio::select! {
+                biased;
+                Some(event) = progress.recv() => observer.progress(&event),
+                joined = running.join_next_with_id() => {
+                    // What the call reported before it ended comes first.
+                    while let Ok(event) = progress.try_recv() {
+                        observer.progress(&event);
+                    }
+                    let (id, output) = match joined {
+                        Some(Ok((id, output))) => (id, output),
+                        Some(Err(e)) => {
+                            tracing::error!(error = %e, "a tool call panicked or was aborted");
+                            (e.id(), ToolOutput::error("Error: the tool crashed."))
+                        }
+                        // Unreachable while a slot is empty; end rather than spin.
+                        None => return Ok(()),
+                    };
+                    if let Some(&index) = index_of.get(&id) {
+                        if let Some(call) = calls.get(index) {
+                            observer.progress(&Progress::ToolFinished {
+                                call_id: call.id.clone(),
+                                name: call.name.clone(),
+                                is_error: output.is_error,
+                            });
+                        }
+                        if let Some(slot) = slots.get_mut(index) {
+                            *slot = Some(output);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// After-tool hooks, then the result into the thread, then a checkpoint.
+    async fn record_result(
+        &self,
+        cx: &mut RunContext<'_>,
+        call: &ToolCall,
+        mut output: ToolOutput,
+        observer: &dyn RunObserver,
+    ) -> Result<(), RunError> {
+        self.chain.after_tool(cx, call, &mut output).await?;
+        if output.is_error {
+            tracing::debug!(tool = %call.name, "tool call answered with an error");
+        }
+        cx.thread
+            .messages
+            .push(ChatMessage::tool(call.id.clone(), output.content));
+        observer.checkpoint(cx.thread).await?;
+        Ok(())
+    }
+}
+
+/// The calls of the thread's last assistant message that have no result after it.
+fn unanswered_calls(messages: &[ChatMessage]) -> Vec<ToolCall> {
+    let Some(position) = messages
+        .iter()
+        .rposition(|m| matches!(m, ChatMessage::Assistant { .. }))
+    else {
+        return Vec::new();
+    };
+    let Some(ChatMessage::Assistant { tool_calls, .. }) = messages.get(position) else {
+        return Vec::new();
+    };
+    let answered: Vec<&str> = messages
+        .get(position + 1..)
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|m| match m {
+            ChatMessage::Tool { tool_call_id, .. } => Some(tool_call_id.as_str()),
+            _ => None,
+        })
+        .collect();
+    tool_calls
+        .iter()
+        .filter(|call| !answered.contains(&call.id.as_str()))
+        .cloned()
+        .collect()
+}
+
+/// What the user is told about an answer the model did not finish.
+fn finish_note(reason: &FinishReason) -> Option<&'static str> {
+    match reason {
+        FinishReason::Length => {
+            Some("_(The answer was cut off: the model reached its output limit.)_")
+        }
+        FinishReason::ContentFilter => {
+            Some("_(The model provider's content filter withheld the rest of this answer.)_")
+        }
+        _ => None,
+    }
+}
+
+/// `first` and `second` as paragraphs, either may be empty.
+fn join(mut first: String, second: &str) -> String {
+    if second.trim().is_empty() {
+        return first;
+    }
+    if !first.trim().is_empty() {
+        first.push_str("\n\n");
+    } else {
+        first.clear();
+    }
+    first.push_str(second);
+    first
+}
+
+/// A rough token count: about four characters a token, plus a little per message. Good
+/// enough to stay under a context bound with margin; the provider has the last word.
+fn estimate_tokens(message: &ChatMessage) -> usize {
+    let chars = match message {
+        ChatMessage::Assistant {
+            content,
+            tool_calls,
+            ..
+        } => {
+            content.len()
+                + tool_calls
+                    .iter()
+                    .map(|c| c.name.len() + c.arguments.len() + c.id.len())
+                    .sum::<usize>()
+        }
+        ChatMessage::User { content, parts } => {
+            content.len()
+                + parts
+                    .iter()
+                    .map(|part| match part {
+                        ContentPart::Text { text } => text.len(),
+                        // A low-detail image costs a fixed ~85 tokens.
+                        ContentPart::Image { .. } => 340,
+                    })
+                    .sum::<usize>()
+        }
+        other => other.text().len(),
+    };
+    chars / 4 + 4
+}
+
+/// Leaves the oldest whole exchanges (a user message and everything up to the next one) out
+/// of `request` until it fits `budget` tokens; system messages and the last exchange always
+/// stay. Returns how many messages were left out.
+fn fit_context(request: &mut ModelRequest, budget: usize) -> usize {
+    let tools: usize = request
+        .tools
+        .iter()
+        .map(|t| (t.name.len() + t.description.len() + t.parameters.to_string().len()) / 4)
+        .sum();
+    let mut total: usize = tools + request.messages.iter().map(estimate_tokens).sum::<usize>();
+    let mut dropped = 0;
+    while total > budget {
+        // The first exchange: from the first non-system message to the next user message.
+        let Some(start) = request
+            .messages
+            .iter()
+            .position(|m| !matches!(m, ChatMessage::System { .. }))
+        else {
+            break;
+        };
+        let Some(end) = request
+            .messages
+            .iter()
+            .enumerate()
+            .skip(start + 1)
+            .find(|(_, m)| matches!(m, ChatMessage::User { .. }))
+            .map(|(i, _)| i)
+        else {
+            break; // only the last exchange is left
+        };
+        let removed: Vec<ChatMessage> = request.messages.drain(start..end).collect();
+        total -= removed.iter().map(estimate_tokens).sum::<usize>();
+        dropped += removed.len();
+    }
+    // What is left starts at a user message, so no tool result lost its call.
+    dropped
+}
+
+/// The text shown to the user so far: finished rounds, and the round being streamed.
+#[derive(Debug, Default)]
+struct Shown {
+    text: Mutex<ShownText>,
+}
+
+#[derive(Debug, Default)]
+struct ShownText {
+    completed: String,
+    partial: String,
+}
+
+impl Shown {
+    fn begin_round(&self) {
+        if let Ok(mut text) = self.text.lock() {
+            text.partial.clear();
+        }
+    }
+
+    /// Passes a fragment on, separated from earlier rounds' text by a blank line.
+    fn stream(&self, fragment: &str, observer: &dyn RunObserver) {
+        if fragment.is_empty() {
+            return;
+        }
+        let separate = match self.text.lock() {
+            Ok(mut text) => {
+                let separate = text.partial.is_empty() && !text.completed.trim().is_empty();
+                text.partial.push_str(fragment);
+                separate
+            }
+            Err(_) => false,
+        };
+        if separate {
+            observer.delta("\n\n");
+        }
+        observer.delta(fragment);
+    }
+
+    /// The round is over: its final content (after hooks rewrote it) and a note join the text.
+    fn end_round(&self, content: &str, note: Option<&str>) {
+        if let Ok(mut text) = self.text.lock() {
+            text.partial.clear();
+            let completed = std::mem::take(&mut text.completed);
+            text.completed = join(join(completed, content), note.unwrap_or_default());
+        }
+    }
+
+    /// The finished rounds' text.
+    fn completed(&self) -> String {
+        self.text
+            .lock()
+            .map(|text| text.completed.clone())
+            .unwrap_or_default()
+    }
+
+    /// Everything shown, the round cut short included.
+    fn everything(&self) -> String {
+        self.text
+            .lock()
+            .map(|text| join(text.completed.clone(), &text.partial))
+            .unwrap_or_default()
     }
 }
 

@@ -210,6 +210,12 @@ pub struct AgentConfig {
     pub turn_timeout_secs: u64,
     /// How often a turn is attempted (after crashes or transient failures) before giving up.
     pub max_turn_attempts: u32,
+    /// Tool calls of one model response that run at once.
+    pub max_parallel_tools: usize,
+    /// The time limit of one tool call.
+    pub tool_timeout_secs: u64,
+    /// Time limits of particular tools, by name (`{ bash = 600 }`).
+    pub tool_timeouts: std::collections::BTreeMap<String, u64>,
     /// `[agent.middleware.*]`
     pub middleware: MiddlewareConfig,
 }
@@ -222,6 +228,9 @@ impl Default for AgentConfig {
             backlog: 10_000,
             turn_timeout_secs: 600,
             max_turn_attempts: 3,
+            max_parallel_tools: 4,
+            tool_timeout_secs: 120,
+            tool_timeouts: std::collections::BTreeMap::new(),
             middleware: MiddlewareConfig::default(),
         }
     }

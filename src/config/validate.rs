@@ -204,6 +204,16 @@ fn agent(config: &Config, v: &mut Issues) {
     v.at_least("agent.backlog", agent.backlog, 1);
     v.at_least("agent.turn_timeout_secs", agent.turn_timeout_secs, 1);
     v.at_least("agent.max_turn_attempts", agent.max_turn_attempts, 1);
+    if !(1..=64).contains(&agent.max_parallel_tools) {
+        v.push(
+            "agent.max_parallel_tools",
+            format!("must be between 1 and 64 (got {})", agent.max_parallel_tools),
+        );
+    }
+    v.at_least("agent.tool_timeout_secs", agent.tool_timeout_secs, 1);
+    for (tool, secs) in &agent.tool_timeouts {
+        v.at_least(&format!("agent.tool_timeouts.{tool}"), *secs, 1);
+    }
 
     let title = &agent.middleware.title;
     v.at_least("agent.middleware.title.max_words", title.max_words, 1);

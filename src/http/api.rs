@@ -323,6 +323,19 @@ fn sse_event(event: &ThreadEvent) -> Event {
         ThreadEvent::Delta { in_reply_to, text } | ThreadEvent::Final { in_reply_to, text } => {
             json!({ "in_reply_to": in_reply_to, "text": text })
         }
+        ThreadEvent::Tool {
+            in_reply_to,
+            call_id,
+            name,
+            state,
+            text,
+        } => json!({
+            "in_reply_to": in_reply_to,
+            "call_id": call_id,
+            "tool": name,
+            "state": state,
+            "text": text,
+        }),
     };
     Event::default().event(event.name()).data(data.to_string())
 }

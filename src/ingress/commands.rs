@@ -1,4 +1,4 @@
-//! Chat commands, the same on every channel: `/help`, `/new`, `/status`.
+//! Chat commands, the same on every channel: `/help`, `/new`, `/status`, `/stop`.
 //!
 //! A command is a message whose first token starts with `/`, matched case-insensitively, with
 //! a Telegram-style `@botname` suffix ignored (`/status@opsbot_bot`).
@@ -9,6 +9,8 @@ pub(crate) enum Command {
     Help,
     New,
     Status,
+    /// Stop the answer being written in this conversation.
+    Stop,
     /// Something that looks like a command but is not one of ours.
     Unknown(String),
 }
@@ -18,6 +20,7 @@ pub(crate) const HELP: &str = "Commands:\n\
 /help — this list\n\
 /new — start a fresh conversation (the old one is kept)\n\
 /status — the current thread, model, token usage and queue\n\
+/stop — stop the answer being written\n\
 Anything else is a message for the assistant.";
 
 /// The text after `/new`, etc. is ignored; `None` for ordinary messages.
@@ -37,6 +40,7 @@ pub(crate) fn parse(text: &str) -> Option<Command> {
         "help" | "start" => Command::Help,
         "new" | "reset" => Command::New,
         "status" => Command::Status,
+        "stop" | "cancel" => Command::Stop,
         _ => Command::Unknown(name),
     })
 }

@@ -22,7 +22,7 @@ mod dispatcher;
 mod turn;
 
 pub(crate) use dispatcher::{Dispatcher, RunTurn};
-pub(crate) use turn::TurnRunner;
+pub(crate) use turn::{Channels, TurnRunner, TurnSettings};
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -123,6 +123,7 @@ impl Drop for Slot {
 struct Acceptor {
     store: Arc<dyn Store>,
     dispatcher: Dispatcher,
+    runner: TurnRunner,
     hub: EventHub,
 }
 
@@ -169,6 +170,7 @@ impl Ingress {
             Acceptor {
                 store,
                 dispatcher: dispatcher.clone(),
+                runner,
                 hub,
             }
             .run(requests),
@@ -334,6 +336,11 @@ impl Acceptor {
                 metrics::gauge!("antler_inbox_depth").increment(1.0);
                 // Subscribe before the turn is queued, so not even an instant answer is missed.
                 let events = reply.subscribe.then(|| self.hub.subscribe(&item.thread_id));
+                if commands::parse(&item.event.text) == Some(Command::Stop) {
+                    // Ahead of the queue: waiting behind the turn it stops would be useless.
+                    self.runner
+                        .stop(item.event.conversation.as_str(), item.seq);
+                }
                 self.dispatcher
                     .push(item.event.conversation.as_str(), item.seq);
                 Admission {

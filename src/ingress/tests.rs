@@ -9,10 +9,11 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::*;
+use super::turn::{Channels, TurnSettings};
 use crate::agent::message::ChatMessage;
 use crate::agent::middleware::MiddlewareChain;
 use crate::agent::model::{ChatModel, DeltaSink, ModelError, ModelRequest, ModelResponse};
-use crate::agent::runtime::Runtime;
+use crate::agent::runtime::{Runtime, RuntimeSettings};
 use crate::agent::tools::ToolRegistry;
 use crate::delivery::{Delivery, RetryPolicy};
 use crate::store::{InboxStatus, SledStore};
@@ -90,16 +91,24 @@ fn harness(max_attempts: u32) -> Harness {
         model.clone(),
         ToolRegistry::builtin(),
         MiddlewareChain::default(),
-        "test".to_owned(),
-        5,
+        RuntimeSettings {
+            system_prompt: "test".to_owned(),
+            max_model_calls: 5,
+            max_parallel_tools: 4,
+            context_tokens: 0,
+            data_root: std::env::temp_dir().join("antler-ingress-tests"),
+        },
     );
     let runner = TurnRunner::new(
         store.clone(),
         runtime,
         hub.clone(),
         delivery,
-        max_attempts,
-        Duration::from_secs(60),
+        Channels::default(),
+        &TurnSettings {
+            max_attempts,
+            turn_timeout: Duration::from_secs(60),
+        },
         turn_cancel.clone(),
     );
     let ingress = Ingress::new(

@@ -8,11 +8,12 @@
 //! user can simply send the message again. A turn interrupted by shutdown gives its attempt
 //! back; only attempts cut short by a crash count towards giving up on a message.
 
+use std::collections::{HashMap, HashSet};
 use std::future::Future;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use antler_channel::OutboundMessage;
+use antler_channel::{Channel, InboundEvent, OutboundMessage};
 use futures_util::FutureExt;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
@@ -20,11 +21,13 @@ use tokio_util::sync::CancellationToken;
 
 use super::commands::{self, Command};
 use super::dispatcher::Dispatcher;
+use crate::agent::input::{Author, ChannelFlags, Role, RunInput};
 use crate::agent::message::ChatMessage;
-use crate::agent::runtime::{RunObserver, Runtime};
+use crate::agent::middleware::RunEnding;
+use crate::agent::runtime::{CheckpointError, Progress, RunLimits, RunObserver, Runtime};
 use crate::agent::thread::{RunningTurn, ThreadState};
 use crate::delivery::Delivery;
-use crate::events::{EventHub, ThreadEvent};
+use crate::events::{EventHub, ThreadEvent, ToolState};
 use crate::store::{FinishTurn, InboxItem, OutboxItem, Store, StoreError};
 
 /// The first wait before retrying a failed store operation; it doubles up to the cap.
@@ -51,14 +54,45 @@ pub(crate) struct TurnRunner {
     inner: Arc<Inner>,
 }
 
+/// The channels by name, for what a turn asks of them (capabilities, attachments).
+#[derive(Clone, Default)]
+pub(crate) struct Channels(pub(crate) Arc<HashMap<String, Arc<dyn Channel>>>);
+
+impl Channels {
+    fn get(&self, name: &str) -> Option<&Arc<dyn Channel>> {
+        self.0.get(name)
+    }
+}
+
+impl std::fmt::Debug for Channels {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.0.keys()).finish()
+    }
+}
+
+/// How turns run.
+#[derive(Debug, Clone)]
+pub(crate) struct TurnSettings {
+    /// Attempts before a message is given up (only crashes count).
+    pub(crate) max_attempts: u32,
+    /// The time limit of one turn.
+    pub(crate) turn_timeout: Duration,
+}
+
 #[derive(Debug)]
 struct Inner {
     store: Arc<dyn Store>,
     runtime: Runtime,
     hub: EventHub,
     delivery: Delivery,
+    channels: Channels,
     max_attempts: u32,
     turn_timeout: Duration,
+    /// The running agent turn of each conversation, for `/stop`: its inbox seq and token.
+    running: Mutex<HashMap<String, (u64, CancellationToken)>>,
+    /// `/stop` items (inbox seqs) that stopped a turn when they arrived; each is removed
+    /// when that item is answered.
+    stops: Mutex<HashSet<u64>>,
     /// Cancelled when running turns must stop (shutdown, after the grace period).
     cancel: CancellationToken,
     /// The finisher: writes every finished turn waiting at that moment in one transaction.
@@ -107,10 +141,46 @@ impl RunObserver for TurnObserver<'_> {
         );
     }
 
-    async fn checkpoint(&self, thread: &mut ThreadState) {
-        if let Err(e) = self.store.checkpoint_thread(thread).await {
-            tracing::warn!(thread = %thread.id, error = %e, "checkpoint failed");
-        }
+    fn progress(&self, event: &Progress) {
+        let (call_id, name, state, text) = match event {
+            Progress::ToolStarted { call_id, name } => (call_id, name, ToolState::Started, None),
+            Progress::ToolNote {
+                call_id,
+                name,
+                text,
+            } => (call_id, name, ToolState::Running, Some(text.clone())),
+            Progress::ToolFinished {
+                call_id,
+                name,
+                is_error,
+            } => (
+                call_id,
+                name,
+                if *is_error {
+                    ToolState::Failed
+                } else {
+                    ToolState::Finished
+                },
+                None,
+            ),
+        };
+        self.hub.publish(
+            self.thread_id,
+            ThreadEvent::Tool {
+                in_reply_to: self.in_reply_to.to_owned(),
+                call_id: call_id.clone(),
+                name: name.clone(),
+                state,
+                text,
+            },
+        );
+    }
+
+    async fn checkpoint(&self, thread: &mut ThreadState) -> Result<(), CheckpointError> {
+        self.store.checkpoint_thread(thread).await.map_err(|e| {
+            tracing::warn!(thread = %thread.id, error = %e, "checkpoint failed; the turn fails");
+            CheckpointError(e.to_string())
+        })
     }
 }
 
@@ -120,8 +190,8 @@ impl TurnRunner {
         runtime: Runtime,
         hub: EventHub,
         delivery: Delivery,
-        max_attempts: u32,
-        turn_timeout: Duration,
+        channels: Channels,
+        settings: &TurnSettings,
         cancel: CancellationToken,
     ) -> Self {
         let (finisher, finishes) = mpsc::unbounded_channel();
@@ -134,8 +204,11 @@ impl TurnRunner {
                 runtime,
                 hub,
                 delivery,
-                max_attempts: max_attempts.max(1),
-                turn_timeout,
+                channels,
+                max_attempts: settings.max_attempts.max(1),
+                turn_timeout: settings.turn_timeout,
+                running: Mutex::default(),
+                stops: Mutex::default(),
                 cancel,
                 queue: OnceLock::new(),
             }),
@@ -145,6 +218,29 @@ impl TurnRunner {
     /// Lets `/status` see the queue (the dispatcher is built after the runner).
     pub(crate) fn attach_queue(&self, queue: std::sync::Weak<dyn QueueView>) {
         let _ = self.inner.queue.set(queue);
+    }
+
+    /// `/stop` arrived as inbox item `stop_seq`: stops the agent turn running in
+    /// `conversation`, if any, ahead of the queue (the `/stop` item itself is answered in
+    /// turn, saying whether it stopped something). Returns whether it did.
+    pub(crate) fn stop(&self, conversation: &str, stop_seq: u64) -> bool {
+        let stopped = self
+            .inner
+            .running
+            .lock()
+            .ok()
+            .and_then(|running| running.get(conversation).cloned())
+            .is_some_and(|(seq, token)| {
+                tracing::info!(seq, conversation, "stopping the running turn at the user's request");
+                token.cancel();
+                true
+            });
+        if stopped {
+            if let Ok(mut stops) = self.inner.stops.lock() {
+                stops.insert(stop_seq);
+            }
+        }
+        stopped
     }
 
     /// Runs one item to completion. Returns whether it finished (left the inbox); `false`
@@ -319,7 +415,6 @@ impl TurnRunner {
     async fn agent_turn(&self, item: &InboxItem) -> TurnResult {
         let inner = &self.inner;
         let mut thread = self.load_thread(item).await;
-        let user_id = format!("{}:{}", item.event.channel, item.event.user.id);
         let in_reply_to = item
             .event
             .reply_to
@@ -332,7 +427,7 @@ impl TurnRunner {
             in_reply_to: &in_reply_to,
         };
         // A re-run after a crash continues from the checkpoint this item's turn left, if any,
-        // so its user message is not added twice and finished tool rounds do not run again.
+        // so its user message is not added twice and finished tool calls do not run again.
         let (start, resume) = match thread.running {
             Some(running) if running.inbox_seq == item.seq => (running.start, true),
             _ => (thread.messages.len(), false),
@@ -341,35 +436,44 @@ impl TurnRunner {
             inbox_seq: item.seq,
             start,
         });
-        let result = {
-            let run = async {
-                if resume {
-                    inner.runtime.resume(&mut thread, &user_id, &observer).await
-                } else {
-                    inner
-                        .runtime
-                        .run(&mut thread, &user_id, &item.event.text, &observer)
-                        .await
-                }
-            };
-            tokio::time::timeout(
-                inner.turn_timeout,
-                std::panic::AssertUnwindSafe(run).catch_unwind(),
-            )
-            .await
+        let input = self.run_input(&item.event);
+        let cancel = CancellationToken::new();
+        let _registered = Registration::new(inner, item, &cancel);
+        let limits = RunLimits {
+            timeout: inner.turn_timeout,
+            cancel,
         };
-        let (text, outcome, failed) = match result {
-            Ok(Ok(Ok(outcome))) if outcome.answer.trim().is_empty() => (
-                "(The model returned an empty answer.)".to_owned(),
-                "ok",
-                false,
-            ),
-            Ok(Ok(Ok(outcome))) => (outcome.answer, "ok", false),
-            Ok(Ok(Err(e))) => {
-                tracing::warn!(seq = item.seq, error = %e, "turn failed");
-                (e.user_message(), "failed", true)
+        let run = async {
+            if resume {
+                inner
+                    .runtime
+                    .resume(&mut thread, &input, &observer, &limits)
+                    .await
+            } else {
+                inner
+                    .runtime
+                    .run(&mut thread, &input, &observer, &limits)
+                    .await
             }
-            Ok(Err(panic)) => {
+        };
+        let result = std::panic::AssertUnwindSafe(run).catch_unwind().await;
+        let (text, outcome, failed) = match result {
+            Ok(outcome) => {
+                if let Some(e) = &outcome.error {
+                    tracing::warn!(seq = item.seq, error = %e, "turn failed");
+                }
+                let text = if outcome.answer.trim().is_empty() {
+                    "(The model returned an empty answer.)".to_owned()
+                } else {
+                    outcome.answer.clone()
+                };
+                let label = match outcome.ending {
+                    RunEnding::Answered => "ok",
+                    other => other.as_str(),
+                };
+                (text, label, outcome.failed())
+            }
+            Err(panic) => {
                 let message = panic
                     .downcast_ref::<&str>()
                     .map(|s| (*s).to_owned())
@@ -378,18 +482,6 @@ impl TurnRunner {
                 tracing::error!(seq = item.seq, panic = %message, "turn panicked");
                 metrics::counter!("antler_turn_panics_total").increment(1);
                 (PANIC_REPLY.to_owned(), "panicked", true)
-            }
-            Err(_) => {
-                tracing::warn!(seq = item.seq, timeout = ?inner.turn_timeout, "turn timed out");
-                (
-                    format!(
-                        "⚠️ Sorry, this took longer than {} seconds and was stopped. Send it \
-                         again to retry, perhaps asking for less at once.",
-                        inner.turn_timeout.as_secs()
-                    ),
-                    "timed_out",
-                    true,
-                )
             }
         };
         if failed {
@@ -408,12 +500,55 @@ impl TurnRunner {
         }
     }
 
+    /// What the runtime is told about the message: who wrote it, where, and what the
+    /// channel can show.
+    fn run_input(&self, event: &InboundEvent) -> RunInput {
+        let capabilities = self
+            .inner
+            .channels
+            .get(&event.channel)
+            .map(|channel| channel.capabilities())
+            .unwrap_or_default();
+        RunInput {
+            text: event.text.clone(),
+            author: Author {
+                channel: event.channel.clone(),
+                user_id: event.user.id.clone(),
+                name: event.user.name.clone(),
+                role: if event.user.admin {
+                    Role::Admin
+                } else {
+                    Role::User
+                },
+            },
+            attachments: Vec::new(),
+            flags: ChannelFlags {
+                group: event.group,
+                files: capabilities.files,
+                images: capabilities.images,
+                interactive: event.interactive,
+            },
+        }
+    }
+
     async fn command(&self, item: &InboxItem, command: Command) -> String {
         match command {
             Command::Help => commands::HELP.to_owned(),
             Command::New => format!("New conversation started (thread {}).", item.thread_id),
             Command::Unknown(name) => format!("Unknown command /{name}.\n{}", commands::HELP),
             Command::Status => self.status(item).await,
+            Command::Stop => {
+                let stopped = self
+                    .inner
+                    .stops
+                    .lock()
+                    .is_ok_and(|mut stops| stops.remove(&item.seq));
+                if stopped {
+                    "⏹ Stopped the answer that was being written.".to_owned()
+                } else {
+                    "Nothing was running in this conversation.".to_owned()
+                }
+            }
         }
     }
 
@@ -454,6 +589,41 @@ impl TurnRunner {
             inner.runtime.model_name()
         ));
         out
+    }
+}
+
+/// A running agent turn's entry in the `/stop` table, removed when the turn ends however it
+/// ends.
+struct Registration<'a> {
+    inner: &'a Inner,
+    conversation: String,
+    seq: u64,
+}
+
+impl<'a> Registration<'a> {
+    fn new(inner: &'a Inner, item: &InboxItem, cancel: &CancellationToken) -> Self {
+        let conversation = item.event.conversation.as_str().to_owned();
+        if let Ok(mut running) = inner.running.lock() {
+            running.insert(conversation.clone(), (item.seq, cancel.clone()));
+        }
+        Self {
+            inner,
+            conversation,
+            seq: item.seq,
+        }
+    }
+}
+
+impl Drop for Registration<'_> {
+    fn drop(&mut self) {
+        if let Ok(mut running) = self.inner.running.lock() {
+            if running
+                .get(&self.conversation)
+                .is_some_and(|(seq, _)| *seq == self.seq)
+            {
+                running.remove(&self.conversation);
+            }
+        }
     }
 }
 

@@ -8,6 +8,7 @@
 //! why; [`MiddlewareChain::new`] refuses a chain that breaks it. Observers fail open (an error
 //! is logged and the run goes on); guards fail closed (an error stops what they guard).
 
+mod context;
 pub(crate) mod dangling_tool_call;
 pub(crate) mod loop_detection;
 pub(crate) mod title;
@@ -15,9 +16,13 @@ pub(crate) mod token_usage;
 
 use std::sync::Arc;
 
-use super::message::{TokenUsage, ToolCall};
+pub(crate) use context::{RunContext, RunControl, RunEnding, RunOutputs};
+
+use super::message::ToolCall;
 use super::model::{ModelRequest, ModelResponse};
+#[cfg(test)]
 use super::thread::ThreadState;
+use super::tools::Tool;
 
 /// Every middleware antler knows, in chain order, with the reason for its place
 /// (docs/architecture.md, "Agent runtime").
@@ -88,21 +93,6 @@ pub(crate) const CHAIN_ORDER: &[(&str, &str)] = &[
         "interrupts the run at the tool call; always last",
     ),
 ];
-
-/// Runtime facts a middleware may read and update during one run.
-#[derive(Debug)]
-pub(crate) struct RunContext<'a> {
-    /// The thread, including the messages of this run so far.
-    pub(crate) thread: &'a mut ThreadState,
-    /// The user the run is for (`<channel>:<user id>`).
-    pub(crate) user_id: &'a str,
-    /// Model calls made so far in this run.
-    pub(crate) model_calls: u32,
-    /// Tokens used by this run so far.
-    pub(crate) run_usage: TokenUsage,
-    /// Why the run was stopped early, if a middleware stopped it.
-    pub(crate) stop_reason: Option<String>,
-}
 
 /// The result of a tool call, as the model will see it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -193,6 +183,12 @@ pub(crate) trait Middleware: Send + Sync {
         FailurePolicy::FailOpen
     }
 
+    /// Tools this middleware offers the model (a todo list, `ask_clarification`); they join
+    /// the runtime's registry when the runtime is built.
+    fn tools(&self) -> Vec<Arc<dyn Tool>> {
+        Vec::new()
+    }
+
     /// Once, before the first model call of a run.
     async fn before_run(&self, _cx: &mut RunContext<'_>) -> Result<(), MiddlewareError> {
         Ok(())
@@ -217,11 +213,13 @@ pub(crate) trait Middleware: Send + Sync {
         Ok(())
     }
 
-    /// Before each tool call; may refuse it.
+    /// Before each tool call; may refuse it. Every hook sees every call: `refused` is the
+    /// answer of an earlier hook that already refused it (the first refusal stands).
     async fn before_tool(
         &self,
         _cx: &mut RunContext<'_>,
         _call: &ToolCall,
+        _refused: Option<&ToolOutput>,
     ) -> Result<ToolDecision, MiddlewareError> {
         Ok(ToolDecision::Run)
     }
@@ -236,7 +234,8 @@ pub(crate) trait Middleware: Send + Sync {
         Ok(())
     }
 
-    /// Once, after the run ended (answered, interrupted or stopped), in reverse chain order.
+    /// Once, after the run ended, however it ended (`cx.ending` says how: answered,
+    /// interrupted, stopped, failed or timed out), in reverse chain order.
     async fn after_run(&self, _cx: &mut RunContext<'_>) -> Result<(), MiddlewareError> {
         Ok(())
     }
@@ -353,28 +352,39 @@ impl MiddlewareChain {
         Ok(())
     }
 
-    /// Asks every middleware in order; the first `Skip` wins. A failing guard refuses the call.
+    /// Asks every middleware in order; the first `Skip` wins, and later hooks still see the
+    /// call (with that refusal). A failing guard refuses the call.
     pub(crate) async fn before_tool(
         &self,
         cx: &mut RunContext<'_>,
         call: &ToolCall,
     ) -> ToolDecision {
+        let mut refusal: Option<ToolOutput> = None;
         for item in &self.items {
-            match item.before_tool(cx, call).await {
+            match item.before_tool(cx, call, refusal.as_ref()).await {
                 Ok(ToolDecision::Run) => {}
-                Ok(skip @ ToolDecision::Skip(_)) => return skip,
+                Ok(ToolDecision::Skip(output)) => {
+                    refusal.get_or_insert(output);
+                }
                 Err(error) => {
                     if Self::settle(item, "before_tool", Err(error)).is_err() {
-                        return ToolDecision::Skip(ToolOutput::error(format!(
-                            "Tool call `{}` was refused: the {} check failed.",
-                            call.name,
-                            item.name()
-                        )));
+                        refusal.get_or_insert_with(|| {
+                            ToolOutput::error(format!(
+                                "Tool call `{}` was refused: the {} check failed.",
+                                call.name,
+                                item.name()
+                            ))
+                        });
                     }
                 }
             }
         }
-        ToolDecision::Run
+        refusal.map_or(ToolDecision::Run, ToolDecision::Skip)
+    }
+
+    /// The tools the middlewares contribute, in chain order.
+    pub(crate) fn tools(&self) -> Vec<Arc<dyn Tool>> {
+        self.items.iter().flat_map(|m| m.tools()).collect()
     }
 
     pub(crate) async fn after_tool(
@@ -399,16 +409,18 @@ impl MiddlewareChain {
     }
 }
 
-/// A run context for tests: user `test:user`, no model calls yet, no usage, not stopped.
+/// A run context for tests: user `test:user`, no model calls yet, no usage, not stopped;
+/// helper model calls fail as unreachable.
 #[cfg(test)]
 pub(crate) fn test_context(thread: &mut ThreadState) -> RunContext<'_> {
-    RunContext {
-        thread,
-        user_id: "test:user",
-        model_calls: 0,
-        run_usage: TokenUsage::default(),
-        stop_reason: None,
-    }
+    use std::sync::LazyLock;
+
+    use crate::agent::input::RunInput;
+    use crate::agent::model::scripted::ScriptedModel;
+
+    static INPUT: LazyLock<RunInput> = LazyLock::new(|| RunInput::text("test", "user", "hi"));
+    static MODEL: LazyLock<ScriptedModel> = LazyLock::new(|| ScriptedModel::new(Vec::new()));
+    RunContext::new(thread, &INPUT, &*MODEL)
 }
 
 #[cfg(test)]
@@ -497,8 +509,14 @@ mod tests {
             &self,
             _cx: &mut RunContext<'_>,
             _call: &ToolCall,
+            refused: Option<&ToolOutput>,
         ) -> Result<ToolDecision, MiddlewareError> {
-            self.record("before_tool").map(|()| ToolDecision::Run)
+            let hook = if refused.is_some() {
+                "before_tool(refused)"
+            } else {
+                "before_tool"
+            };
+            self.record(hook).map(|()| ToolDecision::Run)
         }
 
         async fn after_tool(
@@ -528,6 +546,7 @@ mod tests {
             &self,
             _cx: &mut RunContext<'_>,
             call: &ToolCall,
+            _refused: Option<&ToolOutput>,
         ) -> Result<ToolDecision, MiddlewareError> {
             Ok(if call.name == "forbidden" {
                 ToolDecision::Skip(ToolOutput::error("not allowed"))
@@ -776,11 +795,11 @@ mod tests {
         assert!(output.is_error);
         assert!(output.content.contains("`shell`"), "{}", output.content);
         assert!(output.content.contains("guardrail"), "{}", output.content);
-        // The refusal stops the chain: later middlewares are not asked.
+        // Later middlewares still see the call, knowing it was refused, and cannot undo that.
         assert!(
-            !log.lock()
+            log.lock()
                 .unwrap()
-                .contains(&"title.before_tool".to_owned())
+                .contains(&"title.before_tool(refused)".to_owned())
         );
     }
 
@@ -798,11 +817,14 @@ mod tests {
             chain.before_tool(&mut cx, &tool_call("forbidden")).await,
             ToolDecision::Skip(ToolOutput::error("not allowed"))
         );
-        assert!(log.lock().unwrap().is_empty());
+        assert_eq!(*log.lock().unwrap(), vec!["title.before_tool(refused)"]);
         assert_eq!(
             chain.before_tool(&mut cx, &tool_call("fine")).await,
             ToolDecision::Run
         );
-        assert_eq!(*log.lock().unwrap(), vec!["title.before_tool"]);
+        assert_eq!(
+            *log.lock().unwrap(),
+            vec!["title.before_tool(refused)", "title.before_tool"]
+        );
     }
 }

@@ -1,19 +1,28 @@
-//! Tools the model can call: the [`Tool`] trait and the [`ToolRegistry`] that runs them.
+//! Tools the model can call: the [`Tool`] trait, the [`ToolContext`] every call gets, and
+//! the [`ToolRegistry`] that runs them.
 //!
 //! Tool failures are data for the model, never errors of the run: an unknown tool, arguments
-//! that are not valid JSON or do not fit the tool's parameters, or a tool that fails, all come
-//! back as an error [`ToolOutput`] and the run goes on.
+//! that are not valid JSON or do not fit the tool's parameters, a tool that fails, runs out
+//! of time or is cancelled, all come back as an error [`ToolOutput`] and the run goes on.
 
 mod current_time;
 
 pub(crate) use current_time::CurrentTime;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
+use std::time::Duration;
 
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::input::{Author, ThreadFolders};
 use super::message::ToolCall;
 use super::middleware::ToolOutput;
 use super::model::ToolSpec;
+
+/// How long a tool call may take unless configured otherwise.
+pub(crate) const DEFAULT_TOOL_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// Why a tool call failed; the message is shown to the model.
 #[derive(Debug, thiserror::Error)]
@@ -26,6 +35,39 @@ pub(crate) enum ToolError {
     Failed(String),
 }
 
+/// Receives progress notes of a running tool ("cloned the repository").
+pub(crate) type ProgressSink = Arc<dyn Fn(&str) + Send + Sync>;
+
+/// What a tool call knows about where it runs.
+#[derive(Clone)]
+pub(crate) struct ToolContext {
+    /// The thread the call belongs to.
+    pub(crate) thread_id: String,
+    /// The call's id (as the model named it).
+    pub(crate) call_id: String,
+    /// Who the run is for, with their role.
+    pub(crate) author: Author,
+    /// The thread's folders (uploads, workspace, outputs).
+    pub(crate) folders: ThreadFolders,
+    /// When the call must be done; the registry stops it then.
+    pub(crate) deadline: Instant,
+    /// Cancelled when the run is stopped; long tools should check it between steps.
+    pub(crate) cancel: CancellationToken,
+    /// Where to report progress.
+    pub(crate) progress: ProgressSink,
+}
+
+impl std::fmt::Debug for ToolContext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ToolContext")
+            .field("thread_id", &self.thread_id)
+            .field("call_id", &self.call_id)
+            .field("author", &self.author)
+            .field("folders", &self.folders)
+            .finish_non_exhaustive()
+    }
+}
+
 /// One tool.
 #[async_trait::async_trait]
 pub(crate) trait Tool: Send + Sync {
@@ -33,7 +75,11 @@ pub(crate) trait Tool: Send + Sync {
     fn spec(&self) -> ToolSpec;
 
     /// Runs it with the model's arguments (a JSON value, already parsed).
-    async fn call(&self, arguments: serde_json::Value) -> Result<String, ToolError>;
+    async fn call(
+        &self,
+        arguments: serde_json::Value,
+        cx: &ToolContext,
+    ) -> Result<String, ToolError>;
 }
 
 /// Parses a tool's arguments into its typed argument struct.
@@ -44,10 +90,22 @@ where
     serde_json::from_value(arguments).map_err(|e| ToolError::InvalidArguments(e.to_string()))
 }
 
-/// The tools offered to the model, by name.
-#[derive(Clone, Default)]
+/// The tools offered to the model, by name, and how long each may run. Cloning shares it.
+#[derive(Clone)]
 pub(crate) struct ToolRegistry {
-    tools: BTreeMap<String, Arc<dyn Tool>>,
+    tools: Arc<BTreeMap<String, Arc<dyn Tool>>>,
+    default_timeout: Duration,
+    timeouts: Arc<HashMap<String, Duration>>,
+}
+
+impl Default for ToolRegistry {
+    fn default() -> Self {
+        Self {
+            tools: Arc::default(),
+            default_timeout: DEFAULT_TOOL_TIMEOUT,
+            timeouts: Arc::default(),
+        }
+    }
 }
 
 impl std::fmt::Debug for ToolRegistry {
@@ -66,7 +124,31 @@ impl ToolRegistry {
 
     /// Adds (or replaces) a tool.
     pub(crate) fn register(&mut self, tool: Arc<dyn Tool>) {
-        self.tools.insert(tool.spec().name, tool);
+        Arc::make_mut(&mut self.tools).insert(tool.spec().name, tool);
+    }
+
+    /// Sets the time limit of every tool, and of some by name.
+    pub(crate) fn with_timeouts(
+        mut self,
+        default: Duration,
+        by_name: HashMap<String, Duration>,
+    ) -> Self {
+        self.default_timeout = default;
+        self.timeouts = Arc::new(by_name);
+        self
+    }
+
+    /// The time limit of the tool called `name`.
+    pub(crate) fn timeout(&self, name: &str) -> Duration {
+        self.timeouts
+            .get(name)
+            .copied()
+            .unwrap_or(self.default_timeout)
+    }
+
+    /// Whether a tool of that name is registered.
+    pub(crate) fn contains(&self, name: &str) -> bool {
+        self.tools.contains_key(name)
     }
 
     /// The specs to offer the model, sorted by name.
@@ -74,8 +156,9 @@ impl ToolRegistry {
         self.tools.values().map(|t| t.spec()).collect()
     }
 
-    /// Runs one call; every failure becomes an error output.
-    pub(crate) async fn call(&self, call: &ToolCall) -> ToolOutput {
+    /// Runs one call until it ends, `cx.deadline` passes or `cx.cancel` fires; every
+    /// failure becomes an error output.
+    pub(crate) async fn call(&self, call: &ToolCall, cx: &ToolContext) -> ToolOutput {
         let Some(tool) = self.tools.get(&call.name) else {
             let known: Vec<&str> = self.tools.keys().map(String::as_str).collect();
             return ToolOutput::error(format!(
@@ -104,16 +187,135 @@ impl ToolRegistry {
                 ));
             }
         };
-        match tool.call(arguments).await {
-            Ok(content) => ToolOutput::ok(content),
-            Err(e) => ToolOutput::error(format!("Error: `{}` failed: {e}", call.name)),
+        let started = Instant::now();
+        tokio::select! {
+            biased;
+            () = cx.cancel.cancelled() => ToolOutput::error(format!(
+                "Error: `{}` was cancelled before it finished.",
+                call.name
+            )),
+            result = tokio::time::timeout_at(cx.deadline, tool.call(arguments, cx)) => match result {
+                Ok(Ok(content)) => ToolOutput::ok(content),
+                Ok(Err(e)) => ToolOutput::error(format!("Error: `{}` failed: {e}", call.name)),
+                Err(_) => {
+                    metrics::counter!("antler_tool_timeouts_total").increment(1);
+                    ToolOutput::error(format!(
+                        "Error: `{}` did not finish within {} seconds and was stopped.",
+                        call.name,
+                        cx.deadline.saturating_duration_since(started).as_secs().max(1)
+                    ))
+                }
+            },
         }
     }
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+    use crate::agent::input::Role;
+
+    /// A context for thread `t1` under `/tmp/antler-test`, a deadline far away.
+    pub(crate) fn context() -> ToolContext {
+        ToolContext {
+            thread_id: "t1".to_owned(),
+            call_id: "call_1".to_owned(),
+            author: Author {
+                channel: "test".to_owned(),
+                user_id: "u1".to_owned(),
+                name: None,
+                role: Role::User,
+            },
+            folders: ThreadFolders::new(std::path::Path::new("/tmp/antler-test"), "t1").unwrap(),
+            deadline: Instant::now() + Duration::from_secs(3600),
+            cancel: CancellationToken::new(),
+            progress: Arc::new(|_: &str| {}),
+        }
+    }
+
+    /// Sleeps for `seconds` (an argument), reporting progress first.
+    struct Sleeper;
+
+    #[async_trait::async_trait]
+    impl Tool for Sleeper {
+        fn spec(&self) -> ToolSpec {
+            ToolSpec {
+                name: "sleep".into(),
+                description: "sleeps".into(),
+                parameters: serde_json::json!({"type": "object"}),
+            }
+        }
+
+        async fn call(
+            &self,
+            arguments: serde_json::Value,
+            cx: &ToolContext,
+        ) -> Result<String, ToolError> {
+            (cx.progress)("sleeping");
+            let seconds = arguments["seconds"].as_u64().unwrap_or(1);
+            tokio::time::sleep(Duration::from_secs(seconds)).await;
+            Ok(format!("slept in {}", cx.folders.workspace().display()))
+        }
+    }
+
+    fn sleeper(timeout: Duration) -> ToolRegistry {
+        let mut registry = ToolRegistry::default();
+        registry.register(Arc::new(Sleeper));
+        registry.with_timeouts(Duration::from_secs(1000), HashMap::from([("sleep".to_owned(), timeout)]))
+    }
+
+    fn deadline_for(registry: &ToolRegistry, name: &str) -> ToolContext {
+        ToolContext {
+            deadline: Instant::now() + registry.timeout(name),
+            ..context()
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_tool_sees_its_thread_folder_and_runs_out_of_time_cleanly() {
+        let registry = sleeper(Duration::from_secs(5));
+        let notes = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let seen = Arc::clone(&notes);
+        let cx = ToolContext {
+            progress: Arc::new(move |note: &str| seen.lock().unwrap().push(note.to_owned())),
+            ..deadline_for(&registry, "sleep")
+        };
+        let out = registry.call(&call("sleep", r#"{"seconds":2}"#), &cx).await;
+        assert!(!out.is_error, "{}", out.content);
+        assert!(out.content.ends_with("threads/t1/workspace"), "{}", out.content);
+        assert_eq!(*notes.lock().unwrap(), ["sleeping"]);
+
+        let cx = deadline_for(&registry, "sleep");
+        let started = Instant::now();
+        let out = registry.call(&call("sleep", r#"{"seconds":60}"#), &cx).await;
+        assert!(out.is_error);
+        assert!(
+            out.content.contains("did not finish within 5 seconds"),
+            "{}",
+            out.content
+        );
+        assert_eq!(started.elapsed(), Duration::from_secs(5));
+        assert_eq!(registry.timeout("other"), Duration::from_secs(1000));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_cancelled_call_becomes_an_error_result() {
+        let registry = sleeper(Duration::from_secs(500));
+        let cx = deadline_for(&registry, "sleep");
+        let cancel = cx.cancel.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            cancel.cancel();
+        });
+        let out = registry.call(&call("sleep", r#"{"seconds":60}"#), &cx).await;
+        assert!(out.is_error && out.content.contains("cancelled"), "{}", out.content);
+    }
+
+    impl ToolRegistry {
+        async fn call_for_test(&self, call: &ToolCall) -> ToolOutput {
+            self.call(call, &context()).await
+        }
+    }
 
     fn call(name: &str, arguments: &str) -> ToolCall {
         ToolCall {
@@ -125,7 +327,7 @@ mod tests {
 
     #[tokio::test]
     async fn unknown_tool_is_an_error_result_naming_the_known_tools() {
-        let out = ToolRegistry::builtin().call(&call("rm_rf", "{}")).await;
+        let out = ToolRegistry::builtin().call_for_test(&call("rm_rf", "{}")).await;
         assert!(out.is_error);
         assert!(
             out.content.contains("no tool named `rm_rf`"),
@@ -138,13 +340,13 @@ mod tests {
     #[tokio::test]
     async fn invalid_json_and_non_object_arguments_are_error_results() {
         let registry = ToolRegistry::builtin();
-        let out = registry.call(&call("current_time", "{not json")).await;
+        let out = registry.call_for_test(&call("current_time", "{not json")).await;
         assert!(
             out.is_error && out.content.contains("not valid JSON"),
             "{}",
             out.content
         );
-        let out = registry.call(&call("current_time", "[1]")).await;
+        let out = registry.call_for_test(&call("current_time", "[1]")).await;
         assert!(
             out.is_error && out.content.contains("JSON object"),
             "{}",
@@ -155,7 +357,7 @@ mod tests {
     #[tokio::test]
     async fn arguments_that_do_not_fit_the_schema_are_error_results() {
         let out = ToolRegistry::builtin()
-            .call(&call("current_time", r#"{"utc_offset_minutes":"soon"}"#))
+            .call_for_test(&call("current_time", r#"{"utc_offset_minutes":"soon"}"#))
             .await;
         assert!(
             out.is_error && out.content.contains("invalid arguments"),
@@ -167,7 +369,7 @@ mod tests {
     #[tokio::test]
     async fn empty_arguments_mean_an_empty_object() {
         let out = ToolRegistry::builtin()
-            .call(&call("current_time", ""))
+            .call_for_test(&call("current_time", ""))
             .await;
         assert!(!out.is_error, "{}", out.content);
     }

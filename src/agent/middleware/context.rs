@@ -1,0 +1,238 @@
+//! What hooks see of a run and how they steer it: [`RunContext`], the run-control decisions
+//! ([`RunControl`]), the side outputs a run carries out ([`RunOutputs`]) and helper model
+//! calls.
+
+use crate::agent::input::RunInput;
+use crate::agent::message::{ChatMessage, TokenUsage};
+use crate::agent::model::{ChatModel, ModelError, ModelRequest, ModelResponse};
+use crate::agent::thread::{PendingQuestion, ThreadState};
+
+/// How a run ended, as `after_run` hooks see it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RunEnding {
+    /// With an answer.
+    Answered,
+    /// With a question to the user; the next message resumes the run.
+    Interrupted,
+    /// Stopped early by a hook's `Stop` or by the user's `/stop`.
+    Stopped,
+    /// With an error (the model failed, a guard refused, a checkpoint failed).
+    Failed,
+    /// The turn's time ran out.
+    TimedOut,
+}
+
+impl RunEnding {
+    /// Its name in logs and metrics.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Self::Answered => "answered",
+            Self::Interrupted => "interrupted",
+            Self::Stopped => "stopped",
+            Self::Failed => "failed",
+            Self::TimedOut => "timed_out",
+        }
+    }
+}
+
+/// What a hook asks of the run loop. The strongest decision of a round wins:
+/// `Stop` over `Interrupt` over `Continue`.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum RunControl {
+    /// Send the model back with these messages added (a reminder), even if it meant to end.
+    /// The runtime caps how often a run may be sent back.
+    Continue(Vec<ChatMessage>),
+    /// End the run and ask the user; the thread keeps the question and the user's next
+    /// message resumes the run with the answer.
+    Interrupt {
+        /// What to ask.
+        question: String,
+        /// Suggested answers (may be empty).
+        options: Vec<String>,
+    },
+    /// End the run now.
+    Stop {
+        /// Why, for logs and `RunOutcome::stop_reason` (`loop_capped`, `budget`).
+        reason: String,
+    },
+}
+
+impl RunControl {
+    fn strength(&self) -> u8 {
+        match self {
+            Self::Continue(_) => 0,
+            Self::Interrupt { .. } => 1,
+            Self::Stop { .. } => 2,
+        }
+    }
+}
+
+/// What a run hands out besides its answer, for the caller to persist with the turn.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct RunOutputs {
+    /// The conversation to queue for the user's long-term memory (human messages and final
+    /// answers), when a middleware chose to.
+    pub(crate) memory_conversation: Option<Vec<ChatMessage>>,
+}
+
+/// Runtime facts a middleware may read and update during one run.
+pub(crate) struct RunContext<'a> {
+    /// The thread, including the messages of this run so far.
+    pub(crate) thread: &'a mut ThreadState,
+    /// The message the run is for: text, author, attachments, channel flags.
+    pub(crate) input: &'a RunInput,
+    /// The user the run is for (`<channel>:<user id>`).
+    pub(crate) user_id: String,
+    /// Model calls made so far in this run (helper calls not included).
+    pub(crate) model_calls: u32,
+    /// Tokens used by this run so far, helper calls included.
+    pub(crate) run_usage: TokenUsage,
+    /// Why the run was stopped early, if it was.
+    pub(crate) stop_reason: Option<String>,
+    /// The question this run's message answers, when the previous run asked one.
+    pub(crate) answering: Option<PendingQuestion>,
+    /// Side outputs for the caller.
+    pub(crate) outputs: RunOutputs,
+    /// How the run ended; set before `after_run`.
+    pub(crate) ending: Option<RunEnding>,
+    pub(super) control: Option<RunControl>,
+    model: &'a dyn ChatModel,
+}
+
+impl std::fmt::Debug for RunContext<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RunContext")
+            .field("thread", &self.thread.id)
+            .field("user_id", &self.user_id)
+            .field("model_calls", &self.model_calls)
+            .field("control", &self.control)
+            .field("ending", &self.ending)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<'a> RunContext<'a> {
+    /// A context for a run of `input` on `thread` with `model`.
+    pub(crate) fn new(
+        thread: &'a mut ThreadState,
+        input: &'a RunInput,
+        model: &'a dyn ChatModel,
+    ) -> Self {
+        Self {
+            thread,
+            user_id: input.author.key(),
+            input,
+            model_calls: 0,
+            run_usage: TokenUsage::default(),
+            stop_reason: None,
+            answering: None,
+            outputs: RunOutputs::default(),
+            ending: None,
+            control: None,
+            model,
+        }
+    }
+
+    /// Sends the model back once more with `message` added (a reminder), capped per run.
+    pub(crate) fn continue_with(&mut self, message: ChatMessage) {
+        match &mut self.control {
+            Some(RunControl::Continue(messages)) => messages.push(message),
+            Some(_) => {}
+            None => self.control = Some(RunControl::Continue(vec![message])),
+        }
+    }
+
+    /// Ends the run with a question to the user.
+    pub(crate) fn interrupt(&mut self, question: impl Into<String>, options: Vec<String>) {
+        self.decide(RunControl::Interrupt {
+            question: question.into(),
+            options,
+        });
+    }
+
+    /// Ends the run now.
+    pub(crate) fn stop(&mut self, reason: impl Into<String>) {
+        self.decide(RunControl::Stop {
+            reason: reason.into(),
+        });
+    }
+
+    /// The decision taken so far this round, if any.
+    pub(crate) fn control(&self) -> Option<&RunControl> {
+        self.control.as_ref()
+    }
+
+    /// Takes the round's decision (the run loop acts on it).
+    pub(crate) fn take_control(&mut self) -> Option<RunControl> {
+        self.control.take()
+    }
+
+    fn decide(&mut self, control: RunControl) {
+        if self
+            .control
+            .as_ref()
+            .is_none_or(|current| current.strength() < control.strength())
+        {
+            self.control = Some(control);
+        }
+    }
+
+    /// A completion of the middleware's own (a title, a summary), with the run's model and
+    /// its retries; its tokens count towards the run and the thread.
+    pub(crate) async fn helper_complete(
+        &mut self,
+        purpose: &'static str,
+        request: &ModelRequest,
+    ) -> Result<ModelResponse, ModelError> {
+        let response = self.model.complete(request, None).await;
+        metrics::counter!(
+            "antler_helper_model_calls_total",
+            "purpose" => purpose,
+            "outcome" => if response.is_ok() { "ok" } else { "error" }
+        )
+        .increment(1);
+        let response = response?;
+        if let Some(usage) = &response.usage {
+            self.run_usage.add(usage);
+            self.thread.usage.add(usage);
+            metrics::counter!("antler_tokens_total", "kind" => "prompt")
+                .increment(usage.prompt_tokens);
+            metrics::counter!("antler_tokens_total", "kind" => "completion")
+                .increment(usage.completion_tokens);
+        }
+        Ok(response)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::agent::middleware::test_context;
+
+    #[test]
+    fn the_strongest_decision_wins() {
+        let mut thread = ThreadState::new("t".into(), "c".into(), 0, 0);
+        let mut cx = test_context(&mut thread);
+        cx.continue_with(ChatMessage::user("one"));
+        cx.continue_with(ChatMessage::user("two"));
+        assert_eq!(
+            cx.control(),
+            Some(&RunControl::Continue(vec![
+                ChatMessage::user("one"),
+                ChatMessage::user("two")
+            ]))
+        );
+        cx.interrupt("which one?", vec!["a".into()]);
+        cx.continue_with(ChatMessage::user("three"));
+        assert!(matches!(cx.control(), Some(RunControl::Interrupt { .. })));
+        cx.stop("budget");
+        cx.interrupt("again?", Vec::new());
+        assert_eq!(
+            cx.take_control(),
+            Some(RunControl::Stop {
+                reason: "budget".into()
+            })
+        );
+        assert_eq!(cx.control(), None);
+    }
+}
