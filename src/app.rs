@@ -14,6 +14,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::agent::middleware::clarification::ClarificationMiddleware;
 use crate::agent::middleware::dangling_tool_call::DanglingToolCallMiddleware;
 use crate::agent::middleware::loop_detection::LoopDetectionMiddleware;
 use crate::agent::middleware::title::TitleMiddleware;
@@ -102,6 +103,9 @@ fn middleware_chain(config: &Config) -> Result<MiddlewareChain, ChainError> {
         items.push(Arc::new(m));
     }
     if let Some(m) = LoopDetectionMiddleware::from_config(&cfg.loop_detection) {
+        items.push(Arc::new(m));
+    }
+    if let Some(m) = ClarificationMiddleware::from_config(&cfg.clarification) {
         items.push(Arc::new(m));
     }
     MiddlewareChain::new(items)

@@ -17,16 +17,6 @@ pub(crate) enum Role {
     User,
 }
 
-impl Role {
-    /// Its name in config and logs.
-    pub(crate) fn as_str(self) -> &'static str {
-        match self {
-            Self::Admin => "admin",
-            Self::User => "user",
-        }
-    }
-}
-
 /// Who wrote the message.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Author {
@@ -131,11 +121,6 @@ impl ThreadFolders {
         })
     }
 
-    /// The thread's own folder.
-    pub(crate) fn root(&self) -> &Path {
-        &self.root
-    }
-
     /// Files the user sent.
     pub(crate) fn uploads(&self) -> PathBuf {
         self.root.join("uploads")
@@ -175,8 +160,14 @@ mod tests {
             assert!(ThreadFolders::new(root, bad).is_err(), "{bad:?}");
         }
         let folders = ThreadFolders::new(root, "0190abc-def_1").unwrap();
-        assert_eq!(folders.uploads(), Path::new("/data/threads/0190abc-def_1/uploads"));
-        assert_eq!(folders.outputs(), Path::new("/data/threads/0190abc-def_1/outputs"));
+        assert_eq!(
+            folders.uploads(),
+            Path::new("/data/threads/0190abc-def_1/uploads")
+        );
+        assert_eq!(
+            folders.outputs(),
+            Path::new("/data/threads/0190abc-def_1/outputs")
+        );
     }
 
     #[tokio::test]

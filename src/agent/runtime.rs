@@ -501,7 +501,11 @@ impl Runtime {
         if self.settings.context_tokens > 0 {
             let dropped = fit_context(request, self.settings.context_tokens);
             if dropped > 0 {
-                tracing::debug!(thread = thread_id, messages = dropped, "left the oldest exchanges out of the request");
+                tracing::debug!(
+                    thread = thread_id,
+                    messages = dropped,
+                    "left the oldest exchanges out of the request"
+                );
                 metrics::counter!("antler_context_trimmed_messages_total")
                     .increment(dropped as u64);
             }

@@ -27,6 +27,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
+use crate::agent::middleware::clarification::ClarificationConfig;
 use crate::agent::middleware::dangling_tool_call::DanglingToolCallConfig;
 use crate::agent::middleware::loop_detection::LoopDetectionConfig;
 use crate::agent::middleware::title::TitleConfig;
@@ -248,6 +249,8 @@ pub struct MiddlewareConfig {
     pub(crate) title: TitleConfig,
     /// `[agent.middleware.loop_detection]`
     pub(crate) loop_detection: LoopDetectionConfig,
+    /// `[agent.middleware.clarification]`
+    pub(crate) clarification: ClarificationConfig,
 }
 
 impl MiddlewareConfig {
@@ -258,6 +261,7 @@ impl MiddlewareConfig {
             ("token_usage", self.token_usage.enabled),
             ("title", self.title.enabled),
             ("loop_detection", self.loop_detection.enabled),
+            ("clarification", self.clarification.enabled),
         ]
         .into_iter()
         .filter_map(|(name, enabled)| enabled.then_some(name))

@@ -132,7 +132,8 @@ fn empty_file_is_all_defaults() {
             "dangling_tool_call",
             "token_usage",
             "title",
-            "loop_detection"
+            "loop_detection",
+            "clarification"
         ]
     );
 }
@@ -557,14 +558,15 @@ fn summary_lists_the_essentials() {
          model: llama3.2 at http://127.0.0.1:11434/v1 (api key: not set)\n\
          api channel: enabled (admin token: not set)\n\
          platforms: none\n\
-         middleware: dangling_tool_call, token_usage, title, loop_detection"
+         middleware: dangling_tool_call, token_usage, title, loop_detection, clarification"
     );
 
     let text = "[model]\napi_key = \"k\"\n[agent.middleware.title]\nenabled = false\n";
     let summary = parse(text).unwrap().summary();
     assert!(summary.contains("(api key: ***)"), "{summary}");
     assert!(
-        summary.contains("middleware: dangling_tool_call, token_usage, loop_detection"),
+        summary
+            .contains("middleware: dangling_tool_call, token_usage, loop_detection, clarification"),
         "{summary}"
     );
 }

@@ -207,7 +207,10 @@ fn agent(config: &Config, v: &mut Issues) {
     if !(1..=64).contains(&agent.max_parallel_tools) {
         v.push(
             "agent.max_parallel_tools",
-            format!("must be between 1 and 64 (got {})", agent.max_parallel_tools),
+            format!(
+                "must be between 1 and 64 (got {})",
+                agent.max_parallel_tools
+            ),
         );
     }
     v.at_least("agent.tool_timeout_secs", agent.tool_timeout_secs, 1);

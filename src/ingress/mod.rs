@@ -338,8 +338,7 @@ impl Acceptor {
                 let events = reply.subscribe.then(|| self.hub.subscribe(&item.thread_id));
                 if commands::parse(&item.event.text) == Some(Command::Stop) {
                     // Ahead of the queue: waiting behind the turn it stops would be useless.
-                    self.runner
-                        .stop(item.event.conversation.as_str(), item.seq);
+                    self.runner.stop(item.event.conversation.as_str(), item.seq);
                 }
                 self.dispatcher
                     .push(item.event.conversation.as_str(), item.seq);

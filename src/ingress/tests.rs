@@ -8,8 +8,8 @@ use antler_channel::Channel;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::*;
 use super::turn::{Channels, TurnSettings};
+use super::*;
 use crate::agent::message::ChatMessage;
 use crate::agent::middleware::MiddlewareChain;
 use crate::agent::model::{ChatModel, DeltaSink, ModelError, ModelRequest, ModelResponse};

@@ -28,11 +28,16 @@ use crate::agent::runtime::{CheckpointError, Progress, RunLimits, RunObserver, R
 use crate::agent::thread::{RunningTurn, ThreadState};
 use crate::delivery::Delivery;
 use crate::events::{EventHub, ThreadEvent, ToolState};
+use crate::memory::MemoryUpdate;
 use crate::store::{FinishTurn, InboxItem, OutboxItem, Store, StoreError};
 
 /// The first wait before retrying a failed store operation; it doubles up to the cap.
 const STORE_RETRY_FIRST: Duration = Duration::from_millis(100);
 const STORE_RETRY_CAP: Duration = Duration::from_secs(10);
+
+/// How long a queued memory update waits for newer context of the same thread (DeerFlow's
+/// default debounce).
+const MEMORY_DEBOUNCE_MS: u64 = 30_000;
 
 /// The most finished turns written in one transaction.
 const MAX_FINISH_BATCH: usize = 256;
@@ -119,6 +124,8 @@ struct TurnResult {
     thread: Option<ThreadState>,
     text: String,
     outcome: &'static str,
+    /// The conversation a middleware queued for the user's memory, written with the turn.
+    memory_update: Option<MemoryUpdate>,
 }
 
 /// Streams deltas to subscribers and checkpoints the thread after tool results.
@@ -231,7 +238,11 @@ impl TurnRunner {
             .ok()
             .and_then(|running| running.get(conversation).cloned())
             .is_some_and(|(seq, token)| {
-                tracing::info!(seq, conversation, "stopping the running turn at the user's request");
+                tracing::info!(
+                    seq,
+                    conversation,
+                    "stopping the running turn at the user's request"
+                );
                 token.cancel();
                 true
             });
@@ -281,7 +292,7 @@ impl TurnRunner {
             inbox_seq: item.seq,
             thread: result.thread,
             replies: vec![reply],
-            memory_update: None,
+            memory_update: result.memory_update,
             now_ms: crate::now_ms(),
         });
         let Some(items) = self
@@ -345,6 +356,7 @@ impl TurnRunner {
                 thread: None,
                 text: self.command(item, command).await,
                 outcome: "command",
+                memory_update: None,
             },
             None => self.agent_turn(item).await,
         }
@@ -409,6 +421,7 @@ impl TurnRunner {
             thread,
             text,
             outcome: "abandoned",
+            memory_update: None,
         }
     }
 
@@ -457,10 +470,28 @@ impl TurnRunner {
             }
         };
         let result = std::panic::AssertUnwindSafe(run).catch_unwind().await;
+        let mut memory_update = None;
         let (text, outcome, failed) = match result {
-            Ok(outcome) => {
+            Ok(mut outcome) => {
                 if let Some(e) = &outcome.error {
                     tracing::warn!(seq = item.seq, error = %e, "turn failed");
+                }
+                tracing::debug!(
+                    seq = item.seq,
+                    ending = outcome.ending.as_str(),
+                    model_calls = outcome.model_calls,
+                    tokens = outcome.usage.total_tokens,
+                    "turn finished"
+                );
+                if let Some(messages) = outcome.outputs.memory_conversation.take() {
+                    let now = crate::now_ms();
+                    memory_update = Some(MemoryUpdate {
+                        user_id: input.author.key(),
+                        thread_id: item.thread_id.clone(),
+                        messages,
+                        enqueued_at_ms: now,
+                        due_at_ms: now.saturating_add(MEMORY_DEBOUNCE_MS),
+                    });
                 }
                 let text = if outcome.answer.trim().is_empty() {
                     "(The model returned an empty answer.)".to_owned()
@@ -497,6 +528,7 @@ impl TurnRunner {
             thread: Some(thread),
             text,
             outcome,
+            memory_update,
         }
     }
 

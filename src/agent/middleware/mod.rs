@@ -8,6 +8,7 @@
 //! why; [`MiddlewareChain::new`] refuses a chain that breaks it. Observers fail open (an error
 //! is logged and the run goes on); guards fail closed (an error stops what they guard).
 
+pub(crate) mod clarification;
 mod context;
 pub(crate) mod dangling_tool_call;
 pub(crate) mod loop_detection;

@@ -64,7 +64,10 @@ fn call(id: &str, name: &str, arguments: &str) -> ToolCall {
     }
 }
 
-fn text_with(content: &str, f: impl FnOnce(&mut ModelResponse)) -> Result<ModelResponse, ModelError> {
+fn text_with(
+    content: &str,
+    f: impl FnOnce(&mut ModelResponse),
+) -> Result<ModelResponse, ModelError> {
     let mut response = ScriptedModel::text(content)?;
     f(&mut response);
     Ok(response)
@@ -83,7 +86,11 @@ impl Tool for Sleep {
         }
     }
 
-    async fn call(&self, arguments: serde_json::Value, cx: &ToolContext) -> Result<String, ToolError> {
+    async fn call(
+        &self,
+        arguments: serde_json::Value,
+        cx: &ToolContext,
+    ) -> Result<String, ToolError> {
         let seconds = arguments["seconds"].as_u64().unwrap_or(1);
         (cx.progress)("zzz");
         tokio::time::sleep(Duration::from_secs(seconds)).await;
@@ -181,21 +188,31 @@ async fn tool_results_go_back_to_the_model_each_checkpointed() {
 #[tokio::test]
 async fn the_last_allowed_call_is_made_without_tools() {
     let call = || ScriptedModel::calls(&[("c", "current_time", "{}")]);
-    let model = Arc::new(ScriptedModel::new(vec![call(), ScriptedModel::text("done: 12:00")]));
+    let model = Arc::new(ScriptedModel::new(vec![
+        call(),
+        ScriptedModel::text("done: 12:00"),
+    ]));
     let mut thread = thread();
     let outcome = run(&runtime(model.clone(), 2), &mut thread, "loop").await;
     assert_eq!(outcome.answer, "done: 12:00");
     assert_eq!(outcome.stop_reason, None);
     let requests = model.requests();
     assert!(!requests[0].tools.is_empty());
-    assert!(requests[1].tools.is_empty(), "the last call offers no tools");
+    assert!(
+        requests[1].tools.is_empty(),
+        "the last call offers no tools"
+    );
 
     // A model that calls tools anyway still ends the run, with a notice.
     let model = Arc::new(ScriptedModel::new(vec![call(), call()]));
     let mut thread = self::thread();
     let outcome = run(&runtime(model, 2), &mut thread, "loop").await;
     assert_eq!(outcome.stop_reason.as_deref(), Some("iteration_limit"));
-    assert!(outcome.answer.contains("stopped after 2 steps"), "{}", outcome.answer);
+    assert!(
+        outcome.answer.contains("stopped after 2 steps"),
+        "{}",
+        outcome.answer
+    );
     let Some(ChatMessage::Assistant { tool_calls, .. }) = thread.messages.last() else {
         panic!("expected a final assistant message")
     };
@@ -229,7 +246,10 @@ async fn three_slow_tool_calls_take_the_time_of_one_and_keep_their_order() {
             ("c", "sleep", r#"{"seconds":20}"#),
         ])
     };
-    let model = Arc::new(ScriptedModel::new(vec![sleeps(), ScriptedModel::text("rested")]));
+    let model = Arc::new(ScriptedModel::new(vec![
+        sleeps(),
+        ScriptedModel::text("rested"),
+    ]));
     let mut thread = thread();
     let started = Instant::now();
     let recorder = Recorder::default();
@@ -258,7 +278,10 @@ async fn three_slow_tool_calls_take_the_time_of_one_and_keep_their_order() {
     assert_eq!(notes, 3);
 
     // Bounded: with two at a time, the third waits for a slot.
-    let model = Arc::new(ScriptedModel::new(vec![sleeps(), ScriptedModel::text("rested")]));
+    let model = Arc::new(ScriptedModel::new(vec![
+        sleeps(),
+        ScriptedModel::text("rested"),
+    ]));
     let mut thread = self::thread();
     let started = Instant::now();
     let bounded = runtime_with(
@@ -292,7 +315,9 @@ async fn a_tool_that_runs_out_of_time_becomes_an_error_result() {
     assert_eq!(outcome.answer, "gave up waiting");
     assert_eq!(started.elapsed(), Duration::from_secs(5));
     assert!(
-        thread.messages[2].text().contains("did not finish within 5 seconds"),
+        thread.messages[2]
+            .text()
+            .contains("did not finish within 5 seconds"),
         "{:?}",
         thread.messages[2]
     );
@@ -314,8 +339,16 @@ async fn a_failed_checkpoint_fails_the_turn() {
         .await;
     assert_eq!(outcome.ending, RunEnding::Failed);
     assert!(matches!(outcome.error, Some(RunError::Checkpoint(_))));
-    assert!(outcome.answer.contains("could not save"), "{}", outcome.answer);
-    assert_eq!(model.requests().len(), 1, "no model call after the failed save");
+    assert!(
+        outcome.answer.contains("could not save"),
+        "{}",
+        outcome.answer
+    );
+    assert_eq!(
+        model.requests().len(),
+        1,
+        "no model call after the failed save"
+    );
 }
 
 #[tokio::test]
@@ -325,7 +358,9 @@ async fn the_answer_holds_every_round_shown_and_reasoning_stays_apart() {
             content: "Let me check the time.".into(),
             ..ScriptedModel::calls(&[("c1", "current_time", "{}")]).unwrap()
         }),
-        text_with("It is noon.", |r| r.reasoning = Some("the tool said 12:00".into())),
+        text_with("It is noon.", |r| {
+            r.reasoning = Some("the tool said 12:00".into())
+        }),
     ]));
     let mut thread = thread();
     let recorder = Recorder::default();
@@ -356,7 +391,11 @@ async fn a_cut_off_answer_says_so() {
     let mut thread = thread();
     let outcome = run(&runtime(model, 5), &mut thread, "list").await;
     assert!(outcome.answer.starts_with("The list: a, b\n\n"));
-    assert!(outcome.answer.contains("output limit"), "{}", outcome.answer);
+    assert!(
+        outcome.answer.contains("output limit"),
+        "{}",
+        outcome.answer
+    );
     assert_eq!(thread.messages[1], ChatMessage::assistant("The list: a, b"));
 }
 
@@ -399,7 +438,11 @@ impl Middleware for Steer {
     }
 
     fn tools(&self) -> Vec<Arc<dyn Tool>> {
-        if self.ask { vec![Arc::new(Ask)] } else { Vec::new() }
+        if self.ask {
+            vec![Arc::new(Ask)]
+        } else {
+            Vec::new()
+        }
     }
 
     async fn after_model(
@@ -449,7 +492,9 @@ async fn continue_sends_the_model_back_and_is_capped() {
         keep_going: true,
         ..Steer::default()
     });
-    let answers = (0..10).map(|i| ScriptedModel::text(&format!("round {i}"))).collect();
+    let answers = (0..10)
+        .map(|i| ScriptedModel::text(&format!("round {i}")))
+        .collect();
     let model = Arc::new(ScriptedModel::new(answers));
     let runtime = runtime_with(model.clone(), vec![steer.clone()], settings(25));
     let mut thread = thread();
@@ -490,7 +535,10 @@ async fn an_interrupt_asks_and_the_next_message_resumes_with_the_answer() {
     let pending = thread.pending_question.clone().unwrap();
     assert_eq!(pending.options, ["prod", "staging"]);
     // Every call has a result; the one after the question was not run.
-    assert_eq!(thread.messages[2], ChatMessage::tool("q1", "Asked the user."));
+    assert_eq!(
+        thread.messages[2],
+        ChatMessage::tool("q1", "Asked the user.")
+    );
     assert!(thread.messages[3].text().contains("Not run"));
     assert_eq!(model.requests().len(), 1);
 
@@ -500,7 +548,12 @@ async fn an_interrupt_asks_and_the_next_message_resumes_with_the_answer() {
     assert_eq!(thread.pending_question, None);
     let request = model.requests().pop().unwrap();
     assert_eq!(request.messages.last(), Some(&ChatMessage::user("staging")));
-    assert!(request.messages.iter().any(|m| m.text() == "Asked the user."));
+    assert!(
+        request
+            .messages
+            .iter()
+            .any(|m| m.text() == "Asked the user.")
+    );
     assert_eq!(
         *steer.endings.lock().unwrap(),
         [RunEnding::Interrupted, RunEnding::Answered]
@@ -544,8 +597,14 @@ async fn a_stop_ends_the_run_and_every_hook_sees_every_call() {
     ]));
     let runtime = runtime_with(model, vec![first.clone(), second.clone()], settings(25));
     run(&runtime, &mut self::thread(), "go").await;
-    assert_eq!(*first.seen.lock().unwrap(), [("forbidden".to_owned(), false)]);
-    assert_eq!(*second.seen.lock().unwrap(), [("forbidden".to_owned(), true)]);
+    assert_eq!(
+        *first.seen.lock().unwrap(),
+        [("forbidden".to_owned(), false)]
+    );
+    assert_eq!(
+        *second.seen.lock().unwrap(),
+        [("forbidden".to_owned(), true)]
+    );
 }
 
 /// A model that never answers.
@@ -654,7 +713,10 @@ async fn a_resumed_turn_runs_only_the_calls_left_unanswered() {
         .resume(&mut thread, &input("two things"), &recorder, &limits())
         .await;
     assert_eq!(outcome.answer, "all done");
-    assert_eq!(thread.messages[3], ChatMessage::tool("left", "slept 0s for t1"));
+    assert_eq!(
+        thread.messages[3],
+        ChatMessage::tool("left", "slept 0s for t1")
+    );
     let started: Vec<String> = recorder
         .progress
         .lock()
@@ -702,7 +764,10 @@ fn the_oldest_exchanges_are_left_out_to_fit_the_context() {
         tools: Vec::new(),
     };
     let dropped = fit_context(&mut request, 1500);
-    assert_eq!(dropped, 4, "the first exchange, with its call and result, went");
+    assert_eq!(
+        dropped, 4,
+        "the first exchange, with its call and result, went"
+    );
     assert_eq!(request.messages[0], ChatMessage::system("sys"));
     assert_eq!(request.messages[1].text(), long);
     assert_eq!(request.messages.last(), Some(&ChatMessage::user("now")));

@@ -5,7 +5,7 @@ use serde::Deserialize;
 use serde_json::json;
 use time::{OffsetDateTime, UtcOffset, format_description::well_known::Rfc3339};
 
-use super::{ToolContext, Tool, ToolError, parse_arguments};
+use super::{Tool, ToolContext, ToolError, parse_arguments};
 use crate::agent::model::ToolSpec;
 
 /// The `current_time` tool.
@@ -43,7 +43,11 @@ impl Tool for CurrentTime {
         }
     }
 
-    async fn call(&self, arguments: serde_json::Value, _cx: &ToolContext) -> Result<String, ToolError> {
+    async fn call(
+        &self,
+        arguments: serde_json::Value,
+        _cx: &ToolContext,
+    ) -> Result<String, ToolError> {
         let Arguments { utc_offset_minutes } = parse_arguments(arguments)?;
         let offset =
             UtcOffset::from_whole_seconds(utc_offset_minutes.saturating_mul(60)).map_err(|_| {
@@ -64,7 +68,10 @@ mod tests {
     #[tokio::test]
     async fn answers_rfc3339_at_the_requested_offset() {
         let out = CurrentTime
-            .call(json!({"utc_offset_minutes": 90}), &super::super::tests::context())
+            .call(
+                json!({"utc_offset_minutes": 90}),
+                &super::super::tests::context(),
+            )
             .await
             .unwrap();
         let stamp = out.split(' ').next().unwrap();
@@ -75,7 +82,10 @@ mod tests {
     #[tokio::test]
     async fn rejects_offsets_beyond_eighteen_hours() {
         let err = CurrentTime
-            .call(json!({"utc_offset_minutes": 5000}), &super::super::tests::context())
+            .call(
+                json!({"utc_offset_minutes": 5000}),
+                &super::super::tests::context(),
+            )
             .await
             .unwrap_err();
         assert!(matches!(err, ToolError::InvalidArguments(_)));

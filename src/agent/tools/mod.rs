@@ -261,7 +261,10 @@ pub(crate) mod tests {
     fn sleeper(timeout: Duration) -> ToolRegistry {
         let mut registry = ToolRegistry::default();
         registry.register(Arc::new(Sleeper));
-        registry.with_timeouts(Duration::from_secs(1000), HashMap::from([("sleep".to_owned(), timeout)]))
+        registry.with_timeouts(
+            Duration::from_secs(1000),
+            HashMap::from([("sleep".to_owned(), timeout)]),
+        )
     }
 
     fn deadline_for(registry: &ToolRegistry, name: &str) -> ToolContext {
@@ -282,12 +285,18 @@ pub(crate) mod tests {
         };
         let out = registry.call(&call("sleep", r#"{"seconds":2}"#), &cx).await;
         assert!(!out.is_error, "{}", out.content);
-        assert!(out.content.ends_with("threads/t1/workspace"), "{}", out.content);
+        assert!(
+            out.content.ends_with("threads/t1/workspace"),
+            "{}",
+            out.content
+        );
         assert_eq!(*notes.lock().unwrap(), ["sleeping"]);
 
         let cx = deadline_for(&registry, "sleep");
         let started = Instant::now();
-        let out = registry.call(&call("sleep", r#"{"seconds":60}"#), &cx).await;
+        let out = registry
+            .call(&call("sleep", r#"{"seconds":60}"#), &cx)
+            .await;
         assert!(out.is_error);
         assert!(
             out.content.contains("did not finish within 5 seconds"),
@@ -307,8 +316,14 @@ pub(crate) mod tests {
             tokio::time::sleep(Duration::from_secs(3)).await;
             cancel.cancel();
         });
-        let out = registry.call(&call("sleep", r#"{"seconds":60}"#), &cx).await;
-        assert!(out.is_error && out.content.contains("cancelled"), "{}", out.content);
+        let out = registry
+            .call(&call("sleep", r#"{"seconds":60}"#), &cx)
+            .await;
+        assert!(
+            out.is_error && out.content.contains("cancelled"),
+            "{}",
+            out.content
+        );
     }
 
     impl ToolRegistry {
@@ -327,7 +342,9 @@ pub(crate) mod tests {
 
     #[tokio::test]
     async fn unknown_tool_is_an_error_result_naming_the_known_tools() {
-        let out = ToolRegistry::builtin().call_for_test(&call("rm_rf", "{}")).await;
+        let out = ToolRegistry::builtin()
+            .call_for_test(&call("rm_rf", "{}"))
+            .await;
         assert!(out.is_error);
         assert!(
             out.content.contains("no tool named `rm_rf`"),
@@ -340,7 +357,9 @@ pub(crate) mod tests {
     #[tokio::test]
     async fn invalid_json_and_non_object_arguments_are_error_results() {
         let registry = ToolRegistry::builtin();
-        let out = registry.call_for_test(&call("current_time", "{not json")).await;
+        let out = registry
+            .call_for_test(&call("current_time", "{not json"))
+            .await;
         assert!(
             out.is_error && out.content.contains("not valid JSON"),
             "{}",
