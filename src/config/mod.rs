@@ -210,6 +210,9 @@ pub struct AgentConfig {
     pub turn_timeout_secs: u64,
     /// How often a turn is attempted (after crashes or transient failures) before giving up.
     pub max_turn_attempts: u32,
+    /// The largest file a message may bring, in bytes, on any channel (a file is held in
+    /// memory while it is fetched), `1..=1 GiB`.
+    pub max_attachment_bytes: u64,
     /// `[agent.middleware.*]`
     pub middleware: MiddlewareConfig,
 }
@@ -222,6 +225,7 @@ impl Default for AgentConfig {
             backlog: 10_000,
             turn_timeout_secs: 600,
             max_turn_attempts: 3,
+            max_attachment_bytes: 20 * 1024 * 1024,
             middleware: MiddlewareConfig::default(),
         }
     }

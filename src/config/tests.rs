@@ -505,6 +505,30 @@ fn ranges_are_checked_and_all_issues_collected() {
 }
 
 #[test]
+fn max_attachment_bytes_defaults_to_20_mib_and_is_bounded() {
+    assert_eq!(
+        parse("").unwrap().agent.max_attachment_bytes,
+        20 * 1024 * 1024
+    );
+    assert_eq!(
+        parse("[agent]\nmax_attachment_bytes = 1024\n")
+            .unwrap()
+            .agent
+            .max_attachment_bytes,
+        1024
+    );
+    for (value, got) in [("0", "0"), ("1073741825", "1073741825")] {
+        let err = parse(&format!("[agent]\nmax_attachment_bytes = {value}\n")).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "agent.max_attachment_bytes: must be between 1 and 1073741824 (1 GiB) (got {got})"
+            )
+        );
+    }
+}
+
+#[test]
 fn secrets_are_masked_in_debug_display_and_summary() {
     let text = r#"
         [server]

@@ -11,6 +11,9 @@ pub(crate) const MIN_CACHE_CAPACITY_BYTES: u64 = 1024 * 1024;
 /// The shortest token accepted when the server is reachable from other hosts.
 pub(crate) const MIN_TOKEN_CHARS: usize = 16;
 
+/// The largest `agent.max_attachment_bytes`: a file is held in memory while it is fetched.
+pub(crate) const MAX_ATTACHMENT_BYTES: u64 = 1024 * 1024 * 1024;
+
 /// The longest API user name.
 pub(crate) const MAX_USER_CHARS: usize = 64;
 
@@ -204,6 +207,15 @@ fn agent(config: &Config, v: &mut Issues) {
     v.at_least("agent.backlog", agent.backlog, 1);
     v.at_least("agent.turn_timeout_secs", agent.turn_timeout_secs, 1);
     v.at_least("agent.max_turn_attempts", agent.max_turn_attempts, 1);
+    if !(1..=MAX_ATTACHMENT_BYTES).contains(&agent.max_attachment_bytes) {
+        v.push(
+            "agent.max_attachment_bytes",
+            format!(
+                "must be between 1 and {MAX_ATTACHMENT_BYTES} (1 GiB) (got {})",
+                agent.max_attachment_bytes
+            ),
+        );
+    }
 
     let title = &agent.middleware.title;
     v.at_least("agent.middleware.title.max_words", title.max_words, 1);
