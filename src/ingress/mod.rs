@@ -17,6 +17,7 @@
 //! finished) is bounded; when it is full, nothing is stored and the caller is told to retry
 //! later.
 
+pub(crate) mod attachments;
 pub(crate) mod commands;
 mod dispatcher;
 mod turn;
