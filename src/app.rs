@@ -190,7 +190,11 @@ where
     let deliveries = TaskTracker::new();
     let hub = EventHub::default();
     let auth = ApiAuth::from_config(&config.channels.api);
-    let api = Arc::new(ApiChannel::new(auth.clone(), hub.clone()));
+    let api = Arc::new(ApiChannel::new(
+        auth.clone(),
+        hub.clone(),
+        config.agent.max_attachment_bytes,
+    ));
     let mut channels: HashMap<String, Arc<dyn Channel>> = HashMap::new();
     if config.channels.api.enabled {
         channels.insert("api".to_owned(), api.clone());
@@ -263,6 +267,7 @@ where
         model_configured: !config.model.base_url.is_empty() && !config.model.model.is_empty(),
         model_health,
         body_limit: server.body_limit_bytes,
+        max_attachment_bytes: config.agent.max_attachment_bytes,
         body_timeout: Duration::from_secs(server.body_read_timeout_secs),
         stop: intake_stop.clone(),
         auth,
