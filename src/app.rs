@@ -19,6 +19,7 @@ use crate::agent::middleware::dangling_tool_call::DanglingToolCallMiddleware;
 use crate::agent::middleware::loop_detection::LoopDetectionMiddleware;
 use crate::agent::middleware::title::TitleMiddleware;
 use crate::agent::middleware::token_usage::TokenUsageMiddleware;
+use crate::agent::middleware::uploads::UploadsMiddleware;
 use crate::agent::middleware::{ChainError, Middleware, MiddlewareChain};
 use crate::agent::model::{ModelError, ModelHealth, OpenAiClient, OpenAiConfig};
 use crate::agent::runtime::{Runtime, RuntimeSettings};
@@ -29,7 +30,7 @@ use crate::events::EventHub;
 use crate::http::guard::{ApiAuth, HostPolicy};
 use crate::http::serve::{ServeLimits, serve as serve_http};
 use crate::http::{AppContext, api::ApiChannel, ops_router, router};
-use crate::ingress::{Channels, Ingress, IngressSettings, TurnRunner, TurnSettings};
+use crate::ingress::{Ingress, IngressSettings, TurnRunner, TurnSettings};
 use crate::store::{SledStore, Store, StoreError};
 
 /// How often expired dedupe keys and old outbox records are swept, at most (a short dedupe
@@ -93,6 +94,9 @@ fn metrics_handle() -> PrometheusHandle {
 fn middleware_chain(config: &Config) -> Result<MiddlewareChain, ChainError> {
     let cfg = &config.agent.middleware;
     let mut items: Vec<Arc<dyn Middleware>> = Vec::new();
+    if let Some(m) = UploadsMiddleware::from_config(&cfg.uploads) {
+        items.push(Arc::new(m));
+    }
     if let Some(m) = DanglingToolCallMiddleware::from_config(&cfg.dangling_tool_call) {
         items.push(Arc::new(m));
     }
@@ -215,15 +219,18 @@ where
     let deliveries = TaskTracker::new();
     let hub = EventHub::default();
     let auth = ApiAuth::from_config(&config.channels.api);
-    let api = Arc::new(ApiChannel::new(auth.clone(), hub.clone()));
+    let api = Arc::new(ApiChannel::new(
+        auth.clone(),
+        hub.clone(),
+        config.agent.max_attachment_bytes,
+    ));
     let mut channels: HashMap<String, Arc<dyn Channel>> = HashMap::new();
     if config.channels.api.enabled {
         channels.insert("api".to_owned(), api.clone());
     }
-    let channels = Channels(Arc::new(channels));
     let delivery = Delivery::new(
         Arc::clone(&store),
-        channels.0.as_ref().clone(),
+        channels,
         RetryPolicy {
             max_attempts: config.delivery.max_attempts,
             backoff_base: Duration::from_millis(config.delivery.backoff_base_ms),
@@ -254,10 +261,10 @@ where
         runtime,
         hub.clone(),
         delivery,
-        channels,
         &TurnSettings {
             max_attempts: config.agent.max_turn_attempts,
             turn_timeout: Duration::from_secs(config.agent.turn_timeout_secs),
+            max_attachment_bytes: config.agent.max_attachment_bytes,
         },
         turn_cancel.clone(),
     );
@@ -292,6 +299,7 @@ where
         model_configured: !config.model.base_url.is_empty() && !config.model.model.is_empty(),
         model_health,
         body_limit: server.body_limit_bytes,
+        max_attachment_bytes: config.agent.max_attachment_bytes,
         body_timeout: Duration::from_secs(server.body_read_timeout_secs),
         stop: intake_stop.clone(),
         auth,

@@ -78,6 +78,7 @@ pub(crate) struct RunInput {
 
 impl RunInput {
     /// A plain text message from `user_id` on `channel`, with no attachments.
+    #[cfg(test)]
     pub(crate) fn text(channel: &str, user_id: &str, text: impl Into<String>) -> Self {
         Self {
             text: text.into(),
@@ -119,6 +120,12 @@ impl ThreadFolders {
         Ok(Self {
             root: data_root.join("threads").join(thread_id),
         })
+    }
+
+    /// The thread's own folder.
+    #[cfg(test)]
+    pub(crate) fn root(&self) -> &Path {
+        &self.root
     }
 
     /// Files the user sent.

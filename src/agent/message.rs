@@ -73,6 +73,7 @@ impl ChatMessage {
     }
 
     /// An assistant message with text and tool calls.
+    #[cfg(test)]
     #[must_use]
     pub(crate) fn assistant_calls(content: impl Into<String>, tool_calls: Vec<ToolCall>) -> Self {
         Self::Assistant {

@@ -32,6 +32,7 @@ use crate::agent::middleware::dangling_tool_call::DanglingToolCallConfig;
 use crate::agent::middleware::loop_detection::LoopDetectionConfig;
 use crate::agent::middleware::title::TitleConfig;
 use crate::agent::middleware::token_usage::TokenUsageConfig;
+use crate::agent::middleware::uploads::UploadsConfig;
 
 pub use secret::Secret;
 
@@ -217,6 +218,9 @@ pub struct AgentConfig {
     pub tool_timeout_secs: u64,
     /// Time limits of particular tools, by name (`{ bash = 600 }`).
     pub tool_timeouts: std::collections::BTreeMap<String, u64>,
+    /// The largest file a message may bring, in bytes, on any channel (a file is held in
+    /// memory while it is fetched), `1..=1 GiB`.
+    pub max_attachment_bytes: u64,
     /// `[agent.middleware.*]`
     pub middleware: MiddlewareConfig,
 }
@@ -232,6 +236,7 @@ impl Default for AgentConfig {
             max_parallel_tools: 4,
             tool_timeout_secs: 120,
             tool_timeouts: std::collections::BTreeMap::new(),
+            max_attachment_bytes: 20 * 1024 * 1024,
             middleware: MiddlewareConfig::default(),
         }
     }
@@ -241,6 +246,8 @@ impl Default for AgentConfig {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct MiddlewareConfig {
+    /// `[agent.middleware.uploads]`
+    pub(crate) uploads: UploadsConfig,
     /// `[agent.middleware.dangling_tool_call]`
     pub(crate) dangling_tool_call: DanglingToolCallConfig,
     /// `[agent.middleware.token_usage]`
@@ -257,6 +264,7 @@ impl MiddlewareConfig {
     /// The names of the enabled middleware, in chain order.
     pub fn enabled_names(&self) -> Vec<&'static str> {
         [
+            ("uploads", self.uploads.enabled),
             ("dangling_tool_call", self.dangling_tool_call.enabled),
             ("token_usage", self.token_usage.enabled),
             ("title", self.title.enabled),

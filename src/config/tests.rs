@@ -129,6 +129,7 @@ fn empty_file_is_all_defaults() {
     assert_eq!(
         config.agent.middleware.enabled_names(),
         [
+            "uploads",
             "dangling_tool_call",
             "token_usage",
             "title",
@@ -506,6 +507,30 @@ fn ranges_are_checked_and_all_issues_collected() {
 }
 
 #[test]
+fn max_attachment_bytes_defaults_to_20_mib_and_is_bounded() {
+    assert_eq!(
+        parse("").unwrap().agent.max_attachment_bytes,
+        20 * 1024 * 1024
+    );
+    assert_eq!(
+        parse("[agent]\nmax_attachment_bytes = 1024\n")
+            .unwrap()
+            .agent
+            .max_attachment_bytes,
+        1024
+    );
+    for (value, got) in [("0", "0"), ("1073741825", "1073741825")] {
+        let err = parse(&format!("[agent]\nmax_attachment_bytes = {value}\n")).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "agent.max_attachment_bytes: must be between 1 and 1073741824 (1 GiB) (got {got})"
+            )
+        );
+    }
+}
+
+#[test]
 fn secrets_are_masked_in_debug_display_and_summary() {
     let text = r#"
         [server]
@@ -558,15 +583,16 @@ fn summary_lists_the_essentials() {
          model: llama3.2 at http://127.0.0.1:11434/v1 (api key: not set)\n\
          api channel: enabled (admin token: not set)\n\
          platforms: none\n\
-         middleware: dangling_tool_call, token_usage, title, loop_detection, clarification"
+         middleware: uploads, dangling_tool_call, token_usage, title, loop_detection, clarification"
     );
 
     let text = "[model]\napi_key = \"k\"\n[agent.middleware.title]\nenabled = false\n";
     let summary = parse(text).unwrap().summary();
     assert!(summary.contains("(api key: ***)"), "{summary}");
     assert!(
-        summary
-            .contains("middleware: dangling_tool_call, token_usage, loop_detection, clarification"),
+        summary.contains(
+            "middleware: uploads, dangling_tool_call, token_usage, loop_detection, clarification"
+        ),
         "{summary}"
     );
 }

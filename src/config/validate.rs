@@ -11,6 +11,9 @@ pub(crate) const MIN_CACHE_CAPACITY_BYTES: u64 = 1024 * 1024;
 /// The shortest token accepted when the server is reachable from other hosts.
 pub(crate) const MIN_TOKEN_CHARS: usize = 16;
 
+/// The largest `agent.max_attachment_bytes`: a file is held in memory while it is fetched.
+pub(crate) const MAX_ATTACHMENT_BYTES: u64 = 1024 * 1024 * 1024;
+
 /// The longest API user name.
 pub(crate) const MAX_USER_CHARS: usize = 64;
 
@@ -216,6 +219,15 @@ fn agent(config: &Config, v: &mut Issues) {
     v.at_least("agent.tool_timeout_secs", agent.tool_timeout_secs, 1);
     for (tool, secs) in &agent.tool_timeouts {
         v.at_least(&format!("agent.tool_timeouts.{tool}"), *secs, 1);
+    }
+    if !(1..=MAX_ATTACHMENT_BYTES).contains(&agent.max_attachment_bytes) {
+        v.push(
+            "agent.max_attachment_bytes",
+            format!(
+                "must be between 1 and {MAX_ATTACHMENT_BYTES} (1 GiB) (got {})",
+                agent.max_attachment_bytes
+            ),
+        );
     }
 
     let title = &agent.middleware.title;

@@ -39,9 +39,21 @@ impl RetryPolicy {
 }
 
 /// Sends outbox items. Cloning shares it.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub(crate) struct Delivery {
     lanes: Lanes<OutboxItem>,
+    channels: Arc<HashMap<String, Arc<dyn Channel>>>,
+}
+
+impl std::fmt::Debug for Delivery {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut channels: Vec<&str> = self.channels.keys().map(String::as_str).collect();
+        channels.sort_unstable();
+        f.debug_struct("Delivery")
+            .field("lanes", &self.lanes)
+            .field("channels", &channels)
+            .finish()
+    }
 }
 
 impl Delivery {
@@ -54,6 +66,7 @@ impl Delivery {
     ) -> Self {
         let channels = Arc::new(channels);
         let lanes = {
+            let channels = Arc::clone(&channels);
             let lane_stop = stop.clone();
             Lanes::new(
                 move |item: OutboxItem| {
@@ -66,7 +79,13 @@ impl Delivery {
                 lane_stop,
             )
         };
-        Self { lanes }
+        Self { lanes, channels }
+    }
+
+    /// The enabled channel called `name` (the first segment of a conversation key), e.g. to
+    /// fetch a message's attachments through it.
+    pub(crate) fn channel(&self, name: &str) -> Option<Arc<dyn Channel>> {
+        self.channels.get(name).cloned()
     }
 
     /// Queues items for delivery, each on its conversation's lane.

@@ -113,3 +113,18 @@ fn backoff_grows_exponentially_within_the_cap() {
         );
     }
 }
+
+#[tokio::test]
+async fn channels_are_found_by_name() {
+    let store = Arc::new(SledStore::temporary().unwrap());
+    let channel: Arc<dyn Channel> = Arc::new(RecordingChannel::default());
+    let delivery = Delivery::new(
+        store,
+        HashMap::from([("api".to_owned(), channel)]),
+        policy(1),
+        TaskTracker::new(),
+        CancellationToken::new(),
+    );
+    assert_eq!(delivery.channel("api").map(|c| c.name()), Some("api"));
+    assert!(delivery.channel("telegram").is_none());
+}

@@ -1,7 +1,7 @@
 //! The HTTP API channel: antler's own channel, for `antler chat`, scripts and tests.
 //!
-//! `POST /api/v1/messages` accepts `{conversation, user?, text, message_id?}` (`user` defaults
-//! to the token's user, or `operator`) and answers 202
+//! `POST /api/v1/messages` accepts `{conversation, user?, text, message_id?, attachments?}`
+//! (`user` defaults to the token's user, or `operator`) and answers 202
 //! with the thread id once the message is durable; the same `message_id` again is recognised
 //! and answered with the same thread, nothing stored twice. `"stream": true` answers with an
 //! SSE stream instead (`accepted`, then the answer's `delta`s and its `final`), `"wait": true`
@@ -12,13 +12,22 @@
 //! Requests pass [`super::guard::api_guard`] first, which names the [`Principal`]: an admin
 //! names any conversation and any `user`; a user's token reaches only that user's
 //! conversations (stored under `api:<user>/<conversation>`) and always acts as that user.
+//! Only an admin token makes the author an admin (`UserRef::admin`); a token-less API never
+//! does, since anyone on the host can reach it.
+//!
+//! Attachments come inline, `{name, media_type?, data_base64}`, and are checked before anything
+//! is stored: at most [`MAX_ATTACHMENTS`], each standard base64 within
+//! `agent.max_attachment_bytes` once decoded, each with a name that stays usable once made
+//! safe. The event carries them as [`AttachmentSource::Inline`]; the turn writes them to the
+//! thread's `uploads` folder.
 
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
 use antler_channel::{
-    Channel, ChannelError, InboundEvent, OutboundMessage, Parsed, Receipt, UserRef, WebhookRequest,
+    AttachmentRef, AttachmentSource, Channel, ChannelError, InboundEvent, OutboundMessage, Parsed,
+    Receipt, UserRef, WebhookRequest,
 };
 use axum::extract::{Path, Request, State};
 use axum::http::StatusCode;
@@ -36,6 +45,9 @@ use super::error::ApiError;
 use super::guard::{ApiAuth, Principal};
 use crate::agent::thread::ThreadState;
 use crate::events::{EventHub, Subscription, ThreadEvent};
+use crate::ingress::attachments::{
+    InlineError, MAX_ATTACHMENTS, clean_media_type, decode_inline, human_size, safe_file_name,
+};
 
 /// How long `"wait": true` waits for the answer before answering 202 anyway.
 const WAIT_LIMIT: Duration = Duration::from_secs(120);
@@ -48,6 +60,8 @@ const DEFAULT_USER: &str = "operator";
 pub(crate) struct ApiChannel {
     auth: ApiAuth,
     hub: EventHub,
+    /// `agent.max_attachment_bytes`
+    max_attachment_bytes: u64,
 }
 
 /// The body of `POST /api/v1/messages`.
@@ -57,6 +71,8 @@ struct PostMessage {
     conversation: String,
     #[serde(default)]
     user: Option<String>,
+    /// May be empty (or left out) when files are sent.
+    #[serde(default)]
     text: String,
     #[serde(default)]
     message_id: Option<String>,
@@ -64,39 +80,163 @@ struct PostMessage {
     stream: bool,
     #[serde(default)]
     wait: bool,
+    #[serde(default)]
+    attachments: Vec<PostAttachment>,
 }
 
-fn check_id(field: &str, value: &str) -> Result<(), ChannelError> {
+/// A file sent with `POST /api/v1/messages`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PostAttachment {
+    name: String,
+    #[serde(default)]
+    media_type: Option<String>,
+    /// Standard base64 (RFC 4648, padded, no line breaks).
+    data_base64: String,
+}
+
+/// Why a message body was refused.
+#[derive(Debug, thiserror::Error)]
+enum Refusal {
+    /// Not what the API takes (400). The message names the field.
+    #[error("{0}")]
+    Malformed(String),
+    /// A file over `agent.max_attachment_bytes` (413).
+    #[error("{message}")]
+    TooLarge { message: String, limit: u64 },
+}
+
+impl From<Refusal> for ChannelError {
+    fn from(refusal: Refusal) -> Self {
+        match refusal {
+            Refusal::Malformed(message) => Self::Malformed(message),
+            Refusal::TooLarge { limit, .. } => Self::TooLarge { limit },
+        }
+    }
+}
+
+impl From<Refusal> for ApiError {
+    fn from(refusal: Refusal) -> Self {
+        match refusal {
+            Refusal::Malformed(message) => {
+                Self::BadRequest(ChannelError::Malformed(message).to_string())
+            }
+            Refusal::TooLarge { message, .. } => Self::FileTooLarge(message),
+        }
+    }
+}
+
+/// Whether the request's author is an admin: it came with an admin token. A token-less API
+/// (loopback only) treats every caller as an admin principal for reaching conversations, but
+/// never makes the author an admin, as [`ApiAuth::is_admin`] does not.
+fn acts_as_admin(auth: &ApiAuth, principal: &Principal) -> bool {
+    !auth.is_open() && principal.user.is_none()
+}
+
+fn check_id(field: &str, value: &str) -> Result<(), Refusal> {
     if value.trim().is_empty() {
-        return Err(ChannelError::Malformed(format!(
-            "`{field}` must not be empty"
-        )));
+        return Err(Refusal::Malformed(format!("`{field}` must not be empty")));
     }
     if value.chars().count() > MAX_ID_CHARS || value.chars().any(char::is_control) {
-        return Err(ChannelError::Malformed(format!(
+        return Err(Refusal::Malformed(format!(
             "`{field}` must be at most {MAX_ID_CHARS} printable characters"
         )));
     }
     Ok(())
 }
 
+/// The files of a message as the event carries them, each checked: its name, its media type,
+/// its data (standard base64, within `max_bytes` decoded). Nothing is kept of the decoded
+/// bytes; the turn decodes them again.
+fn read_attachments(
+    files: Vec<PostAttachment>,
+    max_bytes: u64,
+) -> Result<Vec<AttachmentRef>, Refusal> {
+    if files.len() > MAX_ATTACHMENTS {
+        return Err(Refusal::Malformed(format!(
+            "`attachments` has {} files; at most {MAX_ATTACHMENTS} are accepted",
+            files.len()
+        )));
+    }
+    let mut refs = Vec::with_capacity(files.len());
+    for (index, file) in files.into_iter().enumerate() {
+        let field = format!("attachments[{index}]");
+        if file.name.trim().is_empty() {
+            return Err(Refusal::Malformed(format!(
+                "`{field}.name` must not be empty"
+            )));
+        }
+        let Some(name) = safe_file_name(&file.name) else {
+            return Err(Refusal::Malformed(format!(
+                "`{field}.name` must name a file: nothing is left once path separators, \
+                 control characters and leading dots are removed"
+            )));
+        };
+        let media_type = match file.media_type.as_deref() {
+            None => None,
+            Some(given) => Some(clean_media_type(Some(given)).ok_or_else(|| {
+                Refusal::Malformed(format!(
+                    "`{field}.media_type` must be a media type such as `image/png` \
+                     (printable ASCII, at most 127 characters)"
+                ))
+            })?),
+        };
+        let size = match decode_inline(&file.data_base64, max_bytes) {
+            Ok(bytes) => u64::try_from(bytes.len()).unwrap_or(u64::MAX),
+            Err(InlineError::NotBase64) => {
+                return Err(Refusal::Malformed(format!(
+                    "`{field}.data_base64` is not valid standard base64 \
+                     (RFC 4648 alphabet with `=` padding, no line breaks)"
+                )));
+            }
+            Err(InlineError::TooLarge { size, limit }) => {
+                return Err(Refusal::TooLarge {
+                    message: format!(
+                        "`{field}` (`{name}`) is {}; files may be at most {} \
+                         (agent.max_attachment_bytes)",
+                        human_size(size),
+                        human_size(limit)
+                    ),
+                    limit,
+                });
+            }
+        };
+        refs.push(AttachmentRef {
+            name,
+            media_type,
+            size: Some(size),
+            source: AttachmentSource::Inline {
+                data_base64: file.data_base64,
+            },
+        });
+    }
+    Ok(refs)
+}
+
 impl ApiChannel {
-    pub(crate) fn new(auth: ApiAuth, hub: EventHub) -> Self {
-        Self { auth, hub }
+    pub(crate) fn new(auth: ApiAuth, hub: EventHub, max_attachment_bytes: u64) -> Self {
+        Self {
+            auth,
+            hub,
+            max_attachment_bytes,
+        }
     }
 
+    /// The message in `body` and the event it becomes; `admin` makes its author an admin.
     fn read(
         body: &[u8],
         principal: &Principal,
-    ) -> Result<(PostMessage, InboundEvent), ChannelError> {
-        let message: PostMessage = serde_json::from_slice(body)
-            .map_err(|e| ChannelError::Malformed(format!("invalid JSON body: {e}")))?;
+        admin: bool,
+        max_attachment_bytes: u64,
+    ) -> Result<(PostMessage, InboundEvent), Refusal> {
+        let mut message: PostMessage = serde_json::from_slice(body)
+            .map_err(|e| Refusal::Malformed(format!("invalid JSON body: {e}")))?;
         check_id("conversation", &message.conversation)?;
         let user = match (&principal.user, &message.user) {
             (None, Some(user)) => user.clone(),
             (None, None) => DEFAULT_USER.to_owned(),
             (Some(own), Some(user)) if own != user => {
-                return Err(ChannelError::Malformed(format!(
+                return Err(Refusal::Malformed(format!(
                     "`user` must be this token's user ({own}) or left out"
                 )));
             }
@@ -106,9 +246,14 @@ impl ApiChannel {
         if let Some(id) = &message.message_id {
             check_id("message_id", id)?;
         }
-        if message.text.trim().is_empty() {
-            return Err(ChannelError::Malformed(
-                "`text` must not be empty".to_owned(),
+        let attachments = read_attachments(
+            std::mem::take(&mut message.attachments),
+            max_attachment_bytes,
+        )?;
+        // A file with no words is a message; no words and no file is not.
+        if message.text.trim().is_empty() && attachments.is_empty() {
+            return Err(Refusal::Malformed(
+                "`text` must not be empty (unless `attachments` are sent)".to_owned(),
             ));
         }
         let message_id = message
@@ -122,12 +267,12 @@ impl ApiChannel {
             user: UserRef {
                 id: user,
                 name: None,
-                admin: false,
+                admin,
             },
             text: message.text.clone(),
             reply_to: Some(message_id),
             received_at_ms: crate::now_ms(),
-            attachments: Vec::new(),
+            attachments,
             group: false,
             interactive: message.wait || message.stream,
         };
@@ -153,7 +298,10 @@ impl Channel for ApiChannel {
             .auth
             .principal(request.headers)
             .ok_or(ChannelError::Unauthorized)?;
-        Self::read(request.body, &principal).map(|(_, event)| Parsed::Events(vec![event]))
+        let admin = acts_as_admin(&self.auth, &principal);
+        Self::read(request.body, &principal, admin, self.max_attachment_bytes)
+            .map(|(_, event)| Parsed::Events(vec![event]))
+            .map_err(ChannelError::from)
     }
 
     /// Publishes the reply to the thread's subscribers; the thread already holds it.
@@ -234,6 +382,17 @@ async fn existing_reply(state: &AppState, seq: u64) -> Result<Option<String>, Ap
     ))
 }
 
+/// The answer to a refused body, counted by its reason.
+fn refused(refusal: Refusal) -> ApiError {
+    let reason = match refusal {
+        Refusal::Malformed(_) => "malformed",
+        Refusal::TooLarge { .. } => "file_too_large",
+    };
+    metrics::counter!("antler_webhooks_rejected_total", "channel" => "api", "reason" => reason)
+        .increment(1);
+    ApiError::from(refusal)
+}
+
 /// `POST /api/v1/messages`
 pub(crate) async fn post_message(
     State(state): State<AppState>,
@@ -241,11 +400,10 @@ pub(crate) async fn post_message(
     request: Request,
 ) -> Result<Response, ApiError> {
     metrics::counter!("antler_webhooks_received_total", "channel" => "api").increment(1);
+    let admin = acts_as_admin(&state.auth, &principal);
     let body = read_body(&state, request).await?;
-    let (message, event) = ApiChannel::read(&body, &principal).map_err(|e| {
-        metrics::counter!("antler_webhooks_rejected_total", "channel" => "api", "reason" => "malformed").increment(1);
-        ApiError::BadRequest(e.to_string())
-    })?;
+    let (message, event) =
+        ApiChannel::read(&body, &principal, admin, state.max_attachment_bytes).map_err(refused)?;
     let message_id = event.event_id.clone();
     let conversation = event.conversation.to_string();
     let listen = message.stream || message.wait;
@@ -479,4 +637,201 @@ pub(crate) async fn thread_events(
     Ok(Sse::new(stream)
         .keep_alive(KeepAlive::default())
         .into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use axum::http::HeaderMap;
+    use base64::Engine as _;
+
+    use super::*;
+    use crate::config::{ApiChannelConfig, ApiRole, ApiToken, Secret};
+
+    const ADMIN_TOKEN: &str = "admin-token-0123456789";
+    const ANA_TOKEN: &str = "ana-token-0123456789";
+
+    fn channel(tokens: bool, cap: u64) -> ApiChannel {
+        let config = if tokens {
+            ApiChannelConfig {
+                token: Some(Secret::new(ADMIN_TOKEN)),
+                tokens: vec![ApiToken {
+                    token: Secret::new(ANA_TOKEN),
+                    user: "ana".to_owned(),
+                    role: ApiRole::User,
+                }],
+                ..ApiChannelConfig::default()
+            }
+        } else {
+            ApiChannelConfig::default()
+        };
+        ApiChannel::new(ApiAuth::from_config(&config), EventHub::default(), cap)
+    }
+
+    fn parse(
+        channel: &ApiChannel,
+        token: Option<&str>,
+        body: &Value,
+    ) -> Result<InboundEvent, ChannelError> {
+        let mut headers = HeaderMap::new();
+        if let Some(token) = token {
+            headers.insert(
+                axum::http::header::AUTHORIZATION,
+                format!("Bearer {token}").parse().unwrap(),
+            );
+        }
+        let body = body.to_string();
+        let request = WebhookRequest {
+            headers: &headers,
+            body: body.as_bytes(),
+        };
+        match channel.parse(&request)? {
+            Parsed::Events(mut events) if events.len() == 1 => Ok(events.remove(0)),
+            other => panic!("one event expected: {other:?}"),
+        }
+    }
+
+    fn b64(bytes: &[u8]) -> String {
+        base64::engine::general_purpose::STANDARD.encode(bytes)
+    }
+
+    fn malformed(result: Result<InboundEvent, ChannelError>) -> String {
+        match result {
+            Err(ChannelError::Malformed(message)) => message,
+            other => panic!("malformed expected: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn only_an_admin_token_makes_an_admin() {
+        let body = json!({"conversation": "c", "text": "hi"});
+        let open = channel(false, 1024);
+        assert!(!parse(&open, None, &body).unwrap().user.admin, "open API");
+        let with_tokens = channel(true, 1024);
+        assert!(
+            parse(&with_tokens, Some(ADMIN_TOKEN), &body)
+                .unwrap()
+                .user
+                .admin
+        );
+        let ana = parse(&with_tokens, Some(ANA_TOKEN), &body).unwrap();
+        assert_eq!(ana.user.id, "ana");
+        assert!(!ana.user.admin);
+    }
+
+    #[test]
+    fn attachments_become_inline_references_and_text_may_be_empty() {
+        let api = channel(false, 1024);
+        let body = json!({
+            "conversation": "c",
+            "attachments": [
+                {"name": "../../etc/notes.txt", "media_type": "text/plain", "data_base64": b64(b"hello")},
+                {"name": "empty.bin", "data_base64": ""},
+            ],
+        });
+        let event = parse(&api, None, &body).unwrap();
+        assert_eq!(event.text, "");
+        assert_eq!(
+            event.attachments,
+            [
+                AttachmentRef {
+                    name: "notes.txt".to_owned(),
+                    media_type: Some("text/plain".to_owned()),
+                    size: Some(5),
+                    source: AttachmentSource::Inline {
+                        data_base64: b64(b"hello"),
+                    },
+                },
+                AttachmentRef {
+                    name: "empty.bin".to_owned(),
+                    media_type: None,
+                    size: Some(0),
+                    source: AttachmentSource::Inline {
+                        data_base64: String::new(),
+                    },
+                },
+            ]
+        );
+        // Without files, words are still required.
+        let message = malformed(parse(
+            &api,
+            None,
+            &json!({"conversation": "c", "text": " "}),
+        ));
+        assert!(message.contains("`text` must not be empty"), "{message}");
+        let message = malformed(parse(
+            &api,
+            None,
+            &json!({"conversation": "c", "attachments": []}),
+        ));
+        assert!(message.contains("`text`"), "{message}");
+    }
+
+    #[test]
+    fn bad_attachments_are_refused_naming_the_field() {
+        let api = channel(false, 8);
+        let file = |name: &str, data: &str| json!({"name": name, "data_base64": data});
+        let body =
+            |files: Vec<Value>| json!({"conversation": "c", "text": "t", "attachments": files});
+
+        let eleven = (0..11).map(|i| file(&format!("f{i}"), "")).collect();
+        let message = malformed(parse(&api, None, &body(eleven)));
+        assert!(
+            message.contains("`attachments` has 11 files; at most 10"),
+            "{message}"
+        );
+
+        let message = malformed(parse(
+            &api,
+            None,
+            &body(vec![file("a", ""), file("b", "aGk")]),
+        ));
+        assert!(
+            message.contains("`attachments[1].data_base64` is not valid standard base64"),
+            "{message}"
+        );
+
+        let message = malformed(parse(&api, None, &body(vec![file(" ", "")])));
+        assert!(
+            message.contains("`attachments[0].name` must not be empty"),
+            "{message}"
+        );
+        let message = malformed(parse(&api, None, &body(vec![file("../..", "")])));
+        assert!(
+            message.contains("`attachments[0].name` must name a file"),
+            "{message}"
+        );
+
+        let typed = json!({"name": "a", "media_type": "png", "data_base64": ""});
+        let message = malformed(parse(&api, None, &body(vec![typed])));
+        assert!(message.contains("`attachments[0].media_type`"), "{message}");
+
+        let unknown = json!({"name": "a", "data_base64": "", "url": "http://x"});
+        let message = malformed(parse(&api, None, &body(vec![unknown])));
+        assert!(message.contains("url"), "{message}");
+
+        let missing = json!({"name": "a"});
+        let message = malformed(parse(&api, None, &body(vec![missing])));
+        assert!(message.contains("data_base64"), "{message}");
+
+        // Nine bytes against a cap of eight.
+        let big = file("big.bin", &b64(&[0; 9]));
+        assert_eq!(
+            parse(&api, None, &body(vec![big.clone()])),
+            Err(ChannelError::TooLarge { limit: 8 })
+        );
+        let refusal = ApiChannel::read(
+            body(vec![big]).to_string().as_bytes(),
+            &Principal { user: None },
+            false,
+            8,
+        )
+        .unwrap_err();
+        let message = refusal.to_string();
+        assert!(matches!(refusal, Refusal::TooLarge { limit: 8, .. }));
+        assert!(
+            message.contains("`attachments[0]` (`big.bin`) is 9 bytes"),
+            "{message}"
+        );
+        assert!(message.contains("at most 8 bytes"), "{message}");
+    }
 }

@@ -23,6 +23,9 @@ pub(crate) enum ApiError {
     BodyTimeout { secs: u64 },
     #[error("the request body is larger than {limit} bytes")]
     TooLarge { limit: usize },
+    /// A file in the body is over its own limit; the message names it.
+    #[error("{0}")]
+    FileTooLarge(String),
     #[error("the body must be JSON (Content-Type: application/json)")]
     UnsupportedMediaType,
     #[error("too many messages are waiting; retry later")]
@@ -43,7 +46,9 @@ impl ApiError {
             Self::BadRequest(_) => (StatusCode::BAD_REQUEST, "bad_request"),
             Self::NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
             Self::BodyTimeout { .. } => (StatusCode::REQUEST_TIMEOUT, "body_timeout"),
-            Self::TooLarge { .. } => (StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large"),
+            Self::TooLarge { .. } | Self::FileTooLarge(_) => {
+                (StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large")
+            }
             Self::UnsupportedMediaType => {
                 (StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type")
             }

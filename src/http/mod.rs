@@ -37,6 +37,8 @@ pub(crate) struct AppContext {
     pub(crate) model_configured: bool,
     pub(crate) model_health: ModelHealth,
     pub(crate) body_limit: usize,
+    /// `agent.max_attachment_bytes`: the largest file a message may bring.
+    pub(crate) max_attachment_bytes: u64,
     pub(crate) body_timeout: Duration,
     /// Cancelled when intake stops (shutdown): streams end, readiness fails.
     pub(crate) stop: CancellationToken,

@@ -17,12 +17,13 @@
 //! finished) is bounded; when it is full, nothing is stored and the caller is told to retry
 //! later.
 
+pub(crate) mod attachments;
 pub(crate) mod commands;
 mod dispatcher;
 mod turn;
 
 pub(crate) use dispatcher::{Dispatcher, RunTurn};
-pub(crate) use turn::{Channels, TurnRunner, TurnSettings};
+pub(crate) use turn::{TurnRunner, TurnSettings};
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -8,7 +8,7 @@ use antler_channel::Channel;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::turn::{Channels, TurnSettings};
+use super::turn::TurnSettings;
 use super::*;
 use crate::agent::message::ChatMessage;
 use crate::agent::middleware::MiddlewareChain;
@@ -104,10 +104,10 @@ fn harness(max_attempts: u32) -> Harness {
         runtime,
         hub.clone(),
         delivery,
-        Channels::default(),
         &TurnSettings {
             max_attempts,
             turn_timeout: Duration::from_secs(60),
+            max_attachment_bytes: 1 << 20,
         },
         turn_cancel.clone(),
     );

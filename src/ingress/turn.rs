@@ -13,15 +13,16 @@ use std::future::Future;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use antler_channel::{Channel, InboundEvent, OutboundMessage};
+use antler_channel::{InboundEvent, OutboundMessage};
 use futures_util::FutureExt;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::attachments;
 use super::commands::{self, Command};
 use super::dispatcher::Dispatcher;
-use crate::agent::input::{Author, ChannelFlags, Role, RunInput};
+use crate::agent::input::{Attachment, Author, ChannelFlags, Role, RunInput};
 use crate::agent::message::ChatMessage;
 use crate::agent::middleware::RunEnding;
 use crate::agent::runtime::{CheckpointError, Progress, RunLimits, RunObserver, Runtime};
@@ -59,22 +60,6 @@ pub(crate) struct TurnRunner {
     inner: Arc<Inner>,
 }
 
-/// The channels by name, for what a turn asks of them (capabilities, attachments).
-#[derive(Clone, Default)]
-pub(crate) struct Channels(pub(crate) Arc<HashMap<String, Arc<dyn Channel>>>);
-
-impl Channels {
-    fn get(&self, name: &str) -> Option<&Arc<dyn Channel>> {
-        self.0.get(name)
-    }
-}
-
-impl std::fmt::Debug for Channels {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_list().entries(self.0.keys()).finish()
-    }
-}
-
 /// How turns run.
 #[derive(Debug, Clone)]
 pub(crate) struct TurnSettings {
@@ -82,6 +67,8 @@ pub(crate) struct TurnSettings {
     pub(crate) max_attempts: u32,
     /// The time limit of one turn.
     pub(crate) turn_timeout: Duration,
+    /// The largest attachment fetched for a turn.
+    pub(crate) max_attachment_bytes: u64,
 }
 
 #[derive(Debug)]
@@ -90,8 +77,8 @@ struct Inner {
     runtime: Runtime,
     hub: EventHub,
     delivery: Delivery,
-    channels: Channels,
     max_attempts: u32,
+    max_attachment_bytes: u64,
     turn_timeout: Duration,
     /// The running agent turn of each conversation, for `/stop`: its inbox seq and token.
     running: Mutex<HashMap<String, (u64, CancellationToken)>>,
@@ -197,7 +184,6 @@ impl TurnRunner {
         runtime: Runtime,
         hub: EventHub,
         delivery: Delivery,
-        channels: Channels,
         settings: &TurnSettings,
         cancel: CancellationToken,
     ) -> Self {
@@ -211,8 +197,8 @@ impl TurnRunner {
                 runtime,
                 hub,
                 delivery,
-                channels,
                 max_attempts: settings.max_attempts.max(1),
+                max_attachment_bytes: settings.max_attachment_bytes,
                 turn_timeout: settings.turn_timeout,
                 running: Mutex::default(),
                 stops: Mutex::default(),
@@ -449,7 +435,28 @@ impl TurnRunner {
             inbox_seq: item.seq,
             start,
         });
-        let input = self.run_input(&item.event);
+        let mut input = self.run_input(&item.event);
+        if !item.event.attachments.is_empty() {
+            match self.fetch_attachments(item).await {
+                Ok(attachments) => input.attachments = attachments,
+                Err(text) => {
+                    // Nothing ran: the message and the reason stay in the thread, failed.
+                    if thread.messages.len() <= start {
+                        thread.messages.push(ChatMessage::user(&item.event.text));
+                    }
+                    thread.messages.push(ChatMessage::assistant(&text));
+                    thread.fail_from(start);
+                    thread.running = None;
+                    thread.updated_at_ms = crate::now_ms();
+                    return TurnResult {
+                        thread: Some(thread),
+                        text,
+                        outcome: "failed",
+                        memory_update: None,
+                    };
+                }
+            }
+        }
         let cancel = CancellationToken::new();
         let _registered = Registration::new(inner, item, &cancel);
         let limits = RunLimits {
@@ -480,6 +487,7 @@ impl TurnRunner {
                     seq = item.seq,
                     ending = outcome.ending.as_str(),
                     model_calls = outcome.model_calls,
+                    stop_reason = outcome.stop_reason.as_deref(),
                     tokens = outcome.usage.total_tokens,
                     "turn finished"
                 );
@@ -532,13 +540,46 @@ impl TurnRunner {
         }
     }
 
+    /// Fetches the message's files into its thread's `uploads` folder, within the turn's
+    /// time; the error is the reply to send.
+    async fn fetch_attachments(&self, item: &InboxItem) -> Result<Vec<Attachment>, String> {
+        let inner = &self.inner;
+        let folders = inner.runtime.folders(&item.thread_id).map_err(|e| {
+            tracing::error!(seq = item.seq, error = %e, "no folder for the thread");
+            "⚠️ Sorry, antler could not store the files of this message.".to_owned()
+        })?;
+        let channel = inner.delivery.channel(&item.event.channel);
+        let fetched = tokio::time::timeout(
+            inner.turn_timeout,
+            attachments::fetch_attachments(
+                channel.as_deref(),
+                &item.event.attachments,
+                &folders,
+                inner.max_attachment_bytes,
+            ),
+        )
+        .await;
+        match fetched {
+            Ok(Ok(attachments)) => Ok(attachments),
+            Ok(Err(e)) => {
+                tracing::warn!(seq = item.seq, error = %e, "attachments not fetched");
+                metrics::counter!("antler_attachment_failures_total").increment(1);
+                Err(e.user_message())
+            }
+            Err(_) => Err(format!(
+                "⚠️ Sorry, the files of this message did not arrive within {} seconds. Send                  them again.",
+                inner.turn_timeout.as_secs()
+            )),
+        }
+    }
+
     /// What the runtime is told about the message: who wrote it, where, and what the
     /// channel can show.
     fn run_input(&self, event: &InboundEvent) -> RunInput {
         let capabilities = self
             .inner
-            .channels
-            .get(&event.channel)
+            .delivery
+            .channel(&event.channel)
             .map(|channel| channel.capabilities())
             .unwrap_or_default();
         RunInput {

@@ -1,5 +1,5 @@
 //! The HTTP API channel end to end: replies (plain, streamed, with a tool), dedupe, bad input,
-//! authentication, operations endpoints and chat commands.
+//! attachments, authentication, operations endpoints and chat commands.
 
 use crate::support::{Behaviour, MODEL_NAME, MockModel, TestApp, read_sse, read_sse_until};
 use reqwest::StatusCode;
@@ -221,6 +221,150 @@ async fn bad_input_is_refused_and_nothing_is_stored() {
     let thread = app.thread(ok.json["thread_id"].as_str().unwrap()).await;
     assert_eq!(roles(&thread), ["user", "assistant"]);
     assert_eq!(mock.count(), 1);
+    app.shutdown().await;
+}
+
+fn b64(bytes: &[u8]) -> String {
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD.encode(bytes)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_attachments_are_refused_and_nothing_is_stored() {
+    let mock = MockModel::start(Behaviour::Echo).await;
+    let app = TestApp::spawn(&mock, "[agent]\nmax_attachment_bytes = 100\n").await;
+    let message = |id: &str, files: Value| json!({"conversation": "files", "user": "u", "text": "see attached", "message_id": id, "attachments": files});
+
+    let not_base64 = app
+        .post(&message(
+            "m-b64",
+            json!([{"name": "a.txt", "data_base64": "aGk"}]),
+        ))
+        .await;
+    assert_eq!(
+        not_base64.status,
+        StatusCode::BAD_REQUEST,
+        "{}",
+        not_base64.text
+    );
+    assert_eq!(not_base64.json["error"]["code"], "bad_request");
+    let text = not_base64.json["error"]["message"].as_str().unwrap();
+    assert!(
+        text.contains("attachments[0].data_base64") && text.contains("base64"),
+        "{text}"
+    );
+
+    let eleven: Vec<Value> = (0..11)
+        .map(|i| json!({"name": format!("f{i}.txt"), "data_base64": b64(b"x")}))
+        .collect();
+    let too_many = app.post(&message("m-many", json!(eleven))).await;
+    assert_eq!(
+        too_many.status,
+        StatusCode::BAD_REQUEST,
+        "{}",
+        too_many.text
+    );
+    let text = too_many.json["error"]["message"].as_str().unwrap();
+    assert!(
+        text.contains("attachments") && text.contains("10"),
+        "{text}"
+    );
+
+    let too_large = app
+        .post(&message(
+            "m-big",
+            json!([{"name": "big.bin", "data_base64": b64(&[0; 101])}]),
+        ))
+        .await;
+    assert_eq!(
+        too_large.status,
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "{}",
+        too_large.text
+    );
+    assert_eq!(too_large.json["error"]["code"], "payload_too_large");
+    let text = too_large.json["error"]["message"].as_str().unwrap();
+    assert!(
+        text.contains("attachments[0]") && text.contains("big.bin") && text.contains("100 bytes"),
+        "{text}"
+    );
+
+    let nameless = app
+        .post(&message(
+            "m-name",
+            json!([{"name": "../..", "data_base64": b64(b"x")}]),
+        ))
+        .await;
+    assert_eq!(
+        nameless.status,
+        StatusCode::BAD_REQUEST,
+        "{}",
+        nameless.text
+    );
+    assert!(
+        nameless.text.contains("attachments[0].name"),
+        "{}",
+        nameless.text
+    );
+
+    let ready = app.get("/readyz").await;
+    assert_eq!(ready.json["inbox"], 0, "{}", ready.text);
+    assert_eq!(ready.json["outbox_pending"], 0);
+    assert_eq!(mock.count(), 0, "nothing reached the model");
+    assert!(
+        !app.store.join("threads").exists(),
+        "no thread folder was made"
+    );
+
+    // The refused message ids were not remembered: sent again, fixed, each is new.
+    let fixed = app
+        .post(&message(
+            "m-big",
+            json!([{"name": "small.bin", "data_base64": b64(&[0; 100])}]),
+        ))
+        .await;
+    assert_eq!(fixed.status, StatusCode::ACCEPTED, "{}", fixed.text);
+    assert_eq!(fixed.json["duplicate"], false);
+    app.wait_idle().await;
+    app.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_may_be_only_a_file() {
+    let mock = MockModel::start(Behaviour::Echo).await;
+    let app = TestApp::spawn(&mock, "").await;
+
+    let with_words = app
+        .post(&json!({
+            "conversation": "files", "user": "u", "text": "summarise this", "wait": true,
+            "attachments": [{"name": "notes.txt", "media_type": "text/plain", "data_base64": b64(b"some notes")}],
+        }))
+        .await;
+    assert_eq!(with_words.status, StatusCode::OK, "{}", with_words.text);
+    assert_eq!(with_words.json["reply"], "echo: summarise this");
+
+    let only_a_file = app
+        .post(&json!({
+            "conversation": "files-only", "user": "u", "message_id": "m-file",
+            "attachments": [{"name": "photo.png", "media_type": "image/png", "data_base64": b64(&[137, 80, 78, 71])}],
+        }))
+        .await;
+    assert_eq!(
+        only_a_file.status,
+        StatusCode::ACCEPTED,
+        "{}",
+        only_a_file.text
+    );
+    assert_eq!(only_a_file.json["message_id"], "m-file");
+    assert!(only_a_file.json["thread_id"].is_string());
+
+    // Neither words nor files: refused as before.
+    let nothing = app
+        .post(&json!({"conversation": "files", "user": "u", "text": "", "attachments": []}))
+        .await;
+    assert_eq!(nothing.status, StatusCode::BAD_REQUEST, "{}", nothing.text);
+    assert!(nothing.text.contains("text"), "{}", nothing.text);
+    app.wait_idle().await;
     app.shutdown().await;
 }
 

@@ -15,8 +15,8 @@
 //!   Injecting it in the same step would place a user message between an assistant's tool
 //!   calls and their results, which OpenAI-compatible providers reject with HTTP 400.
 //! - When the hash occurs `hard_limit` (5) or more times, all tool calls are stripped, the
-//!   finish reason becomes `Stop`, [`FORCED_STOP`] is appended to the content and
-//!   `RunContext::stop_reason` is set to `loop_capped`.
+//!   finish reason becomes `Stop`, [`FORCED_STOP`] is appended to the content and the run is
+//!   stopped (`RunControl::Stop`) with the reason `loop_capped`.
 //! - At most `max_threads` (100) threads are tracked; the least recently used is forgotten.
 //!   The state outlives a run (like DeerFlow), so repeats across turns of a thread count too.
 //!
@@ -240,7 +240,7 @@ impl Middleware for LoopDetectionMiddleware {
                     response.content.push_str("\n\n");
                     response.content.push_str(FORCED_STOP);
                 }
-                cx.stop_reason = Some(STOP_REASON.into());
+                cx.stop(STOP_REASON);
             }
         }
         Ok(())
@@ -424,7 +424,7 @@ mod tests {
         let mut after = request_after(&calls);
         m.before_model(&mut cx, &mut after).await.unwrap();
         assert_eq!(warnings(&after), 0);
-        assert_eq!(cx.stop_reason, None);
+        assert_eq!(cx.control(), None);
     }
 
     #[tokio::test]
@@ -490,7 +490,12 @@ mod tests {
         assert!(r.tool_calls.is_empty());
         assert_eq!(r.finish_reason, FinishReason::Stop);
         assert_eq!(r.content, format!("Let me check again.\n\n{FORCED_STOP}"));
-        assert_eq!(cx.stop_reason.as_deref(), Some(STOP_REASON));
+        assert_eq!(
+            cx.take_control(),
+            Some(crate::agent::middleware::RunControl::Stop {
+                reason: STOP_REASON.into()
+            })
+        );
 
         // Empty content becomes just the notice.
         let mut r = response(shell("c"));
@@ -531,7 +536,7 @@ mod tests {
             assert_eq!(r.tool_calls.len(), 1);
         }
         assert!(!m.take_warning("t1").unwrap());
-        assert_eq!(cx.stop_reason, None);
+        assert_eq!(cx.control(), None);
     }
 
     #[tokio::test]
@@ -564,7 +569,7 @@ mod tests {
             .await
             .unwrap();
         assert!(m.take_warning("t1").unwrap());
-        assert_eq!(cx.stop_reason, None);
+        assert_eq!(cx.control(), None);
     }
 
     #[tokio::test]
@@ -649,7 +654,7 @@ mod tests {
             m.after_model(&mut cx, &mut r).await.unwrap();
             assert_eq!(r.content, "plain answer");
         }
-        assert_eq!(cx.stop_reason, None);
+        assert_eq!(cx.control(), None);
         assert!(m.state.lock().unwrap().threads.is_empty());
     }
 

@@ -14,6 +14,7 @@ pub(crate) mod dangling_tool_call;
 pub(crate) mod loop_detection;
 pub(crate) mod title;
 pub(crate) mod token_usage;
+pub(crate) mod uploads;
 
 use std::sync::Arc;
 
