@@ -341,7 +341,24 @@ async fn a_message_may_be_only_a_file() {
         }))
         .await;
     assert_eq!(with_words.status, StatusCode::OK, "{}", with_words.text);
-    assert_eq!(with_words.json["reply"], "echo: summarise this");
+    // The file was stored in the thread's uploads at turn time, and the model was told
+    // where (the echo repeats the user message the model got).
+    let thread_id = with_words.json["thread_id"].as_str().unwrap();
+    let stored = app
+        .store
+        .join("threads")
+        .join(thread_id)
+        .join("uploads/notes.txt");
+    assert_eq!(std::fs::read(&stored).unwrap(), b"some notes");
+    let reply = with_words.json["reply"].as_str().unwrap();
+    assert!(
+        reply.starts_with("echo: summarise this\n\n<uploaded_files>"),
+        "{reply}"
+    );
+    assert!(
+        reply.contains(&format!("- notes.txt (10 bytes): {}", stored.display())),
+        "{reply}"
+    );
 
     let only_a_file = app
         .post(&json!({

@@ -13,4 +13,5 @@ mod loop_detection;
 mod model_failures;
 mod ordering;
 mod restart;
+mod seams;
 mod support;

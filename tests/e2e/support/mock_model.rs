@@ -47,6 +47,9 @@ pub enum Behaviour {
     Loop,
     /// Answers `status` with `{"error": {"message": message}}` forever.
     Fail { status: u16, message: String },
+    /// Calls `ask_clarification` ("Which cluster?", options prod and staging) until the
+    /// request holds a tool result; then echoes the last user message.
+    Clarify,
 }
 
 /// One request the mock received.
@@ -299,6 +302,26 @@ async fn completions(State(state): State<Arc<MockState>>, body: Bytes) -> Respon
             tokio::time::sleep(wait).await;
             echo(&body, stream)
         }
+        Behaviour::Clarify => {
+            let asked = body["messages"]
+                .as_array()
+                .is_some_and(|m| m.iter().any(|m| m["role"] == "tool"));
+            if asked {
+                echo(&body, stream)
+            } else {
+                let arguments = json!({
+                    "question": "Which cluster?",
+                    "clarification_type": "approach_choice",
+                    "options": ["prod", "staging"],
+                });
+                tool_call(
+                    "call_ask_1",
+                    "ask_clarification",
+                    &arguments.to_string(),
+                    stream,
+                )
+            }
+        }
         Behaviour::ToolThenAnswer => {
             let last = body["messages"]
                 .as_array()
@@ -399,13 +422,23 @@ fn answer(text: &str, stream: bool) -> Response {
     sse(&events)
 }
 
+/// An answer with one call of tool `name`.
+fn tool_call(id: &str, name: &str, arguments: &str, stream: bool) -> Response {
+    tool_calls_to(name, &[(id, arguments)], stream)
+}
+
 /// An answer with tool calls `(id, arguments)` to `current_time`.
 fn tool_calls(calls: &[(&str, &str)], stream: bool) -> Response {
+    tool_calls_to("current_time", calls, stream)
+}
+
+/// An answer with tool calls `(id, arguments)` to tool `name`.
+fn tool_calls_to(name: &str, calls: &[(&str, &str)], stream: bool) -> Response {
     let wire: Vec<Value> = calls
         .iter()
         .enumerate()
         .map(|(i, (id, args))| {
-            json!({"index": i, "id": id, "type": "function", "function": {"name": "current_time", "arguments": args}})
+            json!({"index": i, "id": id, "type": "function", "function": {"name": name, "arguments": args}})
         })
         .collect();
     if !stream {

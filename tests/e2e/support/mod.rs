@@ -81,6 +81,11 @@ request_timeout_secs = 60
 [delivery]
 backoff_base_ms = 10
 backoff_max_secs = 1
+
+# A model-written title is one more model request per new thread; the tests that count
+# requests are about turns. The title's own test turns it on.
+[agent.middleware.title]
+use_model = false
 "#,
         store = store.display().to_string(),
     );
