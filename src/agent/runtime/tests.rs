@@ -118,6 +118,7 @@ async fn the_model_call_cap_forces_an_answer() {
 async fn a_model_failure_is_an_error_and_keeps_the_user_message() {
     let model = Arc::new(ScriptedModel::new(vec![Err(ModelError::Unauthorized {
         status: 401,
+        detail: String::new(),
     })]));
     let mut thread = thread();
     let error = runtime(model, 5)
