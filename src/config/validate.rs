@@ -178,6 +178,13 @@ fn model(config: &Config, v: &mut Issues) {
     if model.model.trim().is_empty() {
         v.push("model.model", "must not be empty");
     }
+    v.at_least("model.connect_timeout_secs", model.connect_timeout_secs, 1);
+    v.at_least(
+        "model.first_byte_timeout_secs",
+        model.first_byte_timeout_secs,
+        1,
+    );
+    v.at_least("model.idle_timeout_secs", model.idle_timeout_secs, 1);
     v.at_least("model.request_timeout_secs", model.request_timeout_secs, 1);
     if let Some(temperature) = model.temperature
         && !(0.0..=2.0).contains(&temperature)
