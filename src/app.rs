@@ -132,7 +132,7 @@ fn runtime_settings(config: &Config) -> RuntimeSettings {
         system_prompt: config.model.system_prompt.clone(),
         max_model_calls: config.agent.max_iterations,
         max_parallel_tools: config.agent.max_parallel_tools,
-        context_tokens: 0,
+        context_tokens: config.model.context_tokens,
         data_root: config.store.path.clone(),
     }
 }
@@ -141,9 +141,13 @@ fn model_client(config: &Config, health: ModelHealth) -> Result<OpenAiClient, Mo
     let m = &config.model;
     let mut client = OpenAiConfig::new(m.base_url.clone(), m.model.clone());
     client.api_key = m.api_key.as_ref().map(|k| k.expose().to_owned());
+    client.connect_timeout = Duration::from_secs(m.connect_timeout_secs);
+    client.first_byte_timeout = Duration::from_secs(m.first_byte_timeout_secs);
+    client.idle_timeout = Duration::from_secs(m.idle_timeout_secs);
     client.request_timeout = Duration::from_secs(m.request_timeout_secs);
     client.max_retries = m.max_retries;
     client.stream = m.stream;
+    client.stream_usage = m.stream_usage;
     client.temperature = m.temperature;
     client.max_tokens = m.max_tokens;
     Ok(OpenAiClient::new(client)?.with_health(health))

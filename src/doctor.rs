@@ -240,7 +240,7 @@ async fn check_model(config: &Config) -> Finding {
             ),
             "set model.model (ANTLER_MODEL) to one of the endpoint's models",
         ),
-        Err(ModelError::Unauthorized { status }) => Finding::fail(
+        Err(ModelError::Unauthorized { status, .. }) => Finding::fail(
             "model",
             format!("{url} refused the credentials (HTTP {status})"),
             "set model.api_key (OPENAI_API_KEY in the default config)",

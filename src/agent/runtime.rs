@@ -156,6 +156,15 @@ pub(crate) enum RunError {
 }
 
 impl RunError {
+    /// Whether sending the same message again may succeed.
+    pub(crate) fn retry_can_help(&self) -> bool {
+        match self {
+            Self::Model(e) => e.retry_can_help(),
+            Self::Middleware(_) => false,
+            Self::Checkpoint(_) => true,
+        }
+    }
+
     /// What to tell the person who sent the message: what went wrong and what helps, without
     /// the provider's raw text (that goes to the log).
     pub(crate) fn user_message(&self) -> String {
@@ -327,11 +336,14 @@ impl Runtime {
                 cx.stop_reason.get_or_insert(reason);
                 (RunEnding::Stopped, shown.completed(), None)
             }
-            Ok(Err(e)) => (
-                RunEnding::Failed,
-                join(shown.everything(), &e.user_message()),
-                Some(e),
-            ),
+            Ok(Err(e)) => {
+                // A stream that broke off repeats what it showed in its own message.
+                let text = match &e {
+                    RunError::Model(model) if model.shown_text().is_some() => shown.completed(),
+                    _ => shown.everything(),
+                };
+                (RunEnding::Failed, join(text, &e.user_message()), Some(e))
+            }
             Err(CutShort::Cancelled) => {
                 cx.stop_reason = Some("stopped_by_user".to_owned());
                 let text = shown.everything();

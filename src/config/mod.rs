@@ -150,16 +150,31 @@ pub struct ModelConfig {
     /// The model name sent with every request.
     #[serde(deserialize_with = "secret::string")]
     pub model: String,
-    /// The timeout of one model request.
+    /// The limit on connecting to the endpoint.
+    pub connect_timeout_secs: u64,
+    /// The limit from sending a request to the response head and, for a streamed answer, its
+    /// first chunk.
+    pub first_byte_timeout_secs: u64,
+    /// The longest gap between two chunks of a streamed answer. A stream that keeps sending
+    /// has no total limit.
+    pub idle_timeout_secs: u64,
+    /// The limit on a whole non-streamed answer (`stream = false`, or a server that ignores
+    /// streaming), from sending to its last byte. Streamed answers are not limited by it.
     pub request_timeout_secs: u64,
-    /// Retries of a failed model request (429, 5xx, connection errors).
+    /// Retries of a failed model request (429, 5xx, connection errors, broken streams).
     pub max_retries: u32,
     /// Whether answers are streamed.
     pub stream: bool,
+    /// Whether a streamed request asks for token usage (`stream_options.include_usage`);
+    /// turn it off for providers that reject the option.
+    pub stream_usage: bool,
     /// Sampling temperature, `0..=2`; the server's default when absent.
     pub temperature: Option<f32>,
     /// The completion token limit; the server's default when absent.
     pub max_tokens: Option<u32>,
+    /// The most tokens a request may hold (estimated); older exchanges are left out of the
+    /// request to stay under it. 0: no bound.
+    pub context_tokens: usize,
     /// The system prompt at the start of every thread.
     #[serde(deserialize_with = "secret::string")]
     pub system_prompt: String,
@@ -171,11 +186,16 @@ impl Default for ModelConfig {
             base_url: "https://api.openai.com/v1".to_owned(),
             api_key: None,
             model: "gpt-4o-mini".to_owned(),
+            connect_timeout_secs: 10,
+            first_byte_timeout_secs: 60,
+            idle_timeout_secs: 60,
             request_timeout_secs: 120,
             max_retries: 3,
             stream: true,
+            stream_usage: true,
             temperature: None,
             max_tokens: None,
+            context_tokens: 128_000,
             system_prompt: DEFAULT_SYSTEM_PROMPT.to_owned(),
         }
     }
@@ -188,11 +208,16 @@ impl fmt::Debug for ModelConfig {
             .field("base_url", &validate::mask_url(&self.base_url))
             .field("api_key", &self.api_key)
             .field("model", &self.model)
+            .field("connect_timeout_secs", &self.connect_timeout_secs)
+            .field("first_byte_timeout_secs", &self.first_byte_timeout_secs)
+            .field("idle_timeout_secs", &self.idle_timeout_secs)
             .field("request_timeout_secs", &self.request_timeout_secs)
             .field("max_retries", &self.max_retries)
             .field("stream", &self.stream)
+            .field("stream_usage", &self.stream_usage)
             .field("temperature", &self.temperature)
             .field("max_tokens", &self.max_tokens)
+            .field("context_tokens", &self.context_tokens)
             .field("system_prompt", &self.system_prompt)
             .finish()
     }

@@ -461,6 +461,71 @@ fn loop_detection_cross_field_validation() {
 }
 
 #[test]
+fn model_timeouts_and_stream_usage() {
+    let config = parse("").unwrap();
+    let m = &config.model;
+    assert_eq!(
+        [
+            m.connect_timeout_secs,
+            m.first_byte_timeout_secs,
+            m.idle_timeout_secs,
+            m.request_timeout_secs
+        ],
+        [10, 60, 60, 120]
+    );
+    assert!(m.stream_usage);
+
+    let text = r#"
+        [model]
+        connect_timeout_secs = 3
+        first_byte_timeout_secs = 90
+        idle_timeout_secs = 30
+        request_timeout_secs = 300
+        stream_usage = false
+    "#;
+    let m = parse(text).unwrap().model;
+    assert_eq!(
+        [
+            m.connect_timeout_secs,
+            m.first_byte_timeout_secs,
+            m.idle_timeout_secs,
+            m.request_timeout_secs
+        ],
+        [3, 90, 30, 300]
+    );
+    assert!(!m.stream_usage);
+    // Configs written before the split still load: `request_timeout_secs` alone is fine.
+    assert_eq!(
+        parse("[model]\nrequest_timeout_secs = 45\n")
+            .unwrap()
+            .model
+            .request_timeout_secs,
+        45
+    );
+
+    let text = r#"
+        [model]
+        connect_timeout_secs = 0
+        first_byte_timeout_secs = 0
+        idle_timeout_secs = 0
+        request_timeout_secs = 0
+    "#;
+    assert_eq!(
+        issues(text),
+        [
+            "model.connect_timeout_secs: must be at least 1 (got 0)",
+            "model.first_byte_timeout_secs: must be at least 1 (got 0)",
+            "model.idle_timeout_secs: must be at least 1 (got 0)",
+            "model.request_timeout_secs: must be at least 1 (got 0)",
+        ]
+    );
+    assert_issue(
+        "[model]\nstream_usage = \"yes\"\n",
+        "model.stream_usage: invalid type: expected a boolean, found a string",
+    );
+}
+
+#[test]
 fn ranges_are_checked_and_all_issues_collected() {
     let text = r#"
         [store]

@@ -181,6 +181,13 @@ fn model(config: &Config, v: &mut Issues) {
     if model.model.trim().is_empty() {
         v.push("model.model", "must not be empty");
     }
+    v.at_least("model.connect_timeout_secs", model.connect_timeout_secs, 1);
+    v.at_least(
+        "model.first_byte_timeout_secs",
+        model.first_byte_timeout_secs,
+        1,
+    );
+    v.at_least("model.idle_timeout_secs", model.idle_timeout_secs, 1);
     v.at_least("model.request_timeout_secs", model.request_timeout_secs, 1);
     if let Some(temperature) = model.temperature
         && !(0.0..=2.0).contains(&temperature)
@@ -192,6 +199,15 @@ fn model(config: &Config, v: &mut Issues) {
     }
     if let Some(max_tokens) = model.max_tokens {
         v.at_least("model.max_tokens", max_tokens, 1);
+    }
+    if model.context_tokens != 0 && model.context_tokens < 1024 {
+        v.push(
+            "model.context_tokens",
+            format!(
+                "must be 0 (no bound) or at least 1024 (got {})",
+                model.context_tokens
+            ),
+        );
     }
 }
 

@@ -481,7 +481,12 @@ impl TurnRunner {
         let (text, outcome, failed) = match result {
             Ok(mut outcome) => {
                 if let Some(e) = &outcome.error {
-                    tracing::warn!(seq = item.seq, error = %e, "turn failed");
+                    tracing::warn!(
+                        seq = item.seq,
+                        error = %e,
+                        retry_can_help = e.retry_can_help(),
+                        "turn failed"
+                    );
                 }
                 tracing::debug!(
                     seq = item.seq,

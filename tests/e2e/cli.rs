@@ -210,8 +210,9 @@ async fn human_logs_in_a_file_have_no_colour_codes_and_no_forged_lines() {
     let text = String::from_utf8_lossy(&bytes);
     assert!(!bytes.contains(&0x1b), "ESC in a redirected log:\n{text}");
     assert!(!bytes.contains(&b'\r'), "CR in the log:\n{text}");
+    // The model client makes provider text one line; the escape sequences stay, escaped.
     assert!(
-        text.contains("boom\\nFAKE 2026-01-01T00:00:00Z  INFO forged line \\x1b[2J"),
+        text.contains("boom FAKE 2026-01-01T00:00:00Z INFO forged line \\x1b[2J\\x1b[31m"),
         "the provider message shows escaped:\n{text}"
     );
     for line in text.lines() {

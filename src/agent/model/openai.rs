@@ -1,30 +1,49 @@
 //! The OpenAI-compatible chat-completions client: request mapping, streaming (SSE), retries.
 //!
 //! One `complete` call makes up to `1 + max_retries` HTTP attempts. 429, 408, 5xx, connection
-//! failures and timeouts are retried with exponential backoff and jitter (or the server's
-//! `Retry-After`); everything else fails at once. A streamed attempt that has already passed
-//! text to the delta sink is never retried, because the retry would repeat that text.
+//! failures, timeouts and broken streams (ended early, failed mid-way, or carrying an
+//! `{"error": ...}` chunk) are retried with exponential backoff and jitter, or after the
+//! server's `Retry-After` / `retry-after-ms` (capped at the backoff maximum); everything else
+//! fails at once. An error chunk's `code` counts like the HTTP status it names, so a proxy that
+//! answers a rate limit as `200` plus `data: {"error": {"code": "429"}}` is rate limited.
+//!
+//! A streamed attempt that has already passed text to the delta sink is never retried, because
+//! the retry would repeat that text: it ends in [`ModelError::Interrupted`] with that text.
+//!
+//! Timeouts: connecting (`connect_timeout`), the response head and, streamed, its first chunk
+//! (`first_byte_timeout`), the longest gap between chunks (`idle_timeout`), and for a
+//! non-streamed answer the whole attempt (`request_timeout`). A healthy stream has no total
+//! limit.
+//!
+//! Reasoning (`reasoning_content`, `reasoning`, `<think>` blocks, `thinking` content parts) is
+//! kept apart in [`ModelResponse::reasoning`]: it never reaches the sink or the content.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use reqwest::header::{ACCEPT, CONTENT_TYPE, HeaderMap, RETRY_AFTER};
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use tokio::time::Instant;
 
+use super::detail::{self, ProviderError};
+use super::think::ThinkSplitter;
 use super::{
     ChatModel, DeltaSink, FinishReason, ModelError, ModelHealth, ModelRequest, ModelResponse,
+    TimeoutKind, mentions_context_length,
 };
-use crate::agent::message::{ChatMessage, TokenUsage, ToolCall};
+use crate::agent::message::{ChatMessage, ContentPart, TokenUsage, ToolCall};
 
-/// The longest provider message kept in an error.
-const DETAIL_MAX_CHARS: usize = 300;
-/// The longest `Retry-After` honoured; a server asking for more is waited on for this long.
+/// The longest `Retry-After` read from a header; the wait itself is capped at `backoff_max`.
 const RETRY_AFTER_CAP: Duration = Duration::from_secs(60);
 /// The most of an error body read for its message.
 const ERROR_BODY_MAX_BYTES: usize = 64 * 1024;
-/// The longest SSE line buffered; a stream without newlines beyond this is not SSE.
-const SSE_LINE_MAX_BYTES: usize = 8 * 1024 * 1024;
+/// The largest non-streamed answer accepted.
+const BODY_MAX_BYTES: usize = 8 * 1024 * 1024;
+/// The longest SSE line accepted.
+const SSE_LINE_MAX_BYTES: usize = 1024 * 1024;
+/// The most a stream may carry in all.
+const STREAM_MAX_BYTES: usize = 16 * 1024 * 1024;
 
 /// Settings of the OpenAI-compatible client.
 #[derive(Clone)]
@@ -35,16 +54,26 @@ pub(crate) struct OpenAiConfig {
     pub(crate) api_key: Option<String>,
     /// The model name sent with every request.
     pub(crate) model: String,
-    /// The limit on one attempt, from sending to the last byte of the (streamed) answer.
+    /// The limit on establishing a connection.
+    pub(crate) connect_timeout: Duration,
+    /// The limit from sending a request to the response head and, streamed, its first chunk.
+    pub(crate) first_byte_timeout: Duration,
+    /// The longest gap between two chunks of a stream.
+    pub(crate) idle_timeout: Duration,
+    /// The limit on a whole non-streamed attempt, from sending to the last byte. Streams have
+    /// no total limit.
     pub(crate) request_timeout: Duration,
     /// Retries after the first attempt.
     pub(crate) max_retries: u32,
     /// The delay before the first retry; it doubles per retry.
     pub(crate) backoff_base: Duration,
-    /// The longest delay between retries (except a server's `Retry-After`).
+    /// The longest delay between retries, a server's `Retry-After` included.
     pub(crate) backoff_max: Duration,
     /// Whether to stream when the caller wants deltas.
     pub(crate) stream: bool,
+    /// Whether a streamed request asks for token usage (`stream_options.include_usage`);
+    /// some providers reject the option.
+    pub(crate) stream_usage: bool,
     /// Sampling temperature; `None` leaves the provider's default.
     pub(crate) temperature: Option<f32>,
     /// Output token limit; `None` leaves the provider's default.
@@ -52,19 +81,24 @@ pub(crate) struct OpenAiConfig {
 }
 
 impl OpenAiConfig {
-    /// Settings for `model` at `base_url` with the defaults: no key, 120 s timeout, 3 retries
-    /// backing off from 500 ms up to 8 s, streaming on.
+    /// Settings for `model` at `base_url` with the defaults: no key; timeouts of 10 s to
+    /// connect, 60 s to the first byte, 60 s between chunks and 120 s for a non-streamed
+    /// answer; 3 retries backing off from 500 ms up to 8 s; streaming with usage.
     #[must_use]
     pub(crate) fn new(base_url: impl Into<String>, model: impl Into<String>) -> Self {
         Self {
             base_url: base_url.into(),
             api_key: None,
             model: model.into(),
+            connect_timeout: Duration::from_secs(10),
+            first_byte_timeout: Duration::from_secs(60),
+            idle_timeout: Duration::from_secs(60),
             request_timeout: Duration::from_secs(120),
             max_retries: 3,
             backoff_base: Duration::from_millis(500),
             backoff_max: Duration::from_secs(8),
             stream: true,
+            stream_usage: true,
             temperature: None,
             max_tokens: None,
         }
@@ -78,11 +112,15 @@ impl std::fmt::Debug for OpenAiConfig {
             .field("base_url", &self.base_url)
             .field("api_key", &self.api_key.as_ref().map(|_| "***"))
             .field("model", &self.model)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("first_byte_timeout", &self.first_byte_timeout)
+            .field("idle_timeout", &self.idle_timeout)
             .field("request_timeout", &self.request_timeout)
             .field("max_retries", &self.max_retries)
             .field("backoff_base", &self.backoff_base)
             .field("backoff_max", &self.backoff_max)
             .field("stream", &self.stream)
+            .field("stream_usage", &self.stream_usage)
             .field("temperature", &self.temperature)
             .field("max_tokens", &self.max_tokens)
             .finish()
@@ -122,6 +160,7 @@ impl OpenAiClient {
         }
         let http = reqwest::Client::builder()
             .user_agent(concat!("antler/", env!("CARGO_PKG_VERSION")))
+            .connect_timeout(config.connect_timeout)
             .build()
             .map_err(|e| ModelError::Unreachable(format!("cannot build HTTP client: {e}")))?;
         Ok(Self {
@@ -171,25 +210,23 @@ impl OpenAiClient {
         if let Some(key) = &self.config.api_key {
             request = request.bearer_auth(key);
         }
-        let mut response =
-            request
-                .send()
-                .await
-                .map_err(|e| match AttemptError::from_reqwest(e) {
-                    AttemptError::Timeout => ModelError::Timeout(PROBE_TIMEOUT),
-                    other => self.final_error(other, 1),
-                })?;
+        let mut response = request.send().await.map_err(|e| {
+            if e.is_timeout() && !e.is_connect() {
+                ModelError::Timeout {
+                    kind: TimeoutKind::FirstByte,
+                    limit: PROBE_TIMEOUT,
+                }
+            } else {
+                self.final_error(self.transport(e), 1)
+            }
+        })?;
         let status = response.status();
         let text = read_capped(&mut response, ERROR_BODY_MAX_BYTES).await;
         if !status.is_success() {
-            let error = AttemptError::Status {
-                status: status.as_u16(),
-                retry_after: None,
-                detail: provider_detail(&self.redact(text)),
-            };
+            let error = self.status_error(status.as_u16(), None, &text);
             return Err(self.final_error(error, 1));
         }
-        let models = serde_json::from_str::<serde_json::Value>(&text)
+        let models = serde_json::from_str::<Value>(&text)
             .ok()
             .and_then(|v| v.get("data").and_then(|d| d.as_array()).cloned())
             .unwrap_or_default()
@@ -199,12 +236,12 @@ impl OpenAiClient {
         Ok(ProbeReport { models })
     }
 
-    /// One HTTP attempt. Sets `emitted` once text has gone to the sink.
+    /// One HTTP attempt. Text passed to the sink is appended to `shown`.
     async fn attempt(
         &self,
         body: Bytes,
         sink: Option<DeltaSink<'_>>,
-        emitted: &AtomicBool,
+        shown: &mut String,
     ) -> Result<ModelResponse, AttemptError> {
         let mut request = self
             .http
@@ -217,24 +254,38 @@ impl OpenAiClient {
         if sink.is_some() {
             request = request.header(ACCEPT, "text/event-stream");
         }
-        let mut response = request.send().await.map_err(AttemptError::from_reqwest)?;
+
+        let started = Instant::now();
+        // A non-streamed answer arrives only when it is complete: its whole attempt is limited
+        // by `request_timeout`, its head also by `first_byte_timeout`.
+        let (head_kind, head_limit) =
+            if sink.is_none() && self.config.request_timeout < self.config.first_byte_timeout {
+                (TimeoutKind::Total, self.config.request_timeout)
+            } else {
+                (TimeoutKind::FirstByte, self.config.first_byte_timeout)
+            };
+        let mut response = match tokio::time::timeout(head_limit, request.send()).await {
+            Ok(response) => response.map_err(|e| self.transport(e))?,
+            Err(_) => return Err(AttemptError::Timeout(head_kind, head_limit)),
+        };
 
         let status = response.status();
         if !status.is_success() {
             let retry_after = retry_after(response.headers());
             // The body only feeds the error detail; a failure to read it must not hide the status.
-            let text = read_capped(&mut response, ERROR_BODY_MAX_BYTES).await;
-            // Masked before it is cut, so no part of a key can survive the cut.
-            return Err(AttemptError::Status {
-                status: status.as_u16(),
-                retry_after,
-                detail: provider_detail(&self.redact(text)),
-            });
+            let text = tokio::time::timeout(
+                self.config.idle_timeout,
+                read_capped(&mut response, ERROR_BODY_MAX_BYTES),
+            )
+            .await
+            .unwrap_or_default();
+            return Err(self.status_error(status.as_u16(), retry_after, &text));
         }
 
         let Some(sink) = sink else {
-            let bytes = response.bytes().await.map_err(AttemptError::from_reqwest)?;
-            return parse_completion(&bytes);
+            let deadline = after(started, self.config.request_timeout);
+            let bytes = read_body(&mut response, deadline, self.config.request_timeout).await?;
+            return self.parse_completion(&bytes);
         };
         let is_json = response
             .headers()
@@ -243,50 +294,170 @@ impl OpenAiClient {
             .is_some_and(|v| v.contains("json"));
         if is_json {
             // Some servers ignore `stream: true` and answer in one piece.
-            let bytes = response.bytes().await.map_err(AttemptError::from_reqwest)?;
-            let parsed = parse_completion(&bytes)?;
-            emit(sink, emitted, &parsed.content);
+            let deadline = after(Instant::now(), self.config.request_timeout);
+            let bytes = read_body(&mut response, deadline, self.config.request_timeout).await?;
+            let parsed = self.parse_completion(&bytes)?;
+            emit(sink, shown, &parsed.content);
             return Ok(parsed);
         }
 
+        let first_deadline = after(started, self.config.first_byte_timeout);
         let mut parser = SseParser::default();
         let mut state = StreamState::default();
-        while let Some(chunk) = response.chunk().await.map_err(AttemptError::from_reqwest)? {
+        let mut received = 0usize;
+        loop {
+            let next = if received == 0 {
+                tokio::time::timeout_at(first_deadline, response.chunk()).await
+            } else {
+                tokio::time::timeout(self.config.idle_timeout, response.chunk()).await
+            };
+            let chunk = match next {
+                Err(_) if received == 0 => {
+                    return Err(AttemptError::Timeout(
+                        TimeoutKind::FirstByte,
+                        self.config.first_byte_timeout,
+                    ));
+                }
+                Err(_) => {
+                    return Err(AttemptError::Timeout(
+                        TimeoutKind::Idle,
+                        self.config.idle_timeout,
+                    ));
+                }
+                Ok(Err(e)) => {
+                    return Err(AttemptError::Broken(format!(
+                        "the stream failed: {}",
+                        self.reqwest_text(e)
+                    )));
+                }
+                Ok(Ok(None)) => break,
+                Ok(Ok(Some(chunk))) => chunk,
+            };
+            received += chunk.len();
+            if received > STREAM_MAX_BYTES {
+                return Err(AttemptError::Invalid(format!(
+                    "the stream is longer than {} MiB",
+                    STREAM_MAX_BYTES / (1024 * 1024)
+                )));
+            }
             for data in parser.push(&chunk)? {
-                if state.apply(&data, sink, emitted)? {
-                    return Ok(state.finish());
+                if self.apply(&mut state, &data, sink, shown)? {
+                    return Ok(state.finish(sink, shown));
                 }
             }
         }
         if let Some(data) = parser.finish() {
-            if state.apply(&data, sink, emitted)? {
-                return Ok(state.finish());
+            if self.apply(&mut state, &data, sink, shown)? {
+                return Ok(state.finish(sink, shown));
             }
         }
         // The connection closed without `[DONE]`: what came is usable only if it was complete.
         if state.finish_reason.is_some() {
-            Ok(state.finish())
+            Ok(state.finish(sink, shown))
         } else {
-            Err(AttemptError::Invalid(
+            Err(AttemptError::Broken(
                 "the stream ended before the answer was complete".to_owned(),
             ))
         }
     }
 
-    /// Replaces the API key in provider text, should a provider echo it.
-    fn redact(&self, text: String) -> String {
+    /// Applies one stream event; an error chunk becomes the error it names.
+    fn apply(
+        &self,
+        state: &mut StreamState,
+        data: &str,
+        sink: DeltaSink<'_>,
+        shown: &mut String,
+    ) -> Result<bool, AttemptError> {
+        state.apply(data, sink, shown).map_err(|fault| match fault {
+            Fault::Provider(error) => self.provider_error(&error),
+            Fault::Invalid(msg) => AttemptError::Invalid(self.tidy(&msg)),
+        })
+    }
+
+    /// Parses a non-streamed chat completion.
+    fn parse_completion(&self, bytes: &[u8]) -> Result<ModelResponse, AttemptError> {
+        parse_completion(bytes).map_err(|fault| match fault {
+            Fault::Provider(error) => self.provider_error(&error),
+            Fault::Invalid(msg) => AttemptError::Invalid(self.tidy(&msg)),
+        })
+    }
+
+    /// The attempt error for a non-2xx answer.
+    fn status_error(&self, status: u16, retry_after: Option<Duration>, body: &str) -> AttemptError {
+        let provider = ProviderError::from_body(body);
+        AttemptError::Status {
+            status,
+            retry_after,
+            detail: self.tidy(&provider.message),
+            code: provider.code,
+        }
+    }
+
+    /// The attempt error for an `{"error": ...}` in a 2xx answer or a stream: the status its
+    /// code names, or a broken stream (retried) when it names none.
+    fn provider_error(&self, error: &Value) -> AttemptError {
+        let provider = ProviderError::from_value(error);
+        let detail = self.tidy(&provider.message);
+        let status = provider
+            .status
+            .filter(|status| !(200..300).contains(status))
+            .or_else(|| provider.code.as_deref().and_then(status_of_code))
+            .or_else(|| mentions_context_length(&detail).then_some(400));
+        match status {
+            Some(status) => AttemptError::Status {
+                status,
+                retry_after: None,
+                detail,
+                code: provider.code,
+            },
+            None if detail.is_empty() => {
+                AttemptError::Broken("the model endpoint sent an error".to_owned())
+            }
+            None => AttemptError::Broken(format!("the model endpoint sent an error: {detail}")),
+        }
+    }
+
+    /// A transport failure (connecting or sending).
+    fn transport(&self, error: reqwest::Error) -> AttemptError {
+        if error.is_connect() && error.is_timeout() {
+            return AttemptError::Transport(format!(
+                "connecting took longer than {}s",
+                self.config.connect_timeout.as_secs_f64()
+            ));
+        }
+        AttemptError::Transport(self.reqwest_text(error))
+    }
+
+    /// A reqwest error with its causes, without the URL, masked.
+    fn reqwest_text(&self, error: reqwest::Error) -> String {
+        // The URL is left out: it is already known to the operator and may carry query secrets.
+        let error = error.without_url();
+        let mut msg = error.to_string();
+        let mut source = std::error::Error::source(&error);
+        while let Some(cause) = source {
+            msg.push_str(": ");
+            msg.push_str(&cause.to_string());
+            source = cause.source();
+        }
+        self.tidy(&msg)
+    }
+
+    /// Provider or transport text made safe: the key masked (before anything is cut, so no
+    /// part of it survives the cut), one line, shortened.
+    fn tidy(&self, text: &str) -> String {
         match &self.config.api_key {
             Some(key) if !key.is_empty() && text.contains(key.as_str()) => {
-                text.replace(key.as_str(), "***")
+                detail::tidy(&text.replace(key.as_str(), "***"))
             }
-            _ => text,
+            _ => detail::tidy(text),
         }
     }
 
     /// The wait before retry number `retry` (1-based).
     fn backoff(&self, retry: u32, retry_after: Option<Duration>) -> Duration {
         if let Some(wait) = retry_after {
-            return wait;
+            return wait.min(self.config.backoff_max);
         }
         let factor = 1u32
             .checked_shl(retry.saturating_sub(1))
@@ -322,13 +493,8 @@ impl ChatModel for OpenAiClient {
         let mut attempts = 0u32;
         loop {
             attempts += 1;
-            let emitted = AtomicBool::new(false);
-            let result = tokio::time::timeout(
-                self.config.request_timeout,
-                self.attempt(body.clone(), sink, &emitted),
-            )
-            .await
-            .unwrap_or(Err(AttemptError::Timeout));
+            let mut shown = String::new();
+            let result = self.attempt(body.clone(), sink, &mut shown).await;
             metrics::counter!("antler_model_requests_total", "status" => status_label(&result))
                 .increment(1);
 
@@ -343,16 +509,30 @@ impl ChatModel for OpenAiClient {
                     }
                     // Streaming disabled by config: the caller still gets the text, in one piece.
                     if let (Some(sink), None) = (deltas, sink) {
-                        emit(sink, &emitted, &response.content);
+                        emit(sink, &mut shown, &response.content);
                     }
                     return Ok(response);
                 }
                 Err(error) => error,
             };
-            if !error.retryable()
-                || attempts > self.config.max_retries
-                || emitted.load(Ordering::Relaxed)
-            {
+            if !shown.is_empty() {
+                let error = ModelError::Interrupted {
+                    shown,
+                    reason: error.summary(),
+                };
+                self.health.record(true, error.to_string());
+                return Err(error);
+            }
+            if !error.retryable() || attempts > self.config.max_retries {
+                if let AttemptError::Status { status: 500.., .. } = &error {
+                    // The 5xx error keeps only the status; its reason goes to the log here.
+                    tracing::warn!(
+                        model = %self.config.model,
+                        attempts,
+                        reason = %error.summary(),
+                        "model request failed; giving up"
+                    );
+                }
                 let error = self.final_error(error, attempts);
                 self.health
                     .record(error.reached_endpoint(), error.to_string());
@@ -364,7 +544,7 @@ impl ChatModel for OpenAiClient {
                 attempt = attempts,
                 max_retries = self.config.max_retries,
                 delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
-                reason = %self.redact(error.summary()),
+                reason = %error.summary(),
                 "model request failed; retrying"
             );
             tokio::time::sleep(delay).await;
@@ -373,74 +553,124 @@ impl ChatModel for OpenAiClient {
 }
 
 impl OpenAiClient {
-    /// The caller-facing error for the last failed attempt.
+    /// The caller-facing error for the last failed attempt (its texts are already masked).
     fn final_error(&self, error: AttemptError, attempts: u32) -> ModelError {
         match error {
-            AttemptError::Status { status, detail, .. } => match status {
-                401 | 403 => ModelError::Unauthorized { status },
-                404 => ModelError::NotFound {
-                    detail: self.redact(detail),
-                },
-                429 => ModelError::RateLimited { attempts },
-                408 | 500.. => ModelError::Server { status, attempts },
-                _ => ModelError::BadRequest {
-                    status,
-                    detail: self.redact(detail),
-                },
+            AttemptError::Status {
+                status,
+                detail,
+                code,
+                ..
+            } => match classify(status, code.as_deref(), &detail) {
+                Class::Auth => ModelError::Unauthorized { status, detail },
+                Class::NotFound => ModelError::NotFound { detail },
+                Class::RateLimit => ModelError::RateLimited { attempts, detail },
+                Class::Quota => ModelError::QuotaExceeded { status, detail },
+                Class::ContextTooLong => ModelError::ContextTooLong { status, detail },
+                Class::Server => ModelError::Server { status, attempts },
+                Class::Bad => ModelError::BadRequest { status, detail },
             },
-            AttemptError::Transport(msg) => ModelError::Unreachable(self.redact(msg)),
-            AttemptError::Timeout => ModelError::Timeout(self.config.request_timeout),
-            AttemptError::Invalid(msg) => ModelError::InvalidResponse(self.redact(msg)),
+            AttemptError::Transport(msg) => ModelError::Unreachable(msg),
+            AttemptError::Timeout(kind, limit) => ModelError::Timeout { kind, limit },
+            AttemptError::Broken(reason) => ModelError::StreamBroken { attempts, reason },
+            AttemptError::Invalid(msg) => ModelError::InvalidResponse(msg),
         }
     }
 }
 
-/// Passes non-empty text to the sink and notes that it did.
-fn emit(sink: DeltaSink<'_>, emitted: &AtomicBool, text: &str) {
+/// Passes non-empty text to the sink and keeps it in `shown`.
+fn emit(sink: DeltaSink<'_>, shown: &mut String, text: &str) {
     if !text.is_empty() {
-        emitted.store(true, Ordering::Relaxed);
+        shown.push_str(text);
         sink(text);
+    }
+}
+
+/// What a provider error means for the caller.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Class {
+    Auth,
+    NotFound,
+    RateLimit,
+    Quota,
+    ContextTooLong,
+    Server,
+    Bad,
+}
+
+/// Classifies an error by its status, code and message.
+fn classify(status: u16, code: Option<&str>, detail: &str) -> Class {
+    let code = code.unwrap_or_default();
+    if status == 402
+        || code == "insufficient_quota"
+        || detail
+            .to_ascii_lowercase()
+            .contains("exceeded your current quota")
+    {
+        return Class::Quota;
+    }
+    if (400..500).contains(&status)
+        && (code == "context_length_exceeded" || mentions_context_length(detail))
+    {
+        return Class::ContextTooLong;
+    }
+    match status {
+        401 | 403 => Class::Auth,
+        404 => Class::NotFound,
+        429 => Class::RateLimit,
+        408 | 500.. => Class::Server,
+        _ => Class::Bad,
+    }
+}
+
+/// The status a non-numeric error code stands for, when it is a well-known one.
+fn status_of_code(code: &str) -> Option<u16> {
+    match code {
+        "context_length_exceeded" | "invalid_request_error" => Some(400),
+        "invalid_api_key" | "authentication_error" | "auth_error" => Some(401),
+        "permission_denied" | "permission_error" => Some(403),
+        "model_not_found" | "not_found_error" => Some(404),
+        "rate_limit_exceeded" | "rate_limit_error" | "insufficient_quota" => Some(429),
+        _ => None,
     }
 }
 
 /// How one attempt failed.
 #[derive(Debug)]
 enum AttemptError {
-    /// A non-2xx answer.
+    /// A non-2xx answer, or an error chunk whose code names a status.
     Status {
         status: u16,
         retry_after: Option<Duration>,
+        /// The provider's message, masked and shortened.
         detail: String,
+        /// The provider's error code or type, lowercase.
+        code: Option<String>,
     },
-    /// Connecting, sending or reading failed.
+    /// Connecting or sending failed.
     Transport(String),
-    /// The attempt exceeded the request timeout.
-    Timeout,
+    /// A wait ran out.
+    Timeout(TimeoutKind, Duration),
+    /// The answer broke off after it began: it ended early, reading it failed, or it carried
+    /// an error without a status.
+    Broken(String),
     /// A 2xx answer that is not a chat completion.
     Invalid(String),
 }
 
 impl AttemptError {
-    fn from_reqwest(error: reqwest::Error) -> Self {
-        if error.is_timeout() {
-            return Self::Timeout;
-        }
-        // The URL is left out: it is already known to the operator and may carry query secrets.
-        let error = error.without_url();
-        let mut msg = error.to_string();
-        let mut source = std::error::Error::source(&error);
-        while let Some(cause) = source {
-            msg.push_str(": ");
-            msg.push_str(&cause.to_string());
-            source = cause.source();
-        }
-        Self::Transport(msg)
-    }
-
     fn retryable(&self) -> bool {
         match self {
-            Self::Status { status, .. } => matches!(status, 408 | 429 | 500..),
-            Self::Transport(_) | Self::Timeout => true,
+            Self::Status {
+                status,
+                detail,
+                code,
+                ..
+            } => matches!(
+                classify(*status, code.as_deref(), detail),
+                Class::RateLimit | Class::Server
+            ),
+            Self::Transport(_) | Self::Timeout(..) | Self::Broken(_) => true,
             Self::Invalid(_) => false,
         }
     }
@@ -452,13 +682,17 @@ impl AttemptError {
         }
     }
 
-    /// A one-line description for the retry log.
+    /// A one-line description for the log (already masked).
     fn summary(&self) -> String {
         match self {
+            Self::Status { status, detail, .. } if detail.is_empty() => format!("HTTP {status}"),
             Self::Status { status, detail, .. } => format!("HTTP {status}: {detail}"),
-            Self::Transport(msg) => msg.clone(),
-            Self::Timeout => "timeout".to_owned(),
-            Self::Invalid(msg) => msg.clone(),
+            Self::Transport(msg) | Self::Broken(msg) | Self::Invalid(msg) => msg.clone(),
+            Self::Timeout(kind, limit) => ModelError::Timeout {
+                kind: *kind,
+                limit: *limit,
+            }
+            .to_string(),
         }
     }
 }
@@ -475,26 +709,51 @@ fn status_label(result: &Result<ModelResponse, AttemptError>) -> &'static str {
             _ => "4xx",
         },
         Err(AttemptError::Transport(_)) => "unreachable",
-        Err(AttemptError::Timeout) => "timeout",
+        Err(AttemptError::Timeout(..)) => "timeout",
+        Err(AttemptError::Broken(_)) => "broken",
         Err(AttemptError::Invalid(_)) => "invalid",
     }
 }
 
-/// `Retry-After` in seconds, capped; HTTP dates are ignored (plain backoff applies).
+/// How long the server asks to wait: `retry-after-ms` (OpenAI, Azure), else `Retry-After` in
+/// seconds or as an HTTP date; capped at [`RETRY_AFTER_CAP`]. A date in the past (or a skewed
+/// clock) gives `None`, so the plain backoff applies.
 fn retry_after(headers: &HeaderMap) -> Option<Duration> {
-    let secs: f64 = headers
-        .get(RETRY_AFTER)?
-        .to_str()
-        .ok()?
-        .trim()
-        .parse()
-        .ok()?;
-    if !secs.is_finite() || secs < 0.0 {
-        return None;
-    }
+    let header = |name| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::trim)
+    };
+    let number = |text: &str| {
+        text.parse::<f64>()
+            .ok()
+            .filter(|n| n.is_finite() && *n >= 0.0)
+    };
+    let secs = if let Some(ms) = header("retry-after-ms").and_then(number) {
+        ms / 1000.0
+    } else {
+        let value = header(RETRY_AFTER.as_str())?;
+        match number(value) {
+            Some(secs) => secs,
+            None => httpdate::parse_http_date(value)
+                .ok()?
+                .duration_since(SystemTime::now())
+                .ok()?
+                .as_secs_f64(),
+        }
+    };
     Some(Duration::from_secs_f64(
         secs.min(RETRY_AFTER_CAP.as_secs_f64()),
     ))
+}
+
+/// `start + limit`, or about 30 years on when that overflows (a huge configured limit).
+fn after(start: Instant, limit: Duration) -> Instant {
+    start
+        .checked_add(limit)
+        .or_else(|| start.checked_add(Duration::from_secs(30 * 365 * 86_400)))
+        .unwrap_or(start)
 }
 
 /// At most `limit` bytes of a response body, as text; what cannot be read is left out.
@@ -510,24 +769,32 @@ async fn read_capped(response: &mut reqwest::Response, limit: usize) -> String {
     String::from_utf8_lossy(&body).into_owned()
 }
 
-/// The provider's error message from an error body, shortened.
-fn provider_detail(body: &str) -> String {
-    let parsed: Option<serde_json::Value> = serde_json::from_str(body).ok();
-    let message = parsed.as_ref().and_then(|v| {
-        let error = v.get("error").unwrap_or(v);
-        error
-            .get("message")
-            .and_then(|m| m.as_str())
-            .or_else(|| error.as_str())
-    });
-    shorten(message.unwrap_or(body).trim())
-}
-
-/// Cuts text to [`DETAIL_MAX_CHARS`] characters.
-fn shorten(text: &str) -> String {
-    match text.char_indices().nth(DETAIL_MAX_CHARS) {
-        Some((cut, _)) => format!("{}...", &text[..cut]),
-        None => text.to_owned(),
+/// A whole (non-streamed) answer body, at most [`BODY_MAX_BYTES`], complete by `deadline`.
+async fn read_body(
+    response: &mut reqwest::Response,
+    deadline: Instant,
+    limit: Duration,
+) -> Result<Vec<u8>, AttemptError> {
+    let mut body = Vec::new();
+    loop {
+        let chunk = match tokio::time::timeout_at(deadline, response.chunk()).await {
+            Err(_) => return Err(AttemptError::Timeout(TimeoutKind::Total, limit)),
+            Ok(Err(e)) => {
+                return Err(AttemptError::Broken(format!(
+                    "reading the answer failed: {}",
+                    e.without_url()
+                )));
+            }
+            Ok(Ok(None)) => return Ok(body),
+            Ok(Ok(Some(chunk))) => chunk,
+        };
+        if body.len() + chunk.len() > BODY_MAX_BYTES {
+            return Err(AttemptError::Invalid(format!(
+                "the answer is larger than {} MiB",
+                BODY_MAX_BYTES / (1024 * 1024)
+            )));
+        }
+        body.extend_from_slice(&chunk);
     }
 }
 
@@ -561,7 +828,7 @@ enum WireMessage<'a> {
         content: &'a str,
     },
     User {
-        content: &'a str,
+        content: WireContent<'a>,
     },
     Assistant {
         // `null` rather than "" when the message is only tool calls, as OpenAI documents.
@@ -573,6 +840,26 @@ enum WireMessage<'a> {
         tool_call_id: &'a str,
         content: &'a str,
     },
+}
+
+/// A user message's content: a string, or content parts when it carries more than text.
+#[derive(Serialize)]
+#[serde(untagged)]
+enum WireContent<'a> {
+    Text(&'a str),
+    Parts(Vec<WirePart<'a>>),
+}
+
+#[derive(Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum WirePart<'a> {
+    Text { text: &'a str },
+    ImageUrl { image_url: WireImageUrl<'a> },
+}
+
+#[derive(Serialize)]
+struct WireImageUrl<'a> {
+    url: &'a str,
 }
 
 /// `{"id"?, "type": "function", "function": F}`, shared by tool calls and tool specs.
@@ -611,7 +898,7 @@ impl<'a> WireRequest<'a> {
             temperature: config.temperature,
             max_tokens: config.max_tokens,
             stream,
-            stream_options: stream.then_some(StreamOptions {
+            stream_options: (stream && config.stream_usage).then_some(StreamOptions {
                 include_usage: true,
             }),
         }
@@ -622,7 +909,25 @@ impl<'a> From<&'a ChatMessage> for WireMessage<'a> {
     fn from(message: &'a ChatMessage) -> Self {
         match message {
             ChatMessage::System { content } => Self::System { content },
-            ChatMessage::User { content, .. } => Self::User { content },
+            ChatMessage::User { content, parts } if parts.is_empty() => Self::User {
+                content: WireContent::Text(content),
+            },
+            ChatMessage::User { content, parts } => {
+                let text = (!content.is_empty()).then_some(WirePart::Text { text: content });
+                let parts = text
+                    .into_iter()
+                    .chain(parts.iter().map(|part| match part {
+                        ContentPart::Text { text } => WirePart::Text { text },
+                        ContentPart::Image { url } => WirePart::ImageUrl {
+                            image_url: WireImageUrl { url },
+                        },
+                    }))
+                    .collect();
+                Self::User {
+                    content: WireContent::Parts(parts),
+                }
+            }
+            // The reasoning stays home: providers reject or ignore it, and it costs tokens.
             ChatMessage::Assistant {
                 content,
                 tool_calls,
@@ -659,7 +964,7 @@ struct WireCompletion {
     #[serde(default)]
     choices: Vec<WireChoice>,
     usage: Option<WireUsage>,
-    error: Option<serde_json::Value>,
+    error: Option<Value>,
 }
 
 #[derive(Deserialize)]
@@ -668,11 +973,70 @@ struct WireChoice {
     finish_reason: Option<String>,
 }
 
+/// A message or a delta: content (a string or content parts), reasoning, tool calls.
 #[derive(Deserialize)]
-struct WireAnswer {
-    content: Option<String>,
+struct WireAnswer<C = WireCallIn> {
     #[serde(default)]
-    tool_calls: Option<Vec<WireCallIn>>,
+    content: Value,
+    /// DeepSeek, vLLM (older), SGLang.
+    #[serde(default)]
+    reasoning_content: Value,
+    /// OpenRouter, vLLM (newer), Ollama.
+    #[serde(default)]
+    reasoning: Value,
+    tool_calls: Option<Vec<C>>,
+}
+
+impl<C> WireAnswer<C> {
+    /// The answer text and the reasoning this message carries (before `<think>` splitting).
+    fn texts(&self) -> (String, String) {
+        let (text, mut reasoning) = content_texts(&self.content);
+        // Servers that send both fields send the same text twice.
+        let field = match (&self.reasoning_content, &self.reasoning) {
+            (Value::String(text), _) if !text.is_empty() => text.as_str(),
+            (_, Value::String(text)) => text.as_str(),
+            _ => "",
+        };
+        reasoning.insert_str(0, field);
+        (text, reasoning)
+    }
+}
+
+/// The text and the reasoning of a `content` value: a string, `null`, or parts
+/// (`{"type": "text", "text"}`; `thinking`/`reasoning` parts are reasoning; others, such as
+/// images, are skipped).
+fn content_texts(content: &Value) -> (String, String) {
+    let mut text = String::new();
+    let mut reasoning = String::new();
+    match content {
+        Value::String(s) => text.push_str(s),
+        Value::Array(parts) => {
+            for part in parts {
+                let kind = part.get("type").and_then(Value::as_str).unwrap_or("text");
+                let body = ["text", kind]
+                    .iter()
+                    .find_map(|key| part.get(key))
+                    .map(part_text)
+                    .unwrap_or_default();
+                match kind {
+                    "text" | "output_text" => text.push_str(&body),
+                    "thinking" | "reasoning" => reasoning.push_str(&body),
+                    _ => {}
+                }
+            }
+        }
+        _ => {}
+    }
+    (text, reasoning)
+}
+
+/// The text of a part's body: a string, or nested text parts (Mistral's `thinking`).
+fn part_text(value: &Value) -> String {
+    match value {
+        Value::String(s) => s.clone(),
+        Value::Array(_) => content_texts(value).0,
+        _ => String::new(),
+    }
 }
 
 #[derive(Deserialize)]
@@ -687,7 +1051,7 @@ struct WireCallBodyIn {
     name: String,
     // A string per the spec; some servers send the object itself.
     #[serde(default)]
-    arguments: serde_json::Value,
+    arguments: Value,
 }
 
 #[derive(Deserialize)]
@@ -716,20 +1080,14 @@ struct WireChunk {
     #[serde(default)]
     choices: Vec<WireChunkChoice>,
     usage: Option<WireUsage>,
-    error: Option<serde_json::Value>,
+    error: Option<Value>,
 }
 
 #[derive(Deserialize)]
 struct WireChunkChoice {
     #[serde(default)]
-    delta: Option<WireDelta>,
+    delta: Option<WireAnswer<WireCallDelta>>,
     finish_reason: Option<String>,
-}
-
-#[derive(Deserialize)]
-struct WireDelta {
-    content: Option<String>,
-    tool_calls: Option<Vec<WireCallDelta>>,
 }
 
 #[derive(Deserialize)]
@@ -758,24 +1116,29 @@ fn finish_reason(raw: Option<String>, has_tool_calls: bool) -> FinishReason {
     }
 }
 
-fn error_value_detail(error: &serde_json::Value) -> String {
-    provider_detail(&error.to_string())
+/// Why a 2xx answer is not a usable completion.
+enum Fault {
+    /// It carries `{"error": ...}`.
+    Provider(Value),
+    /// It is not a chat completion (the text is unmasked).
+    Invalid(String),
 }
 
 /// Parses a non-streamed chat completion.
-fn parse_completion(bytes: &[u8]) -> Result<ModelResponse, AttemptError> {
+fn parse_completion(bytes: &[u8]) -> Result<ModelResponse, Fault> {
     let completion: WireCompletion = serde_json::from_slice(bytes).map_err(|e| {
         let body = String::from_utf8_lossy(bytes);
-        AttemptError::Invalid(format!("{e}; body: {}", shorten(body.trim())))
+        Fault::Invalid(format!("{e}; body: {body}"))
     })?;
-    if let Some(error) = &completion.error {
-        return Err(AttemptError::Invalid(error_value_detail(error)));
+    if let Some(error) = completion.error.filter(|e| !e.is_null()) {
+        return Err(Fault::Provider(error));
     }
     let Some(choice) = completion.choices.into_iter().next() else {
-        return Err(AttemptError::Invalid(
-            "the answer has no choices".to_owned(),
-        ));
+        return Err(Fault::Invalid("the answer has no choices".to_owned()));
     };
+    let (text, mut reasoning) = choice.message.texts();
+    let split = ThinkSplitter::split(&text);
+    reasoning.push_str(&split.reasoning);
     let tool_calls: Vec<ToolCall> = choice
         .message
         .tool_calls
@@ -785,19 +1148,25 @@ fn parse_completion(bytes: &[u8]) -> Result<ModelResponse, AttemptError> {
             id: call.id,
             name: call.function.name,
             arguments: match call.function.arguments {
-                serde_json::Value::String(text) => text,
-                serde_json::Value::Null => String::new(),
+                Value::String(text) => text,
+                Value::Null => String::new(),
                 other => other.to_string(),
             },
         })
         .collect();
     Ok(ModelResponse {
-        content: choice.message.content.unwrap_or_default(),
+        content: split.answer,
         finish_reason: finish_reason(choice.finish_reason, !tool_calls.is_empty()),
-        reasoning: None,
+        reasoning: non_empty(reasoning),
         tool_calls,
         usage: completion.usage.map(TokenUsage::from),
     })
+}
+
+/// Reasoning worth keeping: trimmed, `None` when nothing is left.
+fn non_empty(reasoning: String) -> Option<String> {
+    let trimmed = reasoning.trim();
+    (!trimmed.is_empty()).then(|| trimmed.to_owned())
 }
 
 // ---- streaming ----
@@ -807,6 +1176,8 @@ fn parse_completion(bytes: &[u8]) -> Result<ModelResponse, AttemptError> {
 struct SseParser {
     /// Bytes after the last complete line.
     pending: Vec<u8>,
+    /// How much of `pending` is known to hold no newline.
+    scanned: usize,
     /// The `data` lines of the event being read, joined by `\n`.
     data: Option<String>,
 }
@@ -817,17 +1188,21 @@ impl SseParser {
         self.pending.extend_from_slice(chunk);
         let mut events = Vec::new();
         let mut start = 0;
-        while let Some(offset) = self.pending[start..].iter().position(|b| *b == b'\n') {
-            let end = start + offset;
+        let mut from = self.scanned;
+        while let Some(offset) = self.pending[from..].iter().position(|b| *b == b'\n') {
+            let end = from + offset;
+            if end - start > SSE_LINE_MAX_BYTES {
+                return Err(line_too_long());
+            }
             let line = String::from_utf8_lossy(&self.pending[start..end]).into_owned();
             self.line(&line, &mut events);
             start = end + 1;
+            from = start;
         }
         self.pending.drain(..start);
+        self.scanned = self.pending.len();
         if self.pending.len() > SSE_LINE_MAX_BYTES {
-            return Err(AttemptError::Invalid(
-                "the stream is not server-sent events".to_owned(),
-            ));
+            return Err(line_too_long());
         }
         Ok(events)
     }
@@ -838,6 +1213,7 @@ impl SseParser {
         if !self.pending.is_empty() {
             let line = String::from_utf8_lossy(&self.pending).into_owned();
             self.pending.clear();
+            self.scanned = 0;
             self.line(&line, &mut events);
         }
         self.line("", &mut events);
@@ -867,6 +1243,13 @@ impl SseParser {
     }
 }
 
+fn line_too_long() -> AttemptError {
+    AttemptError::Invalid(format!(
+        "a stream line is longer than {} MiB",
+        SSE_LINE_MAX_BYTES / (1024 * 1024)
+    ))
+}
+
 /// A tool call being assembled from stream fragments.
 struct PartialCall {
     index: usize,
@@ -879,6 +1262,8 @@ struct PartialCall {
 #[derive(Default)]
 struct StreamState {
     content: String,
+    reasoning: String,
+    think: ThinkSplitter,
     calls: Vec<PartialCall>,
     finish_reason: Option<String>,
     usage: Option<TokenUsage>,
@@ -890,16 +1275,15 @@ impl StreamState {
         &mut self,
         data: &str,
         sink: DeltaSink<'_>,
-        emitted: &AtomicBool,
-    ) -> Result<bool, AttemptError> {
+        shown: &mut String,
+    ) -> Result<bool, Fault> {
         if data.trim() == "[DONE]" {
             return Ok(true);
         }
-        let chunk: WireChunk = serde_json::from_str(data).map_err(|e| {
-            AttemptError::Invalid(format!("bad stream event ({e}): {}", shorten(data)))
-        })?;
-        if let Some(error) = &chunk.error {
-            return Err(AttemptError::Invalid(error_value_detail(error)));
+        let chunk: WireChunk = serde_json::from_str(data)
+            .map_err(|e| Fault::Invalid(format!("bad stream event ({e}): {data}")))?;
+        if let Some(error) = chunk.error.filter(|e| !e.is_null()) {
+            return Err(Fault::Provider(error));
         }
         if let Some(usage) = chunk.usage {
             self.usage = Some(usage.into());
@@ -914,42 +1298,65 @@ impl StreamState {
         let Some(delta) = choice.delta else {
             return Ok(false);
         };
-        if let Some(text) = delta.content {
-            emit(sink, emitted, &text);
-            self.content.push_str(&text);
-        }
+        let (text, reasoning) = delta.texts();
+        self.reasoning.push_str(&reasoning);
+        self.take_text(&text, sink, shown);
         for fragment in delta.tool_calls.unwrap_or_default() {
             self.apply_call(fragment);
         }
         Ok(false)
     }
 
+    /// Routes content through the `<think>` splitter: answer text to the sink, the rest to
+    /// the reasoning.
+    fn take_text(&mut self, text: &str, sink: DeltaSink<'_>, shown: &mut String) {
+        if text.is_empty() {
+            return;
+        }
+        let split = self.think.push(text);
+        self.reasoning.push_str(&split.reasoning);
+        emit(sink, shown, &split.answer);
+        self.content.push_str(&split.answer);
+    }
+
     fn apply_call(&mut self, fragment: WireCallDelta) {
+        let id = fragment.id.filter(|id| !id.is_empty());
         // Without an index (some servers), a new id starts a new call; otherwise it continues.
         let index = fragment
             .index
-            .unwrap_or_else(|| match (&fragment.id, self.calls.last()) {
-                (Some(id), Some(last)) if *id != last.id => last.index + 1,
+            .unwrap_or_else(|| match (&id, self.calls.last()) {
+                (Some(id), Some(last)) if !last.id.is_empty() && *id != last.id => last.index + 1,
                 (_, Some(last)) => last.index,
                 (_, None) => 0,
             });
-        let position = match self.calls.iter().position(|c| c.index == index) {
-            Some(position) => position,
-            None => {
-                self.calls.push(PartialCall {
-                    index,
-                    id: String::new(),
-                    name: String::new(),
-                    arguments: String::new(),
-                });
-                self.calls.len() - 1
+        // The latest call at this index continues, unless the fragment names another id:
+        // then it is a new call that reuses the index (seen from some servers).
+        let latest = self.calls.iter().rposition(|c| c.index == index);
+        let position = match (latest, &id) {
+            (Some(position), Some(id))
+                if self
+                    .calls
+                    .get(position)
+                    .is_some_and(|c| !c.id.is_empty() && c.id != *id) =>
+            {
+                None
             }
+            (latest, _) => latest,
         };
+        let position = position.unwrap_or_else(|| {
+            self.calls.push(PartialCall {
+                index,
+                id: String::new(),
+                name: String::new(),
+                arguments: String::new(),
+            });
+            self.calls.len() - 1
+        });
         let Some(call) = self.calls.get_mut(position) else {
             return;
         };
         // Id and name come whole in the first fragment; some servers repeat them later.
-        if let Some(id) = fragment.id.filter(|id| !id.is_empty()) {
+        if let Some(id) = id {
             if call.id.is_empty() {
                 call.id = id;
             }
@@ -966,7 +1373,13 @@ impl StreamState {
         }
     }
 
-    fn finish(mut self) -> ModelResponse {
+    /// The response; text the `<think>` splitter still held goes out first.
+    fn finish(mut self, sink: DeltaSink<'_>, shown: &mut String) -> ModelResponse {
+        let rest = self.think.finish();
+        self.reasoning.push_str(&rest.reasoning);
+        emit(sink, shown, &rest.answer);
+        self.content.push_str(&rest.answer);
+        // Stable: calls that share an index keep their order.
         self.calls.sort_by_key(|c| c.index);
         let tool_calls: Vec<ToolCall> = self
             .calls
@@ -980,7 +1393,7 @@ impl StreamState {
         ModelResponse {
             content: self.content,
             finish_reason: finish_reason(self.finish_reason, !tool_calls.is_empty()),
-            reasoning: None,
+            reasoning: non_empty(self.reasoning),
             tool_calls,
             usage: self.usage,
         }
@@ -989,13 +1402,16 @@ impl StreamState {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Mutex;
-    use std::sync::atomic::AtomicUsize;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::{Arc, Mutex};
+
+    use axum::response::{IntoResponse, Response};
 
     use serde_json::{Value, json};
     use wiremock::matchers::{header, method, path};
     use wiremock::{Mock, MockBuilder, MockServer, ResponseTemplate};
 
+    use super::detail::DETAIL_MAX_CHARS;
     use super::*;
     use crate::agent::model::ToolSpec;
 
@@ -1077,6 +1493,71 @@ mod tests {
         server.received_requests().await.unwrap()[0]
             .body_json()
             .unwrap()
+    }
+
+    /// A server whose answer number `n` (from 0) is `answer(n)`: its base URL and hit count.
+    async fn serve_fn<F>(answer: F) -> (String, Arc<AtomicUsize>)
+    where
+        F: Fn(usize) -> Response + Send + Sync + 'static,
+    {
+        let hits = Arc::new(AtomicUsize::new(0));
+        let counter = hits.clone();
+        let answer = Arc::new(answer);
+        let app = axum::Router::new().route(
+            "/v1/chat/completions",
+            axum::routing::post(move || {
+                let n = counter.fetch_add(1, Ordering::SeqCst);
+                let answer = answer.clone();
+                async move { answer(n) }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        (base, hits)
+    }
+
+    /// An SSE response sending `pieces` (raw text), each after `gap`; it then stays open
+    /// without sending anything when `hang`, or ends.
+    fn paced(pieces: Vec<String>, gap: Duration, hang: bool) -> Response {
+        use futures_util::StreamExt;
+        let stream = futures_util::stream::unfold(pieces.into_iter(), move |mut rest| async move {
+            let piece = rest.next()?;
+            tokio::time::sleep(gap).await;
+            Some((Ok::<_, std::io::Error>(piece), rest))
+        });
+        let body = if hang {
+            axum::body::Body::from_stream(stream.chain(futures_util::stream::pending()))
+        } else {
+            axum::body::Body::from_stream(stream)
+        };
+        ([(CONTENT_TYPE, "text/event-stream")], body).into_response()
+    }
+
+    /// `data: {event}` lines of `events`, plus `[DONE]` when `done`.
+    fn sse_text(events: &[Value], done: bool) -> String {
+        let mut body: String = events.iter().map(|e| format!("data: {e}\n\n")).collect();
+        if done {
+            body.push_str("data: [DONE]\n\n");
+        }
+        body
+    }
+
+    /// A server answering the first `n` completions with `first`, the rest with `then`.
+    async fn serve_then(first: ResponseTemplate, n: u64, then: ResponseTemplate) -> MockServer {
+        let server = MockServer::start().await;
+        completions()
+            .respond_with(first)
+            .up_to_n_times(n)
+            .mount(&server)
+            .await;
+        completions().respond_with(then).mount(&server).await;
+        server
+    }
+
+    async fn stream(client: &OpenAiClient, deltas: &Deltas) -> Result<ModelResponse, ModelError> {
+        let sink = |t: &str| deltas.push(t);
+        client.complete(&request(), Some(&sink)).await
     }
 
     /// Collects deltas; `push` is the sink.
@@ -1233,7 +1714,7 @@ mod tests {
         let cut = serve(sse(&[text_chunk("o")], false)).await;
         let result = client(&cut).complete(&request(), Some(&sink)).await;
         assert!(
-            matches!(result, Err(ModelError::InvalidResponse(_))),
+            matches!(&result, Err(ModelError::Interrupted { shown, .. }) if shown == "o"),
             "{result:?}"
         );
         // Text had been passed on: a retry would repeat it.
@@ -1274,7 +1755,10 @@ mod tests {
         let server = serve(ResponseTemplate::new(429)).await;
         assert_eq!(
             fail(&client(&server)).await,
-            ModelError::RateLimited { attempts: 4 }
+            ModelError::RateLimited {
+                attempts: 4,
+                detail: String::new()
+            }
         );
         assert_eq!(requests(&server).await, 4);
     }
@@ -1300,7 +1784,13 @@ mod tests {
         })))
         .await;
         let error = fail(&client(&server)).await;
-        assert_eq!(error, ModelError::Unauthorized { status: 401 });
+        assert_eq!(
+            error,
+            ModelError::Unauthorized {
+                status: 401,
+                detail: "Incorrect API key provided: ***".to_owned()
+            }
+        );
         assert!(!error.to_string().contains(KEY));
         assert_eq!(requests(&server).await, 1);
     }
@@ -1354,40 +1844,36 @@ mod tests {
             c.request_timeout = timeout;
             c.max_retries = 0;
         });
-        assert_eq!(fail(&client).await, ModelError::Timeout(timeout));
+        assert_eq!(
+            fail(&client).await,
+            ModelError::Timeout {
+                kind: TimeoutKind::Total,
+                limit: timeout
+            }
+        );
     }
 
     #[tokio::test]
     async fn stalled_stream_after_text_is_not_retried() {
-        // One delta, then nothing: the attempt times out after text went out.
-        let hits = std::sync::Arc::new(AtomicUsize::new(0));
-        let counter = hits.clone();
-        let app = axum::Router::new().route(
-            "/v1/chat/completions",
-            axum::routing::post(move || {
-                counter.fetch_add(1, Ordering::SeqCst);
-                async {
-                    use futures_util::StreamExt;
-                    let first = format!("data: {}\n\n", text_chunk("partial"));
-                    let body = futures_util::stream::iter([Ok::<_, std::io::Error>(first)])
-                        .chain(futures_util::stream::pending());
-                    (
-                        [(CONTENT_TYPE, "text/event-stream")],
-                        axum::body::Body::from_stream(body),
-                    )
-                }
-            }),
-        );
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let base = format!("http://{}", listener.local_addr().unwrap());
-        tokio::spawn(async move { axum::serve(listener, app).await });
-
+        // One delta, then nothing: the stream goes idle after text went out.
+        let (base, hits) = serve_fn(|_| {
+            paced(
+                vec![format!("data: {}\n\n", text_chunk("partial"))],
+                Duration::ZERO,
+                true,
+            )
+        })
+        .await;
         let timeout = Duration::from_millis(300);
-        let client = client_with(&base, |c| c.request_timeout = timeout);
+        let client = client_with(&base, |c| c.idle_timeout = timeout);
         let deltas = Deltas::default();
         let sink = |t: &str| deltas.push(t);
         let error = client.complete(&request(), Some(&sink)).await.unwrap_err();
-        assert_eq!(error, ModelError::Timeout(timeout));
+        let ModelError::Interrupted { shown, reason } = &error else {
+            panic!("expected Interrupted, got {error:?}");
+        };
+        assert_eq!(shown, "partial");
+        assert!(reason.contains("sent nothing for 0.3s"), "{reason}");
         assert_eq!(deltas.all(), ["partial"]);
         assert_eq!(hits.load(Ordering::SeqCst), 1);
     }
@@ -1506,5 +1992,682 @@ mod tests {
             assert!((ms(500)..=ms(1000)).contains(&client.backoff(30, None)));
         }
         assert_eq!(client.backoff(1, Some(Duration::ZERO)), Duration::ZERO);
+    }
+
+    // ---- timeouts ----
+
+    #[tokio::test]
+    async fn a_healthy_stream_outlives_every_timeout() {
+        // 25 deltas 100 ms apart: about 2.5 s in all, beyond every limit (1 s each), while
+        // each gap stays far below the idle limit.
+        let pieces: Vec<String> = (0..25)
+            .map(|i| format!("data: {}\n\n", text_chunk(&format!("{i} "))))
+            .chain([format!(
+                "data: {}\n\ndata: [DONE]\n\n",
+                finish_chunk("stop")
+            )])
+            .collect();
+        let (base, hits) =
+            serve_fn(move |_| paced(pieces.clone(), Duration::from_millis(100), false)).await;
+        let limit = Duration::from_secs(1);
+        let client = client_with(&base, |c| {
+            c.first_byte_timeout = limit;
+            c.idle_timeout = limit;
+            c.request_timeout = limit;
+            c.max_retries = 0;
+        });
+        let started = std::time::Instant::now();
+        let deltas = Deltas::default();
+        let response = stream(&client, &deltas).await.unwrap();
+        assert!(
+            started.elapsed() > Duration::from_secs(2),
+            "the stream was long"
+        );
+        let expected: String = (0..25).map(|i| format!("{i} ")).collect();
+        assert_eq!(response.content, expected);
+        assert_eq!(deltas.all().len(), 25);
+        assert_eq!(hits.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn first_byte_timeout_covers_the_head_and_the_first_chunk() {
+        let limit = Duration::from_millis(300);
+        let no_retry = |c: &mut OpenAiConfig| {
+            c.first_byte_timeout = limit;
+            c.max_retries = 0;
+        };
+        let expected = ModelError::Timeout {
+            kind: TimeoutKind::FirstByte,
+            limit,
+        };
+        // The head is late.
+        let late_head =
+            serve(sse(&[text_chunk("late")], true).set_delay(Duration::from_secs(30))).await;
+        let deltas = Deltas::default();
+        let error = stream(&client_with(&late_head.uri(), no_retry), &deltas).await;
+        assert_eq!(error.unwrap_err(), expected);
+        // The head comes at once, the first chunk never.
+        let (base, _) = serve_fn(|_| paced(Vec::new(), Duration::ZERO, true)).await;
+        let error = stream(&client_with(&base, no_retry), &deltas).await;
+        assert_eq!(error.unwrap_err(), expected);
+        assert!(deltas.all().is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_stream_stalled_before_any_text_is_retried() {
+        // The first answer sends its role chunk and a reasoning delta, then goes quiet; the
+        // second is fine. Nothing was shown, so the retry is invisible.
+        let (base, hits) = serve_fn(|n| {
+            if n == 0 {
+                let events = [
+                    json!({"choices": [{"delta": {"role": "assistant"}}]}),
+                    json!({"choices": [{"delta": {"reasoning_content": "hmm"}}]}),
+                ];
+                paced(vec![sse_text(&events, false)], Duration::ZERO, true)
+            } else {
+                let events = [text_chunk("fine"), finish_chunk("stop")];
+                paced(vec![sse_text(&events, true)], Duration::ZERO, false)
+            }
+        })
+        .await;
+        let client = client_with(&base, |c| c.idle_timeout = Duration::from_millis(300));
+        let deltas = Deltas::default();
+        let response = stream(&client, &deltas).await.unwrap();
+        assert_eq!(response.content, "fine");
+        assert_eq!(
+            response.reasoning, None,
+            "the failed attempt's reasoning is gone"
+        );
+        assert_eq!(deltas.all(), ["fine"]);
+        assert_eq!(hits.load(Ordering::SeqCst), 2);
+    }
+
+    // ---- broken streams ----
+
+    #[tokio::test]
+    async fn a_stream_cut_before_any_text_is_retried() {
+        let cut = sse(
+            &[json!({"choices": [{"delta": {"role": "assistant"}}]})],
+            false,
+        );
+        let server = serve_then(
+            cut,
+            1,
+            sse(&[text_chunk("whole"), finish_chunk("stop")], true),
+        )
+        .await;
+        let deltas = Deltas::default();
+        let response = stream(&client(&server), &deltas).await.unwrap();
+        assert_eq!(response.content, "whole");
+        assert_eq!(requests(&server).await, 2);
+
+        // Cut every time: the retries run out.
+        let server = serve(sse(&[], false)).await;
+        let error = stream(&client_with(&server.uri(), |c| c.max_retries = 1), &deltas)
+            .await
+            .unwrap_err();
+        assert_eq!(
+            error,
+            ModelError::StreamBroken {
+                attempts: 2,
+                reason: "the stream ended before the answer was complete".to_owned()
+            }
+        );
+        assert!(error.retry_can_help());
+        assert_eq!(requests(&server).await, 2);
+    }
+
+    /// LiteLLM's proxy with keep-alive pings: a rate limit is a 200 stream of `: ping`
+    /// comments and an error chunk whose code is the status, as a string.
+    fn litellm_rate_limit() -> ResponseTemplate {
+        let error = json!({"error": {
+            "message": "litellm.RateLimitError: Rate limit reached for gpt-4o. Please try again in 2s.",
+            "type": "None", "param": "None", "code": "429"
+        }});
+        ResponseTemplate::new(200).set_body_raw(
+            format!(": ping\n\n: ping - 2025-01-01 00:00:00\n\ndata: {error}\n\n"),
+            "text/event-stream",
+        )
+    }
+
+    #[tokio::test]
+    async fn an_error_chunk_naming_429_is_a_rate_limit_and_retried() {
+        let answer = sse(&[text_chunk("after"), finish_chunk("stop")], true);
+        let server = serve_then(litellm_rate_limit(), 1, answer).await;
+        let deltas = Deltas::default();
+        let response = stream(&client(&server), &deltas).await.unwrap();
+        assert_eq!(response.content, "after");
+        assert_eq!(deltas.all(), ["after"]);
+        assert_eq!(requests(&server).await, 2);
+
+        let server = serve(litellm_rate_limit()).await;
+        let error = stream(&client(&server), &deltas).await.unwrap_err();
+        assert_eq!(
+            error,
+            ModelError::RateLimited {
+                attempts: 4,
+                detail:
+                    "litellm.RateLimitError: Rate limit reached for gpt-4o. Please try again in 2s."
+                        .to_owned()
+            }
+        );
+        assert_eq!(requests(&server).await, 4);
+    }
+
+    #[tokio::test]
+    async fn error_chunks_count_like_the_status_they_name() {
+        let chunk = |error: Value| sse(&[json!({ "error": error })], false);
+        let deltas = Deltas::default();
+        // A numeric 401: not retried.
+        let server = serve(chunk(
+            json!({"message": "No api key passed in.", "code": 401}),
+        ))
+        .await;
+        let error = stream(&client(&server), &deltas).await.unwrap_err();
+        assert_eq!(
+            error,
+            ModelError::Unauthorized {
+                status: 401,
+                detail: "No api key passed in.".to_owned()
+            }
+        );
+        assert_eq!(requests(&server).await, 1);
+        // A named code: the context is full, not retried.
+        let server = serve(chunk(json!({
+            "message": "This model's maximum context length is 8192 tokens.",
+            "code": "context_length_exceeded"
+        })))
+        .await;
+        let error = stream(&client(&server), &deltas).await.unwrap_err();
+        assert!(
+            matches!(error, ModelError::ContextTooLong { status: 400, .. }),
+            "{error:?}"
+        );
+        assert_eq!(requests(&server).await, 1);
+        // No status at all: a broken stream, retried.
+        let server = serve(chunk(
+            json!({"message": "upstream hiccup", "type": "server_error"}),
+        ))
+        .await;
+        let error = stream(&client_with(&server.uri(), |c| c.max_retries = 1), &deltas)
+            .await
+            .unwrap_err();
+        assert_eq!(
+            error,
+            ModelError::StreamBroken {
+                attempts: 2,
+                reason: "the model endpoint sent an error: upstream hiccup".to_owned()
+            }
+        );
+        assert_eq!(requests(&server).await, 2);
+        assert!(deltas.all().is_empty());
+    }
+
+    #[tokio::test]
+    async fn an_error_after_text_interrupts_with_the_text_shown() {
+        let server = serve(sse(
+            &[
+                text_chunk("The answer is"),
+                json!({"error": {"message": "overloaded", "code": 503}}),
+            ],
+            false,
+        ))
+        .await;
+        let deltas = Deltas::default();
+        let error = stream(&client(&server), &deltas).await.unwrap_err();
+        assert_eq!(
+            error,
+            ModelError::Interrupted {
+                shown: "The answer is".to_owned(),
+                reason: "HTTP 503: overloaded".to_owned()
+            }
+        );
+        assert_eq!(error.shown_text(), Some("The answer is"));
+        assert_eq!(deltas.all(), ["The answer is"]);
+        assert_eq!(requests(&server).await, 1, "a retry would repeat the text");
+        let message = error.user_message();
+        assert!(message.starts_with("The answer is\n\n⚠️"), "{message}");
+        assert!(message.contains("broke off"), "{message}");
+        assert!(message.contains("again to get a full answer"), "{message}");
+        assert!(
+            !error.to_string().contains("The answer is"),
+            "no answer text in logs"
+        );
+    }
+
+    // ---- provider errors ----
+
+    #[tokio::test]
+    async fn the_providers_reason_is_kept_masked_and_short() {
+        // LiteLLM's answer to a missing key.
+        let server = serve(ResponseTemplate::new(401).set_body_json(json!({"error": {
+            "message": "Authentication Error, No api key passed in.",
+            "type": "auth_error", "param": "None", "code": "401"
+        }})))
+        .await;
+        let error = fail(&client(&server)).await;
+        assert_eq!(
+            error,
+            ModelError::Unauthorized {
+                status: 401,
+                detail: "Authentication Error, No api key passed in.".to_owned()
+            }
+        );
+        assert!(
+            error
+                .to_string()
+                .ends_with(": Authentication Error, No api key passed in.")
+        );
+        let message = error.user_message();
+        assert!(
+            message.contains(
+                "The provider says: Authentication Error, No api key passed in. The operator"
+            ),
+            "{message}"
+        );
+        assert!(!message.contains(".."), "{message}");
+        assert!(
+            !message.to_lowercase().contains("send your message again"),
+            "{message}"
+        );
+
+        // A long, multi-line message quoting the key.
+        let long = format!(
+            "Invalid request:\n  the key {KEY} was\tgiven, and {}",
+            "more words follow here ".repeat(30)
+        );
+        let server =
+            serve(ResponseTemplate::new(400).set_body_json(json!({"error": {"message": long}})))
+                .await;
+        let error = fail(&client(&server)).await;
+        let ModelError::BadRequest {
+            status: 400,
+            detail,
+        } = &error
+        else {
+            panic!("expected BadRequest, got {error:?}");
+        };
+        assert!(
+            detail.starts_with("Invalid request: the key *** was given, and more words"),
+            "{detail}"
+        );
+        assert!(!detail.contains(KEY) && !detail.contains('\n') && !detail.contains('\t'));
+        assert!(detail.chars().count() <= DETAIL_MAX_CHARS + 1, "{detail}");
+        let last_word = detail
+            .trim_end_matches('…')
+            .rsplit(' ')
+            .next()
+            .unwrap_or_default();
+        assert!(
+            ["more", "words", "follow", "here"].contains(&last_word),
+            "{detail}"
+        );
+        assert!(error.user_message().contains(detail.as_str()));
+        assert!(!error.user_message().contains(KEY));
+    }
+
+    #[tokio::test]
+    async fn a_full_context_is_its_own_error() {
+        for body in [
+            json!({"error": {"message": "Please reduce the length of the messages.", "code": "context_length_exceeded"}}),
+            json!({"error": {"message": "This model's maximum context length is 128000 tokens."}}),
+        ] {
+            let server = serve(ResponseTemplate::new(400).set_body_json(body)).await;
+            let error = fail(&client(&server)).await;
+            assert!(
+                matches!(error, ModelError::ContextTooLong { status: 400, .. }),
+                "{error:?}"
+            );
+            assert!(error.user_message().contains("too long for the model"));
+            assert!(error.user_message().contains("/new"));
+            assert!(!error.retry_can_help());
+            assert_eq!(requests(&server).await, 1);
+        }
+    }
+
+    #[tokio::test]
+    async fn an_empty_quota_is_not_retried() {
+        let server = serve(ResponseTemplate::new(429).set_body_json(json!({"error": {
+            "message": "You exceeded your current quota, please check your plan and billing details.",
+            "type": "insufficient_quota", "code": "insufficient_quota"
+        }})))
+        .await;
+        let error = fail(&client(&server)).await;
+        assert!(
+            matches!(error, ModelError::QuotaExceeded { status: 429, .. }),
+            "{error:?}"
+        );
+        assert_eq!(requests(&server).await, 1);
+        let message = error.user_message();
+        assert!(message.contains("billing"), "{message}");
+        assert!(
+            !message.to_lowercase().contains("send your message again"),
+            "{message}"
+        );
+    }
+
+    #[tokio::test]
+    async fn an_error_in_a_2xx_body_counts_like_its_status() {
+        let server = serve_then(
+            ResponseTemplate::new(200)
+                .set_body_json(json!({"error": {"message": "busy", "code": "429"}})),
+            1,
+            answer("ok"),
+        )
+        .await;
+        let response = client(&server).complete(&request(), None).await.unwrap();
+        assert_eq!(response.content, "ok");
+        assert_eq!(requests(&server).await, 2);
+    }
+
+    // ---- Retry-After and size limits ----
+
+    #[test]
+    fn retry_after_reads_dates_and_milliseconds() {
+        let headers = |pairs: &[(&'static str, String)]| {
+            let mut headers = HeaderMap::new();
+            for (name, value) in pairs {
+                headers.insert(*name, value.parse().unwrap());
+            }
+            retry_after(&headers)
+        };
+        let in_30s = httpdate::fmt_http_date(SystemTime::now() + Duration::from_secs(30));
+        let wait = headers(&[("retry-after", in_30s)]).unwrap();
+        assert!(
+            (Duration::from_secs(20)..=Duration::from_secs(30)).contains(&wait),
+            "{wait:?}"
+        );
+        assert_eq!(
+            headers(&[("retry-after-ms", "1500".into())]),
+            Some(Duration::from_millis(1500))
+        );
+        // The milliseconds are the more precise of the two.
+        assert_eq!(
+            headers(&[
+                ("retry-after-ms", "250".into()),
+                ("retry-after", "1".into())
+            ]),
+            Some(Duration::from_millis(250))
+        );
+        assert_eq!(headers(&[("retry-after", "soon".into())]), None);
+        assert_eq!(headers(&[]), None);
+        // Whatever the server asks, the wait is capped at backoff_max.
+        let client = client_with("http://h", |c| c.backoff_max = Duration::from_millis(1000));
+        assert_eq!(
+            client.backoff(1, Some(Duration::from_secs(30))),
+            Duration::from_millis(1000)
+        );
+    }
+
+    #[tokio::test]
+    async fn retry_after_ms_is_honoured() {
+        let server = serve_then(
+            ResponseTemplate::new(429).insert_header("retry-after-ms", "10"),
+            1,
+            answer("done"),
+        )
+        .await;
+        let client = client_with(&server.uri(), |c| c.backoff_max = Duration::from_secs(5));
+        assert_eq!(
+            client.complete(&request(), None).await.unwrap().content,
+            "done"
+        );
+        assert_eq!(requests(&server).await, 2);
+    }
+
+    #[tokio::test]
+    async fn oversized_answers_are_refused() {
+        // A non-streamed body over 8 MiB.
+        let big = format!(
+            r#"{{"choices": [{{"message": {{"content": "{}"}}, "finish_reason": "stop"}}]}}"#,
+            "a".repeat(BODY_MAX_BYTES)
+        );
+        let server = serve(ResponseTemplate::new(200).set_body_raw(big, "application/json")).await;
+        let error = fail(&client(&server)).await;
+        assert_eq!(
+            error,
+            ModelError::InvalidResponse("the answer is larger than 8 MiB".into())
+        );
+        assert_eq!(requests(&server).await, 1);
+
+        let deltas = Deltas::default();
+        // One line over 1 MiB.
+        let line = format!("data: {}\n\n", "x".repeat(SSE_LINE_MAX_BYTES + 1));
+        let server =
+            serve(ResponseTemplate::new(200).set_body_raw(line, "text/event-stream")).await;
+        let error = stream(&client(&server), &deltas).await.unwrap_err();
+        assert_eq!(
+            error,
+            ModelError::InvalidResponse("a stream line is longer than 1 MiB".into())
+        );
+        // Over 16 MiB in all, in lines that are each fine.
+        let comment = format!(": {}\n", "p".repeat(1024));
+        let body = comment.repeat(STREAM_MAX_BYTES / comment.len() + 2);
+        let server =
+            serve(ResponseTemplate::new(200).set_body_raw(body, "text/event-stream")).await;
+        let error = stream(&client(&server), &deltas).await.unwrap_err();
+        assert_eq!(
+            error,
+            ModelError::InvalidResponse("the stream is longer than 16 MiB".into())
+        );
+        assert!(deltas.all().is_empty());
+    }
+
+    // ---- response shapes ----
+
+    #[tokio::test]
+    async fn same_index_with_a_new_id_is_a_new_call() {
+        let fragment = |id: Option<&str>, name: Option<&str>, args: &str| {
+            let mut f = json!({"index": 0, "function": {"arguments": args}});
+            if let Some(id) = id {
+                f["id"] = json!(id);
+            }
+            if let Some(name) = name {
+                f["function"]["name"] = json!(name);
+            }
+            json!({"choices": [{"delta": {"tool_calls": [f]}}]})
+        };
+        let server = serve(sse(
+            &[
+                fragment(Some("call_1"), Some("ls"), "{\"dir\":"),
+                fragment(None, None, "\"/\"}"),
+                // Repeating the same id continues the call.
+                fragment(Some("call_1"), None, ""),
+                fragment(Some("call_2"), Some("read_file"), "{\"path\":"),
+                fragment(None, None, "\"a\"}"),
+                finish_chunk("tool_calls"),
+            ],
+            true,
+        ))
+        .await;
+        let deltas = Deltas::default();
+        let response = stream(&client(&server), &deltas).await.unwrap();
+        assert_eq!(
+            response.tool_calls,
+            [
+                call("call_1", "ls", r#"{"dir":"/"}"#),
+                call("call_2", "read_file", r#"{"path":"a"}"#)
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn array_content_is_read_in_messages_and_deltas() {
+        let server = serve(ResponseTemplate::new(200).set_body_json(json!({
+            "choices": [{"message": {"role": "assistant", "content": [
+                {"type": "text", "text": "Hello "},
+                {"type": "image_url", "image_url": {"url": "https://x/y.png"}},
+                {"type": "text", "text": "there"}
+            ]}, "finish_reason": "stop"}]
+        })))
+        .await;
+        let response = client(&server).complete(&request(), None).await.unwrap();
+        assert_eq!(response.content, "Hello there");
+
+        let server = serve(sse(
+            &[
+                json!({"choices": [{"delta": {"content": [{"type": "text", "text": "Hi"}]}}]}),
+                json!({"choices": [{"delta": {"content": [{"type": "text", "text": "!"}]}}]}),
+                finish_chunk("stop"),
+            ],
+            true,
+        ))
+        .await;
+        let deltas = Deltas::default();
+        let response = stream(&client(&server), &deltas).await.unwrap();
+        assert_eq!(response.content, "Hi!");
+        assert_eq!(deltas.all(), ["Hi", "!"]);
+    }
+
+    #[tokio::test]
+    async fn length_and_content_filter_come_through() {
+        for (raw, expected) in [
+            ("length", FinishReason::Length),
+            ("content_filter", FinishReason::ContentFilter),
+        ] {
+            let server = serve(ResponseTemplate::new(200).set_body_json(json!({
+                "choices": [{"message": {"content": "cut"}, "finish_reason": raw}]
+            })))
+            .await;
+            let response = client(&server).complete(&request(), None).await.unwrap();
+            assert_eq!(response.finish_reason, expected);
+
+            let server = serve(sse(&[text_chunk("cut"), finish_chunk(raw)], true)).await;
+            let response = stream(&client(&server), &Deltas::default()).await.unwrap();
+            assert_eq!(response.finish_reason, expected);
+            assert_eq!(response.content, "cut");
+        }
+    }
+
+    #[tokio::test]
+    async fn stream_usage_can_be_turned_off() {
+        let server = serve(sse(&[text_chunk("x"), finish_chunk("stop")], true)).await;
+        let client = client_with(&server.uri(), |c| c.stream_usage = false);
+        stream(&client, &Deltas::default()).await.unwrap();
+        let sent = first_body(&server).await;
+        assert_eq!(sent["stream"], true);
+        assert!(sent.get("stream_options").is_none(), "{sent}");
+    }
+
+    // ---- reasoning ----
+
+    #[tokio::test]
+    async fn streamed_reasoning_never_reaches_the_sink() {
+        // DeepSeek's reasoning_content, OpenRouter's reasoning, and a <think> block in the
+        // content, its tags split across chunks.
+        let content = "<think>The user greets; greet back.</think>\n\nHello!";
+        let mut events = vec![
+            json!({"choices": [{"delta": {"role": "assistant", "content": null, "reasoning_content": "Step one. "}}]}),
+            json!({"choices": [{"delta": {"reasoning": "Step two. "}}]}),
+            // vLLM sends both names with the same text: it counts once.
+            json!({"choices": [{"delta": {"reasoning_content": "Step three. ", "reasoning": "Step three. "}}]}),
+        ];
+        let bytes: Vec<char> = content.chars().collect();
+        for piece in bytes.chunks(3) {
+            events.push(text_chunk(&piece.iter().collect::<String>()));
+        }
+        events.push(finish_chunk("stop"));
+        let server = serve(sse(&events, true)).await;
+        let deltas = Deltas::default();
+        let response = stream(&client(&server), &deltas).await.unwrap();
+        assert_eq!(response.content, "Hello!");
+        assert_eq!(deltas.all().concat(), "Hello!");
+        assert_eq!(
+            response.reasoning.as_deref(),
+            Some("Step one. Step two. Step three. The user greets; greet back.")
+        );
+    }
+
+    #[tokio::test]
+    async fn reasoning_in_a_whole_message_is_kept_apart() {
+        let server = serve(ResponseTemplate::new(200).set_body_json(json!({
+            "choices": [{"message": {
+                "role": "assistant",
+                "reasoning_content": "Think first.",
+                "content": "<think>\nAnd more.\n</think>\nThe answer."
+            }, "finish_reason": "stop"}]
+        })))
+        .await;
+        let deltas = Deltas::default();
+        let sink = |t: &str| deltas.push(t);
+        let client = client_with(&server.uri(), |c| c.stream = false);
+        let response = client.complete(&request(), Some(&sink)).await.unwrap();
+        assert_eq!(response.content, "The answer.");
+        assert_eq!(deltas.all(), ["The answer."]);
+        assert_eq!(
+            response.reasoning.as_deref(),
+            Some("Think first.\nAnd more.")
+        );
+
+        // No reasoning: none at all.
+        let server = serve(answer("plain")).await;
+        let response = client_with(&server.uri(), |_| {})
+            .complete(&request(), None)
+            .await
+            .unwrap();
+        assert_eq!(response.reasoning, None);
+    }
+
+    // ---- request shape ----
+
+    #[tokio::test]
+    async fn images_go_as_content_parts_and_reasoning_stays_home() {
+        let server = serve(answer("seen")).await;
+        let request = ModelRequest {
+            messages: vec![
+                ChatMessage::user("earlier"),
+                ChatMessage::Assistant {
+                    content: "Earlier answer.".into(),
+                    tool_calls: Vec::new(),
+                    reasoning: Some("private thoughts".into()),
+                },
+                ChatMessage::User {
+                    content: "What is in these?".into(),
+                    parts: vec![
+                        ContentPart::Image {
+                            url: "https://example.com/a.png".into(),
+                        },
+                        ContentPart::Text {
+                            text: "and this one:".into(),
+                        },
+                        ContentPart::Image {
+                            url: "data:image/png;base64,iVBORw0KGgo=".into(),
+                        },
+                    ],
+                },
+            ],
+            tools: Vec::new(),
+        };
+        client(&server).complete(&request, None).await.unwrap();
+        let sent = first_body(&server).await;
+        assert_eq!(
+            sent["messages"],
+            json!([
+                {"role": "user", "content": "earlier"},
+                {"role": "assistant", "content": "Earlier answer."},
+                {"role": "user", "content": [
+                    {"type": "text", "text": "What is in these?"},
+                    {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}},
+                    {"type": "text", "text": "and this one:"},
+                    {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
+                ]}
+            ])
+        );
+        assert!(!sent.to_string().contains("private thoughts"));
+    }
+
+    #[test]
+    fn sse_lines_are_limited() {
+        let mut parser = SseParser::default();
+        let half = vec![b'x'; SSE_LINE_MAX_BYTES / 2];
+        assert!(parser.push(b"data: ").unwrap().is_empty());
+        assert!(parser.push(&half).unwrap().is_empty());
+        assert!(parser.push(&half).is_err(), "the line grew past the limit");
+        // Also when the whole line arrives in one piece.
+        let mut line = b"data: ".to_vec();
+        line.extend(vec![b'x'; SSE_LINE_MAX_BYTES]);
+        line.extend(b"\n\n");
+        assert!(SseParser::default().push(&line).is_err());
+        assert_eq!(SseParser::default().push(b"data: ok\n\n").unwrap(), ["ok"]);
     }
 }

@@ -223,6 +223,7 @@ async fn the_last_allowed_call_is_made_without_tools() {
 async fn a_model_failure_fails_the_run_and_keeps_the_user_message() {
     let model = Arc::new(ScriptedModel::new(vec![Err(ModelError::Unauthorized {
         status: 401,
+        detail: String::new(),
     })]));
     let mut thread = thread();
     let outcome = run(&runtime(model, 5), &mut thread, "hi").await;

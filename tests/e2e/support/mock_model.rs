@@ -2,7 +2,8 @@
 //! tests and the pipeline benchmark (which includes this file with `#[path]`), so both measure
 //! and test against the same model. It records every request (unless started with
 //! [`MockModel::start_unrecorded`]), can hold requests until released, and answers by
-//! [`Behaviour`]: echo, slow, tool calls, rate limits, server errors, loops.
+//! [`Behaviour`]: echo, slow, tool calls, rate limits, server errors, loops, long streams,
+//! errors inside streams, reasoning.
 #![allow(dead_code, unreachable_pub)]
 
 use std::collections::HashMap;
@@ -50,7 +51,21 @@ pub enum Behaviour {
     /// Calls `ask_clarification` ("Which cluster?", options prod and staging) until the
     /// request holds a tool result; then echoes the last user message.
     Clarify,
+    /// Echoes in `pieces` deltas, one every `every` (streamed; a whole answer after
+    /// `pieces × every` otherwise): a long but healthy stream.
+    Trickle { pieces: usize, every: Duration },
+    /// The first `times` streamed answers are what LiteLLM's proxy sends for a rate limit:
+    /// HTTP 200, `: ping` keep-alive comments, then `data: {"error": {"code": "429", ...}}`
+    /// and the end of the stream. Then echoes.
+    RateLimitedInStream { times: usize },
+    /// Echoes after reasoning: `reasoning_content` deltas (DeepSeek) and a `<think>` block at
+    /// the start of the content (Qwen via Ollama), both containing [`REASONING_MARK`], the
+    /// content in 3-character deltas so the tags are split.
+    Reasoning,
 }
+
+/// A word that appears only in the reasoning [`Behaviour::Reasoning`] sends.
+pub const REASONING_MARK: &str = "PRIVATE-REASONING";
 
 /// One request the mock received.
 #[derive(Debug, Clone)]
@@ -362,6 +377,20 @@ async fn completions(State(state): State<Arc<MockState>>, body: Bytes) -> Respon
             axum::Json(json!({"error": {"message": message, "type": "mock_error"}})),
         )
             .into_response(),
+        Behaviour::Trickle { pieces, every } => trickle(&body, stream, pieces, every).await,
+        Behaviour::RateLimitedInStream { times } => {
+            if stream && state.failures_served.fetch_add(1, Ordering::SeqCst) < times {
+                let error = json!({"error": {
+                    "message": "litellm.RateLimitError: RateLimitError: OpenAIException - Rate limit reached. Please try again in 1s.",
+                    "type": "None", "param": "None", "code": "429"
+                }});
+                let body = format!(": ping\n\n: ping\n\ndata: {error}\n\n");
+                ([(header::CONTENT_TYPE, "text/event-stream")], body).into_response()
+            } else {
+                echo(&body, stream)
+            }
+        }
+        Behaviour::Reasoning => reasoning(&body, stream),
         Behaviour::Loop => {
             let n = state.loop_responses.fetch_add(1, Ordering::SeqCst);
             let a = (
@@ -425,6 +454,72 @@ fn answer(text: &str, stream: bool) -> Response {
 /// An answer with one call of tool `name`.
 fn tool_call(id: &str, name: &str, arguments: &str, stream: bool) -> Response {
     tool_calls_to(name, &[(id, arguments)], stream)
+}
+
+/// The echo in `pieces` deltas, one every `every`.
+async fn trickle(body: &Value, stream: bool, pieces: usize, every: Duration) -> Response {
+    let text = format!("echo: {}", last_user_text(body));
+    if !stream {
+        tokio::time::sleep(every.saturating_mul(u32::try_from(pieces).unwrap_or(u32::MAX))).await;
+        return answer(&text, false);
+    }
+    let chars: Vec<char> = text.chars().collect();
+    let size = chars.len().div_ceil(pieces.max(1)).max(1);
+    let mut events: Vec<String> = chars
+        .chunks(size)
+        .map(|piece| {
+            let piece: String = piece.iter().collect();
+            let event = json!({"choices": [{"index": 0, "delta": {"content": piece}}]});
+            format!("data: {event}\n\n")
+        })
+        .collect();
+    let last =
+        json!({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}], "usage": usage()});
+    events.push(format!("data: {last}\n\ndata: [DONE]\n\n"));
+    let paced = futures_util::stream::unfold(events.into_iter(), move |mut rest| async move {
+        let event = rest.next()?;
+        tokio::time::sleep(every).await;
+        Some((Ok::<_, std::io::Error>(event), rest))
+    });
+    (
+        [(header::CONTENT_TYPE, "text/event-stream")],
+        axum::body::Body::from_stream(paced),
+    )
+        .into_response()
+}
+
+/// The echo after reasoning in both places providers put it.
+fn reasoning(body: &Value, stream: bool) -> Response {
+    let thinking = format!("The user wants an echo. {REASONING_MARK} in reasoning_content.");
+    let content = format!(
+        "<think>\nA {REASONING_MARK} thought in a think block.\n</think>\n\necho: {}",
+        last_user_text(body)
+    );
+    if !stream {
+        return axum::Json(json!({
+            "id": "chatcmpl-mock",
+            "object": "chat.completion",
+            "model": MODEL_NAME,
+            "choices": [{"index": 0, "message": {"role": "assistant", "reasoning_content": thinking, "content": content}, "finish_reason": "stop"}],
+            "usage": usage(),
+        }))
+        .into_response();
+    }
+    let mut events =
+        vec![json!({"choices": [{"index": 0, "delta": {"role": "assistant", "content": null}}]})];
+    let words: Vec<&str> = thinking.split_inclusive(' ').collect();
+    for word in words {
+        events.push(json!({"choices": [{"index": 0, "delta": {"reasoning_content": word}}]}));
+    }
+    let chars: Vec<char> = content.chars().collect();
+    for piece in chars.chunks(3) {
+        let piece: String = piece.iter().collect();
+        events.push(json!({"choices": [{"index": 0, "delta": {"content": piece}}]}));
+    }
+    events.push(
+        json!({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}], "usage": usage()}),
+    );
+    sse(&events)
 }
 
 /// An answer with tool calls `(id, arguments)` to `current_time`.
