@@ -46,16 +46,16 @@ const AFTER_RUN_LIMIT: Duration = Duration::from_secs(30);
 
 /// Something a tool did, for channels that show it ("running `bash`…").
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Progress {
+pub(crate) enum ToolProgress {
     /// A tool call started.
-    ToolStarted {
+    Started {
         /// The call's id.
         call_id: String,
         /// The tool's name.
         name: String,
     },
     /// A running tool reported progress.
-    ToolNote {
+    Note {
         /// The call's id.
         call_id: String,
         /// The tool's name.
@@ -64,7 +64,7 @@ pub(crate) enum Progress {
         text: String,
     },
     /// A tool call ended.
-    ToolFinished {
+    Finished {
         /// The call's id.
         call_id: String,
         /// The tool's name.
@@ -86,7 +86,7 @@ pub(crate) trait RunObserver: Send + Sync {
     fn delta(&self, text: &str);
 
     /// A tool started, reported progress or ended.
-    fn progress(&self, _event: &Progress) {}
+    fn progress(&self, _event: &ToolProgress) {}
 
     /// The thread after a tool result; it must be saved before the run goes on (the
     /// observer records what it saved in `thread.saved_messages`).
@@ -564,7 +564,7 @@ impl Runtime {
         // Tools still running when the run ends (an error, a timeout) are told to stop.
         let _stop_calls = calls_cancel.clone().drop_guard();
         let permits = Arc::new(Semaphore::new(self.settings.max_parallel_tools));
-        let (events, mut progress) = mpsc::unbounded_channel::<Progress>();
+        let (events, mut progress) = mpsc::unbounded_channel::<ToolProgress>();
         let mut running = JoinSet::new();
         let mut index_of = HashMap::new();
         for index in approved {
@@ -584,7 +584,7 @@ impl Runtime {
                 deadline,
                 cancel: calls_cancel.clone(),
                 progress: Arc::new(move |text: &str| {
-                    let _ = notes.send(Progress::ToolNote {
+                    let _ = notes.send(ToolProgress::Note {
                         call_id: call_id.clone(),
                         name: name.clone(),
                         text: text.to_owned(),
@@ -594,7 +594,7 @@ impl Runtime {
             let handle = running.spawn(async move {
                 // The semaphore is never closed; a failed acquire just runs unbounded.
                 let _permit = permits.acquire_owned().await;
-                let _ = events.send(Progress::ToolStarted {
+                let _ = events.send(ToolProgress::Started {
                     call_id: call.id.clone(),
                     name: call.name.clone(),
                 });
@@ -638,7 +638,7 @@ impl Runtime {
                     };
                     if let Some(&index) = index_of.get(&id) {
                         if let Some(call) = calls.get(index) {
-                            observer.progress(&Progress::ToolFinished {
+                            observer.progress(&ToolProgress::Finished {
                                 call_id: call.id.clone(),
                                 name: call.name.clone(),
                                 is_error: output.is_error,

@@ -25,7 +25,7 @@ use super::dispatcher::Dispatcher;
 use crate::agent::input::{Attachment, Author, ChannelFlags, Role, RunInput};
 use crate::agent::message::ChatMessage;
 use crate::agent::middleware::RunEnding;
-use crate::agent::runtime::{CheckpointError, Progress, RunLimits, RunObserver, Runtime};
+use crate::agent::runtime::{CheckpointError, RunLimits, RunObserver, Runtime, ToolProgress};
 use crate::agent::thread::{RunningTurn, ThreadState};
 use crate::delivery::Delivery;
 use crate::events::{EventHub, ThreadEvent, ToolState};
@@ -135,15 +135,15 @@ impl RunObserver for TurnObserver<'_> {
         );
     }
 
-    fn progress(&self, event: &Progress) {
+    fn progress(&self, event: &ToolProgress) {
         let (call_id, name, state, text) = match event {
-            Progress::ToolStarted { call_id, name } => (call_id, name, ToolState::Started, None),
-            Progress::ToolNote {
+            ToolProgress::Started { call_id, name } => (call_id, name, ToolState::Started, None),
+            ToolProgress::Note {
                 call_id,
                 name,
                 text,
             } => (call_id, name, ToolState::Running, Some(text.clone())),
-            Progress::ToolFinished {
+            ToolProgress::Finished {
                 call_id,
                 name,
                 is_error,

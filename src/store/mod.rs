@@ -92,6 +92,10 @@ pub(crate) struct Accept {
 
 /// The outcome of [`Store::accept`].
 #[derive(Debug, Clone, PartialEq)]
+#[allow(
+    clippy::large_enum_variant,
+    reason = "one short-lived value per accepted event; boxing would add an allocation to every accept"
+)]
 pub(crate) enum Accepted {
     /// Stored and flushed: it will run.
     New(InboxItem),

@@ -102,7 +102,7 @@ impl Tool for Sleep {
 struct Recorder {
     deltas: Mutex<Vec<String>>,
     checkpoints: Mutex<Vec<usize>>,
-    progress: Mutex<Vec<Progress>>,
+    progress: Mutex<Vec<ToolProgress>>,
     fail_checkpoints: bool,
 }
 
@@ -112,7 +112,7 @@ impl RunObserver for Recorder {
         self.deltas.lock().unwrap().push(text.to_owned());
     }
 
-    fn progress(&self, event: &Progress) {
+    fn progress(&self, event: &ToolProgress) {
         self.progress.lock().unwrap().push(event.clone());
     }
 
@@ -173,12 +173,12 @@ async fn tool_results_go_back_to_the_model_each_checkpointed() {
     let progress = recorder.progress.lock().unwrap();
     assert_eq!(
         progress.first(),
-        Some(&Progress::ToolStarted {
+        Some(&ToolProgress::Started {
             call_id: "c1".into(),
             name: "current_time".into()
         })
     );
-    assert!(progress.contains(&Progress::ToolFinished {
+    assert!(progress.contains(&ToolProgress::Finished {
         call_id: "c1".into(),
         name: "current_time".into(),
         is_error: false
@@ -274,7 +274,7 @@ async fn three_slow_tool_calls_take_the_time_of_one_and_keep_their_order() {
         .lock()
         .unwrap()
         .iter()
-        .filter(|p| matches!(p, Progress::ToolNote { text, .. } if text == "zzz"))
+        .filter(|p| matches!(p, ToolProgress::Note { text, .. } if text == "zzz"))
         .count();
     assert_eq!(notes, 3);
 
@@ -724,7 +724,7 @@ async fn a_resumed_turn_runs_only_the_calls_left_unanswered() {
         .unwrap()
         .iter()
         .filter_map(|p| match p {
-            Progress::ToolStarted { call_id, .. } => Some(call_id.clone()),
+            ToolProgress::Started { call_id, .. } => Some(call_id.clone()),
             _ => None,
         })
         .collect();
