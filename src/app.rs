@@ -18,6 +18,7 @@ use crate::agent::middleware::clarification::ClarificationMiddleware;
 use crate::agent::middleware::dangling_tool_call::DanglingToolCallMiddleware;
 use crate::agent::middleware::loop_detection::LoopDetectionMiddleware;
 use crate::agent::middleware::title::TitleMiddleware;
+use crate::agent::middleware::todo::TodoMiddleware;
 use crate::agent::middleware::token_usage::TokenUsageMiddleware;
 use crate::agent::middleware::uploads::UploadsMiddleware;
 use crate::agent::middleware::{ChainError, Middleware, MiddlewareChain};
@@ -98,6 +99,9 @@ fn middleware_chain(config: &Config) -> Result<MiddlewareChain, ChainError> {
         items.push(Arc::new(m));
     }
     if let Some(m) = DanglingToolCallMiddleware::from_config(&cfg.dangling_tool_call) {
+        items.push(Arc::new(m));
+    }
+    if let Some(m) = TodoMiddleware::from_config(&cfg.todo) {
         items.push(Arc::new(m));
     }
     if let Some(m) = TokenUsageMiddleware::from_config(&cfg.token_usage) {

@@ -57,13 +57,6 @@ impl PendingQuestion {
 }
 
 /// A middleware's own state, kept in the thread under its key.
-#[cfg_attr(
-    not(test),
-    allow(
-        dead_code,
-        reason = "the todo, summarization and deferred-tools middlewares keep their state here"
-    )
-)]
 pub(crate) trait Extension: Serialize + DeserializeOwned {
     /// The key, unique among middlewares (`todo`, `summary`).
     const KEY: &'static str;
@@ -74,13 +67,6 @@ pub(crate) trait Extension: Serialize + DeserializeOwned {
 #[serde(transparent)]
 pub(crate) struct Extensions(BTreeMap<String, serde_json::Value>);
 
-#[cfg_attr(
-    not(test),
-    allow(
-        dead_code,
-        reason = "the todo, summarization and deferred-tools middlewares keep their state here"
-    )
-)]
 impl Extensions {
     /// The value of `T`, if the thread has one that still reads as a `T`. One that does not
     /// (written by another version) is treated as absent, and logged.

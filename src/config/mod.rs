@@ -31,6 +31,7 @@ use crate::agent::middleware::clarification::ClarificationConfig;
 use crate::agent::middleware::dangling_tool_call::DanglingToolCallConfig;
 use crate::agent::middleware::loop_detection::LoopDetectionConfig;
 use crate::agent::middleware::title::TitleConfig;
+use crate::agent::middleware::todo::TodoConfig;
 use crate::agent::middleware::token_usage::TokenUsageConfig;
 use crate::agent::middleware::uploads::UploadsConfig;
 
@@ -275,6 +276,8 @@ pub struct MiddlewareConfig {
     pub(crate) uploads: UploadsConfig,
     /// `[agent.middleware.dangling_tool_call]`
     pub(crate) dangling_tool_call: DanglingToolCallConfig,
+    /// `[agent.middleware.todo]`
+    pub(crate) todo: TodoConfig,
     /// `[agent.middleware.token_usage]`
     pub(crate) token_usage: TokenUsageConfig,
     /// `[agent.middleware.title]`
@@ -291,6 +294,7 @@ impl MiddlewareConfig {
         [
             ("uploads", self.uploads.enabled),
             ("dangling_tool_call", self.dangling_tool_call.enabled),
+            ("todo", self.todo.enabled),
             ("token_usage", self.token_usage.enabled),
             ("title", self.title.enabled),
             ("loop_detection", self.loop_detection.enabled),

@@ -164,3 +164,37 @@ async fn the_model_titles_a_new_thread_with_a_helper_call() {
     assert!(thread["usage"]["total_tokens"].as_u64().unwrap() > 0);
     app.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn open_todos_send_the_model_back_a_capped_number_of_times() {
+    let mock = MockModel::start(Behaviour::Todo).await;
+    let app = TestApp::spawn(&mock, "[agent.middleware.todo]\nenabled = true\n").await;
+    let answer = app.ask("plan", "plan the deploy").await;
+    // write_todos, the answer, then two reminders answered: the cap ends the run.
+    let requests = mock.requests();
+    assert_eq!(
+        requests.len(),
+        4,
+        "{:?}",
+        requests
+            .iter()
+            .map(|r| r.last_user_text())
+            .collect::<Vec<_>>()
+    );
+    for reminded in &requests[2..] {
+        assert!(
+            reminded
+                .last_user_text()
+                .contains("these todos are not completed:\n- restart api"),
+            "{}",
+            reminded.last_user_text()
+        );
+    }
+    let reply = answer.json["reply"].as_str().unwrap();
+    assert!(reply.starts_with("echo: plan the deploy\n\n"), "{reply}");
+    // The list is kept with the thread.
+    let thread_id = answer.json["thread_id"].as_str().unwrap();
+    let thread = app.thread(thread_id).await;
+    assert_eq!(thread["turns"], 1);
+    app.shutdown().await;
+}

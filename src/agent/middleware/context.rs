@@ -41,13 +41,6 @@ impl RunEnding {
 pub(crate) enum RunControl {
     /// Send the model back with these messages added (a reminder), even if it meant to end.
     /// The runtime caps how often a run may be sent back.
-    #[cfg_attr(
-        not(test),
-        allow(
-            dead_code,
-            reason = "the todo middleware's completion reminders (the middleware-chain issue) use it"
-        )
-    )]
     Continue(Vec<ChatMessage>),
     /// End the run and ask the user; the thread keeps the question and the user's next
     /// message resumes the run with the answer.
@@ -141,13 +134,6 @@ impl<'a> RunContext<'a> {
     }
 
     /// Sends the model back once more with `message` added (a reminder), capped per run.
-    #[cfg_attr(
-        not(test),
-        allow(
-            dead_code,
-            reason = "the todo middleware's completion reminders (the middleware-chain issue) use it"
-        )
-    )]
     pub(crate) fn continue_with(&mut self, message: ChatMessage) {
         match &mut self.control {
             Some(RunControl::Continue(messages)) => messages.push(message),

@@ -13,6 +13,7 @@ mod context;
 pub(crate) mod dangling_tool_call;
 pub(crate) mod loop_detection;
 pub(crate) mod title;
+pub(crate) mod todo;
 pub(crate) mod token_usage;
 pub(crate) mod uploads;
 

@@ -51,6 +51,9 @@ pub enum Behaviour {
     /// Calls `ask_clarification` ("Which cluster?", options prod and staging) until the
     /// request holds a tool result; then echoes the last user message.
     Clarify,
+    /// Writes a todo list with one open item (`write_todos`) until the request holds a tool
+    /// result; then echoes the last user message, never completing the item.
+    Todo,
     /// Echoes in `pieces` deltas, one every `every` (streamed; a whole answer after
     /// `pieces × every` otherwise): a long but healthy stream.
     Trickle { pieces: usize, every: Duration },
@@ -335,6 +338,17 @@ async fn completions(State(state): State<Arc<MockState>>, body: Bytes) -> Respon
                     &arguments.to_string(),
                     stream,
                 )
+            }
+        }
+        Behaviour::Todo => {
+            let written = body["messages"]
+                .as_array()
+                .is_some_and(|m| m.iter().any(|m| m["role"] == "tool"));
+            if written {
+                echo(&body, stream)
+            } else {
+                let arguments = json!({"todos": [{"content": "restart api", "status": "pending"}]});
+                tool_call("call_todo_1", "write_todos", &arguments.to_string(), stream)
             }
         }
         Behaviour::ToolThenAnswer => {

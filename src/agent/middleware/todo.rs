@@ -1,0 +1,433 @@
+//! todo (chain position 9): plan mode, a todo list the model keeps and is held to.
+//!
+//! It contributes the `write_todos` tool: the model sends the whole list (`content`,
+//! `status`: pending, in_progress or completed) and the list replaces the thread's, kept in
+//! the thread's extensions (so it survives restarts and later turns). Like DeerFlow's
+//! TodoList middleware:
+//!
+//! - `before_model`: when the thread has open todos but no `write_todos` call is left in the
+//!   request (summarization compacted it away), a reminder with the list is added at the end
+//!   of the request (not to the stored history).
+//! - `after_model`: when the model tries to finish (no tool calls) while todos are still open,
+//!   it is sent back with a completion reminder (`RunControl::Continue`), at most
+//!   `max_reminders` (2) times per run; after that the answer stands.
+//!
+//! The tool is intercepted in `before_tool` (it needs the thread, which tools do not get), so
+//! a refusal by an earlier guard is respected. Placement: after summarization, so the
+//! reminder is added to the compacted history; before token_usage and title. It fails open:
+//! a lost reminder never stops a run. Off by default, as DeerFlow's plan mode.
+
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+use super::{Middleware, MiddlewareError, RunContext, ToolDecision, ToolOutput};
+use crate::agent::message::{ChatMessage, ToolCall};
+use crate::agent::model::{ModelRequest, ModelResponse, ToolSpec};
+use crate::agent::thread::Extension;
+use crate::agent::tools::{Tool, ToolContext, ToolError};
+
+/// The tool's name.
+pub(crate) const TOOL_NAME: &str = "write_todos";
+
+/// At most this many todos, each at most [`MAX_TODO_CHARS`] characters.
+const MAX_TODOS: usize = 50;
+const MAX_TODO_CHARS: usize = 500;
+
+/// `[agent.middleware.todo]`
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub(crate) struct TodoConfig {
+    /// Whether the middleware (and its tool) is in the chain.
+    pub(crate) enabled: bool,
+    /// Completion reminders per run at most.
+    pub(crate) max_reminders: u32,
+}
+
+impl Default for TodoConfig {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            max_reminders: 2,
+        }
+    }
+}
+
+/// Where a todo is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum TodoStatus {
+    Pending,
+    InProgress,
+    Completed,
+}
+
+/// One todo.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Todo {
+    pub(crate) content: String,
+    pub(crate) status: TodoStatus,
+}
+
+/// The thread's todo list and this run's reminder count.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct TodoList {
+    pub(crate) todos: Vec<Todo>,
+    #[serde(default)]
+    reminders_this_run: u32,
+}
+
+impl Extension for TodoList {
+    const KEY: &'static str = "todo";
+}
+
+impl TodoList {
+    fn open(&self) -> impl Iterator<Item = &Todo> {
+        self.todos
+            .iter()
+            .filter(|t| t.status != TodoStatus::Completed)
+    }
+
+    fn render(&self) -> String {
+        self.todos
+            .iter()
+            .map(|t| {
+                let mark = match t.status {
+                    TodoStatus::Pending => "[ ]",
+                    TodoStatus::InProgress => "[~]",
+                    TodoStatus::Completed => "[x]",
+                };
+                format!("- {mark} {}", t.content)
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+}
+
+#[derive(Deserialize)]
+struct Arguments {
+    todos: Vec<Todo>,
+}
+
+/// Keeps the model's todo list and reminds it of open items.
+#[derive(Debug, Clone)]
+pub(crate) struct TodoMiddleware {
+    max_reminders: u32,
+}
+
+impl TodoMiddleware {
+    /// The middleware, or `None` when it is disabled.
+    pub(crate) fn from_config(cfg: &TodoConfig) -> Option<Self> {
+        cfg.enabled.then_some(Self {
+            max_reminders: cfg.max_reminders,
+        })
+    }
+}
+
+/// The tool as the model sees it; the middleware answers its calls.
+struct WriteTodos;
+
+#[async_trait::async_trait]
+impl Tool for WriteTodos {
+    fn spec(&self) -> ToolSpec {
+        ToolSpec {
+            name: TOOL_NAME.to_owned(),
+            description: "Plan multi-step work: write the whole todo list (it replaces the \
+                previous one). Mark an item in_progress when you start it and completed as \
+                soon as it is done. Use it for tasks of three or more steps."
+                .to_owned(),
+            parameters: json!({
+                "type": "object",
+                "properties": {
+                    "todos": {
+                        "type": "array",
+                        "items": {
+                            "type": "object",
+                            "properties": {
+                                "content": {"type": "string"},
+                                "status": {"type": "string", "enum": ["pending", "in_progress", "completed"]}
+                            },
+                            "required": ["content", "status"]
+                        }
+                    }
+                },
+                "required": ["todos"]
+            }),
+        }
+    }
+
+    async fn call(
+        &self,
+        _arguments: serde_json::Value,
+        _cx: &ToolContext,
+    ) -> Result<String, ToolError> {
+        Err(ToolError::Failed(
+            "the todo list is not available right now".to_owned(),
+        ))
+    }
+}
+
+#[async_trait::async_trait]
+impl Middleware for TodoMiddleware {
+    fn name(&self) -> &'static str {
+        "todo"
+    }
+
+    fn tools(&self) -> Vec<Arc<dyn Tool>> {
+        vec![Arc::new(WriteTodos)]
+    }
+
+    async fn before_run(&self, cx: &mut RunContext<'_>) -> Result<(), MiddlewareError> {
+        if let Some(mut list) = cx.thread.extensions.get::<TodoList>() {
+            if list.reminders_this_run != 0 {
+                list.reminders_this_run = 0;
+                cx.thread.extensions.set(&list);
+            }
+        }
+        Ok(())
+    }
+
+    async fn before_model(
+        &self,
+        cx: &mut RunContext<'_>,
+        request: &mut ModelRequest,
+    ) -> Result<(), MiddlewareError> {
+        let Some(list) = cx.thread.extensions.get::<TodoList>() else {
+            return Ok(());
+        };
+        if list.open().next().is_none() {
+            return Ok(());
+        }
+        let visible = request.messages.iter().any(|m| {
+            matches!(m, ChatMessage::Assistant { tool_calls, .. }
+                if tool_calls.iter().any(|c| c.name == TOOL_NAME))
+        });
+        if !visible {
+            // At the end: never between an assistant's tool calls and their results.
+            request.messages.push(ChatMessage::user(format!(
+                "<system-reminder>Your todo list (kept with `{TOOL_NAME}`):\n{}\n\
+                 </system-reminder>",
+                list.render()
+            )));
+        }
+        Ok(())
+    }
+
+    async fn after_model(
+        &self,
+        cx: &mut RunContext<'_>,
+        response: &mut ModelResponse,
+    ) -> Result<(), MiddlewareError> {
+        if !response.tool_calls.is_empty() {
+            return Ok(());
+        }
+        let Some(mut list) = cx.thread.extensions.get::<TodoList>() else {
+            return Ok(());
+        };
+        let open: Vec<String> = list.open().map(|t| t.content.clone()).collect();
+        if open.is_empty() || list.reminders_this_run >= self.max_reminders {
+            return Ok(());
+        }
+        list.reminders_this_run += 1;
+        cx.thread.extensions.set(&list);
+        metrics::counter!("antler_todo_reminders_total").increment(1);
+        cx.continue_with(ChatMessage::user(format!(
+            "<system-reminder>You are about to finish, but these todos are not completed:\n- {}\n\
+             Continue working on them, or call `{TOOL_NAME}` to mark them completed or remove \
+             them if they are no longer needed.</system-reminder>",
+            open.join("\n- ")
+        )));
+        Ok(())
+    }
+
+    async fn before_tool(
+        &self,
+        cx: &mut RunContext<'_>,
+        call: &ToolCall,
+        refused: Option<&ToolOutput>,
+    ) -> Result<ToolDecision, MiddlewareError> {
+        if call.name != TOOL_NAME || refused.is_some() {
+            return Ok(ToolDecision::Run);
+        }
+        let arguments: Arguments = match serde_json::from_str(&call.arguments) {
+            Ok(arguments) => arguments,
+            Err(e) => {
+                return Ok(ToolDecision::Skip(ToolOutput::error(format!(
+                    "Error: the arguments of `{TOOL_NAME}` are not valid: {e}."
+                ))));
+            }
+        };
+        if arguments.todos.len() > MAX_TODOS {
+            return Ok(ToolDecision::Skip(ToolOutput::error(format!(
+                "Error: at most {MAX_TODOS} todos; merge some."
+            ))));
+        }
+        let todos: Vec<Todo> = arguments
+            .todos
+            .into_iter()
+            .filter(|t| !t.content.trim().is_empty())
+            .map(|t| Todo {
+                content: t.content.trim().chars().take(MAX_TODO_CHARS).collect(),
+                status: t.status,
+            })
+            .collect();
+        if todos.is_empty() {
+            cx.thread.extensions.remove::<TodoList>();
+            return Ok(ToolDecision::Skip(ToolOutput::ok(
+                "The todo list is now empty.",
+            )));
+        }
+        let mut list = cx.thread.extensions.get::<TodoList>().unwrap_or_default();
+        list.todos = todos;
+        let shown = list.render();
+        cx.thread.extensions.set(&list);
+        Ok(ToolDecision::Skip(ToolOutput::ok(format!(
+            "The todo list is now:\n{shown}"
+        ))))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::agent::middleware::{RunControl, test_context};
+    use crate::agent::model::FinishReason;
+    use crate::agent::thread::ThreadState;
+
+    fn write(todos: serde_json::Value) -> ToolCall {
+        ToolCall {
+            id: "w1".into(),
+            name: TOOL_NAME.into(),
+            arguments: json!({ "todos": todos }).to_string(),
+        }
+    }
+
+    fn final_answer() -> ModelResponse {
+        ModelResponse {
+            content: "All done.".into(),
+            tool_calls: Vec::new(),
+            usage: None,
+            finish_reason: FinishReason::Stop,
+            reasoning: None,
+        }
+    }
+
+    fn middleware() -> TodoMiddleware {
+        TodoMiddleware { max_reminders: 2 }
+    }
+
+    #[tokio::test]
+    async fn the_list_is_kept_in_the_thread_and_open_items_are_reminded_twice() {
+        let mut thread = ThreadState::new("t".into(), "c".into(), 0, 0);
+        let mut cx = test_context(&mut thread);
+        let decision = middleware()
+            .before_tool(
+                &mut cx,
+                &write(json!([
+                    {"content": "check pods", "status": "completed"},
+                    {"content": "restart api", "status": "in_progress"},
+                    {"content": "  ", "status": "pending"}
+                ])),
+                None,
+            )
+            .await
+            .unwrap();
+        let ToolDecision::Skip(output) = decision else {
+            panic!("the middleware answers the call")
+        };
+        assert_eq!(
+            output.content,
+            "The todo list is now:\n- [x] check pods\n- [~] restart api"
+        );
+        for _ in 0..2 {
+            middleware()
+                .after_model(&mut cx, &mut final_answer())
+                .await
+                .unwrap();
+            let Some(RunControl::Continue(messages)) = cx.take_control() else {
+                panic!("an open todo sends the model back")
+            };
+            assert!(messages[0].text().contains("- restart api"));
+        }
+        middleware()
+            .after_model(&mut cx, &mut final_answer())
+            .await
+            .unwrap();
+        assert_eq!(cx.take_control(), None, "at most two reminders per run");
+        // The next run may remind again.
+        middleware().before_run(&mut cx).await.unwrap();
+        middleware()
+            .after_model(&mut cx, &mut final_answer())
+            .await
+            .unwrap();
+        assert!(cx.take_control().is_some());
+        let stored = serde_json::to_value(&thread).unwrap();
+        assert_eq!(
+            stored["extensions"]["todo"]["todos"][1]["content"],
+            "restart api"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_list_that_left_the_context_is_shown_again() {
+        let mut thread = ThreadState::new("t".into(), "c".into(), 0, 0);
+        thread.extensions.set(&TodoList {
+            todos: vec![Todo {
+                content: "write report".into(),
+                status: TodoStatus::Pending,
+            }],
+            reminders_this_run: 0,
+        });
+        let mut cx = test_context(&mut thread);
+        let mut request = ModelRequest {
+            messages: vec![ChatMessage::system("sys"), ChatMessage::user("go on")],
+            tools: Vec::new(),
+        };
+        middleware()
+            .before_model(&mut cx, &mut request)
+            .await
+            .unwrap();
+        let last = request.messages.last().unwrap().text();
+        assert!(last.contains("- [ ] write report"), "{last}");
+        // Not when the call that wrote it is still in view.
+        let mut request = ModelRequest {
+            messages: vec![ChatMessage::assistant_calls("", vec![write(json!([]))])],
+            tools: Vec::new(),
+        };
+        middleware()
+            .before_model(&mut cx, &mut request)
+            .await
+            .unwrap();
+        assert_eq!(request.messages.len(), 1);
+    }
+
+    #[tokio::test]
+    async fn bad_arguments_are_answered_as_errors() {
+        let mut thread = ThreadState::new("t".into(), "c".into(), 0, 0);
+        let mut cx = test_context(&mut thread);
+        let bad = ToolCall {
+            arguments: "{\"todos\": 3}".into(),
+            ..write(json!([]))
+        };
+        let decision = middleware().before_tool(&mut cx, &bad, None).await.unwrap();
+        assert!(matches!(decision, ToolDecision::Skip(o) if o.is_error));
+        assert!(cx.thread.extensions.get::<TodoList>().is_none());
+        // An empty list removes it.
+        let fill = write(json!([{"content": "a", "status": "pending"}]));
+        middleware()
+            .before_tool(&mut cx, &fill, None)
+            .await
+            .unwrap();
+        assert!(cx.thread.extensions.get::<TodoList>().is_some());
+        let decision = middleware()
+            .before_tool(&mut cx, &write(json!([])), None)
+            .await
+            .unwrap();
+        assert_eq!(
+            decision,
+            ToolDecision::Skip(ToolOutput::ok("The todo list is now empty."))
+        );
+        assert!(thread.extensions.is_empty());
+    }
+}
