@@ -24,7 +24,7 @@ use crate::agent::middleware::uploads::UploadsMiddleware;
 use crate::agent::middleware::{ChainError, Middleware, MiddlewareChain};
 use crate::agent::model::{ModelError, ModelHealth, OpenAiClient, OpenAiConfig};
 use crate::agent::runtime::{Runtime, RuntimeSettings};
-use crate::agent::tools::ToolRegistry;
+use crate::agent::tools::{Tool, ToolRegistry};
 use crate::config::Config;
 use crate::delivery::{Delivery, RetryPolicy};
 use crate::events::EventHub;
@@ -119,9 +119,13 @@ fn middleware_chain(config: &Config) -> Result<MiddlewareChain, ChainError> {
     MiddlewareChain::new(items)
 }
 
-fn tool_registry(config: &Config) -> ToolRegistry {
+fn tool_registry(config: &Config, extra: Vec<Arc<dyn Tool>>) -> ToolRegistry {
     let agent = &config.agent;
-    ToolRegistry::builtin().with_timeouts(
+    let mut registry = ToolRegistry::builtin();
+    for tool in extra {
+        registry.register(tool);
+    }
+    registry.with_timeouts(
         Duration::from_secs(agent.tool_timeout_secs),
         agent
             .tool_timeouts
@@ -194,6 +198,19 @@ pub async fn serve<F>(config: Config, listener: TcpListener, shutdown: F) -> Res
 where
     F: Future<Output = ()> + Send + 'static,
 {
+    serve_with_tools(config, listener, shutdown, Vec::new()).await
+}
+
+/// [`serve`] with more tools in the registry (the tests' slow and inspecting tools).
+pub(crate) async fn serve_with_tools<F>(
+    config: Config,
+    listener: TcpListener,
+    shutdown: F,
+    extra_tools: Vec<Arc<dyn Tool>>,
+) -> Result<(), AppError>
+where
+    F: Future<Output = ()> + Send + 'static,
+{
     let started = Instant::now();
     let metrics = metrics_handle();
     let path = config.store.path.clone();
@@ -207,7 +224,7 @@ where
     let client = model_client(&config, model_health.clone())?;
     let runtime = Runtime::new(
         Arc::new(client.clone()),
-        tool_registry(&config),
+        tool_registry(&config, extra_tools),
         middleware_chain(&config)?,
         runtime_settings(&config),
     );
@@ -429,6 +446,9 @@ async fn sweep(
         }
     }
 }
+
+#[cfg(test)]
+mod tool_tests;
 
 #[cfg(test)]
 mod tests {

@@ -560,6 +560,12 @@ impl Runtime {
 
         let folders = ThreadFolders::new(&self.settings.data_root, &cx.thread.id)
             .map_err(|e| CheckpointError(e.to_string()))?;
+        if !approved.is_empty() {
+            if let Err(e) = folders.create().await {
+                // The tools that need them will say so; the others can still run.
+                tracing::warn!(thread = %cx.thread.id, error = %e, "cannot create the thread's folders");
+            }
+        }
         let calls_cancel = cancel.child_token();
         // Tools still running when the run ends (an error, a timeout) are told to stop.
         let _stop_calls = calls_cancel.clone().drop_guard();
