@@ -274,11 +274,15 @@ async fn start_antler(
         .unwrap()
         .port();
     // Model and turn timeouts are long because phases hold the mock model while tens of
-    // thousands of messages are posted; a held request must not time out and retry.
+    // thousands of messages are posted; a held request must not time out and retry. Titles
+    // are the shortened question: a model-written title is one more model call per new
+    // thread, which measures the model, not antler.
     let config = format!(
         "[server]\nlisten = \"127.0.0.1:{port}\"\n\n[store]\npath = \"{store}\"\n\n\
-         [model]\nbase_url = \"{model_base_url}\"\nmodel = \"{MODEL_NAME}\"\nrequest_timeout_secs = 1800\n\n\
+         [model]\nbase_url = \"{model_base_url}\"\nmodel = \"{MODEL_NAME}\"\nrequest_timeout_secs = 1800\n\
+         first_byte_timeout_secs = 1800\nidle_timeout_secs = 1800\n\n\
          [agent]\nmax_concurrent_turns = 64\nbacklog = {backlog}\nturn_timeout_secs = 1800\n\n\
+         [agent.middleware.title]\nuse_model = false\n\n\
          [channels.api]\nenabled = true\n",
         store = dir.path().join("data").display(),
     );

@@ -441,13 +441,7 @@ impl TurnRunner {
                 Ok(attachments) => input.attachments = attachments,
                 Err(text) => {
                     // Nothing ran: the message and the reason stay in the thread, failed.
-                    if thread.messages.len() <= start {
-                        thread.messages.push(ChatMessage::user(&item.event.text));
-                    }
-                    thread.messages.push(ChatMessage::assistant(&text));
-                    thread.fail_from(start);
-                    thread.running = None;
-                    thread.updated_at_ms = crate::now_ms();
+                    record_failure(&mut thread, start, &item.event.text, &text);
                     return TurnResult {
                         thread: Some(thread),
                         text,
@@ -529,14 +523,11 @@ impl TurnRunner {
             }
         };
         if failed {
-            if thread.messages.len() <= start {
-                thread.messages.push(ChatMessage::user(&item.event.text));
-            }
-            thread.messages.push(ChatMessage::assistant(&text));
-            thread.fail_from(start);
+            record_failure(&mut thread, start, &item.event.text, &text);
+        } else {
+            thread.running = None;
+            thread.updated_at_ms = crate::now_ms();
         }
-        thread.running = None;
-        thread.updated_at_ms = crate::now_ms();
         TurnResult {
             thread: Some(thread),
             text,
@@ -668,6 +659,18 @@ impl TurnRunner {
         ));
         out
     }
+}
+
+/// Ends a failed turn that started at message `start`: its user message (added if the run
+/// never got to it), then the reply saying what went wrong, all marked failed.
+fn record_failure(thread: &mut ThreadState, start: usize, user_text: &str, reply: &str) {
+    if thread.messages.len() <= start {
+        thread.messages.push(ChatMessage::user(user_text));
+    }
+    thread.messages.push(ChatMessage::assistant(reply));
+    thread.fail_from(start);
+    thread.running = None;
+    thread.updated_at_ms = crate::now_ms();
 }
 
 /// A running agent turn's entry in the `/stop` table, removed when the turn ends however it

@@ -21,7 +21,7 @@ use serde_json::json;
 use super::{Middleware, MiddlewareError, RunContext, ToolDecision, ToolOutput};
 use crate::agent::message::ToolCall;
 use crate::agent::model::ToolSpec;
-use crate::agent::tools::{Tool, ToolContext, ToolError};
+use crate::agent::tools::{InterceptedTool, Tool, intercepted_arguments};
 
 /// The tool's name.
 pub(crate) const TOOL_NAME: &str = "ask_clarification";
@@ -101,12 +101,9 @@ fn bounded(text: &str, max: usize) -> String {
     }
 }
 
-/// The tool as the model sees it; calling it without the middleware is an error.
-struct AskClarification;
-
-#[async_trait::async_trait]
-impl Tool for AskClarification {
-    fn spec(&self) -> ToolSpec {
+/// The tool as the model sees it; the middleware answers its calls.
+fn ask_clarification() -> InterceptedTool {
+    InterceptedTool::new(
         ToolSpec {
             name: TOOL_NAME.to_owned(),
             description: "Ask the user a question and wait for the answer, instead of \
@@ -132,18 +129,9 @@ impl Tool for AskClarification {
                 },
                 "required": ["question"]
             }),
-        }
-    }
-
-    async fn call(
-        &self,
-        _arguments: serde_json::Value,
-        _cx: &ToolContext,
-    ) -> Result<String, ToolError> {
-        Err(ToolError::Failed(
-            "clarification is not available right now; proceed with your best judgment".to_owned(),
-        ))
-    }
+        },
+        "clarification is not available right now; proceed with your best judgment",
+    )
 }
 
 #[async_trait::async_trait]
@@ -153,7 +141,7 @@ impl Middleware for ClarificationMiddleware {
     }
 
     fn tools(&self) -> Vec<Arc<dyn Tool>> {
-        vec![Arc::new(AskClarification)]
+        vec![Arc::new(ask_clarification())]
     }
 
     async fn before_tool(
@@ -165,19 +153,9 @@ impl Middleware for ClarificationMiddleware {
         if call.name != TOOL_NAME || refused.is_some() {
             return Ok(ToolDecision::Run);
         }
-        let raw = if call.arguments.trim().is_empty() {
-            "{}"
-        } else {
-            &call.arguments
-        };
-        let arguments: Arguments = match serde_json::from_str(raw) {
+        let arguments: Arguments = match intercepted_arguments(call) {
             Ok(arguments) => arguments,
-            Err(e) => {
-                return Ok(ToolDecision::Skip(ToolOutput::error(format!(
-                    "Error: the arguments of `{TOOL_NAME}` are not valid: {e}. Give at least \
-                     a `question`."
-                ))));
-            }
+            Err(refusal) => return Ok(ToolDecision::Skip(refusal)),
         };
         if arguments.question.trim().is_empty() {
             return Ok(ToolDecision::Skip(ToolOutput::error(format!(

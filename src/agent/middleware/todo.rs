@@ -26,7 +26,7 @@ use super::{Middleware, MiddlewareError, RunContext, ToolDecision, ToolOutput};
 use crate::agent::message::{ChatMessage, ToolCall};
 use crate::agent::model::{ModelRequest, ModelResponse, ToolSpec};
 use crate::agent::thread::Extension;
-use crate::agent::tools::{Tool, ToolContext, ToolError};
+use crate::agent::tools::{InterceptedTool, Tool, intercepted_arguments};
 
 /// The tool's name.
 pub(crate) const TOOL_NAME: &str = "write_todos";
@@ -126,11 +126,8 @@ impl TodoMiddleware {
 }
 
 /// The tool as the model sees it; the middleware answers its calls.
-struct WriteTodos;
-
-#[async_trait::async_trait]
-impl Tool for WriteTodos {
-    fn spec(&self) -> ToolSpec {
+fn write_todos() -> InterceptedTool {
+    InterceptedTool::new(
         ToolSpec {
             name: TOOL_NAME.to_owned(),
             description: "Plan multi-step work: write the whole todo list (it replaces the \
@@ -154,18 +151,9 @@ impl Tool for WriteTodos {
                 },
                 "required": ["todos"]
             }),
-        }
-    }
-
-    async fn call(
-        &self,
-        _arguments: serde_json::Value,
-        _cx: &ToolContext,
-    ) -> Result<String, ToolError> {
-        Err(ToolError::Failed(
-            "the todo list is not available right now".to_owned(),
-        ))
-    }
+        },
+        "the todo list is not available right now",
+    )
 }
 
 #[async_trait::async_trait]
@@ -175,7 +163,7 @@ impl Middleware for TodoMiddleware {
     }
 
     fn tools(&self) -> Vec<Arc<dyn Tool>> {
-        vec![Arc::new(WriteTodos)]
+        vec![Arc::new(write_todos())]
     }
 
     async fn before_run(&self, cx: &mut RunContext<'_>) -> Result<(), MiddlewareError> {
@@ -250,13 +238,9 @@ impl Middleware for TodoMiddleware {
         if call.name != TOOL_NAME || refused.is_some() {
             return Ok(ToolDecision::Run);
         }
-        let arguments: Arguments = match serde_json::from_str(&call.arguments) {
+        let arguments: Arguments = match intercepted_arguments(call) {
             Ok(arguments) => arguments,
-            Err(e) => {
-                return Ok(ToolDecision::Skip(ToolOutput::error(format!(
-                    "Error: the arguments of `{TOOL_NAME}` are not valid: {e}."
-                ))));
-            }
+            Err(refusal) => return Ok(ToolDecision::Skip(refusal)),
         };
         if arguments.todos.len() > MAX_TODOS {
             return Ok(ToolDecision::Skip(ToolOutput::error(format!(

@@ -97,6 +97,51 @@ where
     serde_json::from_value(arguments).map_err(|e| ToolError::InvalidArguments(e.to_string()))
 }
 
+/// A tool that a middleware answers in `before_tool`, because answering needs the thread or
+/// the run (`ask_clarification`, `write_todos`); run without that middleware, it says it is
+/// unavailable.
+pub(crate) struct InterceptedTool {
+    spec: ToolSpec,
+    unavailable: &'static str,
+}
+
+impl InterceptedTool {
+    /// The tool `spec`; `unavailable` is what the model is told if it ever runs.
+    pub(crate) fn new(spec: ToolSpec, unavailable: &'static str) -> Self {
+        Self { spec, unavailable }
+    }
+}
+
+#[async_trait::async_trait]
+impl Tool for InterceptedTool {
+    fn spec(&self) -> ToolSpec {
+        self.spec.clone()
+    }
+
+    async fn call(&self, _: serde_json::Value, _: &ToolContext) -> Result<String, ToolError> {
+        Err(ToolError::Failed(self.unavailable.to_owned()))
+    }
+}
+
+/// The arguments of an intercepted call, or the error result that tells the model what is
+/// wrong with them (empty arguments are an empty object).
+pub(crate) fn intercepted_arguments<T>(call: &ToolCall) -> Result<T, ToolOutput>
+where
+    T: serde::de::DeserializeOwned,
+{
+    let raw = if call.arguments.trim().is_empty() {
+        "{}"
+    } else {
+        &call.arguments
+    };
+    serde_json::from_str(raw).map_err(|e| {
+        ToolOutput::error(format!(
+            "Error: the arguments of `{}` are not valid: {e}.",
+            call.name
+        ))
+    })
+}
+
 /// The tools offered to the model, by name, and how long each may run. Cloning shares it.
 #[derive(Clone)]
 pub(crate) struct ToolRegistry {
@@ -241,7 +286,7 @@ pub(crate) mod tests {
     }
 
     /// Sleeps for `seconds` (an argument), reporting progress first.
-    struct Sleeper;
+    pub(crate) struct Sleeper;
 
     #[async_trait::async_trait]
     impl Tool for Sleeper {
@@ -261,7 +306,11 @@ pub(crate) mod tests {
             (cx.progress)("sleeping");
             let seconds = arguments["seconds"].as_u64().unwrap_or(1);
             tokio::time::sleep(Duration::from_secs(seconds)).await;
-            Ok(format!("slept in {}", cx.folders.workspace().display()))
+            Ok(format!(
+                "slept {seconds}s for {} in {}",
+                cx.thread_id,
+                cx.folders.workspace().display()
+            ))
         }
     }
 
