@@ -489,7 +489,8 @@ impl Runtime {
                 }
             }
             if !added.is_empty() {
-                if continues < MAX_CONTINUES {
+                // Sent back only within both caps: the run's continues and its model calls.
+                if continues < MAX_CONTINUES && cx.model_calls < self.settings.max_model_calls {
                     continues += 1;
                     cx.thread.messages.extend(added);
                     continue;

@@ -491,6 +491,14 @@ async fn continue_sends_the_model_back_and_is_capped() {
     // The last request carried the reminder after the previous answer.
     let last = model.requests().pop().unwrap();
     assert!(last.messages.last().unwrap().text().contains("keep going"));
+
+    // Nor past the run's model calls.
+    let answers = (0..10).map(|i| ScriptedModel::text(&format!("round {i}"))).collect();
+    let model = Arc::new(ScriptedModel::new(answers));
+    let runtime = runtime_with(model, vec![steer], settings(2));
+    let outcome = run(&runtime, &mut self::thread(), "plan").await;
+    assert_eq!(outcome.model_calls, 2);
+    assert_eq!(outcome.ending, RunEnding::Answered);
 }
 
 #[tokio::test]
