@@ -14,6 +14,7 @@ mod think;
 pub(crate) use health::ModelHealth;
 pub(crate) use openai::{OpenAiClient, OpenAiConfig};
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -36,8 +37,9 @@ pub(crate) struct ToolSpec {
 pub(crate) struct ModelRequest {
     /// The messages to send, system prompt first.
     pub(crate) messages: Vec<ChatMessage>,
-    /// The tools the model may call (empty: none).
-    pub(crate) tools: Vec<ToolSpec>,
+    /// The tools the model may call (empty: none). Shared with the registry: building a
+    /// request copies no schema.
+    pub(crate) tools: Vec<Arc<ToolSpec>>,
 }
 
 /// Why the model stopped.

@@ -888,7 +888,7 @@ impl<'a> WireRequest<'a> {
             .map(|spec| WireFunction {
                 id: None,
                 r#type: "function",
-                function: spec,
+                function: spec.as_ref(),
             })
             .collect();
         Self {
@@ -1903,11 +1903,11 @@ mod tests {
                 ChatMessage::tool("call_1", "a.txt"),
                 ChatMessage::assistant("There is a.txt."),
             ],
-            tools: vec![ToolSpec {
+            tools: vec![std::sync::Arc::new(ToolSpec {
                 name: "ls".into(),
                 description: "Lists files.".into(),
                 parameters: json!({"type": "object", "properties": {}}),
-            }],
+            })],
         };
         client.complete(&request, None).await.unwrap();
         assert_eq!(

@@ -146,6 +146,8 @@ where
 #[derive(Clone)]
 pub(crate) struct ToolRegistry {
     tools: Arc<BTreeMap<String, Arc<dyn Tool>>>,
+    /// The tools' specs, sorted by name, made once.
+    specs: Arc<[Arc<ToolSpec>]>,
     default_timeout: Duration,
     timeouts: Arc<HashMap<String, Duration>>,
 }
@@ -154,6 +156,7 @@ impl Default for ToolRegistry {
     fn default() -> Self {
         Self {
             tools: Arc::default(),
+            specs: Arc::new([]),
             default_timeout: DEFAULT_TOOL_TIMEOUT,
             timeouts: Arc::default(),
         }
@@ -177,6 +180,7 @@ impl ToolRegistry {
     /// Adds (or replaces) a tool.
     pub(crate) fn register(&mut self, tool: Arc<dyn Tool>) {
         Arc::make_mut(&mut self.tools).insert(tool.spec().name, tool);
+        self.specs = self.tools.values().map(|t| Arc::new(t.spec())).collect();
     }
 
     /// Sets the time limit of every tool, and of some by name.
@@ -204,8 +208,8 @@ impl ToolRegistry {
     }
 
     /// The specs to offer the model, sorted by name.
-    pub(crate) fn specs(&self) -> Vec<ToolSpec> {
-        self.tools.values().map(|t| t.spec()).collect()
+    pub(crate) fn specs(&self) -> Vec<Arc<ToolSpec>> {
+        self.specs.to_vec()
     }
 
     /// Runs one call until it ends, `cx.deadline` passes or `cx.cancel` fires; every
