@@ -493,7 +493,9 @@ async fn continue_sends_the_model_back_and_is_capped() {
     assert!(last.messages.last().unwrap().text().contains("keep going"));
 
     // Nor past the run's model calls.
-    let answers = (0..10).map(|i| ScriptedModel::text(&format!("round {i}"))).collect();
+    let answers = (0..10)
+        .map(|i| ScriptedModel::text(&format!("round {i}")))
+        .collect();
     let model = Arc::new(ScriptedModel::new(answers));
     let runtime = runtime_with(model, vec![steer], settings(2));
     let outcome = run(&runtime, &mut self::thread(), "plan").await;
