@@ -131,6 +131,9 @@ fn from_tx(e: TransactionError<StoreError>) -> StoreError {
     }
 }
 
+/// How often a thread read starts over because a turn finished meanwhile.
+const THREAD_READ_ATTEMPTS: usize = 16;
+
 fn new_thread_id() -> String {
     uuid::Uuid::now_v7().simple().to_string()
 }
@@ -756,18 +759,31 @@ impl Store for SledStore {
     }
 
     async fn thread(&self, id: &str) -> Result<Option<ThreadState>, StoreError> {
-        let Some(mut thread) = Self::get::<ThreadState>(&self.threads, "thread", id.as_bytes())?
-        else {
-            return Ok(None);
-        };
-        thread.messages = self
-            .messages
-            .scan_prefix(keys::tuple(&[id.as_bytes()]))
-            .values()
-            .map(|value| decode::<ChatMessage>("message", &value?))
-            .collect::<Result<_, _>>()?;
-        thread.saved_messages = thread.messages.len();
-        Ok(Some(thread))
+        // A finished turn writes the metadata and the messages in one transaction, but these
+        // reads are separate: the metadata is read again after the messages, and the read
+        // starts over if it changed, so a reader (the thread view while a turn finishes) never
+        // pairs new messages with old metadata (failed spans, title). Every turn's commit
+        // changes the metadata (`updated_at_ms`).
+        for _ in 0..THREAD_READ_ATTEMPTS {
+            let Some(before) = self.threads.get(id.as_bytes())? else {
+                return Ok(None);
+            };
+            let messages: Vec<ChatMessage> = self
+                .messages
+                .scan_prefix(keys::tuple(&[id.as_bytes()]))
+                .values()
+                .map(|value| decode::<ChatMessage>("message", &value?))
+                .collect::<Result<_, _>>()?;
+            if self.threads.get(id.as_bytes())?.as_ref() == Some(&before) {
+                let mut thread: ThreadState = decode("thread", &before)?;
+                thread.saved_messages = messages.len();
+                thread.messages = messages;
+                return Ok(Some(thread));
+            }
+        }
+        Err(StoreError::Backend(format!(
+            "thread {id} kept changing while it was read"
+        )))
     }
 
     async fn outbox_pending(&self) -> Result<Vec<OutboxItem>, StoreError> {

@@ -722,3 +722,40 @@ async fn a_batch_is_accepted_in_order_and_sees_its_own_redeliveries() {
     assert_eq!(store.stats().await.unwrap().inbox, 3);
     assert!(store.accept_batch(Vec::new()).await.unwrap().is_empty());
 }
+
+/// Readers never pair messages with metadata from another commit: each commit here adds a
+/// message and marks every message failed, so a reader that saw new messages with old
+/// metadata would find an unmarked one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thread_read_while_turns_commit_is_consistent() {
+    let store = Arc::new(SledStore::temporary().unwrap());
+    let mut thread = ThreadState::new("t-race".into(), "api:race".into(), 0, 1);
+    store.checkpoint_thread(&mut thread).await.unwrap();
+    let writer = {
+        let store = Arc::clone(&store);
+        tokio::spawn(async move {
+            for i in 0..300u64 {
+                thread.messages.push(ChatMessage::user(format!("m{i}")));
+                thread.fail_from(0);
+                thread.updated_at_ms = i + 2;
+                store.checkpoint_thread(&mut thread).await.unwrap();
+            }
+        })
+    };
+    let mut reads = 0;
+    while !writer.is_finished() {
+        let read = store.thread("t-race").await.unwrap().unwrap();
+        for index in 0..read.messages.len() {
+            assert!(
+                read.is_failed(index),
+                "message {index} of {} read with older metadata ({:?})",
+                read.messages.len(),
+                read.failed
+            );
+        }
+        reads += 1;
+        tokio::task::yield_now().await;
+    }
+    writer.await.unwrap();
+    assert!(reads > 0);
+}
