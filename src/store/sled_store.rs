@@ -131,8 +131,9 @@ fn from_tx(e: TransactionError<StoreError>) -> StoreError {
     }
 }
 
-/// How often a thread read starts over because a turn finished meanwhile.
-const THREAD_READ_ATTEMPTS: usize = 16;
+/// How often a thread is read without a transaction before it is read with one, because
+/// commits kept changing it meanwhile.
+const OPTIMISTIC_THREAD_READS: usize = 3;
 
 fn new_thread_id() -> String {
     uuid::Uuid::now_v7().simple().to_string()
@@ -432,6 +433,14 @@ impl SledStore {
             .values()
             .map(|value| decode(what, &value?))
             .collect()
+    }
+
+    /// A thread from its stored metadata and its messages.
+    fn thread_of(meta: &[u8], messages: Vec<ChatMessage>) -> Result<ThreadState, StoreError> {
+        let mut thread: ThreadState = decode("thread", meta)?;
+        thread.saved_messages = messages.len();
+        thread.messages = messages;
+        Ok(thread)
     }
 
     fn get<T: DeserializeOwned>(
@@ -759,12 +768,12 @@ impl Store for SledStore {
     }
 
     async fn thread(&self, id: &str) -> Result<Option<ThreadState>, StoreError> {
-        // A finished turn writes the metadata and the messages in one transaction, but these
-        // reads are separate: the metadata is read again after the messages, and the read
-        // starts over if it changed, so a reader (the thread view while a turn finishes) never
-        // pairs new messages with old metadata (failed spans, title). Every turn's commit
-        // changes the metadata (`updated_at_ms`).
-        for _ in 0..THREAD_READ_ATTEMPTS {
+        // A finished turn (or a checkpoint) writes the metadata and the messages in one
+        // transaction, but a scan is not part of it: the metadata is read again after the
+        // messages and the read starts over if it changed, so a reader (the thread view while
+        // a turn commits) never pairs new messages with old metadata (failed spans, title).
+        // Every commit changes the metadata (`updated_at_ms`).
+        for _ in 0..OPTIMISTIC_THREAD_READS {
             let Some(before) = self.threads.get(id.as_bytes())? else {
                 return Ok(None);
             };
@@ -775,15 +784,31 @@ impl Store for SledStore {
                 .map(|value| decode::<ChatMessage>("message", &value?))
                 .collect::<Result<_, _>>()?;
             if self.threads.get(id.as_bytes())?.as_ref() == Some(&before) {
-                let mut thread: ThreadState = decode("thread", &before)?;
-                thread.saved_messages = messages.len();
-                thread.messages = messages;
-                return Ok(Some(thread));
+                return Ok(Some(Self::thread_of(&before, messages)?));
             }
         }
-        Err(StoreError::Backend(format!(
-            "thread {id} kept changing while it was read"
-        )))
+        // Commits keep coming: read inside a transaction, which none can interleave with
+        // (one lookup per message, so only as the fallback).
+        let read = (&self.threads, &self.messages)
+            .transaction(|(threads, messages)| {
+                let Some(meta) = threads.get(id.as_bytes())? else {
+                    return Ok(None);
+                };
+                let mut values = Vec::new();
+                while let Some(value) = messages.get(keys::with_index(id, values.len() as u64))? {
+                    values.push(value);
+                }
+                Ok(Some((meta, values)))
+            })
+            .map_err(from_tx)?;
+        let Some((meta, values)) = read else {
+            return Ok(None);
+        };
+        let messages = values
+            .iter()
+            .map(|value| decode::<ChatMessage>("message", value))
+            .collect::<Result<_, _>>()?;
+        Self::thread_of(&meta, messages).map(Some)
     }
 
     async fn outbox_pending(&self) -> Result<Vec<OutboxItem>, StoreError> {
