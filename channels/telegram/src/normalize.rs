@@ -1,0 +1,419 @@
+//! Telegram `Update` → antler's normalized message, plus the facts the shared group-addressing
+//! rule needs (is it private, does it mention the bot, reply to it, carry a command for it).
+//!
+//! Pure: no I/O, no clock beyond what the caller passes, so every recorded payload in
+//! `tests/fixtures` is a test.
+//!
+//! Telegram's entity offsets are UTF-16 code units; teloxide's `MessageEntityRef` turns them
+//! into byte ranges of the Rust string, which is what the stripping below slices by.
+
+use antler_channel::{AttachmentRef, AttachmentSource, ConversationKey, InboundEvent, UserRef};
+use teloxide_core::types::{
+    Message, MessageEntityKind, MessageEntityRef, Update, UpdateKind, User,
+};
+
+/// The bot as Telegram knows it (from `getMe`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BotIdentity {
+    /// Its user id (also the token's prefix before `:`).
+    pub id: u64,
+    /// Its username, without the `@`.
+    pub username: String,
+}
+
+/// What the shared addressing rule needs to know about a message.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AddressFacts {
+    /// A private chat with the bot.
+    pub private: bool,
+    /// An @mention of the bot (by username, or a text mention of its user).
+    pub mentions_bot: bool,
+    /// A reply to one of the bot's own messages.
+    pub replies_to_bot: bool,
+    /// It starts with a command.
+    pub command: bool,
+    /// The command names another bot (`/status@otherbot`).
+    pub command_for_other_bot: bool,
+}
+
+/// A message for antler, before the addressing rule has decided whether it is a turn.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Incoming {
+    /// The normalized message.
+    pub event: InboundEvent,
+    /// The facts for the addressing rule.
+    pub facts: AddressFacts,
+    /// The chat's id.
+    pub chat_id: i64,
+    /// The forum topic it belongs to, when it is a topic message.
+    pub topic: Option<i32>,
+}
+
+/// What an update means to antler.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Normalized {
+    /// A message someone wrote.
+    Message(Box<Incoming>),
+    /// Nothing to do; the reason is for the debug log.
+    Ignored(&'static str),
+}
+
+/// Normalizes `update`, received at `received_at_ms`, for the bot `me`.
+pub fn normalize(update: &Update, me: &BotIdentity, received_at_ms: u64) -> Normalized {
+    let message = match &update.kind {
+        UpdateKind::Message(message) => message,
+        UpdateKind::EditedMessage(_) => return Normalized::Ignored("an edit"),
+        UpdateKind::ChannelPost(_) | UpdateKind::EditedChannelPost(_) => {
+            return Normalized::Ignored("a channel post");
+        }
+        _ => return Normalized::Ignored("not a message"),
+    };
+    let Some(from) = message.from.as_ref() else {
+        return Normalized::Ignored("no author (sent on behalf of a chat)");
+    };
+    if from.is_bot {
+        return Normalized::Ignored("written by a bot");
+    }
+    let (text, entities) = match (message.text(), message.caption()) {
+        (Some(text), _) => (text, message.parse_entities().unwrap_or_default()),
+        (None, Some(caption)) => (
+            caption,
+            message.parse_caption_entities().unwrap_or_default(),
+        ),
+        (None, None) => ("", Vec::new()),
+    };
+    let attachments = attachments(message);
+    if text.trim().is_empty() && attachments.is_empty() {
+        return Normalized::Ignored("no text or file (a service message, a sticker, ...)");
+    }
+
+    let mentions: Vec<&MessageEntityRef<'_>> = entities
+        .iter()
+        .filter(|entity| mentions(entity, me))
+        .collect();
+    let command = entities.iter().find(|entity| {
+        matches!(entity.kind(), MessageEntityKind::BotCommand) && entity.start() == 0
+    });
+    let command_target = command.and_then(|c| c.text().split_once('@').map(|(_, bot)| bot));
+    let command_for_other_bot =
+        command_target.is_some_and(|bot| !bot.eq_ignore_ascii_case(&me.username));
+    // A topic's messages all "reply" to its creation message; that is not a reply to the bot.
+    let replies_to_bot = message.reply_to_message().is_some_and(|replied| {
+        replied.forum_topic_created().is_none()
+            && replied
+                .from
+                .as_ref()
+                .is_some_and(|author| author.id.0 == me.id)
+    });
+    let facts = AddressFacts {
+        private: message.chat.is_private(),
+        mentions_bot: !mentions.is_empty(),
+        replies_to_bot,
+        command: command.is_some(),
+        command_for_other_bot,
+    };
+
+    let mut cuts: Vec<std::ops::Range<usize>> = mentions.iter().map(|m| m.range()).collect();
+    if let (Some(command), Some(_), false) = (command, command_target, command_for_other_bot) {
+        // "/status@opsbot_bot prod" reads "/status prod".
+        if let Some(at) = command.text().find('@') {
+            cuts.push(command.start() + at..command.end());
+        }
+    }
+    let text = without(text, cuts);
+
+    let chat_id = message.chat.id.0;
+    let topic = message
+        .is_topic_message
+        .then(|| message.thread_id.map(|thread| thread.0.0))
+        .flatten();
+    let conversation = match topic {
+        Some(topic) => ConversationKey::new("telegram", [chat_id.to_string(), topic.to_string()]),
+        None => ConversationKey::new("telegram", [chat_id.to_string()]),
+    };
+    let event = InboundEvent {
+        channel: "telegram".to_owned(),
+        event_id: update.id.0.to_string(),
+        conversation,
+        user: UserRef {
+            id: from.id.0.to_string(),
+            name: Some(display_name(from)),
+            admin: false,
+        },
+        text,
+        reply_to: Some(message.id.0.to_string()),
+        received_at_ms,
+        attachments,
+        group: !message.chat.is_private(),
+        interactive: true,
+    };
+    Normalized::Message(Box::new(Incoming {
+        event,
+        facts,
+        chat_id,
+        topic,
+    }))
+}
+
+/// Whether `entity` mentions the bot.
+fn mentions(entity: &MessageEntityRef<'_>, me: &BotIdentity) -> bool {
+    match entity.kind() {
+        MessageEntityKind::Mention => entity
+            .text()
+            .strip_prefix('@')
+            .is_some_and(|name| name.eq_ignore_ascii_case(&me.username)),
+        MessageEntityKind::TextMention { user } => user.id.0 == me.id,
+        _ => false,
+    }
+}
+
+/// `text` without the byte ranges `cuts`, with the spaces around each cut merged.
+fn without(text: &str, mut cuts: Vec<std::ops::Range<usize>>) -> String {
+    if cuts.is_empty() {
+        return text.trim().to_owned();
+    }
+    cuts.sort_by_key(|range| range.start);
+    let mut out = String::with_capacity(text.len());
+    let mut from = 0;
+    for cut in cuts {
+        if cut.start < from || cut.end > text.len() {
+            continue;
+        }
+        if let Some(kept) = text.get(from..cut.start) {
+            out.push_str(kept);
+        }
+        from = cut.end;
+        // One space where the mention was, not two.
+        if out.ends_with(' ') && text.get(from..).is_some_and(|rest| rest.starts_with(' ')) {
+            from += 1;
+        }
+    }
+    if let Some(rest) = text.get(from..) {
+        out.push_str(rest);
+    }
+    out.trim().to_owned()
+}
+
+/// The author's name as people see it.
+fn display_name(user: &User) -> String {
+    match &user.last_name {
+        Some(last) => format!("{} {last}", user.first_name),
+        None => user.first_name.clone(),
+    }
+}
+
+/// The message's photo (its largest size) or document, as references.
+fn attachments(message: &Message) -> Vec<AttachmentRef> {
+    let mut found = Vec::new();
+    if let Some(largest) = message.photo().and_then(<[_]>::last) {
+        found.push(AttachmentRef {
+            name: format!("photo_{}.jpg", largest.file.unique_id),
+            media_type: Some("image/jpeg".to_owned()),
+            size: Some(u64::from(largest.file.size)),
+            source: AttachmentSource::Platform {
+                id: largest.file.id.to_string(),
+            },
+        });
+    }
+    if let Some(document) = message.document() {
+        found.push(AttachmentRef {
+            name: document
+                .file_name
+                .clone()
+                .unwrap_or_else(|| format!("document_{}", document.file.unique_id)),
+            media_type: document.mime_type.as_ref().map(ToString::to_string),
+            size: Some(u64::from(document.file.size)),
+            source: AttachmentSource::Platform {
+                id: document.file.id.to_string(),
+            },
+        });
+    }
+    found
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn me() -> BotIdentity {
+        BotIdentity {
+            id: 7_000_000_001,
+            username: "opsbot_bot".to_owned(),
+        }
+    }
+
+    fn fixture(name: &str) -> Update {
+        let path = format!("{}/tests/fixtures/{name}.json", env!("CARGO_MANIFEST_DIR"));
+        let text = std::fs::read_to_string(&path).unwrap();
+        serde_json::from_str(&text).unwrap()
+    }
+
+    fn incoming(name: &str) -> Incoming {
+        match normalize(&fixture(name), &me(), 42) {
+            Normalized::Message(incoming) => *incoming,
+            Normalized::Ignored(why) => panic!("{name} ignored: {why}"),
+        }
+    }
+
+    #[test]
+    fn a_private_text_is_a_message_from_its_author() {
+        let m = incoming("tg_private_text");
+        assert_eq!(m.event.event_id, "730100001");
+        assert_eq!(m.event.conversation.as_str(), "telegram:5550001001");
+        assert_eq!(m.event.user.id, "5550001001");
+        assert_eq!(m.event.user.name.as_deref(), Some("Ada Ops"));
+        assert_eq!(m.event.text, "status payments-api");
+        assert_eq!(m.event.reply_to.as_deref(), Some("1201"));
+        assert_eq!(m.event.received_at_ms, 42);
+        assert!(!m.event.group && m.event.interactive);
+        assert_eq!(
+            m.facts,
+            AddressFacts {
+                private: true,
+                ..AddressFacts::default()
+            }
+        );
+        assert_eq!(m.topic, None);
+    }
+
+    #[test]
+    fn a_group_mention_after_an_emoji_is_found_by_utf16_offset_and_stripped() {
+        let m = incoming("tg_group_mention");
+        assert!(m.facts.mentions_bot && !m.facts.private);
+        assert_eq!(m.event.text, "🚀 restart web-api");
+        assert_eq!(m.event.conversation.as_str(), "telegram:-1002200330044");
+        assert!(m.event.group);
+        assert_eq!(m.event.user.name.as_deref(), Some("Lin"));
+    }
+
+    #[test]
+    fn a_command_for_this_bot_loses_its_suffix() {
+        let m = incoming("tg_group_command");
+        assert!(m.facts.command && !m.facts.command_for_other_bot);
+        assert_eq!(m.event.text, "/status prod");
+
+        let mut update = fixture("tg_group_command");
+        let UpdateKind::Message(message) = &mut update.kind else {
+            panic!("a message")
+        };
+        let other: Message = serde_json::from_value(serde_json::json!({
+            "message_id": 89,
+            "from": {"id": 5550001002u64, "is_bot": false, "first_name": "Lin"},
+            "chat": {"id": -1002200330044i64, "title": "SRE on-call", "type": "supergroup"},
+            "date": 1767225700,
+            "text": "/status@other_bot prod",
+            "entities": [{"offset": 0, "length": 17, "type": "bot_command"}]
+        }))
+        .unwrap();
+        *message = other;
+        let Normalized::Message(m) = normalize(&update, &me(), 0) else {
+            panic!("still a message")
+        };
+        assert!(m.facts.command && m.facts.command_for_other_bot);
+        assert_eq!(m.event.text, "/status@other_bot prod", "left as written");
+    }
+
+    #[test]
+    fn a_reply_to_the_bot_is_seen_as_one() {
+        let m = incoming("tg_reply_to_bot");
+        assert!(m.facts.replies_to_bot && !m.facts.mentions_bot);
+        assert_eq!(m.event.text, "and the error rate?");
+    }
+
+    #[test]
+    fn a_forum_topic_is_its_own_conversation_and_its_root_is_not_a_reply_to_the_bot() {
+        let m = incoming("tg_forum_topic");
+        assert_eq!(m.topic, Some(400));
+        assert_eq!(m.event.conversation.as_str(), "telegram:-1003300440055:400");
+        assert!(m.facts.mentions_bot);
+        assert!(!m.facts.replies_to_bot);
+        assert_eq!(m.event.text, "tail logs worker");
+    }
+
+    #[test]
+    fn a_captioned_photo_brings_its_largest_size() {
+        let m = incoming("tg_photo_caption");
+        assert_eq!(m.event.text, "what is this graph?");
+        assert_eq!(
+            m.event.attachments,
+            [AttachmentRef {
+                name: "photo_AQADlarge.jpg".into(),
+                media_type: Some("image/jpeg".into()),
+                size: Some(98123),
+                source: AttachmentSource::Platform {
+                    id: "AgACAgQAAxkBAAIBPhotoLarge".into()
+                },
+            }]
+        );
+    }
+
+    #[test]
+    fn a_document_keeps_its_name_type_and_size() {
+        let m = incoming("tg_document");
+        assert_eq!(m.event.text, "parse this");
+        let file = &m.event.attachments[0];
+        assert_eq!(file.name, "crash.log");
+        assert_eq!(file.media_type.as_deref(), Some("text/plain"));
+        assert_eq!(file.size, Some(20480));
+        assert_eq!(
+            file.source,
+            AttachmentSource::Platform {
+                id: "BQACAgQAAxkBAAIBDocument".into()
+            }
+        );
+    }
+
+    #[test]
+    fn bots_edits_channel_posts_and_service_messages_are_ignored() {
+        let text = std::fs::read_to_string(format!(
+            "{}/tests/fixtures/tg_private_text.json",
+            env!("CARGO_MANIFEST_DIR")
+        ))
+        .unwrap();
+        let from_bot: Update =
+            serde_json::from_str(&text.replacen("\"is_bot\": false", "\"is_bot\": true", 1))
+                .unwrap();
+        assert_eq!(
+            normalize(&from_bot, &me(), 0),
+            Normalized::Ignored("written by a bot")
+        );
+
+        let edited: Update =
+            serde_json::from_str(&text.replacen("\"message\"", "\"edited_message\"", 1)).unwrap();
+        assert_eq!(normalize(&edited, &me(), 0), Normalized::Ignored("an edit"));
+        let post: Update =
+            serde_json::from_str(&text.replacen("\"message\"", "\"channel_post\"", 1)).unwrap();
+        assert_eq!(
+            normalize(&post, &me(), 0),
+            Normalized::Ignored("a channel post")
+        );
+
+        let joined: Update = serde_json::from_value(serde_json::json!({
+            "update_id": 1,
+            "message": {
+                "message_id": 5,
+                "from": {"id": 1, "is_bot": false, "first_name": "A"},
+                "chat": {"id": -5, "title": "g", "type": "group"},
+                "date": 1,
+                "new_chat_members": [{"id": 2, "is_bot": false, "first_name": "B"}]
+            }
+        }))
+        .unwrap();
+        assert!(matches!(
+            normalize(&joined, &me(), 0),
+            Normalized::Ignored(_)
+        ));
+    }
+
+    #[test]
+    fn cutting_keeps_one_space_and_trims() {
+        assert_eq!(without("a @bot b", vec![2..6]), "a b");
+        assert_eq!(without("@bot hi", vec![0..4]), "hi");
+        assert_eq!(without("hi @bot", vec![3..7]), "hi");
+        assert_eq!(
+            without("x", vec![5..9]),
+            "x",
+            "a range past the end is skipped"
+        );
+    }
+}
