@@ -12,6 +12,8 @@
     )
 )]
 
+mod client;
 mod normalize;
 
+pub use client::TelegramApi;
 pub use normalize::{AddressFacts, BotIdentity, Incoming, Normalized, normalize};
