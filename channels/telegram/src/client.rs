@@ -7,10 +7,31 @@ use futures_util::StreamExt;
 use teloxide_core::Bot;
 use teloxide_core::errors::{ApiError, RequestError};
 use teloxide_core::net::Download;
-use teloxide_core::requests::Requester;
-use teloxide_core::types::FileId;
+use teloxide_core::payloads::SendMessageSetters;
+use teloxide_core::requests::{Request, Requester};
+use teloxide_core::types::{ChatId, FileId, MessageId, ParseMode, ReplyParameters, ThreadId};
 
 use crate::normalize::BotIdentity;
+
+/// Where a message goes: the chat, the forum topic, the message it answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Target {
+    /// The chat.
+    pub chat_id: i64,
+    /// The forum topic, for topic messages.
+    pub topic: Option<i32>,
+    /// The message this one replies to (in groups).
+    pub reply_to: Option<i32>,
+}
+
+/// Why a message was not sent.
+#[derive(Debug, Clone, PartialEq)]
+pub enum SendFailure {
+    /// Telegram could not parse the HTML.
+    Markup,
+    /// Anything else.
+    Other(ChannelError),
+}
 
 /// A Bot API client for one bot.
 #[derive(Clone)]
@@ -71,6 +92,34 @@ impl TelegramApi {
             bytes.extend_from_slice(&chunk);
         }
         Ok(bytes)
+    }
+
+    /// Sends one message (`sendMessage`) and returns its id. `html` selects Telegram's HTML
+    /// parse mode; a message Telegram cannot parse as HTML is [`SendFailure::Markup`], so the
+    /// caller can send the same words plain.
+    pub async fn send_text(
+        &self,
+        target: &Target,
+        text: &str,
+        html: bool,
+    ) -> Result<i32, SendFailure> {
+        let mut request = self.bot.send_message(ChatId(target.chat_id), text);
+        if html {
+            request = request.parse_mode(ParseMode::Html);
+        }
+        if let Some(topic) = target.topic {
+            request = request.message_thread_id(ThreadId(MessageId(topic)));
+        }
+        if let Some(reply_to) = target.reply_to {
+            // A deleted original must not lose the answer.
+            request = request
+                .reply_parameters(ReplyParameters::new(MessageId(reply_to)).allow_sending_without_reply());
+        }
+        match request.send().await {
+            Ok(message) => Ok(message.id.0),
+            Err(RequestError::Api(ApiError::CantParseEntities(_))) if html => Err(SendFailure::Markup),
+            Err(e) => Err(SendFailure::Other(self.error(e))),
+        }
     }
 
     /// `text` with the bot token masked.

@@ -1,0 +1,339 @@
+//! Telegram as an antler [`Channel`]: the webhook's secret header, the update parsed and
+//! normalized, attachments fetched through the Bot API.
+
+use std::sync::RwLock;
+
+use antler_channel::render::{Document, Limit, Renderer, TelegramHtml, chunk};
+use antler_channel::{
+    AttachmentRef, AttachmentSource, Channel, ChannelError, OutboundMessage, Parsed, Receipt,
+    WebhookRequest, verify,
+};
+use teloxide_core::types::Update;
+
+use crate::client::{SendFailure, Target, TelegramApi};
+use crate::normalize::{AddressFacts, BotIdentity, Normalized, normalize};
+
+/// The most a message may hold, in UTF-16 units (Telegram counts after parsing the markup;
+/// counting the markup too keeps every chunk under it).
+const MESSAGE_LIMIT: usize = 4096;
+
+/// The header Telegram sends the webhook secret in.
+pub const SECRET_HEADER: &str = "x-telegram-bot-api-secret-token";
+
+/// What the Telegram channel is set up with.
+#[derive(Clone)]
+pub struct TelegramSettings {
+    /// The bot token from @BotFather.
+    pub bot_token: String,
+    /// The secret the webhook carries in [`SECRET_HEADER`].
+    pub webhook_secret: String,
+    /// The Bot API base URL.
+    pub api_url: String,
+}
+
+impl std::fmt::Debug for TelegramSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TelegramSettings")
+            .field("bot_token", &"***")
+            .field("webhook_secret", &"***")
+            .field("api_url", &self.api_url)
+            .finish()
+    }
+}
+
+/// The Telegram channel.
+#[derive(Debug)]
+pub struct TelegramChannel {
+    webhook_secret: String,
+    api: TelegramApi,
+    /// Who the bot is: its id is the token's prefix; its username comes from `getMe`
+    /// ([`TelegramChannel::learn_identity`]); until then, mentions by name are not recognised.
+    me: RwLock<BotIdentity>,
+    now_ms: fn() -> u64,
+}
+
+impl TelegramChannel {
+    /// The channel for `settings`; `now_ms` stamps received messages.
+    pub fn new(settings: &TelegramSettings, now_ms: fn() -> u64) -> Result<Self, ChannelError> {
+        let id = settings
+            .bot_token
+            .split_once(':')
+            .and_then(|(id, _)| id.parse().ok())
+            .ok_or_else(|| {
+                ChannelError::Permanent(
+                    "channels.telegram.bot_token does not look like a bot token (<id>:<secret>)"
+                        .to_owned(),
+                )
+            })?;
+        Ok(Self {
+            webhook_secret: settings.webhook_secret.clone(),
+            api: TelegramApi::new(&settings.bot_token, &settings.api_url)?,
+            me: RwLock::new(BotIdentity {
+                id,
+                username: String::new(),
+            }),
+            now_ms,
+        })
+    }
+
+    /// The Bot API client.
+    pub fn api(&self) -> &TelegramApi {
+        &self.api
+    }
+
+    /// Asks Telegram who the bot is (`getMe`) and remembers it.
+    pub async fn learn_identity(&self) -> Result<BotIdentity, ChannelError> {
+        let me = self.api.get_me().await?;
+        if let Ok(mut known) = self.me.write() {
+            known.clone_from(&me);
+        }
+        Ok(me)
+    }
+
+    fn identity(&self) -> BotIdentity {
+        self.me.read().map(|me| me.clone()).unwrap_or_else(|e| e.into_inner().clone())
+    }
+}
+
+/// Where `message` goes: `telegram:<chat>[:<topic>]`; in groups (negative chat ids) it
+/// replies to the user's message.
+fn target(message: &OutboundMessage) -> Result<Target, ChannelError> {
+    let mut parts = message.conversation.as_str().split(':').skip(1);
+    let chat_id: i64 = parts
+        .next()
+        .and_then(|chat| chat.parse().ok())
+        .ok_or_else(|| {
+            ChannelError::Permanent(format!("not a Telegram conversation: {}", message.conversation))
+        })?;
+    let topic = parts.next().and_then(|topic| topic.parse().ok());
+    let reply_to = if chat_id < 0 {
+        message.reply_to.as_deref().and_then(|id| id.parse().ok())
+    } else {
+        None
+    };
+    Ok(Target {
+        chat_id,
+        topic,
+        reply_to,
+    })
+}
+
+/// The words of a chunk of our own Telegram HTML: tags dropped, entities decoded.
+fn plain(html: &str) -> String {
+    let mut text = String::with_capacity(html.len());
+    let mut in_tag = false;
+    for c in html.chars() {
+        match c {
+            '<' => in_tag = true,
+            '>' if in_tag => in_tag = false,
+            c if !in_tag => text.push(c),
+            _ => {}
+        }
+    }
+    text.replace("&lt;", "<")
+        .replace("&gt;", ">")
+        .replace("&quot;", "\"")
+        .replace("&amp;", "&")
+}
+
+/// Whether a message is for the bot: always in a private chat; in a group only when it
+/// mentions the bot, replies to it, or is a command not addressed to another bot.
+fn addressed(facts: &AddressFacts) -> bool {
+    facts.private
+        || facts.mentions_bot
+        || facts.replies_to_bot
+        || (facts.command && !facts.command_for_other_bot)
+}
+
+#[async_trait::async_trait]
+impl Channel for TelegramChannel {
+    fn name(&self) -> &'static str {
+        "telegram"
+    }
+
+    fn verify(&self, request: &WebhookRequest<'_>) -> Result<(), ChannelError> {
+        let given = request
+            .headers
+            .get(SECRET_HEADER)
+            .map(|value| value.as_bytes())
+            .unwrap_or_default();
+        if self.webhook_secret.is_empty()
+            || !verify::constant_time_eq(given, self.webhook_secret.as_bytes())
+        {
+            return Err(ChannelError::Unauthorized);
+        }
+        Ok(())
+    }
+
+    fn parse(&self, request: &WebhookRequest<'_>) -> Result<Parsed, ChannelError> {
+        let update: Update = serde_json::from_slice(request.body)
+            .map_err(|e| ChannelError::Malformed(format!("not a Telegram update: {e}")))?;
+        match normalize(&update, &self.identity(), (self.now_ms)()) {
+            Normalized::Message(incoming) if addressed(&incoming.facts) => {
+                Ok(Parsed::Events(vec![incoming.event]))
+            }
+            Normalized::Message(_) | Normalized::Ignored(_) => Ok(Parsed::Ignore),
+        }
+    }
+
+    /// Sends the answer as Telegram HTML in chunks of at most 4096 UTF-16 units; a chunk
+    /// Telegram cannot parse goes again as the same words without markup. In groups the first
+    /// chunk replies to the user's message; topic messages stay in their topic.
+    async fn send(&self, message: &OutboundMessage) -> Result<Receipt, ChannelError> {
+        let mut target = target(message)?;
+        let doc = Document::parse(&message.text);
+        let chunks = chunk(&TelegramHtml.render(&doc), Limit::Utf16(MESSAGE_LIMIT))
+            .map_err(|e| ChannelError::Permanent(e.to_string()))?;
+        let mut first = None;
+        for html in &chunks {
+            let id = match self.api.send_text(&target, html, true).await {
+                Ok(id) => id,
+                Err(SendFailure::Markup) => {
+                    match self.api.send_text(&target, &plain(html), false).await {
+                        Ok(id) => id,
+                        Err(SendFailure::Markup) => {
+                            return Err(ChannelError::Permanent(
+                                "Telegram refused the message's markup".to_owned(),
+                            ));
+                        }
+                        Err(SendFailure::Other(e)) => return Err(e),
+                    }
+                }
+                Err(SendFailure::Other(e)) => return Err(e),
+            };
+            first.get_or_insert(id);
+            // Only the first chunk is a reply; the rest follow it.
+            target.reply_to = None;
+        }
+        let id = first.ok_or_else(|| ChannelError::Permanent("the answer is empty".to_owned()))?;
+        Ok(Receipt {
+            platform_message_id: id.to_string(),
+        })
+    }
+
+    async fn fetch_attachment(
+        &self,
+        attachment: &AttachmentRef,
+        max_bytes: u64,
+    ) -> Result<Vec<u8>, ChannelError> {
+        match &attachment.source {
+            AttachmentSource::Platform { id } => self.api.fetch_file(id, max_bytes).await,
+            AttachmentSource::Url { .. } | AttachmentSource::Inline { .. } => {
+                Err(ChannelError::Unsupported)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn channel() -> TelegramChannel {
+        let channel = TelegramChannel::new(
+            &TelegramSettings {
+                bot_token: "7000000001:TEST-token".into(),
+                webhook_secret: "s3cret_hook-1".into(),
+                api_url: "http://127.0.0.1:9".into(),
+            },
+            || 42,
+        )
+        .unwrap();
+        if let Ok(mut me) = channel.me.write() {
+            me.username = "opsbot_bot".into();
+        }
+        channel
+    }
+
+    fn request<'a>(headers: &'a http::HeaderMap, body: &'a [u8]) -> WebhookRequest<'a> {
+        WebhookRequest { headers, body }
+    }
+
+    fn fixture(name: &str) -> Vec<u8> {
+        std::fs::read(format!("{}/tests/fixtures/{name}.json", env!("CARGO_MANIFEST_DIR"))).unwrap()
+    }
+
+    #[test]
+    fn the_secret_header_must_match_exactly() {
+        let channel = channel();
+        let mut headers = http::HeaderMap::new();
+        assert_eq!(channel.verify(&request(&headers, b"{}")), Err(ChannelError::Unauthorized));
+        headers.insert(SECRET_HEADER, "s3cret_hook-2".parse().unwrap());
+        assert_eq!(channel.verify(&request(&headers, b"{}")), Err(ChannelError::Unauthorized));
+        headers.insert(SECRET_HEADER, "s3cret_hook-1".parse().unwrap());
+        assert_eq!(channel.verify(&request(&headers, b"{}")), Ok(()));
+    }
+
+    #[test]
+    fn addressed_messages_are_events_and_the_rest_is_ignored() {
+        let channel = channel();
+        let headers = http::HeaderMap::new();
+        for name in [
+            "tg_private_text",
+            "tg_group_mention",
+            "tg_group_command",
+            "tg_reply_to_bot",
+            "tg_forum_topic",
+            "tg_photo_caption",
+            "tg_document",
+        ] {
+            let parsed = channel.parse(&request(&headers, &fixture(name))).unwrap();
+            let Parsed::Events(events) = parsed else {
+                panic!("{name} is for the bot: {parsed:?}")
+            };
+            assert_eq!(events.len(), 1, "{name}");
+            assert_eq!(events[0].received_at_ms, 42);
+        }
+        // A plain group message that does not address the bot.
+        let plain = String::from_utf8(fixture("tg_group_mention"))
+            .unwrap()
+            .replace("🚀 @opsbot_bot restart web-api", "restart web-api please")
+            .replace("\"offset\": 3, \"length\": 11, \"type\": \"mention\"", "\"offset\": 0, \"length\": 7, \"type\": \"bold\"");
+        assert_eq!(
+            channel.parse(&request(&headers, plain.as_bytes())).unwrap(),
+            Parsed::Ignore
+        );
+        assert!(matches!(
+            channel.parse(&request(&headers, b"{not json")),
+            Err(ChannelError::Malformed(_))
+        ));
+    }
+
+    #[test]
+    fn the_rule_for_groups() {
+        let group = AddressFacts::default();
+        assert!(!addressed(&group));
+        assert!(addressed(&AddressFacts { private: true, ..group }));
+        assert!(addressed(&AddressFacts { mentions_bot: true, ..group }));
+        assert!(addressed(&AddressFacts { replies_to_bot: true, ..group }));
+        assert!(addressed(&AddressFacts { command: true, ..group }));
+        assert!(!addressed(&AddressFacts {
+            command: true,
+            command_for_other_bot: true,
+            ..group
+        }));
+    }
+
+    #[test]
+    fn a_token_without_an_id_is_refused_naming_the_key() {
+        let error = TelegramChannel::new(
+            &TelegramSettings {
+                bot_token: "nonsense".into(),
+                webhook_secret: "s".into(),
+                api_url: "http://127.0.0.1:9".into(),
+            },
+            || 0,
+        )
+        .unwrap_err();
+        assert!(matches!(error, ChannelError::Permanent(text) if text.contains("bot_token")));
+        let debug = format!(
+            "{:?}",
+            TelegramSettings {
+                bot_token: "1:SECRET".into(),
+                webhook_secret: "HOOK".into(),
+                api_url: "u".into()
+            }
+        );
+        assert!(!debug.contains("SECRET") && !debug.contains("HOOK"), "{debug}");
+    }
+}
