@@ -2,7 +2,8 @@
 //!
 //! What every antler channel shares: the [`Channel`] trait, the normalized [`InboundEvent`] and
 //! [`OutboundMessage`], conversation keys, and the constant-time verification helpers in
-//! [`verify`].
+//! [`verify`]; and the [`render`] toolkit that turns Markdown answers into chunks of platform
+//! markup.
 //!
 //! A channel is pure protocol. [`Channel::verify`] and [`Channel::parse`] are synchronous and
 //! work on the raw request (headers and body bytes), so they can be tested against recorded
@@ -11,6 +12,7 @@
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
 
 mod event;
+pub mod render;
 pub mod verify;
 
 pub use event::{

@@ -1,0 +1,45 @@
+//! Rendering an answer for a platform: Markdown in, chunks of platform markup out.
+//!
+//! The model's Markdown is parsed once into a [`Document`]. A [`Renderer`] turns the document
+//! into a stream of [`Token`]s: text already escaped for the platform, with every span of
+//! formatting as an [`Token::Open`] (its opening and closing markup) ended by a
+//! [`Token::Close`], and every escape sequence as an unsplittable [`Token::Atom`]. [`chunk`]
+//! splits that stream at a platform's [`Limit`], closing the spans open at each boundary and
+//! reopening them in the next chunk, so every chunk is valid markup on its own.
+//!
+//! ```
+//! use antler_channel::render::{chunk, Document, Limit, Renderer, TelegramHtml};
+//!
+//! let doc = Document::parse("**hi** <there>");
+//! let chunks = chunk(&TelegramHtml.render(&doc), Limit::Utf16(4096)).unwrap();
+//! assert_eq!(chunks, ["<b>hi</b> &lt;there&gt;"]);
+//! ```
+//!
+//! # Adding a platform
+//!
+//! A new renderer implements [`Renderer`] and needs nothing else from the chunker:
+//!
+//! - Slack mrkdwn: bold is `Open { open: "*", close: "*" }`, a code block is
+//!   `Open { open: "```\n", close: "\n```" }`, a link is `Open { open: "<url|", close: ">" }`;
+//!   `&`, `<` and `>` in text are emitted as `Atom("&amp;")` and so on.
+//! - Discord Markdown: bold is `Open { open: "**", close: "**" }`, a code block
+//!   `Open { open: "```rust\n", close: "\n```" }`; a backslash escape such as `\*` is an
+//!   `Atom`, so it is never split from the character it escapes.
+//!
+//! The chunker counts the markup itself against the limit, prefers paragraph breaks
+//! (`"\n\n"`), then line breaks, then spaces inside [`Token::Text`], and never splits a
+//! [`Token::Atom`] or a character.
+
+mod chunk;
+mod document;
+mod telegram_html;
+
+pub use chunk::{ChunkError, Limit, Token, chunk, concat};
+pub use document::{Block, Document, Inline};
+pub use telegram_html::{PlainText, TelegramHtml};
+
+/// Turns a [`Document`] into platform markup as a token stream for [`chunk`] or [`concat`].
+pub trait Renderer {
+    /// Renders `doc`. The stream must be balanced: one [`Token::Close`] per [`Token::Open`].
+    fn render(&self, doc: &Document) -> Vec<Token>;
+}

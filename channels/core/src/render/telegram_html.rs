@@ -1,0 +1,272 @@
+//! Telegram HTML and plain text: the two renderers that share one walk over the document.
+
+use super::Renderer;
+use super::chunk::Token;
+use super::document::{Block, Document, Inline};
+
+/// Telegram's `parse_mode=HTML`: `<b>`, `<i>`, `<s>`, `<code>`, `<pre>`, `<a href>` and
+/// `<blockquote>`, with only `&`, `<` and `>` escaped in text (and `"` in links).
+///
+/// Headings become bold lines, lists become `• ` / `1. ` lines indented by nesting, a rule a
+/// line of `———`, and a table aligned text in `<pre>`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct TelegramHtml;
+
+/// Text without markup: the re-send when a platform rejects the markup, and the rendering for
+/// platforms without any. Links become `text (url)`, quotes `> ` lines.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PlainText;
+
+impl Renderer for TelegramHtml {
+    fn render(&self, doc: &Document) -> Vec<Token> {
+        walk(doc, true)
+    }
+}
+
+impl Renderer for PlainText {
+    fn render(&self, doc: &Document) -> Vec<Token> {
+        walk(doc, false)
+    }
+}
+
+fn walk(doc: &Document, html: bool) -> Vec<Token> {
+    let mut walker = Walker {
+        html,
+        out: Vec::new(),
+        indent: String::new(),
+    };
+    walker.blocks(&doc.blocks, "\n\n");
+    walker.out
+}
+
+struct Walker {
+    html: bool,
+    out: Vec<Token>,
+    /// What starts every continuation line: spaces under list markers, `> ` in plain quotes.
+    indent: String,
+}
+
+impl Walker {
+    fn open(&mut self, open: String, close: &str) {
+        if self.html {
+            self.out.push(Token::Open {
+                open,
+                close: close.to_owned(),
+            });
+        }
+    }
+
+    fn close(&mut self) {
+        if self.html {
+            self.out.push(Token::Close);
+        }
+    }
+
+    /// Output that needs no escaping (markers, newlines, indentation).
+    fn raw(&mut self, text: &str) {
+        if text.is_empty() {
+            return;
+        }
+        if let Some(Token::Text(last)) = self.out.last_mut() {
+            last.push_str(text);
+        } else {
+            self.out.push(Token::Text(text.to_owned()));
+        }
+    }
+
+    /// User text: escaped for HTML, with each entity an atom the chunker never splits.
+    fn text(&mut self, text: &str) {
+        if !self.html {
+            return self.raw(text);
+        }
+        let mut rest = text;
+        while let Some(at) = rest.find(['&', '<', '>']) {
+            self.raw(&rest[..at]);
+            let entity = match rest.as_bytes()[at] {
+                b'&' => "&amp;",
+                b'<' => "&lt;",
+                _ => "&gt;",
+            };
+            self.out.push(Token::Atom(entity.to_owned()));
+            rest = &rest[at + 1..];
+        }
+        self.raw(rest);
+    }
+
+    fn newline(&mut self) {
+        self.raw("\n");
+        let indent = std::mem::take(&mut self.indent);
+        self.raw(&indent);
+        self.indent = indent;
+    }
+
+    fn blocks(&mut self, blocks: &[Block], separator: &str) {
+        for (i, block) in blocks.iter().enumerate() {
+            if i > 0 {
+                // Blank lines carry no indentation; only the last newline does.
+                for _ in 1..separator.len() {
+                    self.raw("\n");
+                }
+                self.newline();
+            }
+            self.block(block);
+        }
+    }
+
+    fn block(&mut self, block: &Block) {
+        match block {
+            Block::Paragraph(content) => self.inlines(content),
+            Block::Heading { content, .. } => {
+                self.open("<b>".to_owned(), "</b>");
+                self.inlines(content);
+                self.close();
+            }
+            Block::Code { language, text } => {
+                match language.as_deref().filter(|l| is_class_safe(l)) {
+                    Some(language) => self.open(
+                        format!("<pre><code class=\"language-{language}\">"),
+                        "</code></pre>",
+                    ),
+                    None => self.open("<pre>".to_owned(), "</pre>"),
+                }
+                self.text(text);
+                self.close();
+            }
+            Block::Quote(blocks) => {
+                if self.html {
+                    self.open("<blockquote>".to_owned(), "</blockquote>");
+                    self.blocks(blocks, "\n");
+                    self.close();
+                } else {
+                    self.raw("> ");
+                    self.indent.push_str("> ");
+                    self.blocks(blocks, "\n");
+                    self.indent.truncate(self.indent.len() - 2);
+                }
+            }
+            Block::List { start, items } => {
+                for (n, item) in items.iter().enumerate() {
+                    if n > 0 {
+                        self.newline();
+                    }
+                    let marker = match start {
+                        Some(first) => format!("{}. ", first.saturating_add(n as u64)),
+                        None => "• ".to_owned(),
+                    };
+                    self.raw(&marker);
+                    let saved = self.indent.len();
+                    self.indent.push_str(&" ".repeat(marker.chars().count()));
+                    self.blocks(item, "\n");
+                    self.indent.truncate(saved);
+                }
+            }
+            Block::Rule => self.raw("———"),
+            Block::Table(rows) => self.table(rows),
+        }
+    }
+
+    /// Tables become aligned plain text: chat clients have no table markup.
+    fn table(&mut self, rows: &[Vec<Vec<Inline>>]) {
+        let cells: Vec<Vec<String>> = rows
+            .iter()
+            .map(|row| row.iter().map(|cell| plain(cell)).collect())
+            .collect();
+        let columns = cells.iter().map(Vec::len).max().unwrap_or(0);
+        let widths: Vec<usize> = (0..columns)
+            .map(|c| {
+                cells
+                    .iter()
+                    .filter_map(|row| row.get(c))
+                    .map(|cell| cell.chars().count())
+                    .max()
+                    .unwrap_or(0)
+            })
+            .collect();
+        let mut lines = Vec::new();
+        for (r, row) in cells.iter().enumerate() {
+            let line: Vec<String> = (0..columns)
+                .map(|c| {
+                    let cell = row.get(c).map_or("", String::as_str);
+                    format!("{cell:<width$}", width = widths[c])
+                })
+                .collect();
+            lines.push(line.join(" | ").trim_end().to_owned());
+            if r == 0 {
+                let rule: Vec<String> = widths.iter().map(|w| "-".repeat(*w)).collect();
+                lines.push(rule.join("-+-"));
+            }
+        }
+        self.open("<pre>".to_owned(), "</pre>");
+        self.text(&lines.join("\n"));
+        self.close();
+    }
+
+    fn inlines(&mut self, content: &[Inline]) {
+        for inline in content {
+            self.inline(inline);
+        }
+    }
+
+    fn inline(&mut self, inline: &Inline) {
+        let (open, close, content) = match inline {
+            Inline::Text(text) => return self.text(text),
+            Inline::LineBreak => return self.newline(),
+            Inline::Code(code) => {
+                self.open("<code>".to_owned(), "</code>");
+                self.text(code);
+                return self.close();
+            }
+            Inline::Link { url, content } => {
+                if !self.html {
+                    self.inlines(content);
+                    let label = plain(content);
+                    if label != *url && Some(label.as_str()) != url.strip_prefix("mailto:") {
+                        self.raw(&format!(" ({url})"));
+                    }
+                    return;
+                }
+                (
+                    format!("<a href=\"{}\">", escape_attr(url)),
+                    "</a>",
+                    content,
+                )
+            }
+            Inline::Bold(content) => ("<b>".to_owned(), "</b>", content),
+            Inline::Italic(content) => ("<i>".to_owned(), "</i>", content),
+            Inline::Strike(content) => ("<s>".to_owned(), "</s>", content),
+        };
+        self.open(open, close);
+        self.inlines(content);
+        self.close();
+    }
+}
+
+/// A language name is put in a class attribute only if it cannot break out of it.
+fn is_class_safe(language: &str) -> bool {
+    language
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '_' | '.' | '#'))
+}
+
+fn escape_attr(text: &str) -> String {
+    text.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
+
+/// The text of inline content with all formatting dropped.
+fn plain(content: &[Inline]) -> String {
+    let mut out = String::new();
+    for inline in content {
+        match inline {
+            Inline::Text(text) | Inline::Code(text) => out.push_str(text),
+            Inline::LineBreak => out.push(' '),
+            Inline::Bold(inner) | Inline::Italic(inner) | Inline::Strike(inner) => {
+                out.push_str(&plain(inner));
+            }
+            Inline::Link { content, .. } => out.push_str(&plain(content)),
+        }
+    }
+    out
+}

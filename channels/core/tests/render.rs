@@ -1,0 +1,394 @@
+//! Golden tests for the render toolkit: Markdown → Telegram HTML / plain text, and chunking.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use antler_channel::render::{
+    Block, ChunkError, Document, Inline, Limit, PlainText, Renderer, TelegramHtml, Token, chunk,
+    concat,
+};
+
+fn html(markdown: &str) -> String {
+    concat(&TelegramHtml.render(&Document::parse(markdown)))
+}
+
+fn plain(markdown: &str) -> String {
+    concat(&PlainText.render(&Document::parse(markdown)))
+}
+
+fn html_chunks(markdown: &str, limit: Limit) -> Vec<String> {
+    chunk(&TelegramHtml.render(&Document::parse(markdown)), limit).unwrap()
+}
+
+/// The tags Telegram accepts that our renderer may emit.
+const TAGS: &[&str] = &["b", "i", "s", "code", "pre", "a", "blockquote"];
+
+/// Panics unless `text` is markup Telegram would accept on its own: known tags, properly
+/// nested and all closed, and no `&`, `<` or `>` outside an entity or a tag.
+fn assert_balanced(text: &str) {
+    let mut stack: Vec<&str> = Vec::new();
+    let mut rest = text;
+    while let Some(at) = rest.find(['<', '&', '>']) {
+        let tail = &rest[at..];
+        match tail.as_bytes()[0] {
+            b'&' => {
+                let entity = ["&amp;", "&lt;", "&gt;", "&quot;"]
+                    .iter()
+                    .find(|e| tail.starts_with(**e))
+                    .unwrap_or_else(|| panic!("bare or split entity in {text:?}"));
+                rest = &tail[entity.len()..];
+            }
+            b'>' => panic!("bare > in {text:?}"),
+            _ => {
+                let end = tail
+                    .find('>')
+                    .unwrap_or_else(|| panic!("unterminated tag in {text:?}"));
+                let tag = &tail[1..end];
+                if let Some(name) = tag.strip_prefix('/') {
+                    assert_eq!(stack.pop(), Some(name), "misnested </{name}> in {text:?}");
+                } else {
+                    let name = tag.split(' ').next().unwrap();
+                    assert!(TAGS.contains(&name), "unknown tag <{tag}> in {text:?}");
+                    stack.push(name);
+                }
+                rest = &tail[end + 1..];
+            }
+        }
+    }
+    assert!(stack.is_empty(), "unclosed {stack:?} in {text:?}");
+}
+
+/// The visible text of markup: tags removed, entities decoded, whitespace dropped (chunk
+/// boundaries drop the whitespace they split at).
+fn visible(text: &str) -> String {
+    let mut out = String::new();
+    let mut in_tag = false;
+    for c in text.chars() {
+        match c {
+            '<' => in_tag = true,
+            '>' if in_tag => in_tag = false,
+            c if !in_tag && !c.is_whitespace() => out.push(c),
+            _ => {}
+        }
+    }
+    out.replace("&lt;", "<")
+        .replace("&gt;", ">")
+        .replace("&quot;", "\"")
+        .replace("&amp;", "&")
+}
+
+#[test]
+fn the_balance_checker_rejects_broken_markup() {
+    for broken in [
+        "<b>x",
+        "<b><i>x</b></i>",
+        "a &am",
+        "x <",
+        "<u>x</u>",
+        "a > b",
+    ] {
+        assert!(
+            std::panic::catch_unwind(|| assert_balanced(broken)).is_err(),
+            "{broken:?} passed"
+        );
+    }
+    assert_balanced("<b>a &amp; <i>b</i></b>");
+}
+
+// ---- the document model ----
+
+#[test]
+fn the_model_merges_text_keeps_line_breaks_and_drops_unsafe_links() {
+    let doc = Document::parse("- a &amp; b\n  c\n- [d](ftp://x)\n\n```rust ignore\nx\n```");
+    let text = |t: &str| Inline::Text(t.to_owned());
+    assert_eq!(
+        doc.blocks,
+        [
+            Block::List {
+                start: None,
+                items: vec![
+                    vec![Block::Paragraph(vec![
+                        text("a & b"),
+                        Inline::LineBreak,
+                        text("c")
+                    ])],
+                    vec![Block::Paragraph(vec![text("d")])],
+                ],
+            },
+            Block::Code {
+                language: Some("rust".to_owned()),
+                text: "x".to_owned(),
+            },
+        ]
+    );
+}
+
+// ---- Telegram HTML goldens ----
+
+#[test]
+fn nested_formatting_bold_inside_italic_inside_a_link() {
+    assert_eq!(
+        html("[*very **bold** move*](https://example.com/?a=1&b=\"2\")"),
+        "<a href=\"https://example.com/?a=1&amp;b=&quot;2&quot;\"><i>very <b>bold</b> move</i></a>"
+    );
+    assert_eq!(
+        html("~~gone~~ and `x < y`"),
+        "<s>gone</s> and <code>x &lt; y</code>"
+    );
+}
+
+#[test]
+fn code_blocks_keep_language_and_escape_their_text() {
+    assert_eq!(
+        html("```rust\nif a < b && c > d {\n    go();\n}\n```"),
+        "<pre><code class=\"language-rust\">if a &lt; b &amp;&amp; c &gt; d {\n    go();\n}</code></pre>"
+    );
+    assert_eq!(html("```\n<&>\n```"), "<pre>&lt;&amp;&gt;</pre>");
+    // A language that could break out of the class attribute is dropped, not escaped.
+    assert_eq!(html("```a\"b\nx\n```"), "<pre>x</pre>");
+}
+
+#[test]
+fn user_text_is_escaped() {
+    assert_eq!(
+        html("<script>alert(1)</script> a & b > c"),
+        "&lt;script&gt;alert(1)&lt;/script&gt; a &amp; b &gt; c"
+    );
+}
+
+#[test]
+fn raw_html_is_shown_literally() {
+    assert_eq!(
+        html("x <b>not bold</b> y\n\n<div>\nblock\n</div>"),
+        "x &lt;b&gt;not bold&lt;/b&gt; y\n\n&lt;div&gt;\nblock\n&lt;/div&gt;"
+    );
+}
+
+#[test]
+fn nested_lists_are_indented_lines() {
+    assert_eq!(
+        html("- one\n- two\n  1. a\n  2. **b**\n     - deep\n- three"),
+        "• one\n• two\n  1. a\n  2. <b>b</b>\n     • deep\n• three"
+    );
+    assert_eq!(html("3. c\n4. d"), "3. c\n4. d");
+}
+
+#[test]
+fn headings_rules_quotes_and_tables() {
+    assert_eq!(
+        html("# Title\n\nText\n\n## Sub *it*\n\n---\n\n> quoted\n> on"),
+        "<b>Title</b>\n\nText\n\n<b>Sub <i>it</i></b>\n\n———\n\n<blockquote>quoted\non</blockquote>"
+    );
+    assert_eq!(
+        html("| a | bb |\n|---|---|\n| c<d | e |"),
+        "<pre>a   | bb\n----+---\nc&lt;d | e</pre>"
+    );
+}
+
+#[test]
+fn only_safe_link_schemes_stay_links() {
+    assert_eq!(
+        html("[x](javascript:alert(1)) [y](/relative) [z](tg://user?id=1) <me@example.com>"),
+        "x y <a href=\"tg://user?id=1\">z</a> <a href=\"mailto:me@example.com\">me@example.com</a>"
+    );
+}
+
+#[test]
+fn empty_input_renders_and_chunks_to_nothing() {
+    assert!(TelegramHtml.render(&Document::parse("")).is_empty());
+    assert_eq!(html_chunks("", Limit::Utf16(4096)), Vec::<String>::new());
+    assert_eq!(
+        html_chunks("\n\n  \n", Limit::Utf16(4096)),
+        Vec::<String>::new()
+    );
+}
+
+// ---- plain text goldens ----
+
+#[test]
+fn plain_text_drops_markup_and_keeps_urls() {
+    assert_eq!(
+        plain("# T\n\n[*a **b***](https://x.io) <https://y.io> <b>&amp;</b>\n\n> q\n\n- l\n  - m"),
+        "T\n\na b (https://x.io) https://y.io <b>&</b>\n\n> q\n\n• l\n  • m"
+    );
+    assert_eq!(plain("```rust\nx < y\n```"), "x < y");
+}
+
+// ---- chunking ----
+
+/// About 10,000 characters of answer: prose with formatting and links, and three code blocks,
+/// one of them longer than a Telegram message.
+fn long_answer() -> String {
+    let mut md = String::new();
+    for i in 0..12 {
+        md.push_str(&format!(
+            "Paragraph {i} talks about **bold ideas** and *gentle <emphasis>* with a \
+             [link](https://example.com/{i}?a=1&b=2) & some `inline < code`. 👍🏽 中文也在这里。\n\n"
+        ));
+    }
+    md.push_str("```rust\n");
+    for i in 0..150 {
+        md.push_str(&format!(
+            "let v{i} = if a < b && c > d {{ {i} }} else {{ 0 }};\n"
+        ));
+    }
+    md.push_str("```\n\n");
+    for i in 0..10 {
+        md.push_str(&format!("- item {i} with ~~old~~ text\n"));
+    }
+    md.push_str("\n```python\nprint('<&>')\n```\n\n");
+    for i in 0..15 {
+        md.push_str(&format!(
+            "Closing words {i}: *italic **and bold** text* and more.\n\n"
+        ));
+    }
+    md.push_str("```\nplain code\n```\n");
+    md
+}
+
+#[test]
+fn a_long_answer_chunks_into_valid_telegram_messages() {
+    let md = long_answer();
+    assert!(md.chars().count() >= 10_000, "{}", md.chars().count());
+    let whole = html(&md);
+    let chunks = html_chunks(&md, Limit::Utf16(4096));
+    assert!(chunks.len() >= 3, "{}", chunks.len());
+    for c in &chunks {
+        assert!(
+            c.encode_utf16().count() <= 4096,
+            "{}",
+            c.encode_utf16().count()
+        );
+        assert!(!c.is_empty());
+        assert_balanced(c);
+    }
+    assert_balanced(&whole);
+    // Nothing visible is lost or duplicated.
+    assert_eq!(visible(&chunks.concat()), visible(&whole));
+    // The long rust block crosses a boundary: closed at the end of one chunk and reopened,
+    // with its language, at the start of the next.
+    let open = "<pre><code class=\"language-rust\">";
+    let reopened = chunks
+        .windows(2)
+        .any(|w| w[0].ends_with("</code></pre>") && w[1].starts_with(open));
+    assert!(reopened, "{chunks:#?}");
+    assert!(chunks.iter().filter(|c| c.contains(open)).count() >= 2);
+    // Prose before the code block is split at a paragraph break, not mid-sentence.
+    assert!(chunks[0].ends_with("这里。"), "{:?}", chunks[0]);
+}
+
+#[test]
+fn emoji_is_never_split_from_its_modifier_or_halved() {
+    // 👍🏽 is two scalar values, each a surrogate pair: four UTF-16 units.
+    assert_eq!(
+        html_chunks("aaaaaa👍🏽", Limit::Utf16(10)),
+        ["aaaaaa👍🏽"],
+        "exactly at the limit"
+    );
+    assert_eq!(
+        html_chunks("aaaaaaaa👍🏽", Limit::Utf16(10)),
+        ["aaaaaaaa", "👍🏽"]
+    );
+    assert_eq!(
+        html_chunks("aaaaaaaaa👍🏽", Limit::Utf16(10)),
+        ["aaaaaaaaa", "👍🏽"]
+    );
+    let many = "👍".repeat(3000);
+    let chunks = html_chunks(&many, Limit::Utf16(4096));
+    assert_eq!(chunks.len(), 2);
+    assert_eq!(chunks[0].encode_utf16().count(), 4096);
+    assert_eq!(chunks.concat(), many);
+}
+
+#[test]
+fn cjk_at_the_limit_in_every_unit() {
+    assert_eq!(html_chunks("你好世界", Limit::Bytes(12)), ["你好世界"]);
+    assert_eq!(html_chunks("你好世界", Limit::Bytes(11)), ["你好世", "界"]);
+    assert_eq!(html_chunks("你好世界", Limit::Chars(4)), ["你好世界"]);
+    assert_eq!(html_chunks("你好世界", Limit::Chars(3)), ["你好世", "界"]);
+    assert_eq!(html_chunks("你好世界", Limit::Utf16(2)), ["你好", "世界"]);
+}
+
+#[test]
+fn a_word_longer_than_the_limit_is_split_anywhere() {
+    assert_eq!(
+        html_chunks("abcdefghij", Limit::Chars(4)),
+        ["abcd", "efgh", "ij"]
+    );
+    // The markup counts too: 7 of the 10 characters go to <b></b>.
+    assert_eq!(
+        html_chunks("**abcdefgh**", Limit::Chars(10)),
+        ["<b>abc</b>", "<b>def</b>", "<b>gh</b>"]
+    );
+}
+
+#[test]
+fn entities_are_never_split() {
+    assert_eq!(
+        html_chunks("&&&&&", Limit::Chars(12)),
+        ["&amp;&amp;", "&amp;&amp;", "&amp;"]
+    );
+}
+
+#[test]
+fn boundaries_prefer_paragraphs_then_lines_then_spaces() {
+    let chunks = |text: &str, n| chunk(&[Token::Text(text.to_owned())], Limit::Chars(n)).unwrap();
+    assert_eq!(
+        chunks("aaaa\n\nbbbb cccc\ndddd", 15),
+        ["aaaa", "bbbb cccc\ndddd"]
+    );
+    assert_eq!(
+        chunks("bbbb cccc\ndddd eeee", 16),
+        ["bbbb cccc", "dddd eeee"]
+    );
+    assert_eq!(chunks("bbbb cccc dddd", 12), ["bbbb cccc", "dddd"]);
+}
+
+#[test]
+fn a_link_split_across_chunks_repeats_its_href() {
+    assert_eq!(
+        html_chunks("[one two](https://a.io)", Limit::Chars(33)),
+        [
+            "<a href=\"https://a.io\">one</a>",
+            "<a href=\"https://a.io\">two</a>"
+        ]
+    );
+}
+
+#[test]
+fn a_span_with_no_text_in_a_chunk_is_left_out() {
+    // `<b></b>` fits exactly after the a's, so the last boundary that fits is inside the
+    // bold, before any of its text: the chunk must not end with an empty `<b></b>`.
+    assert_eq!(
+        html_chunks("aaaaa**bb**", Limit::Chars(12)),
+        ["aaaaa", "<b>bb</b>"]
+    );
+}
+
+#[test]
+fn a_limit_too_small_for_the_markup_is_an_error() {
+    let tokens = TelegramHtml.render(&Document::parse("```rust\nx\n```"));
+    assert_eq!(
+        chunk(&tokens, Limit::Chars(40)),
+        Err(ChunkError::LimitTooSmall {
+            limit: Limit::Chars(40)
+        })
+    );
+    assert_eq!(chunk(&tokens, Limit::Chars(48)).unwrap().len(), 1);
+}
+
+#[test]
+fn other_markup_dialects_plug_in_through_tokens() {
+    // What a Slack mrkdwn renderer would emit for a code block that crosses a boundary.
+    let tokens = [
+        Token::Open {
+            open: "```\n".to_owned(),
+            close: "\n```".to_owned(),
+        },
+        Token::Text("let a = 1;\nlet b = 2;".to_owned()),
+        Token::Atom("&amp;".to_owned()),
+        Token::Close,
+    ];
+    assert_eq!(
+        chunk(&tokens, Limit::Bytes(23)).unwrap(),
+        ["```\nlet a = 1;\n```", "```\nlet b = 2;&amp;\n```"]
+    );
+}
