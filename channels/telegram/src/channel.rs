@@ -91,7 +91,10 @@ impl TelegramChannel {
     }
 
     fn identity(&self) -> BotIdentity {
-        self.me.read().map(|me| me.clone()).unwrap_or_else(|e| e.into_inner().clone())
+        self.me
+            .read()
+            .map(|me| me.clone())
+            .unwrap_or_else(|e| e.into_inner().clone())
     }
 }
 
@@ -103,7 +106,10 @@ fn target(message: &OutboundMessage) -> Result<Target, ChannelError> {
         .next()
         .and_then(|chat| chat.parse().ok())
         .ok_or_else(|| {
-            ChannelError::Permanent(format!("not a Telegram conversation: {}", message.conversation))
+            ChannelError::Permanent(format!(
+                "not a Telegram conversation: {}",
+                message.conversation
+            ))
         })?;
     let topic = parts.next().and_then(|topic| topic.parse().ok());
     let reply_to = if chat_id < 0 {
@@ -250,16 +256,26 @@ mod tests {
     }
 
     fn fixture(name: &str) -> Vec<u8> {
-        std::fs::read(format!("{}/tests/fixtures/{name}.json", env!("CARGO_MANIFEST_DIR"))).unwrap()
+        std::fs::read(format!(
+            "{}/tests/fixtures/{name}.json",
+            env!("CARGO_MANIFEST_DIR")
+        ))
+        .unwrap()
     }
 
     #[test]
     fn the_secret_header_must_match_exactly() {
         let channel = channel();
         let mut headers = http::HeaderMap::new();
-        assert_eq!(channel.verify(&request(&headers, b"{}")), Err(ChannelError::Unauthorized));
+        assert_eq!(
+            channel.verify(&request(&headers, b"{}")),
+            Err(ChannelError::Unauthorized)
+        );
         headers.insert(SECRET_HEADER, "s3cret_hook-2".parse().unwrap());
-        assert_eq!(channel.verify(&request(&headers, b"{}")), Err(ChannelError::Unauthorized));
+        assert_eq!(
+            channel.verify(&request(&headers, b"{}")),
+            Err(ChannelError::Unauthorized)
+        );
         headers.insert(SECRET_HEADER, "s3cret_hook-1".parse().unwrap());
         assert_eq!(channel.verify(&request(&headers, b"{}")), Ok(()));
     }
@@ -288,7 +304,10 @@ mod tests {
         let plain = String::from_utf8(fixture("tg_group_mention"))
             .unwrap()
             .replace("🚀 @opsbot_bot restart web-api", "restart web-api please")
-            .replace("\"offset\": 3, \"length\": 11, \"type\": \"mention\"", "\"offset\": 0, \"length\": 7, \"type\": \"bold\"");
+            .replace(
+                "\"offset\": 3, \"length\": 11, \"type\": \"mention\"",
+                "\"offset\": 0, \"length\": 7, \"type\": \"bold\"",
+            );
         assert_eq!(
             channel.parse(&request(&headers, plain.as_bytes())).unwrap(),
             Parsed::Ignore
@@ -299,14 +318,144 @@ mod tests {
         ));
     }
 
+    /// A mock Bot API that records every SendMessage body and answers with increasing ids;
+    /// bodies whose text contains `REFUSE` are refused as unparsable HTML.
+    async fn mock_api() -> wiremock::MockServer {
+        use wiremock::matchers::{body_string_contains, method, path_regex};
+        use wiremock::{Mock, ResponseTemplate};
+
+        let server = wiremock::MockServer::start().await;
+        Mock::given(method("POST"))
+            .and(path_regex("/bot[^/]+/SendMessage"))
+            .and(body_string_contains("REFUSE"))
+            .and(body_string_contains("\"parse_mode\":\"HTML\""))
+            .respond_with(ResponseTemplate::new(400).set_body_json(serde_json::json!({
+                "ok": false, "error_code": 400,
+                "description": "Bad Request: can't parse entities: Unsupported start tag \"x\" at byte offset 0"
+            })))
+            .with_priority(1)
+            .mount(&server)
+            .await;
+        Mock::given(method("POST"))
+            .and(path_regex("/bot[^/]+/SendMessage"))
+            .respond_with(ResponseTemplate::new(200).set_body_json(serde_json::json!({
+                "ok": true,
+                "result": {"message_id": 700, "date": 1, "chat": {"id": -100, "type": "supergroup", "title": "g"},
+                           "text": "ok"}
+            })))
+            .with_priority(5)
+            .mount(&server)
+            .await;
+        server
+    }
+
+    fn channel_at(url: &str) -> TelegramChannel {
+        TelegramChannel::new(
+            &TelegramSettings {
+                bot_token: "7000000001:TEST-token".into(),
+                webhook_secret: "s".into(),
+                api_url: url.into(),
+            },
+            || 0,
+        )
+        .unwrap()
+    }
+
+    fn answer(conversation: &str, text: &str) -> OutboundMessage {
+        OutboundMessage {
+            idempotency_key: "k".into(),
+            conversation: antler_channel::ConversationKey::new("telegram", conversation.split(':')),
+            thread_id: "t".into(),
+            text: text.into(),
+            reply_to: Some("88".into()),
+        }
+    }
+
+    async fn sent(server: &wiremock::MockServer) -> Vec<serde_json::Value> {
+        server
+            .received_requests()
+            .await
+            .unwrap_or_default()
+            .iter()
+            .map(|r| serde_json::from_slice(&r.body).unwrap())
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn a_long_answer_goes_in_valid_chunks_the_first_replying_in_its_topic() {
+        let server = mock_api().await;
+        let channel = channel_at(&server.uri());
+        let mut markdown = String::new();
+        for i in 0..50 {
+            markdown.push_str(&format!("## Step {i}\n\nSome **bold** words & more.\n\n"));
+            markdown.push_str("```rust\nfn main() { println!(\"<hi>\"); }\n```\n\n");
+            markdown.push_str(&"word ".repeat(30));
+            markdown.push_str("\n\n");
+        }
+        assert!(markdown.len() > 10_000);
+        let receipt = channel
+            .send(&answer("-1003300440055:400", &markdown))
+            .await
+            .unwrap();
+        assert_eq!(receipt.platform_message_id, "700");
+        let bodies = sent(&server).await;
+        assert!(bodies.len() >= 3, "{} messages", bodies.len());
+        for (index, body) in bodies.iter().enumerate() {
+            let text = body["text"].as_str().unwrap();
+            assert!(text.encode_utf16().count() <= MESSAGE_LIMIT);
+            assert_eq!(body["parse_mode"], "HTML");
+            assert_eq!(body["chat_id"], -1_003_300_440_055i64);
+            assert_eq!(body["message_thread_id"], 400);
+            let replies = body.get("reply_parameters").is_some();
+            assert_eq!(replies, index == 0, "only the first chunk replies");
+            assert_eq!(
+                text.matches("<pre>").count(),
+                text.matches("</pre>").count()
+            );
+        }
+        assert_eq!(bodies[0]["reply_parameters"]["message_id"], 88);
+    }
+
+    #[tokio::test]
+    async fn markup_telegram_refuses_is_sent_again_as_plain_words() {
+        let server = mock_api().await;
+        let channel = channel_at(&server.uri());
+        channel
+            .send(&answer("5550001001", "**REFUSE** this & that"))
+            .await
+            .unwrap();
+        let bodies = sent(&server).await;
+        assert_eq!(bodies.len(), 2);
+        assert_eq!(bodies[0]["text"], "<b>REFUSE</b> this &amp; that");
+        assert_eq!(bodies[1]["text"], "REFUSE this & that");
+        assert_eq!(bodies[1].get("parse_mode"), None);
+        assert_eq!(
+            bodies[1].get("reply_parameters"),
+            None,
+            "private chats get no reply quote"
+        );
+    }
+
     #[test]
     fn the_rule_for_groups() {
         let group = AddressFacts::default();
         assert!(!addressed(&group));
-        assert!(addressed(&AddressFacts { private: true, ..group }));
-        assert!(addressed(&AddressFacts { mentions_bot: true, ..group }));
-        assert!(addressed(&AddressFacts { replies_to_bot: true, ..group }));
-        assert!(addressed(&AddressFacts { command: true, ..group }));
+        assert!(addressed(&AddressFacts {
+            private: true,
+            ..group
+        }));
+        assert!(addressed(&AddressFacts {
+            mentions_bot: true,
+            ..group
+        }));
+        assert!(addressed(&AddressFacts {
+            replies_to_bot: true,
+            ..group
+        }));
+        assert!(addressed(&AddressFacts {
+            command: true,
+            ..group
+        }));
         assert!(!addressed(&AddressFacts {
             command: true,
             command_for_other_bot: true,
@@ -334,6 +483,9 @@ mod tests {
                 api_url: "u".into()
             }
         );
-        assert!(!debug.contains("SECRET") && !debug.contains("HOOK"), "{debug}");
+        assert!(
+            !debug.contains("SECRET") && !debug.contains("HOOK"),
+            "{debug}"
+        );
     }
 }

@@ -112,12 +112,15 @@ impl TelegramApi {
         }
         if let Some(reply_to) = target.reply_to {
             // A deleted original must not lose the answer.
-            request = request
-                .reply_parameters(ReplyParameters::new(MessageId(reply_to)).allow_sending_without_reply());
+            request = request.reply_parameters(
+                ReplyParameters::new(MessageId(reply_to)).allow_sending_without_reply(),
+            );
         }
         match request.send().await {
             Ok(message) => Ok(message.id.0),
-            Err(RequestError::Api(ApiError::CantParseEntities(_))) if html => Err(SendFailure::Markup),
+            Err(RequestError::Api(ApiError::CantParseEntities(_))) if html => {
+                Err(SendFailure::Markup)
+            }
             Err(e) => Err(SendFailure::Other(self.error(e))),
         }
     }

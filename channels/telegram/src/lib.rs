@@ -12,8 +12,10 @@
     )
 )]
 
+mod channel;
 mod client;
 mod normalize;
 
-pub use client::TelegramApi;
+pub use channel::{SECRET_HEADER, TelegramChannel, TelegramSettings};
+pub use client::{SendFailure, Target, TelegramApi};
 pub use normalize::{AddressFacts, BotIdentity, Incoming, Normalized, normalize};
