@@ -274,6 +274,8 @@ impl ApiChannel {
             received_at_ms: crate::now_ms(),
             attachments,
             group: false,
+            chat: None,
+            refused: false,
             interactive: message.wait || message.stream,
         };
         Ok((message, event))
