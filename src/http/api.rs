@@ -2,7 +2,9 @@
 //!
 //! `POST /api/v1/messages` accepts `{conversation, user?, text, message_id?, attachments?}`
 //! (`user` defaults to the token's user, or `operator`) and answers 202
-//! with the thread id once the message is durable; the same `message_id` again is recognised
+//! with the thread id once the message is durable (202 with `"dropped": true` and nothing
+//! stored when its user is not in `channels.api.allowed_users` and was already told so within
+//! the hour); the same `message_id` again is recognised
 //! and answered with the same thread, nothing stored twice. `"stream": true` answers with an
 //! SSE stream instead (`accepted`, then the answer's `delta`s and its `final`), `"wait": true`
 //! with the answer itself; both also work for a resent `message_id`, whose answer is given as
@@ -45,6 +47,7 @@ use super::error::ApiError;
 use super::guard::{ApiAuth, Principal};
 use crate::agent::thread::ThreadState;
 use crate::events::{EventHub, Subscription, ThreadEvent};
+use crate::ingress::IngressError;
 use crate::ingress::attachments::{
     InlineError, MAX_ATTACHMENTS, clean_media_type, decode_inline, human_size, safe_file_name,
 };
@@ -410,7 +413,19 @@ pub(crate) async fn post_message(
     let conversation = event.conversation.to_string();
     let listen = message.stream || message.wait;
     let permit = listen.then(|| stream_permit(&state)).transpose()?;
-    let admission = state.ingress.accept(event, listen).await?;
+    let admission = match state.ingress.accept(event, listen).await {
+        Ok(admission) => admission,
+        Err(IngressError::Dropped) => {
+            // Refused within the hour: acknowledged, and nothing more to say.
+            let dropped = json!({
+                "conversation": conversation,
+                "message_id": message_id,
+                "dropped": true,
+            });
+            return Ok((StatusCode::ACCEPTED, Json(dropped)).into_response());
+        }
+        Err(e) => return Err(e.into()),
+    };
     let accepted = json!({
         "thread_id": admission.thread_id,
         "conversation": conversation,
