@@ -364,10 +364,13 @@ where
             grace,
         )));
     }
+    // Platform channels join `webhooks` as their crates are added.
+    let webhooks: Vec<Arc<dyn Channel>> = Vec::new();
     let app = router(
         state,
         config.channels.api.enabled,
         server.ops_listen.is_some(),
+        &webhooks,
     );
     let local = listener.local_addr()?;
     listeners.push(tokio::spawn(serve_http(

@@ -324,10 +324,15 @@ impl Channel for ApiChannel {
     }
 }
 
-/// The request body, within the size limit and the read deadline.
-async fn read_body(state: &AppState, request: Request) -> Result<axum::body::Bytes, ApiError> {
+/// The request body, within the size limit and the read deadline (refusals counted for
+/// `channel`).
+pub(super) async fn read_body(
+    state: &AppState,
+    channel: &'static str,
+    request: Request,
+) -> Result<axum::body::Bytes, ApiError> {
     let too_large = || {
-        metrics::counter!("antler_webhooks_rejected_total", "channel" => "api", "reason" => "too_large").increment(1);
+        metrics::counter!("antler_webhooks_rejected_total", "channel" => channel, "reason" => "too_large").increment(1);
         ApiError::TooLarge {
             limit: state.body_limit,
         }
@@ -343,7 +348,7 @@ async fn read_body(state: &AppState, request: Request) -> Result<axum::body::Byt
     let read = axum::body::to_bytes(request.into_body(), state.body_limit);
     match tokio::time::timeout(state.body_timeout, read).await {
         Err(_) => {
-            metrics::counter!("antler_webhooks_rejected_total", "channel" => "api", "reason" => "body_timeout").increment(1);
+            metrics::counter!("antler_webhooks_rejected_total", "channel" => channel, "reason" => "body_timeout").increment(1);
             Err(ApiError::BodyTimeout {
                 secs: state.body_timeout.as_secs(),
             })
@@ -406,7 +411,7 @@ pub(crate) async fn post_message(
 ) -> Result<Response, ApiError> {
     metrics::counter!("antler_webhooks_received_total", "channel" => "api").increment(1);
     let admin = acts_as_admin(&state.auth, &principal);
-    let body = read_body(&state, request).await?;
+    let body = read_body(&state, "api", request).await?;
     let (message, event) =
         ApiChannel::read(&body, &principal, admin, state.max_attachment_bytes).map_err(refused)?;
     let message_id = event.event_id.clone();

@@ -390,4 +390,4 @@ impl Acceptor {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -59,17 +59,17 @@ impl ChatModel for EchoModel {
     }
 }
 
-struct Harness {
-    store: Arc<SledStore>,
-    ingress: Ingress,
+pub(crate) struct Harness {
+    pub(crate) store: Arc<SledStore>,
+    pub(crate) ingress: Ingress,
     model: Arc<EchoModel>,
     channel: Arc<RecordingChannel>,
     turns: TaskTracker,
     turn_cancel: CancellationToken,
-    stop: CancellationToken,
+    pub(crate) stop: CancellationToken,
 }
 
-fn harness(max_attempts: u32) -> Harness {
+pub(crate) fn harness(max_attempts: u32) -> Harness {
     harness_with(max_attempts, Access::default())
 }
 
@@ -153,8 +153,13 @@ async fn until(what: &str, done: impl Fn() -> bool) {
 }
 
 impl Harness {
-    fn sent(&self) -> Vec<String> {
+    pub(crate) fn sent(&self) -> Vec<String> {
         self.channel.sent()
+    }
+
+    /// Waits until `n` replies were sent.
+    pub(crate) async fn until_sent(&self, n: usize) {
+        until(&format!("{n} replies"), || self.sent().len() >= n).await;
     }
 
     async fn thread(&self, id: &str) -> crate::agent::thread::ThreadState {
