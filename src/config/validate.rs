@@ -326,11 +326,14 @@ fn channels(config: &Config, v: &mut Issues) {
             ],
         ),
     ] {
-        for (key, ids) in ["allowed_users", "allowed_chats", "admins"].into_iter().zip(lists) {
+        for (key, ids) in ["allowed_users", "allowed_chats", "admins"]
+            .into_iter()
+            .zip(lists)
+        {
             id_list(v, &format!("channels.{name}.{key}"), ids, |id| {
-                (!id.chars().any(char::is_control)).then_some(()).ok_or_else(|| {
-                    "must not contain control characters".to_owned()
-                })
+                (!id.chars().any(char::is_control))
+                    .then_some(())
+                    .ok_or_else(|| "must not contain control characters".to_owned())
             });
         }
     }
@@ -491,12 +494,7 @@ fn api_access(config: &Config, v: &mut Issues) {
 }
 
 /// A list of ids at `key`: each non-empty and well-formed (`check`), none twice.
-fn id_list(
-    v: &mut Issues,
-    key: &str,
-    ids: &[String],
-    check: impl Fn(&str) -> Result<(), String>,
-) {
+fn id_list(v: &mut Issues, key: &str, ids: &[String], check: impl Fn(&str) -> Result<(), String>) {
     let mut seen: HashMap<&str, usize> = HashMap::new();
     for (index, id) in ids.iter().enumerate() {
         let at = format!("{key}[{index}]");

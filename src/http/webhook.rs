@@ -131,12 +131,11 @@ mod tests {
     }
 
     async fn call(ingress: &Ingress, body: &str) -> (StatusCode, String) {
-        let response = match respond(ingress, &ScriptChannel, &HeaderMap::new(), body.as_bytes())
-            .await
-        {
-            Ok(response) => response,
-            Err(e) => e.into_response(),
-        };
+        let response =
+            match respond(ingress, &ScriptChannel, &HeaderMap::new(), body.as_bytes()).await {
+                Ok(response) => response,
+                Err(e) => e.into_response(),
+            };
         let status = response.status();
         let bytes = axum::body::to_bytes(response.into_body(), 1 << 16)
             .await
@@ -170,7 +169,10 @@ mod tests {
         let (status, body) = call(&h.ingress, "events").await;
         assert_eq!((status, body.as_str()), (StatusCode::OK, ""));
         let (status, body) = call(&h.ingress, "challenge").await;
-        assert_eq!((status, body.as_str()), (StatusCode::OK, r#"{"challenge":"c1"}"#));
+        assert_eq!(
+            (status, body.as_str()),
+            (StatusCode::OK, r#"{"challenge":"c1"}"#)
+        );
         let (status, body) = call(&h.ingress, "ignore").await;
         assert_eq!((status, body.as_str()), (StatusCode::OK, ""));
         let (status, _) = call(&h.ingress, "forged").await;

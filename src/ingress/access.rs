@@ -52,7 +52,11 @@ pub(crate) struct AccessRules {
 }
 
 impl AccessRules {
-    pub(crate) fn new(allowed_users: &[String], allowed_chats: &[String], admins: &[String]) -> Self {
+    pub(crate) fn new(
+        allowed_users: &[String],
+        allowed_chats: &[String],
+        admins: &[String],
+    ) -> Self {
         let set = |ids: &[String]| ids.iter().cloned().collect();
         Self {
             allowed_users: set(allowed_users),
@@ -92,7 +96,10 @@ impl Access {
     pub(crate) fn from_config(channels: &ChannelsConfig) -> Self {
         let api = &channels.api;
         let rules = [
-            ("api", AccessRules::new(&api.allowed_users, &[], &api.admins)),
+            (
+                "api",
+                AccessRules::new(&api.allowed_users, &[], &api.admins),
+            ),
             (
                 "telegram",
                 AccessRules::new(
@@ -126,7 +133,11 @@ impl Access {
                 ),
             ),
         ];
-        Self::new(rules.into_iter().map(|(name, rules)| (name.to_owned(), rules)))
+        Self::new(
+            rules
+                .into_iter()
+                .map(|(name, rules)| (name.to_owned(), rules)),
+        )
     }
 
     pub(crate) fn new(rules: impl IntoIterator<Item = (String, AccessRules)>) -> Self {
@@ -295,15 +306,96 @@ mod tests {
         );
         let cases: &[Case<'_>] = &[
             ("open channel", &[], &[], &[], "bob", None, true, false),
-            ("open channel, admin", &[], &[], &["bob"], "bob", None, true, true),
-            ("allowed user", &["alice"], &[], &[], "alice", None, true, false),
-            ("other user", &["alice"], &[], &[], "bob", None, false, false),
-            ("allowed user in any chat", &["alice"], &["g1"], &[], "alice", Some("g2"), true, false),
-            ("anyone in an allowed chat", &["alice"], &["g1"], &[], "bob", Some("g1"), true, false),
-            ("chats only, other chat", &[], &["g1"], &[], "bob", Some("g2"), false, false),
-            ("chats only, no chat", &[], &["g1"], &[], "bob", None, false, false),
-            ("admin not in the allowlists", &["alice"], &["g1"], &["root"], "root", Some("g2"), true, true),
-            ("ids are exact", &["alice"], &[], &[], "Alice", None, false, false),
+            (
+                "open channel, admin",
+                &[],
+                &[],
+                &["bob"],
+                "bob",
+                None,
+                true,
+                true,
+            ),
+            (
+                "allowed user",
+                &["alice"],
+                &[],
+                &[],
+                "alice",
+                None,
+                true,
+                false,
+            ),
+            (
+                "other user",
+                &["alice"],
+                &[],
+                &[],
+                "bob",
+                None,
+                false,
+                false,
+            ),
+            (
+                "allowed user in any chat",
+                &["alice"],
+                &["g1"],
+                &[],
+                "alice",
+                Some("g2"),
+                true,
+                false,
+            ),
+            (
+                "anyone in an allowed chat",
+                &["alice"],
+                &["g1"],
+                &[],
+                "bob",
+                Some("g1"),
+                true,
+                false,
+            ),
+            (
+                "chats only, other chat",
+                &[],
+                &["g1"],
+                &[],
+                "bob",
+                Some("g2"),
+                false,
+                false,
+            ),
+            (
+                "chats only, no chat",
+                &[],
+                &["g1"],
+                &[],
+                "bob",
+                None,
+                false,
+                false,
+            ),
+            (
+                "admin not in the allowlists",
+                &["alice"],
+                &["g1"],
+                &["root"],
+                "root",
+                Some("g2"),
+                true,
+                true,
+            ),
+            (
+                "ids are exact",
+                &["alice"],
+                &[],
+                &[],
+                "Alice",
+                None,
+                false,
+                false,
+            ),
         ];
         for (name, users, chats, admins, user, chat, admitted, admin) in cases {
             let access = access(users, chats, admins);

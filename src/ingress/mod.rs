@@ -246,11 +246,7 @@ impl Ingress {
     }
 
     /// Hands an event that passed the access check to the acceptor and waits for its answer.
-    async fn admit(
-        &self,
-        event: InboundEvent,
-        subscribe: bool,
-    ) -> Result<Admission, IngressError> {
+    async fn admit(&self, event: InboundEvent, subscribe: bool) -> Result<Admission, IngressError> {
         let inner = &self.inner;
         let reserved = inner.backlog.fetch_add(1, Ordering::SeqCst);
         let slot = Slot {
@@ -371,8 +367,7 @@ impl Acceptor {
                 // Subscribe before the turn is queued, so not even an instant answer is missed.
                 let events = reply.subscribe.then(|| self.hub.subscribe(&item.thread_id));
                 // A refused author's `/stop` must not stop someone else's turn.
-                if !item.event.refused && commands::parse(&item.event.text) == Some(Command::Stop)
-                {
+                if !item.event.refused && commands::parse(&item.event.text) == Some(Command::Stop) {
                     // Ahead of the queue: waiting behind the turn it stops would be useless.
                     self.runner.stop(item.event.conversation.as_str(), item.seq);
                 }

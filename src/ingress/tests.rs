@@ -390,7 +390,10 @@ async fn a_user_who_is_not_allowed_is_refused_once_and_nothing_runs() {
         .accept(from("alice", event("c", "m3", "hello")), false)
         .await
         .unwrap();
-    assert_eq!(alice.thread_id, refused.thread_id, "bob's /new was not obeyed");
+    assert_eq!(
+        alice.thread_id, refused.thread_id,
+        "bob's /new was not obeyed"
+    );
     h.ingress
         .accept(from("root", event("c", "m4", "/status")), false)
         .await
@@ -414,5 +417,9 @@ async fn a_user_who_is_not_allowed_is_refused_once_and_nothing_runs() {
         .iter()
         .filter(|m| matches!(m, ChatMessage::User { .. }))
         .collect();
-    assert_eq!(users.len(), 1, "bob's words are not in the thread: {users:?}");
+    assert_eq!(
+        users.len(),
+        1,
+        "bob's words are not in the thread: {users:?}"
+    );
 }

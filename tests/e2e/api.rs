@@ -541,9 +541,7 @@ async fn a_user_who_is_not_allowed_is_told_once_and_nothing_runs() {
     let mock = MockModel::start(Behaviour::Echo).await;
     let app = TestApp::spawn(&mock, "[channels.api]\nallowed_users = [\"alice\"]\n").await;
 
-    let ask = |user: &str, id: &str, text: &str| {
-        json!({"conversation": "shared", "user": user, "text": text, "message_id": id, "wait": true})
-    };
+    let ask = |user: &str, id: &str, text: &str| json!({"conversation": "shared", "user": user, "text": text, "message_id": id, "wait": true});
     let refused = app.post(&ask("bob", "b1", "hello")).await;
     assert_eq!(refused.status, StatusCode::OK, "{}", refused.text);
     assert_eq!(
