@@ -237,7 +237,9 @@ impl Ingress {
             Admit::Drop => Err(IngressError::Dropped),
             Admit::Refuse => {
                 let admitted = self.admit(event.clone(), subscribe).await;
-                if admitted.is_err() {
+                // No new refusal was stored (a failure, or a redelivery of one already
+                // answered): the next message is the one to refuse.
+                if admitted.as_ref().map_or(true, |admission| !admission.new) {
                     inner.access.forget(&event);
                 }
                 admitted
