@@ -31,6 +31,7 @@ use crate::events::EventHub;
 use crate::http::guard::{ApiAuth, HostPolicy};
 use crate::http::serve::{ServeLimits, serve as serve_http};
 use crate::http::{AppContext, api::ApiChannel, ops_router, router};
+use crate::ingress::access::Access;
 use crate::ingress::{Ingress, IngressSettings, TurnRunner, TurnSettings};
 use crate::store::{SledStore, Store, StoreError};
 
@@ -293,6 +294,17 @@ where
         },
         turn_cancel.clone(),
     );
+    let access = Access::from_config(&config.channels);
+    // The API channel is left out: its tokens already decide who reaches it.
+    for name in config.channels.enabled_platforms() {
+        if access.is_open(name) {
+            tracing::warn!(
+                channel = name,
+                "channels.{name}.allowed_users and allowed_chats are both empty: anyone who \
+                 can reach the bot may talk to it"
+            );
+        }
+    }
     let ingress = Ingress::new(
         Arc::clone(&store),
         runner,
@@ -301,6 +313,7 @@ where
             backlog_limit: config.agent.backlog,
             dedupe_ttl: Duration::from_secs(config.store.dedupe_ttl_secs),
             max_concurrent_turns: config.agent.max_concurrent_turns,
+            access: Arc::new(access),
         },
         turns.clone(),
         intake_stop.clone(),
@@ -351,10 +364,13 @@ where
             grace,
         )));
     }
+    // Platform channels join `webhooks` as their crates are added.
+    let webhooks: Vec<Arc<dyn Channel>> = Vec::new();
     let app = router(
         state,
         config.channels.api.enabled,
         server.ops_listen.is_some(),
+        &webhooks,
     );
     let local = listener.local_addr()?;
     listeners.push(tokio::spawn(serve_http(

@@ -24,6 +24,8 @@ pub(crate) fn event(conversation: &str, event_id: &str, text: &str) -> InboundEv
         received_at_ms: 1,
         attachments: Vec::new(),
         group: false,
+        chat: None,
+        refused: false,
         interactive: false,
     }
 }

@@ -371,6 +371,13 @@ pub struct ApiChannelConfig {
     pub token: Option<Secret>,
     /// `[[channels.api.tokens]]`: more tokens, each bound to one user and a role.
     pub tokens: Vec<ApiToken>,
+    /// API user ids that may send messages (empty: anyone).
+    #[serde(deserialize_with = "secret::strings")]
+    pub allowed_users: Vec<String>,
+    /// API user ids whose turns run as admin (needs tokens: a token-less API cannot tell who
+    /// is asking).
+    #[serde(deserialize_with = "secret::strings")]
+    pub admins: Vec<String>,
 }
 
 impl Default for ApiChannelConfig {
@@ -379,6 +386,8 @@ impl Default for ApiChannelConfig {
             enabled: true,
             token: None,
             tokens: Vec::new(),
+            allowed_users: Vec::new(),
+            admins: Vec::new(),
         }
     }
 }
@@ -423,6 +432,15 @@ pub struct TelegramConfig {
     /// The Bot API base URL.
     #[serde(deserialize_with = "secret::string")]
     pub api_url: String,
+    /// Platform user ids that may talk to the bot (with `allowed_chats`; both empty: anyone).
+    #[serde(deserialize_with = "secret::strings")]
+    pub allowed_users: Vec<String>,
+    /// Platform chat ids in which anyone may talk to the bot.
+    #[serde(deserialize_with = "secret::strings")]
+    pub allowed_chats: Vec<String>,
+    /// Platform user ids that are operators: always allowed, and their turns run as admin.
+    #[serde(deserialize_with = "secret::strings")]
+    pub admins: Vec<String>,
 }
 
 impl Default for TelegramConfig {
@@ -432,6 +450,9 @@ impl Default for TelegramConfig {
             bot_token: None,
             webhook_secret: None,
             api_url: "https://api.telegram.org".to_owned(),
+            allowed_users: Vec::new(),
+            allowed_chats: Vec::new(),
+            admins: Vec::new(),
         }
     }
 }
@@ -451,6 +472,15 @@ pub struct SlackConfig {
     /// The Web API base URL.
     #[serde(deserialize_with = "secret::string")]
     pub api_url: String,
+    /// Platform user ids that may talk to the bot (with `allowed_chats`; both empty: anyone).
+    #[serde(deserialize_with = "secret::strings")]
+    pub allowed_users: Vec<String>,
+    /// Platform chat ids in which anyone may talk to the bot.
+    #[serde(deserialize_with = "secret::strings")]
+    pub allowed_chats: Vec<String>,
+    /// Platform user ids that are operators: always allowed, and their turns run as admin.
+    #[serde(deserialize_with = "secret::strings")]
+    pub admins: Vec<String>,
 }
 
 impl Default for SlackConfig {
@@ -460,6 +490,9 @@ impl Default for SlackConfig {
             bot_token: None,
             signing_secret: None,
             api_url: "https://slack.com/api".to_owned(),
+            allowed_users: Vec::new(),
+            allowed_chats: Vec::new(),
+            admins: Vec::new(),
         }
     }
 }
@@ -482,6 +515,15 @@ pub struct DiscordConfig {
     /// The API base URL.
     #[serde(deserialize_with = "secret::string")]
     pub api_url: String,
+    /// Platform user ids that may talk to the bot (with `allowed_chats`; both empty: anyone).
+    #[serde(deserialize_with = "secret::strings")]
+    pub allowed_users: Vec<String>,
+    /// Platform chat ids in which anyone may talk to the bot.
+    #[serde(deserialize_with = "secret::strings")]
+    pub allowed_chats: Vec<String>,
+    /// Platform user ids that are operators: always allowed, and their turns run as admin.
+    #[serde(deserialize_with = "secret::strings")]
+    pub admins: Vec<String>,
 }
 
 impl Default for DiscordConfig {
@@ -492,6 +534,9 @@ impl Default for DiscordConfig {
             public_key: None,
             bot_token: None,
             api_url: "https://discord.com".to_owned(),
+            allowed_users: Vec::new(),
+            allowed_chats: Vec::new(),
+            admins: Vec::new(),
         }
     }
 }
@@ -517,6 +562,15 @@ pub struct FeishuConfig {
     /// The Open Platform base URL (`https://open.larksuite.com` for Lark).
     #[serde(deserialize_with = "secret::string")]
     pub api_url: String,
+    /// Platform user ids that may talk to the bot (with `allowed_chats`; both empty: anyone).
+    #[serde(deserialize_with = "secret::strings")]
+    pub allowed_users: Vec<String>,
+    /// Platform chat ids in which anyone may talk to the bot.
+    #[serde(deserialize_with = "secret::strings")]
+    pub allowed_chats: Vec<String>,
+    /// Platform user ids that are operators: always allowed, and their turns run as admin.
+    #[serde(deserialize_with = "secret::strings")]
+    pub admins: Vec<String>,
 }
 
 impl Default for FeishuConfig {
@@ -528,6 +582,9 @@ impl Default for FeishuConfig {
             verification_token: None,
             encrypt_key: None,
             api_url: "https://open.feishu.cn".to_owned(),
+            allowed_users: Vec::new(),
+            allowed_chats: Vec::new(),
+            admins: Vec::new(),
         }
     }
 }

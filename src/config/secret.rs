@@ -88,6 +88,19 @@ where
     deserializer.deserialize_any(TextVisitor).map(T::from)
 }
 
+/// A list of ids; numbers are taken as their text (`[12345]` is `["12345"]`), since
+/// platform ids often look like numbers.
+pub(crate) fn strings<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<String>, D::Error> {
+    struct Text(String);
+    impl<'de> serde::Deserialize<'de> for Text {
+        fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+            deserializer.deserialize_any(TextVisitor).map(Text)
+        }
+    }
+    let texts: Vec<Text> = serde::Deserialize::deserialize(deserializer)?;
+    Ok(texts.into_iter().map(|Text(text)| text).collect())
+}
+
 /// An optional string setting; empty means absent.
 pub(crate) fn opt_string<'de, D: Deserializer<'de>>(
     deserializer: D,

@@ -1298,3 +1298,73 @@ fn example_token_table_is_valid_once_uncommented() {
     assert_eq!(tokens[0].role, ApiRole::User);
     assert_eq!(tokens[0].token.expose(), "alice-0123456789");
 }
+
+#[test]
+fn access_lists_parse_with_numbers_as_ids_and_default_to_empty() {
+    let config = parse(
+        r#"
+        [channels.telegram]
+        allowed_users = [12345, "678"]
+        allowed_chats = [-1001]
+        admins = ["12345"]
+        [channels.slack]
+        allowed_chats = ["C0123"]
+        [channels.api]
+        allowed_users = ["alice"]
+        "#,
+    )
+    .unwrap();
+    let telegram = &config.channels.telegram;
+    assert_eq!(telegram.allowed_users, ["12345", "678"]);
+    assert_eq!(telegram.allowed_chats, ["-1001"]);
+    assert_eq!(telegram.admins, ["12345"]);
+    assert_eq!(config.channels.slack.allowed_chats, ["C0123"]);
+    assert!(config.channels.discord.allowed_users.is_empty());
+    assert!(config.channels.feishu.admins.is_empty());
+    assert_eq!(config.channels.api.allowed_users, ["alice"]);
+    assert!(config.channels.api.admins.is_empty());
+}
+
+#[test]
+fn bad_access_lists_name_the_key_and_index() {
+    let found = issues(
+        r#"
+        [channels.telegram]
+        allowed_users = ["1", "", "1"]
+        [channels.discord]
+        admins = ["a", "b\u0007"]
+        [channels.feishu]
+        allowed_chats = ["oc_1", " "]
+        [channels.api]
+        allowed_users = ["alice", "bob smith", "alice"]
+        admins = ["carol"]
+        "#,
+    );
+    let rule = "must be 1 to 64 characters from A-Z, a-z, 0-9, `.`, `_`, `@` and `-`";
+    for expected in [
+        "channels.telegram.allowed_users[1]: must not be empty".to_owned(),
+        "channels.telegram.allowed_users[2]: duplicate (the same as channels.telegram.allowed_users[0])".to_owned(),
+        "channels.discord.admins[1]: must not contain control characters".to_owned(),
+        "channels.feishu.allowed_chats[1]: must not be empty".to_owned(),
+        format!("channels.api.allowed_users[1]: {rule}"),
+        "channels.api.allowed_users[2]: duplicate (the same as channels.api.allowed_users[0])".to_owned(),
+    ] {
+        assert!(found.contains(&expected), "{expected:?} not in {found:?}");
+    }
+    // A token-less API cannot tell who asks, so it cannot have admins.
+    assert!(
+        found
+            .iter()
+            .any(|issue| issue.starts_with("channels.api.admins: needs API tokens")),
+        "{found:?}"
+    );
+    let with_token = parse(
+        r#"
+        [channels.api]
+        token = "admin-token-0123456789"
+        admins = ["carol"]
+        "#,
+    )
+    .unwrap();
+    assert_eq!(with_token.channels.api.admins, ["carol"]);
+}

@@ -291,6 +291,52 @@ fn delivery(config: &Config, v: &mut Issues) {
 fn channels(config: &Config, v: &mut Issues) {
     let channels = &config.channels;
     api_tokens(config, v);
+    api_access(config, v);
+    for (name, lists) in [
+        (
+            "telegram",
+            [
+                &channels.telegram.allowed_users,
+                &channels.telegram.allowed_chats,
+                &channels.telegram.admins,
+            ],
+        ),
+        (
+            "slack",
+            [
+                &channels.slack.allowed_users,
+                &channels.slack.allowed_chats,
+                &channels.slack.admins,
+            ],
+        ),
+        (
+            "discord",
+            [
+                &channels.discord.allowed_users,
+                &channels.discord.allowed_chats,
+                &channels.discord.admins,
+            ],
+        ),
+        (
+            "feishu",
+            [
+                &channels.feishu.allowed_users,
+                &channels.feishu.allowed_chats,
+                &channels.feishu.admins,
+            ],
+        ),
+    ] {
+        for (key, ids) in ["allowed_users", "allowed_chats", "admins"]
+            .into_iter()
+            .zip(lists)
+        {
+            id_list(v, &format!("channels.{name}.{key}"), ids, |id| {
+                (!id.chars().any(char::is_control))
+                    .then_some(())
+                    .ok_or_else(|| "must not contain control characters".to_owned())
+            });
+        }
+    }
 
     let telegram = &channels.telegram;
     v.url("channels.telegram.api_url", &telegram.api_url);
@@ -418,6 +464,48 @@ fn api_tokens(config: &Config, v: &mut Issues) {
         if let Some((earlier, _)) = tokens[..position].iter().find(|(_, other)| other == token) {
             // A shared token would let one user act as another (or as the admin).
             v.push(key, format!("must differ from {earlier}"));
+        }
+    }
+}
+
+/// The API channel's access lists: API user ids, well-formed and unique; `admins` only where
+/// tokens say who is asking.
+fn api_access(config: &Config, v: &mut Issues) {
+    let api = &config.channels.api;
+    let user_id = |id: &str| {
+        if is_valid_user(id) {
+            Ok(())
+        } else {
+            Err(format!(
+                "must be 1 to {MAX_USER_CHARS} characters from A-Z, a-z, 0-9, `.`, `_`, `@` and `-`"
+            ))
+        }
+    };
+    id_list(v, "channels.api.allowed_users", &api.allowed_users, user_id);
+    id_list(v, "channels.api.admins", &api.admins, user_id);
+    if !api.admins.is_empty() && api.token.is_none() && api.tokens.is_empty() {
+        // Without tokens anyone on the host names any user, an admin among them.
+        v.push(
+            "channels.api.admins",
+            "needs API tokens (channels.api.token or [[channels.api.tokens]]): without them \
+             anyone can send as any user",
+        );
+    }
+}
+
+/// A list of ids at `key`: each non-empty and well-formed (`check`), none twice.
+fn id_list(v: &mut Issues, key: &str, ids: &[String], check: impl Fn(&str) -> Result<(), String>) {
+    let mut seen: HashMap<&str, usize> = HashMap::new();
+    for (index, id) in ids.iter().enumerate() {
+        let at = format!("{key}[{index}]");
+        if id.trim().is_empty() {
+            v.push(&at, "must not be empty");
+        } else if let Err(problem) = check(id) {
+            v.push(&at, problem);
+        } else if let Some(first) = seen.get(id.as_str()) {
+            v.push(&at, format!("duplicate (the same as {key}[{first}])"));
+        } else {
+            seen.insert(id, index);
         }
     }
 }

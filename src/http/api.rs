@@ -2,7 +2,9 @@
 //!
 //! `POST /api/v1/messages` accepts `{conversation, user?, text, message_id?, attachments?}`
 //! (`user` defaults to the token's user, or `operator`) and answers 202
-//! with the thread id once the message is durable; the same `message_id` again is recognised
+//! with the thread id once the message is durable (202 with `"dropped": true` and nothing
+//! stored when its user is not in `channels.api.allowed_users` and was already told so within
+//! the hour); the same `message_id` again is recognised
 //! and answered with the same thread, nothing stored twice. `"stream": true` answers with an
 //! SSE stream instead (`accepted`, then the answer's `delta`s and its `final`), `"wait": true`
 //! with the answer itself; both also work for a resent `message_id`, whose answer is given as
@@ -45,6 +47,7 @@ use super::error::ApiError;
 use super::guard::{ApiAuth, Principal};
 use crate::agent::thread::ThreadState;
 use crate::events::{EventHub, Subscription, ThreadEvent};
+use crate::ingress::IngressError;
 use crate::ingress::attachments::{
     InlineError, MAX_ATTACHMENTS, clean_media_type, decode_inline, human_size, safe_file_name,
 };
@@ -274,6 +277,8 @@ impl ApiChannel {
             received_at_ms: crate::now_ms(),
             attachments,
             group: false,
+            chat: None,
+            refused: false,
             interactive: message.wait || message.stream,
         };
         Ok((message, event))
@@ -319,10 +324,15 @@ impl Channel for ApiChannel {
     }
 }
 
-/// The request body, within the size limit and the read deadline.
-async fn read_body(state: &AppState, request: Request) -> Result<axum::body::Bytes, ApiError> {
+/// The request body, within the size limit and the read deadline (refusals counted for
+/// `channel`).
+pub(super) async fn read_body(
+    state: &AppState,
+    channel: &'static str,
+    request: Request,
+) -> Result<axum::body::Bytes, ApiError> {
     let too_large = || {
-        metrics::counter!("antler_webhooks_rejected_total", "channel" => "api", "reason" => "too_large").increment(1);
+        metrics::counter!("antler_webhooks_rejected_total", "channel" => channel, "reason" => "too_large").increment(1);
         ApiError::TooLarge {
             limit: state.body_limit,
         }
@@ -338,7 +348,7 @@ async fn read_body(state: &AppState, request: Request) -> Result<axum::body::Byt
     let read = axum::body::to_bytes(request.into_body(), state.body_limit);
     match tokio::time::timeout(state.body_timeout, read).await {
         Err(_) => {
-            metrics::counter!("antler_webhooks_rejected_total", "channel" => "api", "reason" => "body_timeout").increment(1);
+            metrics::counter!("antler_webhooks_rejected_total", "channel" => channel, "reason" => "body_timeout").increment(1);
             Err(ApiError::BodyTimeout {
                 secs: state.body_timeout.as_secs(),
             })
@@ -401,14 +411,26 @@ pub(crate) async fn post_message(
 ) -> Result<Response, ApiError> {
     metrics::counter!("antler_webhooks_received_total", "channel" => "api").increment(1);
     let admin = acts_as_admin(&state.auth, &principal);
-    let body = read_body(&state, request).await?;
+    let body = read_body(&state, "api", request).await?;
     let (message, event) =
         ApiChannel::read(&body, &principal, admin, state.max_attachment_bytes).map_err(refused)?;
     let message_id = event.event_id.clone();
     let conversation = event.conversation.to_string();
     let listen = message.stream || message.wait;
     let permit = listen.then(|| stream_permit(&state)).transpose()?;
-    let admission = state.ingress.accept(event, listen).await?;
+    let admission = match state.ingress.accept(event, listen).await {
+        Ok(admission) => admission,
+        Err(IngressError::Dropped) => {
+            // Refused within the hour: acknowledged, and nothing more to say.
+            let dropped = json!({
+                "conversation": conversation,
+                "message_id": message_id,
+                "dropped": true,
+            });
+            return Ok((StatusCode::ACCEPTED, Json(dropped)).into_response());
+        }
+        Err(e) => return Err(e.into()),
+    };
     let accepted = json!({
         "thread_id": admission.thread_id,
         "conversation": conversation,

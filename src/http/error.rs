@@ -67,6 +67,8 @@ impl From<IngressError> for ApiError {
             IngressError::ShuttingDown => Self::ShuttingDown,
             IngressError::Store(e) => e.into(),
             IngressError::Internal(cause) => Self::Internal(cause),
+            // Handlers acknowledge a dropped message themselves; this is the fallback.
+            IngressError::Dropped => Self::Forbidden("not allowed to use this bot".to_owned()),
         }
     }
 }

@@ -1,15 +1,17 @@
-//! The axum router: the API channel, health and metrics (platform webhooks join here as their
-//! channels are added), and the accept loop that serves it.
+//! The axum router: the API channel, platform webhooks (`/webhooks/<channel>`), health and
+//! metrics, and the accept loop that serves it.
 
 pub(crate) mod api;
 mod error;
 pub(crate) mod guard;
 mod ops;
 pub(crate) mod serve;
+pub(crate) mod webhook;
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use antler_channel::Channel;
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post};
@@ -52,8 +54,22 @@ pub(crate) struct AppContext {
 
 /// The main listener's routes. With `ops_elsewhere`, `/readyz` and `/metrics` are left to the
 /// ops listener ([`ops_router`]).
-pub(crate) fn router(state: AppState, api_enabled: bool, ops_elsewhere: bool) -> Router {
+/// Each channel in `webhooks` is served at `POST /webhooks/<its name>`.
+pub(crate) fn router(
+    state: AppState,
+    api_enabled: bool,
+    ops_elsewhere: bool,
+    webhooks: &[Arc<dyn Channel>],
+) -> Router {
     let mut router = Router::new().route("/healthz", get(ops::healthz));
+    for channel in webhooks {
+        let channel = Arc::clone(channel);
+        let path = format!("/webhooks/{}", channel.name());
+        router = router.route(
+            &path,
+            post(move |state, request| webhook::receive(state, Arc::clone(&channel), request)),
+        );
+    }
     if !ops_elsewhere {
         router = router
             .route("/readyz", get(ops::readyz))

@@ -17,6 +17,7 @@
 //! finished) is bounded; when it is full, nothing is stored and the caller is told to retry
 //! later.
 
+pub(crate) mod access;
 pub(crate) mod attachments;
 pub(crate) mod commands;
 mod dispatcher;
@@ -37,6 +38,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::events::{EventHub, Subscription};
 use crate::store::{Accept, Accepted, InboxItem, Store, StoreError, ThreadChoice};
+use access::{Access, Admit};
 use commands::Command;
 
 /// How long a client is asked to wait when the backlog is full.
@@ -59,6 +61,10 @@ pub(crate) enum IngressError {
     /// The accept task failed unexpectedly.
     #[error("accepting failed: {0}")]
     Internal(String),
+    /// The author may not use the bot and was refused within the last hour: acknowledge the
+    /// message, nothing was stored.
+    #[error("not allowed to use this bot")]
+    Dropped,
 }
 
 /// The result of accepting an event.
@@ -85,6 +91,7 @@ struct Inner {
     backlog: Arc<AtomicUsize>,
     backlog_limit: usize,
     dedupe_ttl: Duration,
+    access: Arc<Access>,
     stop: CancellationToken,
     acceptor: mpsc::UnboundedSender<Request>,
 }
@@ -134,6 +141,8 @@ pub(crate) struct IngressSettings {
     pub(crate) backlog_limit: usize,
     pub(crate) dedupe_ttl: Duration,
     pub(crate) max_concurrent_turns: usize,
+    /// Who may talk to the bot on each channel.
+    pub(crate) access: Arc<Access>,
 }
 
 impl Ingress {
@@ -182,6 +191,7 @@ impl Ingress {
                 backlog,
                 backlog_limit: settings.backlog_limit,
                 dedupe_ttl: settings.dedupe_ttl,
+                access: Arc::clone(&settings.access),
                 stop,
                 acceptor,
             }),
@@ -209,17 +219,37 @@ impl Ingress {
         }
     }
 
-    /// Accepts one event: dedupe + inbox, queue its turn, sync; then answers. Once handed to
-    /// the acceptor, the event is accepted even if the caller stops waiting.
+    /// Accepts one event: access check, dedupe + inbox, queue its turn, sync; then answers.
+    /// Once handed to the acceptor, the event is accepted even if the caller stops waiting.
+    /// An author who may not use the bot is accepted as a refusal, or [`IngressError::Dropped`]
+    /// when refused within the last hour ([`access`]).
     pub(crate) async fn accept(
         &self,
-        event: InboundEvent,
+        mut event: InboundEvent,
         subscribe: bool,
     ) -> Result<Admission, IngressError> {
         let inner = &self.inner;
         if inner.stop.is_cancelled() {
             return Err(IngressError::ShuttingDown);
         }
+        match inner.access.check(&mut event) {
+            Admit::Run => self.admit(event, subscribe).await,
+            Admit::Drop => Err(IngressError::Dropped),
+            Admit::Refuse => {
+                let admitted = self.admit(event.clone(), subscribe).await;
+                // No new refusal was stored (a failure, or a redelivery of one already
+                // answered): the next message is the one to refuse.
+                if admitted.as_ref().map_or(true, |admission| !admission.new) {
+                    inner.access.forget(&event);
+                }
+                admitted
+            }
+        }
+    }
+
+    /// Hands an event that passed the access check to the acceptor and waits for its answer.
+    async fn admit(&self, event: InboundEvent, subscribe: bool) -> Result<Admission, IngressError> {
+        let inner = &self.inner;
         let reserved = inner.backlog.fetch_add(1, Ordering::SeqCst);
         let slot = Slot {
             backlog: Arc::clone(&inner.backlog),
@@ -231,8 +261,9 @@ impl Ingress {
                 limit: inner.backlog_limit,
             });
         }
+        // A refused author's `/new` must not start a fresh thread for a shared conversation.
         let thread = match commands::parse(&event.text) {
-            Some(Command::New) => ThreadChoice::Fresh,
+            Some(Command::New) if !event.refused => ThreadChoice::Fresh,
             _ => ThreadChoice::Current,
         };
         let (answer, answered) = oneshot::channel();
@@ -337,7 +368,8 @@ impl Acceptor {
                 metrics::gauge!("antler_inbox_depth").increment(1.0);
                 // Subscribe before the turn is queued, so not even an instant answer is missed.
                 let events = reply.subscribe.then(|| self.hub.subscribe(&item.thread_id));
-                if commands::parse(&item.event.text) == Some(Command::Stop) {
+                // A refused author's `/stop` must not stop someone else's turn.
+                if !item.event.refused && commands::parse(&item.event.text) == Some(Command::Stop) {
                     // Ahead of the queue: waiting behind the turn it stops would be useless.
                     self.runner.stop(item.event.conversation.as_str(), item.seq);
                 }
@@ -355,4 +387,4 @@ impl Acceptor {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -18,6 +18,7 @@ use crate::agent::tools::ToolRegistry;
 use crate::delivery::{Delivery, RetryPolicy};
 use crate::store::{InboxStatus, SledStore};
 use crate::test_support::{RecordingChannel, event};
+use access::{Access, AccessRules};
 
 /// Echoes the last user message; `panic`, `hang` and `fail` do what they say.
 #[derive(Debug, Default)]
@@ -58,17 +59,21 @@ impl ChatModel for EchoModel {
     }
 }
 
-struct Harness {
-    store: Arc<SledStore>,
-    ingress: Ingress,
+pub(crate) struct Harness {
+    pub(crate) store: Arc<SledStore>,
+    pub(crate) ingress: Ingress,
     model: Arc<EchoModel>,
     channel: Arc<RecordingChannel>,
     turns: TaskTracker,
     turn_cancel: CancellationToken,
-    stop: CancellationToken,
+    pub(crate) stop: CancellationToken,
 }
 
-fn harness(max_attempts: u32) -> Harness {
+pub(crate) fn harness(max_attempts: u32) -> Harness {
+    harness_with(max_attempts, Access::default())
+}
+
+fn harness_with(max_attempts: u32, access: Access) -> Harness {
     let store = Arc::new(SledStore::temporary().unwrap());
     let model = Arc::new(EchoModel::default());
     let channel = Arc::new(RecordingChannel::default());
@@ -119,6 +124,7 @@ fn harness(max_attempts: u32) -> Harness {
             backlog_limit: 100,
             dedupe_ttl: Duration::from_secs(60),
             max_concurrent_turns: 4,
+            access: Arc::new(access),
         },
         turns.clone(),
         stop.clone(),
@@ -147,8 +153,13 @@ async fn until(what: &str, done: impl Fn() -> bool) {
 }
 
 impl Harness {
-    fn sent(&self) -> Vec<String> {
+    pub(crate) fn sent(&self) -> Vec<String> {
         self.channel.sent()
+    }
+
+    /// Waits until `n` replies were sent.
+    pub(crate) async fn until_sent(&self, n: usize) {
+        until(&format!("{n} replies"), || self.sent().len() >= n).await;
     }
 
     async fn thread(&self, id: &str) -> crate::agent::thread::ThreadState {
@@ -350,4 +361,65 @@ async fn a_redelivery_waits_for_its_original_and_names_it() {
     assert!(again.events.is_some());
     until("one reply", || h.sent().len() == 1).await;
     assert_eq!(h.store.replies(first.seq.unwrap()).await.unwrap().len(), 1);
+}
+
+fn from(user: &str, event: InboundEvent) -> InboundEvent {
+    let mut event = event;
+    event.user.id = user.to_owned();
+    event
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_who_is_not_allowed_is_refused_once_and_nothing_runs() {
+    let rules = AccessRules::new(&["alice".to_owned()], &[], &["root".to_owned()]);
+    let h = harness_with(3, Access::new([("api".to_owned(), rules)]));
+    // Bob writes in the shared conversation first: `/new` must not start a fresh thread.
+    let refused = h
+        .ingress
+        .accept(from("bob", event("c", "m1", "/new")), false)
+        .await
+        .unwrap();
+    assert!(refused.new);
+    let again = h
+        .ingress
+        .accept(from("bob", event("c", "m2", "hello")), false)
+        .await;
+    assert!(matches!(again, Err(IngressError::Dropped)), "{again:?}");
+    let alice = h
+        .ingress
+        .accept(from("alice", event("c", "m3", "hello")), false)
+        .await
+        .unwrap();
+    assert_eq!(
+        alice.thread_id, refused.thread_id,
+        "bob's /new was not obeyed"
+    );
+    h.ingress
+        .accept(from("root", event("c", "m4", "/status")), false)
+        .await
+        .unwrap();
+    until("three replies", || h.sent().len() == 3).await;
+    let sent = h.sent();
+    assert_eq!(
+        sent[0],
+        "Sorry, you are not allowed to use this bot. Your user id is bob; an operator can add \
+         it to channels.api.allowed_users."
+    );
+    assert_eq!(sent[1], "echo: hello");
+    assert_eq!(
+        h.model.requests.lock().unwrap().len(),
+        1,
+        "only alice's message reached the model"
+    );
+    let thread = h.thread(&alice.thread_id).await;
+    let users: Vec<&ChatMessage> = thread
+        .messages
+        .iter()
+        .filter(|m| matches!(m, ChatMessage::User { .. }))
+        .collect();
+    assert_eq!(
+        users.len(),
+        1,
+        "bob's words are not in the thread: {users:?}"
+    );
 }

@@ -333,6 +333,16 @@ impl TurnRunner {
     /// What the item becomes: a command reply, an agent turn, or the notice that it was
     /// given up.
     async fn plan(&self, item: &InboxItem) -> TurnResult {
+        if item.event.refused {
+            // Nothing runs for an author who may not use the bot: no command, no model call,
+            // and nothing of theirs enters the thread.
+            return TurnResult {
+                thread: None,
+                text: super::access::refusal_text(&item.event),
+                outcome: "refused",
+                memory_update: None,
+            };
+        }
         let command = commands::parse(&item.event.text);
         if item.attempts > self.inner.max_attempts {
             return self.give_up(item, command.is_none()).await;

@@ -535,3 +535,36 @@ async fn thread_events_stream_deltas_and_final_answers() {
     assert_eq!(joined, "echo: second message");
     app.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_who_is_not_allowed_is_told_once_and_nothing_runs() {
+    let mock = MockModel::start(Behaviour::Echo).await;
+    let app = TestApp::spawn(&mock, "[channels.api]\nallowed_users = [\"alice\"]\n").await;
+
+    let ask = |user: &str, id: &str, text: &str| json!({"conversation": "shared", "user": user, "text": text, "message_id": id, "wait": true});
+    let refused = app.post(&ask("bob", "b1", "hello")).await;
+    assert_eq!(refused.status, StatusCode::OK, "{}", refused.text);
+    assert_eq!(
+        refused.json["reply"],
+        "Sorry, you are not allowed to use this bot. Your user id is bob; an operator can add \
+         it to channels.api.allowed_users."
+    );
+
+    // Within the hour: acknowledged, stored nowhere, not answered again.
+    let again = app.post(&ask("bob", "b2", "hello?")).await;
+    assert_eq!(again.status, StatusCode::ACCEPTED, "{}", again.text);
+    assert_eq!(again.json["dropped"], true);
+    assert!(again.json.get("reply").is_none(), "{}", again.text);
+
+    let alice = app.post(&ask("alice", "a1", "hi")).await;
+    assert_eq!(alice.status, StatusCode::OK, "{}", alice.text);
+    assert_eq!(alice.json["reply"], "echo: hi");
+
+    app.wait_idle().await;
+    assert_eq!(mock.count(), 1, "only alice's message reached the model");
+    assert_eq!(mock.requests()[0].last_user_text(), "hi");
+    // Bob's words never entered the shared thread.
+    let thread = app.thread(alice.json["thread_id"].as_str().unwrap()).await;
+    assert_eq!(roles(&thread), ["user", "assistant"]);
+    app.shutdown().await;
+}

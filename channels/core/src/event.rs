@@ -85,6 +85,15 @@ pub struct InboundEvent {
     /// It was written in a group chat, where others read the answer.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub group: bool,
+    /// The platform's id of the chat it was written in (Telegram chat id, Slack or Discord
+    /// channel id, Feishu chat id), as the channel's `allowed_chats` names it; `None` where the
+    /// platform has no such thing (the API channel).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chat: Option<String>,
+    /// Set by antler's access check, never by a channel: the author may not use the bot, so
+    /// the turn answers with a refusal naming their user id instead of running anything.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub refused: bool,
     /// Someone waits for the answer as it is written (a chat window, a streaming client).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub interactive: bool,
@@ -161,5 +170,16 @@ mod tests {
         assert_eq!(key.as_str(), "slack:T1:C2:1712.5");
         assert_eq!(key.channel(), "slack");
         assert_eq!(key.to_string(), "slack:T1:C2:1712.5");
+    }
+
+    #[test]
+    fn an_event_stored_before_chat_and_refused_existed_still_loads() {
+        let old = r#"{"channel":"telegram","event_id":"7","conversation":"telegram:42",
+            "user":{"id":"u"},"text":"hi","received_at_ms":1}"#;
+        let event: InboundEvent = serde_json::from_str(old).unwrap();
+        assert_eq!(event.chat, None);
+        assert!(!event.refused);
+        let back = serde_json::to_value(&event).unwrap();
+        assert!(back.get("chat").is_none() && back.get("refused").is_none());
     }
 }

@@ -1,9 +1,9 @@
 //! # antler-channel
 //!
 //! What every antler channel shares: the [`Channel`] trait, the normalized [`InboundEvent`] and
-//! [`OutboundMessage`], conversation keys, and the constant-time verification helpers in
-//! [`verify`]; and the [`render`] toolkit that turns Markdown answers into chunks of platform
-//! markup.
+//! [`OutboundMessage`], conversation keys, the group addressing rule ([`addressed`]), the
+//! constant-time verification helpers in [`verify`], and the [`render`] toolkit that turns
+//! Markdown answers into chunks of platform markup.
 //!
 //! A channel is pure protocol. [`Channel::verify`] and [`Channel::parse`] are synchronous and
 //! work on the raw request (headers and body bytes), so they can be tested against recorded
@@ -11,9 +11,12 @@
 //! gateway (`antler`), which keeps platform crates free of runtime details.
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
 
+mod addressing;
 mod event;
 pub mod render;
 pub mod verify;
+
+pub use addressing::{Addressing, addressed};
 
 pub use event::{
     AttachmentRef, AttachmentSource, ConversationKey, InboundEvent, OutboundMessage, Receipt,
@@ -41,6 +44,15 @@ pub enum Parsed {
     Events(Vec<InboundEvent>),
     /// A protocol reply to send back at once (URL challenge, PING), nothing to store.
     Reply(serde_json::Value),
+    /// Messages to accept and, once they are durable, a body to answer the request with
+    /// (a Slack slash command's acknowledgement, a Discord deferred interaction response).
+    /// Accepting comes first: the reply is sent only if every event was accepted.
+    EventsWithReply {
+        /// Messages to accept, exactly as [`Parsed::Events`].
+        events: Vec<InboundEvent>,
+        /// The response body (HTTP 200, JSON).
+        reply: serde_json::Value,
+    },
     /// A well-formed request that asks nothing of antler (the bot's own echo, an unhandled kind).
     Ignore,
 }

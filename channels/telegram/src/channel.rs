@@ -11,7 +11,7 @@ use antler_channel::{
 use teloxide_core::types::Update;
 
 use crate::client::{SendFailure, Target, TelegramApi};
-use crate::normalize::{AddressFacts, BotIdentity, Normalized, normalize};
+use crate::normalize::{BotIdentity, Normalized, normalize};
 
 /// The most a message may hold, in UTF-16 units (Telegram counts after parsing the markup;
 /// counting the markup too keeps every chunk under it).
@@ -142,15 +142,6 @@ fn plain(html: &str) -> String {
         .replace("&amp;", "&")
 }
 
-/// Whether a message is for the bot: always in a private chat; in a group only when it
-/// mentions the bot, replies to it, or is a command not addressed to another bot.
-fn addressed(facts: &AddressFacts) -> bool {
-    facts.private
-        || facts.mentions_bot
-        || facts.replies_to_bot
-        || (facts.command && !facts.command_for_other_bot)
-}
-
 #[async_trait::async_trait]
 impl Channel for TelegramChannel {
     fn name(&self) -> &'static str {
@@ -174,8 +165,9 @@ impl Channel for TelegramChannel {
     fn parse(&self, request: &WebhookRequest<'_>) -> Result<Parsed, ChannelError> {
         let update: Update = serde_json::from_slice(request.body)
             .map_err(|e| ChannelError::Malformed(format!("not a Telegram update: {e}")))?;
-        match normalize(&update, &self.identity(), (self.now_ms)()) {
-            Normalized::Message(incoming) if addressed(&incoming.facts) => {
+        let me = self.identity();
+        match normalize(&update, &me, (self.now_ms)()) {
+            Normalized::Message(incoming) if incoming.facts.addressed(&me) => {
                 Ok(Parsed::Events(vec![incoming.event]))
             }
             Normalized::Message(_) | Normalized::Ignored(_) => Ok(Parsed::Ignore),
@@ -434,33 +426,6 @@ mod tests {
             None,
             "private chats get no reply quote"
         );
-    }
-
-    #[test]
-    fn the_rule_for_groups() {
-        let group = AddressFacts::default();
-        assert!(!addressed(&group));
-        assert!(addressed(&AddressFacts {
-            private: true,
-            ..group
-        }));
-        assert!(addressed(&AddressFacts {
-            mentions_bot: true,
-            ..group
-        }));
-        assert!(addressed(&AddressFacts {
-            replies_to_bot: true,
-            ..group
-        }));
-        assert!(addressed(&AddressFacts {
-            command: true,
-            ..group
-        }));
-        assert!(!addressed(&AddressFacts {
-            command: true,
-            command_for_other_bot: true,
-            ..group
-        }));
     }
 
     #[test]

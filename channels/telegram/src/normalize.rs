@@ -21,8 +21,9 @@ pub struct BotIdentity {
     pub username: String,
 }
 
-/// What the shared addressing rule needs to know about a message.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// What the shared addressing rule ([`antler_channel::addressed`]) needs to know about a
+/// message.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct AddressFacts {
     /// A private chat with the bot.
     pub private: bool,
@@ -32,8 +33,22 @@ pub struct AddressFacts {
     pub replies_to_bot: bool,
     /// It starts with a command.
     pub command: bool,
-    /// The command names another bot (`/status@otherbot`).
-    pub command_for_other_bot: bool,
+    /// The bot the command names (`/status@opsbot_bot` names `opsbot_bot`).
+    pub command_target: Option<String>,
+}
+
+impl AddressFacts {
+    /// Whether the message is for `me`, by the rule every platform shares.
+    pub fn addressed(&self, me: &BotIdentity) -> bool {
+        antler_channel::addressed(&antler_channel::Addressing {
+            is_group: !self.private,
+            mentions_bot: self.mentions_bot,
+            replies_to_bot: self.replies_to_bot,
+            is_command: self.command,
+            command_target: self.command_target.as_deref(),
+            bot_username: &me.username,
+        })
+    }
 }
 
 /// A message for antler, before the addressing rule has decided whether it is a turn.
@@ -110,7 +125,7 @@ pub fn normalize(update: &Update, me: &BotIdentity, received_at_ms: u64) -> Norm
         mentions_bot: !mentions.is_empty(),
         replies_to_bot,
         command: command.is_some(),
-        command_for_other_bot,
+        command_target: command_target.map(str::to_owned),
     };
 
     let mut cuts: Vec<std::ops::Range<usize>> = mentions.iter().map(|m| m.range()).collect();
@@ -146,6 +161,8 @@ pub fn normalize(update: &Update, me: &BotIdentity, received_at_ms: u64) -> Norm
         attachments,
         group: !message.chat.is_private(),
         interactive: true,
+        chat: Some(chat_id.to_string()),
+        refused: false,
     };
     Normalized::Message(Box::new(Incoming {
         event,
@@ -266,6 +283,7 @@ mod tests {
         assert_eq!(m.event.reply_to.as_deref(), Some("1201"));
         assert_eq!(m.event.received_at_ms, 42);
         assert!(!m.event.group && m.event.interactive);
+        assert_eq!(m.event.chat.as_deref(), Some("5550001001"));
         assert_eq!(
             m.facts,
             AddressFacts {
@@ -273,6 +291,7 @@ mod tests {
                 ..AddressFacts::default()
             }
         );
+        assert!(m.facts.addressed(&me()));
         assert_eq!(m.topic, None);
     }
 
@@ -289,7 +308,8 @@ mod tests {
     #[test]
     fn a_command_for_this_bot_loses_its_suffix() {
         let m = incoming("tg_group_command");
-        assert!(m.facts.command && !m.facts.command_for_other_bot);
+        assert!(m.facts.command && m.facts.addressed(&me()));
+        assert_eq!(m.facts.command_target.as_deref(), Some("opsbot_bot"));
         assert_eq!(m.event.text, "/status prod");
 
         let mut update = fixture("tg_group_command");
@@ -309,7 +329,7 @@ mod tests {
         let Normalized::Message(m) = normalize(&update, &me(), 0) else {
             panic!("still a message")
         };
-        assert!(m.facts.command && m.facts.command_for_other_bot);
+        assert!(m.facts.command && !m.facts.addressed(&me()));
         assert_eq!(m.event.text, "/status@other_bot prod", "left as written");
     }
 

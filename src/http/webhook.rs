@@ -1,0 +1,195 @@
+//! Platform webhooks: `POST /webhooks/<channel>`, the same for every platform.
+//!
+//! The raw body is verified by the channel, then parsed into [`Parsed`]. Events are accepted
+//! through the ingress (access check, dedupe, inbox, sync) before anything is answered, so an
+//! acknowledged message is never lost; a failure to accept answers 5xx and the platform
+//! delivers again, which dedupe recognises. A protocol reply (a URL challenge, a PING) is
+//! answered at once; events with a reply (a Slack slash command, a Discord deferred
+//! interaction) are accepted first and then answered with the reply.
+
+use std::sync::Arc;
+
+use antler_channel::{Channel, ChannelError, InboundEvent, Parsed, WebhookRequest};
+use axum::Json;
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+
+use super::AppState;
+use super::error::ApiError;
+use crate::ingress::{Ingress, IngressError};
+
+/// The handler of one channel's webhook route.
+pub(crate) async fn receive(
+    State(state): State<AppState>,
+    channel: Arc<dyn Channel>,
+    request: Request,
+) -> Result<Response, ApiError> {
+    let name = channel.name();
+    metrics::counter!("antler_webhooks_received_total", "channel" => name).increment(1);
+    let headers = request.headers().clone();
+    let body = super::api::read_body(&state, name, request).await?;
+    respond(&state.ingress, channel.as_ref(), &headers, &body).await
+}
+
+/// Verifies, parses and answers one request whose body has been read.
+pub(crate) async fn respond(
+    ingress: &Ingress,
+    channel: &dyn Channel,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<Response, ApiError> {
+    let request = WebhookRequest { headers, body };
+    let parsed = channel
+        .verify(&request)
+        .and_then(|()| channel.parse(&request))
+        .map_err(|e| rejected(channel.name(), e))?;
+    match parsed {
+        Parsed::Events(events) => {
+            accept_all(ingress, events).await?;
+            Ok(StatusCode::OK.into_response())
+        }
+        Parsed::EventsWithReply { events, reply } => {
+            accept_all(ingress, events).await?;
+            Ok((StatusCode::OK, Json(reply)).into_response())
+        }
+        Parsed::Reply(reply) => Ok((StatusCode::OK, Json(reply)).into_response()),
+        Parsed::Ignore => Ok(StatusCode::OK.into_response()),
+    }
+}
+
+/// Accepts every event, in order; a message dropped by the access check counts as handled.
+async fn accept_all(ingress: &Ingress, events: Vec<InboundEvent>) -> Result<(), IngressError> {
+    for event in events {
+        match ingress.accept(event, false).await {
+            Ok(_) | Err(IngressError::Dropped) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// The answer to a request the channel would not take, counted by its reason.
+fn rejected(channel: &'static str, error: ChannelError) -> ApiError {
+    let (reason, answer) = match error {
+        ChannelError::Unauthorized => ("unauthorized", ApiError::Unauthorized),
+        ChannelError::Malformed(message) => ("malformed", ApiError::BadRequest(message)),
+        ChannelError::TooLarge { limit } => (
+            "file_too_large",
+            ApiError::FileTooLarge(format!("a file is larger than {limit} bytes")),
+        ),
+        other => ("internal", ApiError::Internal(other.to_string())),
+    };
+    metrics::counter!("antler_webhooks_rejected_total", "channel" => channel, "reason" => reason)
+        .increment(1);
+    answer
+}
+
+#[cfg(test)]
+mod tests {
+    use antler_channel::{OutboundMessage, Receipt};
+    use serde_json::json;
+
+    use super::*;
+    use crate::ingress::tests::harness;
+    use crate::test_support::event;
+
+    /// A channel whose body names what it parses into: `slash`, `events`, `challenge`,
+    /// `ignore`; `bad` is malformed and `forged` does not verify.
+    #[derive(Debug)]
+    struct ScriptChannel;
+
+    #[async_trait::async_trait]
+    impl Channel for ScriptChannel {
+        fn name(&self) -> &'static str {
+            "api"
+        }
+
+        fn verify(&self, request: &WebhookRequest<'_>) -> Result<(), ChannelError> {
+            if request.body == b"forged" {
+                return Err(ChannelError::Unauthorized);
+            }
+            Ok(())
+        }
+
+        fn parse(&self, request: &WebhookRequest<'_>) -> Result<Parsed, ChannelError> {
+            Ok(match request.body {
+                b"slash" => Parsed::EventsWithReply {
+                    events: vec![event("c", "s1", "hello")],
+                    reply: json!({"response_type": "ephemeral", "text": "working on it"}),
+                },
+                b"events" => Parsed::Events(vec![event("c", "e1", "one"), event("c", "e2", "two")]),
+                b"challenge" => Parsed::Reply(json!({"challenge": "c1"})),
+                b"ignore" => Parsed::Ignore,
+                _ => return Err(ChannelError::Malformed("not a script".to_owned())),
+            })
+        }
+
+        async fn send(&self, _: &OutboundMessage) -> Result<Receipt, ChannelError> {
+            Err(ChannelError::Unsupported)
+        }
+    }
+
+    async fn call(ingress: &Ingress, body: &str) -> (StatusCode, String) {
+        let response =
+            match respond(ingress, &ScriptChannel, &HeaderMap::new(), body.as_bytes()).await {
+                Ok(response) => response,
+                Err(e) => e.into_response(),
+            };
+        let status = response.status();
+        let bytes = axum::body::to_bytes(response.into_body(), 1 << 16)
+            .await
+            .unwrap();
+        (status, String::from_utf8(bytes.to_vec()).unwrap())
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn events_with_a_reply_are_stored_before_the_reply_is_given() {
+        let h = harness(3);
+        let (status, body) = call(&h.ingress, "slash").await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(
+            serde_json::from_str::<serde_json::Value>(&body).unwrap(),
+            json!({"response_type": "ephemeral", "text": "working on it"})
+        );
+        // The event was accepted before the reply: a redelivery is recognised.
+        let again = h
+            .ingress
+            .accept(event("c", "s1", "hello"), false)
+            .await
+            .unwrap();
+        assert!(!again.new, "the slash command's event was stored");
+        h.until_sent(1).await;
+        assert_eq!(h.sent(), ["echo: hello"]);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn every_kind_of_parse_gets_its_answer() {
+        let h = harness(3);
+        let (status, body) = call(&h.ingress, "events").await;
+        assert_eq!((status, body.as_str()), (StatusCode::OK, ""));
+        let (status, body) = call(&h.ingress, "challenge").await;
+        assert_eq!(
+            (status, body.as_str()),
+            (StatusCode::OK, r#"{"challenge":"c1"}"#)
+        );
+        let (status, body) = call(&h.ingress, "ignore").await;
+        assert_eq!((status, body.as_str()), (StatusCode::OK, ""));
+        let (status, _) = call(&h.ingress, "forged").await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED);
+        let (status, body) = call(&h.ingress, "bad").await;
+        assert_eq!(status, StatusCode::BAD_REQUEST);
+        assert!(body.contains("not a script"), "{body}");
+        h.until_sent(2).await;
+        assert_eq!(h.sent(), ["echo: one", "echo: two"]);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn nothing_is_answered_with_the_reply_when_accepting_fails() {
+        let h = harness(3);
+        h.stop.cancel();
+        let (status, body) = call(&h.ingress, "slash").await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        assert!(!body.contains("working on it"), "{body}");
+    }
+}
