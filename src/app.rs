@@ -7,6 +7,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use antler_channel::Channel;
+use antler_telegram::{TelegramChannel, TelegramSettings};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
@@ -59,6 +60,9 @@ pub enum AppError {
     /// Serving HTTP failed.
     #[error("http server: {0}")]
     Serve(#[from] std::io::Error),
+    /// A platform channel could not be set up.
+    #[error("{0}")]
+    Channel(String),
 }
 
 impl From<StoreError> for AppError {
@@ -118,6 +122,64 @@ fn middleware_chain(config: &Config) -> Result<MiddlewareChain, ChainError> {
         items.push(Arc::new(m));
     }
     MiddlewareChain::new(items)
+}
+
+/// The enabled platforms' channels, each served at `/webhooks/<name>`. Each one learns who
+/// its bot first (briefly; then in the background).
+async fn platform_channels(config: &Config) -> Result<Vec<Arc<dyn Channel>>, AppError> {
+    let mut channels: Vec<Arc<dyn Channel>> = Vec::new();
+    let telegram = &config.channels.telegram;
+    if telegram.enabled {
+        let settings = TelegramSettings {
+            bot_token: telegram
+                .bot_token
+                .as_ref()
+                .map(|s| s.expose().to_owned())
+                .unwrap_or_default(),
+            webhook_secret: telegram
+                .webhook_secret
+                .as_ref()
+                .map(|s| s.expose().to_owned())
+                .unwrap_or_default(),
+            api_url: telegram.api_url.clone(),
+        };
+        let channel = Arc::new(
+            TelegramChannel::new(&settings, crate::now_ms)
+                .map_err(|e| AppError::Channel(format!("channels.telegram: {e}")))?,
+        );
+        // A few seconds for getMe before serving, so group mentions work from the first
+        // update; a slow or failing Bot API is retried in the background instead.
+        let known = matches!(
+            tokio::time::timeout(Duration::from_secs(5), channel.learn_identity()).await,
+            Ok(Ok(_))
+        );
+        if known {
+            tracing::info!("telegram bot ready");
+        } else {
+            let learning = Arc::clone(&channel);
+            tokio::spawn(async move {
+                let mut wait = Duration::from_secs(5);
+                loop {
+                    match learning.learn_identity().await {
+                        Ok(me) => {
+                            tracing::info!(username = %me.username, "telegram bot ready");
+                            break;
+                        }
+                        Err(e) => tracing::warn!(
+                            error = %e,
+                            retry_in = ?wait,
+                            "telegram getMe failed; @mentions by name are not recognised until \
+                             it works. Check channels.telegram.bot_token and api_url"
+                        ),
+                    }
+                    tokio::time::sleep(wait).await;
+                    wait = (wait * 2).min(Duration::from_secs(300));
+                }
+            });
+        }
+        channels.push(channel);
+    }
+    Ok(channels)
 }
 
 fn tool_registry(config: &Config, extra: Vec<Arc<dyn Tool>>) -> ToolRegistry {
@@ -254,6 +316,10 @@ where
     if config.channels.api.enabled {
         channels.insert("api".to_owned(), api.clone());
     }
+    let webhooks = platform_channels(&config).await?;
+    for channel in &webhooks {
+        channels.insert(channel.name().to_owned(), Arc::clone(channel));
+    }
     let delivery = Delivery::new(
         Arc::clone(&store),
         channels,
@@ -364,8 +430,6 @@ where
             grace,
         )));
     }
-    // Platform channels join `webhooks` as their crates are added.
-    let webhooks: Vec<Arc<dyn Channel>> = Vec::new();
     let app = router(
         state,
         config.channels.api.enabled,

@@ -386,10 +386,31 @@ fn enabled_platform_requires_its_secrets() {
 
 #[test]
 fn complete_platform_is_not_available_yet() {
-    let text = "[channels.telegram]\nenabled = true\nbot_token = \"1:A\"\nwebhook_secret = \"s\"\n";
+    let text = "[channels.slack]\nenabled = true\nbot_token = \"xoxb-1\"\nsigning_secret = \"s\"\n";
     assert_eq!(
         issues(text),
-        ["channels.telegram.enabled: the telegram channel is not available in this build yet"]
+        ["channels.slack.enabled: the slack channel is not available in this build yet"]
+    );
+    let telegram =
+        "[channels.telegram]\nenabled = true\nbot_token = \"1:A\"\nwebhook_secret = \"s\"\n";
+    assert!(parse(telegram).is_ok(), "telegram is built");
+}
+
+#[test]
+fn telegram_token_and_secret_must_have_telegrams_shape() {
+    let text = "[channels.telegram]\nenabled = true\nbot_token = \"nope\"\nwebhook_secret = \"has space\"\n";
+    let found = issues(text);
+    assert_eq!(
+        found,
+        [
+            "channels.telegram.bot_token: must look like <bot id>:<secret>, as @BotFather gives it",
+            "channels.telegram.webhook_secret: must be 1 to 256 characters of A-Z, a-z, 0-9, _ and -",
+        ]
+    );
+    assert!(
+        found
+            .iter()
+            .all(|issue| !issue.contains("nope") && !issue.contains("has space"))
     );
 }
 
@@ -610,7 +631,7 @@ fn secrets_are_masked_in_debug_display_and_summary() {
         token = "SECRET-12-user-api-token"
         user = "alice"
         [channels.telegram]
-        bot_token = "SECRET-3"
+        bot_token = "3:SECRET-3"
         webhook_secret = "SECRET-4"
         [channels.slack]
         bot_token = "SECRET-5"

@@ -19,7 +19,7 @@ pub(crate) const MAX_USER_CHARS: usize = 64;
 
 /// The chat platforms whose adapters exist in this build; an enabled platform outside this list
 /// is refused until its adapter lands.
-pub(crate) const AVAILABLE_PLATFORMS: &[&str] = &[];
+pub(crate) const AVAILABLE_PLATFORMS: &[&str] = &["telegram"];
 
 /// Collects the issues of a deserialized configuration.
 pub(crate) fn validate(config: &Config) -> Vec<ConfigIssue> {
@@ -349,6 +349,31 @@ fn channels(config: &Config, v: &mut Issues) {
             ("webhook_secret", secret(&telegram.webhook_secret)),
         ],
     );
+    if let Some(token) = &telegram.bot_token {
+        let well_formed = token.expose().split_once(':').is_some_and(|(id, rest)| {
+            !id.is_empty() && id.bytes().all(|b| b.is_ascii_digit()) && !rest.is_empty()
+        });
+        if !well_formed {
+            v.push(
+                "channels.telegram.bot_token",
+                "must look like <bot id>:<secret>, as @BotFather gives it",
+            );
+        }
+    }
+    if let Some(secret) = &telegram.webhook_secret {
+        // What Telegram accepts as `secret_token`.
+        let secret = secret.expose();
+        let well_formed = (1..=256).contains(&secret.len())
+            && secret
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+        if !well_formed {
+            v.push(
+                "channels.telegram.webhook_secret",
+                "must be 1 to 256 characters of A-Z, a-z, 0-9, _ and -",
+            );
+        }
+    }
 
     let slack = &channels.slack;
     v.url("channels.slack.api_url", &slack.api_url);

@@ -28,6 +28,9 @@ pub(crate) async fn receive(
     let name = channel.name();
     metrics::counter!("antler_webhooks_received_total", "channel" => name).increment(1);
     let headers = request.headers().clone();
+    channel
+        .verify_headers(&headers)
+        .map_err(|e| rejected(name, e))?;
     let body = super::api::read_body(&state, name, request).await?;
     respond(&state.ingress, channel.as_ref(), &headers, &body).await
 }

@@ -15,3 +15,4 @@ mod ordering;
 mod restart;
 mod seams;
 mod support;
+mod telegram;

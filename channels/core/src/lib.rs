@@ -103,6 +103,13 @@ pub trait Channel: Send + Sync + 'static {
     /// The channel's name: the first segment of its conversation keys and its route.
     fn name(&self) -> &'static str;
 
+    /// Checks what the headers alone can tell (a secret header, the presence and age of a
+    /// signature) before the body is read, so an unauthenticated sender cannot make antler
+    /// read its body. [`Channel::verify`] still checks the whole request.
+    fn verify_headers(&self, _headers: &http::HeaderMap) -> Result<(), ChannelError> {
+        Ok(())
+    }
+
     /// Authenticates the raw request. Must compare secrets in constant time.
     fn verify(&self, request: &WebhookRequest<'_>) -> Result<(), ChannelError>;
 

@@ -1,0 +1,177 @@
+//! Telegram end to end: signed webhooks in through `POST /webhooks/telegram`, the real runtime
+//! with the mock model, answers out to a mock Bot API (teloxide capitalises method names:
+//! `/bot<token>/SendMessage`).
+
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use wiremock::matchers::{method, path};
+use wiremock::{Mock, MockServer, ResponseTemplate};
+
+use crate::support::mock_model::{Behaviour, MockModel};
+use crate::support::{TestApp, wait_until};
+
+const TOKEN: &str = "7000000001:TEST-token";
+const SECRET: &str = "hook-secret_1";
+
+fn fixture(name: &str) -> String {
+    let path = format!(
+        "{}/channels/telegram/tests/fixtures/{name}.json",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    std::fs::read_to_string(path).unwrap()
+}
+
+/// A Bot API that knows the bot and accepts every message.
+async fn bot_api() -> MockServer {
+    let server = MockServer::start().await;
+    Mock::given(method("POST"))
+        .and(path(format!("/bot{TOKEN}/GetMe")))
+        .respond_with(ResponseTemplate::new(200).set_body_json(json!({
+            "ok": true,
+            "result": {"id": 7000000001u64, "is_bot": true, "first_name": "OpsBot",
+                       "username": "opsbot_bot", "can_join_groups": true,
+                       "can_read_all_group_messages": false, "supports_inline_queries": false,
+                       "has_main_web_app": false}
+        })))
+        .mount(&server)
+        .await;
+    Mock::given(method("POST"))
+        .and(path(format!("/bot{TOKEN}/SendMessage")))
+        .respond_with(ResponseTemplate::new(200).set_body_json(json!({
+            "ok": true,
+            "result": {"message_id": 700, "date": 1, "chat": {"id": 1, "type": "private", "first_name": "A"},
+                       "text": "ok"}
+        })))
+        .mount(&server)
+        .await;
+    server
+}
+
+async fn app(model: &MockModel, api: &MockServer) -> TestApp {
+    TestApp::spawn(
+        model,
+        &format!(
+            "[channels.telegram]\nenabled = true\nbot_token = \"{TOKEN}\"\n\
+             webhook_secret = \"{SECRET}\"\napi_url = \"{}\"\n",
+            api.uri()
+        ),
+    )
+    .await
+}
+
+async fn post(app: &TestApp, body: &str, secret: Option<&str>) -> StatusCode {
+    let mut request = app
+        .client
+        .http
+        .post(format!("{}/webhooks/telegram", app.client.base))
+        .header("content-type", "application/json")
+        .body(body.to_owned());
+    if let Some(secret) = secret {
+        request = request.header("X-Telegram-Bot-Api-Secret-Token", secret);
+    }
+    request.send().await.unwrap().status()
+}
+
+/// The bodies of every SendMessage the Bot API got.
+async fn sent(api: &MockServer) -> Vec<Value> {
+    api.received_requests()
+        .await
+        .unwrap_or_default()
+        .iter()
+        .filter(|r| r.url.path().ends_with("/SendMessage"))
+        .map(|r| serde_json::from_slice(&r.body).unwrap())
+        .collect()
+}
+
+async fn wait_for_sends(api: &MockServer, n: usize) -> Vec<Value> {
+    wait_until(&format!("{n} messages sent to Telegram"), || async {
+        let sent = sent(api).await;
+        (sent.len() >= n).then_some(sent)
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_private_message_is_answered_once_even_when_delivered_twice() {
+    let model = MockModel::start(Behaviour::Echo).await;
+    let api = bot_api().await;
+    let app = app(&model, &api).await;
+    let update = fixture("tg_private_text");
+    assert_eq!(post(&app, &update, Some(SECRET)).await, StatusCode::OK);
+    assert_eq!(post(&app, &update, Some(SECRET)).await, StatusCode::OK);
+
+    let sent = wait_for_sends(&api, 1).await;
+    assert_eq!(sent[0]["chat_id"], 5_550_001_001u64);
+    assert_eq!(sent[0]["text"], "echo: status payments-api");
+    assert_eq!(sent[0]["parse_mode"], "HTML");
+    assert_eq!(sent[0].get("reply_parameters"), None);
+    app.wait_idle().await;
+    assert_eq!(
+        self::sent(&api).await.len(),
+        1,
+        "the redelivery is not answered again"
+    );
+    assert_eq!(model.count(), 1);
+    app.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_or_missing_secret_is_refused_and_nothing_runs() {
+    let model = MockModel::start(Behaviour::Echo).await;
+    let api = bot_api().await;
+    let app = app(&model, &api).await;
+    let update = fixture("tg_private_text");
+    assert_eq!(post(&app, &update, None).await, StatusCode::UNAUTHORIZED);
+    assert_eq!(
+        post(&app, &update, Some("hook-secret_2")).await,
+        StatusCode::UNAUTHORIZED
+    );
+    // Refused before anything was stored: there is no turn to wait for.
+    app.wait_idle().await;
+    assert_eq!(model.count(), 0);
+    assert!(sent(&api).await.is_empty());
+    app.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_groups_only_mentions_are_answered_as_replies_and_topics_stay_in_their_topic() {
+    let model = MockModel::start(Behaviour::Echo).await;
+    let api = bot_api().await;
+    let app = app(&model, &api).await;
+
+    // Not addressed: acknowledged, and nothing runs.
+    let plain = fixture("tg_group_mention")
+        .replace("730100002", "730100099")
+        .replace("🚀 @opsbot_bot restart web-api", "restart web-api please")
+        .replace(
+            "{\"offset\": 3, \"length\": 11, \"type\": \"mention\"}",
+            "{\"offset\": 0, \"length\": 7, \"type\": \"bold\"}",
+        );
+    assert_eq!(post(&app, &plain, Some(SECRET)).await, StatusCode::OK);
+
+    assert_eq!(
+        post(&app, &fixture("tg_group_mention"), Some(SECRET)).await,
+        StatusCode::OK
+    );
+    let sent = wait_for_sends(&api, 1).await;
+    assert_eq!(sent[0]["chat_id"], -1_002_200_330_044i64);
+    assert_eq!(sent[0]["text"], "echo: 🚀 restart web-api");
+    assert_eq!(sent[0]["reply_parameters"]["message_id"], 88);
+
+    assert_eq!(
+        post(&app, &fixture("tg_forum_topic"), Some(SECRET)).await,
+        StatusCode::OK
+    );
+    let sent = wait_for_sends(&api, 2).await;
+    assert_eq!(sent[1]["chat_id"], -1_003_300_440_055i64);
+    assert_eq!(sent[1]["message_thread_id"], 400);
+    assert_eq!(sent[1]["text"], "echo: tail logs worker");
+
+    app.wait_idle().await;
+    assert_eq!(
+        model.count(),
+        2,
+        "the plain group message never reached the model"
+    );
+    app.shutdown().await;
+}
