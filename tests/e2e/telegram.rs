@@ -175,3 +175,118 @@ async fn in_groups_only_mentions_are_answered_as_replies_and_topics_stay_in_thei
     );
     app.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rate_limit_from_telegram_delays_the_answer_and_it_still_arrives_once() {
+    let model = MockModel::start(Behaviour::Echo).await;
+    let api = bot_api().await;
+    // The first SendMessage is refused with Telegram's 429; the next one goes through.
+    Mock::given(method("POST"))
+        .and(path(format!("/bot{TOKEN}/SendMessage")))
+        .respond_with(ResponseTemplate::new(429).set_body_json(json!({
+            "ok": false, "error_code": 429,
+            "description": "Too Many Requests: retry after 1",
+            "parameters": {"retry_after": 1}
+        })))
+        .up_to_n_times(1)
+        .with_priority(1)
+        .mount(&api)
+        .await;
+    let app = app(&model, &api).await;
+    assert_eq!(
+        post(&app, &fixture("tg_private_text"), Some(SECRET)).await,
+        StatusCode::OK
+    );
+    let sent = wait_for_sends(&api, 2).await;
+    assert_eq!(
+        sent[0]["text"], sent[1]["text"],
+        "the refused message went again"
+    );
+    app.wait_idle().await;
+    assert_eq!(
+        self::sent(&api).await.len(),
+        2,
+        "delivered once after the refusal"
+    );
+    app.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_markdown_answer_arrives_as_several_valid_messages() {
+    let model = MockModel::start(Behaviour::Echo).await;
+    let api = bot_api().await;
+    let app = app(&model, &api).await;
+    let mut text = String::new();
+    for i in 0..45 {
+        text.push_str(&format!(
+            "Step {i}: **check** the <service> & its logs.\n\n```sh\nkubectl logs deploy/web-{i} | grep -c '<error>'\n```\n\n"
+        ));
+        text.push_str(&"more words here ".repeat(8));
+        text.push_str("\n\n");
+    }
+    assert!(text.len() > 10_000);
+    let update = fixture("tg_private_text").replace(
+        "\"text\": \"status payments-api\"",
+        &format!("\"text\": {}", serde_json::to_string(&text).unwrap()),
+    );
+    assert_eq!(post(&app, &update, Some(SECRET)).await, StatusCode::OK);
+    app.wait_idle().await;
+    let sent = wait_for_sends(&api, 3).await;
+    let mut words = 0;
+    for body in &sent {
+        let html = body["text"].as_str().unwrap();
+        assert!(
+            html.encode_utf16().count() <= 4096,
+            "{} units",
+            html.encode_utf16().count()
+        );
+        assert_eq!(
+            html.matches("<pre>").count(),
+            html.matches("</pre>").count(),
+            "{html}"
+        );
+        assert_eq!(
+            html.matches("<b>").count(),
+            html.matches("</b>").count(),
+            "{html}"
+        );
+        assert!(
+            !html.contains("<service>") && !html.contains("<error>"),
+            "escaped: {html}"
+        );
+        words += html.matches("more words here").count();
+    }
+    assert_eq!(words, 45 * 8, "nothing lost between the chunks");
+    app.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_outside_the_allowlist_gets_one_refusal_with_their_id_and_no_model_call() {
+    let model = MockModel::start(Behaviour::Echo).await;
+    let api = bot_api().await;
+    let app = TestApp::spawn(
+        &model,
+        &format!(
+            "[channels.telegram]\nenabled = true\nbot_token = \"{TOKEN}\"\n\
+             webhook_secret = \"{SECRET}\"\napi_url = \"{}\"\nallowed_users = [\"42\"]\n",
+            api.uri()
+        ),
+    )
+    .await;
+    assert_eq!(
+        post(&app, &fixture("tg_private_text"), Some(SECRET)).await,
+        StatusCode::OK
+    );
+    let second = fixture("tg_private_text").replace("730100001", "730100002");
+    assert_eq!(post(&app, &second, Some(SECRET)).await, StatusCode::OK);
+    let sent = wait_for_sends(&api, 1).await;
+    let refusal = sent[0]["text"].as_str().unwrap();
+    assert!(
+        refusal.contains("not allowed") && refusal.contains("5550001001"),
+        "{refusal}"
+    );
+    app.wait_idle().await;
+    assert_eq!(self::sent(&api).await.len(), 1, "one refusal an hour");
+    assert_eq!(model.count(), 0);
+    app.shutdown().await;
+}
