@@ -1,4 +1,4 @@
-//! The command line: `serve`, `check-config`, `chat`, `healthcheck`.
+//! The command line: `serve`, `check-config`, `chat`, `doctor`, `healthcheck`, `telegram`.
 
 use std::path::PathBuf;
 
@@ -63,11 +63,47 @@ pub enum Command {
         #[arg(long, env = "ANTLER_CONFIG", default_value = crate::config::DEFAULT_PATH)]
         config: PathBuf,
     },
+    /// Set up Telegram: the webhook and the command menu.
+    Telegram {
+        /// What to do.
+        #[command(subcommand)]
+        command: TelegramCommand,
+    },
     /// Exit 0 when a running antler answers `GET /healthz` with 200 within 5 s, else 1 (for
     /// container health checks: no curl needed).
     Healthcheck {
         /// The antler base URL.
         #[arg(long, env = "ANTLER_URL", default_value = "http://127.0.0.1:8080")]
         url: String,
+    },
+}
+
+/// `antler telegram …`
+#[derive(Debug, Subcommand)]
+pub enum TelegramCommand {
+    /// Point Telegram at `server.public_url` + `/webhooks/telegram` with the webhook secret and
+    /// message updates only, and set the bot's command menu if it differs.
+    SetWebhook {
+        /// The configuration file.
+        #[arg(long, env = "ANTLER_CONFIG", default_value = crate::config::DEFAULT_PATH)]
+        config: PathBuf,
+        /// Drop the updates Telegram holds for delivery.
+        #[arg(long)]
+        drop_pending_updates: bool,
+    },
+    /// Show the webhook as Telegram reports it: URL, pending updates, last error.
+    WebhookInfo {
+        /// The configuration file.
+        #[arg(long, env = "ANTLER_CONFIG", default_value = crate::config::DEFAULT_PATH)]
+        config: PathBuf,
+    },
+    /// Remove the webhook: Telegram stops delivering to antler.
+    DeleteWebhook {
+        /// The configuration file.
+        #[arg(long, env = "ANTLER_CONFIG", default_value = crate::config::DEFAULT_PATH)]
+        config: PathBuf,
+        /// Drop the updates Telegram holds for delivery.
+        #[arg(long)]
+        drop_pending_updates: bool,
     },
 }

@@ -1,7 +1,8 @@
 //! `antler doctor`: checks what a deployment needs, one line each, with the fix for what fails.
 //!
 //! The configuration, the store, the listen address, the model endpoint and the API's access
-//! rules; each enabled platform's credentials join as their channels land. Nothing is changed,
+//! rules; each enabled platform's credentials join as their channels land (Telegram: the
+//! token through `getMe`, and the webhook Telegram delivers to). Nothing is changed,
 //! except that a store is opened the way `antler serve` would open it (an older layout is
 //! migrated); a store another antler holds is reported, not touched.
 
@@ -10,7 +11,10 @@ use std::path::Path;
 use std::time::Duration;
 
 use crate::agent::model::{ModelError, OpenAiClient, OpenAiConfig};
-use crate::config::Config;
+use antler_channel::ChannelError;
+
+use crate::config::{Config, mask_url};
+use crate::setup;
 use crate::store::{SledStore, Store, StoreError};
 
 /// How one check came out.
@@ -19,6 +23,8 @@ enum Verdict {
     Ok,
     /// Worth knowing, not broken.
     Note,
+    /// Probably wrong, with a fix, but antler can serve.
+    Warn,
     Fail,
 }
 
@@ -50,6 +56,15 @@ impl Finding {
         }
     }
 
+    fn warn(what: &'static str, detail: impl Into<String>, fix: impl Into<String>) -> Self {
+        Self {
+            verdict: Verdict::Warn,
+            what,
+            detail: detail.into(),
+            fix: Some(fix.into()),
+        }
+    }
+
     fn fail(what: &'static str, detail: impl Into<String>, fix: impl Into<String>) -> Self {
         Self {
             verdict: Verdict::Fail,
@@ -63,6 +78,7 @@ impl Finding {
         let label = match self.verdict {
             Verdict::Ok => "ok  ",
             Verdict::Note => "note",
+            Verdict::Warn => "warn",
             Verdict::Fail => "FAIL",
         };
         let mut line = format!("{label}  {:<8} {}", self.what, self.detail);
@@ -118,6 +134,9 @@ async fn check(config_path: &Path) -> Vec<Finding> {
     findings.push(check_listen(&config).await);
     findings.push(check_model(&config).await);
     findings.push(check_api(&config));
+    if config.channels.telegram.enabled {
+        findings.extend(check_telegram(&config).await);
+    }
     let platforms = config.channels.enabled_platforms();
     findings.push(if platforms.is_empty() {
         Finding::note(
@@ -261,6 +280,101 @@ async fn check_model(config: &Config) -> Finding {
             "start the model server, or set model.base_url (ANTLER_MODEL_BASE_URL)",
         ),
     }
+}
+
+/// The bot token (`getMe`), then the webhook Telegram delivers to (`getWebhookInfo`).
+async fn check_telegram(config: &Config) -> Vec<Finding> {
+    const SET_IT: &str = "run `antler telegram set-webhook`";
+    let api = match setup::telegram_api(config) {
+        Ok(api) => api,
+        Err(e) => {
+            return vec![Finding::fail(
+                "telegram",
+                e.to_string(),
+                "set channels.telegram.bot_token to the token @BotFather gave",
+            )];
+        }
+    };
+    let api_url = &config.channels.telegram.api_url;
+    let me = match api.get_me().await {
+        Ok(me) => me,
+        Err(e @ (ChannelError::Transient(_) | ChannelError::RateLimited { .. })) => {
+            return vec![Finding::fail(
+                "telegram",
+                format!("{api_url} is unreachable: {e}"),
+                "check the network, or channels.telegram.api_url",
+            )];
+        }
+        Err(e) => {
+            return vec![Finding::fail(
+                "telegram",
+                format!("getMe failed: {e}"),
+                "set channels.telegram.bot_token to the token @BotFather gave",
+            )];
+        }
+    };
+    let mut findings = vec![Finding::ok(
+        "telegram",
+        format!("the token works: the bot is @{}", me.username),
+    )];
+    let status = match api.webhook_info().await {
+        Ok(status) => status,
+        Err(e) => {
+            findings.push(Finding::warn(
+                "webhook",
+                format!("getWebhookInfo failed: {e}"),
+                "`antler telegram webhook-info` retries it",
+            ));
+            return findings;
+        }
+    };
+    let expected = setup::telegram_webhook_url(config);
+    match (&status.url, &expected) {
+        (None, _) => findings.push(Finding::warn(
+            "webhook",
+            "no webhook is set: Telegram delivers nothing to antler",
+            SET_IT,
+        )),
+        (Some(url), Err(e)) => findings.push(Finding::warn(
+            "webhook",
+            format!(
+                "Telegram delivers to {}; cannot check it: {e}",
+                setup::one_line(&mask_url(url))
+            ),
+            "set server.public_url to the https:// URL antler is reached at",
+        )),
+        (Some(url), Ok(expected)) if url != expected => findings.push(Finding::warn(
+            "webhook",
+            format!(
+                "Telegram delivers to {}, not {}",
+                setup::one_line(&mask_url(url)),
+                mask_url(expected)
+            ),
+            SET_IT,
+        )),
+        (Some(url), Ok(_)) => findings.push(Finding::ok(
+            "webhook",
+            format!(
+                "Telegram delivers to {}; {} update(s) pending",
+                mask_url(url),
+                status.pending_update_count
+            ),
+        )),
+    }
+    if let Some(message) = &status.last_error_message {
+        let when = status
+            .last_error_date
+            .map_or_else(|| "at an unknown time".to_owned(), setup::unix_time);
+        findings.push(Finding::warn(
+            "webhook",
+            format!(
+                "the last delivery failed ({when}): {}",
+                setup::one_line(message)
+            ),
+            "check that the public URL reaches antler (proxy, TLS certificate, port)",
+        ));
+    }
+    findings
 }
 
 fn check_api(config: &Config) -> Finding {

@@ -3,7 +3,7 @@
 use std::io::Write;
 use std::process::ExitCode;
 
-use antler::cli::{Cli, Command};
+use antler::cli::{Cli, Command, TelegramCommand};
 use antler::config::Config;
 use antler::logging;
 use clap::Parser;
@@ -74,6 +74,7 @@ async fn run(command: &Command) -> anyhow::Result<ExitCode> {
             conversation,
             user,
         } => antler::chat::run(url, token.as_deref(), conversation, user.as_deref()).await?,
+        Command::Telegram { command } => return Ok(telegram(command).await),
         Command::Healthcheck { url } => antler::chat::healthcheck(url).await?,
         Command::Doctor { config } => {
             if !antler::doctor::run(config).await {
@@ -82,6 +83,34 @@ async fn run(command: &Command) -> anyhow::Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Runs an `antler telegram` command; its errors are printed here, with their exit code.
+async fn telegram(command: &TelegramCommand) -> ExitCode {
+    let mut out = std::io::stdout();
+    let outcome = match command {
+        TelegramCommand::SetWebhook {
+            config,
+            drop_pending_updates,
+        } => antler::setup::set_webhook(config, *drop_pending_updates, &mut out).await,
+        TelegramCommand::WebhookInfo { config } => {
+            antler::setup::webhook_info(config, &mut out).await
+        }
+        TelegramCommand::DeleteWebhook {
+            config,
+            drop_pending_updates,
+        } => antler::setup::delete_webhook(config, *drop_pending_updates, &mut out).await,
+    };
+    match outcome {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            complain(format_args!(
+                "error: {}",
+                logging::sanitize_for_terminal(&e.to_string())
+            ));
+            ExitCode::from(e.exit_code())
+        }
+    }
 }
 
 #[tokio::main]

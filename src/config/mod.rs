@@ -16,6 +16,7 @@
 mod env;
 mod secret;
 mod validate;
+pub(crate) use validate::mask_url;
 
 #[cfg(test)]
 mod tests;

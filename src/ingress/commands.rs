@@ -23,6 +23,15 @@ pub(crate) const HELP: &str = "Commands:\n\
 /stop — stop the answer being written\n\
 Anything else is a message for the assistant.";
 
+/// The commands a chat platform's command menu shows (Telegram's `setMyCommands`): the four
+/// of [`HELP`] (not their aliases), each with a description of at most 256 characters.
+pub(crate) const MENU: &[(&str, &str)] = &[
+    ("help", "List the commands"),
+    ("new", "Start a fresh conversation (the old one is kept)"),
+    ("status", "The current thread, model, token usage and queue"),
+    ("stop", "Stop the answer being written"),
+];
+
 /// The text after `/new`, etc. is ignored; `None` for ordinary messages.
 pub(crate) fn parse(text: &str) -> Option<Command> {
     let first = text.split_whitespace().next()?;
@@ -57,6 +66,31 @@ mod tests {
         assert_eq!(
             parse("/deploy now"),
             Some(Command::Unknown("deploy".into()))
+        );
+    }
+
+    #[test]
+    fn the_menu_lists_the_help_commands_within_telegrams_limits() {
+        for (name, description) in MENU {
+            assert!(HELP.contains(&format!("/{name} — ")), "{name} is in HELP");
+            let parsed = parse(&format!("/{name}"));
+            assert!(
+                matches!(parsed, Some(ref c) if !matches!(c, Command::Unknown(_))),
+                "{name}: {parsed:?}"
+            );
+            assert!((3..=256).contains(&description.chars().count()), "{name}");
+            assert!(
+                (1..=32).contains(&name.len())
+                    && name
+                        .chars()
+                        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_'),
+                "{name}"
+            );
+        }
+        assert_eq!(
+            MENU.len(),
+            HELP.matches("\n/").count(),
+            "every HELP command is in the menu"
         );
     }
 

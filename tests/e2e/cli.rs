@@ -1,6 +1,6 @@
 //! The binary as an operator meets it: logging that never blocks or kills the process, log
-//! formats without injected lines or colour codes, errors printed once, `antler chat` and
-//! `antler healthcheck`.
+//! formats without injected lines or colour codes, errors printed once, `antler chat`,
+//! `antler healthcheck`, `antler doctor` and `antler telegram` (against a mock Bot API).
 
 use std::process::Stdio;
 
@@ -445,4 +445,342 @@ async fn a_second_antler_on_the_same_store_says_who_holds_it() {
         1,
         "said once: {stderr}"
     );
+}
+
+// ---------------------------------------------------------------------------------------------
+// antler telegram (against a mock Bot API; teloxide capitalises method names)
+// ---------------------------------------------------------------------------------------------
+
+const TG_TOKEN: &str = "7000000001:CLI-token_value";
+const TG_SECRET: &str = "cli-hook_secret";
+
+/// A Bot API whose command menu is remembered between calls, as Telegram's is.
+async fn bot_api_with_menu() -> wiremock::MockServer {
+    use std::sync::{Arc, Mutex};
+    use wiremock::matchers::{method, path};
+    use wiremock::{Mock, MockServer, Request, ResponseTemplate};
+
+    let server = MockServer::start().await;
+    let ok = |result: Value| {
+        ResponseTemplate::new(200).set_body_json(serde_json::json!({"ok": true, "result": result}))
+    };
+    let menu = Arc::new(Mutex::new(serde_json::json!([])));
+    let stored = Arc::clone(&menu);
+    Mock::given(method("POST"))
+        .and(path(format!("/bot{TG_TOKEN}/SetMyCommands")))
+        .respond_with(move |request: &Request| {
+            let body: Value = serde_json::from_slice(&request.body).unwrap();
+            *stored.lock().unwrap() = body["commands"].clone();
+            ResponseTemplate::new(200)
+                .set_body_json(serde_json::json!({"ok": true, "result": true}))
+        })
+        .mount(&server)
+        .await;
+    Mock::given(method("POST"))
+        .and(path(format!("/bot{TG_TOKEN}/GetMyCommands")))
+        .respond_with(move |_: &Request| {
+            let commands = menu.lock().unwrap().clone();
+            ResponseTemplate::new(200)
+                .set_body_json(serde_json::json!({"ok": true, "result": commands}))
+        })
+        .mount(&server)
+        .await;
+    for name in ["SetWebhook", "DeleteWebhook"] {
+        Mock::given(method("POST"))
+            .and(path(format!("/bot{TG_TOKEN}/{name}")))
+            .respond_with(ok(Value::Bool(true)))
+            .mount(&server)
+            .await;
+    }
+    Mock::given(method("POST"))
+        .and(path(format!("/bot{TG_TOKEN}/GetWebhookInfo")))
+        .respond_with(ok(serde_json::json!({
+            "url": "https://old.example.com/hook",
+            "has_custom_certificate": false,
+            "pending_update_count": 5,
+            "last_error_date": 1_780_000_000,
+            "last_error_message": "Wrong response from the webhook: 502 Bad Gateway",
+            "max_connections": 40,
+            "allowed_updates": ["message"],
+        })))
+        .mount(&server)
+        .await;
+    Mock::given(method("POST"))
+        .and(path(format!("/bot{TG_TOKEN}/GetMe")))
+        .respond_with(ok(serde_json::json!({
+            "id": 7000000001u64, "is_bot": true, "first_name": "OpsBot",
+            "username": "opsbot_bot", "can_join_groups": true,
+            "can_read_all_group_messages": false, "supports_inline_queries": false,
+            "has_main_web_app": false
+        })))
+        .mount(&server)
+        .await;
+    server
+}
+
+/// Writes a config with Telegram enabled against `api_url` plus `server` keys; returns its path.
+fn telegram_config(dir: &std::path::Path, model: &str, api_url: &str, server: &str) -> String {
+    let path = dir.join("antler.toml");
+    let text = crate::support::config_text(
+        model,
+        &dir.join("store"),
+        &format!(
+            "[server]\nlisten = \"127.0.0.1:{}\"\n{server}\n[channels.telegram]\nenabled = true\n\
+             bot_token = \"{TG_TOKEN}\"\nwebhook_secret = \"{TG_SECRET}\"\napi_url = \"{api_url}\"\n",
+            free_port()
+        ),
+    );
+    std::fs::write(&path, text).unwrap();
+    path.display().to_string()
+}
+
+/// The requests the Bot API got for `method_name`.
+async fn calls(api: &wiremock::MockServer, method_name: &str) -> Vec<wiremock::Request> {
+    let suffix = format!("/{method_name}");
+    api.received_requests()
+        .await
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|r| r.url.path().ends_with(&suffix))
+        .collect()
+}
+
+/// The fields of a `multipart/form-data` request (teloxide sends setWebhook that way).
+fn form_fields(request: &wiremock::Request) -> std::collections::HashMap<String, String> {
+    let content_type = request.headers["content-type"].to_str().unwrap().to_owned();
+    let boundary = content_type.split("boundary=").nth(1).expect("multipart");
+    String::from_utf8_lossy(&request.body)
+        .split(&format!("--{boundary}"))
+        .filter_map(|part| {
+            let (head, value) = part.split_once("\r\n\r\n")?;
+            let name = head.split("name=\"").nth(1)?.split('"').next()?;
+            Some((name.to_owned(), value.trim_end_matches("\r\n").to_owned()))
+        })
+        .collect()
+}
+
+fn assert_no_secrets(text: &str) {
+    assert!(!text.contains(TG_TOKEN), "the bot token leaked: {text}");
+    assert!(
+        !text.contains("CLI-token"),
+        "part of the bot token leaked: {text}"
+    );
+    assert!(
+        !text.contains(TG_SECRET),
+        "the webhook secret leaked: {text}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn telegram_set_webhook_points_at_the_public_url_and_sets_the_menu_only_when_it_differs() {
+    let api = bot_api_with_menu().await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = telegram_config(
+        dir.path(),
+        "http://127.0.0.1:9/v1",
+        &api.uri(),
+        "public_url = \"https://bot.example.com/\"",
+    );
+
+    let (code, stdout, stderr) = run_binary(&[
+        "telegram",
+        "set-webhook",
+        "--config",
+        &config,
+        "--drop-pending-updates",
+    ])
+    .await;
+    assert_eq!(code, Some(0), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("webhook: https://bot.example.com/webhooks/telegram\n"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("allowed updates: message\n"), "{stdout}");
+    assert!(stdout.contains("pending updates: dropped\n"), "{stdout}");
+    assert!(
+        stdout.contains("commands: set (/help, /new, /status, /stop)"),
+        "{stdout}"
+    );
+    assert_no_secrets(&stdout);
+    assert_no_secrets(&stderr);
+    let set = calls(&api, "SetWebhook").await;
+    assert_eq!(set.len(), 1);
+    let fields = form_fields(&set[0]);
+    assert_eq!(
+        fields["url"], "https://bot.example.com/webhooks/telegram",
+        "{fields:?}"
+    );
+    assert_eq!(fields["secret_token"], TG_SECRET);
+    assert_eq!(fields["allowed_updates"], r#"["message"]"#);
+    assert_eq!(fields["drop_pending_updates"], "true");
+    let menus = calls(&api, "SetMyCommands").await;
+    assert_eq!(menus.len(), 1);
+    let menu: Value = serde_json::from_slice(&menus[0].body).unwrap();
+    let names: Vec<&str> = menu["commands"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["command"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["help", "new", "status", "stop"]);
+
+    // The second run finds Telegram's menu equal to antler's and leaves it.
+    let (code, stdout, stderr) =
+        run_binary(&["telegram", "set-webhook", "--config", &config]).await;
+    assert_eq!(code, Some(0), "{stdout}\n{stderr}");
+    assert!(stdout.contains("commands: unchanged"), "{stdout}");
+    assert!(!stdout.contains("pending updates"), "{stdout}");
+    assert_eq!(
+        calls(&api, "SetMyCommands").await.len(),
+        1,
+        "no second SetMyCommands"
+    );
+    assert_eq!(calls(&api, "GetMyCommands").await.len(), 2);
+    let set = calls(&api, "SetWebhook").await;
+    assert_eq!(set.len(), 2);
+    assert_eq!(form_fields(&set[1])["drop_pending_updates"], "false");
+
+    let (code, stdout, stderr) =
+        run_binary(&["telegram", "webhook-info", "--config", &config]).await;
+    assert_eq!(code, Some(0), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("url: https://old.example.com/hook\n"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("pending updates: 5\n"), "{stdout}");
+    assert!(
+        stdout.contains("last error: 2026-05-28T20:26:40Z: Wrong response from the webhook"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("max connections: 40\n"), "{stdout}");
+    assert!(
+        stdout.contains("expected url: https://bot.example.com/webhooks/telegram"),
+        "{stdout}"
+    );
+    assert_no_secrets(&stdout);
+
+    let (code, stdout, stderr) = run_binary(&[
+        "telegram",
+        "delete-webhook",
+        "--config",
+        &config,
+        "--drop-pending-updates",
+    ])
+    .await;
+    assert_eq!(code, Some(0), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("webhook: deleted\npending updates: dropped"),
+        "{stdout}"
+    );
+    let deleted = calls(&api, "DeleteWebhook").await;
+    let body: Value = serde_json::from_slice(&deleted[0].body).unwrap();
+    assert_eq!(body["drop_pending_updates"], true);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn telegram_set_webhook_refuses_without_an_https_public_url_and_masks_refusals() {
+    let api = bot_api_with_menu().await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = telegram_config(dir.path(), "http://127.0.0.1:9/v1", &api.uri(), "");
+    let (code, stdout, stderr) =
+        run_binary(&["telegram", "set-webhook", "--config", &config]).await;
+    assert_eq!(code, Some(64), "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains("error: server.public_url: not set"),
+        "{stderr}"
+    );
+    let config = telegram_config(
+        dir.path(),
+        "http://127.0.0.1:9/v1",
+        &api.uri(),
+        "public_url = \"http://bot.example.com\"",
+    );
+    let (code, _, stderr) = run_binary(&["telegram", "set-webhook", "--config", &config]).await;
+    assert_eq!(code, Some(64), "{stderr}");
+    assert!(
+        stderr.contains("server.public_url: must be an https:// URL"),
+        "{stderr}"
+    );
+    assert!(
+        calls(&api, "SetWebhook").await.is_empty(),
+        "nothing was sent"
+    );
+
+    // A Bot API that is not there: the error names no token.
+    let dead = format!("http://127.0.0.1:{}", free_port());
+    let config = telegram_config(
+        dir.path(),
+        "http://127.0.0.1:9/v1",
+        &dead,
+        "public_url = \"https://bot.example.com\"",
+    );
+    let (code, stdout, stderr) =
+        run_binary(&["telegram", "set-webhook", "--config", &config]).await;
+    assert_eq!(code, Some(1), "{stdout}\n{stderr}");
+    assert!(stderr.contains("the Bot API call failed"), "{stderr}");
+    assert_no_secrets(&stderr);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn doctor_checks_the_telegram_token_and_webhook() {
+    let mock = MockModel::start(Behaviour::Echo).await;
+    let api = bot_api_with_menu().await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = telegram_config(
+        dir.path(),
+        &mock.base_url(),
+        &api.uri(),
+        "public_url = \"https://bot.example.com\"",
+    );
+    let (code, stdout, _) = run_binary(&["doctor", "--config", &config]).await;
+    // Webhook trouble is a warning: antler can still serve.
+    assert_eq!(code, Some(0), "{stdout}");
+    assert!(
+        stdout.contains("ok    telegram the token works: the bot is @opsbot_bot"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains(
+            "warn  webhook  Telegram delivers to https://old.example.com/hook, not \
+             https://bot.example.com/webhooks/telegram"
+        ),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("the last delivery failed (2026-05-28T20:26:40Z): Wrong response"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("fix: run `antler telegram set-webhook`"),
+        "{stdout}"
+    );
+    assert_no_secrets(&stdout);
+
+    // A refused token fails, naming the key.
+    let refusing = wiremock::MockServer::start().await;
+    wiremock::Mock::given(wiremock::matchers::any())
+        .respond_with(wiremock::ResponseTemplate::new(401).set_body_json(
+            serde_json::json!({"ok": false, "error_code": 401, "description": "Unauthorized"}),
+        ))
+        .mount(&refusing)
+        .await;
+    let config = telegram_config(dir.path(), &mock.base_url(), &refusing.uri(), "");
+    let (code, stdout, _) = run_binary(&["doctor", "--config", &config]).await;
+    assert_eq!(code, Some(1), "{stdout}");
+    assert!(
+        stdout.contains("FAIL  telegram") && stdout.contains("channels.telegram.bot_token"),
+        "{stdout}"
+    );
+    assert_no_secrets(&stdout);
+
+    // An unreachable Bot API names api_url.
+    let dead = format!("http://127.0.0.1:{}", free_port());
+    let config = telegram_config(dir.path(), &mock.base_url(), &dead, "");
+    let (code, stdout, _) = run_binary(&["doctor", "--config", &config]).await;
+    assert_eq!(code, Some(1), "{stdout}");
+    assert!(
+        stdout.contains("is unreachable") && stdout.contains("channels.telegram.api_url"),
+        "{stdout}"
+    );
+    assert_no_secrets(&stdout);
 }

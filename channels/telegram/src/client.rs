@@ -7,9 +7,11 @@ use futures_util::StreamExt;
 use teloxide_core::Bot;
 use teloxide_core::errors::{ApiError, RequestError};
 use teloxide_core::net::Download;
-use teloxide_core::payloads::SendMessageSetters;
+use teloxide_core::payloads::{DeleteWebhookSetters, SendMessageSetters, SetWebhookSetters};
 use teloxide_core::requests::{Request, Requester};
-use teloxide_core::types::{ChatId, FileId, MessageId, ParseMode, ReplyParameters, ThreadId};
+use teloxide_core::types::{
+    AllowedUpdate, BotCommand, ChatId, FileId, MessageId, ParseMode, ReplyParameters, ThreadId,
+};
 
 use crate::normalize::BotIdentity;
 
@@ -31,6 +33,46 @@ pub enum SendFailure {
     Markup,
     /// Anything else.
     Other(ChannelError),
+}
+
+/// The update types antler asks Telegram for: it acts on messages only.
+pub const ALLOWED_UPDATES: &[&str] = &["message"];
+
+/// What `setWebhook` is told.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WebhookSettings<'a> {
+    /// The HTTPS URL Telegram posts updates to.
+    pub url: &'a str,
+    /// Sent back in `X-Telegram-Bot-Api-Secret-Token` on every webhook request.
+    pub secret_token: &'a str,
+    /// Drop the updates waiting for delivery.
+    pub drop_pending_updates: bool,
+}
+
+/// The webhook as Telegram reports it (`getWebhookInfo`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WebhookStatus {
+    /// The webhook URL; `None` when no webhook is set.
+    pub url: Option<String>,
+    /// Updates waiting for delivery.
+    pub pending_update_count: u32,
+    /// When the last delivery failed, in Unix seconds.
+    pub last_error_date: Option<i64>,
+    /// Why the last delivery failed.
+    pub last_error_message: Option<String>,
+    /// Simultaneous webhook connections Telegram opens at most.
+    pub max_connections: Option<u32>,
+    /// The update types delivered; `None` means Telegram's default (all but a few).
+    pub allowed_updates: Option<Vec<String>>,
+}
+
+/// One entry of the bot's command menu (`setMyCommands`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MenuCommand {
+    /// The command without its `/`: 1 to 32 of `a-z 0-9 _`.
+    pub command: String,
+    /// What it does: 1 to 256 characters.
+    pub description: String,
 }
 
 /// A Bot API client for one bot.
@@ -123,6 +165,90 @@ impl TelegramApi {
             }
             Err(e) => Err(SendFailure::Other(self.error(e))),
         }
+    }
+
+    /// Points Telegram at the webhook (`setWebhook`), asking for [`ALLOWED_UPDATES`] only.
+    pub async fn set_webhook(&self, settings: &WebhookSettings<'_>) -> Result<(), ChannelError> {
+        let url = reqwest::Url::parse(settings.url).map_err(|e| {
+            ChannelError::Permanent(format!(
+                "the webhook URL {} is not a URL: {e}",
+                settings.url
+            ))
+        })?;
+        self.bot
+            .set_webhook(url)
+            .secret_token(settings.secret_token)
+            .allowed_updates([AllowedUpdate::Message])
+            .drop_pending_updates(settings.drop_pending_updates)
+            .send()
+            .await
+            .map_err(|e| self.error(e))?;
+        Ok(())
+    }
+
+    /// The webhook as Telegram sees it (`getWebhookInfo`).
+    pub async fn webhook_info(&self) -> Result<WebhookStatus, ChannelError> {
+        let info = self
+            .bot
+            .get_webhook_info()
+            .await
+            .map_err(|e| self.error(e))?;
+        let allowed_updates = info.allowed_updates.map(|kinds| {
+            kinds
+                .iter()
+                .map(|kind| match serde_json::to_value(kind) {
+                    Ok(serde_json::Value::String(name)) => name,
+                    _ => format!("{kind:?}"),
+                })
+                .collect()
+        });
+        Ok(WebhookStatus {
+            url: info.url.map(|url| url.to_string()),
+            pending_update_count: info.pending_update_count,
+            last_error_date: info.last_error_date.map(|date| date.timestamp()),
+            last_error_message: info.last_error_message,
+            max_connections: info.max_connections,
+            allowed_updates,
+        })
+    }
+
+    /// Removes the webhook (`deleteWebhook`), optionally dropping the waiting updates.
+    pub async fn delete_webhook(&self, drop_pending_updates: bool) -> Result<(), ChannelError> {
+        self.bot
+            .delete_webhook()
+            .drop_pending_updates(drop_pending_updates)
+            .send()
+            .await
+            .map_err(|e| self.error(e))?;
+        Ok(())
+    }
+
+    /// Replaces the bot's command menu for every chat (`setMyCommands`, default scope).
+    pub async fn set_my_commands(&self, commands: &[MenuCommand]) -> Result<(), ChannelError> {
+        let commands = commands
+            .iter()
+            .map(|c| BotCommand::new(c.command.clone(), c.description.clone()));
+        self.bot
+            .set_my_commands(commands)
+            .await
+            .map_err(|e| self.error(e))?;
+        Ok(())
+    }
+
+    /// The bot's command menu for every chat (`getMyCommands`, default scope).
+    pub async fn get_my_commands(&self) -> Result<Vec<MenuCommand>, ChannelError> {
+        let commands = self
+            .bot
+            .get_my_commands()
+            .await
+            .map_err(|e| self.error(e))?;
+        Ok(commands
+            .into_iter()
+            .map(|c| MenuCommand {
+                command: c.command,
+                description: c.description,
+            })
+            .collect())
     }
 
     /// `text` with the bot token masked.
@@ -237,6 +363,236 @@ mod tests {
         assert_eq!(
             api.fetch_file("F1", 3).await.unwrap_err(),
             ChannelError::TooLarge { limit: 3 }
+        );
+    }
+
+    /// A Bot API answer `{"ok": true, "result": result}` for `method`, whose request body must
+    /// contain `body` (a partial JSON match).
+    async fn answer(
+        server: &wiremock::MockServer,
+        method_name: &str,
+        body: Option<serde_json::Value>,
+        result: serde_json::Value,
+    ) {
+        use wiremock::matchers::{body_partial_json, method, path};
+        use wiremock::{Mock, ResponseTemplate};
+
+        let mut mock = Mock::given(method("POST")).and(path(format!("/bot{TOKEN}/{method_name}")));
+        if let Some(body) = body {
+            mock = mock.and(body_partial_json(body));
+        }
+        mock.respond_with(
+            ResponseTemplate::new(200)
+                .set_body_json(serde_json::json!({"ok": true, "result": result})),
+        )
+        .expect(1)
+        .mount(server)
+        .await;
+    }
+
+    /// The fields of a `multipart/form-data` request (teloxide sends setWebhook that way, as
+    /// it may carry a certificate).
+    fn form_fields(request: &wiremock::Request) -> std::collections::HashMap<String, String> {
+        let content_type = request
+            .headers
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default();
+        let boundary = content_type
+            .split("boundary=")
+            .nth(1)
+            .unwrap_or_else(|| panic!("not multipart: {content_type}"));
+        let body = String::from_utf8_lossy(&request.body);
+        body.split(&format!("--{boundary}"))
+            .filter_map(|part| {
+                let (head, value) = part.split_once("\r\n\r\n")?;
+                let name = head.split("name=\"").nth(1)?.split('"').next()?;
+                Some((name.to_owned(), value.trim_end_matches("\r\n").to_owned()))
+            })
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn the_webhook_is_set_with_its_secret_and_message_updates_only() {
+        let server = wiremock::MockServer::start().await;
+        answer(&server, "SetWebhook", None, serde_json::json!(true)).await;
+        let api = TelegramApi::new(TOKEN, &server.uri()).unwrap();
+        api.set_webhook(&WebhookSettings {
+            url: "https://bot.example.com/webhooks/telegram",
+            secret_token: "hook-secret_1",
+            drop_pending_updates: true,
+        })
+        .await
+        .unwrap();
+        let requests = server.received_requests().await.unwrap();
+        let fields = form_fields(&requests[0]);
+        let field = |name: &str| fields.get(name).map(String::as_str);
+        assert_eq!(
+            field("url"),
+            Some("https://bot.example.com/webhooks/telegram")
+        );
+        assert_eq!(field("secret_token"), Some("hook-secret_1"));
+        let allowed: Vec<String> = serde_json::from_str(field("allowed_updates").unwrap()).unwrap();
+        assert_eq!(allowed, ALLOWED_UPDATES);
+        assert_eq!(field("drop_pending_updates"), Some("true"));
+        server.verify().await;
+    }
+
+    #[tokio::test]
+    async fn the_webhook_is_deleted_keeping_or_dropping_pending_updates() {
+        let server = wiremock::MockServer::start().await;
+        answer(
+            &server,
+            "DeleteWebhook",
+            Some(serde_json::json!({"drop_pending_updates": false})),
+            serde_json::json!(true),
+        )
+        .await;
+        let api = TelegramApi::new(TOKEN, &server.uri()).unwrap();
+        api.delete_webhook(false).await.unwrap();
+        server.verify().await;
+    }
+
+    #[tokio::test]
+    async fn webhook_info_keeps_what_an_operator_needs() {
+        let server = wiremock::MockServer::start().await;
+        answer(
+            &server,
+            "GetWebhookInfo",
+            None,
+            serde_json::json!({
+                "url": "https://bot.example.com/webhooks/telegram",
+                "has_custom_certificate": false,
+                "pending_update_count": 3,
+                "last_error_date": 1_780_000_000,
+                "last_error_message": "Wrong response from the webhook: 502 Bad Gateway",
+                "max_connections": 40,
+                "allowed_updates": ["message", "edited_message"],
+            }),
+        )
+        .await;
+        let api = TelegramApi::new(TOKEN, &server.uri()).unwrap();
+        assert_eq!(
+            api.webhook_info().await.unwrap(),
+            WebhookStatus {
+                url: Some("https://bot.example.com/webhooks/telegram".into()),
+                pending_update_count: 3,
+                last_error_date: Some(1_780_000_000),
+                last_error_message: Some("Wrong response from the webhook: 502 Bad Gateway".into()),
+                max_connections: Some(40),
+                allowed_updates: Some(vec!["message".into(), "edited_message".into()]),
+            }
+        );
+
+        // No webhook: an empty URL, no error, Telegram's default update types.
+        let server = wiremock::MockServer::start().await;
+        answer(
+            &server,
+            "GetWebhookInfo",
+            None,
+            serde_json::json!({"url": "", "has_custom_certificate": false,
+                               "pending_update_count": 0}),
+        )
+        .await;
+        let api = TelegramApi::new(TOKEN, &server.uri()).unwrap();
+        let info = api.webhook_info().await.unwrap();
+        assert_eq!(
+            (info.url, info.last_error_message, info.allowed_updates),
+            (None, None, None)
+        );
+    }
+
+    #[tokio::test]
+    async fn the_command_menu_is_read_and_written() {
+        let server = wiremock::MockServer::start().await;
+        answer(
+            &server,
+            "SetMyCommands",
+            Some(serde_json::json!({"commands": [
+                {"command": "help", "description": "the commands"},
+                {"command": "new", "description": "a fresh conversation"},
+            ]})),
+            serde_json::json!(true),
+        )
+        .await;
+        answer(
+            &server,
+            "GetMyCommands",
+            None,
+            serde_json::json!([{"command": "help", "description": "the commands"}]),
+        )
+        .await;
+        let api = TelegramApi::new(TOKEN, &server.uri()).unwrap();
+        let menu = |command: &str, description: &str| MenuCommand {
+            command: command.into(),
+            description: description.into(),
+        };
+        api.set_my_commands(&[
+            menu("help", "the commands"),
+            menu("new", "a fresh conversation"),
+        ])
+        .await
+        .unwrap();
+        assert_eq!(
+            api.get_my_commands().await.unwrap(),
+            [menu("help", "the commands")]
+        );
+        server.verify().await;
+    }
+
+    #[tokio::test]
+    async fn setup_failures_never_carry_the_token() {
+        // A closed port: reqwest's error names the URL, and the URL holds the token.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let api = TelegramApi::new(TOKEN, &format!("http://127.0.0.1:{port}")).unwrap();
+        let settings = WebhookSettings {
+            url: "https://bot.example.com/webhooks/telegram",
+            secret_token: "hook-secret_1",
+            drop_pending_updates: false,
+        };
+        let errors = [
+            api.set_webhook(&settings).await.unwrap_err(),
+            api.webhook_info().await.unwrap_err(),
+            api.delete_webhook(true).await.unwrap_err(),
+            api.set_my_commands(&[]).await.unwrap_err(),
+            api.get_my_commands().await.unwrap_err(),
+        ];
+        for error in errors {
+            let text = error.to_string();
+            assert!(matches!(error, ChannelError::Transient(_)), "{error:?}");
+            assert!(!text.contains(TOKEN) && !text.contains("SECRET"), "{text}");
+        }
+
+        // A refused token names the key, and Telegram's own refusals are passed on masked.
+        let server = wiremock::MockServer::start().await;
+        wiremock::Mock::given(wiremock::matchers::path(format!("/bot{TOKEN}/SetWebhook")))
+            .respond_with(wiremock::ResponseTemplate::new(401).set_body_json(
+                serde_json::json!({"ok": false, "error_code": 401, "description": "Unauthorized"}),
+            ))
+            .mount(&server)
+            .await;
+        wiremock::Mock::given(wiremock::matchers::path(format!(
+            "/bot{TOKEN}/DeleteWebhook"
+        )))
+        .respond_with(
+            wiremock::ResponseTemplate::new(400).set_body_json(serde_json::json!({
+                "ok": false, "error_code": 400,
+                "description": format!("Bad Request: bot{TOKEN} says no")
+            })),
+        )
+        .mount(&server)
+        .await;
+        let api = TelegramApi::new(TOKEN, &server.uri()).unwrap();
+        let refused = api.set_webhook(&settings).await.unwrap_err().to_string();
+        assert!(refused.contains("channels.telegram.bot_token"), "{refused}");
+        let other = api.delete_webhook(false).await.unwrap_err();
+        assert!(
+            matches!(&other, ChannelError::Permanent(text) if text.contains("says no") && !text.contains(TOKEN)),
+            "{other:?}"
         );
     }
 

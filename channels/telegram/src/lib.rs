@@ -17,5 +17,7 @@ mod client;
 mod normalize;
 
 pub use channel::{SECRET_HEADER, TelegramChannel, TelegramSettings};
-pub use client::{SendFailure, Target, TelegramApi};
+pub use client::{
+    ALLOWED_UPDATES, MenuCommand, SendFailure, Target, TelegramApi, WebhookSettings, WebhookStatus,
+};
 pub use normalize::{AddressFacts, BotIdentity, Incoming, Normalized, normalize};

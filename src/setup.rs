@@ -1,0 +1,352 @@
+//! `antler telegram …`: pointing a platform at antler and reading back what it was told.
+//!
+//! Each command loads the config, makes its Bot API calls through [`TelegramApi`] (whose errors
+//! never hold the bot token) and writes a few `key: value` lines. Secrets are never printed:
+//! the webhook secret is named by its config key, not shown.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use antler_channel::ChannelError;
+use antler_telegram::{ALLOWED_UPDATES, MenuCommand, TelegramApi, WebhookSettings, WebhookStatus};
+
+use crate::config::{Config, ConfigError, mask_url};
+use crate::ingress::commands::MENU;
+use crate::logging::sanitize_for_terminal;
+
+/// The path Telegram's updates are served at, under `server.public_url`.
+pub const TELEGRAM_WEBHOOK_PATH: &str = "/webhooks/telegram";
+
+/// The ports Telegram delivers webhooks to.
+const TELEGRAM_PORTS: &[u16] = &[443, 80, 88, 8443];
+
+/// Why a setup command did not finish.
+#[derive(Debug, thiserror::Error)]
+pub enum SetupError {
+    /// The config file is invalid.
+    #[error("{}: invalid\n{source}", path.display())]
+    Config {
+        /// The file.
+        path: PathBuf,
+        /// Its problems, each naming its key.
+        source: ConfigError,
+    },
+    /// A key the command needs is missing or unusable.
+    #[error("{key}: {problem}")]
+    Key {
+        /// The config key.
+        key: &'static str,
+        /// What is wrong with it.
+        problem: String,
+    },
+    /// The Bot API call failed.
+    #[error("the Bot API call failed: {0}")]
+    Api(#[from] ChannelError),
+}
+
+impl SetupError {
+    /// The exit code: 64 (EX_USAGE) for configuration problems, as for any bad config; 1 for
+    /// a failed call.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            Self::Config { .. } | Self::Key { .. } => 64,
+            Self::Api(_) => 1,
+        }
+    }
+}
+
+/// The webhook URL antler serves Telegram at: `server.public_url` + `/webhooks/telegram`.
+/// Telegram requires HTTPS on port 443, 80, 88 or 8443.
+pub fn telegram_webhook_url(config: &Config) -> Result<String, SetupError> {
+    const KEY: &str = "server.public_url";
+    let Some(public) = &config.server.public_url else {
+        return Err(SetupError::Key {
+            key: KEY,
+            problem: "not set; Telegram needs the public https:// URL antler is reached at"
+                .to_owned(),
+        });
+    };
+    let problem = |problem: String| SetupError::Key { key: KEY, problem };
+    let parsed = reqwest::Url::parse(public).map_err(|e| problem(format!("not a URL: {e}")))?;
+    if parsed.scheme() != "https" {
+        return Err(problem(format!(
+            "must be an https:// URL for Telegram webhooks, not {}",
+            mask_url(public)
+        )));
+    }
+    let port = parsed.port_or_known_default().unwrap_or(443);
+    if !TELEGRAM_PORTS.contains(&port) {
+        return Err(problem(format!(
+            "port {port}: Telegram delivers webhooks only to ports 443, 80, 88 and 8443"
+        )));
+    }
+    if parsed.query().is_some() || parsed.fragment().is_some() {
+        return Err(problem(
+            "must not have a query or fragment; it is a base URL".to_owned(),
+        ));
+    }
+    Ok(format!(
+        "{}{TELEGRAM_WEBHOOK_PATH}",
+        public.trim_end_matches('/')
+    ))
+}
+
+/// A Bot API client for the configured bot; the token must be set.
+pub fn telegram_api(config: &Config) -> Result<TelegramApi, SetupError> {
+    let telegram = &config.channels.telegram;
+    let Some(token) = &telegram.bot_token else {
+        return Err(SetupError::Key {
+            key: "channels.telegram.bot_token",
+            problem: "not set; it is the token @BotFather gave".to_owned(),
+        });
+    };
+    Ok(TelegramApi::new(token.expose(), &telegram.api_url)?)
+}
+
+/// The command menu antler's chat commands make.
+pub fn telegram_menu() -> Vec<MenuCommand> {
+    MENU.iter()
+        .map(|(command, description)| MenuCommand {
+            command: (*command).to_owned(),
+            description: (*description).to_owned(),
+        })
+        .collect()
+}
+
+/// `antler telegram set-webhook`: points Telegram at `server.public_url` +
+/// `/webhooks/telegram` with the webhook secret and message updates only, then sets the
+/// command menu when Telegram's differs.
+pub async fn set_webhook(
+    config_path: &Path,
+    drop_pending_updates: bool,
+    out: &mut dyn Write,
+) -> Result<(), SetupError> {
+    let config = load(config_path)?;
+    let telegram = &config.channels.telegram;
+    if !telegram.enabled {
+        return Err(SetupError::Key {
+            key: "channels.telegram.enabled",
+            problem: "is false, so antler would not serve the webhook; enable Telegram first"
+                .to_owned(),
+        });
+    }
+    let url = telegram_webhook_url(&config)?;
+    let Some(secret) = &telegram.webhook_secret else {
+        return Err(SetupError::Key {
+            key: "channels.telegram.webhook_secret",
+            problem: "not set; Telegram must send it with every update".to_owned(),
+        });
+    };
+    let api = telegram_api(&config)?;
+    api.set_webhook(&WebhookSettings {
+        url: &url,
+        secret_token: secret.expose(),
+        drop_pending_updates,
+    })
+    .await?;
+    // A closed stdout loses the report; the exit code still tells.
+    let _ = writeln!(out, "webhook: {}", mask_url(&url));
+    let _ = writeln!(out, "allowed updates: {}", ALLOWED_UPDATES.join(", "));
+    let _ = writeln!(
+        out,
+        "secret token: channels.telegram.webhook_secret (not shown)"
+    );
+    if drop_pending_updates {
+        let _ = writeln!(out, "pending updates: dropped");
+    }
+    // Telegram's own menu is the truth to compare with, not a copy in the store: BotFather
+    // or another deployment may have changed it, and a running antler holds the store.
+    let menu = telegram_menu();
+    let names = menu
+        .iter()
+        .map(|c| format!("/{}", c.command))
+        .collect::<Vec<_>>()
+        .join(", ");
+    if api.get_my_commands().await? == menu {
+        let _ = writeln!(out, "commands: unchanged ({names})");
+    } else {
+        api.set_my_commands(&menu).await?;
+        let _ = writeln!(out, "commands: set ({names})");
+    }
+    Ok(())
+}
+
+/// `antler telegram webhook-info`: the webhook as Telegram reports it.
+pub async fn webhook_info(config_path: &Path, out: &mut dyn Write) -> Result<(), SetupError> {
+    let config = load(config_path)?;
+    let status = telegram_api(&config)?.webhook_info().await?;
+    let _ = write!(out, "{}", describe(&status));
+    if let Ok(expected) = telegram_webhook_url(&config)
+        && status.url.as_deref() != Some(expected.as_str())
+    {
+        let _ = writeln!(
+            out,
+            "expected url: {} (`antler telegram set-webhook` sets it)",
+            mask_url(&expected)
+        );
+    }
+    Ok(())
+}
+
+/// `antler telegram delete-webhook`: Telegram stops delivering to antler.
+pub async fn delete_webhook(
+    config_path: &Path,
+    drop_pending_updates: bool,
+    out: &mut dyn Write,
+) -> Result<(), SetupError> {
+    let config = load(config_path)?;
+    telegram_api(&config)?
+        .delete_webhook(drop_pending_updates)
+        .await?;
+    let _ = writeln!(out, "webhook: deleted");
+    let _ = writeln!(
+        out,
+        "pending updates: {}",
+        if drop_pending_updates {
+            "dropped"
+        } else {
+            "kept (Telegram holds them for up to 24 hours)"
+        }
+    );
+    Ok(())
+}
+
+/// A Unix time as RFC 3339 UTC (the number itself if it is out of range).
+pub(crate) fn unix_time(seconds: i64) -> String {
+    time::OffsetDateTime::from_unix_timestamp(seconds)
+        .ok()
+        .and_then(|t| {
+            t.format(&time::format_description::well_known::Rfc3339)
+                .ok()
+        })
+        .unwrap_or_else(|| seconds.to_string())
+}
+
+/// The lines of `webhook-info`; Telegram's texts are made safe for a terminal.
+fn describe(status: &WebhookStatus) -> String {
+    let url = match &status.url {
+        Some(url) => sanitize_for_terminal(&mask_url(url)),
+        None => "none (no webhook is set)".to_owned(),
+    };
+    let last_error = match (&status.last_error_date, &status.last_error_message) {
+        (None, None) => "none".to_owned(),
+        (date, message) => format!(
+            "{}: {}",
+            date.map_or_else(|| "at an unknown time".to_owned(), unix_time),
+            one_line(message.as_deref().unwrap_or("(no message)"))
+        ),
+    };
+    let max_connections = status
+        .max_connections
+        .map_or_else(|| "default (40)".to_owned(), |n| n.to_string());
+    let allowed_updates = match &status.allowed_updates {
+        Some(kinds) if !kinds.is_empty() => sanitize_for_terminal(&kinds.join(", ")),
+        _ => "Telegram's default (all but chat_member and reactions)".to_owned(),
+    };
+    format!(
+        "url: {url}\npending updates: {}\nlast error: {last_error}\nmax connections: \
+         {max_connections}\nallowed updates: {allowed_updates}\n",
+        status.pending_update_count
+    )
+}
+
+/// Telegram's text on one line, safe for a terminal.
+pub(crate) fn one_line(text: &str) -> String {
+    sanitize_for_terminal(&text.replace(['\n', '\r'], " "))
+}
+
+fn load(path: &Path) -> Result<Config, SetupError> {
+    Config::load(path).map_err(|source| SetupError::Config {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(server: &str) -> Config {
+        Config::from_toml_str(server, &|_| None).unwrap()
+    }
+
+    #[test]
+    fn the_webhook_url_needs_an_https_public_url_on_a_telegram_port() {
+        let url = |public: &str| {
+            telegram_webhook_url(&config(&format!("[server]\npublic_url = \"{public}\"\n")))
+        };
+        assert_eq!(
+            url("https://bot.example.com/").unwrap(),
+            "https://bot.example.com/webhooks/telegram"
+        );
+        assert_eq!(
+            url("https://example.com:8443/antler").unwrap(),
+            "https://example.com:8443/antler/webhooks/telegram"
+        );
+        for bad in ["http://bot.example.com", "https://bot.example.com:8080"] {
+            let error = url(bad).unwrap_err();
+            assert!(
+                matches!(
+                    error,
+                    SetupError::Key {
+                        key: "server.public_url",
+                        ..
+                    }
+                ),
+                "{bad}: {error}"
+            );
+            assert_eq!(error.exit_code(), 64);
+        }
+        let unset = telegram_webhook_url(&config("")).unwrap_err();
+        assert!(
+            unset.to_string().starts_with("server.public_url: not set"),
+            "{unset}"
+        );
+    }
+
+    #[test]
+    fn webhook_info_reads_as_lines_and_neutralises_telegrams_text() {
+        let status = WebhookStatus {
+            url: Some("https://bot.example.com/webhooks/telegram".into()),
+            pending_update_count: 3,
+            last_error_date: Some(0),
+            last_error_message: Some("502 Bad Gateway\u{1b}[2J\nforged".into()),
+            max_connections: None,
+            allowed_updates: Some(vec!["message".into()]),
+        };
+        let text = describe(&status);
+        assert!(
+            text.contains("url: https://bot.example.com/webhooks/telegram\n"),
+            "{text}"
+        );
+        assert!(text.contains("pending updates: 3\n"), "{text}");
+        assert!(
+            text.contains("last error: 1970-01-01T00:00:00Z: 502 Bad Gateway"),
+            "{text}"
+        );
+        assert!(
+            !text.contains('\u{1b}') && !text.contains("\nforged"),
+            "{text}"
+        );
+        assert!(text.contains("max connections: default (40)\n"), "{text}");
+        assert!(text.contains("allowed updates: message\n"), "{text}");
+        let none = describe(&WebhookStatus {
+            url: None,
+            pending_update_count: 0,
+            last_error_date: None,
+            last_error_message: None,
+            max_connections: Some(40),
+            allowed_updates: None,
+        });
+        assert!(
+            none.contains("url: none") && none.contains("last error: none"),
+            "{none}"
+        );
+    }
+
+    #[test]
+    fn the_menu_is_antlers_commands() {
+        let names: Vec<_> = telegram_menu().into_iter().map(|c| c.command).collect();
+        assert_eq!(names, ["help", "new", "status", "stop"]);
+    }
+}
