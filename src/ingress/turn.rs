@@ -17,7 +17,7 @@ use antler_channel::{InboundEvent, OutboundMessage};
 use futures_util::FutureExt;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
+use tokio_util::sync::{CancellationToken, DropGuard};
 
 use super::attachments;
 use super::commands::{self, Command};
@@ -35,6 +35,9 @@ use crate::store::{FinishTurn, InboxItem, OutboxItem, Store, StoreError};
 /// The first wait before retrying a failed store operation; it doubles up to the cap.
 const STORE_RETRY_FIRST: Duration = Duration::from_millis(100);
 const STORE_RETRY_CAP: Duration = Duration::from_secs(10);
+
+/// How often the typing indicator is renewed (platforms show it for about 5 seconds).
+const TYPING_EVERY: Duration = Duration::from_secs(4);
 
 /// How long a queued memory update waits for newer context of the same thread (DeerFlow's
 /// default debounce).
@@ -463,6 +466,7 @@ impl TurnRunner {
         }
         let cancel = CancellationToken::new();
         let _registered = Registration::new(inner, item, &cancel);
+        let _typing = self.show_typing(&item.event);
         let limits = RunLimits {
             timeout: inner.turn_timeout,
             cancel,
@@ -577,6 +581,33 @@ impl TurnRunner {
                 inner.turn_timeout.as_secs()
             )),
         }
+    }
+
+    /// Shows "typing…" in the conversation every few seconds while the turn runs, on channels
+    /// that can; it stops when the returned guard is dropped (the turn ended, however).
+    fn show_typing(&self, event: &InboundEvent) -> Option<DropGuard> {
+        let channel = self.inner.delivery.channel(&event.channel)?;
+        if !channel.capabilities().typing {
+            return None;
+        }
+        let stop = CancellationToken::new();
+        let until = stop.clone();
+        let conversation = event.conversation.clone();
+        tokio::spawn(async move {
+            loop {
+                if let Err(e) = channel.typing(&conversation).await {
+                    tracing::debug!(error = %e, "typing indicator failed");
+                    if !e.is_retryable() {
+                        break;
+                    }
+                }
+                tokio::select! {
+                    () = until.cancelled() => break,
+                    () = tokio::time::sleep(TYPING_EVERY) => {}
+                }
+            }
+        });
+        Some(stop.drop_guard())
     }
 
     /// What the runtime is told about the message: who wrote it, where, and what the

@@ -44,6 +44,11 @@ async fn bot_api() -> MockServer {
         })))
         .mount(&server)
         .await;
+    Mock::given(method("POST"))
+        .and(path(format!("/bot{TOKEN}/SendChatAction")))
+        .respond_with(ResponseTemplate::new(200).set_body_json(json!({"ok": true, "result": true})))
+        .mount(&server)
+        .await;
     server
 }
 
@@ -288,5 +293,33 @@ async fn a_user_outside_the_allowlist_gets_one_refusal_with_their_id_and_no_mode
     app.wait_idle().await;
     assert_eq!(self::sent(&api).await.len(), 1, "one refusal an hour");
     assert_eq!(model.count(), 0);
+    app.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_bot_shows_it_is_typing_while_the_turn_runs() {
+    let model = MockModel::start(Behaviour::Echo).await;
+    model.hold();
+    let api = bot_api().await;
+    let app = app(&model, &api).await;
+    assert_eq!(
+        post(&app, &fixture("tg_forum_topic"), Some(SECRET)).await,
+        StatusCode::OK
+    );
+    // While the model holds the answer, the topic shows "typing…".
+    let action = wait_until("a typing indicator", || async {
+        api.received_requests()
+            .await
+            .unwrap_or_default()
+            .iter()
+            .find(|r| r.url.path().ends_with("/SendChatAction"))
+            .map(|r| serde_json::from_slice::<Value>(&r.body).unwrap())
+    })
+    .await;
+    assert_eq!(action["chat_id"], -1_003_300_440_055i64);
+    assert_eq!(action["action"], "typing");
+    assert_eq!(action["message_thread_id"], 400);
+    model.release();
+    wait_for_sends(&api, 1).await;
     app.shutdown().await;
 }

@@ -124,6 +124,12 @@ pub trait Channel: Send + Sync + 'static {
         Capabilities::default()
     }
 
+    /// Shows in `conversation` that the bot is writing, for a few seconds; the caller repeats
+    /// it while a turn runs. Best effort: a failure only loses the indicator.
+    async fn typing(&self, _conversation: &ConversationKey) -> Result<(), ChannelError> {
+        Err(ChannelError::Unsupported)
+    }
+
     /// Downloads an attachment's bytes, at most `max_bytes` of them (more is
     /// [`ChannelError::TooLarge`], found out without reading the rest).
     async fn fetch_attachment(
@@ -142,4 +148,6 @@ pub struct Capabilities {
     pub files: bool,
     /// It can show images.
     pub images: bool,
+    /// It can show that the bot is writing ([`Channel::typing`]).
+    pub typing: bool,
 }

@@ -5,8 +5,8 @@ use std::sync::RwLock;
 
 use antler_channel::render::{Document, Limit, Renderer, TelegramHtml, chunk};
 use antler_channel::{
-    AttachmentRef, AttachmentSource, Channel, ChannelError, OutboundMessage, Parsed, Receipt,
-    WebhookRequest, verify,
+    AttachmentRef, AttachmentSource, Capabilities, Channel, ChannelError, ConversationKey,
+    OutboundMessage, Parsed, Receipt, WebhookRequest, verify,
 };
 use teloxide_core::types::Update;
 
@@ -98,20 +98,22 @@ impl TelegramChannel {
     }
 }
 
-/// Where `message` goes: `telegram:<chat>[:<topic>]`; in groups (negative chat ids) it
-/// replies to the user's message.
-fn target(message: &OutboundMessage) -> Result<Target, ChannelError> {
-    let mut parts = message.conversation.as_str().split(':').skip(1);
+/// The chat and topic of `telegram:<chat>[:<topic>]`.
+fn chat_of(conversation: &ConversationKey) -> Result<(i64, Option<i32>), ChannelError> {
+    let mut parts = conversation.as_str().split(':').skip(1);
     let chat_id: i64 = parts
         .next()
         .and_then(|chat| chat.parse().ok())
         .ok_or_else(|| {
-            ChannelError::Permanent(format!(
-                "not a Telegram conversation: {}",
-                message.conversation
-            ))
+            ChannelError::Permanent(format!("not a Telegram conversation: {conversation}"))
         })?;
-    let topic = parts.next().and_then(|topic| topic.parse().ok());
+    Ok((chat_id, parts.next().and_then(|topic| topic.parse().ok())))
+}
+
+/// Where `message` goes: `telegram:<chat>[:<topic>]`; in groups (negative chat ids) it
+/// replies to the user's message.
+fn target(message: &OutboundMessage) -> Result<Target, ChannelError> {
+    let (chat_id, topic) = chat_of(&message.conversation)?;
     let reply_to = if chat_id < 0 {
         message.reply_to.as_deref().and_then(|id| id.parse().ok())
     } else {
@@ -211,6 +213,19 @@ impl Channel for TelegramChannel {
         Ok(Receipt {
             platform_message_id: id.to_string(),
         })
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            files: true,
+            images: true,
+            typing: true,
+        }
+    }
+
+    async fn typing(&self, conversation: &ConversationKey) -> Result<(), ChannelError> {
+        let (chat_id, topic) = chat_of(conversation)?;
+        self.api.typing(chat_id, topic).await
     }
 
     async fn fetch_attachment(

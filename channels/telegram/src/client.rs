@@ -7,10 +7,13 @@ use futures_util::StreamExt;
 use teloxide_core::Bot;
 use teloxide_core::errors::{ApiError, RequestError};
 use teloxide_core::net::Download;
-use teloxide_core::payloads::{DeleteWebhookSetters, SendMessageSetters, SetWebhookSetters};
+use teloxide_core::payloads::{
+    DeleteWebhookSetters, SendChatActionSetters, SendMessageSetters, SetWebhookSetters,
+};
 use teloxide_core::requests::{Request, Requester};
 use teloxide_core::types::{
-    AllowedUpdate, BotCommand, ChatId, FileId, MessageId, ParseMode, ReplyParameters, ThreadId,
+    AllowedUpdate, BotCommand, ChatAction, ChatId, FileId, MessageId, ParseMode, ReplyParameters,
+    ThreadId,
 };
 
 use crate::normalize::BotIdentity;
@@ -249,6 +252,17 @@ impl TelegramApi {
                 description: c.description,
             })
             .collect())
+    }
+
+    /// Shows "typing…" in the chat (or topic) for up to 5 seconds (`sendChatAction`).
+    pub async fn typing(&self, chat_id: i64, topic: Option<i32>) -> Result<(), ChannelError> {
+        let mut request = self
+            .bot
+            .send_chat_action(ChatId(chat_id), ChatAction::Typing);
+        if let Some(topic) = topic {
+            request = request.message_thread_id(ThreadId(MessageId(topic)));
+        }
+        request.send().await.map(|_| ()).map_err(|e| self.error(e))
     }
 
     /// `text` with the bot token masked.
