@@ -27,6 +27,7 @@ use crate::agent::model::{ModelError, ModelHealth, OpenAiClient, OpenAiConfig};
 use crate::agent::runtime::{Runtime, RuntimeSettings};
 use crate::agent::tools::{Tool, ToolRegistry};
 use crate::config::Config;
+use crate::config::TelegramMode;
 use crate::delivery::{Delivery, RetryPolicy};
 use crate::events::EventHub;
 use crate::http::guard::{ApiAuth, HostPolicy};
@@ -126,8 +127,20 @@ fn middleware_chain(config: &Config) -> Result<MiddlewareChain, ChainError> {
 
 /// The enabled platforms' channels, each served at `/webhooks/<name>`. Each one learns who
 /// its bot first (briefly; then in the background).
-async fn platform_channels(config: &Config) -> Result<Vec<Arc<dyn Channel>>, AppError> {
-    let mut channels: Vec<Arc<dyn Channel>> = Vec::new();
+/// The enabled platforms: every channel (for delivery), those served by webhook, and the one
+/// polled instead.
+struct Platforms {
+    all: Vec<Arc<dyn Channel>>,
+    webhooks: Vec<Arc<dyn Channel>>,
+    telegram_polling: Option<Arc<TelegramChannel>>,
+}
+
+async fn platform_channels(config: &Config) -> Result<Platforms, AppError> {
+    let mut platforms = Platforms {
+        all: Vec::new(),
+        webhooks: Vec::new(),
+        telegram_polling: None,
+    };
     let telegram = &config.channels.telegram;
     if telegram.enabled {
         let settings = TelegramSettings {
@@ -177,9 +190,23 @@ async fn platform_channels(config: &Config) -> Result<Vec<Arc<dyn Channel>>, App
                 }
             });
         }
-        channels.push(channel);
+        platforms.all.push(channel.clone());
+        if telegram.mode == TelegramMode::Polling {
+            // getUpdates and a webhook exclude each other; say how to get out of it.
+            if let Ok(status) = channel.api().webhook_info().await {
+                if let Some(url) = status.url {
+                    return Err(AppError::Channel(format!(
+                        "channels.telegram.mode is \"polling\" but Telegram delivers to the \
+                         webhook {url}; run `antler telegram delete-webhook` first"
+                    )));
+                }
+            }
+            platforms.telegram_polling = Some(channel);
+        } else {
+            platforms.webhooks.push(channel);
+        }
     }
-    Ok(channels)
+    Ok(platforms)
 }
 
 fn tool_registry(config: &Config, extra: Vec<Arc<dyn Tool>>) -> ToolRegistry {
@@ -316,10 +343,11 @@ where
     if config.channels.api.enabled {
         channels.insert("api".to_owned(), api.clone());
     }
-    let webhooks = platform_channels(&config).await?;
-    for channel in &webhooks {
+    let platforms = platform_channels(&config).await?;
+    for channel in &platforms.all {
         channels.insert(channel.name().to_owned(), Arc::clone(channel));
     }
+    let webhooks = platforms.webhooks;
     let delivery = Delivery::new(
         Arc::clone(&store),
         channels,
@@ -386,6 +414,13 @@ where
     );
 
     ingress.recover(inbox);
+    let poller = platforms.telegram_polling.map(|channel| {
+        tokio::spawn(crate::poll::poll_telegram(
+            channel,
+            ingress.clone(),
+            intake_stop.clone(),
+        ))
+    });
 
     let sweeper = tokio::spawn(sweep(
         Arc::clone(&store),
@@ -486,6 +521,10 @@ where
     // The sweeper ends with intake; awaiting it (rather than aborting it) means it no longer
     // holds the store when `serve` returns, so the store can be opened again at once.
     let _ = sweeper.await;
+    // So does the Telegram poller: what it accepted is stored; the rest Telegram keeps.
+    if let Some(poller) = poller {
+        let _ = poller.await;
+    }
     store.flush().await?;
     // Tasks may still be dropping their handles to the store; wait (briefly) for them, so the
     // store is closed when `serve` returns and can be opened again at once.

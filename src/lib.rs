@@ -34,6 +34,7 @@ pub(crate) mod ingress;
 pub(crate) mod lanes;
 pub mod logging;
 pub(crate) mod memory;
+mod poll;
 pub mod setup;
 pub(crate) mod store;
 #[cfg(test)]

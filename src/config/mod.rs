@@ -424,6 +424,9 @@ pub enum ApiRole {
 pub struct TelegramConfig {
     /// Whether the platform is served.
     pub enabled: bool,
+    /// How updates arrive: Telegram posts them (`webhook`), or antler asks for them
+    /// (`polling`, for machines without a public URL).
+    pub mode: TelegramMode,
     /// The bot token from @BotFather.
     #[serde(deserialize_with = "secret::opt_secret")]
     pub bot_token: Option<Secret>,
@@ -444,10 +447,22 @@ pub struct TelegramConfig {
     pub admins: Vec<String>,
 }
 
+/// How Telegram updates reach antler.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TelegramMode {
+    /// `POST /webhooks/telegram`, set up with `antler telegram set-webhook`.
+    #[default]
+    Webhook,
+    /// A `getUpdates` loop.
+    Polling,
+}
+
 impl Default for TelegramConfig {
     fn default() -> Self {
         Self {
             enabled: false,
+            mode: TelegramMode::Webhook,
             bot_token: None,
             webhook_secret: None,
             api_url: "https://api.telegram.org".to_owned(),

@@ -3,6 +3,7 @@
 use std::collections::HashMap;
 use std::net::{Ipv6Addr, SocketAddr};
 
+use super::TelegramMode;
 use super::{Config, ConfigIssue, Secret};
 
 /// The smallest sled page cache accepted (1 MiB).
@@ -346,7 +347,10 @@ fn channels(config: &Config, v: &mut Issues) {
         telegram.enabled,
         &[
             ("bot_token", secret(&telegram.bot_token)),
-            ("webhook_secret", secret(&telegram.webhook_secret)),
+            (
+                "webhook_secret",
+                secret(&telegram.webhook_secret) || telegram.mode == TelegramMode::Polling,
+            ),
         ],
     );
     if let Some(token) = &telegram.bot_token {

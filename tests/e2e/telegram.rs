@@ -323,3 +323,120 @@ async fn the_bot_shows_it_is_typing_while_the_turn_runs() {
     wait_for_sends(&api, 1).await;
     app.shutdown().await;
 }
+
+/// A Bot API for polling: the private-text update until it is confirmed (an offset past it),
+/// then nothing; `webhook` is what getWebhookInfo reports.
+async fn polling_api(webhook: &str) -> MockServer {
+    use wiremock::matchers::body_partial_json;
+
+    let server = bot_api().await;
+    Mock::given(method("POST"))
+        .and(path(format!("/bot{TOKEN}/GetWebhookInfo")))
+        .respond_with(ResponseTemplate::new(200).set_body_json(json!({
+            "ok": true,
+            "result": {"url": webhook, "has_custom_certificate": false, "pending_update_count": 0}
+        })))
+        .mount(&server)
+        .await;
+    Mock::given(method("POST"))
+        .and(path(format!("/bot{TOKEN}/GetUpdates")))
+        .and(body_partial_json(json!({"offset": 730100002})))
+        .respond_with(
+            ResponseTemplate::new(200)
+                .set_body_json(json!({"ok": true, "result": []}))
+                .set_delay(std::time::Duration::from_millis(200)),
+        )
+        .with_priority(1)
+        .mount(&server)
+        .await;
+    let update: Value = serde_json::from_str(&fixture("tg_private_text")).unwrap();
+    Mock::given(method("POST"))
+        .and(path(format!("/bot{TOKEN}/GetUpdates")))
+        .respond_with(
+            ResponseTemplate::new(200)
+                .set_body_json(json!({"ok": true, "result": [update]}))
+                .set_delay(std::time::Duration::from_millis(50)),
+        )
+        .with_priority(5)
+        .mount(&server)
+        .await;
+    server
+}
+
+fn polling_config(api: &MockServer) -> String {
+    format!(
+        "[channels.telegram]\nenabled = true\nmode = \"polling\"\nbot_token = \"{TOKEN}\"\n\
+         api_url = \"{}\"\n",
+        api.uri()
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn polling_answers_updates_and_a_restart_does_not_answer_them_again() {
+    let model = MockModel::start(Behaviour::Echo).await;
+    let api = polling_api("").await;
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let app = TestApp::start(&model, &store, &polling_config(&api)).await;
+    let sent = wait_for_sends(&api, 1).await;
+    assert_eq!(sent[0]["text"], "echo: status payments-api");
+    // The update is confirmed by the next call, with an offset past it.
+    wait_until("the update confirmed", || async {
+        api.received_requests()
+            .await
+            .unwrap_or_default()
+            .iter()
+            .any(|r| {
+                r.url.path().ends_with("/GetUpdates")
+                    && serde_json::from_slice::<Value>(&r.body)
+                        .is_ok_and(|b| b["offset"] == 730100002)
+            })
+            .then_some(())
+    })
+    .await;
+    app.wait_idle().await;
+    app.shutdown().await;
+
+    // A restart asks without an offset; this mock sends the same update again, as Telegram
+    // does for one it never saw confirmed: recognised, not answered twice.
+    let polls_before = api.received_requests().await.unwrap_or_default().len();
+    let again = TestApp::start(&model, &store, &polling_config(&api)).await;
+    wait_until("the restarted poller asked Telegram", || async {
+        (api.received_requests().await.unwrap_or_default().len() > polls_before + 2).then_some(())
+    })
+    .await;
+    again.wait_idle().await;
+    assert_eq!(
+        sent_count(&api).await,
+        1,
+        "answered once across the restart"
+    );
+    assert_eq!(model.count(), 1);
+    again.shutdown().await;
+}
+
+async fn sent_count(api: &MockServer) -> usize {
+    sent(api).await.len()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn polling_refuses_to_start_while_a_webhook_is_set() {
+    let model = MockModel::start(Behaviour::Echo).await;
+    let api = polling_api("https://bot.example.com/webhooks/telegram").await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = crate::support::config(
+        &model.base_url(),
+        &dir.path().join("store"),
+        &polling_config(&api),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let error = antler::serve(config, listener, async {})
+        .await
+        .expect_err("polling cannot start while a webhook is set");
+    let text = error.to_string();
+    assert!(
+        text.contains("antler telegram delete-webhook") && text.contains("bot.example.com"),
+        "{text}"
+    );
+    assert!(!text.contains("TEST-token"), "{text}");
+}

@@ -90,6 +90,18 @@ impl TelegramChannel {
         Ok(me)
     }
 
+    /// What an update is for antler: the message when it addresses the bot, else nothing.
+    /// The webhook and the polling loop share it.
+    pub fn parse_update(&self, update: &Update) -> Parsed {
+        let me = self.identity();
+        match normalize(update, &me, (self.now_ms)()) {
+            Normalized::Message(incoming) if incoming.facts.addressed(&me) => {
+                Parsed::Events(vec![incoming.event])
+            }
+            Normalized::Message(_) | Normalized::Ignored(_) => Parsed::Ignore,
+        }
+    }
+
     fn identity(&self) -> BotIdentity {
         self.me
             .read()
@@ -171,13 +183,7 @@ impl Channel for TelegramChannel {
     fn parse(&self, request: &WebhookRequest<'_>) -> Result<Parsed, ChannelError> {
         let update: Update = serde_json::from_slice(request.body)
             .map_err(|e| ChannelError::Malformed(format!("not a Telegram update: {e}")))?;
-        let me = self.identity();
-        match normalize(&update, &me, (self.now_ms)()) {
-            Normalized::Message(incoming) if incoming.facts.addressed(&me) => {
-                Ok(Parsed::Events(vec![incoming.event]))
-            }
-            Normalized::Message(_) | Normalized::Ignored(_) => Ok(Parsed::Ignore),
-        }
+        Ok(self.parse_update(&update))
     }
 
     /// Sends the answer as Telegram HTML in chunks of at most 4096 UTF-16 units; a chunk

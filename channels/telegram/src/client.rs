@@ -8,7 +8,8 @@ use teloxide_core::Bot;
 use teloxide_core::errors::{ApiError, RequestError};
 use teloxide_core::net::Download;
 use teloxide_core::payloads::{
-    DeleteWebhookSetters, SendChatActionSetters, SendMessageSetters, SetWebhookSetters,
+    DeleteWebhookSetters, GetUpdatesSetters, SendChatActionSetters, SendMessageSetters,
+    SetWebhookSetters,
 };
 use teloxide_core::requests::{Request, Requester};
 use teloxide_core::types::{
@@ -252,6 +253,24 @@ impl TelegramApi {
                 description: c.description,
             })
             .collect())
+    }
+
+    /// The updates after `offset` (`getUpdates`), waiting up to `wait_secs` for one to come
+    /// (long polling). Calling it with a higher offset confirms the earlier updates to Telegram.
+    pub async fn get_updates(
+        &self,
+        offset: Option<i32>,
+        wait_secs: u32,
+    ) -> Result<Vec<teloxide_core::types::Update>, ChannelError> {
+        let mut request = self
+            .bot
+            .get_updates()
+            .timeout(wait_secs)
+            .allowed_updates(vec![AllowedUpdate::Message]);
+        if let Some(offset) = offset {
+            request = request.offset(offset);
+        }
+        request.send().await.map_err(|e| self.error(e))
     }
 
     /// Shows "typing…" in the chat (or topic) for up to 5 seconds (`sendChatAction`).

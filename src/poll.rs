@@ -1,0 +1,92 @@
+//! Telegram's polling mode: a `getUpdates` loop feeding the same pipeline as the webhook, for
+//! machines without a public URL.
+//!
+//! An update is confirmed to Telegram only by the next call, with a higher offset, and that
+//! call is made only after every event of the batch was accepted (stored and synced). A crash
+//! in between makes Telegram send the batch again after the restart; the inbox's dedupe on
+//! `update_id` recognises it, so nothing is skipped and nothing is answered twice, without an
+//! offset of antler's own to keep.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use antler_channel::Parsed;
+use antler_telegram::TelegramChannel;
+use tokio_util::sync::CancellationToken;
+
+use crate::ingress::{Ingress, IngressError};
+
+/// How long one `getUpdates` waits for an update (below teloxide's 17 s request timeout).
+const LONG_POLL_SECS: u32 = 10;
+/// The first and the longest wait after a failed `getUpdates`.
+const RETRY_FIRST: Duration = Duration::from_secs(1);
+const RETRY_CAP: Duration = Duration::from_secs(60);
+
+/// Polls until `stop` is cancelled.
+pub(crate) async fn poll_telegram(
+    channel: Arc<TelegramChannel>,
+    ingress: Ingress,
+    stop: CancellationToken,
+) {
+    let mut offset: Option<i32> = None;
+    let mut wait = RETRY_FIRST;
+    tracing::info!("telegram polling started");
+    loop {
+        let fetched = tokio::select! {
+            () = stop.cancelled() => return,
+            fetched = channel.api().get_updates(offset, LONG_POLL_SECS) => fetched,
+        };
+        let updates = match fetched {
+            Ok(updates) => {
+                wait = RETRY_FIRST;
+                updates
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, retry_in = ?wait, "telegram getUpdates failed");
+                metrics::counter!("antler_telegram_poll_errors_total").increment(1);
+                tokio::select! {
+                    () = stop.cancelled() => return,
+                    () = tokio::time::sleep(wait) => {}
+                }
+                wait = (wait * 2).min(RETRY_CAP);
+                continue;
+            }
+        };
+        for update in updates {
+            if let Parsed::Events(events) = channel.parse_update(&update) {
+                for event in events {
+                    if !accept(&ingress, event, &stop).await {
+                        return;
+                    }
+                }
+            }
+            // Confirmed to Telegram by the next call.
+            offset = i32::try_from(update.id.0)
+                .ok()
+                .map(|id| id.saturating_add(1));
+        }
+    }
+}
+
+/// Accepts one event, retrying while the store fails; `false` once antler stops.
+async fn accept(
+    ingress: &Ingress,
+    event: antler_channel::InboundEvent,
+    stop: &CancellationToken,
+) -> bool {
+    let mut wait = RETRY_FIRST;
+    loop {
+        match ingress.accept(event.clone(), false).await {
+            Ok(_) | Err(IngressError::Dropped) => return true,
+            Err(IngressError::ShuttingDown) => return false,
+            Err(e) => {
+                tracing::warn!(error = %e, retry_in = ?wait, "a polled telegram update could not be accepted");
+                tokio::select! {
+                    () = stop.cancelled() => return false,
+                    () = tokio::time::sleep(wait) => {}
+                }
+                wait = (wait * 2).min(RETRY_CAP);
+            }
+        }
+    }
+}
