@@ -8,7 +8,7 @@ use wiremock::matchers::{method, path};
 use wiremock::{Mock, MockServer, ResponseTemplate};
 
 use crate::support::mock_model::{Behaviour, MockModel};
-use crate::support::{TestApp, wait_until};
+use crate::support::{ChildRig, Client, TestApp, wait_until};
 
 const TOKEN: &str = "7000000001:TEST-token";
 const SECRET: &str = "hook-secret_1";
@@ -64,11 +64,10 @@ async fn app(model: &MockModel, api: &MockServer) -> TestApp {
     .await
 }
 
-async fn post(app: &TestApp, body: &str, secret: Option<&str>) -> StatusCode {
-    let mut request = app
-        .client
+async fn post(client: &Client, body: &str, secret: Option<&str>) -> StatusCode {
+    let mut request = client
         .http
-        .post(format!("{}/webhooks/telegram", app.client.base))
+        .post(format!("{}/webhooks/telegram", client.base))
         .header("content-type", "application/json")
         .body(body.to_owned());
     if let Some(secret) = secret {
@@ -102,8 +101,14 @@ async fn a_private_message_is_answered_once_even_when_delivered_twice() {
     let api = bot_api().await;
     let app = app(&model, &api).await;
     let update = fixture("tg_private_text");
-    assert_eq!(post(&app, &update, Some(SECRET)).await, StatusCode::OK);
-    assert_eq!(post(&app, &update, Some(SECRET)).await, StatusCode::OK);
+    assert_eq!(
+        post(&app.client, &update, Some(SECRET)).await,
+        StatusCode::OK
+    );
+    assert_eq!(
+        post(&app.client, &update, Some(SECRET)).await,
+        StatusCode::OK
+    );
 
     let sent = wait_for_sends(&api, 1).await;
     assert_eq!(sent[0]["chat_id"], 5_550_001_001u64);
@@ -126,9 +131,12 @@ async fn a_wrong_or_missing_secret_is_refused_and_nothing_runs() {
     let api = bot_api().await;
     let app = app(&model, &api).await;
     let update = fixture("tg_private_text");
-    assert_eq!(post(&app, &update, None).await, StatusCode::UNAUTHORIZED);
     assert_eq!(
-        post(&app, &update, Some("hook-secret_2")).await,
+        post(&app.client, &update, None).await,
+        StatusCode::UNAUTHORIZED
+    );
+    assert_eq!(
+        post(&app.client, &update, Some("hook-secret_2")).await,
         StatusCode::UNAUTHORIZED
     );
     // Refused before anything was stored: there is no turn to wait for.
@@ -152,10 +160,13 @@ async fn in_groups_only_mentions_are_answered_as_replies_and_topics_stay_in_thei
             "{\"offset\": 3, \"length\": 11, \"type\": \"mention\"}",
             "{\"offset\": 0, \"length\": 7, \"type\": \"bold\"}",
         );
-    assert_eq!(post(&app, &plain, Some(SECRET)).await, StatusCode::OK);
+    assert_eq!(
+        post(&app.client, &plain, Some(SECRET)).await,
+        StatusCode::OK
+    );
 
     assert_eq!(
-        post(&app, &fixture("tg_group_mention"), Some(SECRET)).await,
+        post(&app.client, &fixture("tg_group_mention"), Some(SECRET)).await,
         StatusCode::OK
     );
     let sent = wait_for_sends(&api, 1).await;
@@ -164,7 +175,7 @@ async fn in_groups_only_mentions_are_answered_as_replies_and_topics_stay_in_thei
     assert_eq!(sent[0]["reply_parameters"]["message_id"], 88);
 
     assert_eq!(
-        post(&app, &fixture("tg_forum_topic"), Some(SECRET)).await,
+        post(&app.client, &fixture("tg_forum_topic"), Some(SECRET)).await,
         StatusCode::OK
     );
     let sent = wait_for_sends(&api, 2).await;
@@ -199,7 +210,7 @@ async fn a_rate_limit_from_telegram_delays_the_answer_and_it_still_arrives_once(
         .await;
     let app = app(&model, &api).await;
     assert_eq!(
-        post(&app, &fixture("tg_private_text"), Some(SECRET)).await,
+        post(&app.client, &fixture("tg_private_text"), Some(SECRET)).await,
         StatusCode::OK
     );
     let sent = wait_for_sends(&api, 2).await;
@@ -234,7 +245,10 @@ async fn a_long_markdown_answer_arrives_as_several_valid_messages() {
         "\"text\": \"status payments-api\"",
         &format!("\"text\": {}", serde_json::to_string(&text).unwrap()),
     );
-    assert_eq!(post(&app, &update, Some(SECRET)).await, StatusCode::OK);
+    assert_eq!(
+        post(&app.client, &update, Some(SECRET)).await,
+        StatusCode::OK
+    );
     app.wait_idle().await;
     let sent = wait_for_sends(&api, 3).await;
     let mut words = 0;
@@ -279,11 +293,14 @@ async fn a_user_outside_the_allowlist_gets_one_refusal_with_their_id_and_no_mode
     )
     .await;
     assert_eq!(
-        post(&app, &fixture("tg_private_text"), Some(SECRET)).await,
+        post(&app.client, &fixture("tg_private_text"), Some(SECRET)).await,
         StatusCode::OK
     );
     let second = fixture("tg_private_text").replace("730100001", "730100002");
-    assert_eq!(post(&app, &second, Some(SECRET)).await, StatusCode::OK);
+    assert_eq!(
+        post(&app.client, &second, Some(SECRET)).await,
+        StatusCode::OK
+    );
     let sent = wait_for_sends(&api, 1).await;
     let refusal = sent[0]["text"].as_str().unwrap();
     assert!(
@@ -303,7 +320,7 @@ async fn the_bot_shows_it_is_typing_while_the_turn_runs() {
     let api = bot_api().await;
     let app = app(&model, &api).await;
     assert_eq!(
-        post(&app, &fixture("tg_forum_topic"), Some(SECRET)).await,
+        post(&app.client, &fixture("tg_forum_topic"), Some(SECRET)).await,
         StatusCode::OK
     );
     // While the model holds the answer, the topic shows "typing…".
@@ -439,4 +456,46 @@ async fn polling_refuses_to_start_while_a_webhook_is_set() {
         "{text}"
     );
     assert!(!text.contains("TEST-token"), "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_after_the_ack_and_a_restart_answer_exactly_once() {
+    let model = MockModel::start(Behaviour::Echo).await;
+    // The model never answers while the first process lives: the turn stays in flight.
+    model.hold();
+    let api = bot_api().await;
+    let rig = ChildRig::new(
+        &model,
+        &format!(
+            "[channels.telegram]\nenabled = true\nbot_token = \"{TOKEN}\"\n\
+             webhook_secret = \"{SECRET}\"\napi_url = \"{}\"\n",
+            api.uri()
+        ),
+    );
+    let mut first = rig.serve().await;
+    let update = fixture("tg_private_text");
+    assert_eq!(
+        post(&first.client, &update, Some(SECRET)).await,
+        StatusCode::OK
+    );
+    model.wait_for_requests(1).await;
+    first.kill().await;
+
+    model.release();
+    let second = rig.serve().await;
+    wait_for_sends(&api, 1).await;
+    // Telegram delivers the update again (it saw no answer before the crash): recognised.
+    assert_eq!(
+        post(&second.client, &update, Some(SECRET)).await,
+        StatusCode::OK
+    );
+    second.client.wait_idle().await;
+    let sent = sent(&api).await;
+    assert_eq!(sent.len(), 1, "{sent:?}\n{}", second.log_text());
+    assert_eq!(sent[0]["text"], "echo: status payments-api");
+    assert_eq!(
+        model.count(),
+        2,
+        "the interrupted turn ran once more, and only once"
+    );
 }
