@@ -680,11 +680,12 @@ impl Runtime {
     }
 }
 
-/// The calls of the thread's last assistant message that have no result after it.
+/// The calls of the current turn's last assistant message that have no result after it. Only
+/// messages after the turn's user message count: an earlier turn's calls are never run again.
 fn unanswered_calls(messages: &[ChatMessage]) -> Vec<ToolCall> {
     let Some(position) = messages
         .iter()
-        .rposition(|m| matches!(m, ChatMessage::Assistant { .. }))
+        .rposition(|m| matches!(m, ChatMessage::Assistant { .. } | ChatMessage::User { .. }))
     else {
         return Vec::new();
     };

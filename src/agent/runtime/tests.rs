@@ -726,6 +726,23 @@ async fn a_resumed_turn_runs_only_the_calls_left_unanswered() {
     assert_eq!(started, ["left"]);
 }
 
+#[test]
+fn an_earlier_turns_calls_are_not_run_again() {
+    let mut messages = vec![
+        ChatMessage::user("first"),
+        ChatMessage::assistant_calls("", vec![call("old", "sleep", "{}")]),
+        ChatMessage::user("second"),
+    ];
+    assert!(unanswered_calls(&messages).is_empty());
+    messages.push(ChatMessage::assistant_calls(
+        "",
+        vec![call("new", "sleep", "{}")],
+    ));
+    let pending = unanswered_calls(&messages);
+    assert_eq!(pending.len(), 1);
+    assert_eq!(pending[0].id, "new");
+}
+
 #[tokio::test]
 async fn helper_calls_count_towards_the_run_and_the_thread() {
     let model = ScriptedModel::new(vec![ScriptedModel::text("A title")]);
