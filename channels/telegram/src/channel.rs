@@ -42,7 +42,6 @@ impl std::fmt::Debug for TelegramSettings {
 }
 
 /// The Telegram channel.
-#[derive(Debug)]
 pub struct TelegramChannel {
     webhook_secret: String,
     api: TelegramApi,
@@ -50,6 +49,15 @@ pub struct TelegramChannel {
     /// ([`TelegramChannel::learn_identity`]); until then, mentions by name are not recognised.
     me: RwLock<BotIdentity>,
     now_ms: fn() -> u64,
+}
+
+impl std::fmt::Debug for TelegramChannel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TelegramChannel")
+            .field("webhook_secret", &"***")
+            .field("api", &self.api)
+            .finish_non_exhaustive()
+    }
 }
 
 impl TelegramChannel {
