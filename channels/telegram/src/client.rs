@@ -19,6 +19,16 @@ use teloxide_core::types::{
 
 use crate::normalize::BotIdentity;
 
+impl std::fmt::Debug for WebhookSettings<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WebhookSettings")
+            .field("url", &self.url)
+            .field("secret_token", &"***")
+            .field("drop_pending_updates", &self.drop_pending_updates)
+            .finish()
+    }
+}
+
 /// Where a message goes: the chat, the forum topic, the message it answers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Target {
@@ -43,7 +53,7 @@ pub enum SendFailure {
 pub const ALLOWED_UPDATES: &[&str] = &["message"];
 
 /// What `setWebhook` is told.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct WebhookSettings<'a> {
     /// The HTTPS URL Telegram posts updates to.
     pub url: &'a str,
@@ -350,6 +360,15 @@ mod tests {
         ));
         let debug = format!("{api:?}");
         assert!(!debug.contains(TOKEN), "{debug}");
+        let settings = format!(
+            "{:?}",
+            WebhookSettings {
+                url: "https://bot.example.com/webhooks/telegram",
+                secret_token: "hook-SECRET",
+                drop_pending_updates: false,
+            }
+        );
+        assert!(!settings.contains("hook-SECRET"), "{settings}");
     }
 
     #[tokio::test]
