@@ -613,6 +613,7 @@ mod tests {
                         reply_to: Some("m1".to_owned()),
                     }],
                     memory_update: None,
+                    draft: None,
                     now_ms: 2,
                 })
                 .await

@@ -4,8 +4,8 @@
 use std::sync::Mutex;
 
 use antler_channel::{
-    Channel, ChannelError, ConversationKey, InboundEvent, OutboundMessage, Parsed, Receipt,
-    UserRef, WebhookRequest,
+    Channel, ChannelError, ConversationKey, EditRate, InboundEvent, Limits, OutboundMessage,
+    Parsed, Part, Receipt, UserRef, WebhookRequest,
 };
 
 /// An API-channel message from user `u1` in `conversation`.
@@ -30,18 +30,34 @@ pub(crate) fn event(conversation: &str, event_id: &str, text: &str) -> InboundEv
     }
 }
 
-/// The `api` channel as a recorder: each send takes the next scripted failure, if any, else
-/// succeeds and is recorded.
+/// The `api` channel as a recorder: each send or edit takes the next scripted failure, if any,
+/// else succeeds and is recorded. With a `separator`, a reply's parts are its pieces between
+/// separators.
 #[derive(Debug, Default)]
 pub(crate) struct RecordingChannel {
     pub(crate) failures: Mutex<Vec<ChannelError>>,
     pub(crate) sent: Mutex<Vec<String>>,
+    /// (message id, new text) of each edit.
+    pub(crate) edits: Mutex<Vec<(String, String)>>,
+    pub(crate) separator: Option<&'static str>,
+    /// Its edit pace; `Some` turns live drafts on.
+    pub(crate) edit_rate: Option<EditRate>,
 }
 
 impl RecordingChannel {
     /// The texts sent so far, in order.
     pub(crate) fn sent(&self) -> Vec<String> {
         self.sent.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+
+    /// The edits so far, in order.
+    pub(crate) fn edits(&self) -> Vec<(String, String)> {
+        self.edits.lock().map(|e| e.clone()).unwrap_or_default()
+    }
+
+    fn next_failure(&self) -> Option<ChannelError> {
+        let mut failures = self.failures.lock().unwrap();
+        (!failures.is_empty()).then(|| failures.remove(0))
     }
 }
 
@@ -59,17 +75,43 @@ impl Channel for RecordingChannel {
         Ok(Parsed::Ignore)
     }
 
-    async fn send(&self, message: &OutboundMessage) -> Result<Receipt, ChannelError> {
-        let failure = {
-            let mut failures = self.failures.lock().unwrap();
-            (!failures.is_empty()).then(|| failures.remove(0))
-        };
-        if let Some(failure) = failure {
+    fn limits(&self) -> Limits {
+        Limits {
+            message: None,
+            edits: self.edit_rate,
+        }
+    }
+
+    fn render(&self, markdown: &str) -> Result<Vec<String>, ChannelError> {
+        Ok(match self.separator {
+            Some(separator) => markdown.split(separator).map(str::to_owned).collect(),
+            None => vec![markdown.to_owned()],
+        })
+    }
+
+    async fn send(&self, _: &OutboundMessage, part: Part<'_>) -> Result<Receipt, ChannelError> {
+        if let Some(failure) = self.next_failure() {
             return Err(failure);
         }
-        self.sent.lock().unwrap().push(message.text.clone());
+        self.sent.lock().unwrap().push(part.body.to_owned());
         Ok(Receipt {
-            platform_message_id: format!("pm-{}", message.text),
+            platform_message_id: format!("pm-{}", part.body),
         })
+    }
+
+    async fn edit(
+        &self,
+        _: &OutboundMessage,
+        sent: &Receipt,
+        part: Part<'_>,
+    ) -> Result<(), ChannelError> {
+        if let Some(failure) = self.next_failure() {
+            return Err(failure);
+        }
+        self.edits
+            .lock()
+            .unwrap()
+            .push((sent.platform_message_id.clone(), part.body.to_owned()));
+        Ok(())
     }
 }

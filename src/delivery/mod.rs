@@ -1,20 +1,22 @@
 //! Delivery: the outbox drained by a lane per conversation.
 //!
-//! Each outbox item is sent through its channel, retried with exponential backoff (honouring a
-//! platform's retry-after) and, once sent, marked with the platform's receipt, so it is never
-//! sent again. Replies of one conversation go out in order; a slow or rate-limited chat does
+//! Each outbox item is rendered by its channel into one or more parts (platform messages) and
+//! sent part by part, each recorded with the platform's receipt as it goes, so neither a retry
+//! nor a restart sends a part again. Failures are retried with exponential backoff (honouring a
+//! platform's retry-after). A reply whose turn wrote a live draft replaces the draft with its
+//! first part. Replies of one conversation go out in order; a slow or rate-limited chat does
 //! not hold up the others. On start, every pending item is queued again.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use antler_channel::{Channel, ChannelError};
+use antler_channel::{Channel, ChannelError, Part};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::lanes::Lanes;
-use crate::store::{OutboxItem, Store};
+use crate::store::{OutboxItem, Store, StoreError};
 
 /// Retry policy for sends.
 #[derive(Debug, Clone, Copy)]
@@ -120,15 +122,14 @@ async fn deliver(
     loop {
         metrics::counter!("antler_delivery_attempts_total", "channel" => channel_label)
             .increment(1);
-        let error = match channel.send(&item.message).await {
-            Ok(receipt) => {
-                if let Err(e) = store.delivered(item.seq, receipt, crate::now_ms()).await {
-                    // Sent but not recorded: it may be sent again after a restart.
-                    tracing::error!(seq = item.seq, error = %e, "cannot record delivery");
-                }
+        let error = match send_parts(store, channel.as_ref(), &mut item).await {
+            Ok(()) => return,
+            Err(SendError::Store(e)) => {
+                // Sent but not recorded: it may be sent again after a restart.
+                tracing::error!(seq = item.seq, error = %e, "cannot record delivery");
                 return;
             }
-            Err(error) => error,
+            Err(SendError::Channel(error)) => error,
         };
         metrics::counter!("antler_delivery_failures_total", "channel" => channel_label)
             .increment(1);
@@ -161,6 +162,60 @@ async fn deliver(
             () = stop.cancelled() => return,
         }
     }
+}
+
+/// Why [`send_parts`] stopped.
+enum SendError {
+    Channel(ChannelError),
+    Store(StoreError),
+}
+
+/// Sends the parts of `item` not sent yet, recording each as it goes, so a retry never sends
+/// a part twice. The first part replaces the turn's draft when there is one (an edit); if the
+/// draft is gone, it is sent as a new message.
+async fn send_parts(
+    store: &dyn Store,
+    channel: &dyn Channel,
+    item: &mut OutboxItem,
+) -> Result<(), SendError> {
+    let parts = channel
+        .render(&item.message.text)
+        .map_err(SendError::Channel)?;
+    if parts.is_empty() {
+        return Err(SendError::Channel(ChannelError::Permanent(
+            "the answer is empty".to_owned(),
+        )));
+    }
+    while item.parts.len() < parts.len() {
+        let index = item.parts.len();
+        let part = Part {
+            index,
+            body: &parts[index],
+        };
+        let receipt = match item.draft.as_ref().filter(|_| index == 0) {
+            Some(draft) => match channel.edit(&item.message, draft, part).await {
+                Ok(()) => draft.clone(),
+                Err(e) if e.is_retryable() => return Err(SendError::Channel(e)),
+                Err(e) => {
+                    tracing::warn!(seq = item.seq, error = %e, "the draft cannot be edited; sending the answer anew");
+                    channel
+                        .send(&item.message, part)
+                        .await
+                        .map_err(SendError::Channel)?
+                }
+            },
+            None => channel
+                .send(&item.message, part)
+                .await
+                .map_err(SendError::Channel)?,
+        };
+        let complete = index + 1 == parts.len();
+        *item = store
+            .part_delivered(item.seq, receipt, complete, crate::now_ms())
+            .await
+            .map_err(SendError::Store)?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

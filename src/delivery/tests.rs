@@ -1,10 +1,20 @@
-use antler_channel::{ConversationKey, OutboundMessage};
+use antler_channel::{ConversationKey, OutboundMessage, Receipt};
 
 use super::*;
 use crate::store::{FinishTurn, OutboxStatus, SledStore};
 use crate::test_support::RecordingChannel;
 
 async fn outbox(store: &SledStore, texts: &[&str]) -> Vec<OutboxItem> {
+    outbox_with_draft(store, 0, texts, None).await
+}
+
+/// The replies of inbox item `inbox_seq`, whose turn wrote the draft `draft`.
+async fn outbox_with_draft(
+    store: &SledStore,
+    inbox_seq: u64,
+    texts: &[&str],
+    draft: Option<&str>,
+) -> Vec<OutboxItem> {
     let replies = texts
         .iter()
         .map(|text| OutboundMessage {
@@ -17,10 +27,13 @@ async fn outbox(store: &SledStore, texts: &[&str]) -> Vec<OutboxItem> {
         .collect();
     store
         .finish_turn(FinishTurn {
-            inbox_seq: 0,
+            inbox_seq,
             thread: None,
             replies,
             memory_update: None,
+            draft: draft.map(|id| Receipt {
+                platform_message_id: id.to_owned(),
+            }),
             now_ms: 1,
         })
         .await
@@ -99,6 +112,77 @@ async fn permanent_failures_and_exhausted_retries_give_up_without_blocking_the_l
     let flaky = store.outbox_item(items[1].seq).await.unwrap().unwrap();
     assert_eq!((flaky.status, flaky.attempts), (OutboxStatus::Failed, 2));
     assert_eq!(*channel.sent.lock().unwrap(), ["fine"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_retry_goes_on_from_the_first_part_not_sent() {
+    let store = Arc::new(SledStore::temporary().unwrap());
+    let items = outbox(&store, &["one|two|three"]).await;
+    let channel = Arc::new(RecordingChannel {
+        separator: Some("|"),
+        ..RecordingChannel::default()
+    });
+    // "one" went (and was recorded) before "two" failed, as in a failed attempt or a crash.
+    let seq = items[0].seq;
+    let first = channel
+        .send(
+            &items[0].message,
+            Part {
+                index: 0,
+                body: "one",
+            },
+        )
+        .await
+        .unwrap();
+    store.part_delivered(seq, first, false, 2).await.unwrap();
+    *channel.failures.lock().unwrap() = vec![
+        ChannelError::Transient("502".into()),
+        ChannelError::RateLimited {
+            retry_after: Duration::from_secs(1),
+        },
+    ];
+    let resumed = store.outbox_item(seq).await.unwrap().unwrap();
+    run(Arc::clone(&channel), Arc::clone(&store), vec![resumed], 5).await;
+    assert_eq!(channel.sent(), ["one", "two", "three"], "each part once");
+    let done = store.outbox_item(seq).await.unwrap().unwrap();
+    assert_eq!(done.status, OutboxStatus::Sent);
+    let ids: Vec<&str> = done
+        .parts
+        .iter()
+        .map(|r| r.platform_message_id.as_str())
+        .collect();
+    assert_eq!(ids, ["pm-one", "pm-two", "pm-three"]);
+    assert_eq!(done.receipt.unwrap().platform_message_id, "pm-one");
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_first_part_replaces_the_draft_and_the_rest_are_new_messages() {
+    let store = Arc::new(SledStore::temporary().unwrap());
+    let items = outbox_with_draft(&store, 1, &["one|two"], Some("draft-1")).await;
+    assert_eq!(
+        items[0].draft.as_ref().unwrap().platform_message_id,
+        "draft-1"
+    );
+    let channel = Arc::new(RecordingChannel {
+        separator: Some("|"),
+        ..RecordingChannel::default()
+    });
+    run(Arc::clone(&channel), Arc::clone(&store), items.clone(), 5).await;
+    assert_eq!(channel.edits(), [("draft-1".to_owned(), "one".to_owned())]);
+    assert_eq!(channel.sent(), ["two"]);
+    let done = store.outbox_item(items[0].seq).await.unwrap().unwrap();
+    assert_eq!(done.receipt.unwrap().platform_message_id, "draft-1");
+
+    // A draft that cannot be edited any more (deleted) gives way to a new message.
+    let items = outbox_with_draft(&store, 2, &["three"], Some("draft-2")).await;
+    let gone = Arc::new(RecordingChannel::default());
+    *gone.failures.lock().unwrap() =
+        vec![ChannelError::Permanent("message to edit not found".into())];
+    run(Arc::clone(&gone), Arc::clone(&store), items.clone(), 5).await;
+    assert_eq!(gone.sent(), ["three"]);
+    assert!(gone.edits().is_empty());
+    let done = store.outbox_item(items[0].seq).await.unwrap().unwrap();
+    assert_eq!(done.status, OutboxStatus::Sent);
 }
 
 #[test]

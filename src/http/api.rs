@@ -29,7 +29,7 @@ use std::time::Duration;
 
 use antler_channel::{
     AttachmentRef, AttachmentSource, Channel, ChannelError, InboundEvent, OutboundMessage, Parsed,
-    Receipt, UserRef, WebhookRequest,
+    Part, Receipt, UserRef, WebhookRequest,
 };
 use axum::extract::{Path, Request, State};
 use axum::http::StatusCode;
@@ -309,8 +309,13 @@ impl Channel for ApiChannel {
             .map_err(ChannelError::from)
     }
 
-    /// Publishes the reply to the thread's subscribers; the thread already holds it.
-    async fn send(&self, message: &OutboundMessage) -> Result<Receipt, ChannelError> {
+    /// Publishes the reply to the thread's subscribers; the thread already holds it. The API
+    /// renders nothing, so the one part is the whole reply.
+    async fn send(
+        &self,
+        message: &OutboundMessage,
+        _part: Part<'_>,
+    ) -> Result<Receipt, ChannelError> {
         self.hub.publish(
             &message.thread_id,
             ThreadEvent::Final {

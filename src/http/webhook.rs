@@ -90,7 +90,7 @@ fn rejected(channel: &'static str, error: ChannelError) -> ApiError {
 
 #[cfg(test)]
 mod tests {
-    use antler_channel::{OutboundMessage, Receipt};
+    use antler_channel::{OutboundMessage, Part, Receipt};
     use serde_json::json;
 
     use super::*;
@@ -128,7 +128,7 @@ mod tests {
             })
         }
 
-        async fn send(&self, _: &OutboundMessage) -> Result<Receipt, ChannelError> {
+        async fn send(&self, _: &OutboundMessage, _: Part<'_>) -> Result<Receipt, ChannelError> {
             Err(ChannelError::Unsupported)
         }
     }

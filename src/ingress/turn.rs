@@ -13,7 +13,7 @@ use std::future::Future;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use antler_channel::{InboundEvent, OutboundMessage};
+use antler_channel::{InboundEvent, OutboundMessage, Receipt};
 use futures_util::FutureExt;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
@@ -22,6 +22,7 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 use super::attachments;
 use super::commands::{self, Command};
 use super::dispatcher::Dispatcher;
+use super::draft::Draft;
 use crate::agent::input::{Attachment, Author, ChannelFlags, Role, RunInput};
 use crate::agent::message::ChatMessage;
 use crate::agent::middleware::RunEnding;
@@ -116,6 +117,8 @@ struct TurnResult {
     outcome: &'static str,
     /// The conversation a middleware queued for the user's memory, written with the turn.
     memory_update: Option<MemoryUpdate>,
+    /// The turn's live draft, which the reply replaces.
+    draft: Option<Receipt>,
 }
 
 /// Streams deltas to subscribers and checkpoints the thread after tool results.
@@ -124,11 +127,15 @@ struct TurnObserver<'a> {
     hub: &'a EventHub,
     thread_id: &'a str,
     in_reply_to: &'a str,
+    draft: Option<&'a Draft>,
 }
 
 #[async_trait::async_trait]
 impl RunObserver for TurnObserver<'_> {
     fn delta(&self, text: &str) {
+        if let Some(draft) = self.draft {
+            draft.delta(text);
+        }
         self.hub.publish(
             self.thread_id,
             ThreadEvent::Delta {
@@ -139,6 +146,9 @@ impl RunObserver for TurnObserver<'_> {
     }
 
     fn progress(&self, event: &ToolProgress) {
+        if let (Some(draft), ToolProgress::Started { name, .. }) = (self.draft, event) {
+            draft.tool_started(name);
+        }
         let (call_id, name, state, text) = match event {
             ToolProgress::Started { call_id, name } => (call_id, name, ToolState::Started, None),
             ToolProgress::Note {
@@ -282,6 +292,7 @@ impl TurnRunner {
             thread: result.thread,
             replies: vec![reply],
             memory_update: result.memory_update,
+            draft: result.draft,
             now_ms: crate::now_ms(),
         });
         let Some(items) = self
@@ -344,6 +355,7 @@ impl TurnRunner {
                 text: super::access::refusal_text(&item.event),
                 outcome: "refused",
                 memory_update: None,
+                draft: None,
             };
         }
         let command = commands::parse(&item.event.text);
@@ -356,6 +368,7 @@ impl TurnRunner {
                 text: self.command(item, command).await,
                 outcome: "command",
                 memory_update: None,
+                draft: None,
             },
             None => self.agent_turn(item).await,
         }
@@ -421,6 +434,8 @@ impl TurnRunner {
             text,
             outcome: "abandoned",
             memory_update: None,
+            // A crashed run's draft shows a half answer: the notice replaces it.
+            draft: item.draft.clone(),
         }
     }
 
@@ -432,12 +447,6 @@ impl TurnRunner {
             .reply_to
             .clone()
             .unwrap_or_else(|| item.event.event_id.clone());
-        let observer = TurnObserver {
-            store: inner.store.as_ref(),
-            hub: &inner.hub,
-            thread_id: &item.thread_id,
-            in_reply_to: &in_reply_to,
-        };
         // A re-run after a crash continues from the checkpoint this item's turn left, if any,
         // so its user message is not added twice and finished tool calls do not run again.
         let (start, resume) = match thread.running {
@@ -460,6 +469,7 @@ impl TurnRunner {
                         text,
                         outcome: "failed",
                         memory_update: None,
+                        draft: item.draft.clone(),
                     };
                 }
             }
@@ -467,6 +477,17 @@ impl TurnRunner {
         let cancel = CancellationToken::new();
         let _registered = Registration::new(inner, item, &cancel);
         let _typing = self.show_typing(&item.event);
+        let draft = inner
+            .delivery
+            .channel(&item.event.channel)
+            .and_then(|channel| Draft::start(Arc::clone(&inner.store), channel, item));
+        let observer = TurnObserver {
+            store: inner.store.as_ref(),
+            hub: &inner.hub,
+            thread_id: &item.thread_id,
+            in_reply_to: &in_reply_to,
+            draft: draft.as_ref(),
+        };
         let limits = RunLimits {
             timeout: inner.turn_timeout,
             cancel,
@@ -485,6 +506,10 @@ impl TurnRunner {
             }
         };
         let result = std::panic::AssertUnwindSafe(run).catch_unwind().await;
+        let draft = match draft {
+            Some(draft) => draft.finish().await,
+            None => item.draft.clone(),
+        };
         let mut memory_update = None;
         let (text, outcome, failed) = match result {
             Ok(mut outcome) => {
@@ -547,6 +572,7 @@ impl TurnRunner {
             text,
             outcome,
             memory_update,
+            draft,
         }
     }
 
@@ -577,7 +603,8 @@ impl TurnRunner {
                 Err(e.user_message())
             }
             Err(_) => Err(format!(
-                "⚠️ Sorry, the files of this message did not arrive within {} seconds. Send                  them again.",
+                "⚠️ Sorry, the files of this message did not arrive within {} seconds. Send \
+                 them again.",
                 inner.turn_timeout.as_secs()
             )),
         }

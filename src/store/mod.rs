@@ -130,6 +130,10 @@ pub(crate) struct InboxItem {
     /// interrupted by a clean shutdown gives its attempt back.
     pub(crate) attempts: u32,
     pub(crate) accepted_at_ms: u64,
+    /// The draft message a live reply is being written into, saved as soon as the platform
+    /// created it: a re-run after a crash writes into it again, and the answer replaces it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) draft: Option<Receipt>,
 }
 
 /// An outbox item's state.
@@ -154,8 +158,17 @@ pub(crate) struct OutboxItem {
     pub(crate) attempts: u32,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) last_error: Option<String>,
+    /// The first part's receipt, once every part was sent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) receipt: Option<Receipt>,
+    /// The parts sent so far (the channel renders a reply into one or more messages), so a
+    /// retry goes on from the first part not sent.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(crate) parts: Vec<Receipt>,
+    /// The turn's draft message (live replies): the first part is edited into it rather than
+    /// sent anew.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) draft: Option<Receipt>,
     pub(crate) created_at_ms: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) finished_at_ms: Option<u64>,
@@ -185,6 +198,8 @@ pub(crate) struct FinishTurn {
     pub(crate) replies: Vec<OutboundMessage>,
     /// A memory update to queue with the turn, if any.
     pub(crate) memory_update: Option<MemoryUpdate>,
+    /// The turn's draft message, which the first reply replaces.
+    pub(crate) draft: Option<Receipt>,
     pub(crate) now_ms: u64,
 }
 
@@ -284,13 +299,18 @@ pub(crate) trait Store: Send + Sync + std::fmt::Debug {
         now_ms: u64,
     ) -> Result<OutboxItem, StoreError>;
 
-    /// Marks an item sent with its receipt. *Durable.*
-    async fn delivered(
+    /// Records the next part of an item as sent, with its receipt; `complete` (it was the last
+    /// part) marks the item sent, its receipt the first part's. *Durable.*
+    async fn part_delivered(
         &self,
         seq: u64,
         receipt: Receipt,
+        complete: bool,
         now_ms: u64,
     ) -> Result<OutboxItem, StoreError>;
+
+    /// Saves the draft message of the running turn of inbox item `seq`. *Durable.*
+    async fn save_draft(&self, seq: u64, draft: &Receipt) -> Result<(), StoreError>;
 
     /// Forgets expired dedupe keys (`retain_ms` is also the dedupe TTL) and finished outbox
     /// items older than `retain_ms`; returns how many outbox items and dedupe generations went.

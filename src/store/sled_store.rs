@@ -214,6 +214,7 @@ impl FinishWrite {
             thread,
             replies,
             memory_update,
+            draft,
             now_ms,
         } = finish;
         let (inbox_seq, now_ms) = (*inbox_seq, *now_ms);
@@ -229,6 +230,8 @@ impl FinishWrite {
                 attempts: 0,
                 last_error: None,
                 receipt: None,
+                parts: Vec::new(),
+                draft: if index == 0 { draft.clone() } else { None },
                 created_at_ms: now_ms,
                 finished_at_ms: None,
             });
@@ -576,6 +579,7 @@ fn accept_one(
         status: InboxStatus::Pending,
         attempts: 0,
         accepted_at_ms: now_ms,
+        draft: None,
     };
     trees
         .inbox
@@ -856,20 +860,31 @@ impl Store for SledStore {
         Ok(item)
     }
 
-    async fn delivered(
+    async fn part_delivered(
         &self,
         seq: u64,
         receipt: Receipt,
+        complete: bool,
         now_ms: u64,
     ) -> Result<OutboxItem, StoreError> {
         let item = self.update_outbox(seq, |item| {
-            item.attempts += 1;
-            item.status = OutboxStatus::Sent;
-            item.receipt = Some(receipt.clone());
-            item.finished_at_ms = Some(now_ms);
+            item.parts.push(receipt.clone());
+            if complete {
+                item.attempts += 1;
+                item.status = OutboxStatus::Sent;
+                item.receipt = item.parts.first().cloned();
+                item.finished_at_ms = Some(now_ms);
+            }
         })?;
         self.commit.flush().await?;
         Ok(item)
+    }
+
+    async fn save_draft(&self, seq: u64, draft: &Receipt) -> Result<(), StoreError> {
+        update_record(&self.inbox, "inbox item", seq, |item: &mut InboxItem| {
+            item.draft = Some(draft.clone());
+        })?;
+        self.commit.flush().await
     }
 
     async fn sweep(&self, now_ms: u64, retain_ms: u64) -> Result<usize, StoreError> {

@@ -45,6 +45,15 @@ async fn bot_api() -> MockServer {
         .mount(&server)
         .await;
     Mock::given(method("POST"))
+        .and(path(format!("/bot{TOKEN}/EditMessageText")))
+        .respond_with(ResponseTemplate::new(200).set_body_json(json!({
+            "ok": true,
+            "result": {"message_id": 700, "date": 1, "chat": {"id": 1, "type": "private", "first_name": "A"},
+                       "text": "ok"}
+        })))
+        .mount(&server)
+        .await;
+    Mock::given(method("POST"))
         .and(path(format!("/bot{TOKEN}/SendChatAction")))
         .respond_with(ResponseTemplate::new(200).set_body_json(json!({"ok": true, "result": true})))
         .mount(&server)
@@ -78,11 +87,17 @@ async fn post(client: &Client, body: &str, secret: Option<&str>) -> StatusCode {
 
 /// The bodies of every SendMessage the Bot API got.
 async fn sent(api: &MockServer) -> Vec<Value> {
+    calls(api, "SendMessage").await
+}
+
+/// The bodies of every call of `method` the Bot API got, in order.
+async fn calls(api: &MockServer, method: &str) -> Vec<Value> {
+    let suffix = format!("/{method}");
     api.received_requests()
         .await
         .unwrap_or_default()
         .iter()
-        .filter(|r| r.url.path().ends_with("/SendMessage"))
+        .filter(|r| r.url.path().ends_with(&suffix))
         .map(|r| serde_json::from_slice(&r.body).unwrap())
         .collect()
 }
@@ -341,6 +356,47 @@ async fn the_bot_shows_it_is_typing_while_the_turn_runs() {
     app.shutdown().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_answer_streams_into_one_draft_that_ends_as_the_answer() {
+    // About 4 seconds of stream; private chats are edited at most once a second.
+    let model = MockModel::start(Behaviour::Trickle {
+        pieces: 6,
+        every: std::time::Duration::from_millis(700),
+    })
+    .await;
+    let api = bot_api().await;
+    let app = app(&model, &api).await;
+    assert_eq!(
+        post(&app.client, &fixture("tg_private_text"), Some(SECRET)).await,
+        StatusCode::OK
+    );
+    wait_for_sends(&api, 1).await;
+    // Idle: the answer was delivered, and the draft writer stopped before it was.
+    app.wait_idle().await;
+    let sent = sent(&api).await;
+    assert_eq!(sent.len(), 1, "one message, the draft: {sent:?}");
+    let draft = sent[0]["text"].as_str().unwrap();
+    assert!(
+        !draft.is_empty() && "echo: status payments-api".starts_with(draft),
+        "the draft holds the start of the answer: {draft}"
+    );
+    let edits = calls(&api, "EditMessageText").await;
+    assert!(
+        edits.len() >= 2,
+        "edited while writing, then finished: {edits:?}"
+    );
+    assert_eq!(
+        edits.last().unwrap()["text"],
+        "echo: status payments-api",
+        "the last edit is the whole answer"
+    );
+    for edit in &edits {
+        assert_eq!(edit["message_id"], 700);
+        assert_eq!(edit["chat_id"], 5_550_001_001u64);
+    }
+    app.shutdown().await;
+}
+
 /// A Bot API for polling: the private-text update until it is confirmed (an offset past it),
 /// then nothing; `webhook` is what getWebhookInfo reports.
 async fn polling_api(webhook: &str) -> MockServer {
@@ -498,4 +554,61 @@ async fn kill_9_after_the_ack_and_a_restart_answer_exactly_once() {
         2,
         "the interrupted turn ran once more, and only once"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_with_a_draft_in_flight_leaves_no_second_draft() {
+    // A stream far longer than the test waits: the process dies while the draft is written.
+    let model = MockModel::start(Behaviour::Trickle {
+        pieces: 60,
+        every: std::time::Duration::from_millis(500),
+    })
+    .await;
+    let api = bot_api().await;
+    let rig = ChildRig::new(
+        &model,
+        &format!(
+            "[channels.telegram]\nenabled = true\nbot_token = \"{TOKEN}\"\n\
+             webhook_secret = \"{SECRET}\"\napi_url = \"{}\"\n",
+            api.uri()
+        ),
+    );
+    let mut first = rig.serve().await;
+    let update = fixture("tg_private_text");
+    assert_eq!(
+        post(&first.client, &update, Some(SECRET)).await,
+        StatusCode::OK
+    );
+    // The draft exists and was edited once: its id was saved before that edit.
+    wait_until("the draft edited once", || async {
+        (!calls(&api, "EditMessageText").await.is_empty()).then_some(())
+    })
+    .await;
+    first.kill().await;
+    assert_eq!(sent(&api).await.len(), 1);
+
+    model.set_behaviour(Behaviour::Trickle {
+        pieces: 4,
+        every: std::time::Duration::from_millis(600),
+    });
+    let second = rig.serve().await;
+    wait_until("the answer in the draft", || async {
+        calls(&api, "EditMessageText")
+            .await
+            .last()
+            .is_some_and(|edit| edit["text"] == "echo: status payments-api")
+            .then_some(())
+    })
+    .await;
+    second.client.wait_idle().await;
+    let sent = sent(&api).await;
+    assert_eq!(
+        sent.len(),
+        1,
+        "the re-run wrote into the old draft: {sent:?}\n{}",
+        second.log_text()
+    );
+    for edit in calls(&api, "EditMessageText").await {
+        assert_eq!(edit["message_id"], 700);
+    }
 }

@@ -25,6 +25,8 @@ pub use event::{
 
 use std::time::Duration;
 
+use render::Limit;
+
 /// A webhook request as the platform sent it: headers and the exact body bytes.
 ///
 /// Signatures are computed over the raw bytes, so nothing may parse the body before
@@ -116,8 +118,38 @@ pub trait Channel: Send + Sync + 'static {
     /// Turns a verified request into events or an immediate reply.
     fn parse(&self, request: &WebhookRequest<'_>) -> Result<Parsed, ChannelError>;
 
-    /// Delivers one message; the receipt names what the platform created.
-    async fn send(&self, message: &OutboundMessage) -> Result<Receipt, ChannelError>;
+    /// The reply's Markdown as the platform's messages, in order: rendered for the platform and
+    /// chunked at its size limit (see [`render::parts`]). By default, the text as it is, in one
+    /// message. Delivery sends the parts one by one and records each, so a retry never sends a
+    /// part twice.
+    fn render(&self, markdown: &str) -> Result<Vec<String>, ChannelError> {
+        Ok(vec![markdown.to_owned()])
+    }
+
+    /// Sends one part of `message` (one of [`Channel::render`]'s); the receipt names what the
+    /// platform created. Where the platform threads replies, part 0 answers the user's message.
+    async fn send(
+        &self,
+        message: &OutboundMessage,
+        part: Part<'_>,
+    ) -> Result<Receipt, ChannelError>;
+
+    /// Replaces the text of a message the bot sent (`sent`, in `message`'s conversation) with
+    /// `part`. A platform that reports "not modified" counts it as success. Channels whose
+    /// [`Limits::edits`] is `Some` implement it.
+    async fn edit(
+        &self,
+        _message: &OutboundMessage,
+        _sent: &Receipt,
+        _part: Part<'_>,
+    ) -> Result<(), ChannelError> {
+        Err(ChannelError::Unsupported)
+    }
+
+    /// The platform's limits on what the bot sends.
+    fn limits(&self) -> Limits {
+        Limits::default()
+    }
 
     /// What the platform can show.
     fn capabilities(&self) -> Capabilities {
@@ -150,4 +182,42 @@ pub struct Capabilities {
     pub images: bool,
     /// It can show that the bot is writing ([`Channel::typing`]).
     pub typing: bool,
+}
+
+/// One platform message of a reply: its number among the reply's parts and its rendered body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Part<'a> {
+    /// From 0.
+    pub index: usize,
+    /// The platform's markup, within its size limit.
+    pub body: &'a str,
+}
+
+/// A platform's limits on what the bot sends.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Limits {
+    /// How long one message may be, in the unit the platform counts (`None`: no limit antler
+    /// knows of).
+    pub message: Option<Limit>,
+    /// How often one message may be edited. `Some` turns on live replies: while a turn runs, its
+    /// streamed text is shown in a draft message edited at this pace, which the final answer
+    /// then replaces. `None`: the answer is sent when it is complete.
+    pub edits: Option<EditRate>,
+}
+
+/// The least time between two edits of one message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EditRate {
+    /// In a private chat.
+    pub private: Duration,
+    /// In a group chat, where platforms allow fewer messages a minute.
+    pub group: Duration,
+}
+
+impl EditRate {
+    /// The interval for a chat of this kind.
+    #[must_use]
+    pub fn interval(&self, group: bool) -> Duration {
+        if group { self.group } else { self.private }
+    }
 }

@@ -2,11 +2,12 @@
 //! normalized, attachments fetched through the Bot API.
 
 use std::sync::RwLock;
+use std::time::Duration;
 
-use antler_channel::render::{Document, Limit, Renderer, TelegramHtml, chunk};
+use antler_channel::render::{self, Limit, TelegramHtml};
 use antler_channel::{
     AttachmentRef, AttachmentSource, Capabilities, Channel, ChannelError, ConversationKey,
-    OutboundMessage, Parsed, Receipt, WebhookRequest, verify,
+    EditRate, Limits, OutboundMessage, Parsed, Part, Receipt, WebhookRequest, verify,
 };
 use teloxide_core::types::Update;
 
@@ -146,6 +147,16 @@ fn target(message: &OutboundMessage) -> Result<Target, ChannelError> {
     })
 }
 
+/// A plain-text retry Telegram refused too: it is not the markup, so it will not go through.
+fn markup_refused(failure: SendFailure) -> ChannelError {
+    match failure {
+        SendFailure::Markup => {
+            ChannelError::Permanent("Telegram refused the message's markup".to_owned())
+        }
+        SendFailure::Other(e) => e,
+    }
+}
+
 /// The words of a chunk of our own Telegram HTML: tags dropped, entities decoded.
 fn plain(html: &str) -> String {
     let mut text = String::with_capacity(html.len());
@@ -194,39 +205,78 @@ impl Channel for TelegramChannel {
         Ok(self.parse_update(&update))
     }
 
-    /// Sends the answer as Telegram HTML in chunks of at most 4096 UTF-16 units; a chunk
-    /// Telegram cannot parse goes again as the same words without markup. In groups the first
-    /// chunk replies to the user's message; topic messages stay in their topic.
-    async fn send(&self, message: &OutboundMessage) -> Result<Receipt, ChannelError> {
+    /// Telegram HTML in chunks of at most 4096 UTF-16 units.
+    fn render(&self, markdown: &str) -> Result<Vec<String>, ChannelError> {
+        render::parts(markdown, &TelegramHtml, Limit::Utf16(MESSAGE_LIMIT))
+            .map_err(|e| ChannelError::Permanent(e.to_string()))
+    }
+
+    /// Sends one chunk of HTML; a chunk Telegram cannot parse goes again as the same words
+    /// without markup. In groups the first part replies to the user's message; topic messages
+    /// stay in their topic.
+    async fn send(
+        &self,
+        message: &OutboundMessage,
+        part: Part<'_>,
+    ) -> Result<Receipt, ChannelError> {
         let mut target = target(message)?;
-        let doc = Document::parse(&message.text);
-        let chunks = chunk(&TelegramHtml.render(&doc), Limit::Utf16(MESSAGE_LIMIT))
-            .map_err(|e| ChannelError::Permanent(e.to_string()))?;
-        let mut first = None;
-        for html in &chunks {
-            let id = match self.api.send_text(&target, html, true).await {
-                Ok(id) => id,
-                Err(SendFailure::Markup) => {
-                    match self.api.send_text(&target, &plain(html), false).await {
-                        Ok(id) => id,
-                        Err(SendFailure::Markup) => {
-                            return Err(ChannelError::Permanent(
-                                "Telegram refused the message's markup".to_owned(),
-                            ));
-                        }
-                        Err(SendFailure::Other(e)) => return Err(e),
-                    }
-                }
-                Err(SendFailure::Other(e)) => return Err(e),
-            };
-            first.get_or_insert(id);
-            // Only the first chunk is a reply; the rest follow it.
+        if part.index > 0 {
+            // Only the first part is a reply; the rest follow it.
             target.reply_to = None;
         }
-        let id = first.ok_or_else(|| ChannelError::Permanent("the answer is empty".to_owned()))?;
+        let id = match self.api.send_text(&target, part.body, true).await {
+            Ok(id) => id,
+            Err(SendFailure::Markup) => self
+                .api
+                .send_text(&target, &plain(part.body), false)
+                .await
+                .map_err(markup_refused)?,
+            Err(SendFailure::Other(e)) => return Err(e),
+        };
         Ok(Receipt {
             platform_message_id: id.to_string(),
         })
+    }
+
+    /// Edits a sent message to `part`, falling back to plain words as [`Channel::send`] does.
+    async fn edit(
+        &self,
+        message: &OutboundMessage,
+        sent: &Receipt,
+        part: Part<'_>,
+    ) -> Result<(), ChannelError> {
+        let (chat_id, _) = chat_of(&message.conversation)?;
+        let message_id: i32 = sent.platform_message_id.parse().map_err(|_| {
+            ChannelError::Permanent(format!(
+                "not a Telegram message id: {}",
+                sent.platform_message_id
+            ))
+        })?;
+        match self
+            .api
+            .edit_text(chat_id, message_id, part.body, true)
+            .await
+        {
+            Ok(()) => Ok(()),
+            Err(SendFailure::Markup) => self
+                .api
+                .edit_text(chat_id, message_id, &plain(part.body), false)
+                .await
+                .map_err(markup_refused),
+            Err(SendFailure::Other(e)) => Err(e),
+        }
+    }
+
+    /// 4096 UTF-16 units a message; edits at most once a second in private chats and once
+    /// every 3 seconds in groups (Telegram allows about 20 messages a minute in a group).
+    fn limits(&self) -> Limits {
+        Limits {
+            message: Some(Limit::Utf16(MESSAGE_LIMIT)),
+            edits: Some(EditRate {
+                private: Duration::from_secs(1),
+                group: Duration::from_secs(3),
+            }),
+        }
     }
 
     fn capabilities(&self) -> Capabilities {
@@ -396,6 +446,15 @@ mod tests {
         }
     }
 
+    /// Renders `message` and sends every part, as delivery does.
+    async fn send_all(channel: &TelegramChannel, message: &OutboundMessage) -> Vec<Receipt> {
+        let mut receipts = Vec::new();
+        for (index, body) in channel.render(&message.text).unwrap().iter().enumerate() {
+            receipts.push(channel.send(message, Part { index, body }).await.unwrap());
+        }
+        receipts
+    }
+
     async fn sent(server: &wiremock::MockServer) -> Vec<serde_json::Value> {
         server
             .received_requests()
@@ -418,11 +477,8 @@ mod tests {
             markdown.push_str("\n\n");
         }
         assert!(markdown.len() > 10_000);
-        let receipt = channel
-            .send(&answer("-1003300440055:400", &markdown))
-            .await
-            .unwrap();
-        assert_eq!(receipt.platform_message_id, "700");
+        let receipts = send_all(&channel, &answer("-1003300440055:400", &markdown)).await;
+        assert_eq!(receipts[0].platform_message_id, "700");
         let bodies = sent(&server).await;
         assert!(bodies.len() >= 3, "{} messages", bodies.len());
         for (index, body) in bodies.iter().enumerate() {
@@ -445,10 +501,7 @@ mod tests {
     async fn markup_telegram_refuses_is_sent_again_as_plain_words() {
         let server = mock_api().await;
         let channel = channel_at(&server.uri());
-        channel
-            .send(&answer("5550001001", "**REFUSE** this & that"))
-            .await
-            .unwrap();
+        send_all(&channel, &answer("5550001001", "**REFUSE** this & that")).await;
         let bodies = sent(&server).await;
         assert_eq!(bodies.len(), 2);
         assert_eq!(bodies[0]["text"], "<b>REFUSE</b> this &amp; that");
@@ -459,6 +512,67 @@ mod tests {
             None,
             "private chats get no reply quote"
         );
+    }
+
+    #[tokio::test]
+    async fn edits_count_not_modified_as_done_and_fall_back_to_plain_words() {
+        use wiremock::matchers::{body_string_contains, method, path_regex};
+        use wiremock::{Mock, ResponseTemplate};
+
+        let server = wiremock::MockServer::start().await;
+        let refuse = |needle: &str, description: &str| {
+            Mock::given(method("POST"))
+                .and(path_regex("/bot[^/]+/EditMessageText"))
+                .and(body_string_contains(needle))
+                .and(body_string_contains("\"parse_mode\":\"HTML\""))
+                .respond_with(ResponseTemplate::new(400).set_body_json(serde_json::json!({
+                    "ok": false, "error_code": 400, "description": description
+                })))
+                .with_priority(1)
+        };
+        refuse("SAME", "Bad Request: message is not modified: specified new message content and reply markup are exactly the same as a current content and reply markup of the message")
+            .mount(&server)
+            .await;
+        refuse(
+            "REFUSE",
+            "Bad Request: can't parse entities: Unsupported start tag",
+        )
+        .mount(&server)
+        .await;
+        Mock::given(method("POST"))
+            .and(path_regex("/bot[^/]+/EditMessageText"))
+            .respond_with(ResponseTemplate::new(200).set_body_json(serde_json::json!({
+                "ok": true,
+                "result": {"message_id": 5, "date": 1, "chat": {"id": 5550001001i64, "type": "private", "first_name": "A"},
+                           "text": "ok"}
+            })))
+            .with_priority(5)
+            .mount(&server)
+            .await;
+        let channel = channel_at(&server.uri());
+        let message = answer("5550001001", "");
+        let sent_id = Receipt {
+            platform_message_id: "5".into(),
+        };
+        let part = |body| Part { index: 0, body };
+        channel
+            .edit(&message, &sent_id, part("SAME"))
+            .await
+            .unwrap();
+        channel
+            .edit(&message, &sent_id, part("<b>REFUSE</b> &amp;"))
+            .await
+            .unwrap();
+        let bodies = sent(&server).await;
+        assert_eq!(bodies.len(), 3);
+        assert_eq!(bodies[0]["message_id"], 5);
+        assert_eq!(bodies[0]["chat_id"], 5_550_001_001i64);
+        assert_eq!(bodies[2]["text"], "REFUSE &");
+        assert_eq!(bodies[2].get("parse_mode"), None);
+        let limits = channel.limits();
+        assert_eq!(limits.message, Some(Limit::Utf16(MESSAGE_LIMIT)));
+        let rate = limits.edits.unwrap();
+        assert!(rate.group > rate.private);
     }
 
     #[test]

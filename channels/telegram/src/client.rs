@@ -8,8 +8,8 @@ use teloxide_core::Bot;
 use teloxide_core::errors::{ApiError, RequestError};
 use teloxide_core::net::Download;
 use teloxide_core::payloads::{
-    DeleteWebhookSetters, GetUpdatesSetters, SendChatActionSetters, SendMessageSetters,
-    SetWebhookSetters,
+    DeleteWebhookSetters, EditMessageTextSetters, GetUpdatesSetters, SendChatActionSetters,
+    SendMessageSetters, SetWebhookSetters,
 };
 use teloxide_core::requests::{Request, Requester};
 use teloxide_core::types::{
@@ -174,6 +174,31 @@ impl TelegramApi {
         }
         match request.send().await {
             Ok(message) => Ok(message.id.0),
+            Err(RequestError::Api(ApiError::CantParseEntities(_))) if html => {
+                Err(SendFailure::Markup)
+            }
+            Err(e) => Err(SendFailure::Other(self.error(e))),
+        }
+    }
+
+    /// Replaces the text of the bot's message `message_id` in `chat_id` (`editMessageText`).
+    /// Telegram's "message is not modified" (the same text again) is success; HTML Telegram
+    /// cannot parse is [`SendFailure::Markup`], as for [`TelegramApi::send_text`].
+    pub async fn edit_text(
+        &self,
+        chat_id: i64,
+        message_id: i32,
+        text: &str,
+        html: bool,
+    ) -> Result<(), SendFailure> {
+        let mut request = self
+            .bot
+            .edit_message_text(ChatId(chat_id), MessageId(message_id), text);
+        if html {
+            request = request.parse_mode(ParseMode::Html);
+        }
+        match request.send().await {
+            Ok(_) | Err(RequestError::Api(ApiError::MessageNotModified)) => Ok(()),
             Err(RequestError::Api(ApiError::CantParseEntities(_))) if html => {
                 Err(SendFailure::Markup)
             }

@@ -1,7 +1,7 @@
 use std::collections::VecDeque;
 use std::sync::Mutex;
 
-use antler_channel::{OutboundMessage, Parsed, Receipt, WebhookRequest};
+use antler_channel::{OutboundMessage, Parsed, Part, Receipt, WebhookRequest};
 
 use super::*;
 
@@ -50,7 +50,7 @@ impl Channel for FakeChannel {
         Ok(Parsed::Ignore)
     }
 
-    async fn send(&self, _: &OutboundMessage) -> Result<Receipt, ChannelError> {
+    async fn send(&self, _: &OutboundMessage, _: Part<'_>) -> Result<Receipt, ChannelError> {
         Err(ChannelError::Unsupported)
     }
 
@@ -88,7 +88,7 @@ impl Channel for NoFetch {
         Ok(Parsed::Ignore)
     }
 
-    async fn send(&self, _: &OutboundMessage) -> Result<Receipt, ChannelError> {
+    async fn send(&self, _: &OutboundMessage, _: Part<'_>) -> Result<Receipt, ChannelError> {
         Err(ChannelError::Unsupported)
     }
 }

@@ -147,6 +147,7 @@ async fn finish_turn_writes_thread_outbox_and_removes_the_inbox_item_together() 
             thread: Some(thread.clone()),
             replies: vec![reply(&thread_id, "a"), reply(&thread_id, "b")],
             memory_update: Some(update.clone()),
+            draft: None,
             now_ms: 5,
         })
         .await
@@ -194,6 +195,7 @@ async fn delivery_records_receipts_and_failures() {
             thread: None,
             replies: vec![reply(&thread_id, "a"), reply(&thread_id, "b")],
             memory_update: None,
+            draft: None,
             now_ms: 1,
         })
         .await
@@ -208,7 +210,7 @@ async fn delivery_records_receipts_and_failures() {
         platform_message_id: "pm-1".to_owned(),
     };
     let sent = store
-        .delivered(items[0].seq, receipt.clone(), 3)
+        .part_delivered(items[0].seq, receipt.clone(), true, 3)
         .await
         .unwrap();
     assert_eq!((sent.attempts, sent.status), (2, OutboxStatus::Sent));
@@ -230,6 +232,39 @@ async fn delivery_records_receipts_and_failures() {
 }
 
 #[tokio::test]
+async fn a_saved_draft_survives_a_reopen_and_goes_to_the_first_reply() {
+    let dir = tempfile::tempdir().unwrap();
+    let draft = Receipt {
+        platform_message_id: "d-1".to_owned(),
+    };
+    let (seq, thread_id) = {
+        let store = SledStore::open(dir.path(), CACHE).unwrap();
+        let InboxItem { seq, thread_id, .. } =
+            accept_new(&store, accept("m1", ThreadChoice::Current, 1)).await;
+        store.save_draft(seq, &draft).await.unwrap();
+        (seq, thread_id)
+    };
+    let store = SledStore::open(dir.path(), CACHE).unwrap();
+    let item = store.start_turn(seq).await.unwrap();
+    assert_eq!(item.draft.as_ref(), Some(&draft), "a re-run finds it");
+    let items = store
+        .finish_turn(FinishTurn {
+            inbox_seq: seq,
+            thread: None,
+            replies: vec![reply(&thread_id, "a"), reply(&thread_id, "b")],
+            memory_update: None,
+            draft: item.draft,
+            now_ms: 2,
+        })
+        .await
+        .unwrap();
+    assert_eq!(items[0].draft.as_ref(), Some(&draft));
+    assert_eq!(items[1].draft, None, "only the first reply replaces it");
+    let stored = store.outbox_item(items[0].seq).await.unwrap().unwrap();
+    assert_eq!(stored.draft, Some(draft));
+}
+
+#[tokio::test]
 async fn state_survives_reopening_and_newer_schemas_are_refused() {
     let dir = tempfile::tempdir().unwrap();
     let thread_id = {
@@ -244,6 +279,7 @@ async fn state_survives_reopening_and_newer_schemas_are_refused() {
                 thread: None,
                 replies: vec![reply(&thread_id, "pending")],
                 memory_update: None,
+                draft: None,
                 now_ms: 1,
             })
             .await
@@ -505,6 +541,7 @@ async fn counts_follow_accepts_and_finished_turns() {
             thread: None,
             replies: vec![reply("t", "done")],
             memory_update: None,
+            draft: None,
             now_ms: 3,
         })
         .await
@@ -622,6 +659,8 @@ fn write_v1_store(path: &std::path::Path) -> String {
         attempts: 0,
         last_error: None,
         receipt: None,
+        parts: Vec::new(),
+        draft: None,
         created_at_ms: 2,
         finished_at_ms: None,
     };

@@ -38,6 +38,16 @@ pub use chunk::{ChunkError, Limit, Token, chunk, concat};
 pub use document::{Block, Document, Inline};
 pub use telegram_html::{PlainText, TelegramHtml};
 
+/// Markdown as a platform's messages: parsed, rendered with `renderer` and chunked at `limit`.
+/// Blank Markdown gives no parts.
+pub fn parts(
+    markdown: &str,
+    renderer: &dyn Renderer,
+    limit: Limit,
+) -> Result<Vec<String>, ChunkError> {
+    chunk(&renderer.render(&Document::parse(markdown)), limit)
+}
+
 /// Turns a [`Document`] into platform markup as a token stream for [`chunk`] or [`concat`].
 pub trait Renderer {
     /// Renders `doc`. The stream must be balanced: one [`Token::Close`] per [`Token::Open`].
