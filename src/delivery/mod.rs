@@ -4,8 +4,13 @@
 //! sent part by part, each recorded with the platform's receipt as it goes, so neither a retry
 //! nor a restart sends a part again. Failures are retried with exponential backoff (honouring a
 //! platform's retry-after). A reply whose turn wrote a live draft replaces the draft with its
-//! first part. Replies of one conversation go out in order; a slow or rate-limited chat does
+//! first part (the draft itself is written by [`Draft`] while the turn runs). Replies of one
+//! conversation go out in order; a slow or rate-limited chat does
 //! not hold up the others. On start, every pending item is queued again.
+
+mod draft;
+
+pub(crate) use draft::Draft;
 
 use std::collections::HashMap;
 use std::sync::Arc;

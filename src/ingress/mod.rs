@@ -21,7 +21,6 @@ pub(crate) mod access;
 pub(crate) mod attachments;
 pub(crate) mod commands;
 mod dispatcher;
-mod draft;
 mod turn;
 
 pub(crate) use dispatcher::{Dispatcher, RunTurn};

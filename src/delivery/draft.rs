@@ -56,7 +56,7 @@ struct Shared {
 
 /// The draft of one running turn. [`Draft::finish`] ends it.
 #[derive(Debug)]
-pub(super) struct Draft {
+pub(crate) struct Draft {
     shared: Arc<Shared>,
     stop: CancellationToken,
     task: JoinHandle<Option<Receipt>>,
@@ -64,7 +64,7 @@ pub(super) struct Draft {
 
 impl Draft {
     /// Starts the draft of `item`'s turn when `channel` can edit messages; `None` otherwise.
-    pub(super) fn start(
+    pub(crate) fn start(
         store: Arc<dyn Store>,
         channel: Arc<dyn Channel>,
         item: &InboxItem,
@@ -96,7 +96,7 @@ impl Draft {
     }
 
     /// A piece of the answer being written.
-    pub(super) fn delta(&self, text: &str) {
+    pub(crate) fn delta(&self, text: &str) {
         self.update(|preview| {
             let room = KEPT_BYTES.saturating_sub(preview.text.len());
             let mut end = room.min(text.len());
@@ -108,7 +108,7 @@ impl Draft {
     }
 
     /// A tool call started: the text so far led up to it, and the next model call writes anew.
-    pub(super) fn tool_started(&self, name: &str) {
+    pub(crate) fn tool_started(&self, name: &str) {
         self.update(|preview| {
             preview.text.clear();
             preview.status = Some(format!("⏳ _{name}_ …"));
@@ -124,7 +124,7 @@ impl Draft {
 
     /// Stops writing (a request on its way is waited for, so no edit lands after the answer)
     /// and returns the draft message, if there is one.
-    pub(super) async fn finish(self) -> Option<Receipt> {
+    pub(crate) async fn finish(self) -> Option<Receipt> {
         self.stop.cancel();
         let mut task = self.task;
         match tokio::time::timeout(FINISH_WAIT, &mut task).await {
