@@ -221,3 +221,23 @@ impl EditRate {
         if group { self.group } else { self.private }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_edit_interval_follows_the_kind_of_chat() {
+        let rate = EditRate {
+            private: Duration::from_secs(1),
+            group: Duration::from_secs(3),
+        };
+        assert_eq!(rate.interval(false), Duration::from_secs(1));
+        assert_eq!(rate.interval(true), Duration::from_secs(3));
+        assert_eq!(
+            Limits::default().edits,
+            None,
+            "no drafts unless a channel asks"
+        );
+    }
+}

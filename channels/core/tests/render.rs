@@ -6,6 +6,24 @@ use antler_channel::render::{
     concat,
 };
 
+#[test]
+fn parts_are_the_chunks_of_the_rendered_document_and_blank_text_has_none() {
+    let markdown = "**one** two\n\nthree & four";
+    assert_eq!(
+        antler_channel::render::parts(markdown, &TelegramHtml, Limit::Utf16(14)).unwrap(),
+        chunk(
+            &TelegramHtml.render(&Document::parse(markdown)),
+            Limit::Utf16(14)
+        )
+        .unwrap()
+    );
+    assert!(
+        antler_channel::render::parts(" \n\n ", &TelegramHtml, Limit::Utf16(10))
+            .unwrap()
+            .is_empty()
+    );
+}
+
 fn html(markdown: &str) -> String {
     concat(&TelegramHtml.render(&Document::parse(markdown)))
 }
@@ -15,7 +33,7 @@ fn plain(markdown: &str) -> String {
 }
 
 fn html_chunks(markdown: &str, limit: Limit) -> Vec<String> {
-    chunk(&TelegramHtml.render(&Document::parse(markdown)), limit).unwrap()
+    antler_channel::render::parts(markdown, &TelegramHtml, limit).unwrap()
 }
 
 /// The tags Telegram accepts that our renderer may emit.
