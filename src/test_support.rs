@@ -26,6 +26,7 @@ pub(crate) fn event(conversation: &str, event_id: &str, text: &str) -> InboundEv
         group: false,
         chat: None,
         refused: false,
+        follow_up: false,
         interactive: false,
     }
 }

@@ -279,6 +279,7 @@ impl ApiChannel {
             group: false,
             chat: None,
             refused: false,
+            follow_up: false,
             interactive: message.wait || message.stream,
         };
         Ok((message, event))
@@ -708,6 +709,7 @@ mod tests {
         }
         let body = body.to_string();
         let request = WebhookRequest {
+            route: "",
             headers: &headers,
             body: body.as_bytes(),
         };

@@ -54,7 +54,8 @@ pub(crate) struct AppContext {
 
 /// The main listener's routes. With `ops_elsewhere`, `/readyz` and `/metrics` are left to the
 /// ops listener ([`ops_router`]).
-/// Each channel in `webhooks` is served at `POST /webhooks/<its name>`.
+/// Each channel in `webhooks` is served at `POST /webhooks/<its name>[/<route>]`, one path per
+/// route it names.
 pub(crate) fn router(
     state: AppState,
     api_enabled: bool,
@@ -63,12 +64,20 @@ pub(crate) fn router(
 ) -> Router {
     let mut router = Router::new().route("/healthz", get(ops::healthz));
     for channel in webhooks {
-        let channel = Arc::clone(channel);
-        let path = format!("/webhooks/{}", channel.name());
-        router = router.route(
-            &path,
-            post(move |state, request| webhook::receive(state, Arc::clone(&channel), request)),
-        );
+        for &route in channel.routes() {
+            let channel = Arc::clone(channel);
+            let path = if route.is_empty() {
+                format!("/webhooks/{}", channel.name())
+            } else {
+                format!("/webhooks/{}/{route}", channel.name())
+            };
+            router = router.route(
+                &path,
+                post(move |state, request| {
+                    webhook::receive(state, Arc::clone(&channel), route, request)
+                }),
+            );
+        }
     }
     if !ops_elsewhere {
         router = router

@@ -1,4 +1,5 @@
-//! Platform webhooks: `POST /webhooks/<channel>`, the same for every platform.
+//! Platform webhooks: `POST /webhooks/<channel>` (and `/webhooks/<channel>/<route>` for each of
+//! the channel's routes), the same for every platform.
 //!
 //! The raw body is verified by the channel, then parsed into [`Parsed`]. Events are accepted
 //! through the ingress (access check, dedupe, inbox, sync) before anything is answered, so an
@@ -23,6 +24,7 @@ use crate::ingress::{Ingress, IngressError};
 pub(crate) async fn receive(
     State(state): State<AppState>,
     channel: Arc<dyn Channel>,
+    route: &'static str,
     request: Request,
 ) -> Result<Response, ApiError> {
     let name = channel.name();
@@ -32,17 +34,22 @@ pub(crate) async fn receive(
         .verify_headers(&headers)
         .map_err(|e| rejected(name, e))?;
     let body = super::api::read_body(&state, name, request).await?;
-    respond(&state.ingress, channel.as_ref(), &headers, &body).await
+    respond(&state.ingress, channel.as_ref(), route, &headers, &body).await
 }
 
 /// Verifies, parses and answers one request whose body has been read.
 pub(crate) async fn respond(
     ingress: &Ingress,
     channel: &dyn Channel,
+    route: &str,
     headers: &HeaderMap,
     body: &[u8],
 ) -> Result<Response, ApiError> {
-    let request = WebhookRequest { headers, body };
+    let request = WebhookRequest {
+        route,
+        headers,
+        body,
+    };
     let parsed = channel
         .verify(&request)
         .and_then(|()| channel.parse(&request))
@@ -134,11 +141,18 @@ mod tests {
     }
 
     async fn call(ingress: &Ingress, body: &str) -> (StatusCode, String) {
-        let response =
-            match respond(ingress, &ScriptChannel, &HeaderMap::new(), body.as_bytes()).await {
-                Ok(response) => response,
-                Err(e) => e.into_response(),
-            };
+        let response = match respond(
+            ingress,
+            &ScriptChannel,
+            "",
+            &HeaderMap::new(),
+            body.as_bytes(),
+        )
+        .await
+        {
+            Ok(response) => response,
+            Err(e) => e.into_response(),
+        };
         let status = response.status();
         let bytes = axum::body::to_bytes(response.into_body(), 1 << 16)
             .await

@@ -94,6 +94,8 @@ struct Inner {
     access: Arc<Access>,
     stop: CancellationToken,
     acceptor: mpsc::UnboundedSender<Request>,
+    /// Read for follow-ups (is the bot part of their conversation?); written by the acceptor.
+    store: Arc<dyn Store>,
 }
 
 /// An event handed to the acceptor, and how to answer it.
@@ -178,7 +180,7 @@ impl Ingress {
         // Ends when the last handle to this ingress is dropped.
         tokio::spawn(
             Acceptor {
-                store,
+                store: Arc::clone(&store),
                 dispatcher: dispatcher.clone(),
                 runner,
                 hub,
@@ -192,6 +194,7 @@ impl Ingress {
                 backlog_limit: settings.backlog_limit,
                 dedupe_ttl: settings.dedupe_ttl,
                 access: Arc::clone(&settings.access),
+                store,
                 stop,
                 acceptor,
             }),
@@ -231,6 +234,20 @@ impl Ingress {
         let inner = &self.inner;
         if inner.stop.is_cancelled() {
             return Err(IngressError::ShuttingDown);
+        }
+        if event.follow_up {
+            // Not addressed: it runs only where the bot was addressed before, and an author who
+            // may not use the bot gets no refusal for talking to someone else.
+            let known = inner
+                .store
+                .conversation(event.conversation.as_str())
+                .await
+                .map_err(IngressError::Store)?
+                .is_some();
+            return match inner.access.check(&mut event) {
+                Admit::Run if known => self.admit(event, subscribe).await,
+                _ => Err(IngressError::Dropped),
+            };
         }
         match inner.access.check(&mut event) {
             Admit::Run => self.admit(event, subscribe).await,

@@ -423,3 +423,39 @@ async fn a_user_who_is_not_allowed_is_refused_once_and_nothing_runs() {
         "bob's words are not in the thread: {users:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follow_up_runs_only_where_the_bot_was_addressed_before() {
+    let rules = AccessRules::new(&["alice".to_owned()], &[], &[]);
+    let h = harness_with(3, Access::new([("api".to_owned(), rules)]));
+    let follow_up = |user: &str, conversation: &str, id: &str| {
+        let mut event = from(user, event(conversation, id, "and then?"));
+        event.follow_up = true;
+        event
+    };
+    // A thread the bot never took part in: nothing is stored.
+    let stray = h
+        .ingress
+        .accept(follow_up("alice", "t1", "m1"), false)
+        .await;
+    assert!(matches!(stray, Err(IngressError::Dropped)), "{stray:?}");
+    assert!(h.store.conversation("api:t1").await.unwrap().is_none());
+
+    h.ingress
+        .accept(from("alice", event("t1", "m2", "hello")), false)
+        .await
+        .unwrap();
+    until("the answer", || h.sent().len() == 1).await;
+    let known = h
+        .ingress
+        .accept(follow_up("alice", "t1", "m3"), false)
+        .await
+        .unwrap();
+    assert!(known.new, "a follow-up in the bot's thread is a turn");
+    until("the follow-up answered", || h.sent().len() == 2).await;
+    // Someone who may not use the bot, talking in that thread to others: no refusal.
+    let other = h.ingress.accept(follow_up("bob", "t1", "m4"), false).await;
+    assert!(matches!(other, Err(IngressError::Dropped)), "{other:?}");
+    until("the backlog is empty", || h.ingress.backlog() == 0).await;
+    assert_eq!(h.sent(), ["echo: hello", "echo: and then?"]);
+}

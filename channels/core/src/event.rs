@@ -94,6 +94,11 @@ pub struct InboundEvent {
     /// the turn answers with a refusal naming their user id instead of running anything.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub refused: bool,
+    /// The bot was not addressed: a message in a thread it takes part in (a Slack thread it
+    /// answered in). It is accepted only into a conversation that already exists, that is
+    /// where the bot was addressed before; anywhere else it is dropped unstored.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub follow_up: bool,
     /// Someone waits for the answer as it is written (a chat window, a streaming client).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub interactive: bool,

@@ -33,6 +33,8 @@ use render::Limit;
 /// [`Channel::verify`] has accepted it.
 #[derive(Debug, Clone, Copy)]
 pub struct WebhookRequest<'a> {
+    /// Which of the channel's [`Channel::routes`] it came to (`""` for `/webhooks/<channel>`).
+    pub route: &'a str,
     /// The request headers.
     pub headers: &'a http::HeaderMap,
     /// The raw body.
@@ -104,6 +106,12 @@ impl ChannelError {
 pub trait Channel: Send + Sync + 'static {
     /// The channel's name: the first segment of its conversation keys and its route.
     fn name(&self) -> &'static str;
+
+    /// The webhook routes it serves under `/webhooks/<name>`: `""` is that path itself, `"events"`
+    /// is `/webhooks/<name>/events` (Slack's events and slash commands come to different URLs).
+    fn routes(&self) -> &'static [&'static str] {
+        &[""]
+    }
 
     /// Checks what the headers alone can tell (a secret header, the presence and age of a
     /// signature) before the body is read, so an unauthenticated sender cannot make antler

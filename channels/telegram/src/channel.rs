@@ -327,7 +327,11 @@ mod tests {
     }
 
     fn request<'a>(headers: &'a http::HeaderMap, body: &'a [u8]) -> WebhookRequest<'a> {
-        WebhookRequest { headers, body }
+        WebhookRequest {
+            route: "",
+            headers,
+            body,
+        }
     }
 
     fn fixture(name: &str) -> Vec<u8> {

@@ -163,6 +163,7 @@ pub fn normalize(update: &Update, me: &BotIdentity, received_at_ms: u64) -> Norm
         interactive: true,
         chat: Some(chat_id.to_string()),
         refused: false,
+        follow_up: false,
     };
     Normalized::Message(Box::new(Incoming {
         event,
