@@ -160,36 +160,12 @@ async fn platform_channels(config: &Config) -> Result<Platforms, AppError> {
             TelegramChannel::new(&settings, crate::now_ms)
                 .map_err(|e| AppError::Channel(format!("channels.telegram: {e}")))?,
         );
-        // A few seconds for getMe before serving, so group mentions work from the first
-        // update; a slow or failing Bot API is retried in the background instead.
-        let known = matches!(
-            tokio::time::timeout(Duration::from_secs(5), channel.learn_identity()).await,
-            Ok(Ok(_))
-        );
-        if known {
-            tracing::info!("telegram bot ready");
-        } else {
-            let learning = Arc::clone(&channel);
-            tokio::spawn(async move {
-                let mut wait = Duration::from_secs(5);
-                loop {
-                    match learning.learn_identity().await {
-                        Ok(me) => {
-                            tracing::info!(username = %me.username, "telegram bot ready");
-                            break;
-                        }
-                        Err(e) => tracing::warn!(
-                            error = %e,
-                            retry_in = ?wait,
-                            "telegram getMe failed; @mentions by name are not recognised until \
-                             it works. Check channels.telegram.bot_token and api_url"
-                        ),
-                    }
-                    tokio::time::sleep(wait).await;
-                    wait = (wait * 2).min(Duration::from_secs(300));
-                }
-            });
-        }
+        let learning = Arc::clone(&channel);
+        learn_identity("telegram", move || {
+            let channel = Arc::clone(&learning);
+            async move { channel.learn_identity().await.map(|me| me.username) }
+        })
+        .await;
         platforms.all.push(channel.clone());
         if telegram.mode == TelegramMode::Polling {
             // getUpdates and a webhook exclude each other; say how to get out of it.
@@ -207,6 +183,40 @@ async fn platform_channels(config: &Config) -> Result<Platforms, AppError> {
         }
     }
     Ok(platforms)
+}
+
+/// Asks the platform who the bot is (`learn` returns its name) before serving, for up to 5
+/// seconds, so mentions are recognised from the first message; a slow or failing API is asked
+/// again in the background, with backoff, until it answers.
+async fn learn_identity<F, Fut>(platform: &'static str, learn: F)
+where
+    F: Fn() -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = Result<String, antler_channel::ChannelError>> + Send,
+{
+    if let Ok(Ok(name)) = tokio::time::timeout(Duration::from_secs(5), learn()).await {
+        tracing::info!(platform, bot = %name, "bot ready");
+        return;
+    }
+    tokio::spawn(async move {
+        let mut wait = Duration::from_secs(5);
+        loop {
+            match learn().await {
+                Ok(name) => {
+                    tracing::info!(platform, bot = %name, "bot ready");
+                    break;
+                }
+                Err(e) => tracing::warn!(
+                    platform,
+                    error = %e,
+                    retry_in = ?wait,
+                    "cannot learn who the bot is; mentions by name are not recognised until it \
+                     works. Check the platform's bot_token and api_url (`antler doctor`)"
+                ),
+            }
+            tokio::time::sleep(wait).await;
+            wait = (wait * 2).min(Duration::from_secs(300));
+        }
+    });
 }
 
 fn tool_registry(config: &Config, extra: Vec<Arc<dyn Tool>>) -> ToolRegistry {

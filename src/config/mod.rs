@@ -488,6 +488,15 @@ pub struct SlackConfig {
     /// The Web API base URL.
     #[serde(deserialize_with = "secret::string")]
     pub api_url: String,
+    /// The workspace (team id, `T…`) whose events are accepted; `None`: the one the app is
+    /// installed in, whichever it is.
+    #[serde(deserialize_with = "secret::opt_string")]
+    pub team_id: Option<String>,
+    /// Answer messages in a thread the bot already answered in, without a new mention.
+    pub thread_follow_ups: bool,
+    /// The slash command, as registered in the app (`/antler`).
+    #[serde(deserialize_with = "secret::string")]
+    pub command: String,
     /// Platform user ids that may talk to the bot (with `allowed_chats`; both empty: anyone).
     #[serde(deserialize_with = "secret::strings")]
     pub allowed_users: Vec<String>,
@@ -506,6 +515,9 @@ impl Default for SlackConfig {
             bot_token: None,
             signing_secret: None,
             api_url: "https://slack.com/api".to_owned(),
+            team_id: None,
+            thread_follow_ups: true,
+            command: "/antler".to_owned(),
             allowed_users: Vec::new(),
             allowed_chats: Vec::new(),
             admins: Vec::new(),

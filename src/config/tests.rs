@@ -359,18 +359,21 @@ fn enabled_platform_requires_its_secrets() {
     let found = issues("[channels.slack]\nenabled = true\nbot_token = \"xoxb-1\"\n");
     assert_eq!(
         found,
-        [
-            "channels.slack.signing_secret: required when enabled",
-            "channels.slack.enabled: the slack channel is not available in this build yet",
-        ]
+        ["channels.slack.signing_secret: required when enabled"]
     );
     assert_issue(
         "[channels.telegram]\nenabled = true\n",
         "channels.telegram.webhook_secret: required when enabled",
     );
-    assert_issue(
-        "[channels.discord]\nenabled = true\n",
-        "channels.discord.application_id: required when enabled",
+    let found = issues("[channels.discord]\nenabled = true\n");
+    assert_eq!(
+        found,
+        [
+            "channels.discord.application_id: required when enabled",
+            "channels.discord.public_key: required when enabled",
+            "channels.discord.bot_token: required when enabled",
+            "channels.discord.enabled: the discord channel is not available in this build yet",
+        ]
     );
     let found = issues("[channels.feishu]\nenabled = true\napp_secret = \"\"\n");
     assert_eq!(
@@ -386,14 +389,36 @@ fn enabled_platform_requires_its_secrets() {
 
 #[test]
 fn complete_platform_is_not_available_yet() {
-    let text = "[channels.slack]\nenabled = true\nbot_token = \"xoxb-1\"\nsigning_secret = \"s\"\n";
+    let text = "[channels.discord]\nenabled = true\napplication_id = \"1\"\nbot_token = \"t\"\n\
+                public_key = \"0000000000000000000000000000000000000000000000000000000000000000\"\n";
     assert_eq!(
         issues(text),
-        ["channels.slack.enabled: the slack channel is not available in this build yet"]
+        ["channels.discord.enabled: the discord channel is not available in this build yet"]
     );
     let telegram =
         "[channels.telegram]\nenabled = true\nbot_token = \"1:A\"\nwebhook_secret = \"s\"\n";
     assert!(parse(telegram).is_ok(), "telegram is built");
+    let slack = "[channels.slack]\nenabled = true\nbot_token = \"xoxb-1\"\nsigning_secret = \"s\"\n";
+    assert!(parse(slack).is_ok(), "slack is built");
+}
+
+#[test]
+fn slack_token_team_and_command_must_have_slacks_shape() {
+    let found = issues(
+        "[channels.slack]\nbot_token = \"xoxp-user\"\nteam_id = \"acme\"\ncommand = \"antler\"\n",
+    );
+    assert_eq!(
+        found,
+        [
+            "channels.slack.bot_token: must be the app's bot token (xoxb-...), from OAuth & Permissions",
+            "channels.slack.team_id: must be a workspace id such as T0123ABCD",
+            "channels.slack.command: must be a slash and 1 to 31 lower-case letters, digits, - or _, e.g. /antler",
+        ]
+    );
+    let config = parse("[channels.slack]\nteam_id = \"T0123ABCD\"\n").unwrap();
+    assert_eq!(config.channels.slack.team_id.as_deref(), Some("T0123ABCD"));
+    assert!(config.channels.slack.thread_follow_ups);
+    assert_eq!(config.channels.slack.command, "/antler");
 }
 
 #[test]
@@ -634,7 +659,7 @@ fn secrets_are_masked_in_debug_display_and_summary() {
         bot_token = "3:SECRET-3"
         webhook_secret = "SECRET-4"
         [channels.slack]
-        bot_token = "SECRET-5"
+        bot_token = "xoxb-SECRET-5"
         signing_secret = "SECRET-6"
         [channels.discord]
         bot_token = "SECRET-7"

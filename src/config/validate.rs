@@ -20,7 +20,7 @@ pub(crate) const MAX_USER_CHARS: usize = 64;
 
 /// The chat platforms whose adapters exist in this build; an enabled platform outside this list
 /// is refused until its adapter lands.
-pub(crate) const AVAILABLE_PLATFORMS: &[&str] = &["telegram"];
+pub(crate) const AVAILABLE_PLATFORMS: &[&str] = &["telegram", "slack"];
 
 /// Collects the issues of a deserialized configuration.
 pub(crate) fn validate(config: &Config) -> Vec<ConfigIssue> {
@@ -390,6 +390,35 @@ fn channels(config: &Config, v: &mut Issues) {
             ("signing_secret", secret(&slack.signing_secret)),
         ],
     );
+    if let Some(token) = &slack.bot_token
+        && !token.expose().starts_with("xoxb-")
+    {
+        v.push(
+            "channels.slack.bot_token",
+            "must be the app's bot token (xoxb-...), from OAuth & Permissions",
+        );
+    }
+    if let Some(team) = &slack.team_id
+        && !(team.starts_with('T') && team.len() > 1 && team.bytes().all(|b| b.is_ascii_alphanumeric()))
+    {
+        v.push(
+            "channels.slack.team_id",
+            "must be a workspace id such as T0123ABCD",
+        );
+    }
+    let command = &slack.command;
+    if !(command.len() >= 2
+        && command.len() <= 32
+        && command.starts_with('/')
+        && command[1..]
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_'))
+    {
+        v.push(
+            "channels.slack.command",
+            "must be a slash and 1 to 31 lower-case letters, digits, - or _, e.g. /antler",
+        );
+    }
 
     let discord = &channels.discord;
     v.url("channels.discord.api_url", &discord.api_url);
