@@ -7,11 +7,12 @@
 //!
 //! Defaults: R=3, N=5000, C=64, T=1000, Q=60000, QC=256, L=20, S=5, X=600 (per load phase).
 //! `--quick` is a smoke run: N=500, Q=5000, R=1, S=1. `--only` takes a comma-separated subset
-//! of `startup,acks,turns,queued,growth` (the ceiling always runs).
+//! of `startup,acks,turns,queued,growth,telegram` (the ceiling always runs).
 //!
-//! In one process: the mock model and a bare axum handler (the HTTP ceiling), both on
-//! 127.0.0.1:0, and the load generator (one shared reqwest client, HTTP/1.1 keep-alive, C
-//! concurrent tasks). Every antler is a fresh child process with a fresh store on disk, a
+//! In one process: the mock model, a bare axum handler (the HTTP ceiling) and a mock Telegram
+//! Bot API, all on 127.0.0.1:0, and the load generator (one shared reqwest client, HTTP/1.1
+//! keep-alive, C concurrent tasks; a second one, alike but sending Telegram's secret header,
+//! for the webhooks). Every antler is a fresh child process with a fresh store on disk, a
 //! backlog larger than anything it is sent, and `max_concurrent_turns = 64`. Each of the R runs
 //! measures, in order:
 //!
@@ -30,7 +31,20 @@
 //! - **growth**: L sequential `wait: true` turns on one conversation, recording after each the
 //!   store's size on disk (`store_bytes` of `/readyz`: sled's log file length, which grows by
 //!   what is appended) and the bytes antler caused to be written to storage (`write_bytes` of
-//!   `/proc/<pid>/io`, whole 4 KiB pages); growth per turn over turns 1–5 and over the last five.
+//!   `/proc/<pid>/io`, whole 4 KiB pages); growth per turn over turns 1–5 and over the last five;
+//! - **telegram**: antler with `[channels.telegram]` in webhook mode, its `api_url` the mock
+//!   Bot API (teloxide-core's `POST /bot<token>/<Method>`: `GetMe`, `SendMessage`,
+//!   `SendChatAction`, `EditMessageText`, each answered `{"ok": true, "result": ...}`; the mock
+//!   counts the calls per method, and every `SendMessage` is one answered turn, the echoes
+//!   being short). N signed webhooks (`POST /webhooks/telegram` with
+//!   `X-Telegram-Bot-Api-Secret-Token`, a private text message each, one chat per message,
+//!   answered 200 once durable) with concurrency C while the mock model is held: the webhook
+//!   ack rate, its p50/p99 latency and antler's CPU per ack; then the model is released and
+//!   the drain is timed until the mock has counted N `SendMessage` (answered turns/s). Then a
+//!   fresh antler, the model free: N webhooks over T chats with concurrency C, timed from the
+//!   first post to the N-th `SendMessage` (answered turns/s under load). Both antlers are
+//!   drained (inbox and outbox empty) before they stop, and must have sent exactly N messages
+//!   each; warnings and errors in their logs are printed on stderr.
 //!
 //! With `ANTLER_BENCH_WRAP` set (e.g. `heaptrack -o /tmp/antler`), each antler runs under that
 //! command; the bench stops the wrapper, so check for antlers left running afterwards. Startup is spawn → first 200 of `/readyz` (median of S spawns). Every figure is the median
@@ -50,7 +64,8 @@ use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::http::StatusCode;
+use axum::extract::State;
+use axum::http::{StatusCode, Uri};
 use axum::response::IntoResponse;
 use axum::routing::post;
 use serde_json::{Value, json};
@@ -75,7 +90,7 @@ struct Args {
 }
 
 /// The phases `--only` may name.
-const PHASES: [&str; 5] = ["startup", "acks", "turns", "queued", "growth"];
+const PHASES: [&str; 6] = ["startup", "acks", "turns", "queued", "growth", "telegram"];
 
 impl Args {
     fn parse() -> Self {
@@ -157,6 +172,136 @@ async fn bare_ack(_body: Bytes) -> axum::response::Response {
     (StatusCode::ACCEPTED, axum::Json(body)).into_response()
 }
 
+// ---- the mock Telegram Bot API ----
+
+/// The bot token antler is given; teloxide-core posts to `/bot<token>/<Method>`.
+const TG_TOKEN: &str = "7000000001:BENCH-token";
+/// The `X-Telegram-Bot-Api-Secret-Token` every webhook carries.
+const TG_SECRET: &str = "bench_secret-1";
+
+/// The calls the mock Bot API has answered, by method.
+#[derive(Debug, Default)]
+struct BotApi {
+    get_me: AtomicUsize,
+    /// One per answered turn.
+    send_message: AtomicUsize,
+    edit_message_text: AtomicUsize,
+    send_chat_action: AtomicUsize,
+    /// Any other method, or a path without the bench's token.
+    other: AtomicUsize,
+    /// The last message id handed out.
+    message_id: AtomicUsize,
+}
+
+/// The Bot API calls made between two [`BotApi::counts`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+struct BotCalls {
+    get_me: usize,
+    send_message: usize,
+    edit_message_text: usize,
+    send_chat_action: usize,
+    other: usize,
+}
+
+impl BotCalls {
+    fn since(self, before: Self) -> Self {
+        Self {
+            get_me: self.get_me - before.get_me,
+            send_message: self.send_message - before.send_message,
+            edit_message_text: self.edit_message_text - before.edit_message_text,
+            send_chat_action: self.send_chat_action - before.send_chat_action,
+            other: self.other - before.other,
+        }
+    }
+}
+
+impl BotApi {
+    /// Serves the mock on 127.0.0.1:0; returns it and its base URL (antler's `api_url`).
+    async fn start() -> (Arc<Self>, String) {
+        let api = Arc::new(Self::default());
+        let app = Router::new()
+            .fallback(bot_api_answer)
+            .with_state(api.clone());
+        (api, spawn_server(app).await)
+    }
+
+    fn sent(&self) -> usize {
+        self.send_message.load(Ordering::SeqCst)
+    }
+
+    fn counts(&self) -> BotCalls {
+        BotCalls {
+            get_me: self.get_me.load(Ordering::SeqCst),
+            send_message: self.sent(),
+            edit_message_text: self.edit_message_text.load(Ordering::SeqCst),
+            send_chat_action: self.send_chat_action.load(Ordering::SeqCst),
+            other: self.other.load(Ordering::SeqCst),
+        }
+    }
+
+    /// Waits until `SendMessage` has been called `n` times in all.
+    async fn wait_sent(&self, n: usize, antler: &Antler, timeout: Duration) {
+        let started = Instant::now();
+        while self.sent() < n {
+            assert!(
+                started.elapsed() < timeout,
+                "the mock Bot API got {} of {n} SendMessage within {timeout:?}; {:?}\n{}",
+                self.sent(),
+                self.counts(),
+                antler.log()
+            );
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+}
+
+/// Answers every Bot API method `{"ok": true, "result": ...}`: the bot for `GetMe`, a message
+/// in the requested chat for `SendMessage` and `EditMessageText`, `true` for anything else.
+async fn bot_api_answer(
+    State(api): State<Arc<BotApi>>,
+    uri: Uri,
+    body: Bytes,
+) -> axum::Json<Value> {
+    let request: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let message = || {
+        let id = api.message_id.fetch_add(1, Ordering::SeqCst) + 1;
+        json!({"message_id": id, "date": 1_700_000_000, "text": "x",
+               "chat": {"id": request["chat_id"], "type": "private", "first_name": "U"}})
+    };
+    let method = uri
+        .path()
+        .strip_prefix("/bot")
+        .and_then(|p| p.strip_prefix(TG_TOKEN))
+        .and_then(|p| p.strip_prefix('/'));
+    let result = match method {
+        Some("GetMe") => {
+            api.get_me.fetch_add(1, Ordering::SeqCst);
+            json!({"id": 7_000_000_001u64, "is_bot": true, "first_name": "Bench",
+                   "username": "bench_bot", "can_join_groups": true,
+                   "can_read_all_group_messages": false, "supports_inline_queries": false,
+                   "has_main_web_app": false})
+        }
+        Some("SendMessage") => {
+            let m = message();
+            api.send_message.fetch_add(1, Ordering::SeqCst);
+            m
+        }
+        Some("EditMessageText") => {
+            api.edit_message_text.fetch_add(1, Ordering::SeqCst);
+            message()
+        }
+        Some("SendChatAction") => {
+            api.send_chat_action.fetch_add(1, Ordering::SeqCst);
+            json!(true)
+        }
+        _ => {
+            api.other.fetch_add(1, Ordering::SeqCst);
+            json!(true)
+        }
+    };
+    axum::Json(json!({"ok": true, "result": result}))
+}
+
 // ---- load generator ----
 
 struct Load {
@@ -216,7 +361,13 @@ async fn load(
                         .await
                         .expect("request failed");
                     let got = response.status();
-                    let answer: Value = response.json().await.expect("bad response body");
+                    let bytes = response.bytes().await.expect("bad response body");
+                    // A webhook's acknowledgement has no body.
+                    let answer: Value = if bytes.is_empty() {
+                        Value::Null
+                    } else {
+                        serde_json::from_slice(&bytes).expect("bad response body")
+                    };
                     assert!(
                         got == status && check(i, &answer),
                         "request {i}: {got} {answer}"
@@ -260,12 +411,14 @@ fn antler_binary() -> &'static str {
     path
 }
 
-/// Spawns antler with a fresh store and room for `backlog` waiting messages; returns it and
-/// the time until `/readyz` answered 200.
+/// Spawns antler with a fresh store and room for `backlog` waiting messages, and with the
+/// Telegram channel (webhook mode, anyone may talk) when `telegram_api` names a Bot API;
+/// returns it and the time until `/readyz` answered 200.
 async fn start_antler(
     model_base_url: &str,
     backlog: usize,
     deadline: Duration,
+    telegram_api: Option<&str>,
 ) -> (Antler, Duration) {
     let dir = tempfile::tempdir().unwrap();
     let port = std::net::TcpListener::bind("127.0.0.1:0")
@@ -277,7 +430,7 @@ async fn start_antler(
     // thousands of messages are posted; a held request must not time out and retry. Titles
     // are the shortened question: a model-written title is one more model call per new
     // thread, which measures the model, not antler.
-    let config = format!(
+    let mut config = format!(
         "[server]\nlisten = \"127.0.0.1:{port}\"\n\n[store]\npath = \"{store}\"\n\n\
          [model]\nbase_url = \"{model_base_url}\"\nmodel = \"{MODEL_NAME}\"\nrequest_timeout_secs = 1800\n\
          first_byte_timeout_secs = 1800\nidle_timeout_secs = 1800\n\n\
@@ -286,6 +439,13 @@ async fn start_antler(
          [channels.api]\nenabled = true\n",
         store = dir.path().join("data").display(),
     );
+    if let Some(api_url) = telegram_api {
+        config.push_str(&format!(
+            "\n[channels.telegram]\nenabled = true\nmode = \"webhook\"\n\
+             bot_token = \"{TG_TOKEN}\"\nwebhook_secret = \"{TG_SECRET}\"\n\
+             api_url = \"{api_url}\"\n"
+        ));
+    }
     let config_path = dir.path().join("antler.toml");
     std::fs::write(&config_path, config).unwrap();
     let log = std::fs::File::create(dir.path().join("antler.log")).unwrap();
@@ -356,6 +516,26 @@ impl Antler {
 
     fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("antler.log")).unwrap_or_default()
+    }
+
+    /// Prints the warnings and errors of antler's log on stderr (the first few, and how many).
+    fn report_log_problems(&self, label: &str) {
+        let log = self.log();
+        let problems: Vec<&str> = log
+            .lines()
+            .filter(|l| l.contains(" WARN ") || l.contains("ERROR"))
+            // Expected: the bench leaves the allowlists empty.
+            .filter(|l| !l.contains("allowed_chats are both empty"))
+            .collect();
+        if !problems.is_empty() {
+            eprintln!(
+                "  {label}: {} warnings/errors in antler's log, the first:",
+                problems.len()
+            );
+            for line in problems.iter().take(5) {
+                eprintln!("    {line}");
+            }
+        }
     }
 
     fn store_path(&self) -> PathBuf {
@@ -495,7 +675,8 @@ struct Acks {
 
 async fn acks(a: &Args, r: usize, client: &reqwest::Client, model: &MockModel) -> Acks {
     let n = a.messages;
-    let (antler, _) = start_antler(&model.base_url(), n + 1000, Duration::from_secs(30)).await;
+    let (antler, _) =
+        start_antler(&model.base_url(), n + 1000, Duration::from_secs(30), None).await;
     eprintln!("  acks: antler pid {}", antler.pid());
     let url = format!("{}/api/v1/messages", antler.url);
     model.hold();
@@ -552,7 +733,8 @@ struct Turns {
 
 async fn turns(a: &Args, r: usize, client: &reqwest::Client, model: &MockModel) -> Turns {
     let (n, t) = (a.messages, a.threads);
-    let (antler, _) = start_antler(&model.base_url(), n + 1000, Duration::from_secs(30)).await;
+    let (antler, _) =
+        start_antler(&model.base_url(), n + 1000, Duration::from_secs(30), None).await;
     eprintln!("  turns: antler pid {}", antler.pid());
     let url = format!("{}/api/v1/messages", antler.url);
     let (calls0, flushes0, cpu0, own0) = (
@@ -607,7 +789,8 @@ struct Queued {
 
 async fn queued(a: &Args, r: usize, client: &reqwest::Client, model: &MockModel) -> Queued {
     let q = a.queued;
-    let (antler, _) = start_antler(&model.base_url(), q + 1000, Duration::from_secs(30)).await;
+    let (antler, _) =
+        start_antler(&model.base_url(), q + 1000, Duration::from_secs(30), None).await;
     eprintln!("  queued: antler pid {}", antler.pid());
     let url = format!("{}/api/v1/messages", antler.url);
     model.hold();
@@ -683,7 +866,7 @@ impl Windows {
 }
 
 async fn growth(a: &Args, r: usize, client: &reqwest::Client, model: &MockModel) -> Growth {
-    let (antler, _) = start_antler(&model.base_url(), 1000, Duration::from_secs(30)).await;
+    let (antler, _) = start_antler(&model.base_url(), 1000, Duration::from_secs(30), None).await;
     eprintln!("  growth: antler pid {}", antler.pid());
     let url = format!("{}/api/v1/messages", antler.url);
     let mut store_bytes = Vec::new();
@@ -717,6 +900,143 @@ async fn growth(a: &Args, r: usize, client: &reqwest::Client, model: &MockModel)
     }
 }
 
+/// Telegram end to end: signed webhooks in, answers out through the mock Bot API.
+#[derive(Debug, Clone, serde::Serialize)]
+struct Telegram {
+    /// Webhooks acknowledged (200, durable) per second while the model was held.
+    acks_per_s: f64,
+    p50_ms: f64,
+    p99_ms: f64,
+    cpu_us_per_ack: f64,
+    /// Answered turns per second from the model's release to the N-th `SendMessage`.
+    drain_turns_per_s: f64,
+    /// Answered turns per second with the model free: first webhook to the N-th `SendMessage`.
+    turns_per_s: f64,
+    /// Webhook ack latency while turns ran beside it.
+    load_p50_ms: f64,
+    load_p99_ms: f64,
+    /// CPU of antler per answered turn under load (webhook, turn and delivery).
+    cpu_us_per_turn: f64,
+    /// Bot API calls of the first (held) and the second (under load) antler.
+    calls_held: BotCalls,
+    calls_load: BotCalls,
+}
+
+/// A private text message from chat `chat` as Telegram posts it.
+fn tg_update(update_id: usize, chat: usize, i: usize) -> Value {
+    json!({"update_id": update_id, "message": {
+        "message_id": i + 1, "date": 1_700_000_000,
+        "chat": {"id": chat, "type": "private", "first_name": "U"},
+        "from": {"id": chat, "is_bot": false, "first_name": "U"},
+        "text": format!("hello {i}")}})
+}
+
+async fn telegram(
+    a: &Args,
+    client: &reqwest::Client,
+    tg_client: &reqwest::Client,
+    model: &MockModel,
+    bot: &BotApi,
+    bot_url: &str,
+) -> Telegram {
+    let (n, t) = (a.messages, a.threads);
+
+    // (a) Webhook acks with the model held, then the drain.
+    // From before the start: antler's GetMe counts too.
+    let calls0 = bot.counts();
+    let (antler, _) = start_antler(
+        &model.base_url(),
+        n + 1000,
+        Duration::from_secs(30),
+        Some(bot_url),
+    )
+    .await;
+    eprintln!("  telegram (held): antler pid {}", antler.pid());
+    let url = format!("{}/webhooks/telegram", antler.url);
+    model.hold();
+    let cpu0 = antler.cpu_secs();
+    // One chat per message, as in the acks phase.
+    let body = |i: usize| tg_update(1_000_000 + i, 100_000_000 + i, i);
+    let held = load(
+        tg_client,
+        &url,
+        n,
+        a.concurrency,
+        a.timeout,
+        200,
+        body,
+        |_, v| v.is_null(),
+    )
+    .await;
+    let cpu = antler.cpu_secs() - cpu0;
+    let released = Instant::now();
+    model.release();
+    bot.wait_sent(calls0.send_message + n, &antler, a.timeout)
+        .await;
+    let drained = released.elapsed();
+    antler.drain(client, true, a.timeout).await;
+    let calls_held = bot.counts().since(calls0);
+    antler.report_log_problems("telegram (held)");
+    antler.stop();
+    assert_eq!(
+        calls_held.send_message, n,
+        "each webhook is answered once: {calls_held:?}"
+    );
+
+    // (b) Answered turns under load: a fresh antler, the model free, T chats.
+    // From before the start: antler's GetMe counts too.
+    let calls0 = bot.counts();
+    let (antler, _) = start_antler(
+        &model.base_url(),
+        n + 1000,
+        Duration::from_secs(30),
+        Some(bot_url),
+    )
+    .await;
+    eprintln!("  telegram (load): antler pid {}", antler.pid());
+    let url = format!("{}/webhooks/telegram", antler.url);
+    let cpu0 = antler.cpu_secs();
+    let body = move |i: usize| tg_update(2_000_000 + i, 200_000_000 + i % t, i);
+    let started = Instant::now();
+    let under_load = load(
+        tg_client,
+        &url,
+        n,
+        a.concurrency,
+        a.timeout,
+        200,
+        body,
+        |_, v| v.is_null(),
+    )
+    .await;
+    bot.wait_sent(calls0.send_message + n, &antler, a.timeout)
+        .await;
+    let answered = started.elapsed();
+    let cpu_load = antler.cpu_secs() - cpu0;
+    antler.drain(client, true, a.timeout).await;
+    let calls_load = bot.counts().since(calls0);
+    antler.report_log_problems("telegram (load)");
+    antler.stop();
+    assert_eq!(
+        calls_load.send_message, n,
+        "each webhook is answered once: {calls_load:?}"
+    );
+
+    Telegram {
+        acks_per_s: held.rate(),
+        p50_ms: held.pct(0.50),
+        p99_ms: held.pct(0.99),
+        cpu_us_per_ack: cpu * 1e6 / n as f64,
+        drain_turns_per_s: n as f64 / drained.as_secs_f64(),
+        turns_per_s: n as f64 / answered.as_secs_f64(),
+        load_p50_ms: under_load.pct(0.50),
+        load_p99_ms: under_load.pct(0.99),
+        cpu_us_per_turn: cpu_load * 1e6 / n as f64,
+        calls_held,
+        calls_load,
+    }
+}
+
 // ---- reporting ----
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -745,6 +1065,16 @@ struct Run {
     turn_ratio: Option<f64>,
     queued: Option<Queued>,
     growth: Option<Growth>,
+    telegram: Option<Telegram>,
+    /// Telegram's webhook acks/s, drain turns/s and turns/s under load ÷ this run's ceiling.
+    telegram_ratios: Option<TelegramRatios>,
+}
+
+#[derive(Debug, Clone, Copy, serde::Serialize)]
+struct TelegramRatios {
+    acks: f64,
+    drain: f64,
+    turns: f64,
 }
 
 fn main() {
@@ -772,6 +1102,19 @@ async fn bench(a: Args) {
         .timeout(Duration::from_secs(180))
         .build()
         .unwrap();
+    // Telegram's webhooks: the same client settings, every request signed.
+    let (bot, bot_url) = BotApi::start().await;
+    let mut signed = reqwest::header::HeaderMap::new();
+    signed.insert(
+        "X-Telegram-Bot-Api-Secret-Token",
+        reqwest::header::HeaderValue::from_static(TG_SECRET),
+    );
+    let tg_client = reqwest::Client::builder()
+        .pool_max_idle_per_host(a.concurrency)
+        .timeout(Duration::from_secs(180))
+        .default_headers(signed)
+        .build()
+        .unwrap();
     let (n, c, t, q, qc, l) = (
         a.messages,
         a.concurrency,
@@ -793,7 +1136,7 @@ async fn bench(a: Args) {
     if a.runs("startup") {
         for _ in 0..a.startups {
             let (antler, ready) =
-                start_antler(&model.base_url(), 1000, Duration::from_secs(30)).await;
+                start_antler(&model.base_url(), 1000, Duration::from_secs(30), None).await;
             startups.push(ready.as_secs_f64() * 1e3);
             antler.stop();
         }
@@ -829,6 +1172,11 @@ async fn bench(a: Args) {
         } else {
             None
         };
+        let telegram = if a.runs("telegram") {
+            Some(telegram(&a, &client, &tg_client, &model, &bot, &bot_url).await)
+        } else {
+            None
+        };
         let run = Run {
             ceiling_req_per_s: ceiling.rate(),
             ceiling_p50_ms: ceiling.pct(0.50),
@@ -839,6 +1187,12 @@ async fn bench(a: Args) {
             turns,
             queued,
             growth,
+            telegram_ratios: telegram.as_ref().map(|x| TelegramRatios {
+                acks: x.acks_per_s / ceiling.rate(),
+                drain: x.drain_turns_per_s / ceiling.rate(),
+                turns: x.turns_per_s / ceiling.rate(),
+            }),
+            telegram,
         };
         eprintln!(
             "  run {} ({:.0} s in): {}",
@@ -1077,6 +1431,100 @@ async fn bench(a: Args) {
             json!({"store_bytes_per_turn_mean": [mean_early, mean_late],
                    "store_bytes_per_turn_min": [min_early, min_late],
                    "write_bytes_per_turn": [w_early, w_late], "flat": flat}),
+        );
+    }
+
+    if a.runs("telegram") {
+        let x = |f: fn(&Telegram) -> f64| med(&runs, |r| r.telegram.as_ref(), f);
+        let ratio = |f: fn(&TelegramRatios) -> f64| {
+            median(
+                runs.iter()
+                    .filter_map(|r| r.telegram_ratios.as_ref())
+                    .map(f)
+                    .collect(),
+            )
+        };
+        let (rate, p50, p99, cpu) = (
+            x(|x| x.acks_per_s),
+            x(|x| x.p50_ms),
+            x(|x| x.p99_ms),
+            x(|x| x.cpu_us_per_ack),
+        );
+        let (drain, tps) = (x(|x| x.drain_turns_per_s), x(|x| x.turns_per_s));
+        let (load_p50, load_p99, turn_cpu) = (
+            x(|x| x.load_p50_ms),
+            x(|x| x.load_p99_ms),
+            x(|x| x.cpu_us_per_turn),
+        );
+        let (ack_ratio, drain_ratio, turn_ratio) =
+            (ratio(|r| r.acks), ratio(|r| r.drain), ratio(|r| r.turns));
+        let per_turn = |f: fn(&BotCalls) -> usize| {
+            med(
+                &runs,
+                |r| r.telegram.as_ref(),
+                |x: &Telegram| (f(&x.calls_held) + f(&x.calls_load)) as f64 / (2 * n) as f64,
+            )
+        };
+        let (actions, edits) = (
+            per_turn(|c| c.send_chat_action),
+            per_turn(|c| c.edit_message_text),
+        );
+        row(
+            &mut rows,
+            format!("telegram: webhook acks (200, model held), C={c}"),
+            format!("{rate:.0} acks/s"),
+            String::new(),
+        );
+        row(
+            &mut rows,
+            "telegram: webhook acks ÷ ceiling".into(),
+            format!("{ack_ratio:.3}"),
+            String::new(),
+        );
+        row(
+            &mut rows,
+            "telegram: webhook ack latency p50 / p99".into(),
+            format!("{p50:.2} / {p99:.2} ms"),
+            String::new(),
+        );
+        row(
+            &mut rows,
+            "telegram: antler CPU per webhook ack".into(),
+            format!("{cpu:.0} µs"),
+            String::new(),
+        );
+        row(
+            &mut rows,
+            "telegram: answered turns, drain after release".into(),
+            format!("{drain:.0} turns/s (÷ ceiling {drain_ratio:.3})"),
+            String::new(),
+        );
+        row(
+            &mut rows,
+            format!("telegram: answered turns under load, T={t}, C={c}"),
+            format!("{tps:.0} turns/s (÷ ceiling {turn_ratio:.3})"),
+            String::new(),
+        );
+        row(
+            &mut rows,
+            "telegram: under load, ack p50 / p99; CPU per turn".into(),
+            format!("{load_p50:.2} / {load_p99:.2} ms; {turn_cpu:.0} µs"),
+            String::new(),
+        );
+        row(
+            &mut rows,
+            "telegram: SendChatAction / EditMessageText per turn".into(),
+            format!("{actions:.2} / {edits:.2}"),
+            String::new(),
+        );
+        report.insert(
+            "telegram".into(),
+            json!({"acks_per_s": rate, "ack_ratio": ack_ratio, "p50_ms": p50, "p99_ms": p99,
+                   "cpu_us_per_ack": cpu, "drain_turns_per_s": drain, "drain_ratio": drain_ratio,
+                   "turns_per_s": tps, "turn_ratio": turn_ratio,
+                   "load_ack_ms": {"p50": load_p50, "p99": load_p99},
+                   "cpu_us_per_turn": turn_cpu, "chat_actions_per_turn": actions,
+                   "edits_per_turn": edits}),
         );
     }
 
