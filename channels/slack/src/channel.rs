@@ -353,3 +353,499 @@ impl Channel for SlackChannel {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TOKEN: &str = "xoxb-1000-2000-SECRETtoken";
+    const SECRET: &str = "8f742231b10e8888abcd99yyyzzz85a5";
+
+    fn wall_clock_ms() -> u64 {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64)
+    }
+
+    /// The vectors' signing time, 2026-01-01T00:00:00Z.
+    fn vector_clock_ms() -> u64 {
+        1_767_225_600_000
+    }
+
+    fn settings(api_url: &str) -> SlackSettings {
+        SlackSettings {
+            bot_token: TOKEN.into(),
+            signing_secret: SECRET.into(),
+            api_url: api_url.into(),
+            ..SlackSettings::default()
+        }
+    }
+
+    fn channel() -> SlackChannel {
+        SlackChannel::new(&settings("http://127.0.0.1:9/api"), || 42).unwrap()
+    }
+
+    fn fixture(name: &str) -> Vec<u8> {
+        std::fs::read(format!(
+            "{}/tests/fixtures/{name}",
+            env!("CARGO_MANIFEST_DIR")
+        ))
+        .unwrap()
+    }
+
+    fn parse(channel: &SlackChannel, route: &str, body: &[u8]) -> Parsed {
+        let headers = http::HeaderMap::new();
+        channel
+            .parse(&WebhookRequest {
+                route,
+                headers: &headers,
+                body,
+            })
+            .unwrap()
+    }
+
+    fn event(parsed: Parsed) -> antler_channel::InboundEvent {
+        match parsed {
+            Parsed::Events(mut events) if events.len() == 1 => events.remove(0),
+            other => panic!("expected one event: {other:?}"),
+        }
+    }
+
+    /// A fixture's JSON with its `event` changed by `edit`.
+    fn variant(name: &str, edit: impl FnOnce(&mut serde_json::Value)) -> Vec<u8> {
+        let mut json: serde_json::Value = serde_json::from_slice(&fixture(name)).unwrap();
+        edit(&mut json["event"]);
+        serde_json::to_vec(&json).unwrap()
+    }
+
+    #[test]
+    fn a_mention_in_a_thread_is_a_turn_in_that_thread() {
+        let event = event(parse(
+            &channel(),
+            "events",
+            &fixture("slack_app_mention_thread.json"),
+        ));
+        assert_eq!(event.channel, "slack");
+        assert_eq!(event.event_id, "1767225600.000200", "the message ts");
+        assert_eq!(
+            event.conversation.as_str(),
+            "slack:T0OPS00001:C0SRE00001:1767225500.000100"
+        );
+        assert_eq!(event.text, "restart web-api & report");
+        assert_eq!(event.user.id, "U0ADA00001");
+        assert_eq!(event.chat.as_deref(), Some("C0SRE00001"));
+        assert_eq!(event.reply_to.as_deref(), Some("1767225600.000200"));
+        assert_eq!(event.received_at_ms, 42);
+        assert!(event.group && !event.follow_up && event.attachments.is_empty());
+    }
+
+    #[test]
+    fn a_new_mention_starts_a_thread_of_its_own() {
+        let body = variant("slack_app_mention_thread.json", |e| {
+            e.as_object_mut().unwrap().remove("thread_ts");
+        });
+        let event = event(parse(&channel(), "events", &body));
+        assert_eq!(
+            event.conversation.as_str(),
+            "slack:T0OPS00001:C0SRE00001:1767225600.000200"
+        );
+    }
+
+    #[test]
+    fn a_direct_message_is_a_turn_and_the_bots_echo_is_not() {
+        let channel = channel();
+        let event = event(parse(&channel, "events", &fixture("slack_message_im.json")));
+        assert_eq!(event.conversation.as_str(), "slack:T0OPS00001:D0ADA00001");
+        assert_eq!(event.event_id, "1767225700.000300");
+        assert_eq!(event.text, "status payments-api");
+        assert_eq!(event.chat.as_deref(), Some("D0ADA00001"));
+        assert!(!event.group && !event.follow_up);
+
+        let echo = fixture("slack_message_im_own_bot_echo.json");
+        assert_eq!(parse(&channel, "events", &echo), Parsed::Ignore);
+        // Without `bot_id`, the author alone gives the bot away.
+        let echo = variant("slack_message_im_own_bot_echo.json", |e| {
+            let e = e.as_object_mut().unwrap();
+            e.remove("bot_id");
+            e.remove("bot_profile");
+        });
+        assert_eq!(parse(&channel, "events", &echo), Parsed::Ignore);
+
+        // A DM in a thread keeps to that thread.
+        let threaded = variant("slack_message_im.json", |e| {
+            e["thread_ts"] = "1767225600.000100".into();
+        });
+        assert_eq!(
+            event_of(&channel, &threaded).conversation.as_str(),
+            "slack:T0OPS00001:D0ADA00001:1767225600.000100"
+        );
+    }
+
+    fn event_of(channel: &SlackChannel, body: &[u8]) -> antler_channel::InboundEvent {
+        event(parse(channel, "events", body))
+    }
+
+    /// The DM fixture as a message in channel `C0SRE00001`.
+    fn in_channel(edit: impl FnOnce(&mut serde_json::Value)) -> Vec<u8> {
+        variant("slack_message_im.json", |e| {
+            e["channel"] = "C0SRE00001".into();
+            e["channel_type"] = "channel".into();
+            edit(e);
+        })
+    }
+
+    #[test]
+    fn channel_messages_need_a_mention_unless_they_follow_up_in_a_thread() {
+        let channel = channel();
+        assert_eq!(
+            parse(&channel, "events", &in_channel(|_| {})),
+            Parsed::Ignore,
+            "a top-level channel message without a mention"
+        );
+
+        // The message twin of a mention: the same conversation and event id as the
+        // app_mention, so the inbox keeps one of them.
+        let twin = variant("slack_app_mention_thread.json", |e| {
+            e["type"] = "message".into();
+            e["channel_type"] = "channel".into();
+        });
+        let mention = event_of(&channel, &fixture("slack_app_mention_thread.json"));
+        let twin = event_of(&channel, &twin);
+        assert_eq!(
+            (
+                &twin.conversation,
+                &twin.event_id,
+                &twin.text,
+                twin.follow_up
+            ),
+            (
+                &mention.conversation,
+                &mention.event_id,
+                &mention.text,
+                false
+            )
+        );
+
+        let reply = in_channel(|e| e["thread_ts"] = "1767225500.000100".into());
+        let follow_up = event_of(&channel, &reply);
+        assert!(follow_up.follow_up && follow_up.group);
+        assert_eq!(
+            follow_up.conversation.as_str(),
+            "slack:T0OPS00001:C0SRE00001:1767225500.000100"
+        );
+
+        let off = SlackChannel::new(
+            &SlackSettings {
+                thread_follow_ups: false,
+                ..settings("http://127.0.0.1:9/api")
+            },
+            || 0,
+        )
+        .unwrap();
+        assert_eq!(parse(&off, "events", &reply), Parsed::Ignore);
+    }
+
+    #[test]
+    fn edits_deletes_joins_and_other_workspaces_are_ignored() {
+        let channel = channel();
+        for subtype in [
+            "message_changed",
+            "message_deleted",
+            "channel_join",
+            "bot_message",
+        ] {
+            let body = variant("slack_message_im.json", |e| e["subtype"] = subtype.into());
+            assert_eq!(
+                parse(&channel, "events", &body),
+                Parsed::Ignore,
+                "{subtype}"
+            );
+        }
+        let edited_mention = variant("slack_app_mention_thread.json", |e| {
+            e["edited"] = serde_json::json!({"user": "U0ADA00001", "ts": "1767225601.000000"});
+        });
+        assert_eq!(parse(&channel, "events", &edited_mention), Parsed::Ignore);
+
+        let pinned = SlackChannel::new(
+            &SlackSettings {
+                team_id: Some("T0OTHER0001".into()),
+                ..settings("http://127.0.0.1:9/api")
+            },
+            || 0,
+        )
+        .unwrap();
+        for name in ["slack_app_mention_thread.json", "slack_message_im.json"] {
+            assert_eq!(parse(&pinned, "events", &fixture(name)), Parsed::Ignore);
+        }
+        assert_eq!(
+            parse(&pinned, "commands", &fixture("slack_slash_command.form")),
+            Parsed::Ignore
+        );
+        let ours = SlackChannel::new(
+            &SlackSettings {
+                team_id: Some("T0OPS00001".into()),
+                ..settings("http://127.0.0.1:9/api")
+            },
+            || 0,
+        )
+        .unwrap();
+        event(parse(&ours, "events", &fixture("slack_message_im.json")));
+    }
+
+    #[test]
+    fn shared_files_become_url_attachments() {
+        let body = variant("slack_message_im.json", |e| {
+            e["subtype"] = "file_share".into();
+            e["text"] = "".into();
+            e["files"] = serde_json::json!([{
+                "id": "F0001", "name": "trace.log", "mimetype": "text/plain", "size": 1234,
+                "url_private": "https://files.slack.com/files-pri/T0-F0001/trace.log",
+                "url_private_download": "https://files.slack.com/files-pri/T0-F0001/download/trace.log"
+            }]);
+        });
+        let event = event_of(&channel(), &body);
+        assert_eq!(
+            event.attachments,
+            [AttachmentRef {
+                name: "trace.log".into(),
+                media_type: Some("text/plain".into()),
+                size: Some(1234),
+                source: AttachmentSource::Url {
+                    url: "https://files.slack.com/files-pri/T0-F0001/download/trace.log".into()
+                },
+            }]
+        );
+        assert_eq!(event.text, "");
+    }
+
+    #[test]
+    fn the_url_challenge_is_answered_and_unknown_envelopes_ignored() {
+        let channel = channel();
+        assert_eq!(
+            parse(&channel, "events", &fixture("slack_url_verification.json")),
+            Parsed::Reply(serde_json::json!({
+                "challenge": "x7Pq2kLm9Zr4TvB8nC1dW6sY0eHfJgU5aQ3oRiK2"
+            }))
+        );
+        let limited = br#"{"token":"t","type":"app_rate_limited","team_id":"T0OPS00001",
+            "minute_rate_limited":1518467820,"api_app_id":"A0OPSBOT001"}"#;
+        assert_eq!(parse(&channel, "events", limited), Parsed::Ignore);
+        assert_eq!(
+            parse(&channel, "events", br#"{"type":"something_new"}"#),
+            Parsed::Ignore
+        );
+        let reaction = variant("slack_message_im.json", |e| {
+            *e = serde_json::json!({"type": "reaction_added", "user": "U1", "reaction": "+1",
+                "item": {"type": "message", "channel": "C1", "ts": "1.2"}, "event_ts": "1.3"});
+        });
+        assert_eq!(parse(&channel, "events", &reaction), Parsed::Ignore);
+        let headers = http::HeaderMap::new();
+        for (route, body) in [
+            ("events", &b"{nope"[..]),
+            ("commands", b"%%%"),
+            ("x", b"{}"),
+        ] {
+            assert!(matches!(
+                channel.parse(&WebhookRequest {
+                    route,
+                    headers: &headers,
+                    body
+                }),
+                Err(ChannelError::Malformed(_))
+            ));
+        }
+    }
+
+    #[test]
+    fn slash_commands_are_accepted_with_an_ephemeral_acknowledgement() {
+        let channel = channel();
+        let Parsed::EventsWithReply { events, reply } =
+            parse(&channel, "commands", &fixture("slack_slash_command.form"))
+        else {
+            panic!("a command is an event and an answer")
+        };
+        assert_eq!(
+            reply,
+            serde_json::json!({"response_type": "ephemeral", "text": WORKING})
+        );
+        let [event] = events.as_slice() else {
+            panic!("{events:?}")
+        };
+        assert_eq!(event.event_id, "8001.1767225800.abc123");
+        assert_eq!(event.conversation.as_str(), "slack:T0OPS00001:C0SRE00001");
+        assert_eq!(event.text, "status payments-api");
+        assert_eq!(event.user.id, "U0ADA00001");
+        assert_eq!(event.user.name.as_deref(), Some("ada"));
+        assert!(event.group && !event.follow_up && event.reply_to.is_none());
+
+        let form = String::from_utf8(fixture("slack_slash_command.form")).unwrap();
+        for (text, expected) in [
+            ("new", "/new"),
+            ("help", "/help"),
+            ("+STOP+", "/stop"),
+            ("", "/help"),
+        ] {
+            let body = form.replace("text=status+payments-api", &format!("text={text}"));
+            let Parsed::EventsWithReply { events, .. } =
+                parse(&channel, "commands", body.as_bytes())
+            else {
+                panic!("{text}")
+            };
+            assert_eq!(events[0].text, expected, "{text:?}");
+        }
+    }
+
+    fn signed_headers(timestamp: &str, signature: &str) -> http::HeaderMap {
+        let mut headers = http::HeaderMap::new();
+        headers.insert(TIMESTAMP_HEADER, timestamp.parse().unwrap());
+        headers.insert(SIGNATURE_HEADER, signature.parse().unwrap());
+        headers
+    }
+
+    /// A vector's recorded headers.
+    fn recorded(name: &str) -> http::HeaderMap {
+        let meta: serde_json::Value =
+            serde_json::from_slice(&fixture(&format!("{name}.meta.json"))).unwrap();
+        assert_eq!(meta["signing_secret"], SECRET);
+        signed_headers(
+            meta["headers"]["X-Slack-Request-Timestamp"]
+                .as_str()
+                .unwrap(),
+            meta["headers"]["X-Slack-Signature"].as_str().unwrap(),
+        )
+    }
+
+    fn sign(timestamp: &str, body: &[u8]) -> String {
+        let mac = verify::hmac_sha256_hex(
+            SECRET.as_bytes(),
+            &[b"v0:", timestamp.as_bytes(), b":", body],
+        );
+        format!("v0={mac}")
+    }
+
+    #[test]
+    fn signatures_verify_fresh_and_fail_stale_or_tampered() {
+        let live = SlackChannel::new(&settings("http://127.0.0.1:9/api"), wall_clock_ms).unwrap();
+        for (name, route) in [
+            ("slack_app_mention_thread.json", "events"),
+            ("slack_slash_command.form", "commands"),
+        ] {
+            let body = fixture(&format!("{name}.body"));
+            let stale = recorded(name);
+            // Recorded in 2026-01: long stale, refused by the headers alone.
+            assert_eq!(live.verify_headers(&stale), Err(ChannelError::Unauthorized));
+            let request = |headers| WebhookRequest {
+                route,
+                headers,
+                body: &body,
+            };
+            assert_eq!(
+                live.verify(&request(&stale)),
+                Err(ChannelError::Unauthorized)
+            );
+
+            // At the vectors' own time the signature is right, but slack-morphism's verifier
+            // judges the age by the wall clock too, so a replay still fails.
+            let then =
+                SlackChannel::new(&settings("http://127.0.0.1:9/api"), vector_clock_ms).unwrap();
+            assert_eq!(then.verify_headers(&stale), Ok(()));
+            assert_eq!(
+                then.verify(&request(&stale)),
+                Err(ChannelError::Unauthorized)
+            );
+            assert_eq!(
+                stale[SIGNATURE_HEADER].to_str().unwrap(),
+                sign("1767225600", &body),
+                "the vector is HMAC-SHA256 over v0:ts:body"
+            );
+
+            // Re-signed now, it verifies; one byte changed, it does not.
+            let now = (wall_clock_ms() / 1000).to_string();
+            let fresh = signed_headers(&now, &sign(&now, &body));
+            assert_eq!(live.verify(&request(&fresh)), Ok(()), "{name}");
+            let mut tampered = body.clone();
+            tampered[10] ^= 1;
+            assert_eq!(
+                live.verify(&WebhookRequest {
+                    route,
+                    headers: &fresh,
+                    body: &tampered
+                }),
+                Err(ChannelError::Unauthorized)
+            );
+            // Missing or unreadable headers.
+            let mut missing = fresh.clone();
+            missing.remove(SIGNATURE_HEADER);
+            assert_eq!(
+                live.verify_headers(&missing),
+                Err(ChannelError::Unauthorized)
+            );
+            let mut missing = fresh.clone();
+            missing.remove(TIMESTAMP_HEADER);
+            assert_eq!(
+                live.verify_headers(&missing),
+                Err(ChannelError::Unauthorized)
+            );
+            let garbled = signed_headers("soon", &sign("soon", &body));
+            assert_eq!(
+                live.verify_headers(&garbled),
+                Err(ChannelError::Unauthorized)
+            );
+        }
+    }
+
+    #[test]
+    fn the_token_must_be_a_bot_token_and_never_shows_in_debug() {
+        for token in ["xoxp-1-2", "nonsense", ""] {
+            let error = SlackChannel::new(
+                &SlackSettings {
+                    bot_token: token.into(),
+                    ..settings("http://127.0.0.1:9/api")
+                },
+                || 0,
+            )
+            .unwrap_err();
+            assert!(
+                matches!(&error, ChannelError::Permanent(text) if text.contains("channels.slack.bot_token")),
+                "{error:?}"
+            );
+        }
+        let error = SlackChannel::new(
+            &SlackSettings {
+                signing_secret: String::new(),
+                ..settings("http://127.0.0.1:9/api")
+            },
+            || 0,
+        )
+        .unwrap_err();
+        assert!(matches!(&error, ChannelError::Permanent(text) if text.contains("signing_secret")));
+        let settings = settings("http://127.0.0.1:9/api");
+        let channel = SlackChannel::new(&settings, || 0).unwrap();
+        for debug in [format!("{settings:?}"), format!("{channel:?}")] {
+            assert!(
+                !debug.contains("SECRETtoken") && !debug.contains(SECRET),
+                "{debug}"
+            );
+        }
+        let limits = channel.limits();
+        assert_eq!(limits.message, Some(Limit::Chars(MESSAGE_LIMIT)));
+        let rate = limits.edits.unwrap();
+        assert_eq!(
+            (rate.private, rate.group),
+            (Duration::from_secs(1), Duration::from_secs(2))
+        );
+        assert_eq!(
+            channel.capabilities(),
+            Capabilities {
+                files: true,
+                images: true,
+                typing: false
+            }
+        );
+        assert_eq!(channel.routes(), ["events", "commands"]);
+        assert_eq!(
+            channel.render("**hi** & <you>").unwrap(),
+            ["*hi* &amp; &lt;you&gt;"]
+        );
+    }
+}
