@@ -848,4 +848,172 @@ mod tests {
             ["*hi* &amp; &lt;you&gt;"]
         );
     }
+
+    #[tokio::test]
+    async fn the_learned_identity_covers_envelopes_without_authorizations() {
+        use wiremock::matchers::{method, path};
+        use wiremock::{Mock, MockServer, ResponseTemplate};
+
+        let server = MockServer::start().await;
+        Mock::given(method("GET"))
+            .and(path("/api/auth.test"))
+            .respond_with(ResponseTemplate::new(200).set_body_json(serde_json::json!({
+                "ok": true, "url": "https://acme-ops.slack.com/", "team": "Acme Ops",
+                "user": "antler", "team_id": "T0OPS00001", "user_id": "U0BOT00001",
+                "bot_id": "B0BOT00001"
+            })))
+            .mount(&server)
+            .await;
+        let channel = SlackChannel::new(&settings(&format!("{}/api", server.uri())), || 0).unwrap();
+        assert_eq!(channel.identity(), None);
+        let without_authorizations = |name: &str, edit: &dyn Fn(&mut serde_json::Value)| {
+            let mut json: serde_json::Value = serde_json::from_slice(&fixture(name)).unwrap();
+            json.as_object_mut().unwrap().remove("authorizations");
+            edit(&mut json["event"]);
+            serde_json::to_vec(&json).unwrap()
+        };
+        let echo = without_authorizations("slack_message_im_own_bot_echo.json", &|e| {
+            e.as_object_mut().unwrap().remove("bot_id");
+        });
+        let mention_in_channel = without_authorizations("slack_app_mention_thread.json", &|e| {
+            e["type"] = "message".into();
+            e["channel_type"] = "channel".into();
+            e.as_object_mut().unwrap().remove("thread_ts");
+        });
+        // Before auth.test antler cannot tell the bot's echo or its mention.
+        assert!(matches!(
+            parse(&channel, "events", &echo),
+            Parsed::Events(_)
+        ));
+        assert_eq!(
+            parse(&channel, "events", &mention_in_channel),
+            Parsed::Ignore
+        );
+
+        let me = channel.learn_identity().await.unwrap();
+        assert_eq!(me.user_id, "U0BOT00001");
+        assert_eq!(channel.identity(), Some(me));
+        assert_eq!(parse(&channel, "events", &echo), Parsed::Ignore);
+        let event = event_of(&channel, &mention_in_channel);
+        assert_eq!(event.text, "restart web-api & report");
+        assert_eq!(
+            event.conversation.as_str(),
+            "slack:T0OPS00001:C0SRE00001:1767225600.000200"
+        );
+    }
+
+    #[tokio::test]
+    async fn replies_go_to_the_conversations_thread_and_edits_replace_them() {
+        use wiremock::matchers::{body_partial_json, method, path};
+        use wiremock::{Mock, MockServer, ResponseTemplate};
+
+        let server = MockServer::start().await;
+        Mock::given(method("POST"))
+            .and(path("/api/chat.postMessage"))
+            .respond_with(ResponseTemplate::new(200).set_body_json(serde_json::json!({
+                "ok": true, "channel": "C0SRE00001", "ts": "1767225610.000900",
+                "message": {"ts": "1767225610.000900", "text": "x"}
+            })))
+            .mount(&server)
+            .await;
+        Mock::given(method("POST"))
+            .and(path("/api/chat.update"))
+            .and(body_partial_json(serde_json::json!({
+                "channel": "C0SRE00001", "ts": "1767225610.000900", "text": "*done*"
+            })))
+            .respond_with(ResponseTemplate::new(200).set_body_json(serde_json::json!({
+                "ok": true, "channel": "C0SRE00001", "ts": "1767225610.000900",
+                "message": {"text": "*done*"}
+            })))
+            .expect(1)
+            .mount(&server)
+            .await;
+        let channel = SlackChannel::new(&settings(&format!("{}/api", server.uri())), || 0).unwrap();
+        let message = |conversation: &str| OutboundMessage {
+            idempotency_key: "k".into(),
+            conversation: ConversationKey::new("slack", conversation.split(':')),
+            thread_id: "t".into(),
+            text: "**done**".into(),
+            reply_to: Some("1767225600.000200".into()),
+        };
+        let in_thread = message("T0OPS00001:C0SRE00001:1767225500.000100");
+        let body = channel.render(&in_thread.text).unwrap();
+        let receipt = channel
+            .send(
+                &in_thread,
+                Part {
+                    index: 0,
+                    body: &body[0],
+                },
+            )
+            .await
+            .unwrap();
+        assert_eq!(receipt.platform_message_id, "1767225610.000900");
+        channel
+            .send(
+                &message("T0OPS00001:D0ADA00001"),
+                Part {
+                    index: 1,
+                    body: "dm",
+                },
+            )
+            .await
+            .unwrap();
+        channel
+            .edit(
+                &in_thread,
+                &receipt,
+                Part {
+                    index: 0,
+                    body: &body[0],
+                },
+            )
+            .await
+            .unwrap();
+        let bodies: Vec<serde_json::Value> = server
+            .received_requests()
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| serde_json::from_slice(&r.body).unwrap())
+            .collect();
+        assert_eq!(bodies[0]["channel"], "C0SRE00001");
+        assert_eq!(bodies[0]["thread_ts"], "1767225500.000100");
+        assert_eq!(bodies[0]["text"], "*done*");
+        assert_eq!(bodies[1]["channel"], "D0ADA00001");
+        assert_eq!(
+            bodies[1].get("thread_ts"),
+            None,
+            "a DM answers at the top level"
+        );
+        server.verify().await;
+
+        let stray = OutboundMessage {
+            conversation: ConversationKey::new("telegram", ["42"]),
+            ..in_thread
+        };
+        assert!(matches!(
+            channel
+                .send(
+                    &stray,
+                    Part {
+                        index: 0,
+                        body: "x"
+                    }
+                )
+                .await,
+            Err(ChannelError::Permanent(_))
+        ));
+        // Only URL attachments can be fetched.
+        let platform = AttachmentRef {
+            name: "a".into(),
+            media_type: None,
+            size: None,
+            source: AttachmentSource::Platform { id: "F1".into() },
+        };
+        assert_eq!(
+            channel.fetch_attachment(&platform, 10).await,
+            Err(ChannelError::Unsupported)
+        );
+    }
 }

@@ -262,3 +262,262 @@ fn retry_after(headers: &reqwest::header::HeaderMap) -> Duration {
         .and_then(|value| value.trim().parse().ok())
         .map_or(DEFAULT_RETRY_AFTER, Duration::from_secs)
 }
+
+#[cfg(test)]
+mod tests {
+    use wiremock::matchers::{body_partial_json, header, method, path};
+    use wiremock::{Mock, MockServer, ResponseTemplate};
+
+    use super::*;
+
+    const TOKEN: &str = "xoxb-1000-2000-SECRETtoken";
+
+    fn ok(extra: serde_json::Value) -> ResponseTemplate {
+        let mut body = serde_json::json!({"ok": true});
+        if let (Some(body), Some(extra)) = (body.as_object_mut(), extra.as_object()) {
+            body.extend(extra.clone());
+        }
+        ResponseTemplate::new(200).set_body_json(body)
+    }
+
+    fn api(server: &MockServer) -> SlackApi {
+        SlackApi::new(TOKEN, &format!("{}/api", server.uri())).unwrap()
+    }
+
+    #[tokio::test]
+    async fn messages_are_posted_in_their_thread_and_updated() {
+        let server = MockServer::start().await;
+        Mock::given(method("POST"))
+            .and(path("/api/chat.postMessage"))
+            .and(header("authorization", format!("Bearer {TOKEN}").as_str()))
+            .and(body_partial_json(serde_json::json!({
+                "channel": "C0SRE00001", "text": "*hi*", "thread_ts": "1767225500.000100"
+            })))
+            .respond_with(ok(serde_json::json!({
+                "channel": "C0SRE00001", "ts": "1767225610.000900",
+                "message": {"ts": "1767225610.000900", "text": "*hi*", "bot_id": "B0BOT00001"}
+            })))
+            .expect(1)
+            .mount(&server)
+            .await;
+        Mock::given(method("POST"))
+            .and(path("/api/chat.update"))
+            .and(body_partial_json(serde_json::json!({
+                "channel": "C0SRE00001", "ts": "1767225610.000900", "text": "*hi* there"
+            })))
+            .respond_with(ok(serde_json::json!({
+                "channel": "C0SRE00001", "ts": "1767225610.000900",
+                "message": {"text": "*hi* there"}
+            })))
+            .expect(1)
+            .mount(&server)
+            .await;
+        let api = api(&server);
+        let ts = api
+            .post_message("C0SRE00001", "*hi*", Some("1767225500.000100"))
+            .await
+            .unwrap();
+        assert_eq!(ts, "1767225610.000900");
+        api.update_message("C0SRE00001", &ts, "*hi* there")
+            .await
+            .unwrap();
+        server.verify().await;
+    }
+
+    #[tokio::test]
+    async fn slack_errors_keep_their_kind_and_never_the_token() {
+        let server = MockServer::start().await;
+        let answer = |channel: &str, response: ResponseTemplate| {
+            Mock::given(method("POST"))
+                .and(path("/api/chat.postMessage"))
+                .and(body_partial_json(serde_json::json!({"channel": channel})))
+                .respond_with(response)
+        };
+        answer(
+            "C_GONE",
+            ResponseTemplate::new(200).set_body_json(serde_json::json!({
+                "ok": false, "error": "channel_not_found", "echo": TOKEN
+            })),
+        )
+        .mount(&server)
+        .await;
+        answer(
+            "C_BUSY",
+            ResponseTemplate::new(429)
+                .insert_header("retry-after", "7")
+                .set_body_json(serde_json::json!({"ok": false, "error": "ratelimited"})),
+        )
+        .mount(&server)
+        .await;
+        answer(
+            "C_DOWN",
+            ResponseTemplate::new(503).set_body_string(format!("upstream {TOKEN} broke")),
+        )
+        .mount(&server)
+        .await;
+        answer(
+            "C_AUTH",
+            ResponseTemplate::new(200)
+                .set_body_json(serde_json::json!({"ok": false, "error": "invalid_auth"})),
+        )
+        .mount(&server)
+        .await;
+        answer(
+            "C_ODD",
+            ResponseTemplate::new(200)
+                .insert_header("content-type", "application/json")
+                .set_body_string(format!("{{\"ok\": true, \"token\": \"{TOKEN}\"}}")),
+        )
+        .mount(&server)
+        .await;
+        let api = api(&server);
+        let post = |channel: &'static str| {
+            let api = &api;
+            async move { api.post_message(channel, "x", None).await.unwrap_err() }
+        };
+
+        let gone = post("C_GONE").await;
+        assert_eq!(
+            gone,
+            ChannelError::Permanent("Slack answered channel_not_found".into())
+        );
+        assert_eq!(
+            post("C_BUSY").await,
+            ChannelError::RateLimited {
+                retry_after: Duration::from_secs(7)
+            }
+        );
+        let down = post("C_DOWN").await;
+        assert!(
+            matches!(&down, ChannelError::Transient(text) if text.contains("503")),
+            "{down:?}"
+        );
+        let auth = post("C_AUTH").await;
+        assert!(
+            matches!(&auth, ChannelError::Permanent(text) if text.contains("channels.slack.bot_token") && text.contains("invalid_auth")),
+            "{auth:?}"
+        );
+        let odd = post("C_ODD").await;
+        assert!(matches!(odd, ChannelError::Transient(_)), "{odd:?}");
+
+        // A closed port: the connection fails.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let closed = SlackApi::new(TOKEN, &format!("http://127.0.0.1:{port}/api")).unwrap();
+        let refused = closed.post_message("C1", "x", None).await.unwrap_err();
+        assert!(matches!(refused, ChannelError::Transient(_)), "{refused:?}");
+
+        for error in [gone, down, auth, odd, refused] {
+            let text = format!("{error} {error:?}");
+            assert!(!text.contains("SECRETtoken"), "{text}");
+        }
+        let debug = format!("{api:?}");
+        assert!(!debug.contains("SECRETtoken"), "{debug}");
+    }
+
+    #[tokio::test]
+    async fn auth_test_names_the_bot_and_its_workspace() {
+        let server = MockServer::start().await;
+        Mock::given(method("GET"))
+            .and(path("/api/auth.test"))
+            .and(header("authorization", format!("Bearer {TOKEN}").as_str()))
+            .respond_with(ok(serde_json::json!({
+                "url": "https://acme-ops.slack.com/", "team": "Acme Ops", "user": "antler",
+                "team_id": "T0OPS00001", "user_id": "U0BOT00001", "bot_id": "B0BOT00001",
+                "is_enterprise_install": false
+            })))
+            .mount(&server)
+            .await;
+        assert_eq!(
+            api(&server).auth_test().await.unwrap(),
+            SlackIdentity {
+                user_id: "U0BOT00001".into(),
+                bot_id: Some("B0BOT00001".into()),
+                team_id: "T0OPS00001".into(),
+                team_name: "Acme Ops".into(),
+            }
+        );
+    }
+
+    #[tokio::test]
+    async fn files_are_fetched_with_the_token_within_the_cap() {
+        let server = MockServer::start().await;
+        Mock::given(method("GET"))
+            .and(path("/files-pri/T0-F1/download/a.txt"))
+            .and(header("authorization", format!("Bearer {TOKEN}").as_str()))
+            .respond_with(ResponseTemplate::new(200).set_body_string("hello"))
+            .mount(&server)
+            .await;
+        Mock::given(method("GET"))
+            .and(path("/files-pri/T0-F2/download/gone.txt"))
+            .respond_with(ResponseTemplate::new(404))
+            .mount(&server)
+            .await;
+        let api = api(&server);
+        let url = format!("{}/files-pri/T0-F1/download/a.txt", server.uri());
+        assert_eq!(api.fetch_file(&url, 100).await.unwrap(), b"hello");
+        assert_eq!(api.fetch_file(&url, 5).await.unwrap(), b"hello");
+        assert_eq!(
+            api.fetch_file(&url, 4).await.unwrap_err(),
+            ChannelError::TooLarge { limit: 4 }
+        );
+        let gone = format!("{}/files-pri/T0-F2/download/gone.txt", server.uri());
+        assert!(matches!(
+            api.fetch_file(&gone, 100).await.unwrap_err(),
+            ChannelError::Permanent(text) if text.contains("404")
+        ));
+
+        // The token goes to Slack's file host and the API's own host only.
+        for elsewhere in [
+            "https://evil.example.com/files-pri/T0-F1/a.txt",
+            "http://files.slack.com/files-pri/T0-F1/a.txt",
+            "https://files.slack.com.evil.example/a.txt",
+            "not a url",
+        ] {
+            assert!(
+                matches!(
+                    api.fetch_file(elsewhere, 100).await.unwrap_err(),
+                    ChannelError::Permanent(_)
+                ),
+                "{elsewhere}"
+            );
+        }
+        let other_port = url.replace(&server.address().port().to_string(), "9");
+        assert!(matches!(
+            api.fetch_file(&other_port, 100).await.unwrap_err(),
+            ChannelError::Permanent(_)
+        ));
+        // Nothing but the two good fetches and the 404 reached the server.
+        assert_eq!(server.received_requests().await.unwrap().len(), 4);
+        assert!(api.may_send_token_to(
+            &reqwest::Url::parse("https://files.slack.com/files-pri/T0-F1/download/a.txt").unwrap()
+        ));
+    }
+
+    #[tokio::test]
+    async fn a_file_without_a_declared_length_is_cut_off_while_reading() {
+        // A server that declares no length, so only counting finds the size.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            if let Ok((mut socket, _)) = listener.accept().await {
+                let mut request = [0u8; 4096];
+                let _ = socket.read(&mut request).await;
+                let _ = socket
+                    .write_all(b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n0123456789abcdef")
+                    .await;
+            }
+        });
+        let api = SlackApi::new(TOKEN, &format!("http://{address}/api")).unwrap();
+        assert_eq!(
+            api.fetch_file(&format!("http://{address}/f"), 10)
+                .await
+                .unwrap_err(),
+            ChannelError::TooLarge { limit: 10 }
+        );
+    }
+}

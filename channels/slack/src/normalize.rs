@@ -414,4 +414,116 @@ mod tests {
         }
         assert_eq!(readable("<@U0BOT> hi", None), "@U0BOT hi");
     }
+
+    /// The reason `event` (in an envelope from team T1 to bot UBOT) is ignored, if it is.
+    fn outcome(
+        event: serde_json::Value,
+        team_id: Option<&str>,
+    ) -> Result<InboundEvent, &'static str> {
+        let raw = serde_json::json!({
+            "type": "event_callback", "team_id": "T1", "api_app_id": "A1", "event_id": "Ev1",
+            "event_time": 1, "authorizations": [{"team_id": "T1", "user_id": "UBOT", "is_bot": true}],
+            "event": event,
+        });
+        let slack_morphism::events::SlackPushEvent::EventCallback(callback) =
+            serde_json::from_value(raw.clone()).unwrap()
+        else {
+            panic!("not a callback")
+        };
+        let context = Context {
+            bot_user_id: None,
+            team_id,
+            thread_follow_ups: true,
+            received_at_ms: 0,
+        };
+        match normalize_callback(&callback, &raw["event"], &context) {
+            Normalized::Event(event) => Ok(*event),
+            Normalized::Ignored(reason) => Err(reason),
+        }
+    }
+
+    fn message(extra: serde_json::Value) -> serde_json::Value {
+        let mut event = serde_json::json!({
+            "type": "message", "channel": "C1", "channel_type": "channel", "user": "U1",
+            "text": "hello", "ts": "2.0"
+        });
+        event
+            .as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        event
+    }
+
+    #[test]
+    fn each_ignored_message_is_ignored_for_its_own_reason() {
+        let cases = [
+            (
+                message(serde_json::json!({})),
+                "a channel message that does not mention the bot",
+            ),
+            (
+                message(
+                    serde_json::json!({"subtype": "message_changed", "hidden": true,
+                    "message": {"text": "x", "user": "U1", "ts": "1.0"}}),
+                ),
+                "an edit",
+            ),
+            (
+                message(
+                    serde_json::json!({"subtype": "message_deleted", "hidden": true,
+                    "deleted_ts": "1.0"}),
+                ),
+                "a deletion",
+            ),
+            (
+                message(serde_json::json!({"subtype": "channel_join"})),
+                "a message subtype antler does not handle",
+            ),
+            (
+                message(serde_json::json!({"bot_id": "B1"})),
+                "written by a bot",
+            ),
+            (
+                message(serde_json::json!({"user": "UBOT", "channel_type": "im"})),
+                "the bot's own message",
+            ),
+            (
+                message(serde_json::json!({"channel_type": "im", "text": " <@UBOT> "})),
+                "no text or file",
+            ),
+        ];
+        for (event, reason) in cases {
+            assert_eq!(
+                outcome(event.clone(), None).map(|_| ()),
+                Err(reason),
+                "{event}"
+            );
+        }
+        assert_eq!(
+            outcome(
+                message(serde_json::json!({"text": "<@UBOT> hi"})),
+                Some("T2")
+            )
+            .map(|_| ()),
+            Err("from a workspace other than channels.slack.team_id")
+        );
+        let follow_up =
+            outcome(message(serde_json::json!({"thread_ts": "1.0"})), Some("T1")).unwrap();
+        assert!(follow_up.follow_up);
+        assert_eq!(follow_up.conversation.as_str(), "slack:T1:C1:1.0");
+        // A thread's root is not a reply in it.
+        assert!(outcome(message(serde_json::json!({"thread_ts": "2.0"})), None).is_err());
+        let broadcast = outcome(
+            message(
+                serde_json::json!({"subtype": "thread_broadcast", "thread_ts": "1.0",
+                "text": "<@UBOT> look"}),
+            ),
+            None,
+        )
+        .unwrap();
+        assert_eq!(
+            (broadcast.text.as_str(), broadcast.follow_up),
+            ("look", false)
+        );
+    }
 }
