@@ -469,6 +469,11 @@ fn mrkdwn_blocks_headings_lists_quotes_and_tables() {
         mrkdwn("```rust\nif a < b && c {\n}\n```"),
         "```\nif a &lt; b &amp;&amp; c {\n}\n```"
     );
+    // Code keeps its own indentation, not the list's.
+    assert_eq!(
+        mrkdwn("- run:\n\n  ```\n  a\n   b\n  ```"),
+        "• run:\n  ```\na\n b\n```"
+    );
     assert_eq!(
         mrkdwn("| a | bb |\n|---|---|\n| c<d | e |"),
         "```\na   | bb\n----+---\nc&lt;d | e\n```"

@@ -262,7 +262,9 @@ impl Channel for SlackChannel {
     }
 
     /// `v0=HMAC-SHA256(signing secret, "v0:{ts}:{body}")`, compared in constant time by
-    /// slack-morphism's verifier. Events and slash commands are signed alike.
+    /// slack-morphism's verifier. Events and slash commands are signed alike. The verifier
+    /// judges the timestamp's age by the wall clock as well as [`Channel::verify_headers`]
+    /// does by `now_ms`, so a replayed request fails even under a test clock.
     fn verify(&self, request: &WebhookRequest<'_>) -> Result<(), ChannelError> {
         self.verify_headers(request.headers)?;
         let (Some(timestamp), Some(signature)) = (

@@ -80,8 +80,11 @@ pub(crate) fn normalize_callback(
             channel_message(team, message, raw_event, bot, context)
         }
         SlackEventCallbackBody::Unknown(_) => {
+            // slack-morphism turns a known event with a missing field into `Unknown` too, so
+            // the body is what tells a new event type from a malformed mention.
             tracing::debug!(
                 event_type = raw_event.get("type").and_then(|t| t.as_str()),
+                event = %raw_event,
                 "a Slack event slack-morphism does not model (or a malformed one)"
             );
             Normalized::Ignored("an event type antler does not handle")

@@ -75,19 +75,24 @@ impl Walker {
             if i > 0 {
                 self.newline();
             }
-            let mut rest = line;
-            while let Some(at) = rest.find(['&', '<', '>']) {
-                self.raw(&rest[..at]);
-                let entity = match rest.as_bytes()[at] {
-                    b'&' => "&amp;",
-                    b'<' => "&lt;",
-                    _ => "&gt;",
-                };
-                self.out.push(Token::Atom(entity.to_owned()));
-                rest = &rest[at + 1..];
-            }
-            self.raw(rest);
+            self.escaped(line);
         }
+    }
+
+    /// Text escaped as [`Walker::text`] does, its line breaks kept as they are.
+    fn escaped(&mut self, text: &str) {
+        let mut rest = text;
+        while let Some(at) = rest.find(['&', '<', '>']) {
+            self.raw(&rest[..at]);
+            let entity = match rest.as_bytes()[at] {
+                b'&' => "&amp;",
+                b'<' => "&lt;",
+                _ => "&gt;",
+            };
+            self.out.push(Token::Atom(entity.to_owned()));
+            rest = &rest[at + 1..];
+        }
+        self.raw(rest);
     }
 
     fn newline(&mut self) {
@@ -100,11 +105,9 @@ impl Walker {
     fn blocks(&mut self, blocks: &[Block], separator: &str) {
         for (i, block) in blocks.iter().enumerate() {
             if i > 0 {
-                // Blank lines inside a quote keep its `> `, so the quote stays one quote.
+                // Blank lines carry no indentation; only the last newline does.
                 for _ in 1..separator.len() {
                     self.raw("\n");
-                    let indent = self.indent.trim_end().to_owned();
-                    self.raw(&indent);
                 }
                 self.newline();
             }
@@ -144,9 +147,11 @@ impl Walker {
         }
     }
 
+    /// Code verbatim: a list's or quote's indentation would become part of the code, so its
+    /// lines start at the margin.
     fn code_block(&mut self, text: &str) {
         self.open("```\n", "\n```");
-        self.text(text);
+        self.escaped(text);
         self.close();
     }
 
