@@ -130,6 +130,18 @@ impl SlackChannel {
     /// Asks Slack who the bot is (`auth.test`) and remembers it.
     pub async fn learn_identity(&self) -> Result<SlackIdentity, ChannelError> {
         let me = self.api.auth_test().await?;
+        if let Some(wanted) = self
+            .team_id
+            .as_deref()
+            .filter(|wanted| *wanted != me.team_id)
+        {
+            // Every event would be refused; say why once instead of silently.
+            tracing::warn!(
+                token_team = %me.team_id,
+                configured = wanted,
+                "channels.slack.team_id names another workspace than the bot token's"
+            );
+        }
         if let Ok(mut known) = self.me.write() {
             *known = Some(me.clone());
         }
