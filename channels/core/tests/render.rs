@@ -1,9 +1,10 @@
-//! Golden tests for the render toolkit: Markdown → Telegram HTML / plain text, and chunking.
+//! Golden tests for the render toolkit: Markdown → Telegram HTML / Slack mrkdwn / plain text,
+//! and chunking.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use antler_channel::render::{
-    Block, ChunkError, Document, Inline, Limit, PlainText, Renderer, TelegramHtml, Token, chunk,
-    concat,
+    Block, ChunkError, Document, Inline, Limit, PlainText, Renderer, SlackMrkdwn, TelegramHtml,
+    Token, chunk, concat,
 };
 
 #[test]
@@ -409,4 +410,99 @@ fn other_markup_dialects_plug_in_through_tokens() {
         chunk(&tokens, Limit::Bytes(23)).unwrap(),
         ["```\nlet a = 1;\n```", "```\nlet b = 2;&amp;\n```"]
     );
+}
+
+// ---- Slack mrkdwn goldens ----
+
+fn mrkdwn(markdown: &str) -> String {
+    concat(&SlackMrkdwn.render(&Document::parse(markdown)))
+}
+
+fn mrkdwn_chunks(markdown: &str, limit: Limit) -> Vec<String> {
+    antler_channel::render::parts(markdown, &SlackMrkdwn, limit).unwrap()
+}
+
+#[test]
+fn mrkdwn_nests_formatting_without_repeating_a_style() {
+    assert_eq!(
+        mrkdwn("*very **bold** move* and ~~gone~~ and `x < y`"),
+        "_very *bold* move_ and ~gone~ and `x &lt; y`"
+    );
+    // A heading is already bold: its bold words must not close it early.
+    assert_eq!(mrkdwn("# Deploy **now** _please_"), "*Deploy now _please_*");
+    assert_eq!(mrkdwn("***both***"), "_*both*_");
+}
+
+#[test]
+fn mrkdwn_escapes_only_ampersand_and_angle_brackets() {
+    assert_eq!(
+        mrkdwn("x <b> a & b > c \\*not bold\\* \"q\" 'a'"),
+        "x &lt;b&gt; a &amp; b &gt; c *not bold* \"q\" 'a'"
+    );
+    let tokens = SlackMrkdwn.render(&Document::parse("a&b"));
+    assert_eq!(
+        tokens,
+        [
+            Token::Text("a".into()),
+            Token::Atom("&amp;".into()),
+            Token::Text("b".into())
+        ]
+    );
+}
+
+#[test]
+fn mrkdwn_links_escape_their_text_and_name_bare_urls_once() {
+    assert_eq!(
+        mrkdwn("[a **b** & c](https://x.io/?a=1&b=2|3) <https://y.io> [z](javascript:x)"),
+        "<https://x.io/?a=1&amp;b=2%7C3|a b &amp; c> <https://y.io> z"
+    );
+    assert_eq!(mrkdwn("<me@example.com>"), "<mailto:me@example.com>");
+}
+
+#[test]
+fn mrkdwn_blocks_headings_lists_quotes_and_tables() {
+    assert_eq!(
+        mrkdwn("## Title\n\n- one\n- two\n  1. a\n  2. **b**\n\n> quoted\n> on\n>\n> more\n\n---"),
+        "*Title*\n\n• one\n• two\n  1. a\n  2. *b*\n\n> quoted\n> on\n> more\n\n———"
+    );
+    assert_eq!(
+        mrkdwn("```rust\nif a < b && c {\n}\n```"),
+        "```\nif a &lt; b &amp;&amp; c {\n}\n```"
+    );
+    // Code keeps its own indentation, not the list's.
+    assert_eq!(
+        mrkdwn("- run:\n\n  ```\n  a\n   b\n  ```"),
+        "• run:\n  ```\na\n b\n```"
+    );
+    assert_eq!(
+        mrkdwn("| a | bb |\n|---|---|\n| c<d | e |"),
+        "```\na   | bb\n----+---\nc&lt;d | e\n```"
+    );
+}
+
+#[test]
+fn mrkdwn_code_block_across_a_chunk_boundary_is_closed_and_reopened() {
+    let markdown = "Intro.\n\n```sh\necho one & two\necho three\necho four\n```";
+    let chunks = mrkdwn_chunks(markdown, Limit::Chars(30));
+    assert_eq!(
+        chunks,
+        [
+            "Intro.",
+            "```\necho one &amp; two\n```",
+            "```\necho three\necho four\n```"
+        ]
+    );
+    for chunk in &chunks {
+        assert_eq!(chunk.matches("```").count() % 2, 0, "{chunk:?}");
+        assert!(chunk.chars().count() <= 30);
+    }
+    // A long answer at Slack's limit: every chunk fits and keeps its code fences paired.
+    let long = long_answer();
+    let chunks = mrkdwn_chunks(&long, Limit::Chars(4000));
+    assert!(chunks.len() >= 3, "{} chunks", chunks.len());
+    for chunk in &chunks {
+        assert!(chunk.chars().count() <= 4000);
+        assert_eq!(chunk.matches("```").count() % 2, 0, "{chunk:?}");
+        assert!(!chunk.contains("&am\n") && !chunk.ends_with("&am"));
+    }
 }

@@ -19,7 +19,7 @@
 //!
 //! A new renderer implements [`Renderer`] and needs nothing else from the chunker:
 //!
-//! - Slack mrkdwn: bold is `Open { open: "*", close: "*" }`, a code block is
+//! - Slack mrkdwn ([`SlackMrkdwn`]): bold is `Open { open: "*", close: "*" }`, a code block is
 //!   `Open { open: "```\n", close: "\n```" }`, a link is `Open { open: "<url|", close: ">" }`;
 //!   `&`, `<` and `>` in text are emitted as `Atom("&amp;")` and so on.
 //! - Discord Markdown: bold is `Open { open: "**", close: "**" }`, a code block
@@ -32,10 +32,12 @@
 
 mod chunk;
 mod document;
+mod slack_mrkdwn;
 mod telegram_html;
 
 pub use chunk::{ChunkError, Limit, Token, chunk, concat};
 pub use document::{Block, Document, Inline};
+pub use slack_mrkdwn::SlackMrkdwn;
 pub use telegram_html::{PlainText, TelegramHtml};
 
 /// Markdown as a platform's messages: parsed, rendered with `renderer` and chunked at `limit`.

@@ -256,7 +256,7 @@ fn escape_attr(text: &str) -> String {
 }
 
 /// The text of inline content with all formatting dropped.
-fn plain(content: &[Inline]) -> String {
+pub(super) fn plain(content: &[Inline]) -> String {
     let mut out = String::new();
     for inline in content {
         match inline {

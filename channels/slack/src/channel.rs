@@ -1,0 +1,1033 @@
+//! Slack as an antler [`Channel`]: signed requests on two routes (Events API and slash
+//! commands), events normalized, replies posted in the user's thread and edited in place.
+
+use std::sync::RwLock;
+use std::time::Duration;
+
+use antler_channel::render::{self, Limit, SlackMrkdwn};
+use antler_channel::{
+    AttachmentRef, AttachmentSource, Capabilities, Channel, ChannelError, ConversationKey,
+    EditRate, Limits, OutboundMessage, Parsed, Part, Receipt, WebhookRequest, verify,
+};
+use serde::Deserialize;
+use slack_morphism::SlackSigningSecret;
+use slack_morphism::events::SlackPushEvent;
+use slack_morphism::signature_verifier::SlackEventSignatureVerifier;
+
+use crate::client::{DEFAULT_API_URL, SlackApi, SlackIdentity};
+use crate::normalize::{
+    Context, NAME, Normalized, SlashCommand, normalize_callback, normalize_command,
+};
+
+/// The most a message holds, in characters. Slack truncates `text` only past 40,000, but
+/// messages longer than this are hard to read.
+const MESSAGE_LIMIT: usize = 4000;
+
+/// How far a request's timestamp may be from now, in seconds, either side (Slack's 5 minutes).
+const MAX_AGE_SECS: i64 = 300;
+
+/// The slash command's immediate answer, shown to its user alone.
+pub const WORKING: &str = "Working on it…";
+
+/// The header with the Unix time the request was signed at.
+pub const TIMESTAMP_HEADER: &str = "x-slack-request-timestamp";
+
+/// The header with the request's signature, `v0=<hex>`.
+pub const SIGNATURE_HEADER: &str = "x-slack-signature";
+
+/// What the Slack channel is set up with.
+#[derive(Clone)]
+pub struct SlackSettings {
+    /// The bot token (`xoxb-…`).
+    pub bot_token: String,
+    /// The app's signing secret, which signs every request Slack sends.
+    pub signing_secret: String,
+    /// The Web API base URL (`https://slack.com/api`).
+    pub api_url: String,
+    /// The only workspace to accept; `None` accepts any the app is installed in.
+    pub team_id: Option<String>,
+    /// Replies in a channel thread the bot answered in reach it without a mention.
+    pub thread_follow_ups: bool,
+}
+
+impl Default for SlackSettings {
+    fn default() -> Self {
+        Self {
+            bot_token: String::new(),
+            signing_secret: String::new(),
+            api_url: DEFAULT_API_URL.to_owned(),
+            team_id: None,
+            thread_follow_ups: true,
+        }
+    }
+}
+
+impl std::fmt::Debug for SlackSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SlackSettings")
+            .field("bot_token", &"***")
+            .field("signing_secret", &"***")
+            .field("api_url", &self.api_url)
+            .field("team_id", &self.team_id)
+            .field("thread_follow_ups", &self.thread_follow_ups)
+            .finish()
+    }
+}
+
+/// The Slack channel.
+pub struct SlackChannel {
+    verifier: SlackEventSignatureVerifier,
+    team_id: Option<String>,
+    thread_follow_ups: bool,
+    api: SlackApi,
+    /// Who the bot is, from `auth.test` ([`SlackChannel::learn_identity`]). Envelopes name the
+    /// bot themselves (`authorizations`); this covers those that do not.
+    me: RwLock<Option<SlackIdentity>>,
+    now_ms: fn() -> u64,
+}
+
+impl std::fmt::Debug for SlackChannel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SlackChannel")
+            .field("signing_secret", &"***")
+            .field("team_id", &self.team_id)
+            .field("api", &self.api)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SlackChannel {
+    /// The channel for `settings`; `now_ms` stamps received messages and judges the age of
+    /// signed requests.
+    pub fn new(settings: &SlackSettings, now_ms: fn() -> u64) -> Result<Self, ChannelError> {
+        if !settings.bot_token.starts_with("xoxb-") {
+            return Err(ChannelError::Permanent(
+                "channels.slack.bot_token does not look like a bot token (xoxb-…)".to_owned(),
+            ));
+        }
+        if settings.signing_secret.is_empty() {
+            return Err(ChannelError::Permanent(
+                "channels.slack.signing_secret is empty".to_owned(),
+            ));
+        }
+        Ok(Self {
+            verifier: SlackEventSignatureVerifier::new(&SlackSigningSecret::new(
+                settings.signing_secret.clone(),
+            )),
+            team_id: settings.team_id.clone().filter(|team| !team.is_empty()),
+            thread_follow_ups: settings.thread_follow_ups,
+            api: SlackApi::new(&settings.bot_token, &settings.api_url)?,
+            me: RwLock::new(None),
+            now_ms,
+        })
+    }
+
+    /// The Web API client (setup commands, `antler doctor`).
+    pub fn api(&self) -> &SlackApi {
+        &self.api
+    }
+
+    /// Asks Slack who the bot is (`auth.test`) and remembers it.
+    pub async fn learn_identity(&self) -> Result<SlackIdentity, ChannelError> {
+        let me = self.api.auth_test().await?;
+        if let Some(wanted) = self
+            .team_id
+            .as_deref()
+            .filter(|wanted| *wanted != me.team_id)
+        {
+            // Every event would be refused; say why once instead of silently.
+            tracing::warn!(
+                token_team = %me.team_id,
+                configured = wanted,
+                "channels.slack.team_id names another workspace than the bot token's"
+            );
+        }
+        if let Ok(mut known) = self.me.write() {
+            *known = Some(me.clone());
+        }
+        Ok(me)
+    }
+
+    /// The identity [`SlackChannel::learn_identity`] found, if it ran.
+    pub fn identity(&self) -> Option<SlackIdentity> {
+        self.me
+            .read()
+            .map(|me| me.clone())
+            .unwrap_or_else(|e| e.into_inner().clone())
+    }
+
+    fn parse_event(&self, body: &[u8]) -> Result<Parsed, ChannelError> {
+        let raw: serde_json::Value = serde_json::from_slice(body)
+            .map_err(|e| ChannelError::Malformed(format!("not JSON: {e}")))?;
+        let push = match SlackPushEvent::deserialize(&raw) {
+            Ok(push) => push,
+            Err(e) => {
+                tracing::debug!(
+                    kind = raw.get("type").and_then(|t| t.as_str()),
+                    error = %e,
+                    "a Slack request antler does not handle"
+                );
+                return Ok(Parsed::Ignore);
+            }
+        };
+        let callback = match push {
+            SlackPushEvent::UrlVerification(challenge) => {
+                return Ok(Parsed::Reply(
+                    serde_json::json!({"challenge": challenge.challenge}),
+                ));
+            }
+            SlackPushEvent::EventCallback(callback) => callback,
+            SlackPushEvent::AppRateLimited(limited) => {
+                tracing::warn!(
+                    team = %limited.team_id,
+                    "Slack is dropping events: the app passed 30,000 deliveries an hour"
+                );
+                return Ok(Parsed::Ignore);
+            }
+        };
+        let me = self.identity();
+        let context = self.context(me.as_ref());
+        let raw_event = raw.get("event").unwrap_or(&serde_json::Value::Null);
+        Ok(match normalize_callback(&callback, raw_event, &context) {
+            Normalized::Event(event) => Parsed::Events(vec![*event]),
+            Normalized::Ignored(reason) => {
+                tracing::debug!(reason, event_id = %callback.event_id, "Slack event ignored");
+                Parsed::Ignore
+            }
+        })
+    }
+
+    fn parse_command(&self, body: &[u8]) -> Result<Parsed, ChannelError> {
+        let command: SlashCommand = serde_urlencoded::from_bytes(body)
+            .map_err(|e| ChannelError::Malformed(format!("not a slash command: {e}")))?;
+        let me = self.identity();
+        Ok(
+            match normalize_command(&command, &self.context(me.as_ref())) {
+                Normalized::Event(event) => Parsed::EventsWithReply {
+                    events: vec![*event],
+                    // Slack shows this to the user alone, at once; the answer follows in the chat.
+                    reply: serde_json::json!({
+                        "response_type": "ephemeral",
+                        "text": WORKING,
+                    }),
+                },
+                Normalized::Ignored(reason) => {
+                    tracing::debug!(reason, "Slack command ignored");
+                    Parsed::Ignore
+                }
+            },
+        )
+    }
+
+    fn context<'a>(&'a self, me: Option<&'a SlackIdentity>) -> Context<'a> {
+        Context {
+            bot_user_id: me.map(|me| me.user_id.as_str()),
+            team_id: self.team_id.as_deref(),
+            thread_follow_ups: self.thread_follow_ups,
+            received_at_ms: (self.now_ms)(),
+        }
+    }
+}
+
+/// The channel and thread of `slack:<team>:<channel>[:<thread ts>]`.
+fn target(conversation: &ConversationKey) -> Result<(&str, Option<&str>), ChannelError> {
+    let mut parts = conversation.as_str().split(':');
+    match (parts.next(), parts.next(), parts.next(), parts.next()) {
+        (Some(NAME), Some(_team), Some(channel), thread) if !channel.is_empty() => {
+            Ok((channel, thread.filter(|ts| !ts.is_empty())))
+        }
+        _ => Err(ChannelError::Permanent(format!(
+            "not a Slack conversation: {conversation}"
+        ))),
+    }
+}
+
+/// A header's value as text, if present and readable.
+fn header<'a>(headers: &'a http::HeaderMap, name: &str) -> Option<&'a str> {
+    headers.get(name).and_then(|value| value.to_str().ok())
+}
+
+#[async_trait::async_trait]
+impl Channel for SlackChannel {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    /// `events` for the Events API, `commands` for slash commands.
+    fn routes(&self) -> &'static [&'static str] {
+        &["events", "commands"]
+    }
+
+    /// Both signature headers present and the timestamp within 5 minutes of now.
+    fn verify_headers(&self, headers: &http::HeaderMap) -> Result<(), ChannelError> {
+        let timestamp: i64 = header(headers, TIMESTAMP_HEADER)
+            .and_then(|ts| ts.trim().parse().ok())
+            .ok_or(ChannelError::Unauthorized)?;
+        if header(headers, SIGNATURE_HEADER).is_none() {
+            return Err(ChannelError::Unauthorized);
+        }
+        let now = i64::try_from((self.now_ms)() / 1000).unwrap_or(i64::MAX);
+        if !verify::timestamp_within(timestamp, now, MAX_AGE_SECS) {
+            return Err(ChannelError::Unauthorized);
+        }
+        Ok(())
+    }
+
+    /// `v0=HMAC-SHA256(signing secret, "v0:{ts}:{body}")`, compared in constant time by
+    /// slack-morphism's verifier. Events and slash commands are signed alike. The verifier
+    /// judges the timestamp's age by the wall clock as well as [`Channel::verify_headers`]
+    /// does by `now_ms`, so a replayed request fails even under a test clock.
+    fn verify(&self, request: &WebhookRequest<'_>) -> Result<(), ChannelError> {
+        self.verify_headers(request.headers)?;
+        let (Some(timestamp), Some(signature)) = (
+            header(request.headers, TIMESTAMP_HEADER),
+            header(request.headers, SIGNATURE_HEADER),
+        ) else {
+            return Err(ChannelError::Unauthorized);
+        };
+        // Slack signs text (JSON or a form); a body that is not UTF-8 was not signed by it.
+        let body = std::str::from_utf8(request.body).map_err(|_| ChannelError::Unauthorized)?;
+        self.verifier
+            .verify(signature, body, timestamp.trim())
+            .map_err(|_| ChannelError::Unauthorized)
+    }
+
+    fn parse(&self, request: &WebhookRequest<'_>) -> Result<Parsed, ChannelError> {
+        match request.route {
+            "events" => self.parse_event(request.body),
+            "commands" => self.parse_command(request.body),
+            route => Err(ChannelError::Malformed(format!(
+                "Slack has no route {route:?}"
+            ))),
+        }
+    }
+
+    /// Slack mrkdwn in chunks of at most 4000 characters.
+    fn render(&self, markdown: &str) -> Result<Vec<String>, ChannelError> {
+        render::parts(markdown, &SlackMrkdwn, Limit::Chars(MESSAGE_LIMIT))
+            .map_err(|e| ChannelError::Permanent(e.to_string()))
+    }
+
+    /// Posts one part in the conversation's thread (top level in a DM without one).
+    async fn send(
+        &self,
+        message: &OutboundMessage,
+        part: Part<'_>,
+    ) -> Result<Receipt, ChannelError> {
+        let (channel, thread_ts) = target(&message.conversation)?;
+        let ts = self.api.post_message(channel, part.body, thread_ts).await?;
+        Ok(Receipt {
+            platform_message_id: ts,
+        })
+    }
+
+    /// `chat.update` of the bot's message `sent` (its ts).
+    async fn edit(
+        &self,
+        message: &OutboundMessage,
+        sent: &Receipt,
+        part: Part<'_>,
+    ) -> Result<(), ChannelError> {
+        let (channel, _) = target(&message.conversation)?;
+        self.api
+            .update_message(channel, &sent.platform_message_id, part.body)
+            .await
+    }
+
+    /// 4000 characters a message; edits at most once a second in DMs and every 2 seconds in
+    /// channels (`chat.update` is Tier 3, about 50 a minute per workspace).
+    fn limits(&self) -> Limits {
+        Limits {
+            message: Some(Limit::Chars(MESSAGE_LIMIT)),
+            edits: Some(EditRate {
+                private: Duration::from_secs(1),
+                group: Duration::from_secs(2),
+            }),
+        }
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            files: true,
+            images: true,
+            typing: false,
+        }
+    }
+
+    async fn fetch_attachment(
+        &self,
+        attachment: &AttachmentRef,
+        max_bytes: u64,
+    ) -> Result<Vec<u8>, ChannelError> {
+        match &attachment.source {
+            AttachmentSource::Url { url } => self.api.fetch_file(url, max_bytes).await,
+            AttachmentSource::Platform { .. } | AttachmentSource::Inline { .. } => {
+                Err(ChannelError::Unsupported)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TOKEN: &str = "xoxb-1000-2000-SECRETtoken";
+    const SECRET: &str = "8f742231b10e8888abcd99yyyzzz85a5";
+
+    fn wall_clock_ms() -> u64 {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64)
+    }
+
+    /// The vectors' signing time, 2026-01-01T00:00:00Z.
+    fn vector_clock_ms() -> u64 {
+        1_767_225_600_000
+    }
+
+    fn settings(api_url: &str) -> SlackSettings {
+        SlackSettings {
+            bot_token: TOKEN.into(),
+            signing_secret: SECRET.into(),
+            api_url: api_url.into(),
+            ..SlackSettings::default()
+        }
+    }
+
+    fn channel() -> SlackChannel {
+        SlackChannel::new(&settings("http://127.0.0.1:9/api"), || 42).unwrap()
+    }
+
+    fn fixture(name: &str) -> Vec<u8> {
+        std::fs::read(format!(
+            "{}/tests/fixtures/{name}",
+            env!("CARGO_MANIFEST_DIR")
+        ))
+        .unwrap()
+    }
+
+    fn parse(channel: &SlackChannel, route: &str, body: &[u8]) -> Parsed {
+        let headers = http::HeaderMap::new();
+        channel
+            .parse(&WebhookRequest {
+                route,
+                headers: &headers,
+                body,
+            })
+            .unwrap()
+    }
+
+    fn event(parsed: Parsed) -> antler_channel::InboundEvent {
+        match parsed {
+            Parsed::Events(mut events) if events.len() == 1 => events.remove(0),
+            other => panic!("expected one event: {other:?}"),
+        }
+    }
+
+    /// A fixture's JSON with its `event` changed by `edit`.
+    fn variant(name: &str, edit: impl FnOnce(&mut serde_json::Value)) -> Vec<u8> {
+        let mut json: serde_json::Value = serde_json::from_slice(&fixture(name)).unwrap();
+        edit(&mut json["event"]);
+        serde_json::to_vec(&json).unwrap()
+    }
+
+    #[test]
+    fn a_mention_in_a_thread_is_a_turn_in_that_thread() {
+        let event = event(parse(
+            &channel(),
+            "events",
+            &fixture("slack_app_mention_thread.json"),
+        ));
+        assert_eq!(event.channel, "slack");
+        assert_eq!(event.event_id, "1767225600.000200", "the message ts");
+        assert_eq!(
+            event.conversation.as_str(),
+            "slack:T0OPS00001:C0SRE00001:1767225500.000100"
+        );
+        assert_eq!(event.text, "restart web-api & report");
+        assert_eq!(event.user.id, "U0ADA00001");
+        assert_eq!(event.chat.as_deref(), Some("C0SRE00001"));
+        assert_eq!(event.reply_to.as_deref(), Some("1767225600.000200"));
+        assert_eq!(event.received_at_ms, 42);
+        assert!(event.group && !event.follow_up && event.attachments.is_empty());
+    }
+
+    #[test]
+    fn a_new_mention_starts_a_thread_of_its_own() {
+        let body = variant("slack_app_mention_thread.json", |e| {
+            e.as_object_mut().unwrap().remove("thread_ts");
+        });
+        let event = event(parse(&channel(), "events", &body));
+        assert_eq!(
+            event.conversation.as_str(),
+            "slack:T0OPS00001:C0SRE00001:1767225600.000200"
+        );
+    }
+
+    #[test]
+    fn a_direct_message_is_a_turn_and_the_bots_echo_is_not() {
+        let channel = channel();
+        let event = event(parse(&channel, "events", &fixture("slack_message_im.json")));
+        assert_eq!(event.conversation.as_str(), "slack:T0OPS00001:D0ADA00001");
+        assert_eq!(event.event_id, "1767225700.000300");
+        assert_eq!(event.text, "status payments-api");
+        assert_eq!(event.chat.as_deref(), Some("D0ADA00001"));
+        assert!(!event.group && !event.follow_up);
+
+        let echo = fixture("slack_message_im_own_bot_echo.json");
+        assert_eq!(parse(&channel, "events", &echo), Parsed::Ignore);
+        // Without `bot_id`, the author alone gives the bot away.
+        let echo = variant("slack_message_im_own_bot_echo.json", |e| {
+            let e = e.as_object_mut().unwrap();
+            e.remove("bot_id");
+            e.remove("bot_profile");
+        });
+        assert_eq!(parse(&channel, "events", &echo), Parsed::Ignore);
+
+        // A DM in a thread keeps to that thread.
+        let threaded = variant("slack_message_im.json", |e| {
+            e["thread_ts"] = "1767225600.000100".into();
+        });
+        assert_eq!(
+            event_of(&channel, &threaded).conversation.as_str(),
+            "slack:T0OPS00001:D0ADA00001:1767225600.000100"
+        );
+    }
+
+    fn event_of(channel: &SlackChannel, body: &[u8]) -> antler_channel::InboundEvent {
+        event(parse(channel, "events", body))
+    }
+
+    /// The DM fixture as a message in channel `C0SRE00001`.
+    fn in_channel(edit: impl FnOnce(&mut serde_json::Value)) -> Vec<u8> {
+        variant("slack_message_im.json", |e| {
+            e["channel"] = "C0SRE00001".into();
+            e["channel_type"] = "channel".into();
+            edit(e);
+        })
+    }
+
+    #[test]
+    fn channel_messages_need_a_mention_unless_they_follow_up_in_a_thread() {
+        let channel = channel();
+        assert_eq!(
+            parse(&channel, "events", &in_channel(|_| {})),
+            Parsed::Ignore,
+            "a top-level channel message without a mention"
+        );
+
+        // The message twin of a mention: the same conversation and event id as the
+        // app_mention, so the inbox keeps one of them.
+        let twin = variant("slack_app_mention_thread.json", |e| {
+            e["type"] = "message".into();
+            e["channel_type"] = "channel".into();
+        });
+        let mention = event_of(&channel, &fixture("slack_app_mention_thread.json"));
+        let twin = event_of(&channel, &twin);
+        assert_eq!(
+            (
+                &twin.conversation,
+                &twin.event_id,
+                &twin.text,
+                twin.follow_up
+            ),
+            (
+                &mention.conversation,
+                &mention.event_id,
+                &mention.text,
+                false
+            )
+        );
+
+        let reply = in_channel(|e| e["thread_ts"] = "1767225500.000100".into());
+        let follow_up = event_of(&channel, &reply);
+        assert!(follow_up.follow_up && follow_up.group);
+        assert_eq!(
+            follow_up.conversation.as_str(),
+            "slack:T0OPS00001:C0SRE00001:1767225500.000100"
+        );
+
+        let off = SlackChannel::new(
+            &SlackSettings {
+                thread_follow_ups: false,
+                ..settings("http://127.0.0.1:9/api")
+            },
+            || 0,
+        )
+        .unwrap();
+        assert_eq!(parse(&off, "events", &reply), Parsed::Ignore);
+    }
+
+    #[test]
+    fn edits_deletes_joins_and_other_workspaces_are_ignored() {
+        let channel = channel();
+        for subtype in [
+            "message_changed",
+            "message_deleted",
+            "channel_join",
+            "bot_message",
+        ] {
+            let body = variant("slack_message_im.json", |e| e["subtype"] = subtype.into());
+            assert_eq!(
+                parse(&channel, "events", &body),
+                Parsed::Ignore,
+                "{subtype}"
+            );
+        }
+        let edited_mention = variant("slack_app_mention_thread.json", |e| {
+            e["edited"] = serde_json::json!({"user": "U0ADA00001", "ts": "1767225601.000000"});
+        });
+        assert_eq!(parse(&channel, "events", &edited_mention), Parsed::Ignore);
+
+        let pinned = SlackChannel::new(
+            &SlackSettings {
+                team_id: Some("T0OTHER0001".into()),
+                ..settings("http://127.0.0.1:9/api")
+            },
+            || 0,
+        )
+        .unwrap();
+        for name in ["slack_app_mention_thread.json", "slack_message_im.json"] {
+            assert_eq!(parse(&pinned, "events", &fixture(name)), Parsed::Ignore);
+        }
+        assert_eq!(
+            parse(&pinned, "commands", &fixture("slack_slash_command.form")),
+            Parsed::Ignore
+        );
+        let ours = SlackChannel::new(
+            &SlackSettings {
+                team_id: Some("T0OPS00001".into()),
+                ..settings("http://127.0.0.1:9/api")
+            },
+            || 0,
+        )
+        .unwrap();
+        event(parse(&ours, "events", &fixture("slack_message_im.json")));
+    }
+
+    #[test]
+    fn shared_files_become_url_attachments() {
+        let body = variant("slack_message_im.json", |e| {
+            e["subtype"] = "file_share".into();
+            e["text"] = "".into();
+            e["files"] = serde_json::json!([{
+                "id": "F0001", "name": "trace.log", "mimetype": "text/plain", "size": 1234,
+                "url_private": "https://files.slack.com/files-pri/T0-F0001/trace.log",
+                "url_private_download": "https://files.slack.com/files-pri/T0-F0001/download/trace.log"
+            }]);
+        });
+        let event = event_of(&channel(), &body);
+        assert_eq!(
+            event.attachments,
+            [AttachmentRef {
+                name: "trace.log".into(),
+                media_type: Some("text/plain".into()),
+                size: Some(1234),
+                source: AttachmentSource::Url {
+                    url: "https://files.slack.com/files-pri/T0-F0001/download/trace.log".into()
+                },
+            }]
+        );
+        assert_eq!(event.text, "");
+    }
+
+    #[test]
+    fn the_url_challenge_is_answered_and_unknown_envelopes_ignored() {
+        let channel = channel();
+        assert_eq!(
+            parse(&channel, "events", &fixture("slack_url_verification.json")),
+            Parsed::Reply(serde_json::json!({
+                "challenge": "x7Pq2kLm9Zr4TvB8nC1dW6sY0eHfJgU5aQ3oRiK2"
+            }))
+        );
+        let limited = br#"{"token":"t","type":"app_rate_limited","team_id":"T0OPS00001",
+            "minute_rate_limited":1518467820,"api_app_id":"A0OPSBOT001"}"#;
+        assert_eq!(parse(&channel, "events", limited), Parsed::Ignore);
+        assert_eq!(
+            parse(&channel, "events", br#"{"type":"something_new"}"#),
+            Parsed::Ignore
+        );
+        let reaction = variant("slack_message_im.json", |e| {
+            *e = serde_json::json!({"type": "reaction_added", "user": "U1", "reaction": "+1",
+                "item": {"type": "message", "channel": "C1", "ts": "1.2"}, "event_ts": "1.3"});
+        });
+        assert_eq!(parse(&channel, "events", &reaction), Parsed::Ignore);
+        let headers = http::HeaderMap::new();
+        for (route, body) in [
+            ("events", &b"{nope"[..]),
+            ("commands", b"%%%"),
+            ("x", b"{}"),
+        ] {
+            assert!(matches!(
+                channel.parse(&WebhookRequest {
+                    route,
+                    headers: &headers,
+                    body
+                }),
+                Err(ChannelError::Malformed(_))
+            ));
+        }
+    }
+
+    #[test]
+    fn slash_commands_are_accepted_with_an_ephemeral_acknowledgement() {
+        let channel = channel();
+        let Parsed::EventsWithReply { events, reply } =
+            parse(&channel, "commands", &fixture("slack_slash_command.form"))
+        else {
+            panic!("a command is an event and an answer")
+        };
+        assert_eq!(
+            reply,
+            serde_json::json!({"response_type": "ephemeral", "text": WORKING})
+        );
+        let [event] = events.as_slice() else {
+            panic!("{events:?}")
+        };
+        assert_eq!(event.event_id, "8001.1767225800.abc123");
+        assert_eq!(event.conversation.as_str(), "slack:T0OPS00001:C0SRE00001");
+        assert_eq!(event.text, "status payments-api");
+        assert_eq!(event.user.id, "U0ADA00001");
+        assert_eq!(event.user.name.as_deref(), Some("ada"));
+        assert!(event.group && !event.follow_up && event.reply_to.is_none());
+
+        let form = String::from_utf8(fixture("slack_slash_command.form")).unwrap();
+        for (text, expected) in [
+            ("new", "/new"),
+            ("help", "/help"),
+            ("+STOP+", "/stop"),
+            ("", "/help"),
+        ] {
+            let body = form.replace("text=status+payments-api", &format!("text={text}"));
+            let Parsed::EventsWithReply { events, .. } =
+                parse(&channel, "commands", body.as_bytes())
+            else {
+                panic!("{text}")
+            };
+            assert_eq!(events[0].text, expected, "{text:?}");
+        }
+    }
+
+    fn signed_headers(timestamp: &str, signature: &str) -> http::HeaderMap {
+        let mut headers = http::HeaderMap::new();
+        headers.insert(TIMESTAMP_HEADER, timestamp.parse().unwrap());
+        headers.insert(SIGNATURE_HEADER, signature.parse().unwrap());
+        headers
+    }
+
+    /// A vector's recorded headers.
+    fn recorded(name: &str) -> http::HeaderMap {
+        let meta: serde_json::Value =
+            serde_json::from_slice(&fixture(&format!("{name}.meta.json"))).unwrap();
+        assert_eq!(meta["signing_secret"], SECRET);
+        signed_headers(
+            meta["headers"]["X-Slack-Request-Timestamp"]
+                .as_str()
+                .unwrap(),
+            meta["headers"]["X-Slack-Signature"].as_str().unwrap(),
+        )
+    }
+
+    fn sign(timestamp: &str, body: &[u8]) -> String {
+        let mac = verify::hmac_sha256_hex(
+            SECRET.as_bytes(),
+            &[b"v0:", timestamp.as_bytes(), b":", body],
+        );
+        format!("v0={mac}")
+    }
+
+    #[test]
+    fn signatures_verify_fresh_and_fail_stale_or_tampered() {
+        let live = SlackChannel::new(&settings("http://127.0.0.1:9/api"), wall_clock_ms).unwrap();
+        for (name, route) in [
+            ("slack_app_mention_thread.json", "events"),
+            ("slack_slash_command.form", "commands"),
+        ] {
+            let body = fixture(&format!("{name}.body"));
+            let stale = recorded(name);
+            // Recorded in 2026-01: long stale, refused by the headers alone.
+            assert_eq!(live.verify_headers(&stale), Err(ChannelError::Unauthorized));
+            let request = |headers| WebhookRequest {
+                route,
+                headers,
+                body: &body,
+            };
+            assert_eq!(
+                live.verify(&request(&stale)),
+                Err(ChannelError::Unauthorized)
+            );
+
+            // At the vectors' own time the signature is right, but slack-morphism's verifier
+            // judges the age by the wall clock too, so a replay still fails.
+            let then =
+                SlackChannel::new(&settings("http://127.0.0.1:9/api"), vector_clock_ms).unwrap();
+            assert_eq!(then.verify_headers(&stale), Ok(()));
+            assert_eq!(
+                then.verify(&request(&stale)),
+                Err(ChannelError::Unauthorized)
+            );
+            assert_eq!(
+                stale[SIGNATURE_HEADER].to_str().unwrap(),
+                sign("1767225600", &body),
+                "the vector is HMAC-SHA256 over v0:ts:body"
+            );
+
+            // Re-signed now, it verifies; one byte changed, it does not.
+            let now = (wall_clock_ms() / 1000).to_string();
+            let fresh = signed_headers(&now, &sign(&now, &body));
+            assert_eq!(live.verify(&request(&fresh)), Ok(()), "{name}");
+            let mut tampered = body.clone();
+            tampered[10] ^= 1;
+            assert_eq!(
+                live.verify(&WebhookRequest {
+                    route,
+                    headers: &fresh,
+                    body: &tampered
+                }),
+                Err(ChannelError::Unauthorized)
+            );
+            // Missing or unreadable headers.
+            let mut missing = fresh.clone();
+            missing.remove(SIGNATURE_HEADER);
+            assert_eq!(
+                live.verify_headers(&missing),
+                Err(ChannelError::Unauthorized)
+            );
+            let mut missing = fresh.clone();
+            missing.remove(TIMESTAMP_HEADER);
+            assert_eq!(
+                live.verify_headers(&missing),
+                Err(ChannelError::Unauthorized)
+            );
+            let garbled = signed_headers("soon", &sign("soon", &body));
+            assert_eq!(
+                live.verify_headers(&garbled),
+                Err(ChannelError::Unauthorized)
+            );
+        }
+    }
+
+    #[test]
+    fn the_token_must_be_a_bot_token_and_never_shows_in_debug() {
+        for token in ["xoxp-1-2", "nonsense", ""] {
+            let error = SlackChannel::new(
+                &SlackSettings {
+                    bot_token: token.into(),
+                    ..settings("http://127.0.0.1:9/api")
+                },
+                || 0,
+            )
+            .unwrap_err();
+            assert!(
+                matches!(&error, ChannelError::Permanent(text) if text.contains("channels.slack.bot_token")),
+                "{error:?}"
+            );
+        }
+        let error = SlackChannel::new(
+            &SlackSettings {
+                signing_secret: String::new(),
+                ..settings("http://127.0.0.1:9/api")
+            },
+            || 0,
+        )
+        .unwrap_err();
+        assert!(matches!(&error, ChannelError::Permanent(text) if text.contains("signing_secret")));
+        let settings = settings("http://127.0.0.1:9/api");
+        let channel = SlackChannel::new(&settings, || 0).unwrap();
+        for debug in [format!("{settings:?}"), format!("{channel:?}")] {
+            assert!(
+                !debug.contains("SECRETtoken") && !debug.contains(SECRET),
+                "{debug}"
+            );
+        }
+        let limits = channel.limits();
+        assert_eq!(limits.message, Some(Limit::Chars(MESSAGE_LIMIT)));
+        let rate = limits.edits.unwrap();
+        assert_eq!(
+            (rate.private, rate.group),
+            (Duration::from_secs(1), Duration::from_secs(2))
+        );
+        assert_eq!(
+            channel.capabilities(),
+            Capabilities {
+                files: true,
+                images: true,
+                typing: false
+            }
+        );
+        assert_eq!(channel.routes(), ["events", "commands"]);
+        assert_eq!(
+            channel.render("**hi** & <you>").unwrap(),
+            ["*hi* &amp; &lt;you&gt;"]
+        );
+    }
+
+    #[tokio::test]
+    async fn the_learned_identity_covers_envelopes_without_authorizations() {
+        use wiremock::matchers::{method, path};
+        use wiremock::{Mock, MockServer, ResponseTemplate};
+
+        let server = MockServer::start().await;
+        Mock::given(method("GET"))
+            .and(path("/api/auth.test"))
+            .respond_with(ResponseTemplate::new(200).set_body_json(serde_json::json!({
+                "ok": true, "url": "https://acme-ops.slack.com/", "team": "Acme Ops",
+                "user": "antler", "team_id": "T0OPS00001", "user_id": "U0BOT00001",
+                "bot_id": "B0BOT00001"
+            })))
+            .mount(&server)
+            .await;
+        let channel = SlackChannel::new(&settings(&format!("{}/api", server.uri())), || 0).unwrap();
+        assert_eq!(channel.identity(), None);
+        let without_authorizations = |name: &str, edit: &dyn Fn(&mut serde_json::Value)| {
+            let mut json: serde_json::Value = serde_json::from_slice(&fixture(name)).unwrap();
+            json.as_object_mut().unwrap().remove("authorizations");
+            edit(&mut json["event"]);
+            serde_json::to_vec(&json).unwrap()
+        };
+        let echo = without_authorizations("slack_message_im_own_bot_echo.json", &|e| {
+            e.as_object_mut().unwrap().remove("bot_id");
+        });
+        let mention_in_channel = without_authorizations("slack_app_mention_thread.json", &|e| {
+            e["type"] = "message".into();
+            e["channel_type"] = "channel".into();
+            e.as_object_mut().unwrap().remove("thread_ts");
+        });
+        // Before auth.test antler cannot tell the bot's echo or its mention.
+        assert!(matches!(
+            parse(&channel, "events", &echo),
+            Parsed::Events(_)
+        ));
+        assert_eq!(
+            parse(&channel, "events", &mention_in_channel),
+            Parsed::Ignore
+        );
+
+        let me = channel.learn_identity().await.unwrap();
+        assert_eq!(me.user_id, "U0BOT00001");
+        assert_eq!(channel.identity(), Some(me));
+        assert_eq!(parse(&channel, "events", &echo), Parsed::Ignore);
+        let event = event_of(&channel, &mention_in_channel);
+        assert_eq!(event.text, "restart web-api & report");
+        assert_eq!(
+            event.conversation.as_str(),
+            "slack:T0OPS00001:C0SRE00001:1767225600.000200"
+        );
+    }
+
+    #[tokio::test]
+    async fn replies_go_to_the_conversations_thread_and_edits_replace_them() {
+        use wiremock::matchers::{body_partial_json, method, path};
+        use wiremock::{Mock, MockServer, ResponseTemplate};
+
+        let server = MockServer::start().await;
+        Mock::given(method("POST"))
+            .and(path("/api/chat.postMessage"))
+            .respond_with(ResponseTemplate::new(200).set_body_json(serde_json::json!({
+                "ok": true, "channel": "C0SRE00001", "ts": "1767225610.000900",
+                "message": {"ts": "1767225610.000900", "text": "x"}
+            })))
+            .mount(&server)
+            .await;
+        Mock::given(method("POST"))
+            .and(path("/api/chat.update"))
+            .and(body_partial_json(serde_json::json!({
+                "channel": "C0SRE00001", "ts": "1767225610.000900", "text": "*done*"
+            })))
+            .respond_with(ResponseTemplate::new(200).set_body_json(serde_json::json!({
+                "ok": true, "channel": "C0SRE00001", "ts": "1767225610.000900",
+                "message": {"text": "*done*"}
+            })))
+            .expect(1)
+            .mount(&server)
+            .await;
+        let channel = SlackChannel::new(&settings(&format!("{}/api", server.uri())), || 0).unwrap();
+        let message = |conversation: &str| OutboundMessage {
+            idempotency_key: "k".into(),
+            conversation: ConversationKey::new("slack", conversation.split(':')),
+            thread_id: "t".into(),
+            text: "**done**".into(),
+            reply_to: Some("1767225600.000200".into()),
+        };
+        let in_thread = message("T0OPS00001:C0SRE00001:1767225500.000100");
+        let body = channel.render(&in_thread.text).unwrap();
+        let receipt = channel
+            .send(
+                &in_thread,
+                Part {
+                    index: 0,
+                    body: &body[0],
+                },
+            )
+            .await
+            .unwrap();
+        assert_eq!(receipt.platform_message_id, "1767225610.000900");
+        channel
+            .send(
+                &message("T0OPS00001:D0ADA00001"),
+                Part {
+                    index: 1,
+                    body: "dm",
+                },
+            )
+            .await
+            .unwrap();
+        channel
+            .edit(
+                &in_thread,
+                &receipt,
+                Part {
+                    index: 0,
+                    body: &body[0],
+                },
+            )
+            .await
+            .unwrap();
+        let bodies: Vec<serde_json::Value> = server
+            .received_requests()
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| serde_json::from_slice(&r.body).unwrap())
+            .collect();
+        assert_eq!(bodies[0]["channel"], "C0SRE00001");
+        assert_eq!(bodies[0]["thread_ts"], "1767225500.000100");
+        assert_eq!(bodies[0]["text"], "*done*");
+        assert_eq!(bodies[1]["channel"], "D0ADA00001");
+        assert_eq!(
+            bodies[1].get("thread_ts"),
+            None,
+            "a DM answers at the top level"
+        );
+        server.verify().await;
+
+        let stray = OutboundMessage {
+            conversation: ConversationKey::new("telegram", ["42"]),
+            ..in_thread
+        };
+        assert!(matches!(
+            channel
+                .send(
+                    &stray,
+                    Part {
+                        index: 0,
+                        body: "x"
+                    }
+                )
+                .await,
+            Err(ChannelError::Permanent(_))
+        ));
+        // Only URL attachments can be fetched.
+        let platform = AttachmentRef {
+            name: "a".into(),
+            media_type: None,
+            size: None,
+            source: AttachmentSource::Platform { id: "F1".into() },
+        };
+        assert_eq!(
+            channel.fetch_attachment(&platform, 10).await,
+            Err(ChannelError::Unsupported)
+        );
+    }
+}
