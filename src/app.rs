@@ -7,6 +7,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use antler_channel::Channel;
+use antler_slack::{SlackChannel, SlackSettings};
 use antler_telegram::{TelegramChannel, TelegramSettings};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use tokio::net::TcpListener;
@@ -181,6 +182,39 @@ async fn platform_channels(config: &Config) -> Result<Platforms, AppError> {
         } else {
             platforms.webhooks.push(channel);
         }
+    }
+    let slack = &config.channels.slack;
+    if slack.enabled {
+        let secret = |value: &Option<crate::config::Secret>| {
+            value
+                .as_ref()
+                .map(|s| s.expose().to_owned())
+                .unwrap_or_default()
+        };
+        let settings = SlackSettings {
+            bot_token: secret(&slack.bot_token),
+            signing_secret: secret(&slack.signing_secret),
+            api_url: slack.api_url.clone(),
+            team_id: slack.team_id.clone(),
+            thread_follow_ups: slack.thread_follow_ups,
+        };
+        let channel = Arc::new(
+            SlackChannel::new(&settings, crate::now_ms)
+                .map_err(|e| AppError::Channel(format!("channels.slack: {e}")))?,
+        );
+        let learning = Arc::clone(&channel);
+        learn_identity("slack", move || {
+            let channel = Arc::clone(&learning);
+            async move {
+                channel
+                    .learn_identity()
+                    .await
+                    .map(|me| format!("{} in {}", me.user_id, me.team_name))
+            }
+        })
+        .await;
+        platforms.all.push(channel.clone());
+        platforms.webhooks.push(channel);
     }
     Ok(platforms)
 }

@@ -1,4 +1,5 @@
-//! The command line: `serve`, `check-config`, `chat`, `doctor`, `healthcheck`, `telegram`.
+//! The command line: `serve`, `check-config`, `chat`, `doctor`, `healthcheck`, `telegram`,
+//! `slack`.
 
 use std::path::PathBuf;
 
@@ -69,12 +70,30 @@ pub enum Command {
         #[command(subcommand)]
         command: TelegramCommand,
     },
+    /// Set up Slack: the app manifest.
+    Slack {
+        /// What to do.
+        #[command(subcommand)]
+        command: SlackCommand,
+    },
     /// Exit 0 when a running antler answers `GET /healthz` with 200 within 5 s, else 1 (for
     /// container health checks: no curl needed).
     Healthcheck {
         /// The antler base URL.
         #[arg(long, env = "ANTLER_URL", default_value = "http://127.0.0.1:8080")]
         url: String,
+    },
+}
+
+/// `antler slack …`
+#[derive(Debug, Subcommand)]
+pub enum SlackCommand {
+    /// Print the Slack app manifest (JSON) for `server.public_url`: paste it into
+    /// api.slack.com/apps → Create New App → From an app manifest.
+    Manifest {
+        /// The configuration file.
+        #[arg(long, env = "ANTLER_CONFIG", default_value = crate::config::DEFAULT_PATH)]
+        config: PathBuf,
     },
 }
 

@@ -1,8 +1,8 @@
 //! `antler doctor`: checks what a deployment needs, one line each, with the fix for what fails.
 //!
 //! The configuration, the store, the listen address, the model endpoint and the API's access
-//! rules; each enabled platform's credentials join as their channels land (Telegram: the
-//! token through `getMe`, and the webhook Telegram delivers to). Nothing is changed,
+//! rules; each enabled platform's credentials (Telegram: the token through `getMe`, and the
+//! webhook Telegram delivers to; Slack: the token through `auth.test`). Nothing is changed,
 //! except that a store is opened the way `antler serve` would open it (an older layout is
 //! migrated); a store another antler holds is reported, not touched.
 
@@ -136,6 +136,9 @@ async fn check(config_path: &Path) -> Vec<Finding> {
     findings.push(check_api(&config));
     if config.channels.telegram.enabled {
         findings.extend(check_telegram(&config).await);
+    }
+    if config.channels.slack.enabled {
+        findings.push(check_slack(&config).await);
     }
     let platforms = config.channels.enabled_platforms();
     findings.push(if platforms.is_empty() {
@@ -283,6 +286,45 @@ async fn check_model(config: &Config) -> Finding {
 }
 
 /// The bot token (`getMe`), then the webhook Telegram delivers to (`getWebhookInfo`).
+/// The Slack bot token, with `auth.test`: the bot and the workspace it is installed in.
+async fn check_slack(config: &Config) -> Finding {
+    const FIX: &str = "set channels.slack.bot_token to the Bot User OAuth Token (xoxb-…) of \
+                       the installed app";
+    let slack = &config.channels.slack;
+    let Some(token) = &slack.bot_token else {
+        return Finding::fail("slack", "channels.slack.bot_token is not set", FIX);
+    };
+    let api = match antler_slack::SlackApi::new(token.expose(), &slack.api_url) {
+        Ok(api) => api,
+        Err(e) => return Finding::fail("slack", e.to_string(), FIX),
+    };
+    match api.auth_test().await {
+        Ok(me) => match &slack.team_id {
+            Some(team) if *team != me.team_id => Finding::fail(
+                "slack",
+                format!(
+                    "the token is for workspace {} ({}), but channels.slack.team_id is {team}",
+                    me.team_id, me.team_name
+                ),
+                "use the token of the app installed in that workspace, or correct team_id",
+            ),
+            _ => Finding::ok(
+                "slack",
+                format!(
+                    "the token works: the bot is {} in {} ({})",
+                    me.user_id, me.team_name, me.team_id
+                ),
+            ),
+        },
+        Err(e @ (ChannelError::Transient(_) | ChannelError::RateLimited { .. })) => Finding::fail(
+            "slack",
+            format!("{} is unreachable: {e}", slack.api_url),
+            "check the network, or channels.slack.api_url",
+        ),
+        Err(e) => Finding::fail("slack", format!("auth.test failed: {e}"), FIX),
+    }
+}
+
 async fn check_telegram(config: &Config) -> Vec<Finding> {
     const SET_IT: &str = "run `antler telegram set-webhook`";
     let api = match setup::telegram_api(config) {

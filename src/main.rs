@@ -3,7 +3,7 @@
 use std::io::Write;
 use std::process::ExitCode;
 
-use antler::cli::{Cli, Command, TelegramCommand};
+use antler::cli::{Cli, Command, SlackCommand, TelegramCommand};
 use antler::config::Config;
 use antler::logging;
 use clap::Parser;
@@ -75,6 +75,7 @@ async fn run(command: &Command) -> anyhow::Result<ExitCode> {
             user,
         } => antler::chat::run(url, token.as_deref(), conversation, user.as_deref()).await?,
         Command::Telegram { command } => return Ok(telegram(command).await),
+        Command::Slack { command } => return Ok(slack(command)),
         Command::Healthcheck { url } => antler::chat::healthcheck(url).await?,
         Command::Doctor { config } => {
             if !antler::doctor::run(config).await {
@@ -101,6 +102,19 @@ async fn telegram(command: &TelegramCommand) -> ExitCode {
             drop_pending_updates,
         } => antler::setup::delete_webhook(config, *drop_pending_updates, &mut out).await,
     };
+    exit_code(outcome)
+}
+
+/// Runs an `antler slack` command.
+fn slack(command: &SlackCommand) -> ExitCode {
+    let mut out = std::io::stdout();
+    exit_code(match command {
+        SlackCommand::Manifest { config } => antler::setup::slack_manifest(config, &mut out),
+    })
+}
+
+/// A setup command's exit code; its error is printed here.
+fn exit_code(outcome: Result<(), antler::setup::SetupError>) -> ExitCode {
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

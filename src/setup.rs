@@ -1,4 +1,5 @@
-//! `antler telegram …`: pointing a platform at antler and reading back what it was told.
+//! `antler telegram …` and `antler slack manifest`: pointing a platform at antler and reading
+//! back what it was told.
 //!
 //! Each command loads the config, makes its Bot API calls through [`TelegramApi`] (whose errors
 //! never hold the bot token) and writes a few `key: value` lines. Secrets are never printed:
@@ -208,6 +209,41 @@ pub async fn delete_webhook(
             "kept (Telegram holds them for up to 24 hours)"
         }
     );
+    Ok(())
+}
+
+/// `antler slack manifest`: the Slack app manifest for this antler (events and slash-command
+/// URLs under `server.public_url`, the bot events and scopes it needs), as JSON to paste into
+/// "Create New App → From an app manifest".
+pub fn slack_manifest(config_path: &Path, out: &mut dyn Write) -> Result<(), SetupError> {
+    const KEY: &str = "server.public_url";
+    let config = load(config_path)?;
+    let Some(public) = &config.server.public_url else {
+        return Err(SetupError::Key {
+            key: KEY,
+            problem: "not set; Slack needs the public https:// URL antler is reached at".to_owned(),
+        });
+    };
+    let parsed = reqwest::Url::parse(public).map_err(|e| SetupError::Key {
+        key: KEY,
+        problem: format!("not a URL: {e}"),
+    })?;
+    if parsed.scheme() != "https" {
+        return Err(SetupError::Key {
+            key: KEY,
+            problem: format!(
+                "must be an https:// URL for Slack's request URLs, not {}",
+                mask_url(public)
+            ),
+        });
+    }
+    let manifest =
+        antler_slack::manifest(public.trim_end_matches('/'), &config.channels.slack.command);
+    let text = serde_json::to_string_pretty(&manifest).map_err(|e| SetupError::Key {
+        key: KEY,
+        problem: format!("cannot write the manifest: {e}"),
+    })?;
+    let _ = writeln!(out, "{text}");
     Ok(())
 }
 

@@ -398,7 +398,8 @@ fn complete_platform_is_not_available_yet() {
     let telegram =
         "[channels.telegram]\nenabled = true\nbot_token = \"1:A\"\nwebhook_secret = \"s\"\n";
     assert!(parse(telegram).is_ok(), "telegram is built");
-    let slack = "[channels.slack]\nenabled = true\nbot_token = \"xoxb-1\"\nsigning_secret = \"s\"\n";
+    let slack =
+        "[channels.slack]\nenabled = true\nbot_token = \"xoxb-1\"\nsigning_secret = \"s\"\n";
     assert!(parse(slack).is_ok(), "slack is built");
 }
 

@@ -399,7 +399,9 @@ fn channels(config: &Config, v: &mut Issues) {
         );
     }
     if let Some(team) = &slack.team_id
-        && !(team.starts_with('T') && team.len() > 1 && team.bytes().all(|b| b.is_ascii_alphanumeric()))
+        && !(team.starts_with('T')
+            && team.len() > 1
+            && team.bytes().all(|b| b.is_ascii_alphanumeric()))
     {
         v.push(
             "channels.slack.team_id",

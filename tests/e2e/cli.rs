@@ -784,3 +784,108 @@ async fn doctor_checks_the_telegram_token_and_webhook() {
     );
     assert_no_secrets(&stdout);
 }
+
+const SLACK_TOKEN: &str = "xoxb-1-CLI-slack-token";
+const SLACK_SECRET: &str = "cli-signing-secret-0";
+
+fn slack_config(dir: &std::path::Path, model: &str, api_url: &str, extra: &str) -> String {
+    let path = dir.join("antler.toml");
+    let text = crate::support::config_text(
+        model,
+        &dir.join("store"),
+        &format!(
+            "[server]\nlisten = \"127.0.0.1:{}\"\npublic_url = \"https://bot.example.com/\"\n\
+             [channels.slack]\nenabled = true\nbot_token = \"{SLACK_TOKEN}\"\n\
+             signing_secret = \"{SLACK_SECRET}\"\napi_url = \"{api_url}\"\n{extra}",
+            free_port()
+        ),
+    );
+    std::fs::write(&path, text).unwrap();
+    path.display().to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slack_manifest_names_antlers_urls_events_and_scopes() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = slack_config(
+        dir.path(),
+        "http://127.0.0.1:9",
+        "http://127.0.0.1:9/api",
+        "command = \"/ops\"\n",
+    );
+    let (code, stdout, stderr) = run_binary(&["slack", "manifest", "--config", &config]).await;
+    assert_eq!(code, Some(0), "{stderr}");
+    let manifest: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    let settings = &manifest["settings"]["event_subscriptions"];
+    assert_eq!(
+        settings["request_url"],
+        "https://bot.example.com/webhooks/slack/events"
+    );
+    let events = settings["bot_events"].to_string();
+    for event in ["app_mention", "message.im", "message.channels"] {
+        assert!(events.contains(event), "{events}");
+    }
+    let command = &manifest["features"]["slash_commands"][0];
+    assert_eq!(command["command"], "/ops");
+    assert_eq!(
+        command["url"],
+        "https://bot.example.com/webhooks/slack/commands"
+    );
+    let scopes = manifest["oauth_config"]["scopes"]["bot"].to_string();
+    for scope in [
+        "app_mentions:read",
+        "chat:write",
+        "im:history",
+        "files:read",
+    ] {
+        assert!(scopes.contains(scope), "{scopes}");
+    }
+    assert!(!stdout.contains(SLACK_TOKEN) && !stdout.contains(SLACK_SECRET));
+
+    // Without an https public URL there is nothing to put in it.
+    let text = std::fs::read_to_string(&config)
+        .unwrap()
+        .replace("https://bot.example.com/", "http://bot.example.com");
+    std::fs::write(&config, text).unwrap();
+    let (code, _, stderr) = run_binary(&["slack", "manifest", "--config", &config]).await;
+    assert_eq!(code, Some(64), "{stderr}");
+    assert!(stderr.contains("server.public_url"), "{stderr}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn doctor_checks_the_slack_token_and_its_workspace() {
+    let mock = MockModel::start(Behaviour::Echo).await;
+    let api = wiremock::MockServer::start().await;
+    wiremock::Mock::given(wiremock::matchers::path("/api/auth.test"))
+        .respond_with(
+            wiremock::ResponseTemplate::new(200).set_body_json(serde_json::json!({
+                "ok": true, "url": "https://acme-ops.slack.com/", "team": "Acme Ops",
+                "user": "opsbot", "team_id": "T0OPS00001", "user_id": "U0BOT00001",
+                "bot_id": "B0BOT00001"
+            })),
+        )
+        .mount(&api)
+        .await;
+    let dir = tempfile::tempdir().unwrap();
+    let api_url = format!("{}/api", api.uri());
+    let config = slack_config(dir.path(), &mock.base_url(), &api_url, "");
+    let (code, stdout, _) = run_binary(&["doctor", "--config", &config]).await;
+    assert_eq!(code, Some(0), "{stdout}");
+    assert!(
+        stdout.contains("ok    slack") && stdout.contains("U0BOT00001 in Acme Ops (T0OPS00001)"),
+        "{stdout}"
+    );
+    let config = slack_config(
+        dir.path(),
+        &mock.base_url(),
+        &api_url,
+        "team_id = \"T0OTHER0001\"\n",
+    );
+    let (code, stdout, _) = run_binary(&["doctor", "--config", &config]).await;
+    assert_eq!(code, Some(1), "{stdout}");
+    assert!(
+        stdout.contains("FAIL  slack") && stdout.contains("channels.slack.team_id is T0OTHER0001"),
+        "{stdout}"
+    );
+    assert!(!stdout.contains(SLACK_TOKEN), "{stdout}");
+}

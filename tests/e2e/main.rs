@@ -14,5 +14,6 @@ mod model_failures;
 mod ordering;
 mod restart;
 mod seams;
+mod slack;
 mod support;
 mod telegram;
