@@ -197,6 +197,7 @@ async fn platform_channels(config: &Config) -> Result<Platforms, AppError> {
             api_url: slack.api_url.clone(),
             team_id: slack.team_id.clone(),
             thread_follow_ups: slack.thread_follow_ups,
+            allowed_bots: slack.allowed_bots.clone(),
         };
         let channel = Arc::new(
             SlackChannel::new(&settings, crate::now_ms)

@@ -497,6 +497,9 @@ pub struct SlackConfig {
     /// The slash command, as registered in the app (`/antler`).
     #[serde(deserialize_with = "secret::string")]
     pub command: String,
+    /// Other bots (`B…` ids) whose messages are answered like a person's; the rest are ignored.
+    #[serde(deserialize_with = "secret::strings")]
+    pub allowed_bots: Vec<String>,
     /// Platform user ids that may talk to the bot (with `allowed_chats`; both empty: anyone).
     #[serde(deserialize_with = "secret::strings")]
     pub allowed_users: Vec<String>,
@@ -518,6 +521,7 @@ impl Default for SlackConfig {
             team_id: None,
             thread_follow_ups: true,
             command: "/antler".to_owned(),
+            allowed_bots: Vec::new(),
             allowed_users: Vec::new(),
             allowed_chats: Vec::new(),
             admins: Vec::new(),

@@ -406,13 +406,15 @@ fn complete_platform_is_not_available_yet() {
 #[test]
 fn slack_token_team_and_command_must_have_slacks_shape() {
     let found = issues(
-        "[channels.slack]\nbot_token = \"xoxp-user\"\nteam_id = \"acme\"\ncommand = \"antler\"\n",
+        "[channels.slack]\nbot_token = \"xoxp-user\"\nteam_id = \"acme\"\ncommand = \"antler\"\n\
+         allowed_bots = [\"U1\"]\n",
     );
     assert_eq!(
         found,
         [
             "channels.slack.bot_token: must be the app's bot token (xoxb-...), from OAuth & Permissions",
             "channels.slack.team_id: must be a workspace id such as T0123ABCD",
+            "channels.slack.allowed_bots[0]: must be a bot id such as B0123ABCD",
             "channels.slack.command: must be a slash and 1 to 31 lower-case letters, digits, - or _, e.g. /antler",
         ]
     );

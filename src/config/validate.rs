@@ -408,6 +408,16 @@ fn channels(config: &Config, v: &mut Issues) {
             "must be a workspace id such as T0123ABCD",
         );
     }
+    id_list(
+        v,
+        "channels.slack.allowed_bots",
+        &slack.allowed_bots,
+        |id| {
+            (id.starts_with('B') && id.len() > 1 && id.bytes().all(|b| b.is_ascii_alphanumeric()))
+                .then_some(())
+                .ok_or_else(|| "must be a bot id such as B0123ABCD".to_owned())
+        },
+    );
     let command = &slack.command;
     if !(command.len() >= 2
         && command.len() <= 32

@@ -48,6 +48,8 @@ pub struct SlackSettings {
     pub team_id: Option<String>,
     /// Replies in a channel thread the bot answered in reach it without a mention.
     pub thread_follow_ups: bool,
+    /// Other bots (`B…` ids) whose messages are answered like a person's; the rest are ignored.
+    pub allowed_bots: Vec<String>,
 }
 
 impl Default for SlackSettings {
@@ -58,6 +60,7 @@ impl Default for SlackSettings {
             api_url: DEFAULT_API_URL.to_owned(),
             team_id: None,
             thread_follow_ups: true,
+            allowed_bots: Vec::new(),
         }
     }
 }
@@ -70,6 +73,7 @@ impl std::fmt::Debug for SlackSettings {
             .field("api_url", &self.api_url)
             .field("team_id", &self.team_id)
             .field("thread_follow_ups", &self.thread_follow_ups)
+            .field("allowed_bots", &self.allowed_bots)
             .finish()
     }
 }
@@ -79,6 +83,7 @@ pub struct SlackChannel {
     verifier: SlackEventSignatureVerifier,
     team_id: Option<String>,
     thread_follow_ups: bool,
+    allowed_bots: Vec<String>,
     api: SlackApi,
     /// Who the bot is, from `auth.test` ([`SlackChannel::learn_identity`]). Envelopes name the
     /// bot themselves (`authorizations`); this covers those that do not.
@@ -116,6 +121,7 @@ impl SlackChannel {
             )),
             team_id: settings.team_id.clone().filter(|team| !team.is_empty()),
             thread_follow_ups: settings.thread_follow_ups,
+            allowed_bots: settings.allowed_bots.clone(),
             api: SlackApi::new(&settings.bot_token, &settings.api_url)?,
             me: RwLock::new(None),
             now_ms,
@@ -224,6 +230,7 @@ impl SlackChannel {
             bot_user_id: me.map(|me| me.user_id.as_str()),
             team_id: self.team_id.as_deref(),
             thread_follow_ups: self.thread_follow_ups,
+            allowed_bots: &self.allowed_bots,
             received_at_ms: (self.now_ms)(),
         }
     }

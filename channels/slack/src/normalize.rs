@@ -27,6 +27,9 @@ pub(crate) struct Context<'a> {
     pub(crate) team_id: Option<&'a str>,
     /// Replies in a channel thread without a mention become follow-ups.
     pub(crate) thread_follow_ups: bool,
+    /// Other bots (`bot_id`s) whose messages are handled like a person's; every other bot is
+    /// ignored, so two bots cannot answer each other forever.
+    pub(crate) allowed_bots: &'a [String],
     /// When antler received the request, in milliseconds since the Unix epoch.
     pub(crate) received_at_ms: u64,
 }
@@ -69,8 +72,13 @@ pub(crate) fn normalize_callback(
         .and_then(|auths| auths.first())
         .map(|auth| auth.user_id.0.as_str())
         .or(context.bot_user_id);
-    if raw_event.get("bot_id").is_some_and(|id| !id.is_null()) {
-        return Normalized::Ignored("written by a bot");
+    if let Some(bot_id) = raw_event.get("bot_id").filter(|id| !id.is_null()) {
+        let allowed = bot_id
+            .as_str()
+            .is_some_and(|id| context.allowed_bots.iter().any(|allowed| allowed == id));
+        if !allowed {
+            return Normalized::Ignored("written by a bot");
+        }
     }
     match &callback.event {
         SlackEventCallbackBody::AppMention(mention) => {
@@ -131,9 +139,6 @@ fn channel_message(
         Some(SlackMessageEventType::MessageChanged) => return Normalized::Ignored("an edit"),
         Some(SlackMessageEventType::MessageDeleted) => return Normalized::Ignored("a deletion"),
         Some(_) => return Normalized::Ignored("a message subtype antler does not handle"),
-    }
-    if event.sender.bot_id.is_some() {
-        return Normalized::Ignored("written by a bot");
     }
     let Some(user) = event.sender.user.as_ref().map(|u| u.0.as_str()) else {
         return Normalized::Ignored("no author");
@@ -437,6 +442,7 @@ mod tests {
             bot_user_id: None,
             team_id,
             thread_follow_ups: true,
+            allowed_bots: &[String::from("B2")],
             received_at_ms: 0,
         };
         match normalize_callback(&callback, &raw["event"], &context) {
@@ -455,6 +461,17 @@ mod tests {
             .unwrap()
             .extend(extra.as_object().unwrap().clone());
         event
+    }
+
+    #[test]
+    fn an_allowed_bot_is_answered_like_a_person() {
+        let event = outcome(
+            message(serde_json::json!({"bot_id": "B2", "user": "U2BOT", "channel_type": "im"})),
+            None,
+        )
+        .unwrap();
+        assert_eq!(event.user.id, "U2BOT");
+        assert_eq!(event.text, "hello");
     }
 
     #[test]
@@ -485,6 +502,11 @@ mod tests {
             (
                 message(serde_json::json!({"bot_id": "B1"})),
                 "written by a bot",
+            ),
+            (
+                message(serde_json::json!({"bot_id": "B2", "user": "UBOT",
+                    "channel_type": "im"})),
+                "the bot's own message",
             ),
             (
                 message(serde_json::json!({"user": "UBOT", "channel_type": "im"})),
