@@ -27,6 +27,7 @@ pub(crate) fn event(conversation: &str, event_id: &str, text: &str) -> InboundEv
         chat: None,
         refused: false,
         follow_up: false,
+        unsupported: None,
         interactive: false,
     }
 }

@@ -280,6 +280,7 @@ impl ApiChannel {
             chat: None,
             refused: false,
             follow_up: false,
+            unsupported: None,
             interactive: message.wait || message.stream,
         };
         Ok((message, event))

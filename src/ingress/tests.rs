@@ -459,3 +459,23 @@ async fn a_follow_up_runs_only_where_the_bot_was_addressed_before() {
     until("the backlog is empty", || h.ingress.backlog() == 0).await;
     assert_eq!(h.sent(), ["echo: hello", "echo: and then?"]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_antler_cannot_read_is_answered_with_a_notice_and_nothing_runs() {
+    let h = harness(3);
+    let mut sticker = event("c", "m1", "");
+    sticker.unsupported = Some("sticker".to_owned());
+    let admitted = h.ingress.accept(sticker, false).await.unwrap();
+    until("the notice", || h.sent().len() == 1).await;
+    assert_eq!(
+        h.sent()[0],
+        "Sorry, I can't read sticker messages yet. Send me text, or the content as a file or \
+         an image."
+    );
+    assert!(h.model.requests.lock().unwrap().is_empty(), "no model call");
+    let thread = h.store.thread(&admitted.thread_id).await.unwrap();
+    assert!(
+        thread.is_none_or(|t| t.messages.is_empty()),
+        "nothing entered the thread"
+    );
+}

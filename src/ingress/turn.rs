@@ -357,6 +357,19 @@ impl TurnRunner {
                 draft: None,
             };
         }
+        if let Some(kind) = &item.event.unsupported {
+            // Nothing to read: say so rather than leave the user waiting for an answer.
+            return TurnResult {
+                thread: None,
+                text: format!(
+                    "Sorry, I can't read {kind} messages yet. Send me text, or the content as \
+                     a file or an image."
+                ),
+                outcome: "unsupported",
+                memory_update: None,
+                draft: None,
+            };
+        }
         let command = commands::parse(&item.event.text);
         if item.attempts > self.inner.max_attempts {
             return self.give_up(item, command.is_none()).await;

@@ -99,6 +99,11 @@ pub struct InboundEvent {
     /// where the bot was addressed before; anywhere else it is dropped unstored.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub follow_up: bool,
+    /// The message is of a kind antler cannot read (a sticker, a voice note, a location), named
+    /// here as the user would call it. The turn answers that it is not supported, and nothing
+    /// runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unsupported: Option<String>,
     /// Someone waits for the answer as it is written (a chat window, a streaming client).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub interactive: bool,

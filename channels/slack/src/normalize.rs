@@ -239,6 +239,7 @@ impl Message<'_> {
             chat: Some(self.channel.to_owned()),
             refused: false,
             follow_up: self.follow_up,
+            unsupported: None,
             interactive: true,
         }))
     }
@@ -388,6 +389,7 @@ pub(crate) fn normalize_command(command: &SlashCommand, context: &Context<'_>) -
         chat: Some(command.channel_id.clone()),
         refused: false,
         follow_up: false,
+        unsupported: None,
         interactive: true,
     }))
 }

@@ -164,6 +164,7 @@ pub fn normalize(update: &Update, me: &BotIdentity, received_at_ms: u64) -> Norm
         chat: Some(chat_id.to_string()),
         refused: false,
         follow_up: false,
+        unsupported: None,
     };
     Normalized::Message(Box::new(Incoming {
         event,
