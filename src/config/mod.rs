@@ -594,6 +594,9 @@ pub struct FeishuConfig {
     /// The Open Platform base URL (`https://open.larksuite.com` for Lark).
     #[serde(deserialize_with = "secret::string")]
     pub api_url: String,
+    /// Answer with an interactive card that fills in as the answer streams; `false`: plain
+    /// text messages, sent when the answer is complete.
+    pub cards: bool,
     /// Platform user ids that may talk to the bot (with `allowed_chats`; both empty: anyone).
     #[serde(deserialize_with = "secret::strings")]
     pub allowed_users: Vec<String>,
@@ -614,6 +617,7 @@ impl Default for FeishuConfig {
             verification_token: None,
             encrypt_key: None,
             api_url: "https://open.feishu.cn".to_owned(),
+            cards: true,
             allowed_users: Vec::new(),
             allowed_chats: Vec::new(),
             admins: Vec::new(),

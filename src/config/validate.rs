@@ -465,6 +465,14 @@ fn channels(config: &Config, v: &mut Issues) {
             ("verification_token", secret(&feishu.verification_token)),
         ],
     );
+    if let Some(app_id) = &feishu.app_id
+        && !(app_id.starts_with("cli_") && app_id.len() > 4)
+    {
+        v.push(
+            "channels.feishu.app_id",
+            "must be the app's id (cli_...), from the app's Credentials & Basic Info page",
+        );
+    }
 }
 
 /// The API channel's tokens and users, and the metrics token: present when reachable from
