@@ -198,6 +198,7 @@ async fn platform_channels(config: &Config) -> Result<Platforms, AppError> {
             team_id: slack.team_id.clone(),
             thread_follow_ups: slack.thread_follow_ups,
             allowed_bots: slack.allowed_bots.clone(),
+            progress_reactions: slack.progress_reactions,
         };
         let channel = Arc::new(
             SlackChannel::new(&settings, crate::now_ms)

@@ -500,6 +500,8 @@ pub struct SlackConfig {
     /// Other bots (`B…` ids) whose messages are answered like a person's; the rest are ignored.
     #[serde(deserialize_with = "secret::strings")]
     pub allowed_bots: Vec<String>,
+    /// React to the user's message while its turn runs (👀) and when it ends (✅ or ❌).
+    pub progress_reactions: bool,
     /// Platform user ids that may talk to the bot (with `allowed_chats`; both empty: anyone).
     #[serde(deserialize_with = "secret::strings")]
     pub allowed_users: Vec<String>,
@@ -522,6 +524,7 @@ impl Default for SlackConfig {
             thread_follow_ups: true,
             command: "/antler".to_owned(),
             allowed_bots: Vec::new(),
+            progress_reactions: true,
             allowed_users: Vec::new(),
             allowed_chats: Vec::new(),
             admins: Vec::new(),

@@ -13,7 +13,7 @@ use std::future::Future;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use antler_channel::{InboundEvent, OutboundMessage, Receipt};
+use antler_channel::{InboundEvent, OutboundMessage, Progress, Receipt};
 use futures_util::FutureExt;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
@@ -489,6 +489,7 @@ impl TurnRunner {
         let cancel = CancellationToken::new();
         let _registered = Registration::new(inner, item, &cancel);
         let _typing = self.show_typing(&item.event);
+        let marks = self.mark_progress(&item.event);
         let draft = inner
             .delivery
             .channel(&item.event.channel)
@@ -573,6 +574,13 @@ impl TurnRunner {
                 (PANIC_REPLY.to_owned(), "panicked", true)
             }
         };
+        if let Some(marks) = marks {
+            marks.end(if failed {
+                Progress::Failed
+            } else {
+                Progress::Done
+            });
+        }
         if failed {
             record_failure(&mut thread, start, &item.event.text, &text);
         } else {
@@ -620,6 +628,34 @@ impl TurnRunner {
                 inner.turn_timeout.as_secs()
             )),
         }
+    }
+
+    /// Marks the user's message as being worked on, on channels that can
+    /// ([`antler_channel::Capabilities::progress_marks`]); [`ProgressMarks::end`] marks how the turn ended. The
+    /// marks go out in order from one task, so a quick turn's end never lands before its start.
+    fn mark_progress(&self, event: &InboundEvent) -> Option<ProgressMarks> {
+        let channel = self.inner.delivery.channel(&event.channel)?;
+        if !channel.capabilities().progress_marks {
+            return None;
+        }
+        let message_id = event.reply_to.clone()?;
+        let conversation = event.conversation.clone();
+        let (end, ended) = oneshot::channel();
+        tokio::spawn(async move {
+            if let Err(e) = channel
+                .mark(&conversation, &message_id, Progress::Working)
+                .await
+            {
+                tracing::debug!(error = %e, "progress mark failed");
+            }
+            // A turn cut short (shutdown) runs again later: its mark stays as it is.
+            if let Ok(progress) = ended.await
+                && let Err(e) = channel.mark(&conversation, &message_id, progress).await
+            {
+                tracing::debug!(error = %e, "progress mark failed");
+            }
+        });
+        Some(ProgressMarks { end })
     }
 
     /// Shows "typing…" in the conversation every few seconds while the turn runs, on channels
@@ -751,6 +787,17 @@ fn record_failure(thread: &mut ThreadState, start: usize, user_text: &str, reply
     thread.fail_from(start);
     thread.running = None;
     thread.updated_at_ms = crate::now_ms();
+}
+
+/// The end of a turn's progress marks ([`TurnRunner::mark_progress`]).
+struct ProgressMarks {
+    end: oneshot::Sender<Progress>,
+}
+
+impl ProgressMarks {
+    fn end(self, progress: Progress) {
+        let _ = self.end.send(progress);
+    }
 }
 
 /// A running agent turn's entry in the `/stop` table, removed when the turn ends however it

@@ -38,6 +38,13 @@ async fn slack_api() -> MockServer {
         })))
         .mount(&server)
         .await;
+    for method_name in ["reactions.add", "reactions.remove"] {
+        Mock::given(method("POST"))
+            .and(path(format!("/api/{method_name}")))
+            .respond_with(ResponseTemplate::new(200).set_body_json(json!({"ok": true})))
+            .mount(&server)
+            .await;
+    }
     for method_name in ["chat.postMessage", "chat.update"] {
         Mock::given(method("POST"))
             .and(path(format!("/api/{method_name}")))
@@ -198,6 +205,37 @@ async fn a_mention_is_answered_in_its_thread_once_despite_retries_and_twins() {
     app.wait_idle().await;
     assert_eq!(self::posted(&api).await.len(), 1, "one post, one answer");
     assert_eq!(model.count(), 1);
+    // 👀 while it worked, then ✅ in its place, on the user's message.
+    let marks = wait_until("the end mark", || async {
+        let marks: Vec<(String, String)> = api
+            .received_requests()
+            .await
+            .unwrap_or_default()
+            .iter()
+            .filter(|r| r.url.path().contains("/reactions."))
+            .map(|r| {
+                let body: Value = serde_json::from_slice(&r.body).unwrap();
+                assert_eq!(body["channel"], CHANNEL);
+                assert_eq!(body["timestamp"], "1767225600.000200");
+                let method_name = r.url.path().rsplit('/').next().unwrap().to_owned();
+                (method_name, body["name"].as_str().unwrap().to_owned())
+            })
+            .collect();
+        (marks.len() >= 3).then_some(marks)
+    })
+    .await;
+    let marks: Vec<(&str, &str)> = marks
+        .iter()
+        .map(|(m, n)| (m.as_str(), n.as_str()))
+        .collect();
+    assert_eq!(
+        marks,
+        [
+            ("reactions.add", "eyes"),
+            ("reactions.add", "white_check_mark"),
+            ("reactions.remove", "eyes")
+        ]
+    );
     app.shutdown().await;
 }
 

@@ -154,6 +154,19 @@ pub trait Channel: Send + Sync + 'static {
         Err(ChannelError::Unsupported)
     }
 
+    /// Marks the user's message `message_id` in `conversation` with where its turn is (a
+    /// reaction: 👀 while working, ✅ or ❌ at the end). Channels whose
+    /// [`Capabilities::progress_marks`] is set implement it. Best effort: a failure only loses
+    /// the mark.
+    async fn mark(
+        &self,
+        _conversation: &ConversationKey,
+        _message_id: &str,
+        _progress: Progress,
+    ) -> Result<(), ChannelError> {
+        Err(ChannelError::Unsupported)
+    }
+
     /// The platform's limits on what the bot sends.
     fn limits(&self) -> Limits {
         Limits::default()
@@ -190,6 +203,19 @@ pub struct Capabilities {
     pub images: bool,
     /// It can show that the bot is writing ([`Channel::typing`]).
     pub typing: bool,
+    /// It marks the user's message with the turn's progress ([`Channel::mark`]).
+    pub progress_marks: bool,
+}
+
+/// Where the turn answering a message is, for [`Channel::mark`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Progress {
+    /// The turn started.
+    Working,
+    /// It answered.
+    Done,
+    /// It failed; the reply says why.
+    Failed,
 }
 
 /// One platform message of a reply: its number among the reply's parts and its rendered body.

@@ -7,7 +7,7 @@ use std::time::Duration;
 use antler_channel::render::{self, Limit, SlackMrkdwn};
 use antler_channel::{
     AttachmentRef, AttachmentSource, Capabilities, Channel, ChannelError, ConversationKey,
-    EditRate, Limits, OutboundMessage, Parsed, Part, Receipt, WebhookRequest, verify,
+    EditRate, Limits, OutboundMessage, Parsed, Part, Progress, Receipt, WebhookRequest, verify,
 };
 use serde::Deserialize;
 use slack_morphism::SlackSigningSecret;
@@ -50,6 +50,8 @@ pub struct SlackSettings {
     pub thread_follow_ups: bool,
     /// Other bots (`B…` ids) whose messages are answered like a person's; the rest are ignored.
     pub allowed_bots: Vec<String>,
+    /// React to the user's message while its turn runs (👀) and when it ends (✅ or ❌).
+    pub progress_reactions: bool,
 }
 
 impl Default for SlackSettings {
@@ -61,6 +63,7 @@ impl Default for SlackSettings {
             team_id: None,
             thread_follow_ups: true,
             allowed_bots: Vec::new(),
+            progress_reactions: true,
         }
     }
 }
@@ -74,6 +77,7 @@ impl std::fmt::Debug for SlackSettings {
             .field("team_id", &self.team_id)
             .field("thread_follow_ups", &self.thread_follow_ups)
             .field("allowed_bots", &self.allowed_bots)
+            .field("progress_reactions", &self.progress_reactions)
             .finish()
     }
 }
@@ -84,6 +88,7 @@ pub struct SlackChannel {
     team_id: Option<String>,
     thread_follow_ups: bool,
     allowed_bots: Vec<String>,
+    progress_reactions: bool,
     api: SlackApi,
     /// Who the bot is, from `auth.test` ([`SlackChannel::learn_identity`]). Envelopes name the
     /// bot themselves (`authorizations`); this covers those that do not.
@@ -122,6 +127,7 @@ impl SlackChannel {
             team_id: settings.team_id.clone().filter(|team| !team.is_empty()),
             thread_follow_ups: settings.thread_follow_ups,
             allowed_bots: settings.allowed_bots.clone(),
+            progress_reactions: settings.progress_reactions,
             api: SlackApi::new(&settings.bot_token, &settings.api_url)?,
             me: RwLock::new(None),
             now_ms,
@@ -341,6 +347,31 @@ impl Channel for SlackChannel {
             .await
     }
 
+    /// 👀 while the turn runs, then ✅ or ❌ (`reactions.add`/`remove`, scope
+    /// `reactions:write`).
+    async fn mark(
+        &self,
+        conversation: &ConversationKey,
+        message_id: &str,
+        progress: Progress,
+    ) -> Result<(), ChannelError> {
+        const WORKING: &str = "eyes";
+        let (channel, _) = target(conversation)?;
+        match progress {
+            Progress::Working => self.api.add_reaction(channel, message_id, WORKING).await,
+            Progress::Done | Progress::Failed => {
+                let end = if progress == Progress::Done {
+                    "white_check_mark"
+                } else {
+                    "x"
+                };
+                // The end mark matters more than a stale 👀: add it first.
+                self.api.add_reaction(channel, message_id, end).await?;
+                self.api.remove_reaction(channel, message_id, WORKING).await
+            }
+        }
+    }
+
     /// 4000 characters a message; edits at most once a second in DMs and every 2 seconds in
     /// channels (`chat.update` is Tier 3, about 50 a minute per workspace).
     fn limits(&self) -> Limits {
@@ -358,6 +389,7 @@ impl Channel for SlackChannel {
             files: true,
             images: true,
             typing: false,
+            progress_marks: self.progress_reactions,
         }
     }
 
@@ -860,7 +892,8 @@ mod tests {
             Capabilities {
                 files: true,
                 images: true,
-                typing: false
+                typing: false,
+                progress_marks: true,
             }
         );
         assert_eq!(channel.routes(), ["events", "commands"]);

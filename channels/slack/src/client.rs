@@ -5,11 +5,15 @@
 use std::time::Duration;
 
 use antler_channel::ChannelError;
-use slack_morphism::api::{SlackApiChatPostMessageRequest, SlackApiChatUpdateRequest};
+use slack_morphism::api::{
+    SlackApiChatPostMessageRequest, SlackApiChatUpdateRequest, SlackApiReactionsAddRequest,
+    SlackApiReactionsRemoveRequest,
+};
 use slack_morphism::errors::SlackClientError;
 use slack_morphism::hyper_tokio::SlackClientHyperHttpsConnector;
 use slack_morphism::{
-    SlackApiToken, SlackApiTokenValue, SlackChannelId, SlackClient, SlackMessageContent, SlackTs,
+    SlackApiToken, SlackApiTokenValue, SlackChannelId, SlackClient, SlackMessageContent,
+    SlackReactionName, SlackTs,
 };
 
 /// Where Slack's Web API is.
@@ -130,6 +134,45 @@ impl SlackApi {
             .await
             .map_err(|e| self.error(e))?;
         Ok(())
+    }
+
+    /// Adds the reaction `name` (an emoji name without colons) to the message `ts`. Slack's
+    /// `already_reacted` counts as done.
+    pub async fn add_reaction(
+        &self,
+        channel: &str,
+        ts: &str,
+        name: &str,
+    ) -> Result<(), ChannelError> {
+        let request = SlackApiReactionsAddRequest::new(
+            SlackChannelId(channel.to_owned()),
+            SlackReactionName(name.to_owned()),
+            SlackTs(ts.to_owned()),
+        );
+        let session = self.client.open_session(&self.token);
+        match session.reactions_add(&request).await {
+            Ok(_) => Ok(()),
+            Err(SlackClientError::ApiError(e)) if e.code == "already_reacted" => Ok(()),
+            Err(e) => Err(self.error(e)),
+        }
+    }
+
+    /// Removes the bot's reaction `name` from the message `ts`; `no_reaction` counts as done.
+    pub async fn remove_reaction(
+        &self,
+        channel: &str,
+        ts: &str,
+        name: &str,
+    ) -> Result<(), ChannelError> {
+        let request = SlackApiReactionsRemoveRequest::new(SlackReactionName(name.to_owned()))
+            .with_channel(SlackChannelId(channel.to_owned()))
+            .with_timestamp(SlackTs(ts.to_owned()));
+        let session = self.client.open_session(&self.token);
+        match session.reactions_remove(&request).await {
+            Ok(_) => Ok(()),
+            Err(SlackClientError::ApiError(e)) if e.code == "no_reaction" => Ok(()),
+            Err(e) => Err(self.error(e)),
+        }
     }
 
     /// Downloads a private file with the bot token, at most `max_bytes` of it: a larger file
@@ -322,6 +365,55 @@ mod tests {
             .await
             .unwrap();
         server.verify().await;
+    }
+
+    #[tokio::test]
+    async fn reactions_count_already_there_and_already_gone_as_done() {
+        let server = MockServer::start().await;
+        let answer = |method_name: &str, name: &str, response: serde_json::Value| {
+            Mock::given(method("POST"))
+                .and(path(format!("/api/{method_name}")))
+                .and(body_partial_json(serde_json::json!({
+                    "channel": "C1", "timestamp": "1.2", "name": name
+                })))
+                .respond_with(ResponseTemplate::new(200).set_body_json(response))
+        };
+        answer("reactions.add", "eyes", serde_json::json!({"ok": true}))
+            .mount(&server)
+            .await;
+        answer(
+            "reactions.add",
+            "x",
+            serde_json::json!({"ok": false, "error": "already_reacted"}),
+        )
+        .mount(&server)
+        .await;
+        answer(
+            "reactions.remove",
+            "eyes",
+            serde_json::json!({"ok": false, "error": "no_reaction"}),
+        )
+        .mount(&server)
+        .await;
+        answer(
+            "reactions.add",
+            "white_check_mark",
+            serde_json::json!({"ok": false, "error": "missing_scope"}),
+        )
+        .mount(&server)
+        .await;
+        let api = api(&server);
+        api.add_reaction("C1", "1.2", "eyes").await.unwrap();
+        api.add_reaction("C1", "1.2", "x").await.unwrap();
+        api.remove_reaction("C1", "1.2", "eyes").await.unwrap();
+        let error = api
+            .add_reaction("C1", "1.2", "white_check_mark")
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&error, ChannelError::Permanent(text) if text.contains("missing_scope")),
+            "{error:?}"
+        );
     }
 
     #[tokio::test]

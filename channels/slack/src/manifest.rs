@@ -42,6 +42,7 @@ pub fn manifest(public_url: &str, command: &str) -> serde_json::Value {
                     "channels:history",
                     "groups:history",
                     "files:read",
+                    "reactions:write",
                     "commands",
                 ],
             },

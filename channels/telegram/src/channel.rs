@@ -284,6 +284,7 @@ impl Channel for TelegramChannel {
             files: true,
             images: true,
             typing: true,
+            progress_marks: false,
         }
     }
 
