@@ -460,3 +460,587 @@ impl Channel for FeishuChannel {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::crypto::tests::encrypt;
+
+    const VERIFICATION_TOKEN: &str = "vTok3nFixture0001";
+    const ENCRYPT_KEY: &str = "fixture-encrypt-key-0001";
+    const SECRET: &str = "app-SECRET-0001";
+    const BOT: &str = "ou_b07b07b07b07b07b07b07b07b07b07b0";
+    const TENANT: &str = "2f3e4d5c6b7a8901";
+
+    /// The vectors' signing time, 2026-01-01T00:00:00Z.
+    fn vector_clock_ms() -> u64 {
+        1_767_225_600_000
+    }
+
+    fn settings(encrypt_key: Option<&str>) -> FeishuSettings {
+        FeishuSettings {
+            app_id: "cli_a1b2c3d4e5f60001".into(),
+            app_secret: SECRET.into(),
+            verification_token: VERIFICATION_TOKEN.into(),
+            encrypt_key: encrypt_key.map(str::to_owned),
+            api_url: "http://127.0.0.1:9".into(),
+            cards: true,
+        }
+    }
+
+    /// A channel that knows its bot's open_id, as after `learn_identity`.
+    fn channel_with(encrypt_key: Option<&str>, now_ms: fn() -> u64) -> FeishuChannel {
+        let channel = FeishuChannel::new(&settings(encrypt_key), now_ms).unwrap();
+        *channel.me.write().unwrap() = Some(FeishuIdentity {
+            open_id: BOT.into(),
+            name: "OpsBot".into(),
+        });
+        channel
+    }
+
+    fn channel() -> FeishuChannel {
+        channel_with(None, vector_clock_ms)
+    }
+
+    fn fixture(name: &str) -> Vec<u8> {
+        std::fs::read(format!(
+            "{}/tests/fixtures/{name}",
+            env!("CARGO_MANIFEST_DIR")
+        ))
+        .unwrap()
+    }
+
+    fn request<'a>(headers: &'a http::HeaderMap, body: &'a [u8]) -> WebhookRequest<'a> {
+        WebhookRequest {
+            route: "events",
+            headers,
+            body,
+        }
+    }
+
+    fn parse(channel: &FeishuChannel, body: &[u8]) -> Parsed {
+        let headers = http::HeaderMap::new();
+        let request = request(&headers, body);
+        channel.verify(&request).unwrap();
+        channel.parse(&request).unwrap()
+    }
+
+    fn event(parsed: Parsed) -> antler_channel::InboundEvent {
+        match parsed {
+            Parsed::Events(mut events) if events.len() == 1 => events.remove(0),
+            other => panic!("expected one event: {other:?}"),
+        }
+    }
+
+    /// The group mention fixture with its `message` changed by `edit`.
+    fn variant(name: &str, edit: impl FnOnce(&mut serde_json::Value)) -> Vec<u8> {
+        let mut json: serde_json::Value = serde_json::from_slice(&fixture(name)).unwrap();
+        edit(&mut json["event"]);
+        serde_json::to_vec(&json).unwrap()
+    }
+
+    fn group(edit: impl FnOnce(&mut serde_json::Value)) -> Vec<u8> {
+        variant("feishu_im_group_mention.json", |e| edit(&mut e["message"]))
+    }
+
+    fn p2p(edit: impl FnOnce(&mut serde_json::Value)) -> Vec<u8> {
+        variant("feishu_im_p2p_thread_reply.json", |e| {
+            edit(&mut e["message"])
+        })
+    }
+
+    #[test]
+    fn a_group_mention_is_a_turn_in_its_own_topic() {
+        let event = event(parse(&channel(), &fixture("feishu_im_group_mention.json")));
+        assert_eq!(event.channel, "feishu");
+        assert_eq!(
+            event.event_id, "om_dc13264520392913993dd051dba21dcf",
+            "the message_id, not the header's event_id"
+        );
+        assert_eq!(
+            event.conversation.as_str(),
+            format!(
+                "feishu:{TENANT}:oc_5ad11d72b830411d72b836c20b1c9d1f:om_dc13264520392913993dd051dba21dcf"
+            )
+        );
+        assert_eq!(event.text, "restart web-api");
+        assert_eq!(event.user.id, "ou_7d8a6e6df7621556ce0d21922b676706");
+        assert_eq!(
+            event.chat.as_deref(),
+            Some("oc_5ad11d72b830411d72b836c20b1c9d1f")
+        );
+        assert_eq!(
+            event.reply_to.as_deref(),
+            Some("om_dc13264520392913993dd051dba21dcf")
+        );
+        assert_eq!(event.received_at_ms, vector_clock_ms());
+        assert!(event.group && !event.follow_up && event.interactive);
+        assert!(event.attachments.is_empty() && event.unsupported.is_none());
+
+        // A reply in that topic stays in it.
+        let reply = group(|m| {
+            m["root_id"] = "om_root0001".into();
+            m["message_id"] = "om_reply0001".into();
+        });
+        let reply = event_of(&reply);
+        assert_eq!(
+            reply.conversation.as_str(),
+            format!("feishu:{TENANT}:oc_5ad11d72b830411d72b836c20b1c9d1f:om_root0001")
+        );
+        assert_eq!(reply.reply_to.as_deref(), Some("om_reply0001"));
+    }
+
+    fn event_of(body: &[u8]) -> antler_channel::InboundEvent {
+        event(parse(&channel(), body))
+    }
+
+    #[test]
+    fn a_private_thread_reply_stays_in_the_private_conversation() {
+        let event = event_of(&fixture("feishu_im_p2p_thread_reply.json"));
+        assert_eq!(event.event_id, "om_11112222333344445555666677778888");
+        assert_eq!(
+            event.conversation.as_str(),
+            format!("feishu:{TENANT}:oc_p2p0000111122223333444455556666")
+        );
+        assert_eq!(event.text, "and the error rate?");
+        assert!(!event.group);
+        assert_eq!(
+            event.reply_to.as_deref(),
+            Some("om_11112222333344445555666677778888")
+        );
+    }
+
+    #[test]
+    fn url_verification_is_answered_with_its_challenge() {
+        assert_eq!(
+            parse(&channel(), &fixture("feishu_url_verification.json")),
+            Parsed::Reply(json!({"challenge": "ajls384kdj1234"}))
+        );
+        let wrong = br#"{"challenge":"c","token":"nope","type":"url_verification"}"#;
+        let headers = http::HeaderMap::new();
+        assert_eq!(
+            channel().verify(&request(&headers, wrong)),
+            Err(ChannelError::Unauthorized)
+        );
+        let missing = br#"{"challenge":"c","type":"url_verification"}"#;
+        assert_eq!(
+            channel().verify(&request(&headers, missing)),
+            Err(ChannelError::Unauthorized)
+        );
+    }
+
+    #[test]
+    fn group_messages_need_a_mention_of_the_bot_or_a_command() {
+        let other = group(|m| {
+            m["mentions"][0]["id"]["open_id"] = "ou_someone_else".into();
+            m["mentions"][0]["name"] = "Bob".into();
+        });
+        assert_eq!(parse(&channel(), &other), Parsed::Ignore);
+        let plain = group(|m| {
+            m["mentions"] = json!([]);
+            m["content"] = r#"{"text":"restart web-api"}"#.into();
+        });
+        assert_eq!(parse(&channel(), &plain), Parsed::Ignore);
+        // Before learn_identity no mention is known to be the bot's.
+        let unknown = FeishuChannel::new(&settings(None), vector_clock_ms).unwrap();
+        assert_eq!(
+            parse(&unknown, &fixture("feishu_im_group_mention.json")),
+            Parsed::Ignore
+        );
+
+        let status = group(|m| {
+            m["mentions"] = json!([]);
+            m["content"] = r#"{"text":"/status"}"#.into();
+        });
+        let status = event_of(&status);
+        assert_eq!(status.text, "/status");
+        assert!(status.group);
+        let mentioned = group(|m| m["content"] = r#"{"text":"@_user_1 /new"}"#.into());
+        assert_eq!(event_of(&mentioned).text, "/new");
+        for kind in ["topic_group", "group"] {
+            let body = group(|m| m["chat_type"] = kind.into());
+            assert!(event_of(&body).group, "{kind}");
+        }
+    }
+
+    #[test]
+    fn placeholders_name_people_and_the_bots_own_is_removed() {
+        let body = group(|m| {
+            m["content"] = r#"{"text":"@_user_1 page @_user_2 about web-api, cc @_all"}"#.into();
+            m["mentions"]
+                .as_array_mut()
+                .unwrap()
+                .push(json!({"key": "@_user_2", "id": {"open_id": "ou_ada"}, "name": "Ada"}));
+        });
+        assert_eq!(event_of(&body).text, "page @Ada about web-api, cc @all");
+    }
+
+    #[test]
+    fn senders_other_than_users_are_ignored() {
+        let app = variant("feishu_im_group_mention.json", |e| {
+            e["sender"]["sender_type"] = "app".into();
+        });
+        assert_eq!(parse(&channel(), &app), Parsed::Ignore);
+    }
+
+    #[test]
+    fn posts_are_flattened_to_text() {
+        let body = p2p(|m| {
+            m["message_type"] = "post".into();
+            m["content"] = json!({"zh_cn": {"title": "Incident", "content": [
+                [{"tag": "text", "text": "web-api is "}, {"tag": "text", "text": "down"}],
+                [{"tag": "a", "text": "dashboard", "href": "https://grafana.example/d/1"}],
+                [{"tag": "code_block", "language": "sh", "text": "kubectl get pods\n"}]
+            ]}})
+            .to_string()
+            .into();
+        });
+        assert_eq!(
+            event_of(&body).text,
+            "Incident\nweb-api is down\ndashboard (https://grafana.example/d/1)\nkubectl get pods"
+        );
+    }
+
+    #[test]
+    fn images_and_files_are_attachment_refs() {
+        let image = p2p(|m| {
+            m["message_type"] = "image".into();
+            m["content"] = r#"{"image_key":"img_v3_0abc"}"#.into();
+        });
+        let image = event_of(&image);
+        assert_eq!(image.text, "");
+        assert_eq!(
+            image.attachments,
+            [AttachmentRef {
+                name: "img_v3_0abc.png".into(),
+                media_type: None,
+                size: None,
+                source: AttachmentSource::Platform {
+                    id: "om_11112222333344445555666677778888/img_v3_0abc/image".into()
+                },
+            }]
+        );
+        let file = p2p(|m| {
+            m["message_type"] = "file".into();
+            m["content"] = r#"{"file_key":"file_v3_0def","file_name":"trace.log"}"#.into();
+        });
+        let file = event_of(&file);
+        assert_eq!(file.attachments[0].name, "trace.log");
+        assert_eq!(
+            file.attachments[0].source,
+            AttachmentSource::Platform {
+                id: "om_11112222333344445555666677778888/file_v3_0def/file".into()
+            }
+        );
+    }
+
+    #[test]
+    fn kinds_antler_cannot_read_are_named() {
+        for (kind, words) in [
+            ("sticker", "sticker"),
+            ("audio", "voice message"),
+            ("media", "video"),
+            ("location", "location"),
+            ("interactive", "card"),
+        ] {
+            let body = p2p(|m| {
+                m["message_type"] = kind.into();
+                m["content"] = r#"{"file_key":"x"}"#.into();
+            });
+            let event = event_of(&body);
+            assert_eq!(event.unsupported.as_deref(), Some(words), "{kind}");
+            assert_eq!(event.text, "");
+        }
+    }
+
+    #[test]
+    fn other_events_are_ignored_and_garbage_is_malformed() {
+        let read = variant("feishu_im_p2p_thread_reply.json", |_| {});
+        let mut json: serde_json::Value = serde_json::from_slice(&read).unwrap();
+        json["header"]["event_type"] = "im.message.message_read_v1".into();
+        assert_eq!(
+            parse(&channel(), &serde_json::to_vec(&json).unwrap()),
+            Parsed::Ignore
+        );
+        let headers = http::HeaderMap::new();
+        assert!(matches!(
+            channel().parse(&request(&headers, b"{nope")),
+            Err(ChannelError::Malformed(_))
+        ));
+        assert_eq!(
+            channel().verify(&request(&headers, b"{nope")),
+            Err(ChannelError::Unauthorized)
+        );
+        let mut json: serde_json::Value =
+            serde_json::from_slice(&fixture("feishu_im_p2p_thread_reply.json")).unwrap();
+        json["header"]["token"] = "wrong".into();
+        assert_eq!(
+            channel().verify(&request(&headers, &serde_json::to_vec(&json).unwrap())),
+            Err(ChannelError::Unauthorized)
+        );
+    }
+
+    // ---- encryption and signatures ----
+
+    fn meta(name: &str) -> serde_json::Value {
+        serde_json::from_slice(&fixture(&format!("{name}.encrypted.meta.json"))).unwrap()
+    }
+
+    fn signed_headers(timestamp: &str, nonce: &str, signature: &str) -> http::HeaderMap {
+        let mut headers = http::HeaderMap::new();
+        headers.insert(TIMESTAMP_HEADER, timestamp.parse().unwrap());
+        headers.insert(NONCE_HEADER, nonce.parse().unwrap());
+        headers.insert(SIGNATURE_HEADER, signature.parse().unwrap());
+        headers
+    }
+
+    fn recorded(name: &str) -> http::HeaderMap {
+        let meta = meta(name);
+        assert_eq!(meta["encrypt_key"], ENCRYPT_KEY);
+        let h = &meta["headers"];
+        signed_headers(
+            h["X-Lark-Request-Timestamp"].as_str().unwrap(),
+            h["X-Lark-Request-Nonce"].as_str().unwrap(),
+            h["X-Lark-Signature"].as_str().unwrap(),
+        )
+    }
+
+    #[test]
+    fn the_vectors_decrypt_to_their_plaintext() {
+        let key = crypto::aes_key(ENCRYPT_KEY);
+        for name in ["feishu_im_group_mention", "feishu_url_verification"] {
+            let body: serde_json::Value =
+                serde_json::from_slice(&fixture(&format!("{name}.encrypted.json"))).unwrap();
+            let plain = crypto::decrypt(&key, body["encrypt"].as_str().unwrap()).unwrap();
+            assert_eq!(
+                hex::encode(Sha256::digest(&plain)),
+                meta(name)["plaintext_sha256"].as_str().unwrap(),
+                "{name}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_encrypted_mention_verifies_and_parses() {
+        let channel = channel_with(Some(ENCRYPT_KEY), vector_clock_ms);
+        let body = fixture("feishu_im_group_mention.encrypted.json");
+        let headers = recorded("feishu_im_group_mention");
+        assert_eq!(channel.verify_headers(&headers), Ok(()));
+        let signed = request(&headers, &body);
+        assert_eq!(channel.verify(&signed), Ok(()));
+        let event = event(channel.parse(&signed).unwrap());
+        assert_eq!(event.text, "restart web-api");
+        assert_eq!(event.event_id, "om_dc13264520392913993dd051dba21dcf");
+
+        // One byte of the body changed (inside the base64, so it still parses).
+        let mut tampered = body.clone();
+        let at = tampered.len() - 10;
+        tampered[at] = if tampered[at] == b'A' { b'B' } else { b'A' };
+        assert_eq!(
+            channel.verify(&request(&headers, &tampered)),
+            Err(ChannelError::Unauthorized)
+        );
+        // A wrong signature, or none.
+        let h = &meta("feishu_im_group_mention")["headers"];
+        let wrong = signed_headers("1767225600", "fixturenonce0001", &"0".repeat(64));
+        assert_eq!(
+            channel.verify(&request(&wrong, &body)),
+            Err(ChannelError::Unauthorized)
+        );
+        let other_nonce = signed_headers(
+            "1767225600",
+            "fixturenonce0002",
+            h["X-Lark-Signature"].as_str().unwrap(),
+        );
+        assert_eq!(
+            channel.verify(&request(&other_nonce, &body)),
+            Err(ChannelError::Unauthorized)
+        );
+        let none = http::HeaderMap::new();
+        assert_eq!(
+            channel.verify_headers(&none),
+            Ok(()),
+            "checked with the body"
+        );
+        assert_eq!(
+            channel.verify(&request(&none, &body)),
+            Err(ChannelError::Unauthorized)
+        );
+        // Stale: the same request a day later.
+        let later = channel_with(Some(ENCRYPT_KEY), || 1_767_312_000_000);
+        assert_eq!(
+            later.verify_headers(&headers),
+            Err(ChannelError::Unauthorized)
+        );
+        assert_eq!(
+            later.verify(&request(&headers, &body)),
+            Err(ChannelError::Unauthorized)
+        );
+        // Another key cannot read it.
+        let other_key = channel_with(Some("another-key"), vector_clock_ms);
+        assert_eq!(
+            other_key.verify(&request(&headers, &body)),
+            Err(ChannelError::Unauthorized)
+        );
+    }
+
+    #[test]
+    fn the_encrypted_url_verification_is_answered_signed_or_not() {
+        let channel = channel_with(Some(ENCRYPT_KEY), vector_clock_ms);
+        let body = fixture("feishu_url_verification.encrypted.json");
+        let headers = recorded("feishu_url_verification");
+        for headers in [headers, http::HeaderMap::new()] {
+            let signed = request(&headers, &body);
+            assert_eq!(channel.verify(&signed), Ok(()));
+            assert_eq!(
+                channel.parse(&signed).unwrap(),
+                Parsed::Reply(json!({"challenge": "ajls384kdj1234"}))
+            );
+        }
+    }
+
+    /// A request as Feishu would send it now: encrypted with `key`, signed at `timestamp`.
+    fn sealed(plain: &serde_json::Value, key: &str, timestamp: &str) -> (Vec<u8>, http::HeaderMap) {
+        let body = serde_json::to_vec(&json!({
+            "encrypt": encrypt(&serde_json::to_vec(plain).unwrap(), key, [9; 16])
+        }))
+        .unwrap();
+        let signature = crypto::signature(timestamp, "n0nce", key, &body);
+        (body, signed_headers(timestamp, "n0nce", &signature))
+    }
+
+    #[test]
+    fn fresh_encrypted_requests_verify_and_wrong_tokens_do_not() {
+        let channel = channel_with(Some(ENCRYPT_KEY), vector_clock_ms);
+        let plain: serde_json::Value =
+            serde_json::from_slice(&fixture("feishu_im_p2p_thread_reply.json")).unwrap();
+        let (body, headers) = sealed(&plain, ENCRYPT_KEY, "1767225650");
+        assert_eq!(channel.verify(&request(&headers, &body)), Ok(()));
+        assert_eq!(
+            event(channel.parse(&request(&headers, &body)).unwrap()).text,
+            "and the error rate?"
+        );
+
+        // Signed and encrypted right, but with a wrong Verification Token inside.
+        let mut wrong = plain.clone();
+        wrong["header"]["token"] = "not-the-token".into();
+        let (body, headers) = sealed(&wrong, ENCRYPT_KEY, "1767225650");
+        assert_eq!(
+            channel.verify(&request(&headers, &body)),
+            Err(ChannelError::Unauthorized)
+        );
+        let challenge = json!({"challenge": "c", "token": "nope", "type": "url_verification"});
+        let (body, headers) = sealed(&challenge, ENCRYPT_KEY, "1767225650");
+        assert_eq!(
+            channel.verify(&request(&headers, &body)),
+            Err(ChannelError::Unauthorized)
+        );
+
+        // A plain body where an encrypted one is due, and the other way round.
+        let plain_body = serde_json::to_vec(&plain).unwrap();
+        let signature = crypto::signature("1767225650", "n0nce", ENCRYPT_KEY, &plain_body);
+        let plain_headers = signed_headers("1767225650", "n0nce", &signature);
+        assert_eq!(
+            channel.verify(&request(&plain_headers, &plain_body)),
+            Err(ChannelError::Unauthorized)
+        );
+        let (body, headers) = sealed(&plain, ENCRYPT_KEY, "1767225650");
+        assert_eq!(
+            self::channel().verify(&request(&headers, &body)),
+            Err(ChannelError::Unauthorized)
+        );
+    }
+
+    // ---- settings, limits, rendering ----
+
+    #[test]
+    fn settings_are_checked_and_secrets_never_show_in_debug() {
+        for blank in ["app_id", "app_secret", "verification_token"] {
+            let mut s = settings(None);
+            match blank {
+                "app_id" => s.app_id.clear(),
+                "app_secret" => s.app_secret.clear(),
+                _ => s.verification_token.clear(),
+            }
+            let error = FeishuChannel::new(&s, || 0).unwrap_err();
+            assert!(
+                matches!(&error, ChannelError::Permanent(text) if text.contains(blank)),
+                "{error:?}"
+            );
+        }
+        let bad_url = FeishuSettings {
+            api_url: "not a url".into(),
+            ..settings(None)
+        };
+        assert!(matches!(
+            FeishuChannel::new(&bad_url, || 0),
+            Err(ChannelError::Permanent(_))
+        ));
+        let s = settings(Some(ENCRYPT_KEY));
+        let channel = FeishuChannel::new(&s, || 0).unwrap();
+        for debug in [
+            format!("{s:?}"),
+            format!("{channel:?}"),
+            format!("{:?}", channel.api()),
+        ] {
+            for secret in [SECRET, VERIFICATION_TOKEN, ENCRYPT_KEY] {
+                assert!(!debug.contains(secret), "{debug}");
+            }
+        }
+        assert_eq!(FeishuSettings::default().api_url, "https://open.feishu.cn");
+        assert!(FeishuSettings::default().cards);
+    }
+
+    #[test]
+    fn limits_and_rendering_follow_cards() {
+        let cards = channel();
+        assert_eq!(cards.name(), "feishu");
+        assert_eq!(cards.routes(), ["events"]);
+        let limits = cards.limits();
+        assert_eq!(limits.message, Some(Limit::Bytes(CARD_LIMIT)));
+        assert_eq!(
+            limits.edits,
+            Some(EditRate {
+                private: Duration::from_millis(500),
+                group: Duration::from_secs(1)
+            })
+        );
+        assert_eq!(
+            cards.capabilities(),
+            Capabilities {
+                files: true,
+                images: true,
+                typing: false
+            }
+        );
+        assert_eq!(
+            cards.render("**hi** & <you>").unwrap(),
+            ["**hi** &amp; &lt;you&gt;"]
+        );
+        let long = "word ".repeat(12_000);
+        let parts = cards.render(&long).unwrap();
+        assert_eq!(parts.len(), 3);
+        assert!(parts.iter().all(|p| p.len() <= CARD_LIMIT));
+
+        let text = FeishuChannel::new(
+            &FeishuSettings {
+                cards: false,
+                ..settings(None)
+            },
+            || 0,
+        )
+        .unwrap();
+        assert_eq!(text.limits().message, Some(Limit::Bytes(TEXT_LIMIT)));
+        assert_eq!(text.limits().edits, None);
+        assert_eq!(text.render("**hi** & <you>").unwrap(), ["hi & <you>"]);
+    }
+
+    #[test]
+    fn part_uuids_are_stable_distinct_and_short() {
+        let a = part_uuid("reply-0190-aaaa", 0);
+        assert_eq!(a, part_uuid("reply-0190-aaaa", 0));
+        assert_ne!(a, part_uuid("reply-0190-aaaa", 1));
+        assert_ne!(a, part_uuid("reply-0190-aaab", 0));
+        assert!(a.len() <= 50, "{a}");
+    }
+}
