@@ -265,17 +265,13 @@ impl FeishuApi {
             "reply_in_thread": false,
             "uuid": uuid,
         });
+        let url = format!(
+            "{}/open-apis/im/v1/messages/{}/reply",
+            self.api_url,
+            path_segment(message_id)?
+        );
         let answer = self
-            .call(|token| {
-                self.http
-                    .post(format!(
-                        "{}/open-apis/im/v1/messages/{}/reply",
-                        self.api_url,
-                        path_segment(message_id)
-                    ))
-                    .bearer_auth(token)
-                    .json(&body)
-            })
+            .call(|token| self.http.post(&url).bearer_auth(token).json(&body))
             .await?;
         message_id_of(&answer)
     }
@@ -310,17 +306,13 @@ impl FeishuApi {
     /// (`PATCH /open-apis/im/v1/messages/{id}`, cards sent with `update_multi` only).
     pub async fn update_card(&self, message_id: &str, content: &str) -> Result<(), ChannelError> {
         let body = json!({"content": content});
-        self.call(|token| {
-            self.http
-                .patch(format!(
-                    "{}/open-apis/im/v1/messages/{}",
-                    self.api_url,
-                    path_segment(message_id)
-                ))
-                .bearer_auth(token)
-                .json(&body)
-        })
-        .await?;
+        let url = format!(
+            "{}/open-apis/im/v1/messages/{}",
+            self.api_url,
+            path_segment(message_id)?
+        );
+        self.call(|token| self.http.patch(&url).bearer_auth(token).json(&body))
+            .await?;
         Ok(())
     }
 
@@ -338,8 +330,8 @@ impl FeishuApi {
         let url = format!(
             "{}/open-apis/im/v1/messages/{}/resources/{}",
             self.api_url,
-            path_segment(message_id),
-            path_segment(key)
+            path_segment(message_id)?,
+            path_segment(key)?
         );
         let mut refreshed = false;
         loop {
@@ -502,18 +494,18 @@ fn message_id_of(answer: &Value) -> Result<String, ChannelError> {
         .ok_or_else(|| ChannelError::Permanent("Feishu's answer names no message_id".to_owned()))
 }
 
-/// An id as one URL path segment: ids are `om_…`, `img_v3_…`, `file_v3_…`, so anything else
-/// is percent-encoded rather than allowed to change the path.
-fn path_segment(id: &str) -> String {
-    let mut out = String::with_capacity(id.len());
-    for byte in id.bytes() {
-        if byte.is_ascii_alphanumeric() || matches!(byte, b'_' | b'-' | b'.') {
-            out.push(char::from(byte));
-        } else {
-            out.push_str(&format!("%{byte:02X}"));
-        }
+/// An id as one URL path segment. Feishu's ids are `om_…`, `img_v3_…`, `file_v3_…`; anything
+/// else (a `/`, a `..`, even percent-encoded) could change the path, so it is refused.
+fn path_segment(id: &str) -> Result<&str, ChannelError> {
+    if !id.is_empty()
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-'))
+    {
+        Ok(id)
+    } else {
+        Err(ChannelError::Permanent(format!("not a Feishu id: {id:?}")))
     }
-    out
 }
 
 /// At most `limit` bytes of a body (the rest is not read).
@@ -539,4 +531,423 @@ fn retry_after(headers: &reqwest::header::HeaderMap) -> Duration {
         .and_then(|value| value.to_str().ok())
         .and_then(|value| value.trim().parse::<u64>().ok())
         .map_or(DEFAULT_RETRY_AFTER, |secs| Duration::from_secs(secs.max(1)))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    use wiremock::matchers::{body_json, header, method, path, query_param};
+    use wiremock::{Mock, MockServer, Request, ResponseTemplate};
+
+    use super::*;
+
+    const SECRET: &str = "app-SECRET-0001";
+    const TOKEN: &str = "t-TOKENvalue0001";
+
+    /// A clock the tests move by hand.
+    static NOW_MS: AtomicU64 = AtomicU64::new(1_767_225_600_000);
+
+    fn now_ms() -> u64 {
+        NOW_MS.load(Ordering::SeqCst)
+    }
+
+    fn fixed_ms() -> u64 {
+        1_767_225_600_000
+    }
+
+    fn api(server: &MockServer) -> FeishuApi {
+        FeishuApi::new("cli_app", SECRET, &server.uri(), fixed_ms).unwrap()
+    }
+
+    fn ok(data: Value) -> ResponseTemplate {
+        ResponseTemplate::new(200).set_body_json(json!({"code": 0, "msg": "success", "data": data}))
+    }
+
+    async fn token_endpoint(server: &MockServer, tokens: &'static [&'static str]) {
+        let calls = AtomicU64::new(0);
+        Mock::given(method("POST"))
+            .and(path("/open-apis/auth/v3/tenant_access_token/internal"))
+            .and(body_json(
+                json!({"app_id": "cli_app", "app_secret": SECRET}),
+            ))
+            .respond_with(move |_: &Request| {
+                let n = calls.fetch_add(1, Ordering::SeqCst) as usize;
+                ResponseTemplate::new(200).set_body_json(json!({
+                    "code": 0, "msg": "ok",
+                    "tenant_access_token": tokens[n.min(tokens.len() - 1)], "expire": 7200
+                }))
+            })
+            .mount(server)
+            .await;
+    }
+
+    async fn token_requests(server: &MockServer) -> usize {
+        server
+            .received_requests()
+            .await
+            .unwrap()
+            .iter()
+            .filter(|r| r.url.path().ends_with("tenant_access_token/internal"))
+            .count()
+    }
+
+    #[tokio::test]
+    async fn the_token_is_fetched_once_and_shared() {
+        let server = MockServer::start().await;
+        token_endpoint(&server, &[TOKEN]).await;
+        Mock::given(method("PATCH"))
+            .and(path("/open-apis/im/v1/messages/om_1"))
+            .and(header("authorization", format!("Bearer {TOKEN}").as_str()))
+            .respond_with(ok(json!({})))
+            .expect(4)
+            .mount(&server)
+            .await;
+        let api = api(&server);
+        let (a, b) = tokio::join!(api.update_card("om_1", "{}"), api.update_card("om_1", "{}"));
+        a.unwrap();
+        b.unwrap();
+        api.update_card("om_1", "{}").await.unwrap();
+        api.update_card("om_1", "{}").await.unwrap();
+        assert_eq!(api.tenant_token().await.unwrap(), TOKEN);
+        assert_eq!(token_requests(&server).await, 1);
+        server.verify().await;
+    }
+
+    #[tokio::test]
+    async fn the_token_is_renewed_when_30_minutes_remain() {
+        let server = MockServer::start().await;
+        token_endpoint(&server, &["t-first", "t-second"]).await;
+        let api = FeishuApi::new("cli_app", SECRET, &server.uri(), now_ms).unwrap();
+        assert_eq!(api.tenant_token().await.unwrap(), "t-first");
+        NOW_MS.fetch_add(89 * 60 * 1000, Ordering::SeqCst);
+        assert_eq!(api.tenant_token().await.unwrap(), "t-first");
+        NOW_MS.fetch_add(2 * 60 * 1000, Ordering::SeqCst);
+        assert_eq!(api.tenant_token().await.unwrap(), "t-second");
+        assert_eq!(token_requests(&server).await, 2);
+    }
+
+    #[tokio::test]
+    async fn an_invalid_token_is_replaced_and_the_call_retried_once() {
+        let server = MockServer::start().await;
+        token_endpoint(&server, &["t-stale", "t-fresh", "t-third"]).await;
+        Mock::given(method("PATCH"))
+            .and(path("/open-apis/im/v1/messages/om_1"))
+            .and(header("authorization", "Bearer t-stale"))
+            .respond_with(ResponseTemplate::new(400).set_body_json(
+                json!({"code": 99991663, "msg": "Invalid access token for authorization."}),
+            ))
+            .expect(1)
+            .mount(&server)
+            .await;
+        Mock::given(method("PATCH"))
+            .and(path("/open-apis/im/v1/messages/om_1"))
+            .and(header("authorization", "Bearer t-fresh"))
+            .respond_with(ok(json!({})))
+            .expect(1)
+            .mount(&server)
+            .await;
+        let api = api(&server);
+        api.update_card("om_1", "{}").await.unwrap();
+        assert_eq!(token_requests(&server).await, 2);
+        server.verify().await;
+
+        // A token refused even when new: one retry, then a permanent error.
+        let server = MockServer::start().await;
+        token_endpoint(&server, &["t-a", "t-b", "t-c"]).await;
+        Mock::given(method("PATCH"))
+            .respond_with(
+                ResponseTemplate::new(200)
+                    .set_body_json(json!({"code": 99991668, "msg": "token expired"})),
+            )
+            .expect(2)
+            .mount(&server)
+            .await;
+        let error = api_for(&server)
+            .update_card("om_1", "{}")
+            .await
+            .unwrap_err();
+        assert!(matches!(error, ChannelError::Permanent(_)), "{error:?}");
+        server.verify().await;
+    }
+
+    fn api_for(server: &MockServer) -> FeishuApi {
+        api(server)
+    }
+
+    #[tokio::test]
+    async fn replies_and_chat_messages_return_the_new_message_id() {
+        let server = MockServer::start().await;
+        token_endpoint(&server, &[TOKEN]).await;
+        Mock::given(method("POST"))
+            .and(path("/open-apis/im/v1/messages/om_user/reply"))
+            .and(header("authorization", format!("Bearer {TOKEN}").as_str()))
+            .and(body_json(json!({
+                "msg_type": "text", "content": "{\"text\":\"hi\"}",
+                "reply_in_thread": false, "uuid": "u-1"
+            })))
+            .respond_with(ok(json!({"message_id": "om_bot1"})))
+            .expect(1)
+            .mount(&server)
+            .await;
+        Mock::given(method("POST"))
+            .and(path("/open-apis/im/v1/messages"))
+            .and(query_param("receive_id_type", "chat_id"))
+            .and(body_json(json!({
+                "receive_id": "oc_1", "msg_type": "text", "content": "{\"text\":\"hi\"}",
+                "uuid": "u-2"
+            })))
+            .respond_with(ok(json!({"message_id": "om_bot2"})))
+            .expect(1)
+            .mount(&server)
+            .await;
+        let api = api(&server);
+        assert_eq!(
+            api.reply("om_user", "text", "{\"text\":\"hi\"}", "u-1")
+                .await
+                .unwrap(),
+            "om_bot1"
+        );
+        assert_eq!(
+            api.send_to_chat("oc_1", "text", "{\"text\":\"hi\"}", "u-2")
+                .await
+                .unwrap(),
+            "om_bot2"
+        );
+        server.verify().await;
+    }
+
+    #[tokio::test]
+    async fn feishu_errors_keep_their_kind_and_never_a_secret() {
+        let server = MockServer::start().await;
+        token_endpoint(&server, &[TOKEN]).await;
+        let answer = |id: &str, response: ResponseTemplate| {
+            Mock::given(method("PATCH"))
+                .and(path(format!("/open-apis/im/v1/messages/{id}")))
+                .respond_with(response)
+        };
+        answer(
+            "om_busy",
+            ResponseTemplate::new(429)
+                .insert_header("x-ogw-ratelimit-reset", "7")
+                .set_body_json(json!({"code": 99991400, "msg": "request trigger frequency limit"})),
+        )
+        .mount(&server)
+        .await;
+        answer(
+            "om_busy200",
+            ResponseTemplate::new(200)
+                .set_body_json(json!({"code": 99991400, "msg": "request trigger frequency limit"})),
+        )
+        .mount(&server)
+        .await;
+        answer(
+            "om_gone",
+            ResponseTemplate::new(400).set_body_json(json!({
+                "code": 230011, "msg": format!("The message was withdrawn. {TOKEN} {SECRET}")
+            })),
+        )
+        .mount(&server)
+        .await;
+        answer(
+            "om_down",
+            ResponseTemplate::new(503).set_body_string(format!("upstream {TOKEN} broke")),
+        )
+        .mount(&server)
+        .await;
+        answer(
+            "om_odd",
+            ResponseTemplate::new(200).set_body_string(format!("<html>{TOKEN}</html>")),
+        )
+        .mount(&server)
+        .await;
+        let api = api(&server);
+        let patch = |id: &'static str| {
+            let api = &api;
+            async move { api.update_card(id, "{}").await.unwrap_err() }
+        };
+        assert_eq!(
+            patch("om_busy").await,
+            ChannelError::RateLimited {
+                retry_after: Duration::from_secs(7)
+            }
+        );
+        assert_eq!(
+            patch("om_busy200").await,
+            ChannelError::RateLimited {
+                retry_after: DEFAULT_RETRY_AFTER
+            }
+        );
+        let gone = patch("om_gone").await;
+        assert_eq!(
+            gone,
+            ChannelError::Permanent(
+                "Feishu answered 230011: The message was withdrawn. *** ***".into()
+            )
+        );
+        let down = patch("om_down").await;
+        assert!(
+            matches!(&down, ChannelError::Transient(t) if t.contains("503")),
+            "{down:?}"
+        );
+        let odd = patch("om_odd").await;
+        assert!(matches!(odd, ChannelError::Transient(_)), "{odd:?}");
+
+        // A closed port: the connection fails.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let closed = FeishuApi::new(
+            "cli_app",
+            SECRET,
+            &format!("http://127.0.0.1:{port}"),
+            fixed_ms,
+        )
+        .unwrap();
+        let refused = closed.update_card("om_1", "{}").await.unwrap_err();
+        assert!(matches!(refused, ChannelError::Transient(_)), "{refused:?}");
+
+        for error in [gone, down, odd, refused] {
+            let text = format!("{error} {error:?}");
+            assert!(!text.contains(TOKEN) && !text.contains(SECRET), "{text}");
+        }
+        let debug = format!("{api:?}");
+        assert!(!debug.contains(TOKEN) && !debug.contains(SECRET), "{debug}");
+    }
+
+    #[tokio::test]
+    async fn refused_credentials_name_the_settings_without_the_secret() {
+        let server = MockServer::start().await;
+        Mock::given(method("POST"))
+            .and(path("/open-apis/auth/v3/tenant_access_token/internal"))
+            .respond_with(ResponseTemplate::new(200).set_body_json(
+                json!({"code": 10014, "msg": format!("app secret invalid: {SECRET}")}),
+            ))
+            .mount(&server)
+            .await;
+        let error = api(&server).tenant_token().await.unwrap_err();
+        let ChannelError::Permanent(text) = &error else {
+            panic!("{error:?}")
+        };
+        assert!(
+            text.contains("app_secret") && text.contains("10014"),
+            "{text}"
+        );
+        assert!(!text.contains(SECRET), "{text}");
+    }
+
+    #[tokio::test]
+    async fn bot_info_names_the_bot() {
+        let server = MockServer::start().await;
+        token_endpoint(&server, &[TOKEN]).await;
+        Mock::given(method("GET"))
+            .and(path("/open-apis/bot/v3/info"))
+            .and(header("authorization", format!("Bearer {TOKEN}").as_str()))
+            .respond_with(ResponseTemplate::new(200).set_body_json(json!({
+                "code": 0, "msg": "ok",
+                "bot": {"activate_status": 2, "app_name": "OpsBot", "open_id": "ou_bot",
+                        "avatar_url": "https://x.example/a.png", "ip_white_list": []}
+            })))
+            .mount(&server)
+            .await;
+        assert_eq!(
+            api(&server).bot_info().await.unwrap(),
+            FeishuIdentity {
+                open_id: "ou_bot".into(),
+                name: "OpsBot".into()
+            }
+        );
+    }
+
+    #[tokio::test]
+    async fn resources_are_fetched_within_the_cap() {
+        let server = MockServer::start().await;
+        token_endpoint(&server, &[TOKEN]).await;
+        Mock::given(method("GET"))
+            .and(path("/open-apis/im/v1/messages/om_1/resources/file_v3_a"))
+            .and(query_param("type", "file"))
+            .and(header("authorization", format!("Bearer {TOKEN}").as_str()))
+            .respond_with(
+                ResponseTemplate::new(200)
+                    .insert_header("content-type", "application/octet-stream")
+                    .set_body_bytes(b"hello".to_vec()),
+            )
+            .mount(&server)
+            .await;
+        Mock::given(method("GET"))
+            .and(path(
+                "/open-apis/im/v1/messages/om_1/resources/file_v3_gone",
+            ))
+            .respond_with(
+                ResponseTemplate::new(400)
+                    .set_body_json(json!({"code": 234003, "msg": "File not in msg."})),
+            )
+            .mount(&server)
+            .await;
+        let api = api(&server);
+        assert_eq!(
+            api.fetch_resource("om_1", "file_v3_a", "file", 5)
+                .await
+                .unwrap(),
+            b"hello"
+        );
+        assert_eq!(
+            api.fetch_resource("om_1", "file_v3_a", "file", 4)
+                .await
+                .unwrap_err(),
+            ChannelError::TooLarge { limit: 4 }
+        );
+        assert_eq!(
+            api.fetch_resource("om_1", "file_v3_gone", "file", 100)
+                .await
+                .unwrap_err(),
+            ChannelError::Permanent("Feishu answered 234003: File not in msg.".into())
+        );
+    }
+
+    #[tokio::test]
+    async fn a_resource_without_a_declared_length_is_cut_off_while_reading() {
+        // A server that declares no length, so only counting finds the size. It answers the
+        // token request first, then the download.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            let token = br#"{"code":0,"tenant_access_token":"t-x","expire":7200}"#;
+            let answers = [
+                format!(
+                    "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{}",
+                    token.len(),
+                    String::from_utf8_lossy(token)
+                ),
+                "HTTP/1.1 200 OK\r\nContent-Type: image/png\r\nConnection: close\r\n\r\n0123456789abcdef"
+                    .to_owned(),
+            ];
+            for answer in answers {
+                if let Ok((mut socket, _)) = listener.accept().await {
+                    let mut request = [0u8; 4096];
+                    let _ = socket.read(&mut request).await;
+                    let _ = socket.write_all(answer.as_bytes()).await;
+                }
+            }
+        });
+        let api =
+            FeishuApi::new("cli_app", SECRET, &format!("http://{address}"), fixed_ms).unwrap();
+        assert_eq!(
+            api.fetch_resource("om_1", "img_1", "image", 10)
+                .await
+                .unwrap_err(),
+            ChannelError::TooLarge { limit: 10 }
+        );
+    }
+
+    #[test]
+    fn ids_cannot_change_the_path() {
+        assert_eq!(path_segment("om_abc-1_2").unwrap(), "om_abc-1_2");
+        for bad in ["..", "a/b", "%2e%2e", "x?y", ""] {
+            assert!(path_segment(bad).is_err(), "{bad}");
+        }
+    }
 }
