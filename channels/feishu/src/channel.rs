@@ -1043,4 +1043,285 @@ mod tests {
         assert_ne!(a, part_uuid("reply-0190-aaab", 0));
         assert!(a.len() <= 50, "{a}");
     }
+
+    // ---- sending ----
+
+    async fn mock_api() -> wiremock::MockServer {
+        use wiremock::matchers::{method, path};
+        use wiremock::{Mock, MockServer, ResponseTemplate};
+
+        let server = MockServer::start().await;
+        Mock::given(method("POST"))
+            .and(path("/open-apis/auth/v3/tenant_access_token/internal"))
+            .respond_with(ResponseTemplate::new(200).set_body_json(
+                json!({"code": 0, "tenant_access_token": "t-TOKEN", "expire": 7200}),
+            ))
+            .mount(&server)
+            .await;
+        let sent = json!({"code": 0, "msg": "success", "data": {"message_id": "om_bot1"}});
+        Mock::given(method("POST"))
+            .and(path("/open-apis/im/v1/messages/om_user1/reply"))
+            .respond_with(ResponseTemplate::new(200).set_body_json(sent.clone()))
+            .mount(&server)
+            .await;
+        Mock::given(method("POST"))
+            .and(path("/open-apis/im/v1/messages"))
+            .respond_with(ResponseTemplate::new(200).set_body_json(sent))
+            .mount(&server)
+            .await;
+        Mock::given(method("PATCH"))
+            .and(path("/open-apis/im/v1/messages/om_bot1"))
+            .respond_with(
+                ResponseTemplate::new(200).set_body_json(json!({"code": 0, "msg": "success"})),
+            )
+            .mount(&server)
+            .await;
+        Mock::given(method("GET"))
+            .and(path("/open-apis/bot/v3/info"))
+            .respond_with(ResponseTemplate::new(200).set_body_json(json!({
+                "code": 0, "msg": "ok", "bot": {"open_id": BOT, "app_name": "OpsBot"}
+            })))
+            .mount(&server)
+            .await;
+        Mock::given(method("GET"))
+            .and(path(
+                "/open-apis/im/v1/messages/om_user1/resources/img_v3_a",
+            ))
+            .respond_with(
+                ResponseTemplate::new(200)
+                    .insert_header("content-type", "image/png")
+                    .set_body_bytes(b"PNG".to_vec()),
+            )
+            .mount(&server)
+            .await;
+        server
+    }
+
+    fn live(server: &wiremock::MockServer, cards: bool) -> FeishuChannel {
+        FeishuChannel::new(
+            &FeishuSettings {
+                api_url: server.uri(),
+                cards,
+                ..settings(None)
+            },
+            vector_clock_ms,
+        )
+        .unwrap()
+    }
+
+    fn outbound(reply_to: Option<&str>) -> OutboundMessage {
+        OutboundMessage {
+            idempotency_key: "reply-0001".into(),
+            conversation: ConversationKey::new("feishu", [TENANT, "oc_chat1", "om_user1"]),
+            thread_id: "t".into(),
+            text: "**done** & dusted".into(),
+            reply_to: reply_to.map(str::to_owned),
+        }
+    }
+
+    async fn bodies(server: &wiremock::MockServer) -> Vec<(String, String, serde_json::Value)> {
+        server
+            .received_requests()
+            .await
+            .unwrap()
+            .iter()
+            .filter(|r| !r.url.path().contains("tenant_access_token"))
+            .map(|r| {
+                (
+                    r.method.to_string(),
+                    r.url.path().to_owned(),
+                    serde_json::from_slice(&r.body).unwrap_or(Value::Null),
+                )
+            })
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn replies_are_cards_that_edits_replace() {
+        let server = mock_api().await;
+        let channel = live(&server, true);
+        let message = outbound(Some("om_user1"));
+        let parts = channel.render(&message.text).unwrap();
+        assert_eq!(parts, ["**done** &amp; dusted"]);
+        let part = Part {
+            index: 0,
+            body: &parts[0],
+        };
+        let receipt = channel.send(&message, part).await.unwrap();
+        assert_eq!(receipt.platform_message_id, "om_bot1");
+        channel
+            .edit(
+                &message,
+                &receipt,
+                Part {
+                    index: 0,
+                    body: "**done**, really",
+                },
+            )
+            .await
+            .unwrap();
+        let sent = bodies(&server).await;
+        let (method, path, reply) = &sent[0];
+        assert_eq!(
+            (method.as_str(), path.as_str()),
+            ("POST", "/open-apis/im/v1/messages/om_user1/reply")
+        );
+        assert_eq!(reply["msg_type"], "interactive");
+        assert_eq!(reply["reply_in_thread"], false);
+        assert_eq!(reply["uuid"], part_uuid("reply-0001", 0));
+        let card: Value = serde_json::from_str(reply["content"].as_str().unwrap()).unwrap();
+        assert_eq!(card["config"]["update_multi"], true);
+        assert_eq!(
+            card["elements"],
+            json!([{"tag": "markdown", "content": "**done** &amp; dusted"}])
+        );
+        let (method, path, patch) = &sent[1];
+        assert_eq!(
+            (method.as_str(), path.as_str()),
+            ("PATCH", "/open-apis/im/v1/messages/om_bot1")
+        );
+        let card: Value = serde_json::from_str(patch["content"].as_str().unwrap()).unwrap();
+        assert_eq!(card["config"]["update_multi"], true);
+        assert_eq!(card["elements"][0]["content"], "**done**, really");
+    }
+
+    #[tokio::test]
+    async fn without_cards_replies_are_text_and_cannot_be_edited() {
+        let server = mock_api().await;
+        let channel = live(&server, false);
+        let message = outbound(Some("om_user1"));
+        let receipt = channel
+            .send(
+                &message,
+                Part {
+                    index: 2,
+                    body: "done & dusted",
+                },
+            )
+            .await
+            .unwrap();
+        assert_eq!(
+            channel
+                .edit(
+                    &message,
+                    &receipt,
+                    Part {
+                        index: 2,
+                        body: "x"
+                    }
+                )
+                .await,
+            Err(ChannelError::Unsupported)
+        );
+        let sent = bodies(&server).await;
+        assert_eq!(sent.len(), 1, "no PATCH was made");
+        let reply = &sent[0].2;
+        assert_eq!(reply["msg_type"], "text");
+        assert_eq!(reply["content"], r#"{"text":"done & dusted"}"#);
+        assert_eq!(reply["uuid"], part_uuid("reply-0001", 2));
+    }
+
+    #[tokio::test]
+    async fn without_a_message_to_reply_to_the_chat_gets_it() {
+        let server = mock_api().await;
+        let channel = live(&server, true);
+        let receipt = channel
+            .send(
+                &outbound(None),
+                Part {
+                    index: 0,
+                    body: "hi",
+                },
+            )
+            .await
+            .unwrap();
+        assert_eq!(receipt.platform_message_id, "om_bot1");
+        let requests = server.received_requests().await.unwrap();
+        let last = requests.last().unwrap();
+        assert_eq!(last.url.path(), "/open-apis/im/v1/messages");
+        assert_eq!(last.url.query(), Some("receive_id_type=chat_id"));
+        let body: Value = serde_json::from_slice(&last.body).unwrap();
+        assert_eq!(body["receive_id"], "oc_chat1");
+
+        let stray = OutboundMessage {
+            conversation: ConversationKey::new("slack", ["T1", "C1"]),
+            ..outbound(None)
+        };
+        assert!(matches!(
+            channel
+                .send(
+                    &stray,
+                    Part {
+                        index: 0,
+                        body: "x"
+                    }
+                )
+                .await,
+            Err(ChannelError::Permanent(_))
+        ));
+    }
+
+    #[tokio::test]
+    async fn the_learned_identity_lets_group_mentions_through() {
+        let server = mock_api().await;
+        let channel = live(&server, true);
+        assert_eq!(channel.identity(), None);
+        let body = fixture("feishu_im_group_mention.json");
+        assert_eq!(parse(&channel, &body), Parsed::Ignore);
+        let me = channel.learn_identity().await.unwrap();
+        assert_eq!(
+            me,
+            FeishuIdentity {
+                open_id: BOT.into(),
+                name: "OpsBot".into()
+            }
+        );
+        assert_eq!(channel.identity(), Some(me));
+        assert_eq!(event(parse(&channel, &body)).text, "restart web-api");
+    }
+
+    #[tokio::test]
+    async fn attachments_are_fetched_by_their_platform_id() {
+        let server = mock_api().await;
+        let channel = live(&server, true);
+        let reference = |id: &str| AttachmentRef {
+            name: "a.png".into(),
+            media_type: None,
+            size: None,
+            source: AttachmentSource::Platform { id: id.into() },
+        };
+        assert_eq!(
+            channel
+                .fetch_attachment(&reference("om_user1/img_v3_a/image"), 100)
+                .await
+                .unwrap(),
+            b"PNG"
+        );
+        let requests = server.received_requests().await.unwrap();
+        assert_eq!(requests.last().unwrap().url.query(), Some("type=image"));
+        for bad in [
+            "om_user1/img_v3_a",
+            "om_user1/img_v3_a/audio",
+            "a/b/image/x",
+            "/k/file",
+        ] {
+            assert!(
+                matches!(
+                    channel.fetch_attachment(&reference(bad), 100).await,
+                    Err(ChannelError::Permanent(_))
+                ),
+                "{bad}"
+            );
+        }
+        let url = AttachmentRef {
+            source: AttachmentSource::Url {
+                url: "https://x.example/a".into(),
+            },
+            ..reference("x")
+        };
+        assert_eq!(
+            channel.fetch_attachment(&url, 100).await,
+            Err(ChannelError::Unsupported)
+        );
+    }
 }
