@@ -22,6 +22,16 @@
 //!
 //! So this crate uses reqwest 0.12 (rustls on `ring`, as the rest of antler), `aes` + `cbc`,
 //! `sha2` and `base64`, and checks itself against the shared test vectors.
+//!
+//! # What antler sees
+//!
+//! - A user is their **open_id** (`ou_…`, stable per app): `allowed_users` and `admins` list
+//!   open_ids for Feishu. A chat is its chat_id (`oc_…`), as `allowed_chats` names it.
+//! - Conversations are `feishu:<tenant_key>:<chat_id>` in private chats and
+//!   `feishu:<tenant_key>:<chat_id>:<root_id or message_id>` in groups (one topic, one thread).
+//! - A message's event id is its message_id, which every redelivery keeps.
+//! - A file or image is [`antler_channel::AttachmentSource::Platform`] with the id
+//!   `<message_id>/<key>/<image|file>`, fetched through the message resource endpoint.
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
 
 mod channel;
