@@ -1,10 +1,11 @@
-//! Golden tests for the render toolkit: Markdown → Telegram HTML / Slack mrkdwn / plain text,
+//! Golden tests for the render toolkit: Markdown → Telegram HTML / Slack mrkdwn / Feishu card
+//! Markdown / plain text,
 //! and chunking.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use antler_channel::render::{
-    Block, ChunkError, Document, Inline, Limit, PlainText, Renderer, SlackMrkdwn, TelegramHtml,
-    Token, chunk, concat,
+    Block, ChunkError, Document, FeishuMarkdown, Inline, Limit, PlainText, Renderer, SlackMrkdwn,
+    TelegramHtml, Token, chunk, concat,
 };
 
 #[test]
@@ -504,5 +505,105 @@ fn mrkdwn_code_block_across_a_chunk_boundary_is_closed_and_reopened() {
         assert!(chunk.chars().count() <= 4000);
         assert_eq!(chunk.matches("```").count() % 2, 0, "{chunk:?}");
         assert!(!chunk.contains("&am\n") && !chunk.ends_with("&am"));
+    }
+}
+
+// ---- Feishu card Markdown goldens ----
+
+fn lark(markdown: &str) -> String {
+    concat(&FeishuMarkdown.render(&Document::parse(markdown)))
+}
+
+fn lark_chunks(markdown: &str, limit: Limit) -> Vec<String> {
+    antler_channel::render::parts(markdown, &FeishuMarkdown, limit).unwrap()
+}
+
+#[test]
+fn lark_nests_formatting_without_repeating_a_style() {
+    assert_eq!(
+        lark("*very **bold** move* and ~~gone~~ and `x < y`"),
+        "*very **bold** move* and ~~gone~~ and `x < y`"
+    );
+    assert_eq!(lark("# Deploy **now** _please_"), "**Deploy now *please***");
+    assert_eq!(lark("***both***"), "***both***");
+    assert_eq!(
+        lark("[*a **b***](https://x.io) ~~**c**~~"),
+        "[a b](https://x.io) ~~**c**~~"
+    );
+}
+
+#[test]
+fn lark_escapes_what_would_format_as_entities() {
+    assert_eq!(
+        lark("x <at id=all></at> a & b > c \\*not bold\\* \\_u\\_ \\~s\\~ \\`c\\` \\[l\\]"),
+        "x &lt;at id=all&gt;&lt;/at&gt; a &amp; b &gt; c &#42;not bold&#42; &#95;u&#95; \
+         &#126;s&#126; &#96;c&#96; &#91;l&#93;"
+    );
+    assert_eq!(lark("snake_case_name"), "snake&#95;case&#95;name");
+    assert_eq!(
+        FeishuMarkdown.render(&Document::parse("a*b")),
+        [
+            Token::Text("a".into()),
+            Token::Atom("&#42;".into()),
+            Token::Text("b".into())
+        ]
+    );
+    // An entity is never split by a chunk boundary.
+    assert_eq!(lark_chunks("ab & cd", Limit::Bytes(8)), ["ab &amp;", "cd"]);
+    // Code is shown as it is: nothing inside it is escaped, and its fence outgrows its backticks.
+    assert_eq!(lark("`a_b<c>`"), "`a_b<c>`");
+    assert_eq!(lark("`` a`b ``"), "`` a`b ``");
+    assert_eq!(lark("````\n```\nx\n````"), "````\n```\nx\n````");
+}
+
+#[test]
+fn lark_links_keep_safe_urls_and_encode_what_would_end_them() {
+    assert_eq!(
+        lark("[a **b** & c](https://x.io/a_(b)?q=1&r=2) <https://y.io> [z](javascript:x)"),
+        "[a b &amp; c](https://x.io/a_%28b%29?q=1&r=2) [https://y.io](https://y.io) z"
+    );
+    assert_eq!(
+        lark("<me@example.com>"),
+        "[me@example.com](mailto:me@example.com)"
+    );
+}
+
+#[test]
+fn lark_blocks_headings_lists_quotes_code_and_tables() {
+    assert_eq!(
+        lark("## Title\n\n- one\n- two\n  1. a\n  2. **b**\n\n> quoted\n> on\n>\n> more\n\n---"),
+        "**Title**\n\n- one\n- two\n  1. a\n  2. **b**\n\n> quoted\n> on\n> more\n\n———"
+    );
+    assert_eq!(
+        lark("```rust\nif a < b && c {\n}\n```"),
+        "```rust\nif a < b && c {\n}\n```"
+    );
+    assert_eq!(lark("```a\"b\nx\n```"), "```\nx\n```");
+    assert_eq!(
+        lark("| a | bb |\n|---|---|\n| c<d | e |"),
+        "```\na   | bb\n----+---\nc<d | e\n```"
+    );
+}
+
+#[test]
+fn lark_code_block_across_a_chunk_boundary_is_closed_and_reopened() {
+    let markdown = "Intro.\n\n```sh\necho one & two\necho three\necho four\n```";
+    let chunks = lark_chunks(markdown, Limit::Bytes(32));
+    assert_eq!(
+        chunks,
+        [
+            "Intro.",
+            "```sh\necho one & two\n```",
+            "```sh\necho three\necho four\n```"
+        ]
+    );
+    // A long answer at Feishu's card budget: every chunk fits and keeps its fences paired.
+    let long = long_answer();
+    let chunks = lark_chunks(&long, Limit::Bytes(4000));
+    assert!(chunks.len() >= 3, "{} chunks", chunks.len());
+    for chunk in &chunks {
+        assert!(chunk.len() <= 4000);
+        assert_eq!(chunk.matches("```").count() % 2, 0, "{chunk:?}");
+        assert!(!chunk.ends_with("&#4") && !chunk.ends_with("&am"));
     }
 }

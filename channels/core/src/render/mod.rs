@@ -26,17 +26,23 @@
 //!   `Open { open: "```rust\n", close: "\n```" }`; a backslash escape such as `\*` is an
 //!   `Atom`, so it is never split from the character it escapes.
 //!
+//! - Feishu card Markdown ([`FeishuMarkdown`]): bold is `Open { open: "**", close: "**" }`, a
+//!   link `Open { open: "[", close: "](url)" }`, and characters that would format are HTML
+//!   entities (`Atom("&#42;")`), which card Markdown decodes.
+//!
 //! The chunker counts the markup itself against the limit, prefers paragraph breaks
 //! (`"\n\n"`), then line breaks, then spaces inside [`Token::Text`], and never splits a
 //! [`Token::Atom`] or a character.
 
 mod chunk;
 mod document;
+mod feishu_markdown;
 mod slack_mrkdwn;
 mod telegram_html;
 
 pub use chunk::{ChunkError, Limit, Token, chunk, concat};
 pub use document::{Block, Document, Inline};
+pub use feishu_markdown::FeishuMarkdown;
 pub use slack_mrkdwn::SlackMrkdwn;
 pub use telegram_html::{PlainText, TelegramHtml};
 

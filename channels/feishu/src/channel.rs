@@ -1,0 +1,1327 @@
+//! Feishu as an antler [`Channel`]: event subscriptions on one route, decrypted and verified,
+//! messages normalized, answers sent as replies (message cards edited in place, or text).
+
+use std::sync::RwLock;
+use std::time::Duration;
+
+use antler_channel::render::{self, FeishuMarkdown, Limit, PlainText};
+use antler_channel::{
+    AttachmentRef, AttachmentSource, Capabilities, Channel, ChannelError, ConversationKey,
+    EditRate, Limits, OutboundMessage, Parsed, Part, Receipt, WebhookRequest, verify,
+};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+
+use crate::client::{DEFAULT_API_URL, FeishuApi, FeishuIdentity};
+use crate::crypto;
+use crate::normalize::{Context, MessageReceived, NAME, Normalized, normalize_message};
+
+/// The most Markdown one card holds, in UTF-8 bytes. Feishu refuses cards over 30 KB; the rest
+/// is room for the card around the text (about 100 bytes) and for JSON escaping of quotes,
+/// backslashes and line breaks in the card's content string, which adds a few percent to an
+/// ordinary answer.
+const CARD_LIMIT: usize = 25_000;
+
+/// The most plain text one message holds, in UTF-8 bytes: Feishu allows 150 KB, but longer
+/// messages are hard to read, and this keeps even an all-escapes text far under the limit.
+const TEXT_LIMIT: usize = 30_000;
+
+/// How far a request's timestamp may be from now, in seconds, either side. Feishu documents no
+/// window; five minutes is what Slack uses, and Feishu's retries come with a fresh timestamp.
+const MAX_AGE_SECS: i64 = 300;
+
+/// The header with the Unix time (seconds) a request was signed at.
+pub const TIMESTAMP_HEADER: &str = "x-lark-request-timestamp";
+
+/// The header with the request's nonce.
+pub const NONCE_HEADER: &str = "x-lark-request-nonce";
+
+/// The header with the request's signature: hex SHA-256 of timestamp, nonce, Encrypt Key and body.
+pub const SIGNATURE_HEADER: &str = "x-lark-signature";
+
+/// What the Feishu channel is set up with.
+#[derive(Clone)]
+pub struct FeishuSettings {
+    /// The app's id (`cli_…`).
+    pub app_id: String,
+    /// The app's secret.
+    pub app_secret: String,
+    /// The Verification Token from the app's event subscription page.
+    pub verification_token: String,
+    /// The Encrypt Key from the same page; when set, every event is encrypted and signed.
+    pub encrypt_key: Option<String>,
+    /// The Open API base URL: `https://open.feishu.cn`, or `https://open.larksuite.com` for Lark.
+    pub api_url: String,
+    /// Answer with message cards (Markdown, edited while written); `false` sends plain text.
+    pub cards: bool,
+}
+
+impl Default for FeishuSettings {
+    fn default() -> Self {
+        Self {
+            app_id: String::new(),
+            app_secret: String::new(),
+            verification_token: String::new(),
+            encrypt_key: None,
+            api_url: DEFAULT_API_URL.to_owned(),
+            cards: true,
+        }
+    }
+}
+
+impl std::fmt::Debug for FeishuSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FeishuSettings")
+            .field("app_id", &self.app_id)
+            .field("app_secret", &"***")
+            .field("verification_token", &"***")
+            .field("encrypt_key", &self.encrypt_key.as_ref().map(|_| "***"))
+            .field("api_url", &self.api_url)
+            .field("cards", &self.cards)
+            .finish()
+    }
+}
+
+/// The Encrypt Key and the AES key made from it.
+struct EncryptKey {
+    text: String,
+    aes: [u8; 32],
+}
+
+/// The Feishu channel.
+pub struct FeishuChannel {
+    verification_token: String,
+    encrypt_key: Option<EncryptKey>,
+    cards: bool,
+    api: FeishuApi,
+    /// Who the bot is, from `bot/v3/info` ([`FeishuChannel::learn_identity`]): group messages
+    /// reach it only through a mention of this open_id (or a command).
+    me: RwLock<Option<FeishuIdentity>>,
+    now_ms: fn() -> u64,
+}
+
+impl std::fmt::Debug for FeishuChannel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FeishuChannel")
+            .field("verification_token", &"***")
+            .field("encrypt_key", &self.encrypt_key.as_ref().map(|_| "***"))
+            .field("cards", &self.cards)
+            .field("api", &self.api)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The outer shape of a body: encrypted or not.
+#[derive(Deserialize)]
+struct Sealed {
+    encrypt: Option<String>,
+}
+
+impl FeishuChannel {
+    /// The channel for `settings`; `now_ms` stamps received messages, judges the age of signed
+    /// requests and times the tenant token's renewal.
+    pub fn new(settings: &FeishuSettings, now_ms: fn() -> u64) -> Result<Self, ChannelError> {
+        for (value, name) in [
+            (&settings.app_id, "app_id"),
+            (&settings.app_secret, "app_secret"),
+            (&settings.verification_token, "verification_token"),
+        ] {
+            if value.trim().is_empty() {
+                return Err(ChannelError::Permanent(format!(
+                    "channels.feishu.{name} is empty"
+                )));
+            }
+        }
+        let encrypt_key = settings
+            .encrypt_key
+            .as_deref()
+            .filter(|key| !key.is_empty())
+            .map(|key| EncryptKey {
+                text: key.to_owned(),
+                aes: crypto::aes_key(key),
+            });
+        Ok(Self {
+            verification_token: settings.verification_token.clone(),
+            encrypt_key,
+            cards: settings.cards,
+            api: FeishuApi::new(
+                &settings.app_id,
+                &settings.app_secret,
+                &settings.api_url,
+                now_ms,
+            )?,
+            me: RwLock::new(None),
+            now_ms,
+        })
+    }
+
+    /// The Open API client (setup commands, `antler doctor`).
+    pub fn api(&self) -> &FeishuApi {
+        &self.api
+    }
+
+    /// Asks Feishu who the bot is (`bot/v3/info`) and remembers it.
+    pub async fn learn_identity(&self) -> Result<FeishuIdentity, ChannelError> {
+        let me = self.api.bot_info().await?;
+        if let Ok(mut known) = self.me.write() {
+            *known = Some(me.clone());
+        }
+        Ok(me)
+    }
+
+    /// The identity [`FeishuChannel::learn_identity`] found, if it ran.
+    pub fn identity(&self) -> Option<FeishuIdentity> {
+        self.me
+            .read()
+            .map(|me| me.clone())
+            .unwrap_or_else(|e| e.into_inner().clone())
+    }
+
+    /// The body's JSON, decrypted when an Encrypt Key is set. A body of the other kind
+    /// (encrypted without a key, plain with one) is refused: it is not what Feishu would send.
+    fn open(&self, body: &[u8]) -> Result<Value, ChannelError> {
+        let sealed: Sealed =
+            serde_json::from_slice(body).map_err(|_| ChannelError::Unauthorized)?;
+        match (&self.encrypt_key, sealed.encrypt) {
+            (Some(key), Some(encrypted)) => {
+                let plain =
+                    crypto::decrypt(&key.aes, &encrypted).ok_or(ChannelError::Unauthorized)?;
+                serde_json::from_slice(&plain).map_err(|_| ChannelError::Unauthorized)
+            }
+            (None, None) => serde_json::from_slice(body).map_err(|_| ChannelError::Unauthorized),
+            _ => Err(ChannelError::Unauthorized),
+        }
+    }
+
+    fn token_matches(&self, presented: Option<&str>) -> bool {
+        presented.is_some_and(|token| {
+            verify::constant_time_eq(token.as_bytes(), self.verification_token.as_bytes())
+        })
+    }
+
+    /// The signature headers present, fresh, and matching the raw body.
+    fn signature_matches(&self, key: &EncryptKey, request: &WebhookRequest<'_>) -> bool {
+        let (Some(timestamp), Some(nonce), Some(signature)) = (
+            header(request.headers, TIMESTAMP_HEADER),
+            header(request.headers, NONCE_HEADER),
+            header(request.headers, SIGNATURE_HEADER),
+        ) else {
+            return false;
+        };
+        if !self.fresh(timestamp) {
+            return false;
+        }
+        let expected = crypto::signature(timestamp, nonce, &key.text, request.body);
+        verify::constant_time_eq(
+            signature.trim().to_ascii_lowercase().as_bytes(),
+            expected.as_bytes(),
+        )
+    }
+
+    fn fresh(&self, timestamp: &str) -> bool {
+        let Ok(timestamp) = timestamp.trim().parse::<i64>() else {
+            return false;
+        };
+        let now = i64::try_from((self.now_ms)() / 1000).unwrap_or(i64::MAX);
+        verify::timestamp_within(timestamp, now, MAX_AGE_SECS)
+    }
+
+    /// The card or text message a part is sent as: `(msg_type, content)`.
+    fn content(&self, body: &str) -> (&'static str, String) {
+        if self.cards {
+            ("interactive", card(body).to_string())
+        } else {
+            ("text", json!({"text": body}).to_string())
+        }
+    }
+}
+
+/// A message card holding `markdown`; `update_multi` makes it editable for everyone who sees
+/// it (Feishu wants it both when sending and when patching).
+fn card(markdown: &str) -> Value {
+    json!({
+        "config": {"wide_screen_mode": true, "update_multi": true},
+        "elements": [{"tag": "markdown", "content": markdown}],
+    })
+}
+
+/// A stable idempotency key for part `index` of a message, within Feishu's 50 characters: the
+/// same message part always gets the same `uuid`, so Feishu drops a retried duplicate.
+fn part_uuid(idempotency_key: &str, index: usize) -> String {
+    let digest = Sha256::digest(format!("{idempotency_key}:{index}").as_bytes());
+    format!("antler-{}", &hex::encode(digest)[..40])
+}
+
+/// The chat of `feishu:<tenant>:<chat_id>[:<root>]`.
+fn chat_of(conversation: &ConversationKey) -> Result<&str, ChannelError> {
+    let mut parts = conversation.as_str().split(':');
+    match (parts.next(), parts.next(), parts.next()) {
+        (Some(NAME), Some(_tenant), Some(chat)) if !chat.is_empty() => Ok(chat),
+        _ => Err(ChannelError::Permanent(format!(
+            "not a Feishu conversation: {conversation}"
+        ))),
+    }
+}
+
+/// A header's value as text, if present and readable.
+fn header<'a>(headers: &'a http::HeaderMap, name: &str) -> Option<&'a str> {
+    headers.get(name).and_then(|value| value.to_str().ok())
+}
+
+#[async_trait::async_trait]
+impl Channel for FeishuChannel {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    /// `events`: the event subscription's request URL is `/webhooks/feishu/events`.
+    fn routes(&self) -> &'static [&'static str] {
+        &["events"]
+    }
+
+    /// A timestamp header, if present, within 5 minutes of now. Presence of the signature
+    /// headers cannot be required here: Feishu may send its URL verification unsigned, which
+    /// only the (decrypted) body tells, so [`Channel::verify`] requires them for everything else.
+    fn verify_headers(&self, headers: &http::HeaderMap) -> Result<(), ChannelError> {
+        match header(headers, TIMESTAMP_HEADER) {
+            Some(timestamp) if !self.fresh(timestamp) => Err(ChannelError::Unauthorized),
+            _ => Ok(()),
+        }
+    }
+
+    /// With an Encrypt Key: the body decrypts with it, and then either it is a URL verification
+    /// whose `token` is the Verification Token (decrypting already proved the sender knows the
+    /// key), or the signature headers are present, fresh and match
+    /// `SHA-256(timestamp + nonce + key + body)` (compared in constant time) and `header.token`
+    /// is the Verification Token. Without one: the token alone.
+    fn verify(&self, request: &WebhookRequest<'_>) -> Result<(), ChannelError> {
+        self.verify_headers(request.headers)?;
+        let event = self.open(request.body)?;
+        let url_verification =
+            event.get("type").and_then(Value::as_str) == Some("url_verification");
+        let token = if url_verification {
+            event.get("token")
+        } else {
+            // Schema 2.0 carries it in the header, 1.0 at the top.
+            event
+                .pointer("/header/token")
+                .or_else(|| event.get("token"))
+        };
+        if !self.token_matches(token.and_then(Value::as_str)) {
+            return Err(ChannelError::Unauthorized);
+        }
+        match &self.encrypt_key {
+            Some(key) if !url_verification && !self.signature_matches(key, request) => {
+                Err(ChannelError::Unauthorized)
+            }
+            _ => Ok(()),
+        }
+    }
+
+    fn parse(&self, request: &WebhookRequest<'_>) -> Result<Parsed, ChannelError> {
+        if request.route != "events" {
+            return Err(ChannelError::Malformed(format!(
+                "Feishu has no route {:?}",
+                request.route
+            )));
+        }
+        let event = self
+            .open(request.body)
+            .map_err(|_| ChannelError::Malformed("not a Feishu event".to_owned()))?;
+        if event.get("type").and_then(Value::as_str) == Some("url_verification") {
+            let challenge = event.get("challenge").cloned().unwrap_or(Value::Null);
+            return Ok(Parsed::Reply(json!({"challenge": challenge})));
+        }
+        let schema = event.get("schema").and_then(Value::as_str);
+        let event_type = event.pointer("/header/event_type").and_then(Value::as_str);
+        if schema != Some("2.0") || event_type != Some("im.message.receive_v1") {
+            tracing::debug!(
+                ?schema,
+                ?event_type,
+                "a Feishu event antler does not handle"
+            );
+            return Ok(Parsed::Ignore);
+        }
+        let received = MessageReceived::deserialize(&event)
+            .map_err(|e| ChannelError::Malformed(format!("not a message event: {e}")))?;
+        let me = self.identity();
+        let context = Context {
+            bot_open_id: me.as_ref().map(|me| me.open_id.as_str()),
+            received_at_ms: (self.now_ms)(),
+        };
+        Ok(match normalize_message(&received, &context) {
+            Normalized::Event(event) => Parsed::Events(vec![*event]),
+            Normalized::Ignored(reason) => {
+                tracing::debug!(reason, "Feishu message ignored");
+                Parsed::Ignore
+            }
+        })
+    }
+
+    /// Card Markdown in chunks of at most 25,000 bytes, or plain text in chunks of 30,000
+    /// bytes without cards.
+    fn render(&self, markdown: &str) -> Result<Vec<String>, ChannelError> {
+        let parts = match self.limits().message {
+            Some(limit) if self.cards => render::parts(markdown, &FeishuMarkdown, limit),
+            Some(limit) => render::parts(markdown, &PlainText, limit),
+            None => render::parts(markdown, &PlainText, Limit::Bytes(TEXT_LIMIT)),
+        };
+        parts.map_err(|e| ChannelError::Permanent(e.to_string()))
+    }
+
+    /// Replies to the user's message (every part, so they stay together under it); without
+    /// one, posts to the chat.
+    async fn send(
+        &self,
+        message: &OutboundMessage,
+        part: Part<'_>,
+    ) -> Result<Receipt, ChannelError> {
+        let (msg_type, content) = self.content(part.body);
+        let uuid = part_uuid(&message.idempotency_key, part.index);
+        let id = match message.reply_to.as_deref().filter(|id| !id.is_empty()) {
+            Some(reply_to) => self.api.reply(reply_to, msg_type, &content, &uuid).await?,
+            None => {
+                let chat = chat_of(&message.conversation)?;
+                self.api
+                    .send_to_chat(chat, msg_type, &content, &uuid)
+                    .await?
+            }
+        };
+        Ok(Receipt {
+            platform_message_id: id,
+        })
+    }
+
+    /// Replaces the card of the bot's message `sent`; text messages cannot be edited.
+    async fn edit(
+        &self,
+        _message: &OutboundMessage,
+        sent: &Receipt,
+        part: Part<'_>,
+    ) -> Result<(), ChannelError> {
+        if !self.cards {
+            return Err(ChannelError::Unsupported);
+        }
+        self.api
+            .update_card(&sent.platform_message_id, &card(part.body).to_string())
+            .await
+    }
+
+    /// 25,000 bytes of Markdown a card (30,000 of text without cards). Cards are edited at
+    /// most twice a second in private chats (Feishu allows 5 edits a second per message) and
+    /// once a second in groups, where all bots share 5 replies a second per group.
+    fn limits(&self) -> Limits {
+        if self.cards {
+            Limits {
+                message: Some(Limit::Bytes(CARD_LIMIT)),
+                edits: Some(EditRate {
+                    private: Duration::from_millis(500),
+                    group: Duration::from_secs(1),
+                }),
+            }
+        } else {
+            Limits {
+                message: Some(Limit::Bytes(TEXT_LIMIT)),
+                edits: None,
+            }
+        }
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            files: true,
+            images: true,
+            typing: false,
+        }
+    }
+
+    /// The message resource named by `<message_id>/<key>/<image|file>`.
+    async fn fetch_attachment(
+        &self,
+        attachment: &AttachmentRef,
+        max_bytes: u64,
+    ) -> Result<Vec<u8>, ChannelError> {
+        let AttachmentSource::Platform { id } = &attachment.source else {
+            return Err(ChannelError::Unsupported);
+        };
+        let mut parts = id.split('/');
+        match (parts.next(), parts.next(), parts.next(), parts.next()) {
+            (Some(message_id), Some(key), Some(kind @ ("image" | "file")), None)
+                if !message_id.is_empty() && !key.is_empty() =>
+            {
+                self.api
+                    .fetch_resource(message_id, key, kind, max_bytes)
+                    .await
+            }
+            _ => Err(ChannelError::Permanent(format!(
+                "not a Feishu attachment id: {id}"
+            ))),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::crypto::tests::encrypt;
+
+    const VERIFICATION_TOKEN: &str = "vTok3nFixture0001";
+    const ENCRYPT_KEY: &str = "fixture-encrypt-key-0001";
+    const SECRET: &str = "app-SECRET-0001";
+    const BOT: &str = "ou_b07b07b07b07b07b07b07b07b07b07b0";
+    const TENANT: &str = "2f3e4d5c6b7a8901";
+
+    /// The vectors' signing time, 2026-01-01T00:00:00Z.
+    fn vector_clock_ms() -> u64 {
+        1_767_225_600_000
+    }
+
+    fn settings(encrypt_key: Option<&str>) -> FeishuSettings {
+        FeishuSettings {
+            app_id: "cli_a1b2c3d4e5f60001".into(),
+            app_secret: SECRET.into(),
+            verification_token: VERIFICATION_TOKEN.into(),
+            encrypt_key: encrypt_key.map(str::to_owned),
+            api_url: "http://127.0.0.1:9".into(),
+            cards: true,
+        }
+    }
+
+    /// A channel that knows its bot's open_id, as after `learn_identity`.
+    fn channel_with(encrypt_key: Option<&str>, now_ms: fn() -> u64) -> FeishuChannel {
+        let channel = FeishuChannel::new(&settings(encrypt_key), now_ms).unwrap();
+        *channel.me.write().unwrap() = Some(FeishuIdentity {
+            open_id: BOT.into(),
+            name: "OpsBot".into(),
+        });
+        channel
+    }
+
+    fn channel() -> FeishuChannel {
+        channel_with(None, vector_clock_ms)
+    }
+
+    fn fixture(name: &str) -> Vec<u8> {
+        std::fs::read(format!(
+            "{}/tests/fixtures/{name}",
+            env!("CARGO_MANIFEST_DIR")
+        ))
+        .unwrap()
+    }
+
+    fn request<'a>(headers: &'a http::HeaderMap, body: &'a [u8]) -> WebhookRequest<'a> {
+        WebhookRequest {
+            route: "events",
+            headers,
+            body,
+        }
+    }
+
+    fn parse(channel: &FeishuChannel, body: &[u8]) -> Parsed {
+        let headers = http::HeaderMap::new();
+        let request = request(&headers, body);
+        channel.verify(&request).unwrap();
+        channel.parse(&request).unwrap()
+    }
+
+    fn event(parsed: Parsed) -> antler_channel::InboundEvent {
+        match parsed {
+            Parsed::Events(mut events) if events.len() == 1 => events.remove(0),
+            other => panic!("expected one event: {other:?}"),
+        }
+    }
+
+    /// The group mention fixture with its `message` changed by `edit`.
+    fn variant(name: &str, edit: impl FnOnce(&mut serde_json::Value)) -> Vec<u8> {
+        let mut json: serde_json::Value = serde_json::from_slice(&fixture(name)).unwrap();
+        edit(&mut json["event"]);
+        serde_json::to_vec(&json).unwrap()
+    }
+
+    fn group(edit: impl FnOnce(&mut serde_json::Value)) -> Vec<u8> {
+        variant("feishu_im_group_mention.json", |e| edit(&mut e["message"]))
+    }
+
+    fn p2p(edit: impl FnOnce(&mut serde_json::Value)) -> Vec<u8> {
+        variant("feishu_im_p2p_thread_reply.json", |e| {
+            edit(&mut e["message"])
+        })
+    }
+
+    #[test]
+    fn a_group_mention_is_a_turn_in_its_own_topic() {
+        let event = event(parse(&channel(), &fixture("feishu_im_group_mention.json")));
+        assert_eq!(event.channel, "feishu");
+        assert_eq!(
+            event.event_id, "om_dc13264520392913993dd051dba21dcf",
+            "the message_id, not the header's event_id"
+        );
+        assert_eq!(
+            event.conversation.as_str(),
+            format!(
+                "feishu:{TENANT}:oc_5ad11d72b830411d72b836c20b1c9d1f:om_dc13264520392913993dd051dba21dcf"
+            )
+        );
+        assert_eq!(event.text, "restart web-api");
+        assert_eq!(event.user.id, "ou_7d8a6e6df7621556ce0d21922b676706");
+        assert_eq!(
+            event.chat.as_deref(),
+            Some("oc_5ad11d72b830411d72b836c20b1c9d1f")
+        );
+        assert_eq!(
+            event.reply_to.as_deref(),
+            Some("om_dc13264520392913993dd051dba21dcf")
+        );
+        assert_eq!(event.received_at_ms, vector_clock_ms());
+        assert!(event.group && !event.follow_up && event.interactive);
+        assert!(event.attachments.is_empty() && event.unsupported.is_none());
+
+        // A reply in that topic stays in it.
+        let reply = group(|m| {
+            m["root_id"] = "om_root0001".into();
+            m["message_id"] = "om_reply0001".into();
+        });
+        let reply = event_of(&reply);
+        assert_eq!(
+            reply.conversation.as_str(),
+            format!("feishu:{TENANT}:oc_5ad11d72b830411d72b836c20b1c9d1f:om_root0001")
+        );
+        assert_eq!(reply.reply_to.as_deref(), Some("om_reply0001"));
+    }
+
+    fn event_of(body: &[u8]) -> antler_channel::InboundEvent {
+        event(parse(&channel(), body))
+    }
+
+    #[test]
+    fn a_private_thread_reply_stays_in_the_private_conversation() {
+        let event = event_of(&fixture("feishu_im_p2p_thread_reply.json"));
+        assert_eq!(event.event_id, "om_11112222333344445555666677778888");
+        assert_eq!(
+            event.conversation.as_str(),
+            format!("feishu:{TENANT}:oc_p2p0000111122223333444455556666")
+        );
+        assert_eq!(event.text, "and the error rate?");
+        assert!(!event.group);
+        assert_eq!(
+            event.reply_to.as_deref(),
+            Some("om_11112222333344445555666677778888")
+        );
+    }
+
+    #[test]
+    fn url_verification_is_answered_with_its_challenge() {
+        assert_eq!(
+            parse(&channel(), &fixture("feishu_url_verification.json")),
+            Parsed::Reply(json!({"challenge": "ajls384kdj1234"}))
+        );
+        let wrong = br#"{"challenge":"c","token":"nope","type":"url_verification"}"#;
+        let headers = http::HeaderMap::new();
+        assert_eq!(
+            channel().verify(&request(&headers, wrong)),
+            Err(ChannelError::Unauthorized)
+        );
+        let missing = br#"{"challenge":"c","type":"url_verification"}"#;
+        assert_eq!(
+            channel().verify(&request(&headers, missing)),
+            Err(ChannelError::Unauthorized)
+        );
+    }
+
+    #[test]
+    fn group_messages_need_a_mention_of_the_bot_or_a_command() {
+        let other = group(|m| {
+            m["mentions"][0]["id"]["open_id"] = "ou_someone_else".into();
+            m["mentions"][0]["name"] = "Bob".into();
+        });
+        assert_eq!(parse(&channel(), &other), Parsed::Ignore);
+        let plain = group(|m| {
+            m["mentions"] = json!([]);
+            m["content"] = r#"{"text":"restart web-api"}"#.into();
+        });
+        assert_eq!(parse(&channel(), &plain), Parsed::Ignore);
+        // Before learn_identity no mention is known to be the bot's.
+        let unknown = FeishuChannel::new(&settings(None), vector_clock_ms).unwrap();
+        assert_eq!(
+            parse(&unknown, &fixture("feishu_im_group_mention.json")),
+            Parsed::Ignore
+        );
+
+        let status = group(|m| {
+            m["mentions"] = json!([]);
+            m["content"] = r#"{"text":"/status"}"#.into();
+        });
+        let status = event_of(&status);
+        assert_eq!(status.text, "/status");
+        assert!(status.group);
+        let mentioned = group(|m| m["content"] = r#"{"text":"@_user_1 /new"}"#.into());
+        assert_eq!(event_of(&mentioned).text, "/new");
+        for kind in ["topic_group", "group"] {
+            let body = group(|m| m["chat_type"] = kind.into());
+            assert!(event_of(&body).group, "{kind}");
+        }
+    }
+
+    #[test]
+    fn placeholders_name_people_and_the_bots_own_is_removed() {
+        let body = group(|m| {
+            m["content"] = r#"{"text":"@_user_1 page @_user_2 about web-api, cc @_all"}"#.into();
+            m["mentions"]
+                .as_array_mut()
+                .unwrap()
+                .push(json!({"key": "@_user_2", "id": {"open_id": "ou_ada"}, "name": "Ada"}));
+        });
+        assert_eq!(event_of(&body).text, "page @Ada about web-api, cc @all");
+    }
+
+    #[test]
+    fn senders_other_than_users_are_ignored() {
+        let app = variant("feishu_im_group_mention.json", |e| {
+            e["sender"]["sender_type"] = "app".into();
+        });
+        assert_eq!(parse(&channel(), &app), Parsed::Ignore);
+    }
+
+    #[test]
+    fn posts_are_flattened_to_text() {
+        let body = p2p(|m| {
+            m["message_type"] = "post".into();
+            m["content"] = json!({"zh_cn": {"title": "Incident", "content": [
+                [{"tag": "text", "text": "web-api is "}, {"tag": "text", "text": "down"}],
+                [{"tag": "a", "text": "dashboard", "href": "https://grafana.example/d/1"}],
+                [{"tag": "code_block", "language": "sh", "text": "kubectl get pods\n"}]
+            ]}})
+            .to_string()
+            .into();
+        });
+        assert_eq!(
+            event_of(&body).text,
+            "Incident\nweb-api is down\ndashboard (https://grafana.example/d/1)\nkubectl get pods"
+        );
+    }
+
+    #[test]
+    fn images_and_files_are_attachment_refs() {
+        let image = p2p(|m| {
+            m["message_type"] = "image".into();
+            m["content"] = r#"{"image_key":"img_v3_0abc"}"#.into();
+        });
+        let image = event_of(&image);
+        assert_eq!(image.text, "");
+        assert_eq!(
+            image.attachments,
+            [AttachmentRef {
+                name: "img_v3_0abc.png".into(),
+                media_type: None,
+                size: None,
+                source: AttachmentSource::Platform {
+                    id: "om_11112222333344445555666677778888/img_v3_0abc/image".into()
+                },
+            }]
+        );
+        let file = p2p(|m| {
+            m["message_type"] = "file".into();
+            m["content"] = r#"{"file_key":"file_v3_0def","file_name":"trace.log"}"#.into();
+        });
+        let file = event_of(&file);
+        assert_eq!(file.attachments[0].name, "trace.log");
+        assert_eq!(
+            file.attachments[0].source,
+            AttachmentSource::Platform {
+                id: "om_11112222333344445555666677778888/file_v3_0def/file".into()
+            }
+        );
+    }
+
+    #[test]
+    fn kinds_antler_cannot_read_are_named() {
+        for (kind, words) in [
+            ("sticker", "sticker"),
+            ("audio", "voice message"),
+            ("media", "video"),
+            ("location", "location"),
+            ("interactive", "card"),
+        ] {
+            let body = p2p(|m| {
+                m["message_type"] = kind.into();
+                m["content"] = r#"{"file_key":"x"}"#.into();
+            });
+            let event = event_of(&body);
+            assert_eq!(event.unsupported.as_deref(), Some(words), "{kind}");
+            assert_eq!(event.text, "");
+        }
+    }
+
+    #[test]
+    fn other_events_are_ignored_and_garbage_is_malformed() {
+        let read = variant("feishu_im_p2p_thread_reply.json", |_| {});
+        let mut json: serde_json::Value = serde_json::from_slice(&read).unwrap();
+        json["header"]["event_type"] = "im.message.message_read_v1".into();
+        assert_eq!(
+            parse(&channel(), &serde_json::to_vec(&json).unwrap()),
+            Parsed::Ignore
+        );
+        let headers = http::HeaderMap::new();
+        assert!(matches!(
+            channel().parse(&request(&headers, b"{nope")),
+            Err(ChannelError::Malformed(_))
+        ));
+        assert_eq!(
+            channel().verify(&request(&headers, b"{nope")),
+            Err(ChannelError::Unauthorized)
+        );
+        let mut json: serde_json::Value =
+            serde_json::from_slice(&fixture("feishu_im_p2p_thread_reply.json")).unwrap();
+        json["header"]["token"] = "wrong".into();
+        assert_eq!(
+            channel().verify(&request(&headers, &serde_json::to_vec(&json).unwrap())),
+            Err(ChannelError::Unauthorized)
+        );
+    }
+
+    // ---- encryption and signatures ----
+
+    fn meta(name: &str) -> serde_json::Value {
+        serde_json::from_slice(&fixture(&format!("{name}.encrypted.meta.json"))).unwrap()
+    }
+
+    fn signed_headers(timestamp: &str, nonce: &str, signature: &str) -> http::HeaderMap {
+        let mut headers = http::HeaderMap::new();
+        headers.insert(TIMESTAMP_HEADER, timestamp.parse().unwrap());
+        headers.insert(NONCE_HEADER, nonce.parse().unwrap());
+        headers.insert(SIGNATURE_HEADER, signature.parse().unwrap());
+        headers
+    }
+
+    fn recorded(name: &str) -> http::HeaderMap {
+        let meta = meta(name);
+        assert_eq!(meta["encrypt_key"], ENCRYPT_KEY);
+        let h = &meta["headers"];
+        signed_headers(
+            h["X-Lark-Request-Timestamp"].as_str().unwrap(),
+            h["X-Lark-Request-Nonce"].as_str().unwrap(),
+            h["X-Lark-Signature"].as_str().unwrap(),
+        )
+    }
+
+    #[test]
+    fn the_vectors_decrypt_to_their_plaintext() {
+        let key = crypto::aes_key(ENCRYPT_KEY);
+        for name in ["feishu_im_group_mention", "feishu_url_verification"] {
+            let body: serde_json::Value =
+                serde_json::from_slice(&fixture(&format!("{name}.encrypted.json"))).unwrap();
+            let plain = crypto::decrypt(&key, body["encrypt"].as_str().unwrap()).unwrap();
+            assert_eq!(
+                hex::encode(Sha256::digest(&plain)),
+                meta(name)["plaintext_sha256"].as_str().unwrap(),
+                "{name}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_encrypted_mention_verifies_and_parses() {
+        let channel = channel_with(Some(ENCRYPT_KEY), vector_clock_ms);
+        let body = fixture("feishu_im_group_mention.encrypted.json");
+        let headers = recorded("feishu_im_group_mention");
+        assert_eq!(channel.verify_headers(&headers), Ok(()));
+        let signed = request(&headers, &body);
+        assert_eq!(channel.verify(&signed), Ok(()));
+        let event = event(channel.parse(&signed).unwrap());
+        assert_eq!(event.text, "restart web-api");
+        assert_eq!(event.event_id, "om_dc13264520392913993dd051dba21dcf");
+
+        // One byte of the body changed (inside the base64, so it still parses).
+        let mut tampered = body.clone();
+        let at = tampered.len() - 10;
+        tampered[at] = if tampered[at] == b'A' { b'B' } else { b'A' };
+        assert_eq!(
+            channel.verify(&request(&headers, &tampered)),
+            Err(ChannelError::Unauthorized)
+        );
+        // A wrong signature, or none.
+        let h = &meta("feishu_im_group_mention")["headers"];
+        let wrong = signed_headers("1767225600", "fixturenonce0001", &"0".repeat(64));
+        assert_eq!(
+            channel.verify(&request(&wrong, &body)),
+            Err(ChannelError::Unauthorized)
+        );
+        let other_nonce = signed_headers(
+            "1767225600",
+            "fixturenonce0002",
+            h["X-Lark-Signature"].as_str().unwrap(),
+        );
+        assert_eq!(
+            channel.verify(&request(&other_nonce, &body)),
+            Err(ChannelError::Unauthorized)
+        );
+        let none = http::HeaderMap::new();
+        assert_eq!(
+            channel.verify_headers(&none),
+            Ok(()),
+            "checked with the body"
+        );
+        assert_eq!(
+            channel.verify(&request(&none, &body)),
+            Err(ChannelError::Unauthorized)
+        );
+        // Stale: the same request a day later.
+        let later = channel_with(Some(ENCRYPT_KEY), || 1_767_312_000_000);
+        assert_eq!(
+            later.verify_headers(&headers),
+            Err(ChannelError::Unauthorized)
+        );
+        assert_eq!(
+            later.verify(&request(&headers, &body)),
+            Err(ChannelError::Unauthorized)
+        );
+        // Another key cannot read it.
+        let other_key = channel_with(Some("another-key"), vector_clock_ms);
+        assert_eq!(
+            other_key.verify(&request(&headers, &body)),
+            Err(ChannelError::Unauthorized)
+        );
+    }
+
+    #[test]
+    fn the_encrypted_url_verification_is_answered_signed_or_not() {
+        let channel = channel_with(Some(ENCRYPT_KEY), vector_clock_ms);
+        let body = fixture("feishu_url_verification.encrypted.json");
+        let headers = recorded("feishu_url_verification");
+        for headers in [headers, http::HeaderMap::new()] {
+            let signed = request(&headers, &body);
+            assert_eq!(channel.verify(&signed), Ok(()));
+            assert_eq!(
+                channel.parse(&signed).unwrap(),
+                Parsed::Reply(json!({"challenge": "ajls384kdj1234"}))
+            );
+        }
+    }
+
+    /// A request as Feishu would send it now: encrypted with `key`, signed at `timestamp`.
+    fn sealed(plain: &serde_json::Value, key: &str, timestamp: &str) -> (Vec<u8>, http::HeaderMap) {
+        let body = serde_json::to_vec(&json!({
+            "encrypt": encrypt(&serde_json::to_vec(plain).unwrap(), key, [9; 16])
+        }))
+        .unwrap();
+        let signature = crypto::signature(timestamp, "n0nce", key, &body);
+        (body, signed_headers(timestamp, "n0nce", &signature))
+    }
+
+    #[test]
+    fn fresh_encrypted_requests_verify_and_wrong_tokens_do_not() {
+        let channel = channel_with(Some(ENCRYPT_KEY), vector_clock_ms);
+        let plain: serde_json::Value =
+            serde_json::from_slice(&fixture("feishu_im_p2p_thread_reply.json")).unwrap();
+        let (body, headers) = sealed(&plain, ENCRYPT_KEY, "1767225650");
+        assert_eq!(channel.verify(&request(&headers, &body)), Ok(()));
+        assert_eq!(
+            event(channel.parse(&request(&headers, &body)).unwrap()).text,
+            "and the error rate?"
+        );
+
+        // Signed and encrypted right, but with a wrong Verification Token inside.
+        let mut wrong = plain.clone();
+        wrong["header"]["token"] = "not-the-token".into();
+        let (body, headers) = sealed(&wrong, ENCRYPT_KEY, "1767225650");
+        assert_eq!(
+            channel.verify(&request(&headers, &body)),
+            Err(ChannelError::Unauthorized)
+        );
+        let challenge = json!({"challenge": "c", "token": "nope", "type": "url_verification"});
+        let (body, headers) = sealed(&challenge, ENCRYPT_KEY, "1767225650");
+        assert_eq!(
+            channel.verify(&request(&headers, &body)),
+            Err(ChannelError::Unauthorized)
+        );
+
+        // A plain body where an encrypted one is due, and the other way round.
+        let plain_body = serde_json::to_vec(&plain).unwrap();
+        let signature = crypto::signature("1767225650", "n0nce", ENCRYPT_KEY, &plain_body);
+        let plain_headers = signed_headers("1767225650", "n0nce", &signature);
+        assert_eq!(
+            channel.verify(&request(&plain_headers, &plain_body)),
+            Err(ChannelError::Unauthorized)
+        );
+        let (body, headers) = sealed(&plain, ENCRYPT_KEY, "1767225650");
+        assert_eq!(
+            self::channel().verify(&request(&headers, &body)),
+            Err(ChannelError::Unauthorized)
+        );
+    }
+
+    // ---- settings, limits, rendering ----
+
+    #[test]
+    fn settings_are_checked_and_secrets_never_show_in_debug() {
+        for blank in ["app_id", "app_secret", "verification_token"] {
+            let mut s = settings(None);
+            match blank {
+                "app_id" => s.app_id.clear(),
+                "app_secret" => s.app_secret.clear(),
+                _ => s.verification_token.clear(),
+            }
+            let error = FeishuChannel::new(&s, || 0).unwrap_err();
+            assert!(
+                matches!(&error, ChannelError::Permanent(text) if text.contains(blank)),
+                "{error:?}"
+            );
+        }
+        let bad_url = FeishuSettings {
+            api_url: "not a url".into(),
+            ..settings(None)
+        };
+        assert!(matches!(
+            FeishuChannel::new(&bad_url, || 0),
+            Err(ChannelError::Permanent(_))
+        ));
+        let s = settings(Some(ENCRYPT_KEY));
+        let channel = FeishuChannel::new(&s, || 0).unwrap();
+        for debug in [
+            format!("{s:?}"),
+            format!("{channel:?}"),
+            format!("{:?}", channel.api()),
+        ] {
+            for secret in [SECRET, VERIFICATION_TOKEN, ENCRYPT_KEY] {
+                assert!(!debug.contains(secret), "{debug}");
+            }
+        }
+        assert_eq!(FeishuSettings::default().api_url, "https://open.feishu.cn");
+        assert!(FeishuSettings::default().cards);
+    }
+
+    #[test]
+    fn limits_and_rendering_follow_cards() {
+        let cards = channel();
+        assert_eq!(cards.name(), "feishu");
+        assert_eq!(cards.routes(), ["events"]);
+        let limits = cards.limits();
+        assert_eq!(limits.message, Some(Limit::Bytes(CARD_LIMIT)));
+        assert_eq!(
+            limits.edits,
+            Some(EditRate {
+                private: Duration::from_millis(500),
+                group: Duration::from_secs(1)
+            })
+        );
+        assert_eq!(
+            cards.capabilities(),
+            Capabilities {
+                files: true,
+                images: true,
+                typing: false
+            }
+        );
+        assert_eq!(
+            cards.render("**hi** & <you>").unwrap(),
+            ["**hi** &amp; &lt;you&gt;"]
+        );
+        let long = "word ".repeat(12_000);
+        let parts = cards.render(&long).unwrap();
+        assert_eq!(parts.len(), 3);
+        assert!(parts.iter().all(|p| p.len() <= CARD_LIMIT));
+
+        let text = FeishuChannel::new(
+            &FeishuSettings {
+                cards: false,
+                ..settings(None)
+            },
+            || 0,
+        )
+        .unwrap();
+        assert_eq!(text.limits().message, Some(Limit::Bytes(TEXT_LIMIT)));
+        assert_eq!(text.limits().edits, None);
+        assert_eq!(text.render("**hi** & <you>").unwrap(), ["hi & <you>"]);
+    }
+
+    #[test]
+    fn part_uuids_are_stable_distinct_and_short() {
+        let a = part_uuid("reply-0190-aaaa", 0);
+        assert_eq!(a, part_uuid("reply-0190-aaaa", 0));
+        assert_ne!(a, part_uuid("reply-0190-aaaa", 1));
+        assert_ne!(a, part_uuid("reply-0190-aaab", 0));
+        assert!(a.len() <= 50, "{a}");
+    }
+
+    // ---- sending ----
+
+    async fn mock_api() -> wiremock::MockServer {
+        use wiremock::matchers::{method, path};
+        use wiremock::{Mock, MockServer, ResponseTemplate};
+
+        let server = MockServer::start().await;
+        Mock::given(method("POST"))
+            .and(path("/open-apis/auth/v3/tenant_access_token/internal"))
+            .respond_with(ResponseTemplate::new(200).set_body_json(
+                json!({"code": 0, "tenant_access_token": "t-TOKEN", "expire": 7200}),
+            ))
+            .mount(&server)
+            .await;
+        let sent = json!({"code": 0, "msg": "success", "data": {"message_id": "om_bot1"}});
+        Mock::given(method("POST"))
+            .and(path("/open-apis/im/v1/messages/om_user1/reply"))
+            .respond_with(ResponseTemplate::new(200).set_body_json(sent.clone()))
+            .mount(&server)
+            .await;
+        Mock::given(method("POST"))
+            .and(path("/open-apis/im/v1/messages"))
+            .respond_with(ResponseTemplate::new(200).set_body_json(sent))
+            .mount(&server)
+            .await;
+        Mock::given(method("PATCH"))
+            .and(path("/open-apis/im/v1/messages/om_bot1"))
+            .respond_with(
+                ResponseTemplate::new(200).set_body_json(json!({"code": 0, "msg": "success"})),
+            )
+            .mount(&server)
+            .await;
+        Mock::given(method("GET"))
+            .and(path("/open-apis/bot/v3/info"))
+            .respond_with(ResponseTemplate::new(200).set_body_json(json!({
+                "code": 0, "msg": "ok", "bot": {"open_id": BOT, "app_name": "OpsBot"}
+            })))
+            .mount(&server)
+            .await;
+        Mock::given(method("GET"))
+            .and(path(
+                "/open-apis/im/v1/messages/om_user1/resources/img_v3_a",
+            ))
+            .respond_with(
+                ResponseTemplate::new(200)
+                    .insert_header("content-type", "image/png")
+                    .set_body_bytes(b"PNG".to_vec()),
+            )
+            .mount(&server)
+            .await;
+        server
+    }
+
+    fn live(server: &wiremock::MockServer, cards: bool) -> FeishuChannel {
+        FeishuChannel::new(
+            &FeishuSettings {
+                api_url: server.uri(),
+                cards,
+                ..settings(None)
+            },
+            vector_clock_ms,
+        )
+        .unwrap()
+    }
+
+    fn outbound(reply_to: Option<&str>) -> OutboundMessage {
+        OutboundMessage {
+            idempotency_key: "reply-0001".into(),
+            conversation: ConversationKey::new("feishu", [TENANT, "oc_chat1", "om_user1"]),
+            thread_id: "t".into(),
+            text: "**done** & dusted".into(),
+            reply_to: reply_to.map(str::to_owned),
+        }
+    }
+
+    async fn bodies(server: &wiremock::MockServer) -> Vec<(String, String, serde_json::Value)> {
+        server
+            .received_requests()
+            .await
+            .unwrap()
+            .iter()
+            .filter(|r| !r.url.path().contains("tenant_access_token"))
+            .map(|r| {
+                (
+                    r.method.to_string(),
+                    r.url.path().to_owned(),
+                    serde_json::from_slice(&r.body).unwrap_or(Value::Null),
+                )
+            })
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn replies_are_cards_that_edits_replace() {
+        let server = mock_api().await;
+        let channel = live(&server, true);
+        let message = outbound(Some("om_user1"));
+        let parts = channel.render(&message.text).unwrap();
+        assert_eq!(parts, ["**done** &amp; dusted"]);
+        let part = Part {
+            index: 0,
+            body: &parts[0],
+        };
+        let receipt = channel.send(&message, part).await.unwrap();
+        assert_eq!(receipt.platform_message_id, "om_bot1");
+        channel
+            .edit(
+                &message,
+                &receipt,
+                Part {
+                    index: 0,
+                    body: "**done**, really",
+                },
+            )
+            .await
+            .unwrap();
+        let sent = bodies(&server).await;
+        let (method, path, reply) = &sent[0];
+        assert_eq!(
+            (method.as_str(), path.as_str()),
+            ("POST", "/open-apis/im/v1/messages/om_user1/reply")
+        );
+        assert_eq!(reply["msg_type"], "interactive");
+        assert_eq!(reply["reply_in_thread"], false);
+        assert_eq!(reply["uuid"], part_uuid("reply-0001", 0));
+        let card: Value = serde_json::from_str(reply["content"].as_str().unwrap()).unwrap();
+        assert_eq!(card["config"]["update_multi"], true);
+        assert_eq!(
+            card["elements"],
+            json!([{"tag": "markdown", "content": "**done** &amp; dusted"}])
+        );
+        let (method, path, patch) = &sent[1];
+        assert_eq!(
+            (method.as_str(), path.as_str()),
+            ("PATCH", "/open-apis/im/v1/messages/om_bot1")
+        );
+        let card: Value = serde_json::from_str(patch["content"].as_str().unwrap()).unwrap();
+        assert_eq!(card["config"]["update_multi"], true);
+        assert_eq!(card["elements"][0]["content"], "**done**, really");
+    }
+
+    #[tokio::test]
+    async fn without_cards_replies_are_text_and_cannot_be_edited() {
+        let server = mock_api().await;
+        let channel = live(&server, false);
+        let message = outbound(Some("om_user1"));
+        let receipt = channel
+            .send(
+                &message,
+                Part {
+                    index: 2,
+                    body: "done & dusted",
+                },
+            )
+            .await
+            .unwrap();
+        assert_eq!(
+            channel
+                .edit(
+                    &message,
+                    &receipt,
+                    Part {
+                        index: 2,
+                        body: "x"
+                    }
+                )
+                .await,
+            Err(ChannelError::Unsupported)
+        );
+        let sent = bodies(&server).await;
+        assert_eq!(sent.len(), 1, "no PATCH was made");
+        let reply = &sent[0].2;
+        assert_eq!(reply["msg_type"], "text");
+        assert_eq!(reply["content"], r#"{"text":"done & dusted"}"#);
+        assert_eq!(reply["uuid"], part_uuid("reply-0001", 2));
+    }
+
+    #[tokio::test]
+    async fn without_a_message_to_reply_to_the_chat_gets_it() {
+        let server = mock_api().await;
+        let channel = live(&server, true);
+        let receipt = channel
+            .send(
+                &outbound(None),
+                Part {
+                    index: 0,
+                    body: "hi",
+                },
+            )
+            .await
+            .unwrap();
+        assert_eq!(receipt.platform_message_id, "om_bot1");
+        let requests = server.received_requests().await.unwrap();
+        let last = requests.last().unwrap();
+        assert_eq!(last.url.path(), "/open-apis/im/v1/messages");
+        assert_eq!(last.url.query(), Some("receive_id_type=chat_id"));
+        let body: Value = serde_json::from_slice(&last.body).unwrap();
+        assert_eq!(body["receive_id"], "oc_chat1");
+
+        let stray = OutboundMessage {
+            conversation: ConversationKey::new("slack", ["T1", "C1"]),
+            ..outbound(None)
+        };
+        assert!(matches!(
+            channel
+                .send(
+                    &stray,
+                    Part {
+                        index: 0,
+                        body: "x"
+                    }
+                )
+                .await,
+            Err(ChannelError::Permanent(_))
+        ));
+    }
+
+    #[tokio::test]
+    async fn the_learned_identity_lets_group_mentions_through() {
+        let server = mock_api().await;
+        let channel = live(&server, true);
+        assert_eq!(channel.identity(), None);
+        let body = fixture("feishu_im_group_mention.json");
+        assert_eq!(parse(&channel, &body), Parsed::Ignore);
+        let me = channel.learn_identity().await.unwrap();
+        assert_eq!(
+            me,
+            FeishuIdentity {
+                open_id: BOT.into(),
+                name: "OpsBot".into()
+            }
+        );
+        assert_eq!(channel.identity(), Some(me));
+        assert_eq!(event(parse(&channel, &body)).text, "restart web-api");
+    }
+
+    #[tokio::test]
+    async fn attachments_are_fetched_by_their_platform_id() {
+        let server = mock_api().await;
+        let channel = live(&server, true);
+        let reference = |id: &str| AttachmentRef {
+            name: "a.png".into(),
+            media_type: None,
+            size: None,
+            source: AttachmentSource::Platform { id: id.into() },
+        };
+        assert_eq!(
+            channel
+                .fetch_attachment(&reference("om_user1/img_v3_a/image"), 100)
+                .await
+                .unwrap(),
+            b"PNG"
+        );
+        let requests = server.received_requests().await.unwrap();
+        assert_eq!(requests.last().unwrap().url.query(), Some("type=image"));
+        for bad in [
+            "om_user1/img_v3_a",
+            "om_user1/img_v3_a/audio",
+            "a/b/image/x",
+            "/k/file",
+        ] {
+            assert!(
+                matches!(
+                    channel.fetch_attachment(&reference(bad), 100).await,
+                    Err(ChannelError::Permanent(_))
+                ),
+                "{bad}"
+            );
+        }
+        let url = AttachmentRef {
+            source: AttachmentSource::Url {
+                url: "https://x.example/a".into(),
+            },
+            ..reference("x")
+        };
+        assert_eq!(
+            channel.fetch_attachment(&url, 100).await,
+            Err(ChannelError::Unsupported)
+        );
+    }
+}
