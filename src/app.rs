@@ -7,6 +7,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use antler_channel::Channel;
+use antler_feishu::{FeishuChannel, FeishuSettings};
 use antler_slack::{SlackChannel, SlackSettings};
 use antler_telegram::{TelegramChannel, TelegramSettings};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
@@ -145,16 +146,8 @@ async fn platform_channels(config: &Config) -> Result<Platforms, AppError> {
     let telegram = &config.channels.telegram;
     if telegram.enabled {
         let settings = TelegramSettings {
-            bot_token: telegram
-                .bot_token
-                .as_ref()
-                .map(|s| s.expose().to_owned())
-                .unwrap_or_default(),
-            webhook_secret: telegram
-                .webhook_secret
-                .as_ref()
-                .map(|s| s.expose().to_owned())
-                .unwrap_or_default(),
+            bot_token: exposed(&telegram.bot_token),
+            webhook_secret: exposed(&telegram.webhook_secret),
             api_url: telegram.api_url.clone(),
         };
         let channel = Arc::new(
@@ -185,15 +178,9 @@ async fn platform_channels(config: &Config) -> Result<Platforms, AppError> {
     }
     let slack = &config.channels.slack;
     if slack.enabled {
-        let secret = |value: &Option<crate::config::Secret>| {
-            value
-                .as_ref()
-                .map(|s| s.expose().to_owned())
-                .unwrap_or_default()
-        };
         let settings = SlackSettings {
-            bot_token: secret(&slack.bot_token),
-            signing_secret: secret(&slack.signing_secret),
+            bot_token: exposed(&slack.bot_token),
+            signing_secret: exposed(&slack.signing_secret),
             api_url: slack.api_url.clone(),
             team_id: slack.team_id.clone(),
             thread_follow_ups: slack.thread_follow_ups,
@@ -218,7 +205,38 @@ async fn platform_channels(config: &Config) -> Result<Platforms, AppError> {
         platforms.all.push(channel.clone());
         platforms.webhooks.push(channel);
     }
+    let feishu = &config.channels.feishu;
+    if feishu.enabled {
+        let settings = FeishuSettings {
+            app_id: feishu.app_id.clone().unwrap_or_default(),
+            app_secret: exposed(&feishu.app_secret),
+            verification_token: exposed(&feishu.verification_token),
+            encrypt_key: Some(exposed(&feishu.encrypt_key)).filter(|key| !key.is_empty()),
+            api_url: feishu.api_url.clone(),
+            cards: feishu.cards,
+        };
+        let channel = Arc::new(
+            FeishuChannel::new(&settings, crate::now_ms)
+                .map_err(|e| AppError::Channel(format!("channels.feishu: {e}")))?,
+        );
+        let learning = Arc::clone(&channel);
+        learn_identity("feishu", move || {
+            let channel = Arc::clone(&learning);
+            async move { channel.learn_identity().await.map(|me| me.name) }
+        })
+        .await;
+        platforms.all.push(channel.clone());
+        platforms.webhooks.push(channel);
+    }
     Ok(platforms)
+}
+
+/// A secret's text for a platform crate (empty when unset; validation has required it).
+fn exposed(value: &Option<crate::config::Secret>) -> String {
+    value
+        .as_ref()
+        .map(|s| s.expose().to_owned())
+        .unwrap_or_default()
 }
 
 /// Asks the platform who the bot is (`learn` returns its name) before serving, for up to 5

@@ -2,7 +2,8 @@
 //!
 //! The configuration, the store, the listen address, the model endpoint and the API's access
 //! rules; each enabled platform's credentials (Telegram: the token through `getMe`, and the
-//! webhook Telegram delivers to; Slack: the token through `auth.test`). Nothing is changed,
+//! webhook Telegram delivers to; Slack: the token through `auth.test`; Feishu: a tenant token
+//! and the bot's info). Nothing is changed,
 //! except that a store is opened the way `antler serve` would open it (an older layout is
 //! migrated); a store another antler holds is reported, not touched.
 
@@ -139,6 +140,9 @@ async fn check(config_path: &Path) -> Vec<Finding> {
     }
     if config.channels.slack.enabled {
         findings.push(check_slack(&config).await);
+    }
+    if config.channels.feishu.enabled {
+        findings.push(check_feishu(&config).await);
     }
     let platforms = config.channels.enabled_platforms();
     findings.push(if platforms.is_empty() {
@@ -286,6 +290,48 @@ async fn check_model(config: &Config) -> Finding {
 }
 
 /// The bot token (`getMe`), then the webhook Telegram delivers to (`getWebhookInfo`).
+/// The Feishu / Lark app credentials: a tenant token fetched with them, then the bot's name.
+async fn check_feishu(config: &Config) -> Finding {
+    const FIX: &str = "set channels.feishu.app_id and app_secret from the app's Credentials & \
+                       Basic Info page (Lark apps: api_url = \"https://open.larksuite.com\")";
+    let feishu = &config.channels.feishu;
+    let (Some(app_id), Some(secret)) = (&feishu.app_id, &feishu.app_secret) else {
+        return Finding::fail(
+            "feishu",
+            "channels.feishu.app_id and app_secret are needed",
+            FIX,
+        );
+    };
+    let api = match antler_feishu::FeishuApi::new(
+        app_id,
+        secret.expose(),
+        &feishu.api_url,
+        crate::now_ms,
+    ) {
+        Ok(api) => api,
+        Err(e) => return Finding::fail("feishu", e.to_string(), FIX),
+    };
+    match api.tenant_token().await {
+        Ok(_) => match api.bot_info().await {
+            Ok(bot) => Finding::ok(
+                "feishu",
+                format!("the app credentials work: the bot is {}", bot.name),
+            ),
+            Err(e) => Finding::fail(
+                "feishu",
+                format!("the credentials work, but the bot's info failed: {e}"),
+                "enable the Bot capability in the app and publish a version",
+            ),
+        },
+        Err(e @ (ChannelError::Transient(_) | ChannelError::RateLimited { .. })) => Finding::fail(
+            "feishu",
+            format!("{} is unreachable: {e}", feishu.api_url),
+            "check the network, or channels.feishu.api_url",
+        ),
+        Err(e) => Finding::fail("feishu", format!("no tenant token: {e}"), FIX),
+    }
+}
+
 /// The Slack bot token, with `auth.test`: the bot and the workspace it is installed in.
 async fn check_slack(config: &Config) -> Finding {
     const FIX: &str = "set channels.slack.bot_token to the Bot User OAuth Token (xoxb-…) of \

@@ -382,7 +382,6 @@ fn enabled_platform_requires_its_secrets() {
             "channels.feishu.app_id: required when enabled",
             "channels.feishu.app_secret: required when enabled",
             "channels.feishu.verification_token: required when enabled",
-            "channels.feishu.enabled: the feishu channel is not available in this build yet",
         ]
     );
 }
@@ -401,6 +400,16 @@ fn complete_platform_is_not_available_yet() {
     let slack =
         "[channels.slack]\nenabled = true\nbot_token = \"xoxb-1\"\nsigning_secret = \"s\"\n";
     assert!(parse(slack).is_ok(), "slack is built");
+    let feishu = "[channels.feishu]\nenabled = true\napp_id = \"cli_1\"\napp_secret = \"s\"\n\
+                  verification_token = \"t\"\n";
+    assert!(parse(feishu).is_ok(), "feishu is built");
+    let found = issues("[channels.feishu]\napp_id = \"app1\"\n");
+    assert_eq!(
+        found,
+        [
+            "channels.feishu.app_id: must be the app's id (cli_...), from the app's Credentials & Basic Info page"
+        ]
+    );
 }
 
 #[test]

@@ -20,7 +20,7 @@ pub(crate) const MAX_USER_CHARS: usize = 64;
 
 /// The chat platforms whose adapters exist in this build; an enabled platform outside this list
 /// is refused until its adapter lands.
-pub(crate) const AVAILABLE_PLATFORMS: &[&str] = &["telegram", "slack"];
+pub(crate) const AVAILABLE_PLATFORMS: &[&str] = &["telegram", "slack", "feishu"];
 
 /// Collects the issues of a deserialized configuration.
 pub(crate) fn validate(config: &Config) -> Vec<ConfigIssue> {

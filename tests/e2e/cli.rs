@@ -889,3 +889,72 @@ async fn doctor_checks_the_slack_token_and_its_workspace() {
     );
     assert!(!stdout.contains(SLACK_TOKEN), "{stdout}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn doctor_checks_the_feishu_app_credentials() {
+    let mock = MockModel::start(Behaviour::Echo).await;
+    let api = wiremock::MockServer::start().await;
+    wiremock::Mock::given(wiremock::matchers::path(
+        "/open-apis/auth/v3/tenant_access_token/internal",
+    ))
+    .and(wiremock::matchers::body_partial_json(
+        serde_json::json!({"app_id": "cli_doctor01", "app_secret": "FEISHU-doctor-secret"}),
+    ))
+    .respond_with(
+        wiremock::ResponseTemplate::new(200).set_body_json(serde_json::json!({
+            "code": 0, "msg": "ok", "tenant_access_token": "t-DOCTOR-token", "expire": 7200
+        })),
+    )
+    .mount(&api)
+    .await;
+    wiremock::Mock::given(wiremock::matchers::path(
+        "/open-apis/auth/v3/tenant_access_token/internal",
+    ))
+    .respond_with(
+        wiremock::ResponseTemplate::new(200).set_body_json(serde_json::json!({
+            "code": 10014, "msg": "app secret invalid"
+        })),
+    )
+    .with_priority(10)
+    .mount(&api)
+    .await;
+    wiremock::Mock::given(wiremock::matchers::path("/open-apis/bot/v3/info"))
+        .respond_with(
+            wiremock::ResponseTemplate::new(200).set_body_json(serde_json::json!({
+                "code": 0, "msg": "ok", "bot": {"app_name": "OpsBot", "open_id": "ou_bot"}
+            })),
+        )
+        .mount(&api)
+        .await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = |secret: &str| {
+        let path = dir.path().join("antler.toml");
+        let text = crate::support::config_text(
+            &mock.base_url(),
+            &dir.path().join("store"),
+            &format!(
+                "[server]\nlisten = \"127.0.0.1:{}\"\n[channels.feishu]\nenabled = true\n\
+                 app_id = \"cli_doctor01\"\napp_secret = \"{secret}\"\n\
+                 verification_token = \"v\"\napi_url = \"{}\"\n",
+                free_port(),
+                api.uri()
+            ),
+        );
+        std::fs::write(&path, text).unwrap();
+        path.display().to_string()
+    };
+    let (code, stdout, _) =
+        run_binary(&["doctor", "--config", &config("FEISHU-doctor-secret")]).await;
+    assert_eq!(code, Some(0), "{stdout}");
+    assert!(
+        stdout.contains("ok    feishu") && stdout.contains("the bot is OpsBot"),
+        "{stdout}"
+    );
+    let (code, stdout, _) = run_binary(&["doctor", "--config", &config("FEISHU-wrong")]).await;
+    assert_eq!(code, Some(1), "{stdout}");
+    assert!(stdout.contains("FAIL  feishu"), "{stdout}");
+    assert!(
+        !stdout.contains("FEISHU-") && !stdout.contains("t-DOCTOR"),
+        "a secret leaked: {stdout}"
+    );
+}

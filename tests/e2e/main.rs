@@ -8,6 +8,7 @@ mod boundary;
 mod cli;
 mod config;
 mod crash;
+mod feishu;
 mod hardening;
 mod loop_detection;
 mod model_failures;

@@ -433,6 +433,7 @@ impl Channel for FeishuChannel {
             files: true,
             images: true,
             typing: false,
+            progress_marks: false,
         }
     }
 
@@ -1010,7 +1011,8 @@ mod tests {
             Capabilities {
                 files: true,
                 images: true,
-                typing: false
+                typing: false,
+                progress_marks: false,
             }
         );
         assert_eq!(
