@@ -91,6 +91,7 @@ struct EncryptKey {
 
 /// The Feishu channel.
 pub struct FeishuChannel {
+    app_id: String,
     verification_token: String,
     encrypt_key: Option<EncryptKey>,
     cards: bool,
@@ -142,6 +143,7 @@ impl FeishuChannel {
                 aes: crypto::aes_key(key),
             });
         Ok(Self {
+            app_id: settings.app_id.clone(),
             verification_token: settings.verification_token.clone(),
             encrypt_key,
             cards: settings.cards,
@@ -343,11 +345,18 @@ impl Channel for FeishuChannel {
             );
             return Ok(Parsed::Ignore);
         }
-        let received = MessageReceived::deserialize(&event)
-            .map_err(|e| ChannelError::Malformed(format!("not a message event: {e}")))?;
+        let received = match MessageReceived::deserialize(&event) {
+            Ok(received) => received,
+            Err(e) => {
+                // Verified, so it is Feishu's: a 4xx would only make it send the same again.
+                tracing::warn!(error = %e, "a Feishu message event antler cannot read; ignored");
+                return Ok(Parsed::Ignore);
+            }
+        };
         let me = self.identity();
         let context = Context {
             bot_open_id: me.as_ref().map(|me| me.open_id.as_str()),
+            app_id: &self.app_id,
             received_at_ms: (self.now_ms)(),
         };
         Ok(match normalize_message(&received, &context) {
@@ -548,6 +557,23 @@ mod tests {
         variant("feishu_im_p2p_thread_reply.json", |e| {
             edit(&mut e["message"])
         })
+    }
+
+    #[test]
+    fn events_for_another_app_or_unreadable_ones_are_ignored_not_refused() {
+        let channel = channel();
+        let edited = |edit: &dyn Fn(&mut serde_json::Value)| {
+            let mut json: serde_json::Value =
+                serde_json::from_slice(&fixture("feishu_im_p2p_thread_reply.json")).unwrap();
+            edit(&mut json);
+            serde_json::to_vec(&json).unwrap()
+        };
+        let other_app = edited(&|event| event["header"]["app_id"] = "cli_someone_else".into());
+        assert_eq!(parse(&channel, &other_app), Parsed::Ignore);
+        let no_message = edited(&|event| {
+            event["event"].as_object_mut().unwrap().remove("message");
+        });
+        assert_eq!(parse(&channel, &no_message), Parsed::Ignore);
     }
 
     #[test]

@@ -20,6 +20,8 @@ pub(crate) const NAME: &str = "feishu";
 pub(crate) struct Context<'a> {
     /// The bot's open_id (learned through `bot/v3/info`); without it no mention is the bot's.
     pub(crate) bot_open_id: Option<&'a str>,
+    /// This app's id: an event addressed to another app (its `header.app_id`) is not ours.
+    pub(crate) app_id: &'a str,
     /// When antler received the request, in milliseconds since the Unix epoch.
     pub(crate) received_at_ms: u64,
 }
@@ -44,6 +46,8 @@ pub(crate) struct MessageReceived {
 struct Header {
     #[serde(default)]
     tenant_key: String,
+    #[serde(default)]
+    app_id: String,
 }
 
 #[derive(Debug, Deserialize)]
@@ -104,6 +108,9 @@ struct Content {
 pub(crate) fn normalize_message(received: &MessageReceived, context: &Context<'_>) -> Normalized {
     let sender = &received.event.sender;
     let message = &received.event.message;
+    if !received.header.app_id.is_empty() && received.header.app_id != context.app_id {
+        return Normalized::Ignored("addressed to another app");
+    }
     if sender.sender_type != "user" {
         return Normalized::Ignored("not written by a user");
     }
