@@ -18,6 +18,7 @@ pub(crate) fn event(conversation: &str, event_id: &str, text: &str) -> InboundEv
             id: "u1".to_owned(),
             name: None,
             admin: false,
+            aliases: Vec::new(),
         },
         text: text.to_owned(),
         reply_to: None,

@@ -271,6 +271,7 @@ impl ApiChannel {
                 id: user,
                 name: None,
                 admin,
+                aliases: Vec::new(),
             },
             text: message.text.clone(),
             reply_to: Some(message_id),

@@ -21,7 +21,7 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use antler_channel::InboundEvent;
+use antler_channel::{InboundEvent, UserRef};
 use tokio::time::Instant;
 
 use crate::config::ChannelsConfig;
@@ -70,15 +70,15 @@ impl AccessRules {
         self.allowed_users.is_empty() && self.allowed_chats.is_empty()
     }
 
-    /// Whether `user` is an operator.
-    fn is_admin(&self, user: &str) -> bool {
-        self.admins.contains(user)
+    /// Whether `user` (by any of their ids) is an operator.
+    fn is_admin(&self, user: &UserRef) -> bool {
+        user.ids().any(|id| self.admins.contains(id))
     }
 
     /// Whether `user` may talk in `chat` (admins aside).
-    fn allows(&self, user: &str, chat: Option<&str>) -> bool {
+    fn allows(&self, user: &UserRef, chat: Option<&str>) -> bool {
         self.is_open()
-            || self.allowed_users.contains(user)
+            || user.ids().any(|id| self.allowed_users.contains(id))
             || chat.is_some_and(|chat| self.allowed_chats.contains(chat))
     }
 }
@@ -157,10 +157,10 @@ impl Access {
         let Some(rules) = self.rules.get(&event.channel) else {
             return Admit::Run;
         };
-        if rules.is_admin(&event.user.id) {
+        if rules.is_admin(&event.user) {
             event.user.admin = true;
         }
-        if event.user.admin || rules.allows(&event.user.id, event.chat.as_deref()) {
+        if event.user.admin || rules.allows(&event.user, event.chat.as_deref()) {
             return Admit::Run;
         }
         let first = self.refusals.lock().map_or(true, |mut refusals| {
@@ -289,6 +289,22 @@ mod tests {
         event.user.id = user.to_owned();
         event.chat = chat.map(str::to_owned);
         event
+    }
+
+    #[test]
+    fn a_user_is_known_by_any_of_their_ids() {
+        let access = access(&["ada01"], &[], &["root01"]);
+        let mut ada = from("ou_ada", None);
+        ada.user.aliases = vec!["ada01".to_owned()];
+        assert_eq!(access.check(&mut ada), Admit::Run);
+        assert!(!ada.user.admin);
+        let mut root = from("ou_root", None);
+        root.user.aliases = vec!["root01".to_owned()];
+        assert_eq!(access.check(&mut root), Admit::Run);
+        assert!(root.user.admin, "an admin by user_id");
+        let mut bob = from("ou_bob", None);
+        bob.user.aliases = vec!["bob01".to_owned()];
+        assert_eq!(access.check(&mut bob), Admit::Refuse);
     }
 
     #[test]

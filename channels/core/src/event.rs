@@ -58,6 +58,17 @@ pub struct UserRef {
     /// The channel counts this user as an operator (its `admins` list, an admin token).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub admin: bool,
+    /// Other ids the platform knows this user by (Feishu's `user_id` beside the `open_id`):
+    /// an allowlist naming any of them names the user.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub aliases: Vec<String>,
+}
+
+impl UserRef {
+    /// The user's id and aliases.
+    pub fn ids(&self) -> impl Iterator<Item = &str> {
+        std::iter::once(self.id.as_str()).chain(self.aliases.iter().map(String::as_str))
+    }
 }
 
 /// One message addressed to the bot, normalized from any platform.

@@ -592,6 +592,7 @@ mod tests {
         );
         assert_eq!(event.text, "restart web-api");
         assert_eq!(event.user.id, "ou_7d8a6e6df7621556ce0d21922b676706");
+        assert_eq!(event.user.aliases, ["ada01"], "the user_id, for allowlists");
         assert_eq!(
             event.chat.as_deref(),
             Some("oc_5ad11d72b830411d72b836c20b1c9d1f")

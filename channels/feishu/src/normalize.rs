@@ -70,6 +70,9 @@ struct Sender {
 struct UserIds {
     #[serde(default)]
     open_id: Option<String>,
+    /// The tenant-wide user id (given only with the `contact:user.employee_id:readonly` scope).
+    #[serde(default)]
+    user_id: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -170,6 +173,14 @@ pub(crate) fn normalize_message(received: &MessageReceived, context: &Context<'_
             id: user.to_owned(),
             name: None,
             admin: false,
+            // Allowlists may name a user by user_id as well as by open_id.
+            aliases: sender
+                .sender_id
+                .user_id
+                .iter()
+                .filter(|id| !id.is_empty())
+                .cloned()
+                .collect(),
         },
         text,
         reply_to: Some(message.message_id.clone()),
@@ -395,6 +406,7 @@ mod tests {
             key: key.into(),
             id: UserIds {
                 open_id: Some(open_id.into()),
+                user_id: None,
             },
             name: name.into(),
         }

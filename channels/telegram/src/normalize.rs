@@ -154,6 +154,7 @@ pub fn normalize(update: &Update, me: &BotIdentity, received_at_ms: u64) -> Norm
             id: from.id.0.to_string(),
             name: Some(display_name(from)),
             admin: false,
+            aliases: Vec::new(),
         },
         text,
         reply_to: Some(message.id.0.to_string()),
