@@ -6,6 +6,14 @@
 //! of time or is cancelled, all come back as an error [`ToolOutput`] and the run goes on.
 
 mod current_time;
+#[cfg_attr(
+    not(test),
+    allow(
+        dead_code,
+        reason = "used by the file and shell tools, which land next"
+    )
+)]
+pub(crate) mod paths;
 
 pub(crate) use current_time::CurrentTime;
 
