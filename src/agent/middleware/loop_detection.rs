@@ -18,7 +18,10 @@
 //!   finish reason becomes `Stop`, [`FORCED_STOP`] is appended to the content and the run is
 //!   stopped (`RunControl::Stop`) with the reason `loop_capped`.
 //! - At most `max_threads` (100) threads are tracked; the least recently used is forgotten.
-//!   The state outlives a run (like DeerFlow), so repeats across turns of a thread count too.
+//! - The window covers one run: `before_run` empties the thread's window. DeerFlow keeps it
+//!   across runs, so a user who asks for the same check in five separate turns (one identical
+//!   tool call each) is stopped as a loop on the fifth (its issue #2511); here each turn starts
+//!   clean, and only a model repeating itself within one run is a loop.
 //!
 //! Placement: last but one in the chain. `after_model` hooks run in reverse order, so its
 //! `after_model` runs first and sees the raw tool calls before anything else rewrites the
@@ -182,6 +185,16 @@ impl LoopDetectionMiddleware {
         Ok((verdict, count))
     }
 
+    /// Forgets the thread's window: a new run starts.
+    fn start_run(&self, thread_id: &str) -> Result<(), MiddlewareError> {
+        let mut state = self
+            .state
+            .lock()
+            .map_err(|_| MiddlewareError("loop detection state is poisoned".into()))?;
+        state.threads.remove(thread_id);
+        Ok(())
+    }
+
     /// Takes the thread's pending warning, if any.
     fn take_warning(&self, thread_id: &str) -> Result<bool, MiddlewareError> {
         let mut state = self
@@ -199,6 +212,10 @@ impl LoopDetectionMiddleware {
 impl Middleware for LoopDetectionMiddleware {
     fn name(&self) -> &'static str {
         "loop_detection"
+    }
+
+    async fn before_run(&self, cx: &mut RunContext<'_>) -> Result<(), MiddlewareError> {
+        self.start_run(&cx.thread.id)
     }
 
     async fn before_model(
@@ -392,6 +409,29 @@ mod tests {
             tool_calls_hash(std::slice::from_ref(&a)),
             tool_calls_hash(&[a, b])
         );
+    }
+
+    #[tokio::test]
+    async fn the_same_check_in_five_separate_turns_is_not_a_loop() {
+        let m = middleware(LoopDetectionConfig::default());
+        let mut t = thread("t1");
+        for turn in 1..=5 {
+            let mut cx = test_context(&mut t);
+            m.before_run(&mut cx).await.unwrap();
+            let (request, r) = step(&m, &mut cx, shell(&format!("c{turn}"))).await;
+            assert_eq!(warnings(&request), 0, "turn {turn}");
+            assert_eq!(r.tool_calls.len(), 1, "turn {turn}: answered normally");
+            let (request, _) = step(&m, &mut cx, Vec::new()).await;
+            assert_eq!(warnings(&request), 0, "turn {turn}");
+        }
+        // Within one run, five repeats are still a loop.
+        let mut cx = test_context(&mut t);
+        m.before_run(&mut cx).await.unwrap();
+        let mut last = None;
+        for i in 1..=5 {
+            last = Some(step(&m, &mut cx, shell(&format!("r{i}"))).await.1);
+        }
+        assert!(last.unwrap().tool_calls.is_empty(), "stripped at the fifth");
     }
 
     #[tokio::test]
