@@ -215,7 +215,10 @@ mod tests {
                 "{text}"
             );
         }
-        assert_eq!(decide(&cfg, Role::User, "read_file").await, ToolDecision::Run);
+        assert_eq!(
+            decide(&cfg, Role::User, "read_file").await,
+            ToolDecision::Run
+        );
     }
 
     #[tokio::test]
@@ -244,7 +247,10 @@ mod tests {
             user_allowed: vec!["read_file".to_owned(), "bash".to_owned()],
             ..GuardrailConfig::default()
         };
-        assert_eq!(decide(&cfg, Role::User, "read_file").await, ToolDecision::Run);
+        assert_eq!(
+            decide(&cfg, Role::User, "read_file").await,
+            ToolDecision::Run
+        );
         let text = refusal_text(decide(&cfg, Role::User, "ls").await);
         assert!(text.contains("not available to this user"), "{text}");
         // admin_only wins over the allowlist.
@@ -284,7 +290,10 @@ mod tests {
                 messages: Vec::new(),
                 tools: vec![spec("bash"), spec("read_file")],
             };
-            middleware.before_model(&mut cx, &mut request).await.unwrap();
+            middleware
+                .before_model(&mut cx, &mut request)
+                .await
+                .unwrap();
             let names: Vec<&str> = request.tools.iter().map(|t| t.name.as_str()).collect();
             assert_eq!(names, expected);
         }

@@ -227,7 +227,10 @@ mod tests {
     #[tokio::test]
     async fn short_output_is_untouched() {
         let output = ToolOutput::ok("x".repeat(12_000));
-        assert_eq!(cut(None, &call("c1", "bash", "{}"), output.clone()).await, output);
+        assert_eq!(
+            cut(None, &call("c1", "bash", "{}"), output.clone()).await,
+            output
+        );
     }
 
     #[tokio::test]
@@ -242,13 +245,18 @@ mod tests {
         )
         .await;
         assert!(!out.is_error);
-        assert!(out.content.chars().count() < 12_000 + 300, "{}", out.content.len());
+        assert!(
+            out.content.chars().count() < 12_000 + 300,
+            "{}",
+            out.content.len()
+        );
         assert!(out.content.starts_with("line 0000\n"));
         assert!(out.content.ends_with("line 2999\n"));
         // Cut on line breaks: 720 lines of head (7,200 chars), 480 of tail (4,800 chars).
         assert!(out.content.contains("line 0719\n\n\n[… 18000 of 30000 characters left out: the full output is saved at /mnt/user-data/outputs/tool-output/call7.txt;"), "{}", &out.content[7000..7400]);
         assert!(out.content.contains(".]\n\nline 2520\n"));
-        let saved = std::fs::read_to_string(folders.outputs().join("tool-output/call7.txt")).unwrap();
+        let saved =
+            std::fs::read_to_string(folders.outputs().join("tool-output/call7.txt")).unwrap();
         assert_eq!(saved, full);
     }
 
@@ -262,7 +270,9 @@ mod tests {
         .await;
         assert!(out.is_error);
         assert!(
-            out.content.contains("[… 8000 of 20000 characters left out: the full output could not be saved.]"),
+            out.content.contains(
+                "[… 8000 of 20000 characters left out: the full output could not be saved.]"
+            ),
             "{}",
             out.content
         );
@@ -274,7 +284,11 @@ mod tests {
         let folders = ThreadFolders::new(dir.path(), "t1").unwrap();
         let out = cut(
             Some(folders.clone()),
-            &call("c1", "read_file", r#"{"path":"/mnt/user-data/uploads/log.txt"}"#),
+            &call(
+                "c1",
+                "read_file",
+                r#"{"path":"/mnt/user-data/uploads/log.txt"}"#,
+            ),
             ToolOutput::ok(numbered(2000)),
         )
         .await;

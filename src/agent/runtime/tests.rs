@@ -854,8 +854,8 @@ async fn file_tools_run_under_the_guardrail_and_the_output_budget() {
         ]
     };
     let long: String = (0..2000).map(|i| format!("row {i:05}\n")).collect();
-    let write = serde_json::json!({"path": "/mnt/user-data/outputs/big.txt", "content": long})
-        .to_string();
+    let write =
+        serde_json::json!({"path": "/mnt/user-data/outputs/big.txt", "content": long}).to_string();
     let read = r#"{"path": "/mnt/user-data/outputs/big.txt", "end_line": 1999}"#;
     let script = || {
         vec![
@@ -874,7 +874,9 @@ async fn file_tools_run_under_the_guardrail_and_the_output_budget() {
         .await;
     assert_eq!(outcome.answer, "done");
     assert!(
-        thread.messages[2].text().contains("`write_file` needs an operator"),
+        thread.messages[2]
+            .text()
+            .contains("`write_file` needs an operator"),
         "{}",
         thread.messages[2].text()
     );

@@ -586,7 +586,10 @@ mod tests {
             for (tool, args) in [
                 ("read_file", json!({"path": path})),
                 ("write_file", json!({"path": path, "content": "x"})),
-                ("str_replace", json!({"path": path, "old": "secret", "new": "x"})),
+                (
+                    "str_replace",
+                    json!({"path": path, "old": "secret", "new": "x"}),
+                ),
                 ("ls", json!({"path": path})),
             ] {
                 let out = s.call(tool, args).await;
@@ -605,7 +608,11 @@ mod tests {
             arguments: json!({"path": host_path}).to_string(),
         };
         let out = s.registry.call(&call, &s.cx).await;
-        assert!(out.is_error && out.content.contains("outside"), "{}", out.content);
+        assert!(
+            out.is_error && out.content.contains("outside"),
+            "{}",
+            out.content
+        );
         assert_eq!(
             std::fs::read_to_string(s.dir.path().join("secret.txt")).unwrap(),
             "secret"
@@ -622,14 +629,22 @@ mod tests {
                 json!({"path": "/mnt/user-data/uploads/a.txt", "content": "x"}),
             )
             .await;
-        assert!(out.is_error && out.content.contains("read-only"), "{}", out.content);
+        assert!(
+            out.is_error && out.content.contains("read-only"),
+            "{}",
+            out.content
+        );
         let out = s
             .call(
                 "str_replace",
                 json!({"path": "/mnt/user-data/uploads/a.txt", "old": "user", "new": "x"}),
             )
             .await;
-        assert!(out.is_error && out.content.contains("read-only"), "{}", out.content);
+        assert!(
+            out.is_error && out.content.contains("read-only"),
+            "{}",
+            out.content
+        );
         let out = s
             .call("read_file", json!({"path": "/mnt/user-data/uploads/a.txt"}))
             .await;
@@ -694,16 +709,23 @@ mod tests {
         let s = setup().await;
         std::fs::write(s.workspace().join("a.txt"), "x = 1\nx = 1\n").unwrap();
         let out = s
-            .call("str_replace", json!({"path": "a.txt", "old": "x = 1", "new": "x = 2"}))
+            .call(
+                "str_replace",
+                json!({"path": "a.txt", "old": "x = 1", "new": "x = 2"}),
+            )
             .await;
         assert!(out.is_error, "{}", out.content);
         assert!(
-            out.content.contains("occurs 2 times in /mnt/user-data/workspace/a.txt"),
+            out.content
+                .contains("occurs 2 times in /mnt/user-data/workspace/a.txt"),
             "{}",
             out.content
         );
         let out = s
-            .call("str_replace", json!({"path": "a.txt", "old": "y", "new": "z"}))
+            .call(
+                "str_replace",
+                json!({"path": "a.txt", "old": "y", "new": "z"}),
+            )
             .await;
         assert!(
             out.is_error && out.content.contains("0 matches"),
@@ -746,7 +768,9 @@ mod tests {
         ] {
             assert!(out.content.contains(line), "{}", out.content);
         }
-        let out = s.call("ls", json!({"path": "/mnt/user-data/outputs"})).await;
+        let out = s
+            .call("ls", json!({"path": "/mnt/user-data/outputs"}))
+            .await;
         assert_eq!(out, ToolOutput::ok("/mnt/user-data/outputs/ is empty"));
         let out = s.call("ls", json!({"path": "missing"})).await;
         assert!(
@@ -773,7 +797,11 @@ mod tests {
     #[tokio::test]
     async fn binary_files_are_refused_and_long_reads_are_cut_with_a_note() {
         let s = setup().await;
-        std::fs::write(s.workspace().join("img.png"), [0x89, b'P', b'N', b'G', 0, 1]).unwrap();
+        std::fs::write(
+            s.workspace().join("img.png"),
+            [0x89, b'P', b'N', b'G', 0, 1],
+        )
+        .unwrap();
         let out = s.call("read_file", json!({"path": "img.png"})).await;
         assert!(
             out.is_error && out.content.contains("not a UTF-8 text file"),
@@ -782,13 +810,23 @@ mod tests {
         );
         std::fs::write(s.workspace().join("latin1.txt"), [b'c', b'a', b'f', 0xe9]).unwrap();
         let out = s.call("read_file", json!({"path": "latin1.txt"})).await;
-        assert!(out.is_error && out.content.contains("UTF-8"), "{}", out.content);
+        assert!(
+            out.is_error && out.content.contains("UTF-8"),
+            "{}",
+            out.content
+        );
 
         let host = s.workspace().join("big.txt");
         let line = format!("{}\n", "x".repeat(99));
         std::fs::write(&host, line.repeat(5000)).unwrap();
-        let out = read_lines(&host, "/mnt/user-data/workspace/big.txt", 1, usize::MAX, 1000)
-            .unwrap();
+        let out = read_lines(
+            &host,
+            "/mnt/user-data/workspace/big.txt",
+            1,
+            usize::MAX,
+            1000,
+        )
+        .unwrap();
         assert!(
             out.ends_with(
                 "[Cut at 0 KiB: lines 1–10 of /mnt/user-data/workspace/big.txt shown; read on \
@@ -807,9 +845,16 @@ mod tests {
         let out = s
             .call("read_file", json!({"path": "big.txt", "start_line": 6000}))
             .await;
-        assert!(out.content.contains("has only 5000 lines"), "{}", out.content);
+        assert!(
+            out.content.contains("has only 5000 lines"),
+            "{}",
+            out.content
+        );
         let out = s
-            .call("read_file", json!({"path": "big.txt", "start_line": 3, "end_line": 1}))
+            .call(
+                "read_file",
+                json!({"path": "big.txt", "start_line": 3, "end_line": 1}),
+            )
             .await;
         assert!(out.is_error, "{}", out.content);
     }
@@ -823,7 +868,11 @@ mod tests {
                 json!({"path": "a.txt", "content": "x".repeat(MAX_WRITE_BYTES + 1)}),
             )
             .await;
-        assert!(out.is_error && out.content.contains("at most"), "{}", out.content);
+        assert!(
+            out.is_error && out.content.contains("at most"),
+            "{}",
+            out.content
+        );
         assert!(!s.workspace().join("a.txt").exists());
     }
 }
