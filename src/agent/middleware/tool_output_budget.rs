@@ -118,13 +118,37 @@ fn head_and_tail(text: &str, head_chars: usize, tail_chars: usize) -> (&str, &st
     (head, tail)
 }
 
-/// Saves `content` as `outputs/tool-output/<name>.txt`; its virtual path.
+/// Saves `content` as `outputs/tool-output/<name>.txt` (`<name>-2.txt`, ... when that is
+/// taken: some models number their calls afresh in every response); its virtual path.
 async fn save(folders: &ThreadFolders, name: &str, content: &str) -> std::io::Result<String> {
+    use tokio::io::AsyncWriteExt;
+
     let folder: PathBuf = folders.outputs().join(SAVE_FOLDER);
     tokio::fs::create_dir_all(&folder).await?;
-    let path = folder.join(format!("{name}.txt"));
-    tokio::fs::write(&path, content).await?;
-    Ok(folders.to_virtual(&path.display().to_string()))
+    let mut attempt = 1;
+    loop {
+        let path = if attempt == 1 {
+            folder.join(format!("{name}.txt"))
+        } else {
+            folder.join(format!("{name}-{attempt}.txt"))
+        };
+        let opened = tokio::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .await;
+        match opened {
+            Ok(mut file) => {
+                file.write_all(content.as_bytes()).await?;
+                file.flush().await?;
+                return Ok(folders.to_virtual(&path.display().to_string()));
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && attempt < 100 => {
+                attempt += 1;
+            }
+            Err(e) => return Err(e),
+        }
+    }
 }
 
 /// The `path` argument of a call, if it has one.
@@ -258,6 +282,25 @@ mod tests {
         let saved =
             std::fs::read_to_string(folders.outputs().join("tool-output/call7.txt")).unwrap();
         assert_eq!(saved, full);
+        // The same call id again (some models number calls afresh each response) does not
+        // overwrite the first.
+        let again = cut(
+            Some(folders.clone()),
+            &call("call7", "bash", "{}"),
+            ToolOutput::ok(numbered(1500)),
+        )
+        .await;
+        assert!(
+            again
+                .content
+                .contains("/mnt/user-data/outputs/tool-output/call7-2.txt;"),
+            "{}",
+            again.content
+        );
+        assert_eq!(
+            std::fs::read_to_string(folders.outputs().join("tool-output/call7.txt")).unwrap(),
+            full
+        );
     }
 
     #[tokio::test]
