@@ -19,10 +19,13 @@ use tokio_util::task::TaskTracker;
 
 use crate::agent::middleware::clarification::ClarificationMiddleware;
 use crate::agent::middleware::dangling_tool_call::DanglingToolCallMiddleware;
+use crate::agent::middleware::guardrail::GuardrailMiddleware;
 use crate::agent::middleware::loop_detection::LoopDetectionMiddleware;
+use crate::agent::middleware::thread_data::ThreadDataMiddleware;
 use crate::agent::middleware::title::TitleMiddleware;
 use crate::agent::middleware::todo::TodoMiddleware;
 use crate::agent::middleware::token_usage::TokenUsageMiddleware;
+use crate::agent::middleware::tool_output_budget::ToolOutputBudgetMiddleware;
 use crate::agent::middleware::uploads::UploadsMiddleware;
 use crate::agent::middleware::{ChainError, Middleware, MiddlewareChain};
 use crate::agent::model::{ModelError, ModelHealth, OpenAiClient, OpenAiConfig};
@@ -103,10 +106,19 @@ fn metrics_handle() -> PrometheusHandle {
 fn middleware_chain(config: &Config) -> Result<MiddlewareChain, ChainError> {
     let cfg = &config.agent.middleware;
     let mut items: Vec<Arc<dyn Middleware>> = Vec::new();
+    if let Some(m) = ThreadDataMiddleware::from_config(&cfg.thread_data) {
+        items.push(Arc::new(m));
+    }
     if let Some(m) = UploadsMiddleware::from_config(&cfg.uploads) {
         items.push(Arc::new(m));
     }
     if let Some(m) = DanglingToolCallMiddleware::from_config(&cfg.dangling_tool_call) {
+        items.push(Arc::new(m));
+    }
+    if let Some(m) = GuardrailMiddleware::from_config(&cfg.guardrail) {
+        items.push(Arc::new(m));
+    }
+    if let Some(m) = ToolOutputBudgetMiddleware::from_config(&cfg.tool_output_budget) {
         items.push(Arc::new(m));
     }
     if let Some(m) = TodoMiddleware::from_config(&cfg.todo) {

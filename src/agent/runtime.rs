@@ -316,6 +316,7 @@ impl Runtime {
     ) -> RunOutcome {
         let mut cx = RunContext::new(thread, input, self.model.as_ref());
         cx.answering = answering;
+        cx.folders = ThreadFolders::new(&self.settings.data_root, &cx.thread.id).ok();
         let shown = Shown::default();
         let deadline = Instant::now() + limits.timeout;
         tracing::debug!(thread = %cx.thread.id, user = %cx.user_id, "run starts");

@@ -30,10 +30,13 @@ use serde::Deserialize;
 
 use crate::agent::middleware::clarification::ClarificationConfig;
 use crate::agent::middleware::dangling_tool_call::DanglingToolCallConfig;
+use crate::agent::middleware::guardrail::GuardrailConfig;
 use crate::agent::middleware::loop_detection::LoopDetectionConfig;
+use crate::agent::middleware::thread_data::ThreadDataConfig;
 use crate::agent::middleware::title::TitleConfig;
 use crate::agent::middleware::todo::TodoConfig;
 use crate::agent::middleware::token_usage::TokenUsageConfig;
+use crate::agent::middleware::tool_output_budget::ToolOutputBudgetConfig;
 use crate::agent::middleware::uploads::UploadsConfig;
 
 pub use secret::Secret;
@@ -273,10 +276,16 @@ impl Default for AgentConfig {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct MiddlewareConfig {
+    /// `[agent.middleware.thread_data]`
+    pub(crate) thread_data: ThreadDataConfig,
     /// `[agent.middleware.uploads]`
     pub(crate) uploads: UploadsConfig,
     /// `[agent.middleware.dangling_tool_call]`
     pub(crate) dangling_tool_call: DanglingToolCallConfig,
+    /// `[agent.middleware.guardrail]`
+    pub(crate) guardrail: GuardrailConfig,
+    /// `[agent.middleware.tool_output_budget]`
+    pub(crate) tool_output_budget: ToolOutputBudgetConfig,
     /// `[agent.middleware.todo]`
     pub(crate) todo: TodoConfig,
     /// `[agent.middleware.token_usage]`
@@ -293,8 +302,11 @@ impl MiddlewareConfig {
     /// The names of the enabled middleware, in chain order.
     pub fn enabled_names(&self) -> Vec<&'static str> {
         [
+            ("thread_data", self.thread_data.enabled),
             ("uploads", self.uploads.enabled),
             ("dangling_tool_call", self.dangling_tool_call.enabled),
+            ("guardrail", self.guardrail.enabled),
+            ("tool_output_budget", self.tool_output_budget.enabled),
             ("todo", self.todo.enabled),
             ("token_usage", self.token_usage.enabled),
             ("title", self.title.enabled),

@@ -342,7 +342,7 @@ async fn a_message_may_be_only_a_file() {
         .await;
     assert_eq!(with_words.status, StatusCode::OK, "{}", with_words.text);
     // The file was stored in the thread's uploads at turn time, and the model was told
-    // where (the echo repeats the user message the model got).
+    // where, as it sees the folder (the echo repeats the user message the model got).
     let thread_id = with_words.json["thread_id"].as_str().unwrap();
     let stored = app
         .store
@@ -356,9 +356,10 @@ async fn a_message_may_be_only_a_file() {
         "{reply}"
     );
     assert!(
-        reply.contains(&format!("- notes.txt (10 bytes): {}", stored.display())),
+        reply.contains("- notes.txt (10 bytes): /mnt/user-data/uploads/notes.txt\n"),
         "{reply}"
     );
+    assert!(!reply.contains(&app.store.display().to_string()), "{reply}");
 
     let only_a_file = app
         .post(&json!({

@@ -2,7 +2,7 @@
 //! ([`RunControl`]), the side outputs a run carries out ([`RunOutputs`]) and helper model
 //! calls.
 
-use crate::agent::input::RunInput;
+use crate::agent::input::{RunInput, ThreadFolders};
 use crate::agent::message::{ChatMessage, TokenUsage};
 use crate::agent::model::{ChatModel, ModelError, ModelRequest, ModelResponse};
 use crate::agent::thread::{PendingQuestion, ThreadState};
@@ -95,6 +95,8 @@ pub(crate) struct RunContext<'a> {
     pub(crate) outputs: RunOutputs,
     /// How the run ended; set before `after_run`.
     pub(crate) ending: Option<RunEnding>,
+    /// The thread's folders (the same the tools get), when the runtime has them.
+    pub(crate) folders: Option<ThreadFolders>,
     pub(super) control: Option<RunControl>,
     model: &'a dyn ChatModel,
 }
@@ -128,6 +130,7 @@ impl<'a> RunContext<'a> {
             answering: None,
             outputs: RunOutputs::default(),
             ending: None,
+            folders: None,
             control: None,
             model,
         }

@@ -11,10 +11,13 @@
 pub(crate) mod clarification;
 mod context;
 pub(crate) mod dangling_tool_call;
+pub(crate) mod guardrail;
 pub(crate) mod loop_detection;
+pub(crate) mod thread_data;
 pub(crate) mod title;
 pub(crate) mod todo;
 pub(crate) mod token_usage;
+pub(crate) mod tool_output_budget;
 pub(crate) mod uploads;
 
 use std::sync::Arc;
@@ -139,13 +142,6 @@ pub(crate) enum FailurePolicy {
     /// Observers: log the error, carry on as if the hook had done nothing.
     FailOpen,
     /// Guards: the error stops the guarded step (a tool call is refused, a run fails).
-    #[cfg_attr(
-        not(test),
-        allow(
-            dead_code,
-            reason = "the first guards (guardrail, sandbox_audit) come with a later issue"
-        )
-    )]
     FailClosed,
 }
 

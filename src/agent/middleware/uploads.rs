@@ -2,7 +2,8 @@
 //!
 //! The turn runner fetches a message's attachments into the thread's `uploads/` folder before
 //! the run (never before the ack). In `before_run` this middleware adds an `<uploaded_files>`
-//! block to the run's user message: each file's name, size and path, at most `max_listed`
+//! block to the run's user message: each file's name, size and path (as the model sees it,
+//! `/mnt/user-data/uploads/<name>`), at most `max_listed`
 //! (10) of them, then how many more there are. The block is part of the stored message, so
 //! later turns still know the files exist; the memory updater strips it (it is about this
 //! thread's folder, not about the user).
@@ -15,7 +16,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::{Middleware, MiddlewareError, RunContext};
-use crate::agent::input::Attachment;
+use crate::agent::input::{Attachment, ThreadFolders};
 use crate::agent::message::ChatMessage;
 
 /// The opening tag of the block.
@@ -55,17 +56,20 @@ impl UploadsMiddleware {
         })
     }
 
-    fn block(&self, files: &[Attachment]) -> String {
+    /// The block; paths inside the thread's `folders` are shown as the model sees them
+    /// (`/mnt/user-data/uploads/...`).
+    fn block(&self, files: &[Attachment], folders: Option<&ThreadFolders>) -> String {
         let mut block = format!(
             "{OPEN_TAG}\nThe user sent these files with this message; read them from these \
              paths:\n"
         );
         for file in files.iter().take(self.max_listed) {
+            let path = file.path.display().to_string();
+            let path = folders.map_or_else(|| path.clone(), |f| f.to_virtual(&path));
             block.push_str(&format!(
-                "- {} ({}): {}\n",
+                "- {} ({}): {path}\n",
                 file.name,
                 human_size(file.size),
-                file.path.display()
             ));
         }
         if files.len() > self.max_listed {
@@ -102,7 +106,7 @@ impl Middleware for UploadsMiddleware {
         if cx.input.attachments.is_empty() {
             return Ok(());
         }
-        let block = self.block(&cx.input.attachments);
+        let block = self.block(&cx.input.attachments, cx.folders.as_ref());
         let Some(ChatMessage::User { content, .. }) = cx
             .thread
             .messages
@@ -193,6 +197,17 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("… and 2 more"), "{text}");
+    }
+
+    #[test]
+    fn paths_in_the_threads_folders_are_shown_virtual() {
+        let folders = ThreadFolders::new(std::path::Path::new("/data"), "t").unwrap();
+        let middleware = UploadsMiddleware { max_listed: 10 };
+        let block = middleware.block(&[file("report.pdf", 10)], Some(&folders));
+        assert!(
+            block.contains("- report.pdf (10 bytes): /mnt/user-data/uploads/report.pdf\n"),
+            "{block}"
+        );
     }
 
     #[tokio::test]

@@ -828,3 +828,101 @@ async fn finalization_repairs_what_a_hook_broke() {
     };
     assert_eq!(tool_call_id, "c1");
 }
+
+#[tokio::test]
+async fn file_tools_run_under_the_guardrail_and_the_output_budget() {
+    use crate::agent::input::Role;
+    use crate::agent::middleware::guardrail::{GuardrailConfig, GuardrailMiddleware};
+    use crate::agent::middleware::thread_data::{self, ThreadDataMiddleware};
+    use crate::agent::middleware::tool_output_budget::{
+        ToolOutputBudgetConfig, ToolOutputBudgetMiddleware,
+    };
+
+    let dir = tempfile::tempdir().unwrap();
+    let settings = RuntimeSettings {
+        data_root: dir.path().to_path_buf(),
+        ..settings(5)
+    };
+    let chain = || -> Vec<Arc<dyn Middleware>> {
+        vec![
+            Arc::new(ThreadDataMiddleware),
+            Arc::new(GuardrailMiddleware::from_config(&GuardrailConfig::default()).unwrap()),
+            Arc::new(
+                ToolOutputBudgetMiddleware::from_config(&ToolOutputBudgetConfig::default())
+                    .unwrap(),
+            ),
+        ]
+    };
+    let long: String = (0..2000).map(|i| format!("row {i:05}\n")).collect();
+    let write =
+        serde_json::json!({"path": "/mnt/user-data/outputs/big.txt", "content": long}).to_string();
+    let read = r#"{"path": "/mnt/user-data/outputs/big.txt", "end_line": 1999}"#;
+    let script = || {
+        vec![
+            ScriptedModel::calls(&[("w1", "write_file", &write)]),
+            ScriptedModel::calls(&[("r1", "read_file", read), ("l1", "ls", "{}")]),
+            ScriptedModel::text("done"),
+        ]
+    };
+
+    // A user: the write is refused and not run, and write tools are not even offered.
+    let model = Arc::new(ScriptedModel::new(script()));
+    let runtime = runtime_with(model.clone(), chain(), settings.clone());
+    let mut thread = thread();
+    let outcome = runtime
+        .run(&mut thread, &input("save it"), &Unobserved, &limits())
+        .await;
+    assert_eq!(outcome.answer, "done");
+    assert!(
+        thread.messages[2]
+            .text()
+            .contains("`write_file` needs an operator"),
+        "{}",
+        thread.messages[2].text()
+    );
+    let folders = ThreadFolders::new(dir.path(), "t1").unwrap();
+    assert!(!folders.outputs().join("big.txt").exists());
+    let first = &model.requests()[0];
+    let offered: Vec<&str> = first.tools.iter().map(|t| t.name.as_str()).collect();
+    assert!(offered.contains(&"read_file") && !offered.contains(&"write_file"));
+    assert!(
+        first.messages[0].text().ends_with(thread_data::NOTE),
+        "{}",
+        first.messages[0].text()
+    );
+
+    // An admin: the file is written, and the long read is cut with a pointer to line ranges.
+    let model = Arc::new(ScriptedModel::new(script()));
+    let runtime = runtime_with(model.clone(), chain(), settings);
+    let mut thread = self::thread();
+    let mut admin = input("save it");
+    admin.author.role = Role::Admin;
+    let outcome = runtime
+        .run(&mut thread, &admin, &Unobserved, &limits())
+        .await;
+    assert_eq!(outcome.answer, "done");
+    assert_eq!(
+        thread.messages[2].text(),
+        "Wrote 20000 bytes to /mnt/user-data/outputs/big.txt"
+    );
+    assert_eq!(
+        std::fs::read_to_string(folders.outputs().join("big.txt")).unwrap(),
+        long
+    );
+    let read_back = thread.messages[4].text();
+    assert!(read_back.starts_with("row 00000\n"), "{read_back}");
+    assert!(
+        read_back.contains(
+            "left out: read /mnt/user-data/outputs/big.txt in smaller parts with start_line and \
+             end_line.]"
+        ) && read_back.ends_with("row 01998\n"),
+        "{read_back}"
+    );
+    assert!(
+        thread.messages[5]
+            .text()
+            .starts_with("/mnt/user-data/workspace/ is empty"),
+        "{}",
+        thread.messages[5].text()
+    );
+}

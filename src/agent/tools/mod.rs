@@ -6,6 +6,7 @@
 //! of time or is cancelled, all come back as an error [`ToolOutput`] and the run goes on.
 
 mod current_time;
+pub(crate) mod files;
 #[cfg_attr(
     not(test),
     allow(
@@ -182,6 +183,9 @@ impl ToolRegistry {
     pub(crate) fn builtin() -> Self {
         let mut registry = Self::default();
         registry.register(Arc::new(CurrentTime));
+        for tool in files::file_tools() {
+            registry.register(tool);
+        }
         registry
     }
 
