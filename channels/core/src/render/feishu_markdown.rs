@@ -3,7 +3,7 @@
 use super::Renderer;
 use super::chunk::Token;
 use super::document::{Block, Document, Inline};
-use super::telegram_html::plain;
+use super::telegram_html::{plain, table_text};
 
 /// The Markdown a Feishu card's `markdown` element shows: `**bold**`, `*italic*`,
 /// `~~strike~~`, `` `code` ``, fenced code blocks with their language and `[text](url)` links.
@@ -175,36 +175,8 @@ impl Walker {
 
     /// Tables become aligned text in a code block: card Markdown has no table markup.
     fn table(&mut self, rows: &[Vec<Vec<Inline>>]) {
-        let cells: Vec<Vec<String>> = rows
-            .iter()
-            .map(|row| row.iter().map(|cell| plain(cell)).collect())
-            .collect();
-        let columns = cells.iter().map(Vec::len).max().unwrap_or(0);
-        let widths: Vec<usize> = (0..columns)
-            .map(|c| {
-                cells
-                    .iter()
-                    .filter_map(|row| row.get(c))
-                    .map(|cell| cell.chars().count())
-                    .max()
-                    .unwrap_or(0)
-            })
-            .collect();
-        let mut lines = Vec::new();
-        for (r, row) in cells.iter().enumerate() {
-            let line: Vec<String> = (0..columns)
-                .map(|c| {
-                    let cell = row.get(c).map_or("", String::as_str);
-                    format!("{cell:<width$}", width = widths[c])
-                })
-                .collect();
-            lines.push(line.join(" | ").trim_end().to_owned());
-            if r == 0 {
-                let rule: Vec<String> = widths.iter().map(|w| "-".repeat(*w)).collect();
-                lines.push(rule.join("-+-"));
-            }
-        }
-        self.code_block(None, &lines.join("\n"));
+        let text = table_text(rows);
+        self.code_block(None, &text);
     }
 
     fn inlines(&mut self, content: &[Inline]) {

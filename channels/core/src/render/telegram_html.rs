@@ -167,37 +167,9 @@ impl Walker {
 
     /// Tables become aligned plain text: chat clients have no table markup.
     fn table(&mut self, rows: &[Vec<Vec<Inline>>]) {
-        let cells: Vec<Vec<String>> = rows
-            .iter()
-            .map(|row| row.iter().map(|cell| plain(cell)).collect())
-            .collect();
-        let columns = cells.iter().map(Vec::len).max().unwrap_or(0);
-        let widths: Vec<usize> = (0..columns)
-            .map(|c| {
-                cells
-                    .iter()
-                    .filter_map(|row| row.get(c))
-                    .map(|cell| cell.chars().count())
-                    .max()
-                    .unwrap_or(0)
-            })
-            .collect();
-        let mut lines = Vec::new();
-        for (r, row) in cells.iter().enumerate() {
-            let line: Vec<String> = (0..columns)
-                .map(|c| {
-                    let cell = row.get(c).map_or("", String::as_str);
-                    format!("{cell:<width$}", width = widths[c])
-                })
-                .collect();
-            lines.push(line.join(" | ").trim_end().to_owned());
-            if r == 0 {
-                let rule: Vec<String> = widths.iter().map(|w| "-".repeat(*w)).collect();
-                lines.push(rule.join("-+-"));
-            }
-        }
+        let text = table_text(rows);
         self.open("<pre>".to_owned(), "</pre>");
-        self.text(&lines.join("\n"));
+        self.text(&text);
         self.close();
     }
 
@@ -253,6 +225,41 @@ fn escape_attr(text: &str) -> String {
         .replace('<', "&lt;")
         .replace('>', "&gt;")
         .replace('"', "&quot;")
+}
+
+/// A table as aligned plain text (cells stripped of formatting, a rule under the header
+/// row), for renderers of platforms without table markup.
+pub(super) fn table_text(rows: &[Vec<Vec<Inline>>]) -> String {
+    let cells: Vec<Vec<String>> = rows
+        .iter()
+        .map(|row| row.iter().map(|cell| plain(cell)).collect())
+        .collect();
+    let columns = cells.iter().map(Vec::len).max().unwrap_or(0);
+    let widths: Vec<usize> = (0..columns)
+        .map(|c| {
+            cells
+                .iter()
+                .filter_map(|row| row.get(c))
+                .map(|cell| cell.chars().count())
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let mut lines = Vec::new();
+    for (r, row) in cells.iter().enumerate() {
+        let line: Vec<String> = (0..columns)
+            .map(|c| {
+                let cell = row.get(c).map_or("", String::as_str);
+                format!("{cell:<width$}", width = widths[c])
+            })
+            .collect();
+        lines.push(line.join(" | ").trim_end().to_owned());
+        if r == 0 {
+            let rule: Vec<String> = widths.iter().map(|w| "-".repeat(*w)).collect();
+            lines.push(rule.join("-+-"));
+        }
+    }
+    lines.join("\n")
 }
 
 /// The text of inline content with all formatting dropped.
