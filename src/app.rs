@@ -21,12 +21,15 @@ use crate::agent::middleware::clarification::ClarificationMiddleware;
 use crate::agent::middleware::dangling_tool_call::DanglingToolCallMiddleware;
 use crate::agent::middleware::guardrail::GuardrailMiddleware;
 use crate::agent::middleware::loop_detection::LoopDetectionMiddleware;
+use crate::agent::middleware::subagent_limit::SubagentLimitMiddleware;
+use crate::agent::middleware::summarization::SummarizationMiddleware;
 use crate::agent::middleware::thread_data::ThreadDataMiddleware;
 use crate::agent::middleware::title::TitleMiddleware;
 use crate::agent::middleware::todo::TodoMiddleware;
 use crate::agent::middleware::token_usage::TokenUsageMiddleware;
 use crate::agent::middleware::tool_output_budget::ToolOutputBudgetMiddleware;
 use crate::agent::middleware::uploads::UploadsMiddleware;
+use crate::agent::middleware::view_image::ViewImageMiddleware;
 use crate::agent::middleware::{ChainError, Middleware, MiddlewareChain};
 use crate::agent::model::{ModelError, ModelHealth, OpenAiClient, OpenAiConfig};
 use crate::agent::runtime::{Runtime, RuntimeSettings};
@@ -121,6 +124,9 @@ fn middleware_chain(config: &Config) -> Result<MiddlewareChain, ChainError> {
     if let Some(m) = ToolOutputBudgetMiddleware::from_config(&cfg.tool_output_budget) {
         items.push(Arc::new(m));
     }
+    if let Some(m) = SummarizationMiddleware::from_config(&cfg.summarization) {
+        items.push(Arc::new(m));
+    }
     if let Some(m) = TodoMiddleware::from_config(&cfg.todo) {
         items.push(Arc::new(m));
     }
@@ -128,6 +134,12 @@ fn middleware_chain(config: &Config) -> Result<MiddlewareChain, ChainError> {
         items.push(Arc::new(m));
     }
     if let Some(m) = TitleMiddleware::from_config(&cfg.title) {
+        items.push(Arc::new(m));
+    }
+    if let Some(m) = ViewImageMiddleware::from_config(&cfg.view_image, config.model.vision) {
+        items.push(Arc::new(m));
+    }
+    if let Some(m) = SubagentLimitMiddleware::from_config(&cfg.subagent_limit) {
         items.push(Arc::new(m));
     }
     if let Some(m) = LoopDetectionMiddleware::from_config(&cfg.loop_detection) {

@@ -184,6 +184,26 @@ impl ThreadState {
             .map(|(_, message)| message)
     }
 
+    /// The index of the current turn's user message: where the running turn started, else
+    /// (a thread run outside the turn runner, as in tests) the last user message.
+    #[must_use]
+    pub(crate) fn turn_start(&self) -> Option<usize> {
+        match self.running {
+            Some(running)
+                if matches!(
+                    self.messages.get(running.start),
+                    Some(ChatMessage::User { .. })
+                ) =>
+            {
+                Some(running.start)
+            }
+            _ => self
+                .messages
+                .iter()
+                .rposition(|m| matches!(m, ChatMessage::User { .. })),
+        }
+    }
+
     /// Marks every message from `start` to the end as part of a failed turn.
     pub(crate) fn fail_from(&mut self, start: usize) {
         let end = self.messages.len();

@@ -32,12 +32,15 @@ use crate::agent::middleware::clarification::ClarificationConfig;
 use crate::agent::middleware::dangling_tool_call::DanglingToolCallConfig;
 use crate::agent::middleware::guardrail::GuardrailConfig;
 use crate::agent::middleware::loop_detection::LoopDetectionConfig;
+use crate::agent::middleware::subagent_limit::SubagentLimitConfig;
+use crate::agent::middleware::summarization::SummarizationConfig;
 use crate::agent::middleware::thread_data::ThreadDataConfig;
 use crate::agent::middleware::title::TitleConfig;
 use crate::agent::middleware::todo::TodoConfig;
 use crate::agent::middleware::token_usage::TokenUsageConfig;
 use crate::agent::middleware::tool_output_budget::ToolOutputBudgetConfig;
 use crate::agent::middleware::uploads::UploadsConfig;
+use crate::agent::middleware::view_image::ViewImageConfig;
 
 pub use secret::Secret;
 
@@ -183,6 +186,9 @@ pub struct ModelConfig {
     /// The system prompt at the start of every thread.
     #[serde(deserialize_with = "secret::string")]
     pub system_prompt: String,
+    /// Whether the model reads images: the images of a message are then sent with it, and
+    /// the `view_image` tool is offered.
+    pub vision: bool,
 }
 
 impl Default for ModelConfig {
@@ -202,6 +208,7 @@ impl Default for ModelConfig {
             max_tokens: None,
             context_tokens: 128_000,
             system_prompt: DEFAULT_SYSTEM_PROMPT.to_owned(),
+            vision: false,
         }
     }
 }
@@ -224,6 +231,7 @@ impl fmt::Debug for ModelConfig {
             .field("max_tokens", &self.max_tokens)
             .field("context_tokens", &self.context_tokens)
             .field("system_prompt", &self.system_prompt)
+            .field("vision", &self.vision)
             .finish()
     }
 }
@@ -286,12 +294,18 @@ pub struct MiddlewareConfig {
     pub(crate) guardrail: GuardrailConfig,
     /// `[agent.middleware.tool_output_budget]`
     pub(crate) tool_output_budget: ToolOutputBudgetConfig,
+    /// `[agent.middleware.summarization]`
+    pub(crate) summarization: SummarizationConfig,
     /// `[agent.middleware.todo]`
     pub(crate) todo: TodoConfig,
     /// `[agent.middleware.token_usage]`
     pub(crate) token_usage: TokenUsageConfig,
     /// `[agent.middleware.title]`
     pub(crate) title: TitleConfig,
+    /// `[agent.middleware.view_image]` (in the chain only when `[model] vision` is on)
+    pub(crate) view_image: ViewImageConfig,
+    /// `[agent.middleware.subagent_limit]`
+    pub(crate) subagent_limit: SubagentLimitConfig,
     /// `[agent.middleware.loop_detection]`
     pub(crate) loop_detection: LoopDetectionConfig,
     /// `[agent.middleware.clarification]`
@@ -307,9 +321,12 @@ impl MiddlewareConfig {
             ("dangling_tool_call", self.dangling_tool_call.enabled),
             ("guardrail", self.guardrail.enabled),
             ("tool_output_budget", self.tool_output_budget.enabled),
+            ("summarization", self.summarization.enabled),
             ("todo", self.todo.enabled),
             ("token_usage", self.token_usage.enabled),
             ("title", self.title.enabled),
+            ("view_image", self.view_image.enabled),
+            ("subagent_limit", self.subagent_limit.enabled),
             ("loop_detection", self.loop_detection.enabled),
             ("clarification", self.clarification.enabled),
         ]
@@ -801,7 +818,10 @@ impl Config {
         let model = &self.model;
         let api = &self.channels.api;
         let platforms = self.channels.enabled_platforms();
-        let middleware = self.agent.middleware.enabled_names();
+        let mut middleware = self.agent.middleware.enabled_names();
+        if !model.vision {
+            middleware.retain(|name| *name != "view_image");
+        }
         let list = |names: &[&str]| {
             if names.is_empty() {
                 "none".to_owned()

@@ -134,8 +134,11 @@ fn empty_file_is_all_defaults() {
             "dangling_tool_call",
             "guardrail",
             "tool_output_budget",
+            "summarization",
             "token_usage",
             "title",
+            "view_image",
+            "subagent_limit",
             "loop_detection",
             "clarification"
         ]
@@ -709,15 +712,21 @@ fn summary_lists_the_essentials() {
          model: llama3.2 at http://127.0.0.1:11434/v1 (api key: not set)\n\
          api channel: enabled (admin token: not set)\n\
          platforms: none\n\
-         middleware: thread_data, uploads, dangling_tool_call, guardrail, tool_output_budget, token_usage, title, loop_detection, clarification"
+         middleware: thread_data, uploads, dangling_tool_call, guardrail, tool_output_budget, summarization, token_usage, title, subagent_limit, loop_detection, clarification"
     );
 
     let text = "[model]\napi_key = \"k\"\n[agent.middleware.title]\nenabled = false\n";
     let summary = parse(text).unwrap().summary();
+    // view_image is listed only for a model with vision.
+    let vision = parse("[model]\nvision = true\n").unwrap().summary();
+    assert!(
+        vision.contains(", title, view_image, subagent_limit,"),
+        "{vision}"
+    );
     assert!(summary.contains("(api key: ***)"), "{summary}");
     assert!(
         summary.contains(
-            "middleware: thread_data, uploads, dangling_tool_call, guardrail, tool_output_budget, token_usage, loop_detection, clarification"
+            "middleware: thread_data, uploads, dangling_tool_call, guardrail, tool_output_budget, summarization, token_usage, subagent_limit, loop_detection, clarification"
         ),
         "{summary}"
     );
@@ -1428,4 +1437,55 @@ fn bad_access_lists_name_the_key_and_index() {
     )
     .unwrap();
     assert_eq!(with_token.channels.api.admins, ["carol"]);
+}
+
+#[test]
+fn summarization_view_image_and_subagent_limit_keys() {
+    let config = parse("").unwrap();
+    let mw = &config.agent.middleware;
+    assert!(mw.summarization.enabled);
+    assert_eq!(mw.summarization.trigger_tokens, 32_000);
+    assert_eq!(mw.summarization.keep_messages, 10);
+    assert_eq!(mw.summarization.trim_tokens_to_summarize, 15_564);
+    assert!(!config.model.vision);
+    assert_eq!(mw.view_image.max_images, 4);
+    assert_eq!(mw.view_image.max_image_bytes, 5 * 1024 * 1024);
+    assert_eq!(mw.subagent_limit.max_per_response, 3);
+    assert_eq!(mw.subagent_limit.max_per_run, 6);
+    assert_eq!(mw.subagent_limit.tool_name, "task");
+    assert!(format!("{:?}", config.model).contains("vision: false"));
+
+    let found = issues(
+        r#"
+        [model]
+        context_tokens = 16000
+        [agent.middleware.summarization]
+        trigger_tokens = 20000
+        keep_messages = 0
+        [agent.middleware.view_image]
+        max_images = 0
+        max_image_bytes = 30000000
+        [agent.middleware.subagent_limit]
+        max_per_response = 5
+        max_per_run = 51
+        tool_name = " "
+        "#,
+    );
+    assert_eq!(
+        found,
+        [
+            "agent.middleware.summarization.keep_messages: must be at least 1 (got 0)",
+            "agent.middleware.summarization.trigger_tokens: must be below model.context_tokens \
+             (20000 >= 16000), or older messages are dropped before they are summarized",
+            "agent.middleware.view_image.max_images: must be between 1 and 20 (got 0)",
+            "agent.middleware.view_image.max_image_bytes: must be between 1 and 20971520 \
+             (20 MiB) (got 30000000)",
+            "agent.middleware.subagent_limit.max_per_response: must be between 1 and 4 (got 5)",
+            "agent.middleware.subagent_limit.max_per_run: must be between 1 and 50 (got 51)",
+            "agent.middleware.subagent_limit.tool_name: must not be empty",
+        ]
+    );
+    // The check against context_tokens is off when summarization is.
+    parse("[model]\ncontext_tokens = 16000\n[agent.middleware.summarization]\nenabled = false\n")
+        .unwrap();
 }

@@ -15,6 +15,9 @@ pub(crate) const MIN_TOKEN_CHARS: usize = 16;
 /// The largest `agent.max_attachment_bytes`: a file is held in memory while it is fetched.
 pub(crate) const MAX_ATTACHMENT_BYTES: u64 = 1024 * 1024 * 1024;
 
+/// The largest image `view_image` may send (DeerFlow's limit).
+const MAX_IMAGE_BYTES: u64 = 20 * 1024 * 1024;
+
 /// The longest API user name.
 pub(crate) const MAX_USER_CHARS: usize = 64;
 
@@ -250,6 +253,77 @@ fn agent(config: &Config, v: &mut Issues) {
     let title = &agent.middleware.title;
     v.at_least("agent.middleware.title.max_words", title.max_words, 1);
     v.at_least("agent.middleware.title.max_chars", title.max_chars, 8);
+
+    let summarization = &agent.middleware.summarization;
+    v.at_least(
+        "agent.middleware.summarization.trigger_tokens",
+        summarization.trigger_tokens,
+        1000,
+    );
+    v.at_least(
+        "agent.middleware.summarization.keep_messages",
+        summarization.keep_messages,
+        1,
+    );
+    v.at_least(
+        "agent.middleware.summarization.trim_tokens_to_summarize",
+        summarization.trim_tokens_to_summarize,
+        100,
+    );
+    let context_tokens = config.model.context_tokens;
+    if summarization.enabled
+        && context_tokens != 0
+        && summarization.trigger_tokens >= context_tokens
+    {
+        v.push(
+            "agent.middleware.summarization.trigger_tokens",
+            format!(
+                "must be below model.context_tokens ({} >= {context_tokens}), or older \
+                 messages are dropped before they are summarized",
+                summarization.trigger_tokens
+            ),
+        );
+    }
+
+    let images = &agent.middleware.view_image;
+    if !(1..=20).contains(&images.max_images) {
+        v.push(
+            "agent.middleware.view_image.max_images",
+            format!("must be between 1 and 20 (got {})", images.max_images),
+        );
+    }
+    if !(1..=MAX_IMAGE_BYTES).contains(&images.max_image_bytes) {
+        v.push(
+            "agent.middleware.view_image.max_image_bytes",
+            format!(
+                "must be between 1 and {MAX_IMAGE_BYTES} (20 MiB) (got {})",
+                images.max_image_bytes
+            ),
+        );
+    }
+
+    let subagents = &agent.middleware.subagent_limit;
+    if !(1..=4).contains(&subagents.max_per_response) {
+        v.push(
+            "agent.middleware.subagent_limit.max_per_response",
+            format!(
+                "must be between 1 and 4 (got {})",
+                subagents.max_per_response
+            ),
+        );
+    }
+    if !(1..=50).contains(&subagents.max_per_run) {
+        v.push(
+            "agent.middleware.subagent_limit.max_per_run",
+            format!("must be between 1 and 50 (got {})", subagents.max_per_run),
+        );
+    }
+    if subagents.tool_name.trim().is_empty() {
+        v.push(
+            "agent.middleware.subagent_limit.tool_name",
+            "must not be empty",
+        );
+    }
 
     let loops = &agent.middleware.loop_detection;
     v.at_least(

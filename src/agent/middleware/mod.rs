@@ -13,12 +13,15 @@ mod context;
 pub(crate) mod dangling_tool_call;
 pub(crate) mod guardrail;
 pub(crate) mod loop_detection;
+pub(crate) mod subagent_limit;
+pub(crate) mod summarization;
 pub(crate) mod thread_data;
 pub(crate) mod title;
 pub(crate) mod todo;
 pub(crate) mod token_usage;
 pub(crate) mod tool_output_budget;
 pub(crate) mod uploads;
+pub(crate) mod view_image;
 
 use std::sync::Arc;
 
