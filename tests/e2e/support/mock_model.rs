@@ -251,18 +251,31 @@ fn last_user_text(body: &Value) -> String {
     body["messages"]
         .as_array()
         .and_then(|m| m.iter().rev().find(|m| m["role"] == "user"))
-        .and_then(|m| m["content"].as_str())
+        .map(|m| text_of(&m["content"]))
         .unwrap_or_default()
-        .to_owned()
 }
 
 fn first_user_text(body: &Value) -> String {
     body["messages"]
         .as_array()
         .and_then(|m| m.iter().find(|m| m["role"] == "user"))
-        .and_then(|m| m["content"].as_str())
+        .map(|m| text_of(&m["content"]))
         .unwrap_or_default()
-        .to_owned()
+}
+
+/// The text of a message's content: a string, or the text parts of content parts (a user
+/// message with images).
+fn text_of(content: &Value) -> String {
+    match content {
+        Value::String(text) => text.clone(),
+        Value::Array(parts) => parts
+            .iter()
+            .filter(|part| part["type"] == "text")
+            .filter_map(|part| part["text"].as_str())
+            .collect::<Vec<_>>()
+            .join("\n"),
+        _ => String::new(),
+    }
 }
 
 async fn completions(State(state): State<Arc<MockState>>, body: Bytes) -> Response {
