@@ -23,7 +23,12 @@
 //! with the index of the first message it does not cover; every request replaces the covered
 //! messages with it, and a new summary is made only when the request passes the threshold
 //! again. A summary that covers messages of a turn that later failed is dropped (those
-//! messages leave the context) and made again when needed.
+//! messages leave the context) and made again when needed. The request's messages after the
+//! system prompt are taken to be the thread's context in order: the hooks before this one
+//! change contents, not which messages there are, except dangling_tool_call's placeholder
+//! results, which the cut skips over with their call. When the kept messages alone pass the
+//! threshold (huge tool results), each model call that adds messages moves the summary on by
+//! those messages; the runtime's `model.context_tokens` bound still applies after this.
 //!
 //! Placement: after tool_output_budget (tool output is already cut when it is summarized) and
 //! before todo, memory and view_image, whose per-request additions must not be summarized
@@ -33,8 +38,12 @@
 //! Deviations from DeerFlow: the summary is a user message in the request (DeerFlow projects
 //! `summary_text` through a system message), which every OpenAI-compatible server accepts;
 //! counting skips the tokenizer when the request's bytes alone stay under the threshold (a
-//! token is at least one byte); the messages are not flushed to memory before compaction
-//! (the memory middleware reads the stored thread, which keeps every message).
+//! token is at least one byte), and a text over 64 KiB is counted from its first 64 KiB,
+//! scaled (a hostile megabyte would otherwise cost ~0.3 s of tokenizing per model call); the
+//! tokenizer is built on a background thread when the chain is built, and counting runs
+//! with `block_in_place`, so neither stalls other turns; the messages are not flushed to
+//! memory before compaction (the memory middleware reads the stored thread, which keeps
+//! every message).
 
 use std::sync::LazyLock;
 use std::time::Duration;
