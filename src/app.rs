@@ -106,7 +106,9 @@ fn metrics_handle() -> PrometheusHandle {
 fn middleware_chain(config: &Config) -> Result<MiddlewareChain, ChainError> {
     let cfg = &config.agent.middleware;
     let mut items: Vec<Arc<dyn Middleware>> = Vec::new();
-    if let Some(m) = ThreadDataMiddleware::from_config(&cfg.thread_data) {
+    if let Some(m) =
+        ThreadDataMiddleware::from_config(&cfg.thread_data, config.agent.max_attachment_bytes)
+    {
         items.push(Arc::new(m));
     }
     if let Some(m) = UploadsMiddleware::from_config(&cfg.uploads) {
@@ -687,6 +689,7 @@ mod tests {
                         thread_id: item.thread_id.clone(),
                         text: "hello".to_owned(),
                         reply_to: Some("m1".to_owned()),
+                        files: Vec::new(),
                     }],
                     memory_update: None,
                     draft: None,

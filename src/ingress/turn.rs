@@ -13,7 +13,7 @@ use std::future::Future;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use antler_channel::{InboundEvent, OutboundMessage, Progress, Receipt};
+use antler_channel::{InboundEvent, OutboundFile, OutboundMessage, Progress, Receipt};
 use futures_util::FutureExt;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
@@ -118,6 +118,8 @@ struct TurnResult {
     memory_update: Option<MemoryUpdate>,
     /// The turn's live draft, which the reply replaces.
     draft: Option<Receipt>,
+    /// Files the agent presented, delivered with the reply.
+    files: Vec<OutboundFile>,
 }
 
 /// Streams deltas to subscribers and checkpoints the thread after tool results.
@@ -285,6 +287,7 @@ impl TurnRunner {
             thread_id: item.thread_id.clone(),
             text: result.text,
             reply_to: item.event.reply_to.clone(),
+            files: result.files,
         };
         let finish = Arc::new(FinishTurn {
             inbox_seq: item.seq,
@@ -355,6 +358,7 @@ impl TurnRunner {
                 outcome: "refused",
                 memory_update: None,
                 draft: None,
+                files: Vec::new(),
             };
         }
         if let Some(kind) = &item.event.unsupported {
@@ -368,6 +372,7 @@ impl TurnRunner {
                 outcome: "unsupported",
                 memory_update: None,
                 draft: None,
+                files: Vec::new(),
             };
         }
         let command = commands::parse(&item.event.text);
@@ -381,6 +386,7 @@ impl TurnRunner {
                 outcome: "command",
                 memory_update: None,
                 draft: None,
+                files: Vec::new(),
             },
             None => self.agent_turn(item).await,
         }
@@ -448,6 +454,7 @@ impl TurnRunner {
             memory_update: None,
             // A crashed run's draft shows a half answer: the notice replaces it.
             draft: item.draft.clone(),
+            files: Vec::new(),
         }
     }
 
@@ -482,6 +489,7 @@ impl TurnRunner {
                         outcome: "failed",
                         memory_update: None,
                         draft: item.draft.clone(),
+                        files: Vec::new(),
                     };
                 }
             }
@@ -524,6 +532,7 @@ impl TurnRunner {
             None => item.draft.clone(),
         };
         let mut memory_update = None;
+        let mut files = Vec::new();
         let (text, outcome, failed) = match result {
             Ok(mut outcome) => {
                 if let Some(e) = &outcome.error {
@@ -561,6 +570,19 @@ impl TurnRunner {
                     RunEnding::Answered => "ok",
                     other => other.as_str(),
                 };
+                if !outcome.failed() {
+                    files = outcome
+                        .outputs
+                        .files
+                        .drain(..)
+                        .map(|file| OutboundFile {
+                            name: file.name,
+                            media_type: file.media_type,
+                            size: file.size,
+                            path: file.host,
+                        })
+                        .collect();
+                }
                 (text, label, outcome.failed())
             }
             Err(panic) => {
@@ -593,6 +615,7 @@ impl TurnRunner {
             outcome,
             memory_update,
             draft,
+            files,
         }
     }
 

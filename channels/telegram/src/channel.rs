@@ -448,6 +448,7 @@ mod tests {
             thread_id: "t".into(),
             text: text.into(),
             reply_to: Some("88".into()),
+            files: Vec::new(),
         }
     }
 
