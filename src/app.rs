@@ -517,6 +517,7 @@ where
         model_health,
         body_limit: server.body_limit_bytes,
         max_attachment_bytes: config.agent.max_attachment_bytes,
+        data_root: config.store.path.clone(),
         body_timeout: Duration::from_secs(server.body_read_timeout_secs),
         stop: intake_stop.clone(),
         auth,
