@@ -463,6 +463,7 @@ where
             max_attempts: config.agent.max_turn_attempts,
             turn_timeout: Duration::from_secs(config.agent.turn_timeout_secs),
             max_attachment_bytes: config.agent.max_attachment_bytes,
+            todo: config.agent.middleware.todo.clone(),
         },
         turn_cancel.clone(),
     );

@@ -307,7 +307,7 @@ impl MiddlewareConfig {
             ("dangling_tool_call", self.dangling_tool_call.enabled),
             ("guardrail", self.guardrail.enabled),
             ("tool_output_budget", self.tool_output_budget.enabled),
-            ("todo", self.todo.enabled),
+            ("todo", self.todo.in_chain()),
             ("token_usage", self.token_usage.enabled),
             ("title", self.title.enabled),
             ("loop_detection", self.loop_detection.enabled),

@@ -20,11 +20,12 @@ use tokio::time::Instant;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
 use super::attachments;
-use super::commands::{self, Command};
+use super::commands::{self, Command, PlanSwitch};
 use super::dispatcher::Dispatcher;
 use crate::agent::input::{Attachment, Author, ChannelFlags, Role, RunInput};
 use crate::agent::message::ChatMessage;
 use crate::agent::middleware::RunEnding;
+use crate::agent::middleware::todo::{self, PlanMode, TodoConfig};
 use crate::agent::runtime::{CheckpointError, RunLimits, RunObserver, Runtime, ToolProgress};
 use crate::agent::thread::{RunningTurn, ThreadState};
 use crate::delivery::{Delivery, Draft};
@@ -72,6 +73,8 @@ pub(crate) struct TurnSettings {
     pub(crate) turn_timeout: Duration,
     /// The largest attachment fetched for a turn.
     pub(crate) max_attachment_bytes: u64,
+    /// `[agent.middleware.todo]`: whether `/plan` may switch plan mode, and its default.
+    pub(crate) todo: TodoConfig,
 }
 
 #[derive(Debug)]
@@ -83,6 +86,8 @@ struct Inner {
     max_attempts: u32,
     max_attachment_bytes: u64,
     turn_timeout: Duration,
+    /// `[agent.middleware.todo]`, for `/plan` and `/status`.
+    todo: TodoConfig,
     /// The running agent turn of each conversation, for `/stop`: its inbox seq and token.
     running: Mutex<HashMap<String, (u64, CancellationToken)>>,
     /// `/stop` items (inbox seqs) that stopped a turn when they arrived; each is removed
@@ -213,6 +218,7 @@ impl TurnRunner {
                 delivery,
                 max_attempts: settings.max_attempts.max(1),
                 max_attachment_bytes: settings.max_attachment_bytes,
+                todo: settings.todo.clone(),
                 turn_timeout: settings.turn_timeout,
                 running: Mutex::default(),
                 stops: Mutex::default(),
@@ -380,6 +386,7 @@ impl TurnRunner {
             return self.give_up(item, command.is_none()).await;
         }
         match command {
+            Some(Command::Plan(switch)) => self.switch_plan_mode(item, switch).await,
             Some(command) => TurnResult {
                 thread: None,
                 text: self.command(item, command).await,
@@ -390,6 +397,45 @@ impl TurnRunner {
             },
             None => self.agent_turn(item).await,
         }
+    }
+
+    /// `/plan`: plan mode on or off for the conversation's thread, kept with the thread.
+    async fn switch_plan_mode(&self, item: &InboxItem, switch: PlanSwitch) -> TurnResult {
+        let config = &self.inner.todo;
+        let answer = |thread: Option<ThreadState>, text: &str| TurnResult {
+            thread,
+            text: text.to_owned(),
+            outcome: "command",
+            memory_update: None,
+            draft: None,
+            files: Vec::new(),
+        };
+        if !config.plan_command {
+            let fixed = if config.enabled {
+                "Plan mode is always on here; it cannot be switched per conversation."
+            } else {
+                "Plan mode is off here; it cannot be switched per conversation."
+            };
+            return answer(None, fixed);
+        }
+        let mut thread = self.load_thread(item).await;
+        let on = match switch {
+            PlanSwitch::Toggle => !config.plan_mode(&thread),
+            PlanSwitch::On => true,
+            PlanSwitch::Off => false,
+            PlanSwitch::Invalid => {
+                return answer(None, "Use /plan (switch), /plan on or /plan off.");
+            }
+        };
+        thread.extensions.set(&PlanMode { on });
+        thread.updated_at_ms = crate::now_ms();
+        let text = if on {
+            "📋 Plan mode is on for this conversation: for work of several steps the assistant \
+             keeps a todo list, shown in /status. /plan off turns it off."
+        } else {
+            "Plan mode is off for this conversation. /plan on turns it on."
+        };
+        answer(Some(thread), text)
     }
 
     /// The item's thread, loaded (with retries) or new.
@@ -745,6 +791,9 @@ impl TurnRunner {
             Command::New => format!("New conversation started (thread {}).", item.thread_id),
             Command::Unknown(name) => format!("Unknown command /{name}.\n{}", commands::HELP),
             Command::Status => self.status(item).await,
+            // `plan` answers `/plan` itself, since it writes the thread; were it ever routed
+            // here, the user would learn how to use it rather than nothing.
+            Command::Plan(_) => "Use /plan (switch), /plan on or /plan off.".to_owned(),
             Command::Stop => {
                 let stopped = self
                     .inner
@@ -791,6 +840,19 @@ impl TurnRunner {
                 thread.usage.completion_tokens,
                 thread.usage.total_tokens
             ));
+        }
+        let plan_mode = thread
+            .as_ref()
+            .map_or(inner.todo.enabled, |thread| inner.todo.plan_mode(thread));
+        if inner.todo.in_chain() {
+            out.push_str(if plan_mode {
+                "\nPlan mode: on"
+            } else {
+                "\nPlan mode: off"
+            });
+        }
+        if let Some(list) = thread.as_ref().and_then(todo::status_list) {
+            out.push_str(&format!("\nTodos:\n{list}"));
         }
         out.push_str(&format!(
             "\nModel: {}\nQueue: {waiting} waiting in this conversation, {backlog} in the inbox",

@@ -13,6 +13,7 @@ mod hardening;
 mod loop_detection;
 mod model_failures;
 mod ordering;
+mod plan_mode;
 mod present_files;
 mod restart;
 mod seams;
