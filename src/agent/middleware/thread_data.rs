@@ -52,7 +52,7 @@ const MAX_PRESENTATIONS: usize = 100;
 pub(crate) const NOTE: &str = "Files of this conversation (use these paths with the file tools):
 - /mnt/user-data/workspace: your scratch space
 - /mnt/user-data/uploads: the user's files (read-only)
-- /mnt/user-data/outputs: files for the user; put what you make for them here";
+- /mnt/user-data/outputs: files for the user; put what you make for them here, then hand them over with present_files";
 
 /// `[agent.middleware.thread_data]`
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
