@@ -938,6 +938,19 @@ mod tests {
     }
 
     #[test]
+    fn file_urls_and_download_names_are_safe() {
+        assert_eq!(
+            file_url("t-1", "charts/cpu load.png"),
+            "/api/v1/threads/t-1/files/charts/cpu%20load.png"
+        );
+        assert_eq!(encode_path("ü?#%"), "%C3%BC%3F%23%25");
+        assert_eq!(ascii_file_name("rep\"ort.csv"), "rep_ort.csv");
+        assert_eq!(ascii_file_name("dir\\x.csv"), "x.csv");
+        assert_eq!(ascii_file_name("отчёт.txt"), "_____.txt");
+        assert_eq!(ascii_file_name("a\r\nb.txt"), "ab.txt");
+    }
+
+    #[test]
     fn only_an_admin_token_makes_an_admin() {
         let body = json!({"conversation": "c", "text": "hi"});
         let open = channel(false, 1024);
