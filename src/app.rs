@@ -109,7 +109,9 @@ fn metrics_handle() -> PrometheusHandle {
 fn middleware_chain(config: &Config) -> Result<MiddlewareChain, ChainError> {
     let cfg = &config.agent.middleware;
     let mut items: Vec<Arc<dyn Middleware>> = Vec::new();
-    if let Some(m) = ThreadDataMiddleware::from_config(&cfg.thread_data) {
+    if let Some(m) =
+        ThreadDataMiddleware::from_config(&cfg.thread_data, config.agent.max_attachment_bytes)
+    {
         items.push(Arc::new(m));
     }
     if let Some(m) = UploadsMiddleware::from_config(&cfg.uploads) {
@@ -473,6 +475,7 @@ where
             max_attempts: config.agent.max_turn_attempts,
             turn_timeout: Duration::from_secs(config.agent.turn_timeout_secs),
             max_attachment_bytes: config.agent.max_attachment_bytes,
+            todo: config.agent.middleware.todo.clone(),
         },
         turn_cancel.clone(),
     );
@@ -527,6 +530,7 @@ where
         model_health,
         body_limit: server.body_limit_bytes,
         max_attachment_bytes: config.agent.max_attachment_bytes,
+        data_root: config.store.path.clone(),
         body_timeout: Duration::from_secs(server.body_read_timeout_secs),
         stop: intake_stop.clone(),
         auth,
@@ -699,6 +703,7 @@ mod tests {
                         thread_id: item.thread_id.clone(),
                         text: "hello".to_owned(),
                         reply_to: Some("m1".to_owned()),
+                        files: Vec::new(),
                     }],
                     memory_update: None,
                     draft: None,

@@ -21,8 +21,13 @@ const BUFFER: usize = 256;
 pub(crate) enum ThreadEvent {
     /// A fragment of the answer being written.
     Delta { in_reply_to: String, text: String },
-    /// A reply was delivered.
-    Final { in_reply_to: String, text: String },
+    /// A reply was delivered, with the files it carries.
+    Final {
+        in_reply_to: String,
+        text: String,
+        #[serde(skip_serializing_if = "Vec::is_empty")]
+        attachments: Vec<FileLink>,
+    },
     /// A tool call of the turn started, reported progress or ended.
     Tool {
         in_reply_to: String,
@@ -32,6 +37,18 @@ pub(crate) enum ThreadEvent {
         #[serde(skip_serializing_if = "Option::is_none")]
         text: Option<String>,
     },
+}
+
+/// A file delivered with a reply, as an API client fetches it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub(crate) struct FileLink {
+    /// Its path under the thread's outputs folder.
+    pub(crate) name: String,
+    pub(crate) media_type: String,
+    /// In bytes.
+    pub(crate) size: u64,
+    /// Where to download it (`GET`, with the same token).
+    pub(crate) url: String,
 }
 
 /// Where a tool call is.
@@ -153,6 +170,7 @@ mod tests {
         let event = ThreadEvent::Final {
             in_reply_to: "m".into(),
             text: "hi".into(),
+            attachments: Vec::new(),
         };
         hub.publish("t", event.clone());
         assert_eq!(rx.recv().await.unwrap(), event);
@@ -175,6 +193,7 @@ mod tests {
         let event = ThreadEvent::Final {
             in_reply_to: "m".into(),
             text: "hi".into(),
+            attachments: Vec::new(),
         };
         hub.publish("t", event.clone());
         assert_eq!(second.recv().await.unwrap(), event);

@@ -4,8 +4,8 @@
 use std::sync::Mutex;
 
 use antler_channel::{
-    Channel, ChannelError, ConversationKey, EditRate, InboundEvent, Limits, OutboundMessage,
-    Parsed, Part, Receipt, UserRef, WebhookRequest,
+    Channel, ChannelError, ConversationKey, EditRate, InboundEvent, Limits, OutboundFile,
+    OutboundMessage, Parsed, Part, Receipt, UserRef, WebhookRequest,
 };
 
 /// An API-channel message from user `u1` in `conversation`.
@@ -45,6 +45,8 @@ pub(crate) struct RecordingChannel {
     pub(crate) separator: Option<&'static str>,
     /// Its edit pace; `Some` turns live drafts on.
     pub(crate) edit_rate: Option<EditRate>,
+    /// It sends files itself: each is recorded in `sent` as `file:<name>`.
+    pub(crate) sends_files: bool,
 }
 
 impl RecordingChannel {
@@ -99,6 +101,27 @@ impl Channel for RecordingChannel {
         self.sent.lock().unwrap().push(part.body.to_owned());
         Ok(Receipt {
             platform_message_id: format!("pm-{}", part.body),
+        })
+    }
+
+    fn sends_files(&self) -> bool {
+        self.sends_files
+    }
+
+    async fn send_file(
+        &self,
+        _: &OutboundMessage,
+        file: &OutboundFile,
+    ) -> Result<Receipt, ChannelError> {
+        if let Some(failure) = self.next_failure() {
+            return Err(failure);
+        }
+        self.sent
+            .lock()
+            .unwrap()
+            .push(format!("file:{}", file.name));
+        Ok(Receipt {
+            platform_message_id: format!("pm-file-{}", file.name),
         })
     }
 

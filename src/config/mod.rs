@@ -322,7 +322,7 @@ impl MiddlewareConfig {
             ("guardrail", self.guardrail.enabled),
             ("tool_output_budget", self.tool_output_budget.enabled),
             ("summarization", self.summarization.enabled),
-            ("todo", self.todo.enabled),
+            ("todo", self.todo.in_chain()),
             ("token_usage", self.token_usage.enabled),
             ("title", self.title.enabled),
             ("view_image", self.view_image.enabled),

@@ -135,6 +135,7 @@ fn empty_file_is_all_defaults() {
             "guardrail",
             "tool_output_budget",
             "summarization",
+            "todo",
             "token_usage",
             "title",
             "view_image",
@@ -712,7 +713,7 @@ fn summary_lists_the_essentials() {
          model: llama3.2 at http://127.0.0.1:11434/v1 (api key: not set)\n\
          api channel: enabled (admin token: not set)\n\
          platforms: none\n\
-         middleware: thread_data, uploads, dangling_tool_call, guardrail, tool_output_budget, summarization, token_usage, title, subagent_limit, loop_detection, clarification"
+         middleware: thread_data, uploads, dangling_tool_call, guardrail, tool_output_budget, summarization, todo, token_usage, title, subagent_limit, loop_detection, clarification"
     );
 
     let text = "[model]\napi_key = \"k\"\n[agent.middleware.title]\nenabled = false\n";
@@ -726,7 +727,7 @@ fn summary_lists_the_essentials() {
     assert!(summary.contains("(api key: ***)"), "{summary}");
     assert!(
         summary.contains(
-            "middleware: thread_data, uploads, dangling_tool_call, guardrail, tool_output_budget, summarization, token_usage, subagent_limit, loop_detection, clarification"
+            "middleware: thread_data, uploads, dangling_tool_call, guardrail, tool_output_budget, summarization, todo, token_usage, subagent_limit, loop_detection, clarification"
         ),
         "{summary}"
     );

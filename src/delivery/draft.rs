@@ -87,6 +87,7 @@ impl Draft {
                 thread_id: item.thread_id.clone(),
                 text: String::new(),
                 reply_to: item.event.reply_to.clone(),
+                files: Vec::new(),
             },
             draft: item.draft.clone(),
             interval: rate.interval(item.event.group),

@@ -7,6 +7,10 @@
 //! first part (the draft itself is written by [`Draft`] while the turn runs). Replies of one
 //! conversation go out in order; a slow or rate-limited chat does
 //! not hold up the others. On start, every pending item is queued again.
+//!
+//! A reply's files ([`antler_channel::OutboundFile`], paths under the thread's outputs) go
+//! out after its text, each as one more recorded part, on channels that send files
+//! ([`Channel::sends_files`]); elsewhere the text gets a line per file naming it instead.
 
 mod draft;
 
@@ -16,10 +20,11 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use antler_channel::{Channel, ChannelError, Part};
+use antler_channel::{Channel, ChannelError, OutboundMessage, Part, Receipt};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::ingress::attachments::human_size;
 use crate::lanes::Lanes;
 use crate::store::{OutboxItem, Store, StoreError};
 
@@ -175,52 +180,103 @@ enum SendError {
     Store(StoreError),
 }
 
+/// The text a channel renders: the reply's, plus a line per file (`📎 report.csv (12 KB)`)
+/// when the channel does not send files itself, so the user still learns they exist.
+fn text_with_file_names(message: &OutboundMessage, sends_files: bool) -> String {
+    if sends_files || message.files.is_empty() {
+        return message.text.clone();
+    }
+    let mut text = message.text.trim_end().to_owned();
+    if !text.is_empty() {
+        text.push_str("\n\n");
+    }
+    let lines: Vec<String> = message
+        .files
+        .iter()
+        .map(|file| format!("📎 {} ({})", file.file_name(), human_size(file.size)))
+        .collect();
+    text.push_str(&lines.join("\n"));
+    text
+}
+
 /// Sends the parts of `item` not sent yet, recording each as it goes, so a retry never sends
 /// a part twice. The first part replaces the turn's draft when there is one (an edit); if the
-/// draft is gone, it is sent as a new message.
+/// draft is gone, it is sent as a new message. The reply's files follow its text, one part
+/// each, on channels that send files; a file that can never be sent (gone, refused by the
+/// platform) is logged and skipped, so it does not hold back the files after it.
 async fn send_parts(
     store: &dyn Store,
     channel: &dyn Channel,
     item: &mut OutboxItem,
 ) -> Result<(), SendError> {
-    let parts = channel
-        .render(&item.message.text)
-        .map_err(SendError::Channel)?;
+    let sends_files = channel.sends_files();
+    let text = text_with_file_names(&item.message, sends_files);
+    let parts = channel.render(&text).map_err(SendError::Channel)?;
     if parts.is_empty() {
         return Err(SendError::Channel(ChannelError::Permanent(
             "the answer is empty".to_owned(),
         )));
     }
-    while item.parts.len() < parts.len() {
+    let files = if sends_files {
+        item.message.files.len()
+    } else {
+        0
+    };
+    let total = parts.len() + files;
+    while item.parts.len() < total {
         let index = item.parts.len();
-        let part = Part {
-            index,
-            body: &parts[index],
-        };
-        let receipt = match item.draft.as_ref().filter(|_| index == 0) {
-            Some(draft) => match channel.edit(&item.message, draft, part).await {
-                Ok(()) => draft.clone(),
-                Err(e) if e.is_retryable() => return Err(SendError::Channel(e)),
-                Err(e) => {
-                    tracing::warn!(seq = item.seq, error = %e, "the draft cannot be edited; sending the answer anew");
-                    channel
-                        .send(&item.message, part)
-                        .await
-                        .map_err(SendError::Channel)?
+        let receipt = match parts.get(index) {
+            Some(body) => send_text(channel, item, Part { index, body }).await?,
+            None => {
+                let Some(file) = item.message.files.get(index - parts.len()) else {
+                    break;
+                };
+                match channel.send_file(&item.message, file).await {
+                    Ok(receipt) => receipt,
+                    Err(e) if e.is_retryable() => return Err(SendError::Channel(e)),
+                    Err(e) => {
+                        tracing::warn!(seq = item.seq, error = %e, "a file of the reply cannot be sent; skipped");
+                        metrics::counter!("antler_delivery_files_skipped_total").increment(1);
+                        // Recorded with no platform id: skipped, never tried again.
+                        Receipt {
+                            platform_message_id: String::new(),
+                        }
+                    }
                 }
-            },
-            None => channel
-                .send(&item.message, part)
-                .await
-                .map_err(SendError::Channel)?,
+            }
         };
-        let complete = index + 1 == parts.len();
+        let complete = index + 1 == total;
         *item = store
             .part_delivered(item.seq, receipt, complete, crate::now_ms())
             .await
             .map_err(SendError::Store)?;
     }
     Ok(())
+}
+
+/// Sends one text part: the first replaces the draft when there is one.
+async fn send_text(
+    channel: &dyn Channel,
+    item: &OutboxItem,
+    part: Part<'_>,
+) -> Result<Receipt, SendError> {
+    match item.draft.as_ref().filter(|_| part.index == 0) {
+        Some(draft) => match channel.edit(&item.message, draft, part).await {
+            Ok(()) => Ok(draft.clone()),
+            Err(e) if e.is_retryable() => Err(SendError::Channel(e)),
+            Err(e) => {
+                tracing::warn!(seq = item.seq, error = %e, "the draft cannot be edited; sending the answer anew");
+                channel
+                    .send(&item.message, part)
+                    .await
+                    .map_err(SendError::Channel)
+            }
+        },
+        None => channel
+            .send(&item.message, part)
+            .await
+            .map_err(SendError::Channel),
+    }
 }
 
 #[cfg(test)]

@@ -23,6 +23,7 @@ async fn outbox_with_draft(
             thread_id: "t1".to_owned(),
             text: (*text).to_owned(),
             reply_to: None,
+            files: Vec::new(),
         })
         .collect();
     store
@@ -183,6 +184,112 @@ async fn the_first_part_replaces_the_draft_and_the_rest_are_new_messages() {
     assert!(gone.edits().is_empty());
     let done = store.outbox_item(items[0].seq).await.unwrap().unwrap();
     assert_eq!(done.status, OutboxStatus::Sent);
+}
+
+fn file(name: &str, size: u64) -> antler_channel::OutboundFile {
+    antler_channel::OutboundFile {
+        name: name.to_owned(),
+        media_type: "text/plain".to_owned(),
+        size,
+        path: std::path::PathBuf::from(format!("/data/threads/t1/outputs/{name}")),
+    }
+}
+
+/// One reply with `files`, finished as inbox item `inbox_seq`.
+async fn outbox_with_files(
+    store: &SledStore,
+    inbox_seq: u64,
+    text: &str,
+    files: Vec<antler_channel::OutboundFile>,
+) -> Vec<OutboxItem> {
+    store
+        .finish_turn(FinishTurn {
+            inbox_seq,
+            thread: None,
+            replies: vec![OutboundMessage {
+                idempotency_key: format!("k{inbox_seq}"),
+                conversation: ConversationKey::new("api", ["c1"]),
+                thread_id: "t1".to_owned(),
+                text: text.to_owned(),
+                reply_to: None,
+                files,
+            }],
+            memory_update: None,
+            draft: None,
+            now_ms: 1,
+        })
+        .await
+        .unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_channel_that_cannot_send_files_gets_their_names_in_the_text() {
+    let store = Arc::new(SledStore::temporary().unwrap());
+    let items = outbox_with_files(
+        &store,
+        1,
+        "Here is the report.\n",
+        vec![file("report.csv", 12 * 1024), file("charts/cpu.png", 1)],
+    )
+    .await;
+    let channel = Arc::new(RecordingChannel::default());
+    run(Arc::clone(&channel), Arc::clone(&store), items.clone(), 5).await;
+    assert_eq!(
+        channel.sent(),
+        ["Here is the report.\n\n📎 report.csv (12 KB)\n📎 cpu.png (1 byte)"]
+    );
+    let done = store.outbox_item(items[0].seq).await.unwrap().unwrap();
+    assert_eq!(done.status, OutboxStatus::Sent);
+}
+
+#[tokio::test(start_paused = true)]
+async fn files_follow_the_text_each_once_and_a_lost_file_is_skipped() {
+    let store = Arc::new(SledStore::temporary().unwrap());
+    let items = outbox_with_files(
+        &store,
+        1,
+        "one|two",
+        vec![file("a.txt", 1), file("gone.txt", 1), file("c.txt", 1)],
+    )
+    .await;
+    let channel = Arc::new(RecordingChannel {
+        separator: Some("|"),
+        sends_files: true,
+        ..RecordingChannel::default()
+    });
+    // "one", "two" and a.txt go; a 502 on gone.txt is retried and then the file is
+    // found gone for good: skipped, and c.txt still goes.
+    let seq = items[0].seq;
+    for (index, body) in ["one", "two"].into_iter().enumerate() {
+        let receipt = channel
+            .send(&items[0].message, Part { index, body })
+            .await
+            .unwrap();
+        store.part_delivered(seq, receipt, false, 2).await.unwrap();
+    }
+    let receipt = channel
+        .send_file(&items[0].message, &items[0].message.files[0])
+        .await
+        .unwrap();
+    store.part_delivered(seq, receipt, false, 2).await.unwrap();
+    *channel.failures.lock().unwrap() = vec![
+        ChannelError::Transient("502".into()),
+        ChannelError::Permanent("no such file".into()),
+    ];
+    let resumed = store.outbox_item(seq).await.unwrap().unwrap();
+    run(Arc::clone(&channel), Arc::clone(&store), vec![resumed], 5).await;
+    assert_eq!(channel.sent(), ["one", "two", "file:a.txt", "file:c.txt"]);
+    let done = store.outbox_item(seq).await.unwrap().unwrap();
+    assert_eq!(done.status, OutboxStatus::Sent);
+    let ids: Vec<&str> = done
+        .parts
+        .iter()
+        .map(|r| r.platform_message_id.as_str())
+        .collect();
+    assert_eq!(
+        ids,
+        ["pm-one", "pm-two", "pm-file-a.txt", "", "pm-file-c.txt"]
+    );
 }
 
 #[test]

@@ -22,14 +22,21 @@
 //! `agent.max_attachment_bytes` once decoded, each with a name that stays usable once made
 //! safe. The event carries them as [`AttachmentSource::Inline`]; the turn writes them to the
 //! thread's `uploads` folder.
+//!
+//! Files the agent presents (`present_files`) come back as `attachments`, `[{name,
+//! media_type, size, url}]`: on the `final` SSE event, in the `"wait": true` answer, and on the
+//! answer message in `GET /api/v1/threads/{id}`. `GET /api/v1/threads/{id}/files/{name}`
+//! downloads one (the same access rule as the thread; only files under the thread's
+//! `outputs` folder, checked as `present_files` checks them; `Content-Disposition:
+//! attachment` with a safe file name).
 
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
 use antler_channel::{
-    AttachmentRef, AttachmentSource, Channel, ChannelError, InboundEvent, OutboundMessage, Parsed,
-    Part, Receipt, UserRef, WebhookRequest,
+    AttachmentRef, AttachmentSource, Channel, ChannelError, InboundEvent, OutboundFile,
+    OutboundMessage, Parsed, Part, Receipt, UserRef, WebhookRequest,
 };
 use axum::extract::{Path, Request, State};
 use axum::http::StatusCode;
@@ -45,8 +52,13 @@ use tokio_util::sync::CancellationToken;
 use super::AppState;
 use super::error::ApiError;
 use super::guard::{ApiAuth, Principal};
+use crate::agent::input::ThreadFolders;
+use crate::agent::message::ChatMessage;
+use crate::agent::middleware::thread_data::PresentedFiles;
 use crate::agent::thread::ThreadState;
-use crate::events::{EventHub, Subscription, ThreadEvent};
+use crate::agent::tools::paths::Area;
+use crate::agent::tools::present_files::check_paths;
+use crate::events::{EventHub, FileLink, Subscription, ThreadEvent};
 use crate::ingress::IngressError;
 use crate::ingress::attachments::{
     InlineError, MAX_ATTACHMENTS, clean_media_type, decode_inline, human_size, safe_file_name,
@@ -312,8 +324,8 @@ impl Channel for ApiChannel {
             .map_err(ChannelError::from)
     }
 
-    /// Publishes the reply to the thread's subscribers; the thread already holds it. The API
-    /// renders nothing, so the one part is the whole reply.
+    /// Publishes the reply, with links to its files, to the thread's subscribers; the thread
+    /// already holds it. The API renders nothing, so the one part is the whole reply.
     async fn send(
         &self,
         message: &OutboundMessage,
@@ -324,12 +336,64 @@ impl Channel for ApiChannel {
             ThreadEvent::Final {
                 in_reply_to: message.reply_to.clone().unwrap_or_default(),
                 text: message.text.clone(),
+                attachments: file_links(&message.thread_id, &message.files),
             },
         );
         Ok(Receipt {
             platform_message_id: message.idempotency_key.clone(),
         })
     }
+
+    fn sends_files(&self) -> bool {
+        true
+    }
+
+    /// Nothing to upload: the reply's `final` event already linked the file, which stays in
+    /// the thread's outputs for the client to download.
+    async fn send_file(
+        &self,
+        message: &OutboundMessage,
+        file: &OutboundFile,
+    ) -> Result<Receipt, ChannelError> {
+        Ok(Receipt {
+            platform_message_id: format!("{}:{}", message.idempotency_key, file.name),
+        })
+    }
+}
+
+/// `name` with every byte but unreserved ASCII and `/` percent-encoded.
+fn encode_path(name: &str) -> String {
+    let mut out = String::with_capacity(name.len());
+    for byte in name.bytes() {
+        if byte.is_ascii_alphanumeric() || b"-._~/".contains(&byte) {
+            out.push(char::from(byte));
+        } else {
+            out.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    out
+}
+
+/// Where a client downloads file `name` of thread `thread_id`.
+fn file_url(thread_id: &str, name: &str) -> String {
+    format!(
+        "/api/v1/threads/{}/files/{}",
+        encode_path(thread_id),
+        encode_path(name)
+    )
+}
+
+/// The links a client sees for a reply's files.
+fn file_links(thread_id: &str, files: &[OutboundFile]) -> Vec<FileLink> {
+    files
+        .iter()
+        .map(|file| FileLink {
+            name: file.name.clone(),
+            media_type: file.media_type.clone(),
+            size: file.size,
+            url: file_url(thread_id, &file.name),
+        })
+        .collect()
 }
 
 /// The request body, within the size limit and the read deadline (refusals counted for
@@ -385,19 +449,22 @@ fn stream_permit(state: &AppState) -> Result<OwnedSemaphorePermit, ApiError> {
     })
 }
 
-/// The text of the replies already produced for inbox item `seq`, if any.
-async fn existing_reply(state: &AppState, seq: u64) -> Result<Option<String>, ApiError> {
+/// An answer as the API gives it: the text and links to its files.
+type Reply = (String, Vec<FileLink>);
+
+/// The replies already produced for inbox item `seq`, if any: their text and files.
+async fn existing_reply(state: &AppState, seq: u64) -> Result<Option<Reply>, ApiError> {
     let replies = state.store.replies(seq).await?;
     if replies.is_empty() {
         return Ok(None);
     }
-    Ok(Some(
-        replies
-            .into_iter()
-            .map(|item| item.message.text)
-            .collect::<Vec<_>>()
-            .join("\n\n"),
-    ))
+    let mut links = Vec::new();
+    let mut texts = Vec::with_capacity(replies.len());
+    for item in replies {
+        links.extend(file_links(&item.message.thread_id, &item.message.files));
+        texts.push(item.message.text);
+    }
+    Ok(Some((texts.join("\n\n"), links)))
 }
 
 /// The answer to a refused body, counted by its reason.
@@ -476,8 +543,11 @@ pub(crate) async fn post_message(
     drop(permit);
     let mut answer = accepted;
     match reply {
-        Some(reply) => {
+        Some((reply, attachments)) => {
             answer["reply"] = Value::String(reply);
+            if !attachments.is_empty() {
+                answer["attachments"] = json!(attachments);
+            }
             Ok((StatusCode::OK, Json(answer)).into_response())
         }
         None => Ok((StatusCode::ACCEPTED, Json(answer)).into_response()),
@@ -488,12 +558,16 @@ async fn wait_for_answer(
     mut events: Subscription,
     message_id: &str,
     stop: &CancellationToken,
-) -> Option<String> {
+) -> Option<Reply> {
     let wait = async {
         loop {
             match events.recv().await {
-                Ok(ThreadEvent::Final { in_reply_to, text }) if in_reply_to == message_id => {
-                    return Some(text);
+                Ok(ThreadEvent::Final {
+                    in_reply_to,
+                    text,
+                    attachments,
+                }) if in_reply_to == message_id => {
+                    return Some((text, attachments));
                 }
                 Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => {}
                 Err(broadcast::error::RecvError::Closed) => return None,
@@ -508,8 +582,19 @@ async fn wait_for_answer(
 
 fn sse_event(event: &ThreadEvent) -> Event {
     let data = match event {
-        ThreadEvent::Delta { in_reply_to, text } | ThreadEvent::Final { in_reply_to, text } => {
+        ThreadEvent::Delta { in_reply_to, text } => {
             json!({ "in_reply_to": in_reply_to, "text": text })
+        }
+        ThreadEvent::Final {
+            in_reply_to,
+            text,
+            attachments,
+        } => {
+            let mut data = json!({ "in_reply_to": in_reply_to, "text": text });
+            if !attachments.is_empty() {
+                data["attachments"] = json!(attachments);
+            }
+            data
         }
         ThreadEvent::Tool {
             in_reply_to,
@@ -532,7 +617,7 @@ fn sse_event(event: &ThreadEvent) -> Event {
 struct AnswerStream {
     events: Subscription,
     /// The answer when it was already there: sent as the only event.
-    existing: Option<String>,
+    existing: Option<Reply>,
     finished: bool,
     _permit: OwnedSemaphorePermit,
 }
@@ -541,7 +626,7 @@ struct AnswerStream {
 fn answer_stream(
     events: Subscription,
     message_id: String,
-    existing: Option<String>,
+    existing: Option<Reply>,
     stop: CancellationToken,
     permit: OwnedSemaphorePermit,
 ) -> impl Stream<Item = Result<Event, Infallible>> {
@@ -558,10 +643,11 @@ fn answer_stream(
             if state.finished {
                 return None;
             }
-            if let Some(text) = state.existing.take() {
+            if let Some((text, attachments)) = state.existing.take() {
                 let event = ThreadEvent::Final {
                     in_reply_to: message_id,
                     text,
+                    attachments,
                 };
                 state.finished = true;
                 return Some((Ok(sse_event(&event)), state));
@@ -608,19 +694,68 @@ fn thread_stream(
     })
 }
 
+/// Which message carried which presented files: for each presentation, the first answer
+/// (an assistant message without tool calls) after the result of its `present_files` call.
+fn attachments_by_message(thread: &ThreadState) -> Vec<(usize, Vec<FileLink>)> {
+    let Some(presented) = thread.extensions.get::<PresentedFiles>() else {
+        return Vec::new();
+    };
+    let mut found: Vec<(usize, Vec<FileLink>)> = Vec::new();
+    for entry in presented.entries {
+        let Some(result) = thread.messages.iter().position(|m| {
+            matches!(m, ChatMessage::Tool { tool_call_id, .. } if *tool_call_id == entry.call_id)
+        }) else {
+            continue;
+        };
+        let Some(answer) = thread
+            .messages
+            .iter()
+            .enumerate()
+            .skip(result + 1)
+            .find(|(_, m)| {
+                matches!(m, ChatMessage::Assistant { tool_calls, .. } if tool_calls.is_empty())
+            })
+            .map(|(index, _)| index)
+        else {
+            continue;
+        };
+        let links = entry.files.into_iter().map(|file| FileLink {
+            url: file_url(&thread.id, &file.name),
+            name: file.name,
+            media_type: file.media_type,
+            size: file.size,
+        });
+        match found.iter_mut().find(|(index, _)| *index == answer) {
+            Some((_, existing)) => {
+                for link in links {
+                    if !existing.iter().any(|l| l.name == link.name) {
+                        existing.push(link);
+                    }
+                }
+            }
+            None => found.push((answer, links.collect())),
+        }
+    }
+    found
+}
+
 /// The thread as the API shows it: its metadata and messages, those of failed turns marked
-/// `"failed": true`.
+/// `"failed": true`, answers that carried files with their `attachments`.
 fn thread_view(thread: &ThreadState) -> Value {
     let mut view = serde_json::to_value(thread).unwrap_or_else(|_| json!({}));
+    let attachments = attachments_by_message(thread);
     let messages: Vec<Value> = thread
         .messages
         .iter()
         .enumerate()
         .map(|(index, message)| {
             let mut value = serde_json::to_value(message).unwrap_or(Value::Null);
-            if thread.is_failed(index) {
-                if let Some(object) = value.as_object_mut() {
+            if let Some(object) = value.as_object_mut() {
+                if thread.is_failed(index) {
                     object.insert("failed".to_owned(), Value::Bool(true));
+                }
+                if let Some((_, links)) = attachments.iter().find(|(at, _)| *at == index) {
+                    object.insert("attachments".to_owned(), json!(links));
                 }
             }
             value
@@ -653,6 +788,76 @@ pub(crate) async fn get_thread(
 ) -> Result<Response, ApiError> {
     let thread = readable_thread(&state, &principal, &id).await?;
     Ok(Json(thread_view(&thread)).into_response())
+}
+
+/// A file name safe inside a quoted `Content-Disposition` `filename`: printable ASCII
+/// without quotes or backslashes (the exact name goes in `filename*`).
+fn ascii_file_name(name: &str) -> String {
+    let base = safe_file_name(name).unwrap_or_else(|| "file".to_owned());
+    base.chars()
+        .map(|c| {
+            if (c.is_ascii_graphic() && c != '"' && c != '\\') || c == ' ' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
+/// Why a file cannot be downloaded: all of it is "not found", so a client cannot probe
+/// what exists outside the thread's outputs.
+fn no_file(name: &str) -> ApiError {
+    let shown: String = name.chars().take(200).collect();
+    ApiError::NotFound(format!("no file `{shown}` in this thread's outputs"))
+}
+
+/// `GET /api/v1/threads/{id}/files/{*name}`: a file of the thread's outputs folder.
+pub(crate) async fn get_file(
+    State(state): State<AppState>,
+    Extension(principal): Extension<Arc<Principal>>,
+    Path((id, name)): Path<(String, String)>,
+) -> Result<Response, ApiError> {
+    readable_thread(&state, &principal, &id).await?;
+    let folders = ThreadFolders::new(&state.data_root, &id).map_err(|_| no_file(&name))?;
+    let max_bytes = state.max_attachment_bytes;
+    let virtual_path = format!("{}/{name}", Area::Outputs.virtual_path());
+    let read = tokio::task::spawn_blocking(move || -> Option<(Vec<u8>, String, String)> {
+        let file = check_paths(&folders, &[virtual_path], max_bytes)
+            .ok()?
+            .into_iter()
+            .next()?;
+        let mut bytes = Vec::new();
+        let opened = std::fs::File::open(&file.host).ok()?;
+        // Read at most one byte over the limit: a file that grew since the check is refused.
+        std::io::Read::read_to_end(&mut std::io::Read::take(opened, max_bytes + 1), &mut bytes)
+            .ok()?;
+        (bytes.len() as u64 <= max_bytes).then_some((bytes, file.name, file.media_type))
+    })
+    .await
+    .map_err(|e| ApiError::Internal(e.to_string()))?;
+    let Some((bytes, name, media_type)) = read else {
+        return Err(no_file(&name));
+    };
+    let file_name = name.rsplit('/').next().unwrap_or(&name);
+    let disposition = format!(
+        "attachment; filename=\"{}\"; filename*=UTF-8''{}",
+        ascii_file_name(file_name),
+        encode_path(file_name).replace('/', "%2F")
+    );
+    metrics::counter!("antler_file_downloads_total").increment(1);
+    Ok((
+        [
+            (axum::http::header::CONTENT_TYPE, media_type),
+            (axum::http::header::CONTENT_DISPOSITION, disposition),
+            (
+                axum::http::header::X_CONTENT_TYPE_OPTIONS,
+                "nosniff".to_owned(),
+            ),
+        ],
+        bytes,
+    )
+        .into_response())
 }
 
 /// `GET /api/v1/threads/{id}/events`
@@ -730,6 +935,19 @@ mod tests {
             Err(ChannelError::Malformed(message)) => message,
             other => panic!("malformed expected: {other:?}"),
         }
+    }
+
+    #[test]
+    fn file_urls_and_download_names_are_safe() {
+        assert_eq!(
+            file_url("t-1", "charts/cpu load.png"),
+            "/api/v1/threads/t-1/files/charts/cpu%20load.png"
+        );
+        assert_eq!(encode_path("ü?#%"), "%C3%BC%3F%23%25");
+        assert_eq!(ascii_file_name("rep\"ort.csv"), "rep_ort.csv");
+        assert_eq!(ascii_file_name("dir\\x.csv"), "x.csv");
+        assert_eq!(ascii_file_name("отчёт.txt"), "_____.txt");
+        assert_eq!(ascii_file_name("a\r\nb.txt"), "ab.txt");
     }
 
     #[test]

@@ -39,8 +39,11 @@ pub(crate) struct AppContext {
     pub(crate) model_configured: bool,
     pub(crate) model_health: ModelHealth,
     pub(crate) body_limit: usize,
-    /// `agent.max_attachment_bytes`: the largest file a message may bring.
+    /// `agent.max_attachment_bytes`: the largest file a message may bring (or a download
+    /// of a presented file may be).
     pub(crate) max_attachment_bytes: u64,
+    /// The store's directory, where threads keep their folders (downloads of presented files).
+    pub(crate) data_root: std::path::PathBuf,
     pub(crate) body_timeout: Duration,
     /// Cancelled when intake stops (shutdown): streams end, readiness fails.
     pub(crate) stop: CancellationToken,
@@ -89,6 +92,7 @@ pub(crate) fn router(
             .route("/api/v1/messages", post(api::post_message))
             .route("/api/v1/threads/{id}", get(api::get_thread))
             .route("/api/v1/threads/{id}/events", get(api::thread_events))
+            .route("/api/v1/threads/{id}/files/{*name}", get(api::get_file))
             .route_layer(axum::middleware::from_fn_with_state(
                 state.clone(),
                 guard::api_guard,

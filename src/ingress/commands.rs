@@ -1,4 +1,4 @@
-//! Chat commands, the same on every channel: `/help`, `/new`, `/status`, `/stop`.
+//! Chat commands, the same on every channel: `/help`, `/new`, `/status`, `/stop`, `/plan`.
 //!
 //! A command is a message whose first token starts with `/`, matched case-insensitively, with
 //! a Telegram-style `@botname` suffix ignored (`/status@opsbot_bot`).
@@ -11,8 +11,23 @@ pub(crate) enum Command {
     Status,
     /// Stop the answer being written in this conversation.
     Stop,
+    /// Switch plan mode (the `write_todos` tool) for this conversation's thread.
+    Plan(PlanSwitch),
     /// Something that looks like a command but is not one of ours.
     Unknown(String),
+}
+
+/// What `/plan` asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum PlanSwitch {
+    /// `/plan`: the other way round.
+    Toggle,
+    /// `/plan on`
+    On,
+    /// `/plan off`
+    Off,
+    /// `/plan <something else>`: answered with how to use it.
+    Invalid,
 }
 
 /// The commands, for `/help` and the unknown-command reply.
@@ -21,20 +36,23 @@ pub(crate) const HELP: &str = "Commands:\n\
 /new — start a fresh conversation (the old one is kept)\n\
 /status — the current thread, model, token usage and queue\n\
 /stop — stop the answer being written\n\
+/plan — plan mode on or off for this conversation (/plan on, /plan off)\n\
 Anything else is a message for the assistant.";
 
-/// The commands a chat platform's command menu shows (Telegram's `setMyCommands`): the four
+/// The commands a chat platform's command menu shows (Telegram's `setMyCommands`): the commands
 /// of [`HELP`] (not their aliases), each with a description of at most 256 characters.
 pub(crate) const MENU: &[(&str, &str)] = &[
     ("help", "List the commands"),
     ("new", "Start a fresh conversation (the old one is kept)"),
     ("status", "The current thread, model, token usage and queue"),
     ("stop", "Stop the answer being written"),
+    ("plan", "Plan mode on or off for this conversation"),
 ];
 
 /// The text after `/new`, etc. is ignored; `None` for ordinary messages.
 pub(crate) fn parse(text: &str) -> Option<Command> {
-    let first = text.split_whitespace().next()?;
+    let mut words = text.split_whitespace();
+    let first = words.next()?;
     let name = first.strip_prefix('/')?;
     let name = name
         .split('@')
@@ -50,6 +68,12 @@ pub(crate) fn parse(text: &str) -> Option<Command> {
         "new" | "reset" => Command::New,
         "status" => Command::Status,
         "stop" | "cancel" => Command::Stop,
+        "plan" => Command::Plan(match words.next().map(str::to_ascii_lowercase).as_deref() {
+            None => PlanSwitch::Toggle,
+            Some("on") => PlanSwitch::On,
+            Some("off") => PlanSwitch::Off,
+            Some(_) => PlanSwitch::Invalid,
+        }),
         _ => Command::Unknown(name),
     })
 }
@@ -92,6 +116,21 @@ mod tests {
             HELP.matches("\n/").count(),
             "every HELP command is in the menu"
         );
+    }
+
+    #[test]
+    fn plan_takes_on_off_or_nothing() {
+        assert_eq!(parse("/plan"), Some(Command::Plan(PlanSwitch::Toggle)));
+        assert_eq!(parse("/PLAN On"), Some(Command::Plan(PlanSwitch::On)));
+        assert_eq!(
+            parse("/plan@opsbot off"),
+            Some(Command::Plan(PlanSwitch::Off))
+        );
+        assert_eq!(
+            parse("/plan maybe"),
+            Some(Command::Plan(PlanSwitch::Invalid))
+        );
+        assert!(HELP.contains("/plan — "));
     }
 
     #[test]

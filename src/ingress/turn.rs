@@ -13,18 +13,19 @@ use std::future::Future;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use antler_channel::{InboundEvent, OutboundMessage, Progress, Receipt};
+use antler_channel::{InboundEvent, OutboundFile, OutboundMessage, Progress, Receipt};
 use futures_util::FutureExt;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
 use super::attachments;
-use super::commands::{self, Command};
+use super::commands::{self, Command, PlanSwitch};
 use super::dispatcher::Dispatcher;
 use crate::agent::input::{Attachment, Author, ChannelFlags, Role, RunInput};
 use crate::agent::message::ChatMessage;
 use crate::agent::middleware::RunEnding;
+use crate::agent::middleware::todo::{self, PlanMode, TodoConfig};
 use crate::agent::runtime::{CheckpointError, RunLimits, RunObserver, Runtime, ToolProgress};
 use crate::agent::thread::{RunningTurn, ThreadState};
 use crate::delivery::{Delivery, Draft};
@@ -72,6 +73,8 @@ pub(crate) struct TurnSettings {
     pub(crate) turn_timeout: Duration,
     /// The largest attachment fetched for a turn.
     pub(crate) max_attachment_bytes: u64,
+    /// `[agent.middleware.todo]`: whether `/plan` may switch plan mode, and its default.
+    pub(crate) todo: TodoConfig,
 }
 
 #[derive(Debug)]
@@ -83,6 +86,8 @@ struct Inner {
     max_attempts: u32,
     max_attachment_bytes: u64,
     turn_timeout: Duration,
+    /// `[agent.middleware.todo]`, for `/plan` and `/status`.
+    todo: TodoConfig,
     /// The running agent turn of each conversation, for `/stop`: its inbox seq and token.
     running: Mutex<HashMap<String, (u64, CancellationToken)>>,
     /// `/stop` items (inbox seqs) that stopped a turn when they arrived; each is removed
@@ -118,6 +123,8 @@ struct TurnResult {
     memory_update: Option<MemoryUpdate>,
     /// The turn's live draft, which the reply replaces.
     draft: Option<Receipt>,
+    /// Files the agent presented, delivered with the reply.
+    files: Vec<OutboundFile>,
 }
 
 /// Streams deltas to subscribers and checkpoints the thread after tool results.
@@ -211,6 +218,7 @@ impl TurnRunner {
                 delivery,
                 max_attempts: settings.max_attempts.max(1),
                 max_attachment_bytes: settings.max_attachment_bytes,
+                todo: settings.todo.clone(),
                 turn_timeout: settings.turn_timeout,
                 running: Mutex::default(),
                 stops: Mutex::default(),
@@ -285,6 +293,7 @@ impl TurnRunner {
             thread_id: item.thread_id.clone(),
             text: result.text,
             reply_to: item.event.reply_to.clone(),
+            files: result.files,
         };
         let finish = Arc::new(FinishTurn {
             inbox_seq: item.seq,
@@ -355,6 +364,7 @@ impl TurnRunner {
                 outcome: "refused",
                 memory_update: None,
                 draft: None,
+                files: Vec::new(),
             };
         }
         if let Some(kind) = &item.event.unsupported {
@@ -368,6 +378,7 @@ impl TurnRunner {
                 outcome: "unsupported",
                 memory_update: None,
                 draft: None,
+                files: Vec::new(),
             };
         }
         let command = commands::parse(&item.event.text);
@@ -375,15 +386,56 @@ impl TurnRunner {
             return self.give_up(item, command.is_none()).await;
         }
         match command {
+            Some(Command::Plan(switch)) => self.switch_plan_mode(item, switch).await,
             Some(command) => TurnResult {
                 thread: None,
                 text: self.command(item, command).await,
                 outcome: "command",
                 memory_update: None,
                 draft: None,
+                files: Vec::new(),
             },
             None => self.agent_turn(item).await,
         }
+    }
+
+    /// `/plan`: plan mode on or off for the conversation's thread, kept with the thread.
+    async fn switch_plan_mode(&self, item: &InboxItem, switch: PlanSwitch) -> TurnResult {
+        let config = &self.inner.todo;
+        let answer = |thread: Option<ThreadState>, text: &str| TurnResult {
+            thread,
+            text: text.to_owned(),
+            outcome: "command",
+            memory_update: None,
+            draft: None,
+            files: Vec::new(),
+        };
+        if !config.plan_command {
+            let fixed = if config.enabled {
+                "Plan mode is always on here; it cannot be switched per conversation."
+            } else {
+                "Plan mode is off here; it cannot be switched per conversation."
+            };
+            return answer(None, fixed);
+        }
+        let mut thread = self.load_thread(item).await;
+        let on = match switch {
+            PlanSwitch::Toggle => !config.plan_mode(&thread),
+            PlanSwitch::On => true,
+            PlanSwitch::Off => false,
+            PlanSwitch::Invalid => {
+                return answer(None, "Use /plan (switch), /plan on or /plan off.");
+            }
+        };
+        thread.extensions.set(&PlanMode { on });
+        thread.updated_at_ms = crate::now_ms();
+        let text = if on {
+            "📋 Plan mode is on for this conversation: for work of several steps the assistant \
+             keeps a todo list, shown in /status. /plan off turns it off."
+        } else {
+            "Plan mode is off for this conversation. /plan on turns it on."
+        };
+        answer(Some(thread), text)
     }
 
     /// The item's thread, loaded (with retries) or new.
@@ -448,6 +500,7 @@ impl TurnRunner {
             memory_update: None,
             // A crashed run's draft shows a half answer: the notice replaces it.
             draft: item.draft.clone(),
+            files: Vec::new(),
         }
     }
 
@@ -482,6 +535,7 @@ impl TurnRunner {
                         outcome: "failed",
                         memory_update: None,
                         draft: item.draft.clone(),
+                        files: Vec::new(),
                     };
                 }
             }
@@ -524,6 +578,7 @@ impl TurnRunner {
             None => item.draft.clone(),
         };
         let mut memory_update = None;
+        let mut files = Vec::new();
         let (text, outcome, failed) = match result {
             Ok(mut outcome) => {
                 if let Some(e) = &outcome.error {
@@ -561,6 +616,19 @@ impl TurnRunner {
                     RunEnding::Answered => "ok",
                     other => other.as_str(),
                 };
+                if !outcome.failed() {
+                    files = outcome
+                        .outputs
+                        .files
+                        .drain(..)
+                        .map(|file| OutboundFile {
+                            name: file.name,
+                            media_type: file.media_type,
+                            size: file.size,
+                            path: file.host,
+                        })
+                        .collect();
+                }
                 (text, label, outcome.failed())
             }
             Err(panic) => {
@@ -593,6 +661,7 @@ impl TurnRunner {
             outcome,
             memory_update,
             draft,
+            files,
         }
     }
 
@@ -722,6 +791,9 @@ impl TurnRunner {
             Command::New => format!("New conversation started (thread {}).", item.thread_id),
             Command::Unknown(name) => format!("Unknown command /{name}.\n{}", commands::HELP),
             Command::Status => self.status(item).await,
+            // `plan` answers `/plan` itself, since it writes the thread; were it ever routed
+            // here, the user would learn how to use it rather than nothing.
+            Command::Plan(_) => "Use /plan (switch), /plan on or /plan off.".to_owned(),
             Command::Stop => {
                 let stopped = self
                     .inner
@@ -768,6 +840,19 @@ impl TurnRunner {
                 thread.usage.completion_tokens,
                 thread.usage.total_tokens
             ));
+        }
+        let plan_mode = thread
+            .as_ref()
+            .map_or(inner.todo.enabled, |thread| inner.todo.plan_mode(thread));
+        if inner.todo.in_chain() {
+            out.push_str(if plan_mode {
+                "\nPlan mode: on"
+            } else {
+                "\nPlan mode: off"
+            });
+        }
+        if let Some(list) = thread.as_ref().and_then(todo::status_list) {
+            out.push_str(&format!("\nTodos:\n{list}"));
         }
         out.push_str(&format!(
             "\nModel: {}\nQueue: {waiting} waiting in this conversation, {backlog} in the inbox",

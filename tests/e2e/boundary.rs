@@ -12,7 +12,10 @@ use std::path::{Path, PathBuf};
 /// Top-level modules (and crate-root items) the agent may use.
 const ALLOWED: &[&str] = &["agent", "config", "memory", "now_ms"];
 /// Crates the agent's production code must never name (its tests may serve a mock over axum).
+/// The channel toolkit is among them: what a run hands out (`RunOutputs`, presented files) is
+/// plain data, turned into outbound messages by the ingress.
 const FORBIDDEN_CRATES: &[&str] = &[
+    "antler_channel",
     "antler_telegram",
     "antler_slack",
     "antler_discord",

@@ -1,5 +1,6 @@
 //! Loop detection end to end: a model repeating the same tool calls is warned after the third
-//! repeat (in the next request, after the tool results) and stopped at the fifth.
+//! repeat (in the next request, after the tool results) and stopped at the fifth, within one
+//! run; the same request in five separate turns is not a loop.
 
 use crate::support::{Behaviour, MockModel, TestApp};
 use serde_json::Value;
@@ -101,4 +102,63 @@ async fn repeated_tool_calls_are_warned_then_stopped() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn repeated_tool_calls_are_warned_then_stopped_when_streaming() {
     run(true).await;
+}
+
+/// DeerFlow's false positive (its issue #2511): the same question in five separate turns, each
+/// answered with the same tool call and then text, is five normal answers. The window covers
+/// one run, so nothing is warned or stopped, and the tool runs every time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_same_request_in_five_separate_turns_is_answered_normally() {
+    use crate::support::Step;
+
+    let turn = || {
+        [
+            Step::call("current_time", serde_json::json!({"utc_offset_minutes": 0})),
+            Step::text("It is noon in London."),
+        ]
+    };
+    let mock = MockModel::start(Behaviour::Script((0..5).flat_map(|_| turn()).collect())).await;
+    let app = TestApp::spawn(&mock, "").await;
+
+    for n in 1..=5 {
+        let answer = app.ask("same", "what time is it in London?").await;
+        assert_eq!(
+            answer.json["reply"], "It is noon in London.",
+            "turn {n}: {}",
+            answer.text
+        );
+    }
+    let requests = mock.requests();
+    assert_eq!(requests.len(), 10, "two model calls a turn, none cut");
+    for (n, request) in requests.iter().enumerate() {
+        let messages = request.messages();
+        assert!(
+            !messages.iter().any(is_warning),
+            "request {}: no loop warning",
+            n + 1
+        );
+        assert_tool_results_follow_calls(&messages, n + 1);
+        if n % 2 == 1 {
+            // The turn's second request ends with this turn's tool result: the tool ran.
+            let last = messages.last().unwrap();
+            assert_eq!(last["role"], "tool", "request {}: {last}", n + 1);
+            assert_eq!(last["tool_call_id"], format!("call_{}", n - 1));
+            let content = last["content"].as_str().unwrap();
+            assert!(!content.starts_with("Error"), "{content}");
+            assert!(!content.contains("[FORCED STOP]"));
+        }
+    }
+    let thread_id = app.ask("same", "/status").await.json["thread_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let thread = app.thread(&thread_id).await;
+    let messages = thread["messages"].as_array().unwrap();
+    assert_eq!(messages.len(), 5 * 4, "user, call, result, answer per turn");
+    assert!(!messages.iter().any(|m| {
+        m["content"]
+            .as_str()
+            .is_some_and(|c| c.contains("[FORCED STOP]"))
+    }));
+    app.shutdown().await;
 }

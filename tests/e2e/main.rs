@@ -3,6 +3,7 @@
 //! binary, so the support code is compiled once.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod agent_run;
 mod api;
 mod boundary;
 mod cli;
@@ -13,6 +14,8 @@ mod hardening;
 mod loop_detection;
 mod model_failures;
 mod ordering;
+mod plan_mode;
+mod present_files;
 mod request_shaping;
 mod restart;
 mod seams;

@@ -1,6 +1,7 @@
 //! The normalized messages that cross the channel boundary.
 
 use std::fmt;
+use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
@@ -172,6 +173,37 @@ pub struct OutboundMessage {
     /// The platform message it replies to.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reply_to: Option<String>,
+    /// Files delivered with the text, after it ([`crate::Channel::send_file`]); a channel that
+    /// cannot send files gets their names appended to the text instead.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub files: Vec<OutboundFile>,
+}
+
+/// A file to deliver with a reply: a file the agent made in its thread's `outputs` folder.
+///
+/// The outbox keeps where the file is, not its bytes: files under a thread's outputs stay
+/// where they are (nothing but the agent of that thread writes there), which keeps outbox
+/// records small however large the files are. A file changed before delivery is delivered as
+/// it is then; a file gone by then fails its delivery like any other send error.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OutboundFile {
+    /// Its path under the thread's `outputs` folder (`report.csv`, `charts/cpu.png`): unique
+    /// within the thread, and what the API channel's download route takes.
+    pub name: String,
+    /// Its media type (`text/csv`).
+    pub media_type: String,
+    /// Its size in bytes when it was presented.
+    pub size: u64,
+    /// Where it is on the host.
+    pub path: PathBuf,
+}
+
+impl OutboundFile {
+    /// The last segment of [`OutboundFile::name`]: what the file is called in a chat.
+    #[must_use]
+    pub fn file_name(&self) -> &str {
+        self.name.rsplit('/').next().unwrap_or(&self.name)
+    }
 }
 
 /// Proof of delivery: the platform's id for the message it created.

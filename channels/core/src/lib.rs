@@ -19,8 +19,8 @@ pub mod verify;
 pub use addressing::{Addressing, addressed};
 
 pub use event::{
-    AttachmentRef, AttachmentSource, ConversationKey, InboundEvent, OutboundMessage, Receipt,
-    UserRef,
+    AttachmentRef, AttachmentSource, ConversationKey, InboundEvent, OutboundFile, OutboundMessage,
+    Receipt, UserRef,
 };
 
 use std::time::Duration;
@@ -180,6 +180,22 @@ pub trait Channel: Send + Sync + 'static {
     /// Shows in `conversation` that the bot is writing, for a few seconds; the caller repeats
     /// it while a turn runs. Best effort: a failure only loses the indicator.
     async fn typing(&self, _conversation: &ConversationKey) -> Result<(), ChannelError> {
+        Err(ChannelError::Unsupported)
+    }
+
+    /// Whether it delivers a reply's files itself ([`Channel::send_file`]). When it does not,
+    /// delivery appends a line per file (`📎 report.csv (12 KB)`) to the reply's text instead.
+    fn sends_files(&self) -> bool {
+        false
+    }
+
+    /// Sends `file` of `message`, after every text part of it. Channels whose
+    /// [`Channel::sends_files`] is true implement it.
+    async fn send_file(
+        &self,
+        _message: &OutboundMessage,
+        _file: &OutboundFile,
+    ) -> Result<Receipt, ChannelError> {
         Err(ChannelError::Unsupported)
     }
 

@@ -1145,6 +1145,7 @@ mod tests {
             thread_id: "t".into(),
             text: "**done** & dusted".into(),
             reply_to: reply_to.map(str::to_owned),
+            files: Vec::new(),
         }
     }
 

@@ -989,6 +989,7 @@ mod tests {
             thread_id: "t".into(),
             text: "**done**".into(),
             reply_to: Some("1767225600.000200".into()),
+            files: Vec::new(),
         };
         let in_thread = message("T0OPS00001:C0SRE00001:1767225500.000100");
         let body = channel.render(&in_thread.text).unwrap();

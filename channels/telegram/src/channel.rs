@@ -7,7 +7,7 @@ use std::time::Duration;
 use antler_channel::render::{self, Limit, TelegramHtml};
 use antler_channel::{
     AttachmentRef, AttachmentSource, Capabilities, Channel, ChannelError, ConversationKey,
-    EditRate, Limits, OutboundMessage, Parsed, Part, Receipt, WebhookRequest, verify,
+    EditRate, Limits, OutboundFile, OutboundMessage, Parsed, Part, Receipt, WebhookRequest, verify,
 };
 use teloxide_core::types::Update;
 
@@ -17,6 +17,9 @@ use crate::normalize::{BotIdentity, Normalized, normalize};
 /// The most a message may hold, in UTF-16 units (Telegram counts after parsing the markup;
 /// counting the markup too keeps every chunk under it).
 const MESSAGE_LIMIT: usize = 4096;
+
+/// The largest file a bot may upload through the Bot API, in bytes (50 MB).
+const UPLOAD_LIMIT: u64 = 50 * 1000 * 1000;
 
 /// The header Telegram sends the webhook secret in.
 pub const SECRET_HEADER: &str = "x-telegram-bot-api-secret-token";
@@ -238,6 +241,35 @@ impl Channel for TelegramChannel {
         })
     }
 
+    fn sends_files(&self) -> bool {
+        true
+    }
+
+    /// Uploads a reply's file as a document (`sendDocument`) after the reply's text, in its
+    /// topic. A file over Telegram's upload limit (50 MB) is refused, not tried.
+    async fn send_file(
+        &self,
+        message: &OutboundMessage,
+        file: &OutboundFile,
+    ) -> Result<Receipt, ChannelError> {
+        if file.size > UPLOAD_LIMIT {
+            return Err(ChannelError::Permanent(format!(
+                "{} is larger than Telegram's upload limit of {UPLOAD_LIMIT} bytes",
+                file.file_name()
+            )));
+        }
+        let mut target = target(message)?;
+        // The text before it already answered the user's message.
+        target.reply_to = None;
+        let id = self
+            .api
+            .send_document(&target, &file.path, file.file_name())
+            .await?;
+        Ok(Receipt {
+            platform_message_id: id.to_string(),
+        })
+    }
+
     /// Edits a sent message to `part`, falling back to plain words as [`Channel::send`] does.
     async fn edit(
         &self,
@@ -448,6 +480,7 @@ mod tests {
             thread_id: "t".into(),
             text: text.into(),
             reply_to: Some("88".into()),
+            files: Vec::new(),
         }
     }
 
@@ -468,6 +501,56 @@ mod tests {
             .iter()
             .map(|r| serde_json::from_slice(&r.body).unwrap())
             .collect()
+    }
+
+    #[tokio::test]
+    async fn a_file_is_uploaded_as_a_document_in_its_topic() {
+        use wiremock::matchers::{method, path_regex};
+        use wiremock::{Mock, ResponseTemplate};
+
+        let server = wiremock::MockServer::start().await;
+        Mock::given(method("POST"))
+            .and(path_regex("/bot[^/]+/SendDocument"))
+            .respond_with(ResponseTemplate::new(200).set_body_json(serde_json::json!({
+                "ok": true,
+                "result": {"message_id": 701, "date": 1, "chat": {"id": -100, "type": "supergroup", "title": "g"},
+                           "document": {"file_id": "f", "file_unique_id": "u", "file_name": "report.csv"}}
+            })))
+            .mount(&server)
+            .await;
+        let channel = channel_at(&server.uri());
+        assert!(channel.sends_files());
+        let dir = std::env::temp_dir().join(format!("antler-tg-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("report.csv");
+        std::fs::write(&path, "host,uptime\napi,99.9\n").unwrap();
+        let file = OutboundFile {
+            name: "daily/report.csv".into(),
+            media_type: "text/csv".into(),
+            size: 21,
+            path: path.clone(),
+        };
+        let message = answer("-1003300440055:400", "Here it is.");
+        let receipt = channel.send_file(&message, &file).await.unwrap();
+        assert_eq!(receipt.platform_message_id, "701");
+        let requests = server.received_requests().await.unwrap();
+        assert_eq!(requests.len(), 1);
+        let body = String::from_utf8_lossy(&requests[0].body);
+        assert!(body.contains("filename=\"report.csv\""), "{body}");
+        assert!(body.contains("api,99.9"), "{body}");
+        assert!(body.contains("-1003300440055"), "{body}");
+        assert!(body.contains("400"), "the topic: {body}");
+        assert!(!body.contains("reply_parameters"), "{body}");
+
+        // Over Telegram's upload limit: refused for good, nothing sent.
+        let huge = OutboundFile {
+            size: UPLOAD_LIMIT + 1,
+            ..file
+        };
+        let error = channel.send_file(&message, &huge).await.unwrap_err();
+        assert!(matches!(error, ChannelError::Permanent(_)), "{error:?}");
+        assert_eq!(server.received_requests().await.unwrap().len(), 1);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[tokio::test]

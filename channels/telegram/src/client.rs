@@ -9,12 +9,12 @@ use teloxide_core::errors::{ApiError, RequestError};
 use teloxide_core::net::Download;
 use teloxide_core::payloads::{
     DeleteWebhookSetters, EditMessageTextSetters, GetUpdatesSetters, SendChatActionSetters,
-    SendMessageSetters, SetWebhookSetters,
+    SendDocumentSetters, SendMessageSetters, SetWebhookSetters,
 };
 use teloxide_core::requests::{Request, Requester};
 use teloxide_core::types::{
-    AllowedUpdate, BotCommand, ChatAction, ChatId, FileId, MessageId, ParseMode, ReplyParameters,
-    ThreadId,
+    AllowedUpdate, BotCommand, ChatAction, ChatId, FileId, InputFile, MessageId, ParseMode,
+    ReplyParameters, ThreadId,
 };
 
 use crate::normalize::BotIdentity;
@@ -178,6 +178,25 @@ impl TelegramApi {
                 Err(SendFailure::Markup)
             }
             Err(e) => Err(SendFailure::Other(self.error(e))),
+        }
+    }
+
+    /// Uploads the file at `path` as a document named `name` (`sendDocument`, multipart) in the
+    /// target's chat and topic, and returns the message's id.
+    pub async fn send_document(
+        &self,
+        target: &Target,
+        path: &std::path::Path,
+        name: &str,
+    ) -> Result<i32, ChannelError> {
+        let file = InputFile::file(path.to_path_buf()).file_name(name.to_owned());
+        let mut request = self.bot.send_document(ChatId(target.chat_id), file);
+        if let Some(topic) = target.topic {
+            request = request.message_thread_id(ThreadId(MessageId(topic)));
+        }
+        match request.send().await {
+            Ok(message) => Ok(message.id.0),
+            Err(e) => Err(self.error(e)),
         }
     }
 

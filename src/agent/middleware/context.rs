@@ -6,6 +6,7 @@ use crate::agent::input::{RunInput, ThreadFolders};
 use crate::agent::message::{ChatMessage, TokenUsage};
 use crate::agent::model::{ChatModel, ModelError, ModelRequest, ModelResponse};
 use crate::agent::thread::{PendingQuestion, ThreadState};
+use crate::agent::tools::present_files::PresentedFile;
 
 /// How a run ended, as `after_run` hooks see it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -73,6 +74,8 @@ pub(crate) struct RunOutputs {
     /// The conversation to queue for the user's long-term memory (human messages and final
     /// answers), when a middleware chose to.
     pub(crate) memory_conversation: Option<Vec<ChatMessage>>,
+    /// Files the model presented to the user (`present_files`), to deliver with the answer.
+    pub(crate) files: Vec<PresentedFile>,
 }
 
 /// Runtime facts a middleware may read and update during one run.

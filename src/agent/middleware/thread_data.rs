@@ -12,22 +12,47 @@
 //! providers refuse several, which DeerFlow has to repair with a coalescing middleware), and
 //! only into the request, never into the stored history.
 //!
+//! It also contributes `present_files` (`tools::present_files`), the model's way to hand
+//! files under outputs to the user. The tool checks the paths; this middleware's
+//! `after_tool` then records a successful call's files on the run's outputs
+//! (`RunOutputs::files`, plain data: name, media type, size, host path), which the caller
+//! delivers with the final answer, and in the thread (the [`PresentedFiles`] extension), so the
+//! thread's history can show which answer carried which files. The files are checked again
+//! there (one may have changed between the tool and the hook), and a run delivers at most
+//! [`MAX_FILES`] of them; a file presented twice is delivered once.
+//!
+//! Where it improves on DeerFlow, which finds `present_files` calls in the turn's messages
+//! after the run and resolves them then: antler records the files when the call is answered,
+//! after every other `after_tool` hook (this one runs last, in reverse order), so a call the
+//! guardrail refused, or any call answered with an error, never delivers anything.
+//!
 //! Placement: first. It describes the ground every later middleware and tool stands on;
 //! `uploads` (next) lists files inside those folders. It fails open: without the note the
-//! model can still `ls /mnt/user-data`.
+//! model can still `ls /mnt/user-data`; a presentation that cannot be recorded is answered to
+//! the model as an error.
+
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use super::{Middleware, MiddlewareError, RunContext};
-use crate::agent::message::ChatMessage;
+use super::{Middleware, MiddlewareError, RunContext, ToolOutput};
+use crate::agent::message::{ChatMessage, ToolCall};
 use crate::agent::model::ModelRequest;
+use crate::agent::thread::Extension;
 use crate::agent::tools::files::FILE_TOOL_NAMES;
+use crate::agent::tools::present_files::{
+    self, Arguments, MAX_FILES, PresentFiles, check_paths, describe,
+};
+use crate::agent::tools::{Tool, intercepted_arguments};
+
+/// Presentations the thread keeps at most (the oldest go first).
+const MAX_PRESENTATIONS: usize = 100;
 
 /// The note added to the system message.
 pub(crate) const NOTE: &str = "Files of this conversation (use these paths with the file tools):
 - /mnt/user-data/workspace: your scratch space
 - /mnt/user-data/uploads: the user's files (read-only)
-- /mnt/user-data/outputs: files for the user; put what you make for them here";
+- /mnt/user-data/outputs: files for the user; put what you make for them here, then hand them over with present_files";
 
 /// `[agent.middleware.thread_data]`
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -43,14 +68,116 @@ impl Default for ThreadDataConfig {
     }
 }
 
-/// Names the thread's folders for the model.
+/// One file of a presentation, as the thread keeps it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct PresentedSummary {
+    /// Its path under the thread's outputs folder.
+    pub(crate) name: String,
+    /// Its media type.
+    pub(crate) media_type: String,
+    /// Its size in bytes when presented.
+    pub(crate) size: u64,
+}
+
+/// The files one `present_files` call delivered.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Presentation {
+    /// The id of the call: its answer (the next assistant text after the call's result) is
+    /// the message the files came with.
+    pub(crate) call_id: String,
+    /// The files.
+    pub(crate) files: Vec<PresentedSummary>,
+}
+
+/// The thread's presentations, newest last.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct PresentedFiles {
+    pub(crate) entries: Vec<Presentation>,
+}
+
+impl Extension for PresentedFiles {
+    const KEY: &'static str = "presented_files";
+}
+
+/// Names the thread's folders for the model and records the files it presents.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct ThreadDataMiddleware;
+pub(crate) struct ThreadDataMiddleware {
+    /// `agent.max_attachment_bytes`: the largest file that may be presented.
+    max_file_bytes: u64,
+}
 
 impl ThreadDataMiddleware {
-    /// The middleware, or `None` when it is disabled.
-    pub(crate) fn from_config(cfg: &ThreadDataConfig) -> Option<Self> {
-        cfg.enabled.then_some(Self)
+    /// The middleware, or `None` when it is disabled; presented files may be at most
+    /// `max_file_bytes` each.
+    pub(crate) fn from_config(cfg: &ThreadDataConfig, max_file_bytes: u64) -> Option<Self> {
+        cfg.enabled.then_some(Self { max_file_bytes })
+    }
+
+    /// Records the files of an answered `present_files` call; the output is rewritten when
+    /// they cannot all be delivered.
+    async fn record(&self, cx: &mut RunContext<'_>, call: &ToolCall, output: &mut ToolOutput) {
+        let Some(folders) = cx.folders.clone() else {
+            *output = ToolOutput::error("Error: the thread's files are not available.");
+            return;
+        };
+        let Ok(arguments) = intercepted_arguments::<Arguments>(call) else {
+            return;
+        };
+        let max_bytes = self.max_file_bytes;
+        let checked =
+            tokio::task::spawn_blocking(move || check_paths(&folders, &arguments.paths, max_bytes))
+                .await
+                .unwrap_or_else(|_| Err("Error: the files could not be checked.".to_owned()));
+        let files = match checked {
+            Ok(files) => files,
+            Err(reason) => {
+                *output = ToolOutput::error(reason);
+                return;
+            }
+        };
+        let mut kept = Vec::with_capacity(files.len());
+        let mut left_out = Vec::new();
+        for file in files {
+            if let Some(earlier) = cx.outputs.files.iter_mut().find(|f| f.name == file.name) {
+                *earlier = file.clone();
+            } else if cx.outputs.files.len() < MAX_FILES {
+                cx.outputs.files.push(file.clone());
+            } else {
+                left_out.push(file.name);
+                continue;
+            }
+            kept.push(file);
+        }
+        if !left_out.is_empty() {
+            *output = ToolOutput::ok(format!(
+                "{}\nNot delivered (an answer carries at most {MAX_FILES} files): {}",
+                describe(&kept),
+                left_out.join(", ")
+            ));
+        }
+        if kept.is_empty() {
+            return;
+        }
+        metrics::counter!("antler_presented_files_total").increment(kept.len() as u64);
+        let mut presented = cx
+            .thread
+            .extensions
+            .get::<PresentedFiles>()
+            .unwrap_or_default();
+        presented.entries.push(Presentation {
+            call_id: call.id.clone(),
+            files: kept
+                .into_iter()
+                .map(|f| PresentedSummary {
+                    name: f.name,
+                    media_type: f.media_type,
+                    size: f.size,
+                })
+                .collect(),
+        });
+        let excess = presented.entries.len().saturating_sub(MAX_PRESENTATIONS);
+        presented.entries.drain(..excess);
+        cx.thread.extensions.set(&presented);
     }
 }
 
@@ -66,6 +193,22 @@ fn offers_file_tools(request: &ModelRequest) -> bool {
 impl Middleware for ThreadDataMiddleware {
     fn name(&self) -> &'static str {
         "thread_data"
+    }
+
+    fn tools(&self) -> Vec<Arc<dyn Tool>> {
+        vec![Arc::new(PresentFiles::new(self.max_file_bytes))]
+    }
+
+    async fn after_tool(
+        &self,
+        cx: &mut RunContext<'_>,
+        call: &ToolCall,
+        output: &mut ToolOutput,
+    ) -> Result<(), MiddlewareError> {
+        if call.name == present_files::TOOL_NAME && !output.is_error {
+            self.record(cx, call, output).await;
+        }
+        Ok(())
     }
 
     async fn before_model(
@@ -115,13 +258,13 @@ mod tests {
             messages,
             tools: tools.iter().map(|name| tool(name)).collect(),
         };
-        ThreadDataMiddleware
+        middleware()
             .before_model(&mut cx, &mut request)
             .await
             .unwrap();
         // A second pass (the next model call of the run builds a new request; a re-used one
         // must not grow) adds nothing.
-        ThreadDataMiddleware
+        middleware()
             .before_model(&mut cx, &mut request)
             .await
             .unwrap();
@@ -160,9 +303,121 @@ mod tests {
         assert_eq!(prepared(messages.clone(), &[]).await, messages);
     }
 
+    fn middleware() -> ThreadDataMiddleware {
+        ThreadDataMiddleware {
+            max_file_bytes: 100,
+        }
+    }
+
     #[test]
     fn disabled_means_absent() {
-        assert!(ThreadDataMiddleware::from_config(&ThreadDataConfig::default()).is_some());
-        assert!(ThreadDataMiddleware::from_config(&ThreadDataConfig { enabled: false }).is_none());
+        assert!(ThreadDataMiddleware::from_config(&ThreadDataConfig::default(), 1).is_some());
+        assert!(
+            ThreadDataMiddleware::from_config(&ThreadDataConfig { enabled: false }, 1).is_none()
+        );
+        let tools = middleware().tools();
+        assert_eq!(tools.len(), 1);
+        assert_eq!(tools[0].spec().name, present_files::TOOL_NAME);
+    }
+
+    fn present(id: &str, paths: &[&str]) -> ToolCall {
+        ToolCall {
+            id: id.to_owned(),
+            name: present_files::TOOL_NAME.to_owned(),
+            arguments: serde_json::json!({ "paths": paths }).to_string(),
+        }
+    }
+
+    #[tokio::test]
+    async fn answered_presentations_are_recorded_refused_ones_are_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let folders = crate::agent::input::ThreadFolders::new(dir.path(), "t").unwrap();
+        folders.create().await.unwrap();
+        std::fs::write(folders.outputs().join("report.txt"), "hello").unwrap();
+        std::fs::write(folders.outputs().join("big.txt"), [b'x'; 101]).unwrap();
+        let mut thread = ThreadState::new("t".into(), "c".into(), 0, 0);
+        let mut cx = test_context(&mut thread);
+        cx.folders = Some(folders.clone());
+
+        // Refused by an earlier hook (an error output): nothing recorded.
+        let call = present("c0", &["/mnt/user-data/outputs/report.txt"]);
+        let mut refused = ToolOutput::error("Tool `present_files` needs an operator.");
+        middleware()
+            .after_tool(&mut cx, &call, &mut refused)
+            .await
+            .unwrap();
+        assert!(cx.outputs.files.is_empty());
+
+        let mut output = ToolOutput::ok("delivered");
+        middleware()
+            .after_tool(&mut cx, &call, &mut output)
+            .await
+            .unwrap();
+        assert_eq!(output, ToolOutput::ok("delivered"));
+        // The same file again is delivered once.
+        let again = present("c1", &["/mnt/user-data/outputs/report.txt"]);
+        middleware()
+            .after_tool(&mut cx, &again, &mut ToolOutput::ok("delivered"))
+            .await
+            .unwrap();
+        assert_eq!(cx.outputs.files.len(), 1);
+        assert_eq!(cx.outputs.files[0].name, "report.txt");
+        assert_eq!(cx.outputs.files[0].size, 5);
+        assert_eq!(
+            cx.outputs.files[0].host,
+            folders.outputs().join("report.txt")
+        );
+
+        // A file that grew past the limit since the tool checked it is refused now.
+        let big = present("c2", &["/mnt/user-data/outputs/big.txt"]);
+        let mut output = ToolOutput::ok("delivered");
+        middleware()
+            .after_tool(&mut cx, &big, &mut output)
+            .await
+            .unwrap();
+        assert!(output.is_error && output.content.contains("at most 100 bytes"));
+        assert_eq!(cx.outputs.files.len(), 1);
+
+        let presented = thread.extensions.get::<PresentedFiles>().unwrap();
+        let ids: Vec<&str> = presented
+            .entries
+            .iter()
+            .map(|e| e.call_id.as_str())
+            .collect();
+        assert_eq!(ids, ["c0", "c1"]);
+        assert_eq!(presented.entries[0].files[0].media_type, "text/plain");
+    }
+
+    #[tokio::test]
+    async fn an_answer_carries_at_most_ten_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let folders = crate::agent::input::ThreadFolders::new(dir.path(), "t").unwrap();
+        folders.create().await.unwrap();
+        let mut thread = ThreadState::new("t".into(), "c".into(), 0, 0);
+        let mut cx = test_context(&mut thread);
+        cx.folders = Some(folders.clone());
+        for batch in 0..2 {
+            let names: Vec<String> = (0..6)
+                .map(|i| {
+                    let name = format!("f{batch}{i}.txt");
+                    std::fs::write(folders.outputs().join(&name), "x").unwrap();
+                    format!("/mnt/user-data/outputs/{name}")
+                })
+                .collect();
+            let names: Vec<&str> = names.iter().map(String::as_str).collect();
+            let mut output = ToolOutput::ok("delivered");
+            middleware()
+                .after_tool(&mut cx, &present(&format!("b{batch}"), &names), &mut output)
+                .await
+                .unwrap();
+            if batch == 1 {
+                assert!(
+                    output.content.contains("Not delivered") && output.content.contains("f15.txt"),
+                    "{}",
+                    output.content
+                );
+            }
+        }
+        assert_eq!(cx.outputs.files.len(), MAX_FILES);
     }
 }

@@ -15,7 +15,15 @@
 //! The tool is intercepted in `before_tool` (it needs the thread, which tools do not get), so
 //! a refusal by an earlier guard is respected. Placement: after summarization, so the
 //! reminder is added to the compacted history; before token_usage and title. It fails open:
-//! a lost reminder never stops a run. Off by default, as DeerFlow's plan mode.
+//! a lost reminder never stops a run.
+//!
+//! Plan mode is off by default, as DeerFlow's: `enabled = true` turns it on for every thread.
+//! Where antler goes further: with `plan_command` (on by default) the `/plan` chat command
+//! switches it on or off for one conversation's thread (the [`PlanMode`] extension, kept with
+//! the thread); DeerFlow only sets it per run from its own client. When plan mode is off for
+//! a thread, the middleware takes `write_todos` out of the request, refuses a call of it
+//! anyway, and reminds of nothing; so it stays in the chain whenever `/plan` may switch it
+//! on.
 
 use std::sync::Arc;
 
@@ -25,7 +33,7 @@ use serde_json::json;
 use super::{Middleware, MiddlewareError, RunContext, ToolDecision, ToolOutput};
 use crate::agent::message::{ChatMessage, ToolCall};
 use crate::agent::model::{ModelRequest, ModelResponse, ToolSpec};
-use crate::agent::thread::Extension;
+use crate::agent::thread::{Extension, ThreadState};
 use crate::agent::tools::{InterceptedTool, Tool, intercepted_arguments};
 
 /// The tool's name.
@@ -39,8 +47,11 @@ const MAX_TODO_CHARS: usize = 500;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub(crate) struct TodoConfig {
-    /// Whether the middleware (and its tool) is in the chain.
+    /// Plan mode for every thread (`/plan off` still switches it off for one).
     pub(crate) enabled: bool,
+    /// Whether `/plan` may switch plan mode on or off for a conversation's thread. With
+    /// neither this nor `enabled`, the middleware is left out of the chain.
+    pub(crate) plan_command: bool,
     /// Completion reminders per run at most.
     pub(crate) max_reminders: u32,
 }
@@ -49,9 +60,44 @@ impl Default for TodoConfig {
     fn default() -> Self {
         Self {
             enabled: false,
+            plan_command: true,
             max_reminders: 2,
         }
     }
+}
+
+impl TodoConfig {
+    /// Whether the middleware is in the chain: plan mode may be on for some thread.
+    pub(crate) fn in_chain(&self) -> bool {
+        self.enabled || self.plan_command
+    }
+
+    /// Whether plan mode is on for `thread`: its `/plan` choice when the command is allowed,
+    /// else `enabled`.
+    pub(crate) fn plan_mode(&self, thread: &ThreadState) -> bool {
+        let chosen = self
+            .plan_command
+            .then(|| thread.extensions.get::<PlanMode>())
+            .flatten();
+        chosen.map_or(self.enabled, |mode| mode.on)
+    }
+}
+
+/// A thread's `/plan` choice, kept with the thread.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct PlanMode {
+    /// Plan mode on (`/plan on`) or off (`/plan off`).
+    pub(crate) on: bool,
+}
+
+impl Extension for PlanMode {
+    const KEY: &'static str = "plan_mode";
+}
+
+/// The thread's todo list as `/status` shows it, if it has one.
+pub(crate) fn status_list(thread: &ThreadState) -> Option<String> {
+    let list = thread.extensions.get::<TodoList>()?;
+    (!list.todos.is_empty()).then(|| list.render())
 }
 
 /// Where a todo is.
@@ -110,18 +156,22 @@ struct Arguments {
     todos: Vec<Todo>,
 }
 
-/// Keeps the model's todo list and reminds it of open items.
+/// Keeps the model's todo list and reminds it of open items, in threads in plan mode.
 #[derive(Debug, Clone)]
 pub(crate) struct TodoMiddleware {
-    max_reminders: u32,
+    config: TodoConfig,
 }
 
 impl TodoMiddleware {
-    /// The middleware, or `None` when it is disabled.
+    /// The middleware, or `None` when plan mode can be on for no thread.
     pub(crate) fn from_config(cfg: &TodoConfig) -> Option<Self> {
-        cfg.enabled.then_some(Self {
-            max_reminders: cfg.max_reminders,
+        cfg.in_chain().then(|| Self {
+            config: cfg.clone(),
         })
+    }
+
+    fn active(&self, cx: &RunContext<'_>) -> bool {
+        self.config.plan_mode(cx.thread)
     }
 }
 
@@ -181,6 +231,10 @@ impl Middleware for TodoMiddleware {
         cx: &mut RunContext<'_>,
         request: &mut ModelRequest,
     ) -> Result<(), MiddlewareError> {
+        if !self.active(cx) {
+            request.tools.retain(|tool| tool.name != TOOL_NAME);
+            return Ok(());
+        }
         let Some(list) = cx.thread.extensions.get::<TodoList>() else {
             return Ok(());
         };
@@ -207,14 +261,14 @@ impl Middleware for TodoMiddleware {
         cx: &mut RunContext<'_>,
         response: &mut ModelResponse,
     ) -> Result<(), MiddlewareError> {
-        if !response.tool_calls.is_empty() {
+        if !response.tool_calls.is_empty() || !self.active(cx) {
             return Ok(());
         }
         let Some(mut list) = cx.thread.extensions.get::<TodoList>() else {
             return Ok(());
         };
         let open: Vec<String> = list.open().map(|t| t.content.clone()).collect();
-        if open.is_empty() || list.reminders_this_run >= self.max_reminders {
+        if open.is_empty() || list.reminders_this_run >= self.config.max_reminders {
             return Ok(());
         }
         list.reminders_this_run += 1;
@@ -237,6 +291,12 @@ impl Middleware for TodoMiddleware {
     ) -> Result<ToolDecision, MiddlewareError> {
         if call.name != TOOL_NAME || refused.is_some() {
             return Ok(ToolDecision::Run);
+        }
+        if !self.active(cx) {
+            return Ok(ToolDecision::Skip(ToolOutput::error(format!(
+                "Error: `{TOOL_NAME}` is only available in plan mode, which is off in this \
+                 conversation (the user can turn it on with /plan)."
+            ))));
         }
         let arguments: Arguments = match intercepted_arguments(call) {
             Ok(arguments) => arguments,
@@ -298,7 +358,83 @@ mod tests {
     }
 
     fn middleware() -> TodoMiddleware {
-        TodoMiddleware { max_reminders: 2 }
+        TodoMiddleware::from_config(&TodoConfig {
+            enabled: true,
+            ..TodoConfig::default()
+        })
+        .unwrap()
+    }
+
+    fn offered(request: &ModelRequest) -> bool {
+        request.tools.iter().any(|t| t.name == TOOL_NAME)
+    }
+
+    fn request_with_the_tool() -> ModelRequest {
+        ModelRequest {
+            messages: vec![ChatMessage::user("go")],
+            tools: vec![Arc::new(write_todos().spec())],
+        }
+    }
+
+    #[tokio::test]
+    async fn plan_mode_follows_the_threads_choice_then_the_config() {
+        // Off by default, but in the chain so /plan can turn it on.
+        let by_command = TodoMiddleware::from_config(&TodoConfig::default()).unwrap();
+        let mut thread = ThreadState::new("t".into(), "c".into(), 0, 0);
+        let mut cx = test_context(&mut thread);
+        let mut request = request_with_the_tool();
+        by_command
+            .before_model(&mut cx, &mut request)
+            .await
+            .unwrap();
+        assert!(!offered(&request), "plan mode off: no write_todos");
+        let call = write(json!([{"content": "a", "status": "pending"}]));
+        let decision = by_command.before_tool(&mut cx, &call, None).await.unwrap();
+        assert!(
+            matches!(&decision, ToolDecision::Skip(o) if o.is_error && o.content.contains("/plan")),
+            "{decision:?}"
+        );
+        assert!(cx.thread.extensions.get::<TodoList>().is_none());
+
+        // `/plan on` for this thread.
+        cx.thread.extensions.set(&PlanMode { on: true });
+        let mut request = request_with_the_tool();
+        by_command
+            .before_model(&mut cx, &mut request)
+            .await
+            .unwrap();
+        assert!(offered(&request));
+        let decision = by_command.before_tool(&mut cx, &call, None).await.unwrap();
+        assert!(matches!(decision, ToolDecision::Skip(o) if !o.is_error));
+        assert_eq!(status_list(cx.thread).as_deref(), Some("- [ ] a"));
+
+        // `/plan off` wins over `enabled`; without the command, the thread's choice is ignored.
+        cx.thread.extensions.set(&PlanMode { on: false });
+        let always = TodoConfig {
+            enabled: true,
+            ..TodoConfig::default()
+        };
+        assert!(!always.plan_mode(cx.thread));
+        let fixed = TodoConfig {
+            enabled: true,
+            plan_command: false,
+            ..TodoConfig::default()
+        };
+        assert!(fixed.plan_mode(cx.thread));
+        let mut request = request_with_the_tool();
+        middleware()
+            .before_model(&mut cx, &mut request)
+            .await
+            .unwrap();
+        assert!(!offered(&request));
+        assert!(
+            TodoMiddleware::from_config(&TodoConfig {
+                plan_command: false,
+                ..TodoConfig::default()
+            })
+            .is_none(),
+            "neither on nor switchable: out of the chain"
+        );
     }
 
     #[tokio::test]

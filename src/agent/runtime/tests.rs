@@ -845,7 +845,13 @@ async fn file_tools_run_under_the_guardrail_and_the_output_budget() {
     };
     let chain = || -> Vec<Arc<dyn Middleware>> {
         vec![
-            Arc::new(ThreadDataMiddleware),
+            Arc::new(
+                ThreadDataMiddleware::from_config(
+                    &thread_data::ThreadDataConfig::default(),
+                    1 << 20,
+                )
+                .unwrap(),
+            ),
             Arc::new(GuardrailMiddleware::from_config(&GuardrailConfig::default()).unwrap()),
             Arc::new(
                 ToolOutputBudgetMiddleware::from_config(&ToolOutputBudgetConfig::default())

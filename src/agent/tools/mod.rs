@@ -15,6 +15,7 @@ pub(crate) mod files;
     )
 )]
 pub(crate) mod paths;
+pub(crate) mod present_files;
 
 pub(crate) use current_time::CurrentTime;
 

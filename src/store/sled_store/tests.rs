@@ -33,6 +33,7 @@ fn reply(thread_id: &str, text: &str) -> OutboundMessage {
         thread_id: thread_id.to_owned(),
         text: text.to_owned(),
         reply_to: None,
+        files: Vec::new(),
     }
 }
 
@@ -654,6 +655,7 @@ fn write_v1_store(path: &std::path::Path) -> String {
             thread_id: thread_id.clone(),
             text: "pending reply".to_owned(),
             reply_to: None,
+            files: Vec::new(),
         },
         status: OutboxStatus::Pending,
         attempts: 0,

@@ -65,6 +65,33 @@ pub enum Behaviour {
     /// the start of the content (Qwen via Ollama), both containing [`REASONING_MARK`], the
     /// content in 3-character deltas so the tags are split.
     Reasoning,
+    /// The n-th request (counted from the first this behaviour answers) gets the n-th step;
+    /// once the script is over, echoes.
+    Script(Vec<Step>),
+}
+
+/// One response of a [`Behaviour::Script`].
+#[derive(Debug, Clone)]
+pub enum Step {
+    /// Calls tool `name` with `arguments` (call id `call_<n>`, n the step's number).
+    Call { name: String, arguments: Value },
+    /// Answers with this text.
+    Text(String),
+}
+
+impl Step {
+    /// A call of `name` with `arguments`.
+    pub fn call(name: &str, arguments: Value) -> Self {
+        Self::Call {
+            name: name.to_owned(),
+            arguments,
+        }
+    }
+
+    /// A text answer.
+    pub fn text(text: &str) -> Self {
+        Self::Text(text.to_owned())
+    }
 }
 
 /// A word that appears only in the reasoning [`Behaviour::Reasoning`] sends.
@@ -119,6 +146,8 @@ struct MockState {
     max_in_flight_by_conversation: Mutex<HashMap<String, usize>>,
     failures_served: AtomicUsize,
     loop_responses: AtomicUsize,
+    /// Requests a [`Behaviour::Script`] answered so far.
+    script_steps: AtomicUsize,
     /// `Some(n)`: requests from arrival index `n` on wait (after being recorded) until it
     /// turns `None`.
     gate: Option<watch::Sender<Option<usize>>>,
@@ -187,6 +216,8 @@ impl MockModel {
     /// Changes how later requests are answered.
     pub fn set_behaviour(&self, behaviour: Behaviour) {
         *self.state.behaviour.lock().expect("behaviour lock") = Some(behaviour);
+        // A new script starts at its first step.
+        self.state.script_steps.store(0, Ordering::SeqCst);
     }
 
     /// Makes requests wait (after being recorded) until [`MockModel::release`].
@@ -418,6 +449,19 @@ async fn completions(State(state): State<Arc<MockState>>, body: Bytes) -> Respon
             }
         }
         Behaviour::Reasoning => reasoning(&body, stream),
+        Behaviour::Script(steps) => {
+            let n = state.script_steps.fetch_add(1, Ordering::SeqCst);
+            match steps.get(n) {
+                Some(Step::Call { name, arguments }) => tool_call(
+                    &format!("call_{n}"),
+                    name,
+                    &arguments.to_string(),
+                    stream,
+                ),
+                Some(Step::Text(text)) => answer(text, stream),
+                None => echo(&body, stream),
+            }
+        }
         Behaviour::Loop => {
             let n = state.loop_responses.fetch_add(1, Ordering::SeqCst);
             let a = (
