@@ -16,6 +16,10 @@
 mod env;
 mod secret;
 mod validate;
+pub(crate) use secret::{
+    opt_secret as secret_opt_secret, opt_string as secret_opt_string, string as secret_string,
+    strings as secret_strings,
+};
 pub(crate) use validate::mask_url;
 
 #[cfg(test)]
@@ -30,6 +34,7 @@ use serde::Deserialize;
 
 use crate::agent::middleware::clarification::ClarificationConfig;
 use crate::agent::middleware::dangling_tool_call::DanglingToolCallConfig;
+use crate::agent::middleware::deferred_tools::DeferredToolsConfig;
 use crate::agent::middleware::guardrail::GuardrailConfig;
 use crate::agent::middleware::loop_detection::LoopDetectionConfig;
 use crate::agent::middleware::thread_data::ThreadDataConfig;
@@ -38,6 +43,8 @@ use crate::agent::middleware::todo::TodoConfig;
 use crate::agent::middleware::token_usage::TokenUsageConfig;
 use crate::agent::middleware::tool_output_budget::ToolOutputBudgetConfig;
 use crate::agent::middleware::uploads::UploadsConfig;
+use crate::agent::tools::mcp::McpServerConfig;
+use crate::agent::tools::web_fetch::WebFetchConfig;
 
 pub use secret::Secret;
 
@@ -60,6 +67,16 @@ pub struct Config {
     pub delivery: DeliveryConfig,
     /// `[channels.*]`: the API channel and the chat platforms.
     pub channels: ChannelsConfig,
+    /// `[mcp]`: MCP servers whose tools the agent may call.
+    pub mcp: McpConfig,
+}
+
+/// `[mcp]`
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct McpConfig {
+    /// `[[mcp.servers]]`: each a stdio `command` or a streamable-HTTP `url`.
+    pub(crate) servers: Vec<McpServerConfig>,
 }
 
 /// `[server]`
@@ -253,6 +270,8 @@ pub struct AgentConfig {
     pub max_attachment_bytes: u64,
     /// `[agent.middleware.*]`
     pub middleware: MiddlewareConfig,
+    /// `[agent.tools.*]`
+    pub tools: ToolsConfig,
 }
 
 impl Default for AgentConfig {
@@ -268,8 +287,17 @@ impl Default for AgentConfig {
             tool_timeouts: std::collections::BTreeMap::new(),
             max_attachment_bytes: 20 * 1024 * 1024,
             middleware: MiddlewareConfig::default(),
+            tools: ToolsConfig::default(),
         }
     }
+}
+
+/// `[agent.tools.*]`: one table per configurable built-in tool.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ToolsConfig {
+    /// `[agent.tools.web_fetch]`
+    pub(crate) web_fetch: WebFetchConfig,
 }
 
 /// `[agent.middleware.*]`: one table per configurable middleware.
@@ -292,6 +320,8 @@ pub struct MiddlewareConfig {
     pub(crate) token_usage: TokenUsageConfig,
     /// `[agent.middleware.title]`
     pub(crate) title: TitleConfig,
+    /// `[agent.middleware.deferred_tools]`
+    pub(crate) deferred_tools: DeferredToolsConfig,
     /// `[agent.middleware.loop_detection]`
     pub(crate) loop_detection: LoopDetectionConfig,
     /// `[agent.middleware.clarification]`
@@ -310,6 +340,7 @@ impl MiddlewareConfig {
             ("todo", self.todo.enabled),
             ("token_usage", self.token_usage.enabled),
             ("title", self.title.enabled),
+            ("deferred_tools", self.deferred_tools.enabled),
             ("loop_detection", self.loop_detection.enabled),
             ("clarification", self.clarification.enabled),
         ]

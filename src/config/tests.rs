@@ -136,6 +136,7 @@ fn empty_file_is_all_defaults() {
             "tool_output_budget",
             "token_usage",
             "title",
+            "deferred_tools",
             "loop_detection",
             "clarification"
         ]
@@ -709,7 +710,7 @@ fn summary_lists_the_essentials() {
          model: llama3.2 at http://127.0.0.1:11434/v1 (api key: not set)\n\
          api channel: enabled (admin token: not set)\n\
          platforms: none\n\
-         middleware: thread_data, uploads, dangling_tool_call, guardrail, tool_output_budget, token_usage, title, loop_detection, clarification"
+         middleware: thread_data, uploads, dangling_tool_call, guardrail, tool_output_budget, token_usage, title, deferred_tools, loop_detection, clarification"
     );
 
     let text = "[model]\napi_key = \"k\"\n[agent.middleware.title]\nenabled = false\n";
@@ -717,7 +718,7 @@ fn summary_lists_the_essentials() {
     assert!(summary.contains("(api key: ***)"), "{summary}");
     assert!(
         summary.contains(
-            "middleware: thread_data, uploads, dangling_tool_call, guardrail, tool_output_budget, token_usage, loop_detection, clarification"
+            "middleware: thread_data, uploads, dangling_tool_call, guardrail, tool_output_budget, token_usage, deferred_tools, loop_detection, clarification"
         ),
         "{summary}"
     );

@@ -1,0 +1,200 @@
+use std::path::PathBuf;
+
+use super::*;
+use crate::agent::tools::tests::context;
+
+/// The test MCP server `cargo test` builds from `examples/mcp_test_server.rs`.
+pub(crate) fn test_server() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    // target/<profile>/deps/antler-<hash> → target/<profile>/examples/mcp_test_server
+    let profile = exe.parent().and_then(|deps| deps.parent()).unwrap();
+    let path = profile.join("examples").join("mcp_test_server");
+    assert!(
+        path.exists(),
+        "{} is missing: `cargo test` builds it (cargo build --example mcp_test_server)",
+        path.display()
+    );
+    path
+}
+
+fn stdio(name: &str, command: &str) -> McpServerConfig {
+    McpServerConfig {
+        name: name.to_owned(),
+        command: Some(command.to_owned()),
+        ..McpServerConfig::default()
+    }
+}
+
+#[test]
+fn tool_names_fit_the_openai_charset_and_length() {
+    let none = HashSet::new();
+    assert_eq!(tool_name("test", "add", &none), "mcp__test__add");
+    assert_eq!(
+        tool_name("gh", "repo.create issue/π", &none),
+        "mcp__gh__repo_create_issue__"
+    );
+    let long = tool_name("server", &"x".repeat(100), &none);
+    assert_eq!(long.len(), MAX_TOOL_NAME);
+    assert!(long.starts_with("mcp__server__xxx"), "{long}");
+    // Two long names that differ only after the cut stay apart.
+    let other = tool_name("server", &format!("{}y", "x".repeat(99)), &none);
+    assert_ne!(long, other);
+    // A name taken already (two tools that sanitise alike) gets a hash.
+    let taken = HashSet::from(["mcp__a__b_c".to_owned()]);
+    let second = tool_name("a", "b.c", &taken);
+    assert_ne!(second, "mcp__a__b_c");
+    assert!(second.starts_with("mcp__a__b_c_"), "{second}");
+    assert!(
+        second
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+    );
+}
+
+#[test]
+fn server_names_are_checked() {
+    for good in ["test", "git-hub", "a_1", &"x".repeat(MAX_SERVER_NAME)] {
+        assert!(is_valid_server_name(good), "{good}");
+    }
+    for bad in [
+        "",
+        "a b",
+        "a__b",
+        "ä",
+        "a.b",
+        &"x".repeat(MAX_SERVER_NAME + 1),
+    ] {
+        assert!(!is_valid_server_name(bad), "{bad}");
+    }
+}
+
+#[test]
+fn secrets_are_masked_and_text_is_cut() {
+    let secrets = vec!["hunter22".to_owned()];
+    assert_eq!(
+        mask("token hunter22 refused", &secrets, 100),
+        "token *** refused"
+    );
+    assert_eq!(mask("abcdef", &secrets, 3), "abc…");
+    let cfg = McpServerConfig {
+        env: BTreeMap::from([("TOKEN".to_owned(), Secret::new("s3cr3t-value"))]),
+        bearer_token: Some(Secret::new("tok")),
+        url: Some("https://u:pw@example.com/mcp".to_owned()),
+        ..stdio("x", "true")
+    };
+    // Secrets shorter than 4 characters would mask ordinary words; they are left out.
+    assert_eq!(cfg.secrets(), ["s3cr3t-value"]);
+    let debug = format!("{cfg:?}");
+    assert!(
+        !debug.contains("s3cr3t") && !debug.contains("pw@"),
+        "{debug}"
+    );
+}
+
+#[tokio::test]
+async fn a_stdio_server_s_tools_are_listed_and_called() {
+    let server = McpServerConfig {
+        env: BTreeMap::from([("MCP_TEST_SECRET".to_owned(), Secret::new("hunter22"))]),
+        ..stdio("test", &test_server().display().to_string())
+    };
+    let servers = McpServers::connect(&[server]).await;
+    assert_eq!(
+        servers.status(),
+        [McpServerStatus {
+            name: "test".to_owned(),
+            transport: "stdio",
+            ok: true,
+            tools: 4,
+            error: None,
+        }]
+    );
+    let tools = servers.tools();
+    let tool = |name: &str| {
+        tools
+            .iter()
+            .find(|t| t.spec().name == name)
+            .unwrap_or_else(|| panic!("{name} missing"))
+    };
+    let add = tool("mcp__test__add");
+    assert!(add.spec().description.contains("Add two numbers"));
+    assert_eq!(
+        add.spec().parameters["required"],
+        serde_json::json!(["a", "b"])
+    );
+    let sum = add
+        .call(serde_json::json!({"a": 2, "b": 40}), &context())
+        .await
+        .unwrap();
+    assert_eq!(sum, "42");
+    let echo = tool("mcp__test__echo")
+        .call(serde_json::json!({"text": "hello"}), &context())
+        .await
+        .unwrap();
+    assert_eq!(echo, "hello");
+    // A tool-level error is a tool error, with the server's secret masked.
+    let err = tool("mcp__test__fail")
+        .call(serde_json::json!({}), &context())
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("backend refused the token ***"), "{err}");
+    assert!(!err.contains("hunter22"), "{err}");
+    let picture = tool("mcp__test__picture")
+        .call(serde_json::json!({}), &context())
+        .await
+        .unwrap();
+    assert_eq!(
+        picture,
+        "here it is\n[image (image/png, 12 bytes of base64) not shown]"
+    );
+    servers.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_server_that_cannot_start_is_reported_not_fatal() {
+    let servers = McpServers::connect(&[
+        stdio("broken", "/nonexistent/mcp-server-binary"),
+        McpServerConfig {
+            enabled: false,
+            ..stdio("off", "/nonexistent/too")
+        },
+        // A program that is no MCP server: the handshake fails when it exits.
+        stdio("mute", "true"),
+    ])
+    .await;
+    let status = servers.status();
+    assert_eq!(
+        status.len(),
+        2,
+        "disabled servers are not started: {status:?}"
+    );
+    assert_eq!(status[0].name, "broken");
+    assert!(!status[0].ok);
+    assert!(
+        status[0]
+            .error
+            .as_deref()
+            .is_some_and(|e| e.starts_with("cannot start the command")),
+        "{status:?}"
+    );
+    assert_eq!(status[1].name, "mute");
+    assert!(!status[1].ok, "{status:?}");
+    assert!(servers.tools().is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_server_that_never_answers_times_out() {
+    // `sleep` never speaks MCP: the connect time runs out (paused time: no real wait).
+    let server = McpServerConfig {
+        connect_timeout_secs: 5,
+        args: vec!["600".to_owned()],
+        ..stdio("slow", "sleep")
+    };
+    let servers = McpServers::connect(&[server]).await;
+    let status = servers.status();
+    assert_eq!(
+        status[0].error.as_deref(),
+        Some("no answer within 5 seconds"),
+        "{status:?}"
+    );
+}
