@@ -3,18 +3,27 @@ use std::path::PathBuf;
 use super::*;
 use crate::agent::tools::tests::context;
 
-/// The test MCP server `cargo test` builds from `examples/mcp_test_server.rs`.
+/// The test MCP server built from `examples/mcp_test_server.rs`. `cargo test` builds the
+/// examples; a narrower run (`cargo test --lib`) may not have, so it is built once here.
 pub(crate) fn test_server() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    // target/<profile>/deps/antler-<hash> → target/<profile>/examples/mcp_test_server
-    let profile = exe.parent().and_then(|deps| deps.parent()).unwrap();
-    let path = profile.join("examples").join("mcp_test_server");
-    assert!(
-        path.exists(),
-        "{} is missing: `cargo test` builds it (cargo build --example mcp_test_server)",
-        path.display()
-    );
-    path
+    static PATH: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    PATH.get_or_init(|| {
+        let exe = std::env::current_exe().unwrap();
+        // target/<profile>/deps/antler-<hash> → target/<profile>/examples/mcp_test_server
+        let profile = exe.parent().and_then(|deps| deps.parent()).unwrap();
+        let path = profile.join("examples").join("mcp_test_server");
+        if !path.exists() {
+            let status = std::process::Command::new(env!("CARGO"))
+                .args(["build", "--example", "mcp_test_server"])
+                .current_dir(env!("CARGO_MANIFEST_DIR"))
+                .status()
+                .unwrap();
+            assert!(status.success(), "building the MCP test server failed");
+        }
+        assert!(path.exists(), "{} is missing", path.display());
+        path
+    })
+    .clone()
 }
 
 fn stdio(name: &str, command: &str) -> McpServerConfig {
