@@ -20,7 +20,10 @@
 //! thread to remember promotions, which tools do not get) and respects an earlier guard's
 //! refusal. Unlike DeerFlow, there is no separate auto-promotion middleware (McpRouting) and
 //! deferral starts from a tool count rather than a switch, so a small setup loses nothing.
-//! It fails open: a lost promotion never stops a run.
+//! It fails open: a lost promotion never stops a run. The deferred catalogue of a run is the
+//! tool list of its last `before_model` (kept per thread until `after_run`); tool calls a
+//! crash left unanswered run before the first model call of the resumed run, so there a
+//! `tool_search` asks to be repeated and other calls run as the model made them.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};

@@ -265,6 +265,12 @@ impl WebFetch {
             }
             body.extend_from_slice(&chunk);
         }
+        if content_type.is_empty() && body.iter().take(1024).any(|&b| b == 0) {
+            // No type given and NUL bytes: a binary file, not text.
+            return Err(FetchError::ContentType(
+                "(none; the body is binary)".to_owned(),
+            ));
+        }
         let raw = String::from_utf8_lossy(&body);
         let text = match kind {
             Kind::Html => html_to_text(&raw),

@@ -1,4 +1,5 @@
 use std::path::PathBuf;
+use std::time::Duration;
 
 use super::*;
 use crate::agent::tools::tests::context;
@@ -156,7 +157,61 @@ async fn a_stdio_server_s_tools_are_listed_and_called() {
         picture,
         "here it is\n[image (image/png, 12 bytes of base64) not shown]"
     );
+    // Shutdown ends the child (this is the only test here that starts the test server).
+    assert_eq!(test_server_children(), 1);
     servers.shutdown().await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while test_server_children() > 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the MCP server outlived the shutdown"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Live (not zombie) children of this process running the test server.
+fn test_server_children() -> usize {
+    let me = std::process::id().to_string();
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|entry| std::fs::read_to_string(entry.ok()?.path().join("stat")).ok())
+        .filter(|stat| {
+            // pid (comm) state ppid ...
+            let Some((comm, rest)) = stat.split_once(") ") else {
+                return false;
+            };
+            let fields: Vec<&str> = rest.split(' ').collect();
+            comm.ends_with("(mcp_test_server")
+                && fields.first() != Some(&"Z")
+                && fields.get(1) == Some(&me.as_str())
+        })
+        .count()
+}
+
+#[tokio::test]
+async fn an_http_server_that_is_not_there_is_reported() {
+    // A port nothing listens on: the streamable-HTTP client is built (its TLS provider
+    // installed) and fails cleanly, with the token never shown.
+    let port = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap().port()
+    };
+    let server = McpServerConfig {
+        name: "remote".to_owned(),
+        url: Some(format!("http://127.0.0.1:{port}/mcp")),
+        bearer_token: Some(Secret::new("bearer-secret-value")),
+        headers: BTreeMap::from([("X-Key".to_owned(), Secret::new("header-secret"))]),
+        connect_timeout_secs: 20,
+        ..McpServerConfig::default()
+    };
+    let servers = McpServers::connect(&[server]).await;
+    let status = servers.status();
+    assert_eq!(status[0].transport, "http");
+    assert!(!status[0].ok, "{status:?}");
+    let error = status[0].error.clone().unwrap();
+    assert!(error.starts_with("the handshake failed"), "{error}");
+    assert!(!error.contains("secret"), "{error}");
 }
 
 #[tokio::test]

@@ -143,6 +143,22 @@ async fn server() -> SocketAddr {
             get(|| async { ([(header::CONTENT_TYPE, "text/plain")], "x".repeat(100_000)) }),
         )
         .route(
+            "/untyped-binary",
+            get(|| async {
+                let mut response = vec![0u8, 1, 2, 3].into_response();
+                response.headers_mut().remove(header::CONTENT_TYPE);
+                response
+            }),
+        )
+        .route(
+            "/untyped-text",
+            get(|| async {
+                let mut response = "plain words".into_response();
+                response.headers_mut().remove(header::CONTENT_TYPE);
+                response
+            }),
+        )
+        .route(
             "/missing",
             get(|| async { (StatusCode::NOT_FOUND, "gone") }),
         )
@@ -302,6 +318,16 @@ async fn other_content_types_schemes_and_bad_urls_are_refused_and_statuses_shown
         .await
         .unwrap_err();
     assert!(err.to_string().contains("image/png"), "{err}");
+    let err = fetcher
+        .fetch(&format!("http://127.0.0.1:{}/untyped-binary", addr.port()))
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("binary"), "{err}");
+    let out = fetcher
+        .fetch(&format!("http://127.0.0.1:{}/untyped-text", addr.port()))
+        .await
+        .unwrap();
+    assert!(out.ends_with("(none)\n\nplain words"), "{out}");
     let out = fetcher
         .fetch(&format!("http://127.0.0.1:{}/missing", addr.port()))
         .await
