@@ -4,9 +4,9 @@
 //! characters). A call goes to `call_tool` on its server within the server's `timeout_secs`
 //! (and the tool deadline); text parts come back to the model, other parts are described.
 //!
-//! Everything a server says is untrusted: descriptions and results are cut to size, errors
-//! are cut and have the server's configured secrets (env values, header values, the bearer
-//! token) masked before the model or the log sees them. Servers connect concurrently, each
+//! Everything a server says is untrusted: descriptions and results are cut to size, framework
+//! tags in results are neutralised, errors are cut and have the server's configured secrets
+//! (env values, header values, the bearer token) masked before the model or the log sees them. Servers connect concurrently, each
 //! within `connect_timeout_secs`, so startup never hangs on one. A server that fails to start
 //! or list its tools is logged (warn) and reported in `/readyz` detail, and antler serves
 //! without it: readiness stays ready, since one broken optional tool source is not a broken
@@ -526,7 +526,7 @@ impl Tool for McpTool {
                 ))
             })?
             .map_err(|e| self.failed(&e.to_string()))?;
-        let text = render(&result);
+        let text = super::web_fetch::neutralize_tags(&render(&result));
         if result.is_error == Some(true) {
             return Err(self.failed(&text));
         }

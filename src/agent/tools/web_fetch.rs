@@ -14,8 +14,10 @@
 //! tool deadline the registry enforces. HTML becomes readable text (scripts, styles and tags
 //! dropped, entities decoded, whitespace collapsed); JSON, XML and plain text come back as
 //! they are; any other content type is refused, naming it. The output starts with the final
-//! URL and the status. Unlike DeerFlow's `web_fetch` (which relies on an external reader
-//! service and has no address check), this one has SSRF protection and needs no third party.
+//! URL and the status. Framework tags in the text (`<system-reminder>`, `<memory>`, ...) are
+//! neutralised as DeerFlow's ToolResultSanitization does for `web_fetch` results. Beyond what
+//! the DeerFlow reference describes, antler fetches pages itself (no reader service), so the
+//! address checks, redirect checks and size and time bounds here are its own.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::Duration;
@@ -272,10 +274,10 @@ impl WebFetch {
             ));
         }
         let raw = String::from_utf8_lossy(&body);
-        let text = match kind {
+        let text = neutralize_tags(&match kind {
             Kind::Html => html_to_text(&raw),
             Kind::Text => raw.into_owned(),
-        };
+        });
         let mut out = format!(
             "URL: {url}\nStatus: {}\nContent-Type: {}\n\n{text}",
             status.as_u16(),
@@ -369,6 +371,50 @@ impl Kind {
             }
         }
     }
+}
+
+/// Tags that frame trusted context for the model (after DeerFlow's InputSanitization and
+/// ToolResultSanitization lists); in fetched or tool-provided text they are neutralised.
+const FRAMEWORK_TAGS: [&str; 17] = [
+    "system-reminder",
+    "system_reminder",
+    "memory",
+    "current_date",
+    "think",
+    "analysis",
+    "role",
+    "soul",
+    "uploaded_files",
+    "current_uploads",
+    "skill_system",
+    "system",
+    "instruction",
+    "important",
+    "override",
+    "ignore",
+    "prompt",
+];
+
+/// `text` with the `<` of every framework tag (`<system-reminder>`, `</memory >`, any case)
+/// written as `&lt;`, so untrusted text cannot pose as antler's own context blocks.
+pub(crate) fn neutralize_tags(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find('<') {
+        out.push_str(&rest[..at]);
+        let after = &rest[at + 1..];
+        let name = after.trim_start().trim_start_matches('/').trim_start();
+        let is_framework = FRAMEWORK_TAGS.iter().any(|tag| {
+            name.get(..tag.len())
+                .is_some_and(|head| head.eq_ignore_ascii_case(tag))
+                && !name[tag.len()..]
+                    .starts_with(|c: char| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+        });
+        out.push_str(if is_framework { "&lt;" } else { "<" });
+        rest = after;
+    }
+    out.push_str(rest);
+    out
 }
 
 /// Whether `ip` is a public unicast address that may be fetched.
