@@ -19,6 +19,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::agent::middleware::clarification::ClarificationMiddleware;
 use crate::agent::middleware::dangling_tool_call::DanglingToolCallMiddleware;
+use crate::agent::middleware::deferred_tools::DeferredToolsMiddleware;
 use crate::agent::middleware::guardrail::GuardrailMiddleware;
 use crate::agent::middleware::loop_detection::LoopDetectionMiddleware;
 use crate::agent::middleware::subagent_limit::SubagentLimitMiddleware;
@@ -33,6 +34,8 @@ use crate::agent::middleware::view_image::ViewImageMiddleware;
 use crate::agent::middleware::{ChainError, Middleware, MiddlewareChain};
 use crate::agent::model::{ModelError, ModelHealth, OpenAiClient, OpenAiConfig};
 use crate::agent::runtime::{Runtime, RuntimeSettings};
+use crate::agent::tools::mcp::McpServers;
+use crate::agent::tools::web_fetch::WebFetch;
 use crate::agent::tools::{Tool, ToolRegistry};
 use crate::config::Config;
 use crate::config::TelegramMode;
@@ -139,6 +142,9 @@ fn middleware_chain(config: &Config) -> Result<MiddlewareChain, ChainError> {
         items.push(Arc::new(m));
     }
     if let Some(m) = ViewImageMiddleware::from_config(&cfg.view_image, config.model.vision) {
+        items.push(Arc::new(m));
+    }
+    if let Some(m) = DeferredToolsMiddleware::from_config(&cfg.deferred_tools) {
         items.push(Arc::new(m));
     }
     if let Some(m) = SubagentLimitMiddleware::from_config(&cfg.subagent_limit) {
@@ -299,9 +305,15 @@ where
     });
 }
 
-fn tool_registry(config: &Config, extra: Vec<Arc<dyn Tool>>) -> ToolRegistry {
+fn tool_registry(config: &Config, extra: Vec<Arc<dyn Tool>>, mcp: &McpServers) -> ToolRegistry {
     let agent = &config.agent;
     let mut registry = ToolRegistry::builtin();
+    if let Some(tool) = WebFetch::from_config(&agent.tools.web_fetch) {
+        registry.register(Arc::new(tool));
+    }
+    for tool in mcp.tools() {
+        registry.register(tool);
+    }
     for tool in extra {
         registry.register(tool);
     }
@@ -402,9 +414,10 @@ where
     );
     let model_health = ModelHealth::default();
     let client = model_client(&config, model_health.clone())?;
+    let mcp = McpServers::connect(&config.mcp.servers).await;
     let runtime = Runtime::new(
         Arc::new(client.clone()),
-        tool_registry(&config, extra_tools),
+        tool_registry(&config, extra_tools, &mcp),
         middleware_chain(&config)?,
         runtime_settings(&config),
     );
@@ -537,6 +550,7 @@ where
         hosts: HostPolicy::from_config(server),
         streams: Arc::new(Semaphore::new(server.max_streams.max(1))),
         metrics_token: server.metrics_token.clone(),
+        mcp: mcp.status(),
     });
     let limits = ServeLimits {
         max_connections: server.max_connections,
@@ -610,6 +624,8 @@ where
         let _ = listener.await;
     }
     probe.abort();
+    // Turns are over: the MCP servers' children can go.
+    mcp.shutdown().await;
     // The sweeper ends with intake; awaiting it (rather than aborting it) means it no longer
     // holds the store when `serve` returns, so the store can be opened again at once.
     let _ = sweeper.await;

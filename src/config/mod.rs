@@ -16,6 +16,10 @@
 mod env;
 mod secret;
 mod validate;
+pub(crate) use secret::{
+    opt_secret as secret_opt_secret, opt_string as secret_opt_string, string as secret_string,
+    strings as secret_strings,
+};
 pub(crate) use validate::mask_url;
 
 #[cfg(test)]
@@ -30,6 +34,7 @@ use serde::Deserialize;
 
 use crate::agent::middleware::clarification::ClarificationConfig;
 use crate::agent::middleware::dangling_tool_call::DanglingToolCallConfig;
+use crate::agent::middleware::deferred_tools::DeferredToolsConfig;
 use crate::agent::middleware::guardrail::GuardrailConfig;
 use crate::agent::middleware::loop_detection::LoopDetectionConfig;
 use crate::agent::middleware::subagent_limit::SubagentLimitConfig;
@@ -41,6 +46,8 @@ use crate::agent::middleware::token_usage::TokenUsageConfig;
 use crate::agent::middleware::tool_output_budget::ToolOutputBudgetConfig;
 use crate::agent::middleware::uploads::UploadsConfig;
 use crate::agent::middleware::view_image::ViewImageConfig;
+use crate::agent::tools::mcp::McpServerConfig;
+use crate::agent::tools::web_fetch::WebFetchConfig;
 
 pub use secret::Secret;
 
@@ -63,6 +70,16 @@ pub struct Config {
     pub delivery: DeliveryConfig,
     /// `[channels.*]`: the API channel and the chat platforms.
     pub channels: ChannelsConfig,
+    /// `[mcp]`: MCP servers whose tools the agent may call.
+    pub mcp: McpConfig,
+}
+
+/// `[mcp]`
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct McpConfig {
+    /// `[[mcp.servers]]`: each a stdio `command` or a streamable-HTTP `url`.
+    pub(crate) servers: Vec<McpServerConfig>,
 }
 
 /// `[server]`
@@ -261,6 +278,8 @@ pub struct AgentConfig {
     pub max_attachment_bytes: u64,
     /// `[agent.middleware.*]`
     pub middleware: MiddlewareConfig,
+    /// `[agent.tools.*]`
+    pub tools: ToolsConfig,
 }
 
 impl Default for AgentConfig {
@@ -276,8 +295,17 @@ impl Default for AgentConfig {
             tool_timeouts: std::collections::BTreeMap::new(),
             max_attachment_bytes: 20 * 1024 * 1024,
             middleware: MiddlewareConfig::default(),
+            tools: ToolsConfig::default(),
         }
     }
+}
+
+/// `[agent.tools.*]`: one table per configurable built-in tool.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ToolsConfig {
+    /// `[agent.tools.web_fetch]`
+    pub(crate) web_fetch: WebFetchConfig,
 }
 
 /// `[agent.middleware.*]`: one table per configurable middleware.
@@ -304,6 +332,8 @@ pub struct MiddlewareConfig {
     pub(crate) title: TitleConfig,
     /// `[agent.middleware.view_image]` (in the chain only when `[model] vision` is on)
     pub(crate) view_image: ViewImageConfig,
+    /// `[agent.middleware.deferred_tools]`
+    pub(crate) deferred_tools: DeferredToolsConfig,
     /// `[agent.middleware.subagent_limit]`
     pub(crate) subagent_limit: SubagentLimitConfig,
     /// `[agent.middleware.loop_detection]`
@@ -326,6 +356,7 @@ impl MiddlewareConfig {
             ("token_usage", self.token_usage.enabled),
             ("title", self.title.enabled),
             ("view_image", self.view_image.enabled),
+            ("deferred_tools", self.deferred_tools.enabled),
             ("subagent_limit", self.subagent_limit.enabled),
             ("loop_detection", self.loop_detection.enabled),
             ("clarification", self.clarification.enabled),

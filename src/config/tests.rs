@@ -139,6 +139,7 @@ fn empty_file_is_all_defaults() {
             "token_usage",
             "title",
             "view_image",
+            "deferred_tools",
             "subagent_limit",
             "loop_detection",
             "clarification"
@@ -713,7 +714,7 @@ fn summary_lists_the_essentials() {
          model: llama3.2 at http://127.0.0.1:11434/v1 (api key: not set)\n\
          api channel: enabled (admin token: not set)\n\
          platforms: none\n\
-         middleware: thread_data, uploads, dangling_tool_call, guardrail, tool_output_budget, summarization, todo, token_usage, title, subagent_limit, loop_detection, clarification"
+         middleware: thread_data, uploads, dangling_tool_call, guardrail, tool_output_budget, summarization, todo, token_usage, title, deferred_tools, subagent_limit, loop_detection, clarification"
     );
 
     let text = "[model]\napi_key = \"k\"\n[agent.middleware.title]\nenabled = false\n";
@@ -721,13 +722,13 @@ fn summary_lists_the_essentials() {
     // view_image is listed only for a model with vision.
     let vision = parse("[model]\nvision = true\n").unwrap().summary();
     assert!(
-        vision.contains(", title, view_image, subagent_limit,"),
+        vision.contains(", title, view_image, deferred_tools, subagent_limit,"),
         "{vision}"
     );
     assert!(summary.contains("(api key: ***)"), "{summary}");
     assert!(
         summary.contains(
-            "middleware: thread_data, uploads, dangling_tool_call, guardrail, tool_output_budget, summarization, todo, token_usage, subagent_limit, loop_detection, clarification"
+            "middleware: thread_data, uploads, dangling_tool_call, guardrail, tool_output_budget, summarization, todo, token_usage, deferred_tools, subagent_limit, loop_detection, clarification"
         ),
         "{summary}"
     );
@@ -1489,4 +1490,110 @@ fn summarization_view_image_and_subagent_limit_keys() {
     // The check against context_tokens is off when summarization is.
     parse("[model]\ncontext_tokens = 16000\n[agent.middleware.summarization]\nenabled = false\n")
         .unwrap();
+}
+
+#[test]
+fn mcp_servers_parse_with_secrets_hidden() {
+    let text = r#"
+[[mcp.servers]]
+name = "github"
+command = "npx"
+args = ["-y", "server-github"]
+env = { GITHUB_TOKEN = "${GH}" }
+
+[[mcp.servers]]
+name = "docs"
+url = "https://mcp.example.com/mcp"
+bearer_token = "tok-123456"
+headers = { "X-Api-Key" = "key-abcdef" }
+enabled = false
+timeout_secs = 5
+"#;
+    let config = Config::from_toml_str(text, &env_of(&[("GH", "ghp_secret_value")])).unwrap();
+    let servers = &config.mcp.servers;
+    assert_eq!(servers.len(), 2);
+    assert_eq!(servers[0].name, "github");
+    assert_eq!(servers[0].command.as_deref(), Some("npx"));
+    assert_eq!(servers[0].args, ["-y", "server-github"]);
+    assert_eq!(servers[0].env["GITHUB_TOKEN"].expose(), "ghp_secret_value");
+    assert!(servers[0].enabled);
+    assert_eq!(servers[0].timeout_secs, 60);
+    assert_eq!(servers[0].connect_timeout_secs, 20);
+    assert_eq!(
+        servers[1].url.as_deref(),
+        Some("https://mcp.example.com/mcp")
+    );
+    assert!(!servers[1].enabled);
+    assert_eq!(servers[1].timeout_secs, 5);
+    let debug = format!("{config:?}");
+    for secret in ["ghp_secret_value", "tok-123456", "key-abcdef"] {
+        assert!(!debug.contains(secret), "{secret} shown in {debug}");
+    }
+}
+
+#[test]
+fn mcp_servers_need_one_transport_and_unique_safe_names() {
+    assert_issue(
+        "[[mcp.servers]]\nname = \"a\"\n",
+        "mcp.servers[0].command: set command (stdio) or url (streamable HTTP)",
+    );
+    assert_issue(
+        "[[mcp.servers]]\nname = \"a\"\ncommand = \"x\"\nurl = \"http://127.0.0.1:1/mcp\"\n",
+        "mcp.servers[0].url: set either command (stdio) or url (streamable HTTP), not both",
+    );
+    assert_issue(
+        "[[mcp.servers]]\nname = \"a b\"\ncommand = \"x\"\n",
+        "mcp.servers[0].name: must be 1 to 32 letters, digits, `_` or `-`, without `__`",
+    );
+    assert_issue(
+        "[[mcp.servers]]\nname = \"a\"\ncommand = \"x\"\n[[mcp.servers]]\nname = \"a\"\ncommand = \"y\"\n",
+        "mcp.servers[1].name: is used by an earlier server",
+    );
+    assert_issue(
+        "[[mcp.servers]]\nname = \"a\"\nurl = \"ftp://host/x\"\n",
+        "mcp.servers[0].url: must be an http or https URL (got scheme \"ftp\")",
+    );
+    assert_issue(
+        "[[mcp.servers]]\nname = \"a\"\ncommand = \"x\"\nbearer_token = \"t\"\n",
+        "mcp.servers[0].headers: headers and bearer_token are for url servers",
+    );
+    assert_issue(
+        "[[mcp.servers]]\nname = \"a\"\nurl = \"http://h/mcp\"\nenv = { A = \"1\" }\n",
+        "mcp.servers[0].args: args and env are for command servers",
+    );
+    assert_issue(
+        "[[mcp.servers]]\nname = \"a\"\nurl = \"http://h/mcp\"\nheaders = { X = \"bad\\nvalue\" }\n",
+        "mcp.servers[0].headers.X: is not a valid HTTP header value",
+    );
+    assert_issue(
+        "[[mcp.servers]]\nname = \"a\"\ncommand = \"x\"\ntimeout_secs = 0\n",
+        "mcp.servers[0].timeout_secs: must be at least 1 (got 0)",
+    );
+    let found = issues("[[mcp.servers]]\nname = \"a\"\ncommand = \"x\"\nwhat = 1\n");
+    assert!(found.iter().any(|i| i.contains("what")), "{found:?}");
+}
+
+#[test]
+fn web_fetch_and_deferred_tools_are_configured_and_checked() {
+    let config = parse(
+        "[agent.tools.web_fetch]\nallow_private = true\nallowed_hosts = [\"wiki.internal\"]\n\
+         [agent.middleware.deferred_tools]\nmax_tools = 5\n",
+    )
+    .unwrap();
+    let web_fetch = &config.agent.tools.web_fetch;
+    assert!(web_fetch.enabled && web_fetch.allow_private);
+    assert_eq!(web_fetch.max_bytes, 1024 * 1024);
+    assert_eq!(web_fetch.timeout_secs, 20);
+    assert_eq!(web_fetch.allowed_hosts, ["wiki.internal"]);
+    assert_eq!(config.agent.middleware.deferred_tools.max_tools, 5);
+    assert_issue(
+        "[agent.tools.web_fetch]\nmax_bytes = 0\n",
+        "agent.tools.web_fetch.max_bytes: must be at least 1 (got 0)",
+    );
+    assert_issue(
+        "[agent.middleware.deferred_tools]\nmax_tools = 0\n",
+        "agent.middleware.deferred_tools.max_tools: must be at least 1 (got 0)",
+    );
+    let found = issues("[agent.tools.web_fetch]\nallow_all = true\n");
+    assert!(found.iter().any(|i| i.contains("allow_all")), "{found:?}");
 }

@@ -33,6 +33,7 @@ pub(crate) fn validate(config: &Config) -> Vec<ConfigIssue> {
     agent(config, &mut v);
     delivery(config, &mut v);
     channels(config, &mut v);
+    mcp(config, &mut v);
     v.0
 }
 
@@ -324,6 +325,18 @@ fn agent(config: &Config, v: &mut Issues) {
             "must not be empty",
         );
     }
+    let web_fetch = &agent.tools.web_fetch;
+    v.at_least("agent.tools.web_fetch.max_bytes", web_fetch.max_bytes, 1);
+    v.at_least(
+        "agent.tools.web_fetch.timeout_secs",
+        web_fetch.timeout_secs,
+        1,
+    );
+    v.at_least(
+        "agent.middleware.deferred_tools.max_tools",
+        agent.middleware.deferred_tools.max_tools,
+        1,
+    );
 
     let loops = &agent.middleware.loop_detection;
     v.at_least(
@@ -354,6 +367,74 @@ fn agent(config: &Config, v: &mut Issues) {
         loops.max_threads,
         1,
     );
+}
+
+fn mcp(config: &Config, v: &mut Issues) {
+    let mut seen = std::collections::HashSet::new();
+    for (index, server) in config.mcp.servers.iter().enumerate() {
+        let key = |field: &str| format!("mcp.servers[{index}].{field}");
+        if !crate::agent::tools::mcp::is_valid_server_name(&server.name) {
+            v.push(
+                &key("name"),
+                format!(
+                    "must be 1 to {} letters, digits, `_` or `-`, without `__`",
+                    crate::agent::tools::mcp::MAX_SERVER_NAME
+                ),
+            );
+        } else if !seen.insert(server.name.as_str()) {
+            v.push(&key("name"), "is used by an earlier server");
+        }
+        match (&server.command, &server.url) {
+            (Some(_), Some(_)) => v.push(
+                &key("url"),
+                "set either command (stdio) or url (streamable HTTP), not both",
+            ),
+            (None, None) => v.push(
+                &key("command"),
+                "set command (stdio) or url (streamable HTTP)",
+            ),
+            (Some(command), None) => {
+                if command.trim().is_empty() {
+                    v.push(&key("command"), "must not be empty");
+                }
+                if !server.headers.is_empty() || server.bearer_token.is_some() {
+                    v.push(
+                        &key("headers"),
+                        "headers and bearer_token are for url servers",
+                    );
+                }
+            }
+            (None, Some(url)) => {
+                v.url(&key("url"), url);
+                if !server.args.is_empty() || !server.env.is_empty() {
+                    v.push(&key("args"), "args and env are for command servers");
+                }
+            }
+        }
+        for (name, value) in &server.headers {
+            if reqwest::header::HeaderName::from_bytes(name.as_bytes()).is_err() {
+                v.push(
+                    &key("headers"),
+                    "has a name that is not a valid HTTP header name",
+                );
+            } else if reqwest::header::HeaderValue::from_str(value.expose()).is_err() {
+                v.push(
+                    &key(&format!("headers.{name}")),
+                    "is not a valid HTTP header value",
+                );
+            }
+        }
+        for name in server.env.keys() {
+            if name.is_empty() || name.contains(['=', '\0']) {
+                v.push(
+                    &key("env"),
+                    "has a variable name that is empty or holds `=`",
+                );
+            }
+        }
+        v.at_least(&key("timeout_secs"), server.timeout_secs, 1);
+        v.at_least(&key("connect_timeout_secs"), server.connect_timeout_secs, 1);
+    }
 }
 
 fn delivery(config: &Config, v: &mut Issues) {

@@ -20,6 +20,7 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 use crate::agent::model::ModelHealth;
+use crate::agent::tools::mcp::McpServerStatus;
 use crate::config::Secret;
 use crate::events::EventHub;
 use crate::ingress::Ingress;
@@ -53,6 +54,8 @@ pub(crate) struct AppContext {
     pub(crate) streams: Arc<Semaphore>,
     /// Grants `/metrics` and the detail of `/readyz` on the main listener.
     pub(crate) metrics_token: Option<Secret>,
+    /// How each configured MCP server came up (reported by `/readyz`).
+    pub(crate) mcp: Vec<McpServerStatus>,
 }
 
 /// The main listener's routes. With `ops_elsewhere`, `/readyz` and `/metrics` are left to the

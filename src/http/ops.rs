@@ -39,7 +39,8 @@ pub(crate) async fn healthz() -> &'static str {
 }
 
 /// `GET /readyz`: the store answers, a model is configured and intake is open. The model's
-/// reachability is reported, but a flaky model does not make antler unready.
+/// reachability and each MCP server's state are reported, but a flaky model or a broken MCP
+/// server does not make antler unready.
 pub(crate) async fn readyz(
     State(state): State<AppState>,
     headers: HeaderMap,
@@ -76,6 +77,7 @@ pub(crate) async fn readyz(
             "running": state.ingress.running(),
             "store_bytes": stats.disk_bytes,
             "outbox_pending": stats.outbox_pending,
+            "mcp": state.mcp,
         }),
         Err(e) => {
             tracing::error!(error = %e, "readiness: the store failed");

@@ -12,6 +12,7 @@ mod crash;
 mod feishu;
 mod hardening;
 mod loop_detection;
+mod mcp;
 mod model_failures;
 mod ordering;
 mod plan_mode;

@@ -11,6 +11,7 @@
 pub(crate) mod clarification;
 mod context;
 pub(crate) mod dangling_tool_call;
+pub(crate) mod deferred_tools;
 pub(crate) mod guardrail;
 pub(crate) mod loop_detection;
 pub(crate) mod subagent_limit;

@@ -7,6 +7,7 @@
 
 mod current_time;
 pub(crate) mod files;
+pub(crate) mod mcp;
 #[cfg_attr(
     not(test),
     allow(
@@ -16,6 +17,7 @@ pub(crate) mod files;
 )]
 pub(crate) mod paths;
 pub(crate) mod present_files;
+pub(crate) mod web_fetch;
 
 pub(crate) use current_time::CurrentTime;
 

@@ -65,6 +65,9 @@ pub enum Behaviour {
     /// the start of the content (Qwen via Ollama), both containing [`REASONING_MARK`], the
     /// content in 3-character deltas so the tags are split.
     Reasoning,
+    /// Calls tools from a script: with `n` tool results in the request, step `n` (a tool name
+    /// and its JSON arguments) is called; past the end, answers `result: <last tool result>`.
+    ToolScript(Vec<(String, String)>),
     /// The n-th request (counted from the first this behaviour answers) gets the n-th step;
     /// once the script is over, echoes.
     Script(Vec<Step>),
@@ -449,6 +452,23 @@ async fn completions(State(state): State<Arc<MockState>>, body: Bytes) -> Respon
             }
         }
         Behaviour::Reasoning => reasoning(&body, stream),
+        Behaviour::ToolScript(steps) => {
+            let messages = body["messages"].as_array().cloned().unwrap_or_default();
+            let results: Vec<&Value> = messages.iter().filter(|m| m["role"] == "tool").collect();
+            match steps.get(results.len()) {
+                Some((name, arguments)) => {
+                    let id = format!("call_script_{}", results.len());
+                    tool_call(&id, name, arguments, stream)
+                }
+                None => {
+                    let last = results
+                        .last()
+                        .and_then(|m| m["content"].as_str())
+                        .unwrap_or_default();
+                    answer(&format!("result: {last}"), stream)
+                }
+            }
+        }
         Behaviour::Script(steps) => {
             let n = state.script_steps.fetch_add(1, Ordering::SeqCst);
             match steps.get(n) {
