@@ -20,7 +20,9 @@ use tokio_util::task::TaskTracker;
 use crate::agent::middleware::clarification::ClarificationMiddleware;
 use crate::agent::middleware::dangling_tool_call::DanglingToolCallMiddleware;
 use crate::agent::middleware::guardrail::GuardrailMiddleware;
+use crate::agent::middleware::input_sanitization::InputSanitizationMiddleware;
 use crate::agent::middleware::loop_detection::LoopDetectionMiddleware;
+use crate::agent::middleware::sandbox_audit::SandboxAuditMiddleware;
 use crate::agent::middleware::thread_data::ThreadDataMiddleware;
 use crate::agent::middleware::title::TitleMiddleware;
 use crate::agent::middleware::todo::TodoMiddleware;
@@ -30,6 +32,7 @@ use crate::agent::middleware::uploads::UploadsMiddleware;
 use crate::agent::middleware::{ChainError, Middleware, MiddlewareChain};
 use crate::agent::model::{ModelError, ModelHealth, OpenAiClient, OpenAiConfig};
 use crate::agent::runtime::{Runtime, RuntimeSettings};
+use crate::agent::tools::bash::bash_tool;
 use crate::agent::tools::{Tool, ToolRegistry};
 use crate::config::Config;
 use crate::config::TelegramMode;
@@ -103,7 +106,7 @@ fn metrics_handle() -> PrometheusHandle {
         .clone()
 }
 
-fn middleware_chain(config: &Config) -> Result<MiddlewareChain, ChainError> {
+fn middleware_chain(config: &Config) -> Result<MiddlewareChain, AppError> {
     let cfg = &config.agent.middleware;
     let mut items: Vec<Arc<dyn Middleware>> = Vec::new();
     if let Some(m) = ThreadDataMiddleware::from_config(&cfg.thread_data) {
@@ -112,10 +115,18 @@ fn middleware_chain(config: &Config) -> Result<MiddlewareChain, ChainError> {
     if let Some(m) = UploadsMiddleware::from_config(&cfg.uploads) {
         items.push(Arc::new(m));
     }
+    if let Some(m) = InputSanitizationMiddleware::from_config(&cfg.input_sanitization) {
+        items.push(Arc::new(m));
+    }
     if let Some(m) = DanglingToolCallMiddleware::from_config(&cfg.dangling_tool_call) {
         items.push(Arc::new(m));
     }
     if let Some(m) = GuardrailMiddleware::from_config(&cfg.guardrail) {
+        items.push(Arc::new(m));
+    }
+    if let Some(m) = SandboxAuditMiddleware::from_config(&cfg.sandbox_audit, &config.store.path)
+        .map_err(|e| AppError::Chain(format!("sandbox_audit.{e}")))?
+    {
         items.push(Arc::new(m));
     }
     if let Some(m) = ToolOutputBudgetMiddleware::from_config(&cfg.tool_output_budget) {
@@ -136,7 +147,7 @@ fn middleware_chain(config: &Config) -> Result<MiddlewareChain, ChainError> {
     if let Some(m) = ClarificationMiddleware::from_config(&cfg.clarification) {
         items.push(Arc::new(m));
     }
-    MiddlewareChain::new(items)
+    Ok(MiddlewareChain::new(items)?)
 }
 
 /// The enabled platforms' channels, each served at `/webhooks/<name>`. Each one learns who
@@ -288,6 +299,9 @@ where
 fn tool_registry(config: &Config, extra: Vec<Arc<dyn Tool>>) -> ToolRegistry {
     let agent = &config.agent;
     let mut registry = ToolRegistry::builtin();
+    if let Some(bash) = bash_tool(&agent.tools.bash) {
+        registry.register(bash);
+    }
     for tool in extra {
         registry.register(tool);
     }

@@ -31,13 +31,16 @@ use serde::Deserialize;
 use crate::agent::middleware::clarification::ClarificationConfig;
 use crate::agent::middleware::dangling_tool_call::DanglingToolCallConfig;
 use crate::agent::middleware::guardrail::GuardrailConfig;
+use crate::agent::middleware::input_sanitization::InputSanitizationConfig;
 use crate::agent::middleware::loop_detection::LoopDetectionConfig;
+use crate::agent::middleware::sandbox_audit::SandboxAuditConfig;
 use crate::agent::middleware::thread_data::ThreadDataConfig;
 use crate::agent::middleware::title::TitleConfig;
 use crate::agent::middleware::todo::TodoConfig;
 use crate::agent::middleware::token_usage::TokenUsageConfig;
 use crate::agent::middleware::tool_output_budget::ToolOutputBudgetConfig;
 use crate::agent::middleware::uploads::UploadsConfig;
+use crate::agent::tools::bash::BashConfig;
 
 pub use secret::Secret;
 
@@ -253,6 +256,8 @@ pub struct AgentConfig {
     pub max_attachment_bytes: u64,
     /// `[agent.middleware.*]`
     pub middleware: MiddlewareConfig,
+    /// `[agent.tools.*]`
+    pub tools: ToolsConfig,
 }
 
 impl Default for AgentConfig {
@@ -268,8 +273,17 @@ impl Default for AgentConfig {
             tool_timeouts: std::collections::BTreeMap::new(),
             max_attachment_bytes: 20 * 1024 * 1024,
             middleware: MiddlewareConfig::default(),
+            tools: ToolsConfig::default(),
         }
     }
+}
+
+/// `[agent.tools.*]`: one table per configurable built-in tool.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ToolsConfig {
+    /// `[agent.tools.bash]`
+    pub(crate) bash: BashConfig,
 }
 
 /// `[agent.middleware.*]`: one table per configurable middleware.
@@ -280,10 +294,14 @@ pub struct MiddlewareConfig {
     pub(crate) thread_data: ThreadDataConfig,
     /// `[agent.middleware.uploads]`
     pub(crate) uploads: UploadsConfig,
+    /// `[agent.middleware.input_sanitization]`
+    pub(crate) input_sanitization: InputSanitizationConfig,
     /// `[agent.middleware.dangling_tool_call]`
     pub(crate) dangling_tool_call: DanglingToolCallConfig,
     /// `[agent.middleware.guardrail]`
     pub(crate) guardrail: GuardrailConfig,
+    /// `[agent.middleware.sandbox_audit]`
+    pub(crate) sandbox_audit: SandboxAuditConfig,
     /// `[agent.middleware.tool_output_budget]`
     pub(crate) tool_output_budget: ToolOutputBudgetConfig,
     /// `[agent.middleware.todo]`
@@ -304,8 +322,10 @@ impl MiddlewareConfig {
         [
             ("thread_data", self.thread_data.enabled),
             ("uploads", self.uploads.enabled),
+            ("input_sanitization", self.input_sanitization.enabled),
             ("dangling_tool_call", self.dangling_tool_call.enabled),
             ("guardrail", self.guardrail.enabled),
+            ("sandbox_audit", self.sandbox_audit.enabled),
             ("tool_output_budget", self.tool_output_budget.enabled),
             ("todo", self.todo.enabled),
             ("token_usage", self.token_usage.enabled),
