@@ -15,6 +15,7 @@ mod model_failures;
 mod ordering;
 mod restart;
 mod seams;
+mod shell;
 mod slack;
 mod support;
 mod telegram;

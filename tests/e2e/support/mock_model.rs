@@ -65,6 +65,10 @@ pub enum Behaviour {
     /// the start of the content (Qwen via Ollama), both containing [`REASONING_MARK`], the
     /// content in 3-character deltas so the tags are split.
     Reasoning,
+    /// Within each turn, calls the tools `(name, arguments)` in order, one per response (the
+    /// assistant messages after the last user message say how far it got); then answers
+    /// `done: <the last tool result>`.
+    Script(Vec<(String, String)>),
 }
 
 /// A word that appears only in the reasoning [`Behaviour::Reasoning`] sends.
@@ -247,22 +251,62 @@ impl MockModel {
     }
 }
 
+/// What the user wrote: antler's `input_sanitization` sends it wrapped in
+/// `<user_message>\n...\n</user_message>` (the `<uploaded_files>` block, when there is one,
+/// after the wrapper); the wrapper is taken off, the rest kept as sent.
+pub fn unwrap_user_text(content: &str) -> String {
+    match content
+        .strip_prefix("<user_message>\n")
+        .and_then(|rest| rest.split_once("\n</user_message>"))
+    {
+        Some((own, after)) => format!("{own}{after}"),
+        None => content.to_owned(),
+    }
+}
+
 fn last_user_text(body: &Value) -> String {
-    body["messages"]
-        .as_array()
-        .and_then(|m| m.iter().rev().find(|m| m["role"] == "user"))
-        .and_then(|m| m["content"].as_str())
-        .unwrap_or_default()
-        .to_owned()
+    unwrap_user_text(
+        body["messages"]
+            .as_array()
+            .and_then(|m| m.iter().rev().find(|m| m["role"] == "user"))
+            .and_then(|m| m["content"].as_str())
+            .unwrap_or_default(),
+    )
 }
 
 fn first_user_text(body: &Value) -> String {
-    body["messages"]
-        .as_array()
-        .and_then(|m| m.iter().find(|m| m["role"] == "user"))
-        .and_then(|m| m["content"].as_str())
-        .unwrap_or_default()
-        .to_owned()
+    unwrap_user_text(
+        body["messages"]
+            .as_array()
+            .and_then(|m| m.iter().find(|m| m["role"] == "user"))
+            .and_then(|m| m["content"].as_str())
+            .unwrap_or_default(),
+    )
+}
+
+/// The next step of a [`Behaviour::Script`] for this request.
+fn script(body: &Value, steps: &[(String, String)], stream: bool) -> Response {
+    let messages = body["messages"].as_array().cloned().unwrap_or_default();
+    let turn_start = messages
+        .iter()
+        .rposition(|m| m["role"] == "user")
+        .map_or(0, |at| at + 1);
+    let turn = messages.get(turn_start..).unwrap_or_default();
+    let done = turn.iter().filter(|m| m["role"] == "assistant").count();
+    match steps.get(done) {
+        Some((name, arguments)) => {
+            tool_call(&format!("call_script_{done}"), name, arguments, stream)
+        }
+        None => {
+            let result = turn
+                .iter()
+                .rev()
+                .find(|m| m["role"] == "tool")
+                .and_then(|m| m["content"].as_str())
+                .unwrap_or_default();
+            answer(&format!("done: {result}"), stream)
+        }
+    }
 }
 
 async fn completions(State(state): State<Arc<MockState>>, body: Bytes) -> Response {
@@ -405,6 +449,7 @@ async fn completions(State(state): State<Arc<MockState>>, body: Bytes) -> Respon
             }
         }
         Behaviour::Reasoning => reasoning(&body, stream),
+        Behaviour::Script(steps) => script(&body, &steps, stream),
         Behaviour::Loop => {
             let n = state.loop_responses.fetch_add(1, Ordering::SeqCst);
             let a = (
