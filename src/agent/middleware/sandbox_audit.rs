@@ -5,8 +5,8 @@
 //! classified by regular-expression rules:
 //! - **block**: not run; the model is told the command was refused and the name of the rule
 //!   (never the pattern, which would teach it how to get around the rule);
-//! - **warn**: runs; logged at warn level, and the result tells the model which rule it
-//!   matched (added in `after_tool`, so it survives `tool_output_budget`'s cut);
+//! - **warn**: runs; logged at warn level, and a result that is not an error tells the model
+//!   which rule it matched (added in `after_tool`, so it survives `tool_output_budget`'s cut);
 //! - **pass**: runs.
 //!
 //! The built-in rules (`builtin_rules`, on by default) block recursive `rm` of `/`, `/*`, `~`
@@ -557,7 +557,9 @@ impl Middleware for SandboxAuditMiddleware {
         call: &ToolCall,
         output: &mut ToolOutput,
     ) -> Result<(), MiddlewareError> {
-        if !self.is_shell(&call.name) {
+        // An error result is a refusal (or a call that never ran to its end): nothing to
+        // warn about what it did.
+        if !self.is_shell(&call.name) || output.is_error {
             return Ok(());
         }
         // Judging again is cheap and keeps no state between the two hooks.
@@ -589,7 +591,9 @@ mod tests {
     }
 
     fn verdict(command: &str) -> Verdict {
-        middleware(Path::new("/nonexistent")).judge(Some(command))
+        static AUDIT: std::sync::LazyLock<SandboxAuditMiddleware> =
+            std::sync::LazyLock::new(|| middleware(Path::new("/nonexistent")));
+        AUDIT.judge(Some(command))
     }
 
     fn call(command: &str) -> ToolCall {
@@ -934,5 +938,12 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(output.content, "fine");
+        // A refused call that would have warned is left as the refusal.
+        let mut output = ToolOutput::error("Refused: needs an operator");
+        audit
+            .after_tool(&mut cx, &call("sudo ls"), &mut output)
+            .await
+            .unwrap();
+        assert_eq!(output.content, "Refused: needs an operator");
     }
 }
