@@ -9,6 +9,8 @@
 //!   passes, the run is stopped or the call is dropped for any reason, the whole group gets
 //!   `SIGKILL`, so a `sleep 1000 &` left behind dies with it. When the command itself ends,
 //!   whatever it left running in the background is killed too: a call never outlives itself.
+//!   (A process that leaves the group on purpose, with `setsid`, escapes a plain run; under
+//!   bwrap the PID namespace ends with the call and takes it along.)
 //! - **Output.** stdout and stderr share one pipe, so they interleave as in a terminal. At
 //!   most `max_output_bytes` (64 KiB) are kept, the rest is counted and dropped, and the
 //!   model is told how much was cut; a command that writes more than [`MAX_DRAIN_BYTES`] is
@@ -23,6 +25,12 @@
 //!   namespace unshared (the network only when `network = true`), killed when antler dies.
 //!   With `"none"` it runs as antler's user with antler's view of the file system: the
 //!   guardrail (admin-only by default) and `sandbox_audit` are then the only fences.
+//!
+//! Where it differs from DeerFlow: DeerFlow's local sandbox turns bash off by default
+//! (`allow_host_bash: false`) and caps output at 20,000 characters cut in the middle. Here the
+//! tool is on but admin-only (the guardrail's default), isolated when bubblewrap works, and
+//! keeps the head of the output: the start of a log or a listing is where commands put what
+//! matters, and the model is told how to read the rest from a file.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
