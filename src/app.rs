@@ -666,6 +666,31 @@ mod tests {
     use super::*;
     use crate::store::{Accept, Accepted, FinishTurn, OutboxStatus, ThreadChoice};
 
+    #[test]
+    fn the_default_chain_and_registry_hold_the_shell_and_its_guards_in_order() {
+        let config = Config::default();
+        let chain = middleware_chain(&config).unwrap();
+        assert_eq!(
+            chain.names(),
+            config.agent.middleware.enabled_names(),
+            "config and chain agree"
+        );
+        let names = chain.names();
+        let at = |name: &str| names.iter().position(|n| *n == name).unwrap();
+        assert!(at("uploads") < at("input_sanitization"));
+        assert!(at("input_sanitization") < at("dangling_tool_call"));
+        assert_eq!(at("sandbox_audit"), at("guardrail") + 1);
+        assert!(tool_registry(&config, Vec::new()).contains("bash"));
+
+        let mut off = Config::default();
+        off.agent.tools.bash.enabled = false;
+        off.agent.middleware.sandbox_audit.enabled = false;
+        off.agent.middleware.input_sanitization.enabled = false;
+        assert!(!tool_registry(&off, Vec::new()).contains("bash"));
+        let names = middleware_chain(&off).unwrap().names();
+        assert!(!names.contains(&"sandbox_audit") && !names.contains(&"input_sanitization"));
+    }
+
     /// The state a crash leaves right after a turn finished and before its reply went out: the
     /// reply is in the outbox, pending. The next start delivers it, once.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
