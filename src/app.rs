@@ -21,7 +21,9 @@ use crate::agent::middleware::clarification::ClarificationMiddleware;
 use crate::agent::middleware::dangling_tool_call::DanglingToolCallMiddleware;
 use crate::agent::middleware::deferred_tools::DeferredToolsMiddleware;
 use crate::agent::middleware::guardrail::GuardrailMiddleware;
+use crate::agent::middleware::input_sanitization::InputSanitizationMiddleware;
 use crate::agent::middleware::loop_detection::LoopDetectionMiddleware;
+use crate::agent::middleware::sandbox_audit::SandboxAuditMiddleware;
 use crate::agent::middleware::subagent_limit::SubagentLimitMiddleware;
 use crate::agent::middleware::summarization::SummarizationMiddleware;
 use crate::agent::middleware::thread_data::ThreadDataMiddleware;
@@ -34,6 +36,7 @@ use crate::agent::middleware::view_image::ViewImageMiddleware;
 use crate::agent::middleware::{ChainError, Middleware, MiddlewareChain};
 use crate::agent::model::{ModelError, ModelHealth, OpenAiClient, OpenAiConfig};
 use crate::agent::runtime::{Runtime, RuntimeSettings};
+use crate::agent::tools::bash::bash_tool;
 use crate::agent::tools::mcp::McpServers;
 use crate::agent::tools::web_fetch::WebFetch;
 use crate::agent::tools::{Tool, ToolRegistry};
@@ -109,7 +112,7 @@ fn metrics_handle() -> PrometheusHandle {
         .clone()
 }
 
-fn middleware_chain(config: &Config) -> Result<MiddlewareChain, ChainError> {
+fn middleware_chain(config: &Config) -> Result<MiddlewareChain, AppError> {
     let cfg = &config.agent.middleware;
     let mut items: Vec<Arc<dyn Middleware>> = Vec::new();
     if let Some(m) =
@@ -120,10 +123,18 @@ fn middleware_chain(config: &Config) -> Result<MiddlewareChain, ChainError> {
     if let Some(m) = UploadsMiddleware::from_config(&cfg.uploads) {
         items.push(Arc::new(m));
     }
+    if let Some(m) = InputSanitizationMiddleware::from_config(&cfg.input_sanitization) {
+        items.push(Arc::new(m));
+    }
     if let Some(m) = DanglingToolCallMiddleware::from_config(&cfg.dangling_tool_call) {
         items.push(Arc::new(m));
     }
     if let Some(m) = GuardrailMiddleware::from_config(&cfg.guardrail) {
+        items.push(Arc::new(m));
+    }
+    if let Some(m) = SandboxAuditMiddleware::from_config(&cfg.sandbox_audit, &config.store.path)
+        .map_err(|e| AppError::Chain(format!("sandbox_audit.{e}")))?
+    {
         items.push(Arc::new(m));
     }
     if let Some(m) = ToolOutputBudgetMiddleware::from_config(&cfg.tool_output_budget) {
@@ -156,7 +167,7 @@ fn middleware_chain(config: &Config) -> Result<MiddlewareChain, ChainError> {
     if let Some(m) = ClarificationMiddleware::from_config(&cfg.clarification) {
         items.push(Arc::new(m));
     }
-    MiddlewareChain::new(items)
+    Ok(MiddlewareChain::new(items)?)
 }
 
 /// The enabled platforms' channels, each served at `/webhooks/<name>`. Each one learns who
@@ -308,6 +319,9 @@ where
 fn tool_registry(config: &Config, extra: Vec<Arc<dyn Tool>>, mcp: &McpServers) -> ToolRegistry {
     let agent = &config.agent;
     let mut registry = ToolRegistry::builtin();
+    if let Some(bash) = bash_tool(&agent.tools.bash) {
+        registry.register(bash);
+    }
     if let Some(tool) = WebFetch::from_config(&agent.tools.web_fetch) {
         registry.register(Arc::new(tool));
     }
@@ -684,6 +698,31 @@ mod tests {
     use super::*;
     use crate::store::{Accept, Accepted, FinishTurn, OutboxStatus, ThreadChoice};
 
+    #[test]
+    fn the_default_chain_and_registry_hold_the_shell_and_its_guards_in_order() {
+        let config = Config::default();
+        let chain = middleware_chain(&config).unwrap();
+        assert_eq!(
+            chain.names(),
+            config.middleware_names(),
+            "config and chain agree"
+        );
+        let names = chain.names();
+        let at = |name: &str| names.iter().position(|n| *n == name).unwrap();
+        assert!(at("uploads") < at("input_sanitization"));
+        assert!(at("input_sanitization") < at("dangling_tool_call"));
+        assert_eq!(at("sandbox_audit"), at("guardrail") + 1);
+        assert!(tool_registry(&config, Vec::new(), &McpServers::default()).contains("bash"));
+
+        let mut off = Config::default();
+        off.agent.tools.bash.enabled = false;
+        off.agent.middleware.sandbox_audit.enabled = false;
+        off.agent.middleware.input_sanitization.enabled = false;
+        assert!(!tool_registry(&off, Vec::new(), &McpServers::default()).contains("bash"));
+        let names = middleware_chain(&off).unwrap().names();
+        assert!(!names.contains(&"sandbox_audit") && !names.contains(&"input_sanitization"));
+    }
+
     /// The state a crash leaves right after a turn finished and before its reply went out: the
     /// reply is in the outbox, pending. The next start delivers it, once.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -749,7 +788,10 @@ mod tests {
             if ready["outbox_pending"] == 0 {
                 break;
             }
-            assert!(Instant::now() < deadline, "the reply was never delivered");
+            assert!(
+                Instant::now() < deadline,
+                "the reply was never delivered; /readyz says {ready}"
+            );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         let _ = stop.send(());

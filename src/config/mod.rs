@@ -36,7 +36,9 @@ use crate::agent::middleware::clarification::ClarificationConfig;
 use crate::agent::middleware::dangling_tool_call::DanglingToolCallConfig;
 use crate::agent::middleware::deferred_tools::DeferredToolsConfig;
 use crate::agent::middleware::guardrail::GuardrailConfig;
+use crate::agent::middleware::input_sanitization::InputSanitizationConfig;
 use crate::agent::middleware::loop_detection::LoopDetectionConfig;
+use crate::agent::middleware::sandbox_audit::SandboxAuditConfig;
 use crate::agent::middleware::subagent_limit::SubagentLimitConfig;
 use crate::agent::middleware::summarization::SummarizationConfig;
 use crate::agent::middleware::thread_data::ThreadDataConfig;
@@ -46,6 +48,7 @@ use crate::agent::middleware::token_usage::TokenUsageConfig;
 use crate::agent::middleware::tool_output_budget::ToolOutputBudgetConfig;
 use crate::agent::middleware::uploads::UploadsConfig;
 use crate::agent::middleware::view_image::ViewImageConfig;
+use crate::agent::tools::bash::BashConfig;
 use crate::agent::tools::mcp::McpServerConfig;
 use crate::agent::tools::web_fetch::WebFetchConfig;
 
@@ -304,6 +307,8 @@ impl Default for AgentConfig {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ToolsConfig {
+    /// `[agent.tools.bash]`
+    pub(crate) bash: BashConfig,
     /// `[agent.tools.web_fetch]`
     pub(crate) web_fetch: WebFetchConfig,
 }
@@ -316,10 +321,14 @@ pub struct MiddlewareConfig {
     pub(crate) thread_data: ThreadDataConfig,
     /// `[agent.middleware.uploads]`
     pub(crate) uploads: UploadsConfig,
+    /// `[agent.middleware.input_sanitization]`
+    pub(crate) input_sanitization: InputSanitizationConfig,
     /// `[agent.middleware.dangling_tool_call]`
     pub(crate) dangling_tool_call: DanglingToolCallConfig,
     /// `[agent.middleware.guardrail]`
     pub(crate) guardrail: GuardrailConfig,
+    /// `[agent.middleware.sandbox_audit]`
+    pub(crate) sandbox_audit: SandboxAuditConfig,
     /// `[agent.middleware.tool_output_budget]`
     pub(crate) tool_output_budget: ToolOutputBudgetConfig,
     /// `[agent.middleware.summarization]`
@@ -348,8 +357,10 @@ impl MiddlewareConfig {
         [
             ("thread_data", self.thread_data.enabled),
             ("uploads", self.uploads.enabled),
+            ("input_sanitization", self.input_sanitization.enabled),
             ("dangling_tool_call", self.dangling_tool_call.enabled),
             ("guardrail", self.guardrail.enabled),
+            ("sandbox_audit", self.sandbox_audit.enabled),
             ("tool_output_budget", self.tool_output_budget.enabled),
             ("summarization", self.summarization.enabled),
             ("todo", self.todo.in_chain()),
@@ -842,6 +853,16 @@ impl Config {
         }
     }
 
+    /// The middleware the chain holds, in order: the enabled ones, `view_image` only for a
+    /// model with vision.
+    pub fn middleware_names(&self) -> Vec<&'static str> {
+        let mut names = self.agent.middleware.enabled_names();
+        if !self.model.vision {
+            names.retain(|name| *name != "view_image");
+        }
+        names
+    }
+
     /// A short human summary (for `antler check-config`); secrets are never shown.
     pub fn summary(&self) -> String {
         let set = |present: bool| if present { "***" } else { "not set" };
@@ -849,10 +870,7 @@ impl Config {
         let model = &self.model;
         let api = &self.channels.api;
         let platforms = self.channels.enabled_platforms();
-        let mut middleware = self.agent.middleware.enabled_names();
-        if !model.vision {
-            middleware.retain(|name| *name != "view_image");
-        }
+        let middleware = self.middleware_names();
         let list = |names: &[&str]| {
             if names.is_empty() {
                 "none".to_owned()

@@ -131,8 +131,10 @@ fn empty_file_is_all_defaults() {
         [
             "thread_data",
             "uploads",
+            "input_sanitization",
             "dangling_tool_call",
             "guardrail",
+            "sandbox_audit",
             "tool_output_budget",
             "summarization",
             "todo",
@@ -527,6 +529,86 @@ fn loop_detection_cross_field_validation() {
 }
 
 #[test]
+fn shell_tool_and_audit_defaults() {
+    let config = parse("").unwrap();
+    let bash = &config.agent.tools.bash;
+    assert!(bash.enabled && bash.network);
+    assert_eq!(bash.sandbox, crate::agent::tools::bash::SandboxMode::Auto);
+    assert_eq!(bash.max_output_bytes, 65_536);
+    let audit = &config.agent.middleware.sandbox_audit;
+    assert!(audit.enabled && audit.builtin_rules);
+    assert_eq!(audit.tools, ["bash"]);
+    assert_eq!(audit.audit_log, None);
+    assert_eq!(audit.max_command_chars, 10_000);
+    assert!(config.agent.middleware.input_sanitization.enabled);
+
+    let text = r#"
+        [agent.tools.bash]
+        sandbox = "bwrap"
+        network = false
+        max_output_bytes = 1000
+        [agent.middleware.sandbox_audit]
+        audit_log = "/var/log/antler/shell.log"
+        block = [{ name = "no-kubectl-delete", pattern = 'kubectl\s+delete' }]
+    "#;
+    let config = parse(text).unwrap();
+    assert_eq!(
+        config.agent.tools.bash.sandbox,
+        crate::agent::tools::bash::SandboxMode::Bwrap
+    );
+    assert_eq!(
+        config.agent.middleware.sandbox_audit.block[0].name,
+        "no-kubectl-delete"
+    );
+}
+
+#[test]
+fn shell_tool_and_audit_values_are_checked_by_key() {
+    let found = issues(
+        "[agent.tools.bash]
+sandbox = \"docker\"
+",
+    );
+    assert_eq!(
+        found,
+        ["agent.tools.bash.sandbox: unknown value (must be one of: auto, bwrap, none)"]
+    );
+    let text = r#"
+        [agent.tools.bash]
+        sandbox = "none"
+        network = false
+        max_output_bytes = 0
+        [agent.middleware.sandbox_audit]
+        max_command_chars = 0
+        tools = []
+        warn = [{ name = "ok", pattern = "fine" }, { name = "bad", pattern = "(SECRETISH" }]
+        block = [{ name = "", pattern = "x" }]
+    "#;
+    let found = issues(text);
+    assert_eq!(
+        found,
+        [
+            "agent.tools.bash.max_output_bytes: must be between 1 and 16777216 (got 0)",
+            "agent.tools.bash.network: false needs a sandbox to take the network away: set agent.tools.bash.sandbox to \"bwrap\" or \"auto\"",
+            "agent.middleware.sandbox_audit.max_command_chars: must be between 1 and 1000000 (got 0)",
+            "agent.middleware.sandbox_audit.tools: must name at least one tool",
+            "agent.middleware.sandbox_audit.block[0].name: must be 1 to 64 letters, digits, `_` or `-`",
+            "agent.middleware.sandbox_audit.warn[1].pattern: is not a valid regular expression: unclosed group",
+        ]
+    );
+    assert!(!found.iter().any(|issue| issue.contains("SECRETISH")));
+    let found = issues(
+        "[agent.middleware.sandbox_audit]
+block = [{ name = \"x\" }]
+",
+    );
+    assert!(
+        found[0].starts_with("agent.middleware.sandbox_audit.block[0]"),
+        "{found:?}"
+    );
+}
+
+#[test]
 fn model_timeouts_and_stream_usage() {
     let config = parse("").unwrap();
     let m = &config.model;
@@ -714,7 +796,7 @@ fn summary_lists_the_essentials() {
          model: llama3.2 at http://127.0.0.1:11434/v1 (api key: not set)\n\
          api channel: enabled (admin token: not set)\n\
          platforms: none\n\
-         middleware: thread_data, uploads, dangling_tool_call, guardrail, tool_output_budget, summarization, todo, token_usage, title, deferred_tools, subagent_limit, loop_detection, clarification"
+         middleware: thread_data, uploads, input_sanitization, dangling_tool_call, guardrail, sandbox_audit, tool_output_budget, summarization, todo, token_usage, title, deferred_tools, subagent_limit, loop_detection, clarification"
     );
 
     let text = "[model]\napi_key = \"k\"\n[agent.middleware.title]\nenabled = false\n";
@@ -728,7 +810,7 @@ fn summary_lists_the_essentials() {
     assert!(summary.contains("(api key: ***)"), "{summary}");
     assert!(
         summary.contains(
-            "middleware: thread_data, uploads, dangling_tool_call, guardrail, tool_output_budget, summarization, todo, token_usage, deferred_tools, subagent_limit, loop_detection, clarification"
+            "middleware: thread_data, uploads, input_sanitization, dangling_tool_call, guardrail, sandbox_audit, tool_output_budget, summarization, todo, token_usage, deferred_tools, subagent_limit, loop_detection, clarification"
         ),
         "{summary}"
     );

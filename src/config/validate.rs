@@ -5,6 +5,8 @@ use std::net::{Ipv6Addr, SocketAddr};
 
 use super::TelegramMode;
 use super::{Config, ConfigIssue, Secret};
+use crate::agent::middleware::sandbox_audit::{MAX_COMMAND_CHARS_LIMIT, SandboxAuditConfig};
+use crate::agent::tools::bash::{MAX_OUTPUT_BYTES_LIMIT, SandboxMode};
 
 /// The smallest sled page cache accepted (1 MiB).
 pub(crate) const MIN_CACHE_CAPACITY_BYTES: u64 = 1024 * 1024;
@@ -251,6 +253,24 @@ fn agent(config: &Config, v: &mut Issues) {
         );
     }
 
+    let bash = &agent.tools.bash;
+    if !(1..=MAX_OUTPUT_BYTES_LIMIT).contains(&bash.max_output_bytes) {
+        v.push(
+            "agent.tools.bash.max_output_bytes",
+            format!(
+                "must be between 1 and {MAX_OUTPUT_BYTES_LIMIT} (got {})",
+                bash.max_output_bytes
+            ),
+        );
+    }
+    if bash.enabled && !bash.network && bash.sandbox == SandboxMode::None {
+        v.push(
+            "agent.tools.bash.network",
+            "false needs a sandbox to take the network away: set agent.tools.bash.sandbox to \"bwrap\" or \"auto\"",
+        );
+    }
+    sandbox_audit(&agent.middleware.sandbox_audit, v);
+
     let title = &agent.middleware.title;
     v.at_least("agent.middleware.title.max_words", title.max_words, 1);
     v.at_least("agent.middleware.title.max_chars", title.max_chars, 8);
@@ -434,6 +454,32 @@ fn mcp(config: &Config, v: &mut Issues) {
         }
         v.at_least(&key("timeout_secs"), server.timeout_secs, 1);
         v.at_least(&key("connect_timeout_secs"), server.connect_timeout_secs, 1);
+    }
+}
+
+fn sandbox_audit(audit: &SandboxAuditConfig, v: &mut Issues) {
+    const KEY: &str = "agent.middleware.sandbox_audit";
+    if !(1..=MAX_COMMAND_CHARS_LIMIT).contains(&audit.max_command_chars) {
+        v.push(
+            &format!("{KEY}.max_command_chars"),
+            format!(
+                "must be between 1 and {MAX_COMMAND_CHARS_LIMIT} (got {})",
+                audit.max_command_chars
+            ),
+        );
+    }
+    if audit.enabled && audit.tools.is_empty() {
+        v.push(&format!("{KEY}.tools"), "must name at least one tool");
+    }
+    for (list, rules) in [("block", &audit.block), ("warn", &audit.warn)] {
+        for (index, rule) in rules.iter().enumerate() {
+            if let Err(problem) = rule.check() {
+                v.push(
+                    &format!("{KEY}.{list}[{index}].{}", problem.key),
+                    problem.problem,
+                );
+            }
+        }
     }
 }
 

@@ -20,6 +20,7 @@ mod present_files;
 mod request_shaping;
 mod restart;
 mod seams;
+mod shell;
 mod slack;
 mod support;
 mod telegram;

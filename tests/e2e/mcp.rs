@@ -47,7 +47,7 @@ fn tool_names(request: &Value) -> Vec<String> {
 
 #[tokio::test]
 async fn a_deferred_mcp_tool_is_found_offered_and_called() {
-    let mock = MockModel::start(Behaviour::ToolScript(vec![
+    let mock = MockModel::start(Behaviour::TurnScript(vec![
         (
             "tool_search".to_owned(),
             r#"{"query": "add numbers"}"#.to_owned(),
@@ -66,7 +66,7 @@ async fn a_deferred_mcp_tool_is_found_offered_and_called() {
     let app = TestApp::spawn(&mock, &overrides).await;
 
     let answer = app.ask("mcp", "what is 2 + 40?").await;
-    assert_eq!(answer.json["reply"], "result: 42", "{}", answer.text);
+    assert_eq!(answer.json["reply"], "done: 42", "{}", answer.text);
 
     let requests = mock.requests();
     assert_eq!(requests.len(), 3, "search, call, answer");

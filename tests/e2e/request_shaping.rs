@@ -10,7 +10,7 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 
 use crate::support::TestApp;
-use crate::support::mock_model::{Behaviour, MockModel};
+use crate::support::mock_model::{Behaviour, MockModel, unwrap_user_text};
 
 /// A PNG signature and the start of its header: enough for antler to know it is a PNG.
 const PNG: &[u8] = b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR\0\0\0\x01\0\0\0\x01\x08\x06\0\0\0";
@@ -60,6 +60,11 @@ async fn an_image_reaches_a_vision_model_as_a_data_url_part() {
         .unwrap_or_else(|| panic!("content parts expected: {user}"));
     assert_eq!(parts[0]["type"], "text", "{user}");
     let text = parts[0]["text"].as_str().unwrap();
+    assert!(
+        text.starts_with("<user_message>\n"),
+        "input_sanitization wraps it: {text}"
+    );
+    let text = unwrap_user_text(text);
     assert!(text.starts_with("what is in this picture?"), "{text}");
     assert!(text.contains("/mnt/user-data/uploads/dot.png"), "{text}");
     assert_eq!(
@@ -127,12 +132,8 @@ async fn a_long_history_is_summarized_by_a_helper_call_and_the_thread_keeps_ever
         4,
         "summary + the first answer + the question"
     );
-    assert!(
-        messages[3]["content"]
-            .as_str()
-            .unwrap()
-            .starts_with("second:")
-    );
+    let question = unwrap_user_text(messages[3]["content"].as_str().unwrap());
+    assert!(question.starts_with("second:"), "{question}");
 
     // The thread itself keeps all four messages.
     let thread_id = first.json["thread_id"].as_str().unwrap();

@@ -1,6 +1,6 @@
 //! Thread history survives a graceful restart on the same store.
 
-use crate::support::{Behaviour, MockModel, TestApp};
+use crate::support::{Behaviour, MockModel, TestApp, unwrap_user_text};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn history_survives_a_restart_and_the_thread_continues() {
@@ -34,7 +34,16 @@ async fn history_survives_a_restart_and_the_thread_continues() {
     // The model saw the history from before the restart.
     let last = mock.requests().last().unwrap().messages();
     assert_eq!(last.len(), 4, "system + 2 old + the new message: {last:?}");
-    assert_eq!(last[1]["content"], "remember me");
+    // (input_sanitization wraps users' text in the request only: the history above is as
+    // written, and the old message is still recognised as the user's after the restart.)
+    assert_eq!(
+        last[1]["content"],
+        "<user_message>\nremember me\n</user_message>"
+    );
+    assert_eq!(
+        unwrap_user_text(last[1]["content"].as_str().unwrap()),
+        "remember me"
+    );
     app.shutdown().await;
 
     // A third start still reads the store (the second shutdown released it too).

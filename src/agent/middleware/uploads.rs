@@ -10,7 +10,8 @@
 //!
 //! Placement: right after `thread_data` (which makes the folders), before
 //! `input_sanitization`, which must not neutralise the block antler itself wrote. A re-run of
-//! the same turn after a crash finds the block already there and adds nothing. It fails open:
+//! the same turn after a crash finds the block already there (exactly, at the end) and adds
+//! nothing. It fails open:
 //! without the block the model still reads the user's words.
 
 use serde::{Deserialize, Serialize};
@@ -116,7 +117,9 @@ impl Middleware for UploadsMiddleware {
         else {
             return Err(MiddlewareError("the run has no user message".into()));
         };
-        if content.contains(OPEN_TAG) {
+        // Only antler's own block counts as already there: a user who types
+        // `<uploaded_files>` must not keep the real list from being added.
+        if content.ends_with(&block) {
             return Ok(());
         }
         if content.trim().is_empty() {

@@ -5,16 +5,10 @@
 //! that are not valid JSON or do not fit the tool's parameters, a tool that fails, runs out
 //! of time or is cancelled, all come back as an error [`ToolOutput`] and the run goes on.
 
+pub(crate) mod bash;
 mod current_time;
 pub(crate) mod files;
 pub(crate) mod mcp;
-#[cfg_attr(
-    not(test),
-    allow(
-        dead_code,
-        reason = "used by the file and shell tools, which land next"
-    )
-)]
 pub(crate) mod paths;
 pub(crate) mod present_files;
 pub(crate) mod web_fetch;

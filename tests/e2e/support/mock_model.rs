@@ -65,9 +65,10 @@ pub enum Behaviour {
     /// the start of the content (Qwen via Ollama), both containing [`REASONING_MARK`], the
     /// content in 3-character deltas so the tags are split.
     Reasoning,
-    /// Calls tools from a script: with `n` tool results in the request, step `n` (a tool name
-    /// and its JSON arguments) is called; past the end, answers `result: <last tool result>`.
-    ToolScript(Vec<(String, String)>),
+    /// Within each turn, calls the tools `(name, arguments)` in order, one per response (the
+    /// assistant messages after the last user message say how far it got); then answers
+    /// `done: <the last tool result>`.
+    TurnScript(Vec<(String, String)>),
     /// The n-th request (counted from the first this behaviour answers) gets the n-th step;
     /// once the script is over, echoes.
     Script(Vec<Step>),
@@ -281,11 +282,24 @@ impl MockModel {
     }
 }
 
+/// What the user wrote: antler's `input_sanitization` sends it wrapped in
+/// `<user_message>\n...\n</user_message>` (the `<uploaded_files>` block, when there is one,
+/// after the wrapper); the wrapper is taken off, the rest kept as sent.
+pub fn unwrap_user_text(content: &str) -> String {
+    match content
+        .strip_prefix("<user_message>\n")
+        .and_then(|rest| rest.split_once("\n</user_message>"))
+    {
+        Some((own, after)) => format!("{own}{after}"),
+        None => content.to_owned(),
+    }
+}
+
 fn last_user_text(body: &Value) -> String {
     body["messages"]
         .as_array()
         .and_then(|m| m.iter().rev().find(|m| m["role"] == "user"))
-        .map(|m| text_of(&m["content"]))
+        .map(|m| unwrap_user_text(&text_of(&m["content"])))
         .unwrap_or_default()
 }
 
@@ -293,7 +307,7 @@ fn first_user_text(body: &Value) -> String {
     body["messages"]
         .as_array()
         .and_then(|m| m.iter().find(|m| m["role"] == "user"))
-        .map(|m| text_of(&m["content"]))
+        .map(|m| unwrap_user_text(&text_of(&m["content"])))
         .unwrap_or_default()
 }
 
@@ -309,6 +323,31 @@ fn text_of(content: &Value) -> String {
             .collect::<Vec<_>>()
             .join("\n"),
         _ => String::new(),
+    }
+}
+
+/// The next step of a [`Behaviour::TurnScript`] for this request.
+fn script(body: &Value, steps: &[(String, String)], stream: bool) -> Response {
+    let messages = body["messages"].as_array().cloned().unwrap_or_default();
+    let turn_start = messages
+        .iter()
+        .rposition(|m| m["role"] == "user")
+        .map_or(0, |at| at + 1);
+    let turn = messages.get(turn_start..).unwrap_or_default();
+    let done = turn.iter().filter(|m| m["role"] == "assistant").count();
+    match steps.get(done) {
+        Some((name, arguments)) => {
+            tool_call(&format!("call_script_{done}"), name, arguments, stream)
+        }
+        None => {
+            let result = turn
+                .iter()
+                .rev()
+                .find(|m| m["role"] == "tool")
+                .and_then(|m| m["content"].as_str())
+                .unwrap_or_default();
+            answer(&format!("done: {result}"), stream)
+        }
     }
 }
 
@@ -452,23 +491,7 @@ async fn completions(State(state): State<Arc<MockState>>, body: Bytes) -> Respon
             }
         }
         Behaviour::Reasoning => reasoning(&body, stream),
-        Behaviour::ToolScript(steps) => {
-            let messages = body["messages"].as_array().cloned().unwrap_or_default();
-            let results: Vec<&Value> = messages.iter().filter(|m| m["role"] == "tool").collect();
-            match steps.get(results.len()) {
-                Some((name, arguments)) => {
-                    let id = format!("call_script_{}", results.len());
-                    tool_call(&id, name, arguments, stream)
-                }
-                None => {
-                    let last = results
-                        .last()
-                        .and_then(|m| m["content"].as_str())
-                        .unwrap_or_default();
-                    answer(&format!("result: {last}"), stream)
-                }
-            }
-        }
+        Behaviour::TurnScript(steps) => script(&body, &steps, stream),
         Behaviour::Script(steps) => {
             let n = state.script_steps.fetch_add(1, Ordering::SeqCst);
             match steps.get(n) {
