@@ -51,6 +51,7 @@ use crate::agent::middleware::view_image::ViewImageConfig;
 use crate::agent::tools::bash::BashConfig;
 use crate::agent::tools::mcp::McpServerConfig;
 use crate::agent::tools::web_fetch::WebFetchConfig;
+use crate::memory::MemoryConfig;
 
 pub use secret::Secret;
 
@@ -75,6 +76,8 @@ pub struct Config {
     pub channels: ChannelsConfig,
     /// `[mcp]`: MCP servers whose tools the agent may call.
     pub mcp: McpConfig,
+    /// `[memory]`: long-term memory per user.
+    pub(crate) memory: MemoryConfig,
 }
 
 /// `[mcp]`

@@ -1679,3 +1679,48 @@ fn web_fetch_and_deferred_tools_are_configured_and_checked() {
     let found = issues("[agent.tools.web_fetch]\nallow_all = true\n");
     assert!(found.iter().any(|i| i.contains("allow_all")), "{found:?}");
 }
+
+#[test]
+fn memory_defaults_and_identities_are_checked() {
+    let config = parse("").unwrap();
+    let memory = &config.memory;
+    assert!(memory.enabled && memory.injection_enabled);
+    assert_eq!(memory.debounce_seconds, 30);
+    assert_eq!(memory.max_facts, 100);
+    assert_eq!(memory.max_injection_tokens, 2000);
+    assert!((memory.fact_confidence_threshold - 0.7).abs() < f64::EPSILON);
+
+    let linked =
+        parse("[[memory.identities]]\nname = \"ada\"\nids = [\"telegram:42\", \"slack:T1:U9\"]\n")
+            .unwrap();
+    assert_eq!(
+        linked.memory.identities[0].ids,
+        ["telegram:42", "slack:T1:U9"]
+    );
+
+    let found = issues(
+        r#"
+        [memory]
+        max_facts = 0
+        fact_confidence_threshold = 1.5
+        max_injection_tokens = 10
+        [[memory.identities]]
+        name = "ada"
+        ids = ["telegram:42", "irc:7"]
+        [[memory.identities]]
+        name = "ada"
+        ids = ["telegram:42"]
+        "#,
+    );
+    assert_eq!(
+        found,
+        [
+            "memory.max_facts: must be between 1 and 1000 (got 0)",
+            "memory.fact_confidence_threshold: must be between 0 and 1 (got 1.5)",
+            "memory.max_injection_tokens: must be between 100 and 32000 (got 10)",
+            "memory.identities[0].ids: `irc:7` is not `<channel>:<user id>` with a known channel",
+            "memory.identities[1].name: is used by an earlier identity",
+            "memory.identities[1].ids: `telegram:42` is already linked by memory.identities[0]",
+        ]
+    );
+}

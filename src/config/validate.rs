@@ -36,6 +36,7 @@ pub(crate) fn validate(config: &Config) -> Vec<ConfigIssue> {
     delivery(config, &mut v);
     channels(config, &mut v);
     mcp(config, &mut v);
+    memory(config, &mut v);
     v.0
 }
 
@@ -388,6 +389,84 @@ fn agent(config: &Config, v: &mut Issues) {
         1,
     );
 }
+
+fn memory(config: &Config, v: &mut Issues) {
+    let memory = &config.memory;
+    if memory.debounce_seconds > 3600 {
+        v.push(
+            "memory.debounce_seconds",
+            format!("must be at most 3600 (got {})", memory.debounce_seconds),
+        );
+    }
+    if !(1..=1000).contains(&memory.max_facts) {
+        v.push(
+            "memory.max_facts",
+            format!("must be between 1 and 1000 (got {})", memory.max_facts),
+        );
+    }
+    if !(0.0..=1.0).contains(&memory.fact_confidence_threshold) {
+        v.push(
+            "memory.fact_confidence_threshold",
+            format!(
+                "must be between 0 and 1 (got {})",
+                memory.fact_confidence_threshold
+            ),
+        );
+    }
+    if !(100..=32_000).contains(&memory.max_injection_tokens) {
+        v.push(
+            "memory.max_injection_tokens",
+            format!(
+                "must be between 100 and 32000 (got {})",
+                memory.max_injection_tokens
+            ),
+        );
+    }
+    v.at_least("memory.shutdown_flush_secs", memory.shutdown_flush_secs, 1);
+    let mut owner: HashMap<&str, usize> = HashMap::new();
+    let mut names = std::collections::HashSet::new();
+    for (index, person) in memory.identities.iter().enumerate() {
+        let key = |field: &str| format!("memory.identities[{index}].{field}");
+        let name_ok = !person.name.is_empty()
+            && person.name.len() <= MAX_USER_CHARS
+            && person
+                .name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
+        if !name_ok {
+            v.push(
+                &key("name"),
+                format!("must be 1 to {MAX_USER_CHARS} letters, digits, `_`, `-` or `.`"),
+            );
+        } else if !names.insert(person.name.as_str()) {
+            v.push(&key("name"), "is used by an earlier identity");
+        }
+        if person.ids.is_empty() {
+            v.push(&key("ids"), "must list at least one `<channel>:<user id>`");
+        }
+        for id in &person.ids {
+            let known = id.split_once(':').is_some_and(|(channel, user)| {
+                !user.is_empty() && (channel == "api" || KNOWN_PLATFORMS.contains(&channel))
+            });
+            if !known {
+                v.push(
+                    &key("ids"),
+                    format!("`{id}` is not `<channel>:<user id>` with a known channel"),
+                );
+            } else if let Some(earlier) = owner.insert(id.as_str(), index) {
+                if earlier != index {
+                    v.push(
+                        &key("ids"),
+                        format!("`{id}` is already linked by memory.identities[{earlier}]"),
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// The channels a memory identity may name besides `api`.
+const KNOWN_PLATFORMS: &[&str] = &["telegram", "slack", "discord", "feishu"];
 
 fn mcp(config: &Config, v: &mut Issues) {
     let mut seen = std::collections::HashSet::new();

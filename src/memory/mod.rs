@@ -10,6 +10,9 @@
     )
 )]
 
+mod config;
+pub(crate) mod identity;
 mod schema;
 
+pub(crate) use config::MemoryConfig;
 pub(crate) use schema::{MemoryDocument, MemoryUpdate};
