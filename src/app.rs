@@ -23,6 +23,7 @@ use crate::agent::middleware::deferred_tools::DeferredToolsMiddleware;
 use crate::agent::middleware::guardrail::GuardrailMiddleware;
 use crate::agent::middleware::input_sanitization::InputSanitizationMiddleware;
 use crate::agent::middleware::loop_detection::LoopDetectionMiddleware;
+use crate::agent::middleware::memory::MemoryMiddleware;
 use crate::agent::middleware::sandbox_audit::SandboxAuditMiddleware;
 use crate::agent::middleware::subagent_limit::SubagentLimitMiddleware;
 use crate::agent::middleware::summarization::SummarizationMiddleware;
@@ -34,7 +35,7 @@ use crate::agent::middleware::tool_output_budget::ToolOutputBudgetMiddleware;
 use crate::agent::middleware::uploads::UploadsMiddleware;
 use crate::agent::middleware::view_image::ViewImageMiddleware;
 use crate::agent::middleware::{ChainError, Middleware, MiddlewareChain};
-use crate::agent::model::{ModelError, ModelHealth, OpenAiClient, OpenAiConfig};
+use crate::agent::model::{ChatModel, ModelError, ModelHealth, OpenAiClient, OpenAiConfig};
 use crate::agent::runtime::{Runtime, RuntimeSettings};
 use crate::agent::tools::bash::bash_tool;
 use crate::agent::tools::mcp::McpServers;
@@ -49,6 +50,7 @@ use crate::http::serve::{ServeLimits, serve as serve_http};
 use crate::http::{AppContext, api::ApiChannel, ops_router, router};
 use crate::ingress::access::Access;
 use crate::ingress::{Ingress, IngressSettings, TurnRunner, TurnSettings};
+use crate::memory::queue::{MemoryWorker, WorkerSettings};
 use crate::store::{SledStore, Store, StoreError};
 
 /// How often expired dedupe keys and old outbox records are swept, at most (a short dedupe
@@ -112,7 +114,7 @@ fn metrics_handle() -> PrometheusHandle {
         .clone()
 }
 
-fn middleware_chain(config: &Config) -> Result<MiddlewareChain, AppError> {
+fn middleware_chain(config: &Config, store: &Arc<dyn Store>) -> Result<MiddlewareChain, AppError> {
     let cfg = &config.agent.middleware;
     let mut items: Vec<Arc<dyn Middleware>> = Vec::new();
     if let Some(m) =
@@ -150,6 +152,9 @@ fn middleware_chain(config: &Config) -> Result<MiddlewareChain, AppError> {
         items.push(Arc::new(m));
     }
     if let Some(m) = TitleMiddleware::from_config(&cfg.title) {
+        items.push(Arc::new(m));
+    }
+    if let Some(m) = MemoryMiddleware::from_config(&config.memory, Arc::clone(store)) {
         items.push(Arc::new(m));
     }
     if let Some(m) = ViewImageMiddleware::from_config(&cfg.view_image, config.model.vision) {
@@ -429,10 +434,11 @@ where
     let model_health = ModelHealth::default();
     let client = model_client(&config, model_health.clone())?;
     let mcp = McpServers::connect(&config.mcp.servers).await;
+    let memory_model: Arc<dyn ChatModel> = Arc::new(client.clone());
     let runtime = Runtime::new(
         Arc::new(client.clone()),
         tool_registry(&config, extra_tools, &mcp),
-        middleware_chain(&config)?,
+        middleware_chain(&config, &store)?,
         runtime_settings(&config),
     );
     tracing::info!(
@@ -540,6 +546,19 @@ where
         ))
     });
 
+    // Memory updates queued by turns (also by the last process) are learned in the background.
+    let memory_stop = CancellationToken::new();
+    let memory_worker = config.memory.enabled.then(|| {
+        tokio::spawn(
+            MemoryWorker::new(
+                Arc::clone(&store),
+                memory_model,
+                WorkerSettings::from_config(&config.memory),
+            )
+            .run(memory_stop.clone()),
+        )
+    });
+
     let sweeper = tokio::spawn(sweep(
         Arc::clone(&store),
         metrics.clone(),
@@ -638,6 +657,17 @@ where
         let _ = listener.await;
     }
     probe.abort();
+    // Turns are over, so no update is queued any more: the worker flushes the queue within
+    // `memory.shutdown_flush_secs` (its own bound; the abort is a backstop).
+    memory_stop.cancel();
+    if let Some(worker) = memory_worker {
+        let abort = worker.abort_handle();
+        let bound = Duration::from_secs(config.memory.shutdown_flush_secs) + INTERRUPT_WAIT;
+        if tokio::time::timeout(bound, worker).await.is_err() {
+            abort.abort();
+            tracing::warn!("the memory worker did not stop in time");
+        }
+    }
     // Turns are over: the MCP servers' children can go.
     mcp.shutdown().await;
     // The sweeper ends with intake; awaiting it (rather than aborting it) means it no longer
@@ -701,7 +731,8 @@ mod tests {
     #[test]
     fn the_default_chain_and_registry_hold_the_shell_and_its_guards_in_order() {
         let config = Config::default();
-        let chain = middleware_chain(&config).unwrap();
+        let store: Arc<dyn Store> = Arc::new(SledStore::temporary().unwrap());
+        let chain = middleware_chain(&config, &store).unwrap();
         assert_eq!(
             chain.names(),
             config.middleware_names(),
@@ -712,6 +743,7 @@ mod tests {
         assert!(at("uploads") < at("input_sanitization"));
         assert!(at("input_sanitization") < at("dangling_tool_call"));
         assert_eq!(at("sandbox_audit"), at("guardrail") + 1);
+        assert_eq!(at("memory"), at("title") + 1);
         assert!(tool_registry(&config, Vec::new(), &McpServers::default()).contains("bash"));
 
         let mut off = Config::default();
@@ -719,7 +751,10 @@ mod tests {
         off.agent.middleware.sandbox_audit.enabled = false;
         off.agent.middleware.input_sanitization.enabled = false;
         assert!(!tool_registry(&off, Vec::new(), &McpServers::default()).contains("bash"));
-        let names = middleware_chain(&off).unwrap().names();
+        off.memory.enabled = false;
+        let names = middleware_chain(&off, &store).unwrap().names();
+        assert!(!names.contains(&"memory"));
+        assert_eq!(names, off.middleware_names());
         assert!(!names.contains(&"sandbox_audit") && !names.contains(&"input_sanitization"));
     }
 

@@ -863,6 +863,11 @@ impl Config {
         if !self.model.vision {
             names.retain(|name| *name != "view_image");
         }
+        // `memory` is configured by the top-level `[memory]` table.
+        if self.memory.enabled {
+            let at = memory_position(&names);
+            names.insert(at, "memory");
+        }
         names
     }
 
@@ -1365,4 +1370,16 @@ fn expected_range(expected: &str) -> String {
         "u64" | "u128" | "usize" => "a non-negative integer".to_owned(),
         _ => expected_kind(expected),
     }
+}
+
+/// Where `memory` goes in `names`: before the first middleware that comes after it in the
+/// chain order.
+fn memory_position(names: &[&str]) -> usize {
+    use crate::agent::middleware::CHAIN_ORDER;
+    let rank = |name: &str| CHAIN_ORDER.iter().position(|(n, _)| *n == name);
+    let memory = rank("memory");
+    names
+        .iter()
+        .position(|name| rank(name) > memory)
+        .unwrap_or(names.len())
 }

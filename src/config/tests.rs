@@ -796,7 +796,7 @@ fn summary_lists_the_essentials() {
          model: llama3.2 at http://127.0.0.1:11434/v1 (api key: not set)\n\
          api channel: enabled (admin token: not set)\n\
          platforms: none\n\
-         middleware: thread_data, uploads, input_sanitization, dangling_tool_call, guardrail, sandbox_audit, tool_output_budget, summarization, todo, token_usage, title, deferred_tools, subagent_limit, loop_detection, clarification"
+         middleware: thread_data, uploads, input_sanitization, dangling_tool_call, guardrail, sandbox_audit, tool_output_budget, summarization, todo, token_usage, title, memory, deferred_tools, subagent_limit, loop_detection, clarification"
     );
 
     let text = "[model]\napi_key = \"k\"\n[agent.middleware.title]\nenabled = false\n";
@@ -804,13 +804,13 @@ fn summary_lists_the_essentials() {
     // view_image is listed only for a model with vision.
     let vision = parse("[model]\nvision = true\n").unwrap().summary();
     assert!(
-        vision.contains(", title, view_image, deferred_tools, subagent_limit,"),
+        vision.contains(", title, memory, view_image, deferred_tools, subagent_limit,"),
         "{vision}"
     );
     assert!(summary.contains("(api key: ***)"), "{summary}");
     assert!(
         summary.contains(
-            "middleware: thread_data, uploads, input_sanitization, dangling_tool_call, guardrail, sandbox_audit, tool_output_budget, summarization, todo, token_usage, deferred_tools, subagent_limit, loop_detection, clarification"
+            "middleware: thread_data, uploads, input_sanitization, dangling_tool_call, guardrail, sandbox_audit, tool_output_budget, summarization, todo, token_usage, memory, deferred_tools, subagent_limit, loop_detection, clarification"
         ),
         "{summary}"
     );

@@ -40,10 +40,6 @@ const STORE_RETRY_CAP: Duration = Duration::from_secs(10);
 /// How often the typing indicator is renewed (platforms show it for about 5 seconds).
 const TYPING_EVERY: Duration = Duration::from_secs(4);
 
-/// How long a queued memory update waits for newer context of the same thread (DeerFlow's
-/// default debounce).
-const MEMORY_DEBOUNCE_MS: u64 = 30_000;
-
 /// The most finished turns written in one transaction.
 const MAX_FINISH_BATCH: usize = 256;
 
@@ -597,16 +593,7 @@ impl TurnRunner {
                     tokens = outcome.usage.total_tokens,
                     "turn finished"
                 );
-                if let Some(messages) = outcome.outputs.memory_conversation.take() {
-                    let now = crate::now_ms();
-                    memory_update = Some(MemoryUpdate {
-                        user_id: input.author.key(),
-                        thread_id: item.thread_id.clone(),
-                        messages,
-                        enqueued_at_ms: now,
-                        due_at_ms: now.saturating_add(MEMORY_DEBOUNCE_MS),
-                    });
-                }
+                memory_update = outcome.outputs.memory_update.take();
                 let text = if outcome.answer.trim().is_empty() {
                     "(The model returned an empty answer.)".to_owned()
                 } else {

@@ -1,18 +1,18 @@
-//! Long-term memory (docs/architecture.md, "Store layout"): the per-user document and the
-//! debounced update queue's entries. The store persists both; the updater and injection come
-//! with a later issue.
+//! Long-term memory per user (DESIGN.md section 6; docs/architecture.md, "Memory").
+//!
+//! The pipeline: the `memory` middleware renders the author's `<memory>` block into each
+//! model request (`injection`) and, after an answered run, hands the filtered conversation
+//! (`conversation`) to the turn runner, which queues it in the store with the turn's end;
+//! the queue worker (`queue`) runs the updater (`updater`) on each due item and stores the
+//! new document (`schema`). `identity` says whose memory a message is.
 
-#![cfg_attr(
-    not(test),
-    allow(
-        dead_code,
-        reason = "the store persists these now; the updater comes with a later issue"
-    )
-)]
-
-mod config;
+pub(crate) mod config;
+pub(crate) mod conversation;
 pub(crate) mod identity;
-mod schema;
+pub(crate) mod injection;
+pub(crate) mod queue;
+pub(crate) mod schema;
+pub(crate) mod updater;
 
 pub(crate) use config::MemoryConfig;
 pub(crate) use schema::{MemoryDocument, MemoryUpdate};

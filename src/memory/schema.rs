@@ -36,10 +36,43 @@ pub(crate) struct History {
 pub(crate) struct Fact {
     pub(crate) id: String,
     pub(crate) content: String,
+    /// `preference`, `knowledge`, `context`, `behavior`, `goal` or `correction`.
     pub(crate) category: String,
     pub(crate) confidence: f32,
+    /// RFC 3339.
     pub(crate) created_at: String,
-    pub(crate) source: String,
+    /// RFC 3339; documents written before it existed read as "".
+    #[serde(default)]
+    pub(crate) updated_at: String,
+    /// Where it was learned.
+    #[serde(default, deserialize_with = "source_compat")]
+    pub(crate) source: FactSource,
+}
+
+/// Where a fact was learned.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct FactSource {
+    /// The thread whose conversation taught it (empty for facts added by hand).
+    #[serde(default)]
+    pub(crate) thread_id: String,
+}
+
+/// Reads `source` as the object it is now or as the plain thread id older documents hold.
+fn source_compat<'de, D>(deserializer: D) -> Result<FactSource, D::Error>
+where
+    D: serde::Deserializer<'de>,
+{
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Either {
+        Object(FactSource),
+        Plain(String),
+    }
+    Ok(match Either::deserialize(deserializer)? {
+        Either::Object(source) => source,
+        Either::Plain(thread_id) => FactSource { thread_id },
+    })
 }
 
 /// One user's memory.
@@ -66,11 +99,11 @@ impl Default for MemoryDocument {
     }
 }
 
-/// A conversation waiting for the memory updater. The queue keeps one per thread: a newer
-/// entry for the same thread replaces the older one (newest wins).
+/// A conversation waiting for the memory updater. The queue keeps one per (user, thread): a
+/// newer entry for the same pair replaces the older one (newest wins).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub(crate) struct MemoryUpdate {
-    /// Whose memory (`<channel>:<user id>`).
+    /// Whose memory (`<channel>:<user id>` or `person:<name>`, see `identity`).
     pub(crate) user_id: String,
     /// The thread the conversation comes from.
     pub(crate) thread_id: String,
@@ -80,4 +113,22 @@ pub(crate) struct MemoryUpdate {
     pub(crate) enqueued_at_ms: u64,
     /// When the debounce window ends and it may be processed.
     pub(crate) due_at_ms: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn facts_of_older_documents_still_read() {
+        let old = r#"{"version":1,"facts":[{"id":"f1","content":"likes tea","category":"preference",
+            "confidence":0.9,"createdAt":"2026-01-01T00:00:00Z","source":"t1"}]}"#;
+        let doc: MemoryDocument = serde_json::from_str(old).unwrap();
+        assert_eq!(doc.facts[0].source.thread_id, "t1");
+        assert_eq!(doc.facts[0].updated_at, "");
+        let json = serde_json::to_value(&doc).unwrap();
+        assert_eq!(json["facts"][0]["source"]["threadId"], "t1");
+        let again: MemoryDocument = serde_json::from_value(json).unwrap();
+        assert_eq!(again, doc);
+    }
 }

@@ -323,7 +323,7 @@ pub(crate) trait Store: Send + Sync + std::fmt::Debug {
     /// *Durable.*
     async fn put_memory(&self, user_id: &str, doc: &MemoryDocument) -> Result<(), StoreError>;
 
-    /// Queues an update; a newer one for the same thread replaces it. *Durable.*
+    /// Queues an update; a newer one for the same (user, thread) replaces it. *Durable.*
     async fn queue_memory_update(&self, update: MemoryUpdate) -> Result<(), StoreError>;
 
     /// Queued updates whose debounce window has ended, oldest first.
@@ -333,12 +333,9 @@ pub(crate) trait Store: Send + Sync + std::fmt::Debug {
         limit: usize,
     ) -> Result<Vec<MemoryUpdate>, StoreError>;
 
-    /// Removes a processed update unless a newer one replaced it meanwhile.
-    async fn remove_memory_update(
-        &self,
-        thread_id: &str,
-        enqueued_at_ms: u64,
-    ) -> Result<bool, StoreError>;
+    /// Removes a processed update unless a newer one for its (user, thread) replaced it
+    /// meanwhile; says whether it removed it.
+    async fn remove_memory_update(&self, processed: &MemoryUpdate) -> Result<bool, StoreError>;
 
     /// *Durable.*
     async fn create_subagent(&self, record: &SubagentRecord) -> Result<(), StoreError>;

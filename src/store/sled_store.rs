@@ -198,11 +198,17 @@ impl ThreadWrite {
     }
 }
 
+/// The queue key of a memory update: one entry per (user, thread), length-prefixed so no
+/// user id and thread id can join into another pair's key.
+fn memory_queue_key(update: &MemoryUpdate) -> Vec<u8> {
+    keys::tuple(&[update.user_id.as_bytes(), update.thread_id.as_bytes()])
+}
+
 /// A finished turn, encoded for the finish transaction.
 struct FinishWrite {
     inbox_seq: u64,
     thread: Option<ThreadWrite>,
-    memory: Option<(String, Vec<u8>)>,
+    memory: Option<(Vec<u8>, Vec<u8>)>,
     items: Vec<OutboxItem>,
     encoded: Vec<([u8; 8], Vec<u8>)>,
 }
@@ -245,7 +251,7 @@ impl FinishWrite {
             thread: thread.as_ref().map(ThreadWrite::of).transpose()?,
             memory: memory_update
                 .as_ref()
-                .map(|m| Ok::<_, StoreError>((m.thread_id.clone(), encode("memory update", m)?)))
+                .map(|m| Ok::<_, StoreError>((memory_queue_key(m), encode("memory update", m)?)))
                 .transpose()?,
             items,
             encoded,
@@ -739,8 +745,8 @@ impl Store for SledStore {
                     if let Some(thread) = &write.thread {
                         thread.apply(threads, messages)?;
                     }
-                    if let Some((thread_id, bytes)) = &write.memory {
-                        memory_queue.insert(thread_id.as_bytes(), bytes.as_slice())?;
+                    if let Some((key, bytes)) = &write.memory {
+                        memory_queue.insert(key.as_slice(), bytes.as_slice())?;
                     }
                     for (key, bytes) in &write.encoded {
                         outbox.insert(key, bytes.as_slice())?;
@@ -945,10 +951,8 @@ impl Store for SledStore {
     }
 
     async fn queue_memory_update(&self, update: MemoryUpdate) -> Result<(), StoreError> {
-        self.memory_queue.insert(
-            update.thread_id.as_bytes(),
-            encode("memory update", &update)?,
-        )?;
+        self.memory_queue
+            .insert(memory_queue_key(&update), encode("memory update", &update)?)?;
         self.commit.flush().await
     }
 
@@ -966,23 +970,18 @@ impl Store for SledStore {
         Ok(due)
     }
 
-    async fn remove_memory_update(
-        &self,
-        thread_id: &str,
-        enqueued_at_ms: u64,
-    ) -> Result<bool, StoreError> {
-        let Some(current) = self.memory_queue.get(thread_id.as_bytes())? else {
+    async fn remove_memory_update(&self, processed: &MemoryUpdate) -> Result<bool, StoreError> {
+        let key = memory_queue_key(processed);
+        let Some(current) = self.memory_queue.get(&key)? else {
             return Ok(false);
         };
         let update: MemoryUpdate = decode("memory update", &current)?;
-        if update.enqueued_at_ms != enqueued_at_ms {
+        if update.enqueued_at_ms != processed.enqueued_at_ms {
             return Ok(false);
         }
-        let swapped = self.memory_queue.compare_and_swap(
-            thread_id.as_bytes(),
-            Some(&current),
-            None as Option<&[u8]>,
-        )?;
+        let swapped =
+            self.memory_queue
+                .compare_and_swap(key, Some(&current), None as Option<&[u8]>)?;
         Ok(swapped.is_ok())
     }
 

@@ -7,6 +7,7 @@ use crate::agent::message::{ChatMessage, TokenUsage};
 use crate::agent::model::{ChatModel, ModelError, ModelRequest, ModelResponse};
 use crate::agent::thread::{PendingQuestion, ThreadState};
 use crate::agent::tools::present_files::PresentedFile;
+use crate::memory::MemoryUpdate;
 
 /// How a run ended, as `after_run` hooks see it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -71,9 +72,9 @@ impl RunControl {
 /// What a run hands out besides its answer, for the caller to persist with the turn.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub(crate) struct RunOutputs {
-    /// The conversation to queue for the user's long-term memory (human messages and final
-    /// answers), when a middleware chose to.
-    pub(crate) memory_conversation: Option<Vec<ChatMessage>>,
+    /// The conversation to queue for the author's long-term memory (human messages and final
+    /// answers), written with the turn's end, when the `memory` middleware chose to.
+    pub(crate) memory_update: Option<MemoryUpdate>,
     /// Files the model presented to the user (`present_files`), to deliver with the answer.
     pub(crate) files: Vec<PresentedFile>,
 }
@@ -100,6 +101,8 @@ pub(crate) struct RunContext<'a> {
     pub(crate) ending: Option<RunEnding>,
     /// The thread's folders (the same the tools get), when the runtime has them.
     pub(crate) folders: Option<ThreadFolders>,
+    /// The author's `<memory>` block, rendered once per run by the `memory` middleware.
+    pub(crate) memory_block: Option<String>,
     pub(super) control: Option<RunControl>,
     model: &'a dyn ChatModel,
 }
@@ -134,6 +137,7 @@ impl<'a> RunContext<'a> {
             outputs: RunOutputs::default(),
             ending: None,
             folders: None,
+            memory_block: None,
             control: None,
             model,
         }

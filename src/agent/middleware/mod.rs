@@ -15,6 +15,7 @@ pub(crate) mod deferred_tools;
 pub(crate) mod guardrail;
 pub(crate) mod input_sanitization;
 pub(crate) mod loop_detection;
+pub(crate) mod memory;
 pub(crate) mod sandbox_audit;
 pub(crate) mod subagent_limit;
 pub(crate) mod summarization;

@@ -409,9 +409,46 @@ async fn memory_documents_and_queue_newest_wins() {
     let due = store.due_memory_updates(100, 10).await.unwrap();
     assert_eq!(due, vec![update(2)]);
     // A processed update is removed only if nothing newer replaced it.
-    assert!(!store.remove_memory_update("t1", 1).await.unwrap());
-    assert!(store.remove_memory_update("t1", 2).await.unwrap());
+    assert!(!store.remove_memory_update(&update(1)).await.unwrap());
+    assert!(store.remove_memory_update(&update(2)).await.unwrap());
     assert!(store.due_memory_updates(100, 10).await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn memory_queue_keeps_one_entry_per_user_and_thread() {
+    let store = SledStore::temporary().unwrap();
+    let update = |user: &str, thread: &str, at: u64| MemoryUpdate {
+        user_id: user.to_owned(),
+        thread_id: thread.to_owned(),
+        messages: vec![ChatMessage::user(format!("{user} in {thread}"))],
+        enqueued_at_ms: at,
+        due_at_ms: at,
+    };
+    // Two members of one group thread keep their own entries; pairs that would join into the
+    // same separator-joined key (`a:b` + `c` vs `a` + `b:c`) stay apart too.
+    for queued in [
+        update("api:a", "t1", 1),
+        update("api:b", "t1", 2),
+        update("api:a:b", "c", 3),
+        update("api:a", "b:c", 4),
+    ] {
+        store.queue_memory_update(queued).await.unwrap();
+    }
+    assert_eq!(store.due_memory_updates(100, 10).await.unwrap().len(), 4);
+    store
+        .queue_memory_update(update("api:a", "t1", 5))
+        .await
+        .unwrap();
+    let due = store.due_memory_updates(100, 10).await.unwrap();
+    assert_eq!(due.len(), 4);
+    assert_eq!(due.last(), Some(&update("api:a", "t1", 5)));
+    assert!(
+        store
+            .remove_memory_update(&update("api:b", "t1", 2))
+            .await
+            .unwrap()
+    );
+    assert_eq!(store.due_memory_updates(100, 10).await.unwrap().len(), 3);
 }
 
 fn accept_in(conversation: &str, event_id: &str, now_ms: u64, ttl_ms: u64) -> Accept {

@@ -1,0 +1,298 @@
+//! memory (chain position 12, after `title`, before `view_image`): long-term memory per user
+//! (DESIGN.md section 6; the pipeline is in `crate::memory`).
+//!
+//! - `before_run` reads the author's document from the store once and renders the
+//!   `<memory>` block (`memory::injection`) into the run context; no store read happens per
+//!   model call.
+//! - `before_model` appends that block to the system prompt of each request (to the
+//!   request only, never to the stored thread). Appending rather than adding a second
+//!   system message keeps providers that accept one system message working; the block
+//!   stays the same for the whole run, so prompt caches keep hitting.
+//! - `after_run`, on answered runs only, puts the filtered conversation
+//!   (`memory::conversation`) on the run outputs; the turn runner writes it into the store's
+//!   queue in the same transaction as the turn's end, keyed by (author, thread) and due after
+//!   `debounce_seconds`.
+//!
+//! Whose memory: the run's author only (`<channel>:<user id>`, or `person:<name>` when
+//! `[[memory.identities]]` links the id). In a group chat the block is the author's, and what
+//! is queued is the author's own message and the answer to it, never other members' words.
+//!
+//! Placement: late in `before_model` so that `input_sanitization` (earlier) does not
+//! neutralise the trusted block and `summarization` never compacts it (it is never stored);
+//! before `view_image`, whose images go after the text context.
+//!
+//! Config: the top-level `[memory]` table (`enabled`, `injection_enabled`,
+//! `max_injection_tokens`, `debounce_seconds`); there is no `[agent.middleware.memory]`.
+//!
+//! Where it differs from DeerFlow: DeerFlow adds the block as a hidden human message after
+//! the date message, once per conversation; here it is part of the system prompt and is
+//! rendered afresh for each run, so facts learned between two runs of a thread show up. It
+//! fails open: a store error means a run without memory, not a failed run.
+
+use std::sync::Arc;
+
+use crate::agent::message::ChatMessage;
+use crate::agent::model::ModelRequest;
+use crate::memory::identity::MemoryIdentities;
+use crate::memory::{MemoryConfig, MemoryUpdate, conversation, injection};
+use crate::store::Store;
+
+use super::{Middleware, MiddlewareError, RunContext, RunEnding};
+
+/// The `memory` middleware.
+pub(crate) struct MemoryMiddleware {
+    store: Arc<dyn Store>,
+    identities: MemoryIdentities,
+    injection: Option<usize>,
+    debounce_ms: u64,
+}
+
+impl MemoryMiddleware {
+    /// The middleware for `[memory]`, or `None` when memory is off.
+    pub(crate) fn from_config(config: &MemoryConfig, store: Arc<dyn Store>) -> Option<Self> {
+        config.enabled.then(|| Self {
+            store,
+            identities: MemoryIdentities::from_config(config),
+            injection: config
+                .injection_enabled
+                .then_some(config.max_injection_tokens),
+            debounce_ms: config.debounce_seconds.saturating_mul(1_000),
+        })
+    }
+
+    fn key(&self, cx: &RunContext<'_>) -> String {
+        let author = &cx.input.author;
+        self.identities.key(&author.channel, &author.user_id)
+    }
+}
+
+#[async_trait::async_trait]
+impl Middleware for MemoryMiddleware {
+    fn name(&self) -> &'static str {
+        "memory"
+    }
+
+    async fn before_run(&self, cx: &mut RunContext<'_>) -> Result<(), MiddlewareError> {
+        let Some(max_tokens) = self.injection else {
+            return Ok(());
+        };
+        let key = self.key(cx);
+        let doc = self
+            .store
+            .memory(&key)
+            .await
+            .map_err(|e| MiddlewareError(format!("cannot read the memory document: {e}")))?;
+        cx.memory_block = doc.and_then(|doc| injection::render(&doc, max_tokens));
+        Ok(())
+    }
+
+    async fn before_model(
+        &self,
+        cx: &mut RunContext<'_>,
+        request: &mut ModelRequest,
+    ) -> Result<(), MiddlewareError> {
+        let Some(block) = &cx.memory_block else {
+            return Ok(());
+        };
+        match request.messages.first_mut() {
+            Some(ChatMessage::System { content }) => {
+                content.push_str("\n\n");
+                content.push_str(block);
+            }
+            _ => request
+                .messages
+                .insert(0, ChatMessage::system(block.clone())),
+        }
+        Ok(())
+    }
+
+    async fn after_run(&self, cx: &mut RunContext<'_>) -> Result<(), MiddlewareError> {
+        if cx.ending != Some(RunEnding::Answered) {
+            return Ok(());
+        }
+        let messages = conversation::for_memory(cx.thread, cx.input.flags.group);
+        if !messages
+            .iter()
+            .any(|m| matches!(m, ChatMessage::User { .. }))
+        {
+            return Ok(());
+        }
+        let now = crate::now_ms();
+        cx.outputs.memory_update = Some(MemoryUpdate {
+            user_id: self.key(cx),
+            thread_id: cx.thread.id.clone(),
+            messages,
+            enqueued_at_ms: now,
+            due_at_ms: now.saturating_add(self.debounce_ms),
+        });
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::agent::input::RunInput;
+    use crate::agent::model::scripted::ScriptedModel;
+    use crate::agent::thread::ThreadState;
+    use crate::memory::MemoryDocument;
+    use crate::memory::config::IdentityLink;
+    use crate::memory::schema::{Fact, FactSource};
+    use crate::store::SledStore;
+
+    fn doc_with(content: &str) -> MemoryDocument {
+        MemoryDocument {
+            facts: vec![Fact {
+                id: "fact_1".into(),
+                content: content.into(),
+                category: "preference".into(),
+                confidence: 0.9,
+                created_at: String::new(),
+                updated_at: String::new(),
+                source: FactSource::default(),
+            }],
+            ..MemoryDocument::default()
+        }
+    }
+
+    async fn store_with_ada() -> Arc<dyn Store> {
+        let store: Arc<dyn Store> = Arc::new(SledStore::temporary().unwrap());
+        store
+            .put_memory("api:ada", &doc_with("likes green tea"))
+            .await
+            .unwrap();
+        store
+            .put_memory("person:bob", &doc_with("is bob the builder"))
+            .await
+            .unwrap();
+        store
+    }
+
+    fn request() -> ModelRequest {
+        ModelRequest {
+            messages: vec![
+                ChatMessage::system("you are antler"),
+                ChatMessage::user("hi"),
+            ],
+            tools: Vec::new(),
+        }
+    }
+
+    async fn sent(middleware: &MemoryMiddleware, input: &RunInput) -> ModelRequest {
+        let model = ScriptedModel::new(Vec::new());
+        let mut thread = ThreadState::new("t1".into(), "c".into(), 0, 0);
+        let mut cx = RunContext::new(&mut thread, input, &model);
+        middleware.before_run(&mut cx).await.unwrap();
+        let mut request = request();
+        middleware
+            .before_model(&mut cx, &mut request)
+            .await
+            .unwrap();
+        request
+    }
+
+    #[tokio::test]
+    async fn the_author_gets_their_memory_and_no_one_else_does() {
+        let config = MemoryConfig {
+            identities: vec![IdentityLink {
+                name: "bob".into(),
+                ids: vec!["telegram:7".into()],
+            }],
+            ..MemoryConfig::default()
+        };
+        let middleware = MemoryMiddleware::from_config(&config, store_with_ada().await).unwrap();
+
+        let ada = sent(&middleware, &RunInput::text("api", "ada", "hi")).await;
+        assert_eq!(ada.messages.len(), 2);
+        let system = ada.messages[0].text();
+        assert!(
+            system.starts_with("you are antler\n\n<memory>\n"),
+            "{system}"
+        );
+        assert!(system.contains("likes green tea") && !system.contains("bob"));
+
+        let eve = sent(&middleware, &RunInput::text("api", "eve", "hi")).await;
+        assert_eq!(eve.messages, request().messages);
+
+        // A linked id reads the person's memory.
+        let bob = sent(&middleware, &RunInput::text("telegram", "7", "hi")).await;
+        assert!(bob.messages[0].text().contains("is bob the builder"));
+        assert!(!bob.messages[0].text().contains("green tea"));
+    }
+
+    #[tokio::test]
+    async fn the_document_is_read_once_per_run() {
+        let store = store_with_ada().await;
+        let middleware =
+            MemoryMiddleware::from_config(&MemoryConfig::default(), Arc::clone(&store)).unwrap();
+        let input = RunInput::text("api", "ada", "hi");
+        let model = ScriptedModel::new(Vec::new());
+        let mut thread = ThreadState::new("t1".into(), "c".into(), 0, 0);
+        let mut cx = RunContext::new(&mut thread, &input, &model);
+        middleware.before_run(&mut cx).await.unwrap();
+        // A change after before_run is not seen by this run's model calls: they use the block
+        // read once.
+        store
+            .put_memory("api:ada", &doc_with("now likes coffee"))
+            .await
+            .unwrap();
+        for _ in 0..3 {
+            let mut request = request();
+            middleware
+                .before_model(&mut cx, &mut request)
+                .await
+                .unwrap();
+            assert!(request.messages[0].text().contains("likes green tea"));
+        }
+    }
+
+    #[tokio::test]
+    async fn answered_runs_queue_the_filtered_conversation_for_the_author() {
+        let store = store_with_ada().await;
+        let config = MemoryConfig {
+            debounce_seconds: 5,
+            injection_enabled: false,
+            ..MemoryConfig::default()
+        };
+        let middleware = MemoryMiddleware::from_config(&config, store).unwrap();
+        let input = RunInput::text("api", "ada", "I like tea");
+        let model = ScriptedModel::new(Vec::new());
+        let mut thread = ThreadState::new("t1".into(), "c".into(), 0, 0);
+        thread.messages.push(ChatMessage::user("I like tea"));
+        thread
+            .messages
+            .push(ChatMessage::tool("c1", "secret tool output"));
+        thread.messages.push(ChatMessage::assistant("Noted."));
+        let mut cx = RunContext::new(&mut thread, &input, &model);
+        middleware.before_run(&mut cx).await.unwrap();
+        assert_eq!(cx.memory_block, None, "injection is off");
+
+        cx.ending = Some(RunEnding::Failed);
+        middleware.after_run(&mut cx).await.unwrap();
+        assert_eq!(cx.outputs.memory_update, None);
+
+        cx.ending = Some(RunEnding::Answered);
+        middleware.after_run(&mut cx).await.unwrap();
+        let update = cx.outputs.memory_update.take().unwrap();
+        assert_eq!(update.user_id, "api:ada");
+        assert_eq!(update.thread_id, "t1");
+        assert_eq!(
+            update.messages,
+            vec![
+                ChatMessage::user("I like tea"),
+                ChatMessage::assistant("Noted.")
+            ]
+        );
+        assert_eq!(update.due_at_ms - update.enqueued_at_ms, 5_000);
+    }
+
+    #[test]
+    fn memory_off_means_no_middleware() {
+        let store: Arc<dyn Store> = Arc::new(SledStore::temporary().unwrap());
+        let off = MemoryConfig {
+            enabled: false,
+            ..MemoryConfig::default()
+        };
+        assert!(MemoryMiddleware::from_config(&off, store).is_none());
+    }
+}
