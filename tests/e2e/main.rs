@@ -13,6 +13,7 @@ mod feishu;
 mod hardening;
 mod loop_detection;
 mod mcp;
+mod memory;
 mod model_failures;
 mod ordering;
 mod plan_mode;

@@ -72,7 +72,14 @@ pub enum Behaviour {
     /// The n-th request (counted from the first this behaviour answers) gets the n-th step;
     /// once the script is over, echoes.
     Script(Vec<Step>),
+    /// Answers antler's memory updater (recognised by its prompt, [`MEMORY_PROMPT`]) with
+    /// update JSON holding the fact `fact` when the conversation contains `trigger`, and no
+    /// change otherwise; echoes every other request.
+    Memory { trigger: String, fact: String },
 }
+
+/// The start of the memory updater's system prompt.
+pub const MEMORY_PROMPT: &str = "You are a memory management system.";
 
 /// One response of a [`Behaviour::Script`].
 #[derive(Debug, Clone)]
@@ -402,6 +409,21 @@ async fn completions(State(state): State<Arc<MockState>>, body: Bytes) -> Respon
     let stream = body["stream"].as_bool().unwrap_or(false);
     match behaviour {
         Behaviour::Echo => echo(&body, stream),
+        Behaviour::Memory { trigger, fact } => {
+            let updater = body["messages"][0]["content"]
+                .as_str()
+                .is_some_and(|s| s.starts_with(MEMORY_PROMPT));
+            if !updater {
+                echo(&body, stream)
+            } else if last_user_text(&body).contains(&trigger) {
+                let update = json!({"newFacts": [
+                    {"content": fact, "category": "preference", "confidence": 0.9}
+                ]});
+                answer(&format!("```json\n{update}\n```"), stream)
+            } else {
+                answer("{\"newFacts\": []}", stream)
+            }
+        }
         Behaviour::Slow(wait) => {
             tokio::time::sleep(wait).await;
             echo(&body, stream)

@@ -19,7 +19,9 @@ pub const DEADLINE: Duration = Duration::from_secs(30);
 
 pub mod mock_model;
 
-pub use mock_model::{Behaviour, MODEL_NAME, MockModel, REASONING_MARK, Step, unwrap_user_text};
+pub use mock_model::{
+    Behaviour, MEMORY_PROMPT, MODEL_NAME, MockModel, REASONING_MARK, Step, unwrap_user_text,
+};
 
 // ---------------------------------------------------------------------------------------------
 // Waiting
