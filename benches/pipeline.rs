@@ -7,7 +7,7 @@
 //!
 //! Defaults: R=3, N=5000, C=64, T=1000, Q=60000, QC=256, L=20, S=5, X=600 (per load phase).
 //! `--quick` is a smoke run: N=500, Q=5000, R=1, S=1. `--only` takes a comma-separated subset
-//! of `startup,acks,turns,queued,growth,telegram` (the ceiling always runs).
+//! of `startup,acks,turns,queued,growth,telegram,memory` (the ceiling always runs).
 //!
 //! In one process: the mock model, a bare axum handler (the HTTP ceiling) and a mock Telegram
 //! Bot API, all on 127.0.0.1:0, and the load generator (one shared reqwest client, HTTP/1.1
@@ -32,6 +32,12 @@
 //!   store's size on disk (`store_bytes` of `/readyz`: sled's log file length, which grows by
 //!   what is appended) and the bytes antler caused to be written to storage (`write_bytes` of
 //!   `/proc/<pid>/io`, whole 4 KiB pages); growth per turn over turns 1–5 and over the last five;
+//! - **memory**: L sequential `wait: true` turns of one user, each on a new thread, against a
+//!   recorded mock whose answer to the memory updater holds one new fact per turn; once with
+//!   `[memory]` off and once on with `debounce_seconds = 0`, each turn's updater call awaited
+//!   before the next. Turn p50 and antler's CPU per turn off/on, the updater prompt's o200k
+//!   tokens (median, last), the injected block's tokens after L facts, the delay from a
+//!   turn's answer to its updater call. The other phases run with memory off;
 //! - **telegram**: antler with `[channels.telegram]` in webhook mode, its `api_url` the mock
 //!   Bot API (teloxide-core's `POST /bot<token>/<Method>`: `GetMe`, `SendMessage`,
 //!   `SendChatAction`, `EditMessageText`, each answered `{"ok": true, "result": ...}`; the mock
@@ -90,7 +96,9 @@ struct Args {
 }
 
 /// The phases `--only` may name.
-const PHASES: [&str; 6] = ["startup", "acks", "turns", "queued", "growth", "telegram"];
+const PHASES: [&str; 7] = [
+    "startup", "acks", "turns", "queued", "growth", "telegram", "memory",
+];
 
 impl Args {
     fn parse() -> Self {
@@ -420,6 +428,19 @@ async fn start_antler(
     deadline: Duration,
     telegram_api: Option<&str>,
 ) -> (Antler, Duration) {
+    start_antler_with(model_base_url, backlog, deadline, telegram_api, "").await
+}
+
+/// [`start_antler`] with `memory` as the `[memory]` table; empty: memory off, so the other
+/// phases measure the pipeline without the updater's model calls (the `memory` phase
+/// measures those).
+async fn start_antler_with(
+    model_base_url: &str,
+    backlog: usize,
+    deadline: Duration,
+    telegram_api: Option<&str>,
+    memory: &str,
+) -> (Antler, Duration) {
     let dir = tempfile::tempdir().unwrap();
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -439,6 +460,11 @@ async fn start_antler(
          [channels.api]\nenabled = true\n",
         store = dir.path().join("data").display(),
     );
+    if memory.is_empty() {
+        config.push_str("\n[memory]\nenabled = false\n");
+    } else {
+        config.push_str(&format!("\n[memory]\n{memory}\n"));
+    }
     if let Some(api_url) = telegram_api {
         config.push_str(&format!(
             "\n[channels.telegram]\nenabled = true\nmode = \"webhook\"\n\
@@ -900,6 +926,157 @@ async fn growth(a: &Args, r: usize, client: &reqwest::Client, model: &MockModel)
     }
 }
 
+/// Long-term memory's cost: L sequential turns of one user, each on a new thread, with
+/// memory off and on (debounce 0; each turn's updater call is awaited before the next turn,
+/// so the document grows by one fact a turn and each chat request carries it).
+#[derive(Debug, Clone, serde::Serialize)]
+struct Memory {
+    off_p50_ms: f64,
+    on_p50_ms: f64,
+    off_cpu_us_per_turn: f64,
+    /// Turn, queueing and the updater call's handling, per turn.
+    on_cpu_us_per_turn: f64,
+    /// Model requests per turn with memory on (chat + updater).
+    requests_per_turn: f64,
+    /// o200k tokens of the updater prompt (system + user), median and last.
+    updater_prompt_tokens_p50: f64,
+    updater_prompt_tokens_last: f64,
+    /// o200k tokens of the `<memory>` block in the last turn's chat request.
+    injected_tokens_last: f64,
+    /// From a turn's answer to the updater call reaching the model (debounce 0 + polling).
+    updater_delay_p50_ms: f64,
+}
+
+async fn memory_phase(a: &Args, client: &reqwest::Client) -> Memory {
+    let model = MockModel::start(Behaviour::Memory {
+        trigger: "likes".to_owned(),
+        fact: "The user likes topic number {n} of the benchmark".to_owned(),
+    })
+    .await;
+    let bpe = tiktoken_rs::o200k_base().unwrap();
+    let tokens = |text: &str| bpe.encode_ordinary(text).len() as f64;
+    let mut off_latencies = Vec::new();
+    let mut on_latencies = Vec::new();
+    let mut cpu = [0.0; 2];
+    let mut delays = Vec::new();
+    for (mode, memory) in [(0, ""), (1, "debounce_seconds = 0")] {
+        let (antler, _) = start_antler_with(
+            &model.base_url(),
+            1000,
+            Duration::from_secs(30),
+            None,
+            memory,
+        )
+        .await;
+        eprintln!(
+            "  memory {}: antler pid {}",
+            ["off", "on"][mode],
+            antler.pid()
+        );
+        let url = format!("{}/api/v1/messages", antler.url);
+        let cpu_before = antler.cpu_secs();
+        for turn in 0..a.thread_turns {
+            let text = format!("I likes topic{turn} a lot");
+            let started = Instant::now();
+            let answer: Value = client
+                .post(&url)
+                .json(
+                    &json!({"conversation": format!("mem{mode}-{turn}"), "user": "ada",
+                              "text": text, "wait": true}),
+                )
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            let answered = Instant::now();
+            assert!(
+                answer["reply"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .starts_with("echo: "),
+                "{answer}"
+            );
+            if mode == 0 {
+                off_latencies.push(answered - started);
+                continue;
+            }
+            on_latencies.push(answered - started);
+            let deadline = Instant::now() + a.timeout;
+            loop {
+                let at = model
+                    .requests()
+                    .into_iter()
+                    .find(|r| is_updater(r) && r.last_user_text().contains(&text))
+                    .map(|r| r.at);
+                if let Some(at) = at {
+                    delays.push(at.saturating_duration_since(answered).as_secs_f64() * 1e3);
+                    break;
+                }
+                assert!(Instant::now() < deadline, "no updater call for turn {turn}");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+        // The last updater answer is stored before the antler stops (its shutdown flushes).
+        cpu[mode] = (antler.cpu_secs() - cpu_before) * 1e6 / a.thread_turns as f64;
+        antler.stop();
+    }
+    let requests = model.requests();
+    let on: Vec<_> = requests
+        .iter()
+        .filter(|r| r.body.to_string().contains("mem1-") || is_updater(r))
+        .collect();
+    let prompt_tokens = |r: &mock_model::Recorded| {
+        r.messages()
+            .iter()
+            .map(|m| tokens(m["content"].as_str().unwrap_or_default()))
+            .sum::<f64>()
+    };
+    let updater: Vec<f64> = on
+        .iter()
+        .filter(|r| is_updater(r))
+        .map(|r| prompt_tokens(r))
+        .collect();
+    let last_chat = requests
+        .iter()
+        .rev()
+        .find(|r| {
+            !is_updater(r)
+                && r.last_user_text()
+                    .contains(&format!("topic{} ", a.thread_turns - 1))
+        })
+        .unwrap();
+    let system = last_chat.messages()[0]["content"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    let block = system
+        .find("<memory>")
+        .map(|at| &system[at..])
+        .unwrap_or_default();
+    let latency_ms = |v: &[Duration]| median(v.iter().map(|d| d.as_secs_f64() * 1e3).collect());
+    Memory {
+        off_p50_ms: latency_ms(&off_latencies),
+        on_p50_ms: latency_ms(&on_latencies),
+        off_cpu_us_per_turn: cpu[0],
+        on_cpu_us_per_turn: cpu[1],
+        requests_per_turn: on.len() as f64 / a.thread_turns as f64,
+        updater_prompt_tokens_p50: median(updater.clone()),
+        updater_prompt_tokens_last: updater.last().copied().unwrap_or(f64::NAN),
+        injected_tokens_last: tokens(block),
+        updater_delay_p50_ms: median(delays),
+    }
+}
+
+fn is_updater(request: &mock_model::Recorded) -> bool {
+    request
+        .messages()
+        .first()
+        .and_then(|m| m["content"].as_str())
+        .is_some_and(|s| s.starts_with(mock_model::MEMORY_PROMPT))
+}
+
 /// Telegram end to end: signed webhooks in, answers out through the mock Bot API.
 #[derive(Debug, Clone, serde::Serialize)]
 struct Telegram {
@@ -1065,6 +1242,7 @@ struct Run {
     turn_ratio: Option<f64>,
     queued: Option<Queued>,
     growth: Option<Growth>,
+    memory: Option<Memory>,
     telegram: Option<Telegram>,
     /// Telegram's webhook acks/s, drain turns/s and turns/s under load ÷ this run's ceiling.
     telegram_ratios: Option<TelegramRatios>,
@@ -1172,6 +1350,11 @@ async fn bench(a: Args) {
         } else {
             None
         };
+        let memory = if a.runs("memory") {
+            Some(memory_phase(&a, &client).await)
+        } else {
+            None
+        };
         let telegram = if a.runs("telegram") {
             Some(telegram(&a, &client, &tg_client, &model, &bot, &bot_url).await)
         } else {
@@ -1187,6 +1370,7 @@ async fn bench(a: Args) {
             turns,
             queued,
             growth,
+            memory,
             telegram_ratios: telegram.as_ref().map(|x| TelegramRatios {
                 acks: x.acks_per_s / ceiling.rate(),
                 drain: x.drain_turns_per_s / ceiling.rate(),
@@ -1431,6 +1615,52 @@ async fn bench(a: Args) {
             json!({"store_bytes_per_turn_mean": [mean_early, mean_late],
                    "store_bytes_per_turn_min": [min_early, min_late],
                    "write_bytes_per_turn": [w_early, w_late], "flat": flat}),
+        );
+    }
+
+    if a.runs("memory") {
+        let x = |f: fn(&Memory) -> f64| med(&runs, |r| r.memory.as_ref(), f);
+        let (off, on) = (x(|m| m.off_p50_ms), x(|m| m.on_p50_ms));
+        let (cpu_off, cpu_on) = (x(|m| m.off_cpu_us_per_turn), x(|m| m.on_cpu_us_per_turn));
+        row(
+            &mut rows,
+            format!("memory: turn p50 off / on ({l} turns, one user)"),
+            format!("{off:.1} / {on:.1} ms (×{:.2})", on / off),
+            String::new(),
+        );
+        row(
+            &mut rows,
+            "memory: antler CPU per turn off / on (on: + updater)".into(),
+            format!("{cpu_off:.0} / {cpu_on:.0} µs (×{:.2})", cpu_on / cpu_off),
+            String::new(),
+        );
+        let (p50, last) = (
+            x(|m| m.updater_prompt_tokens_p50),
+            x(|m| m.updater_prompt_tokens_last),
+        );
+        row(
+            &mut rows,
+            "memory: updater prompt tokens per turn, median / last".into(),
+            format!("{p50:.0} / {last:.0}"),
+            format!("{:.1} model requests per turn", x(|m| m.requests_per_turn)),
+        );
+        row(
+            &mut rows,
+            format!("memory: injected block after {l} facts; updater delay p50"),
+            format!(
+                "{:.0} tokens; {:.0} ms",
+                x(|m| m.injected_tokens_last),
+                x(|m| m.updater_delay_p50_ms)
+            ),
+            String::new(),
+        );
+        report.insert(
+            "memory".into(),
+            json!({"turn_p50_ms": [off, on], "cpu_us_per_turn": [cpu_off, cpu_on],
+                   "updater_prompt_tokens": [p50, last],
+                   "requests_per_turn": x(|m| m.requests_per_turn),
+                   "injected_tokens_last": x(|m| m.injected_tokens_last),
+                   "updater_delay_p50_ms": x(|m| m.updater_delay_p50_ms)}),
         );
     }
 

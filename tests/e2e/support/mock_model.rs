@@ -73,8 +73,9 @@ pub enum Behaviour {
     /// once the script is over, echoes.
     Script(Vec<Step>),
     /// Answers antler's memory updater (recognised by its prompt, [`MEMORY_PROMPT`]) with
-    /// update JSON holding the fact `fact` when the conversation contains `trigger`, and no
-    /// change otherwise; echoes every other request.
+    /// update JSON holding the fact `fact` (`{n}` in it replaced by the request's index) when
+    /// the conversation contains `trigger`, and no change otherwise; echoes every other
+    /// request.
     Memory { trigger: String, fact: String },
 }
 
@@ -416,6 +417,7 @@ async fn completions(State(state): State<Arc<MockState>>, body: Bytes) -> Respon
             if !updater {
                 echo(&body, stream)
             } else if last_user_text(&body).contains(&trigger) {
+                let fact = fact.replace("{n}", &index.to_string());
                 let update = json!({"newFacts": [
                     {"content": fact, "category": "preference", "confidence": 0.9}
                 ]});
