@@ -50,6 +50,7 @@ use crate::http::serve::{ServeLimits, serve as serve_http};
 use crate::http::{AppContext, api::ApiChannel, ops_router, router};
 use crate::ingress::access::Access;
 use crate::ingress::{Ingress, IngressSettings, TurnRunner, TurnSettings};
+use crate::memory::StoreDocuments;
 use crate::memory::queue::{MemoryWorker, WorkerSettings};
 use crate::store::{SledStore, Store, StoreError};
 
@@ -154,7 +155,8 @@ fn middleware_chain(config: &Config, store: &Arc<dyn Store>) -> Result<Middlewar
     if let Some(m) = TitleMiddleware::from_config(&cfg.title) {
         items.push(Arc::new(m));
     }
-    if let Some(m) = MemoryMiddleware::from_config(&config.memory, Arc::clone(store)) {
+    let documents = Arc::new(StoreDocuments(Arc::clone(store)));
+    if let Some(m) = MemoryMiddleware::from_config(&config.memory, documents) {
         items.push(Arc::new(m));
     }
     if let Some(m) = ViewImageMiddleware::from_config(&cfg.view_image, config.model.vision) {

@@ -16,3 +16,25 @@ pub(crate) mod updater;
 
 pub(crate) use config::MemoryConfig;
 pub(crate) use schema::{MemoryDocument, MemoryUpdate};
+
+use std::sync::Arc;
+
+use crate::store::Store;
+
+/// Where the `memory` middleware reads documents from: the store in the app. A trait so that
+/// the agent runtime does not reach the store itself.
+#[async_trait::async_trait]
+pub(crate) trait MemoryDocuments: Send + Sync {
+    /// The document of memory key `key`, if there is one.
+    async fn document(&self, key: &str) -> Result<Option<MemoryDocument>, String>;
+}
+
+/// [`MemoryDocuments`] read from the store.
+pub(crate) struct StoreDocuments(pub(crate) Arc<dyn Store>);
+
+#[async_trait::async_trait]
+impl MemoryDocuments for StoreDocuments {
+    async fn document(&self, key: &str) -> Result<Option<MemoryDocument>, String> {
+        self.0.memory(key).await.map_err(|e| e.to_string())
+    }
+}

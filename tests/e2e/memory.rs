@@ -41,7 +41,7 @@ async fn a_fact_learned_from_one_user_reaches_their_next_thread_and_no_one_else(
         fact: FACT.to_owned(),
     })
     .await;
-    let app = TestApp::spawn(&mock, "[memory]\ndebounce_seconds = 0\n").await;
+    let app = TestApp::spawn(&mock, "[memory]\nenabled = true\ndebounce_seconds = 0\n").await;
 
     say(&app, "ada", "ada-1", "I love green tea, remember that").await;
     wait_until("the updater learned the fact", || {

@@ -34,14 +34,13 @@ use std::sync::Arc;
 use crate::agent::message::ChatMessage;
 use crate::agent::model::ModelRequest;
 use crate::memory::identity::MemoryIdentities;
-use crate::memory::{MemoryConfig, MemoryUpdate, conversation, injection};
-use crate::store::Store;
+use crate::memory::{MemoryConfig, MemoryDocuments, MemoryUpdate, conversation, injection};
 
 use super::{Middleware, MiddlewareError, RunContext, RunEnding};
 
 /// The `memory` middleware.
 pub(crate) struct MemoryMiddleware {
-    store: Arc<dyn Store>,
+    documents: Arc<dyn MemoryDocuments>,
     identities: MemoryIdentities,
     injection: Option<usize>,
     debounce_ms: u64,
@@ -49,9 +48,12 @@ pub(crate) struct MemoryMiddleware {
 
 impl MemoryMiddleware {
     /// The middleware for `[memory]`, or `None` when memory is off.
-    pub(crate) fn from_config(config: &MemoryConfig, store: Arc<dyn Store>) -> Option<Self> {
+    pub(crate) fn from_config(
+        config: &MemoryConfig,
+        documents: Arc<dyn MemoryDocuments>,
+    ) -> Option<Self> {
         config.enabled.then(|| Self {
-            store,
+            documents,
             identities: MemoryIdentities::from_config(config),
             injection: config
                 .injection_enabled
@@ -78,8 +80,8 @@ impl Middleware for MemoryMiddleware {
         };
         let key = self.key(cx);
         let doc = self
-            .store
-            .memory(&key)
+            .documents
+            .document(&key)
             .await
             .map_err(|e| MiddlewareError(format!("cannot read the memory document: {e}")))?;
         cx.memory_block = doc.and_then(|doc| injection::render(&doc, max_tokens));
@@ -138,7 +140,23 @@ mod tests {
     use crate::memory::MemoryDocument;
     use crate::memory::config::IdentityLink;
     use crate::memory::schema::{Fact, FactSource};
-    use crate::store::SledStore;
+
+    /// Documents in a map, changeable by the test.
+    #[derive(Default)]
+    struct Docs(std::sync::Mutex<std::collections::HashMap<String, MemoryDocument>>);
+
+    impl Docs {
+        fn put(&self, key: &str, doc: MemoryDocument) {
+            self.0.lock().unwrap().insert(key.to_owned(), doc);
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl MemoryDocuments for Docs {
+        async fn document(&self, key: &str) -> Result<Option<MemoryDocument>, String> {
+            Ok(self.0.lock().unwrap().get(key).cloned())
+        }
+    }
 
     fn doc_with(content: &str) -> MemoryDocument {
         MemoryDocument {
@@ -155,17 +173,11 @@ mod tests {
         }
     }
 
-    async fn store_with_ada() -> Arc<dyn Store> {
-        let store: Arc<dyn Store> = Arc::new(SledStore::temporary().unwrap());
-        store
-            .put_memory("api:ada", &doc_with("likes green tea"))
-            .await
-            .unwrap();
-        store
-            .put_memory("person:bob", &doc_with("is bob the builder"))
-            .await
-            .unwrap();
-        store
+    fn store_with_ada() -> Arc<Docs> {
+        let docs = Arc::new(Docs::default());
+        docs.put("api:ada", doc_with("likes green tea"));
+        docs.put("person:bob", doc_with("is bob the builder"));
+        docs
     }
 
     fn request() -> ModelRequest {
@@ -200,7 +212,7 @@ mod tests {
             }],
             ..MemoryConfig::default()
         };
-        let middleware = MemoryMiddleware::from_config(&config, store_with_ada().await).unwrap();
+        let middleware = MemoryMiddleware::from_config(&config, store_with_ada()).unwrap();
 
         let ada = sent(&middleware, &RunInput::text("api", "ada", "hi")).await;
         assert_eq!(ada.messages.len(), 2);
@@ -222,9 +234,9 @@ mod tests {
 
     #[tokio::test]
     async fn the_document_is_read_once_per_run() {
-        let store = store_with_ada().await;
+        let store = store_with_ada();
         let middleware =
-            MemoryMiddleware::from_config(&MemoryConfig::default(), Arc::clone(&store)).unwrap();
+            MemoryMiddleware::from_config(&MemoryConfig::default(), store.clone()).unwrap();
         let input = RunInput::text("api", "ada", "hi");
         let model = ScriptedModel::new(Vec::new());
         let mut thread = ThreadState::new("t1".into(), "c".into(), 0, 0);
@@ -232,10 +244,7 @@ mod tests {
         middleware.before_run(&mut cx).await.unwrap();
         // A change after before_run is not seen by this run's model calls: they use the block
         // read once.
-        store
-            .put_memory("api:ada", &doc_with("now likes coffee"))
-            .await
-            .unwrap();
+        store.put("api:ada", doc_with("now likes coffee"));
         for _ in 0..3 {
             let mut request = request();
             middleware
@@ -248,7 +257,7 @@ mod tests {
 
     #[tokio::test]
     async fn answered_runs_queue_the_filtered_conversation_for_the_author() {
-        let store = store_with_ada().await;
+        let store = store_with_ada();
         let config = MemoryConfig {
             debounce_seconds: 5,
             injection_enabled: false,
@@ -288,7 +297,7 @@ mod tests {
 
     #[test]
     fn memory_off_means_no_middleware() {
-        let store: Arc<dyn Store> = Arc::new(SledStore::temporary().unwrap());
+        let store = Arc::new(Docs::default());
         let off = MemoryConfig {
             enabled: false,
             ..MemoryConfig::default()

@@ -88,6 +88,11 @@ backoff_max_secs = 1
 # requests are about turns. The title's own test turns it on.
 [agent.middleware.title]
 use_model = false
+
+# The memory updater is one more model request per turn (at the latest when antler stops);
+# memory's own tests turn it on.
+[memory]
+enabled = false
 "#,
         store = store.display().to_string(),
     );
