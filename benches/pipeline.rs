@@ -1023,20 +1023,18 @@ async fn memory_phase(a: &Args, client: &reqwest::Client) -> Memory {
         antler.stop();
     }
     let requests = model.requests();
-    let on: Vec<_> = requests
-        .iter()
-        .filter(|r| r.body.to_string().contains("mem1-") || is_updater(r))
-        .collect();
+    // Both antlers made one chat request a turn; the rest are the updater's.
+    let on_requests = requests.len() - a.thread_turns;
     let prompt_tokens = |r: &mock_model::Recorded| {
         r.messages()
             .iter()
             .map(|m| tokens(m["content"].as_str().unwrap_or_default()))
             .sum::<f64>()
     };
-    let updater: Vec<f64> = on
+    let updater: Vec<f64> = requests
         .iter()
         .filter(|r| is_updater(r))
-        .map(|r| prompt_tokens(r))
+        .map(prompt_tokens)
         .collect();
     let last_chat = requests
         .iter()
@@ -1061,7 +1059,7 @@ async fn memory_phase(a: &Args, client: &reqwest::Client) -> Memory {
         on_p50_ms: latency_ms(&on_latencies),
         off_cpu_us_per_turn: cpu[0],
         on_cpu_us_per_turn: cpu[1],
-        requests_per_turn: on.len() as f64 / a.thread_turns as f64,
+        requests_per_turn: on_requests as f64 / a.thread_turns as f64,
         updater_prompt_tokens_p50: median(updater.clone()),
         updater_prompt_tokens_last: updater.last().copied().unwrap_or(f64::NAN),
         injected_tokens_last: tokens(block),
