@@ -2,8 +2,9 @@
 //!
 //! The queue itself is in the store (`memory_queue`): the turn runner writes an update with
 //! the turn's end, one per (user, thread), the newest replacing an older one, each due
-//! `debounce_seconds` after its run. The worker polls for due items every [`POLL_EVERY`], at
-//! most [`BATCH`] a poll, and processes them one by one (so one user's document is never
+//! `debounce_seconds` after its run. The worker polls for due items every [`POLL_EVERY`],
+//! reads them [`BATCH`] at a time (so a long queue is never loaded whole), and processes them
+//! one by one (so one user's document is never
 //! written by two updates at once). A processed item is removed only in the version it
 //! processed: a newer conversation queued meanwhile stays for the next poll. Items survive a
 //! restart because they are in sled; the worker started by the next process runs them.
@@ -30,7 +31,7 @@ use crate::store::Store;
 
 /// How often the worker looks for due items.
 pub(crate) const POLL_EVERY: Duration = Duration::from_secs(1);
-/// Items taken per poll at most.
+/// Items read from the store at once.
 pub(crate) const BATCH: usize = 16;
 /// Model-call attempts per item at most.
 const MAX_ATTEMPTS: u32 = 4;
