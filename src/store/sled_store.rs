@@ -310,6 +310,29 @@ fn tighten_files(path: &Path) {
     let _ = path;
 }
 
+/// How long opening waits for a lock that this process itself may still hold.
+const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Opens sled in `path`. A store this process closed a moment ago may still be locked:
+/// sled's background threads let go of the lock file shortly after the last handle is
+/// dropped. So a lock held by someone is retried for [`LOCK_WAIT`] before it counts as in
+/// use; another process's lock outlasts that, and is reported then.
+fn open_db(path: &Path, cache_capacity: u64) -> Result<sled::Db, StoreError> {
+    let give_up = std::time::Instant::now() + LOCK_WAIT;
+    loop {
+        let opened = sled::Config::new()
+            .path(path)
+            .cache_capacity(cache_capacity)
+            .open();
+        match opened.map_err(|e| open_error(e, path)) {
+            Err(StoreError::InUse { .. }) if std::time::Instant::now() < give_up => {
+                std::thread::sleep(std::time::Duration::from_millis(25));
+            }
+            result => return result,
+        }
+    }
+}
+
 fn open_error(e: sled::Error, path: &Path) -> StoreError {
     match &e {
         sled::Error::Io(io) if io.to_string().contains("could not acquire lock") => {
@@ -326,11 +349,7 @@ impl SledStore {
     /// schema version. `cache_capacity` bounds sled's page cache.
     pub(crate) fn open(path: &Path, cache_capacity: u64) -> Result<Self, StoreError> {
         prepare_dir(path)?;
-        let db = sled::Config::new()
-            .path(path)
-            .cache_capacity(cache_capacity)
-            .open()
-            .map_err(|e| open_error(e, path))?;
+        let db = open_db(path, cache_capacity)?;
         tighten_files(path);
         let files = SyncFiles::open(path)?;
         Self::from_db(db, &path.display().to_string(), Some(files))
