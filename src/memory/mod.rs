@@ -11,6 +11,7 @@
 )]
 
 mod config;
+pub(crate) mod edit;
 pub(crate) mod identity;
 mod schema;
 
