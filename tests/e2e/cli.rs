@@ -622,7 +622,7 @@ async fn telegram_set_webhook_points_at_the_public_url_and_sets_the_menu_only_wh
         .iter()
         .map(|c| c["command"].as_str().unwrap())
         .collect();
-    assert_eq!(names, ["help", "new", "status", "stop", "plan"]);
+    assert_eq!(names, ["help", "new", "status", "stop", "plan", "memory"]);
 
     // The second run finds Telegram's menu equal to antler's and leaves it.
     let (code, stdout, stderr) =
