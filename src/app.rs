@@ -44,12 +44,12 @@ use crate::config::Config;
 use crate::config::TelegramMode;
 use crate::delivery::{Delivery, RetryPolicy};
 use crate::events::EventHub;
-use crate::memory::identity::MemoryIdentities;
 use crate::http::guard::{ApiAuth, HostPolicy};
 use crate::http::serve::{ServeLimits, serve as serve_http};
 use crate::http::{AppContext, api::ApiChannel, ops_router, router};
 use crate::ingress::access::Access;
 use crate::ingress::{Ingress, IngressSettings, TurnRunner, TurnSettings};
+use crate::memory::identity::MemoryIdentities;
 use crate::store::{SledStore, Store, StoreError};
 
 /// How often expired dedupe keys and old outbox records are swept, at most (a short dedupe

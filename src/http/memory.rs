@@ -116,16 +116,18 @@ pub(crate) async fn put(
     admin_only(&principal)?;
     let key = user_key(path)?;
     let body = read_body(&state, "api", request).await?;
-    let doc: MemoryDocument = serde_json::from_slice(&body).map_err(|e| {
-        ApiError::BadRequest(format!("the body is not a memory document: {e}"))
-    })?;
+    let doc: MemoryDocument = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::BadRequest(format!("the body is not a memory document: {e}")))?;
     edit::validate(&doc, state.memory_max_facts)
         .map_err(|e| ApiError::BadRequest(e.to_string()))?;
     let stored = state
         .store
         .update_memory(&key, &mut |_| Some(doc.clone()))
         .await?;
-    tracing::info!(facts = doc.facts.len(), "memory document replaced through the API");
+    tracing::info!(
+        facts = doc.facts.len(),
+        "memory document replaced through the API"
+    );
     Ok(Json(stored).into_response())
 }
 

@@ -3,8 +3,8 @@
 
 pub(crate) mod api;
 mod error;
-mod memory;
 pub(crate) mod guard;
+mod memory;
 mod ops;
 pub(crate) mod serve;
 pub(crate) mod webhook;

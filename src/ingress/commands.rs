@@ -67,7 +67,10 @@ pub(crate) const MENU: &[(&str, &str)] = &[
     ("status", "The current thread, model, token usage and queue"),
     ("stop", "Stop the answer being written"),
     ("plan", "Plan mode on or off for this conversation"),
-    ("memory", "What I remember about you; forget a fact or everything"),
+    (
+        "memory",
+        "What I remember about you; forget a fact or everything",
+    ),
 ];
 
 /// The text after `/new`, etc. is ignored; `None` for ordinary messages.
@@ -187,7 +190,10 @@ mod tests {
         assert_eq!(memory("/memory forget 3"), MemoryAction::Forget(3));
         assert_eq!(memory("/memory FORGET  12"), MemoryAction::Forget(12));
         assert_eq!(memory("/memory clear"), MemoryAction::Clear);
-        assert_eq!(memory("/memory clear Confirm"), MemoryAction::ClearConfirmed);
+        assert_eq!(
+            memory("/memory clear Confirm"),
+            MemoryAction::ClearConfirmed
+        );
         for invalid in [
             "/memory forget",
             "/memory forget 0",

@@ -171,7 +171,13 @@ mod tests {
         let none = answer(&store, &ids, "api", "ada", MemoryAction::Forget(2)).await;
         assert!(none.contains("there is no fact 2"), "{none}");
         assert_eq!(
-            store.memory("person:ada").await.unwrap().unwrap().facts.len(),
+            store
+                .memory("person:ada")
+                .await
+                .unwrap()
+                .unwrap()
+                .facts
+                .len(),
             1
         );
     }
@@ -193,7 +199,10 @@ mod tests {
         let ask = answer(&store, &ids, "telegram", "42", MemoryAction::Clear).await;
         assert!(ask.contains("/memory clear confirm"), "{ask}");
         assert!(ask.contains("2 facts"), "{ask}");
-        assert!(store.memory("person:ada").await.unwrap().is_some(), "not yet");
+        assert!(
+            store.memory("person:ada").await.unwrap().is_some(),
+            "not yet"
+        );
 
         let done = answer(&store, &ids, "api", "ada", MemoryAction::ClearConfirmed).await;
         assert!(done.starts_with("Done"), "{done}");

@@ -148,10 +148,7 @@ pub(crate) fn render_for_user(doc: &MemoryDocument) -> String {
                 fact.confidence,
             );
             if out.chars().count() + line.chars().count() > MAX_RENDER_CHARS {
-                out.push_str(&format!(
-                    "…and {} more not shown.\n",
-                    order.len() - shown
-                ));
+                out.push_str(&format!("…and {} more not shown.\n", order.len() - shown));
                 break;
             }
             out.push_str(&line);
@@ -215,7 +212,10 @@ pub(crate) fn validate(doc: &MemoryDocument, max_facts: usize) -> Result<(), Edi
         ("user.topOfMind", &doc.user.top_of_mind),
         ("history.recentMonths", &doc.history.recent_months),
         ("history.earlierContext", &doc.history.earlier_context),
-        ("history.longTermBackground", &doc.history.long_term_background),
+        (
+            "history.longTermBackground",
+            &doc.history.long_term_background,
+        ),
     ];
     for (field, summary) in summaries {
         check_text(field, &summary.summary, MAX_SUMMARY_CHARS)?;
@@ -297,7 +297,10 @@ mod tests {
 
     #[test]
     fn an_empty_document_says_nothing_is_remembered() {
-        assert_eq!(render_for_user(&MemoryDocument::default()), NOTHING_REMEMBERED);
+        assert_eq!(
+            render_for_user(&MemoryDocument::default()),
+            NOTHING_REMEMBERED
+        );
         let mut blank = MemoryDocument::default();
         blank.user.work_context.summary = "   ".to_owned();
         assert_eq!(render_for_user(&blank), NOTHING_REMEMBERED);
@@ -313,7 +316,10 @@ mod tests {
         d.user.work_context.summary = "Runs the ops team".to_owned();
         let text = render_for_user(&d);
         assert!(text.contains("**Work:** Runs the ops team"), "{text}");
-        assert!(!text.contains("Personal"), "empty summaries are left out: {text}");
+        assert!(
+            !text.contains("Personal"),
+            "empty summaries are left out: {text}"
+        );
         let first = text.find("\n1. works on antler").unwrap();
         let second = text.find("\n2. lives in Lyon").unwrap();
         let third = text.find("\n3. likes tea (preference, 0.75)").unwrap();
@@ -338,7 +344,12 @@ mod tests {
             Err(EditError::NoSuchFact { n: 2, count: 1 })
         );
         assert_eq!(forget(&mut d, 1).unwrap().id, "b");
-        assert!(forget(&mut d, 1).unwrap_err().to_string().contains("no facts"));
+        assert!(
+            forget(&mut d, 1)
+                .unwrap_err()
+                .to_string()
+                .contains("no facts")
+        );
     }
 
     #[test]
@@ -389,7 +400,11 @@ mod tests {
         let mut d = doc(facts);
         d.user.top_of_mind.summary = long.clone();
         let text = render_for_user(&d);
-        assert!(text.chars().count() <= MAX_RENDER_CHARS + 200, "{}", text.len());
+        assert!(
+            text.chars().count() <= MAX_RENDER_CHARS + 200,
+            "{}",
+            text.len()
+        );
         assert!(text.contains("more not shown"), "{text}");
         assert!(text.contains("…"));
     }
@@ -399,9 +414,19 @@ mod tests {
         let ok = doc(vec![fact("a", "x", 0.9)]);
         assert_eq!(validate(&ok, 100), Ok(()));
         let many = doc((0..3).map(|i| fact(&format!("f{i}"), "x", 0.9)).collect());
-        assert!(validate(&many, 2).unwrap_err().to_string().contains("at most 2"));
+        assert!(
+            validate(&many, 2)
+                .unwrap_err()
+                .to_string()
+                .contains("at most 2")
+        );
         let dup = doc(vec![fact("a", "x", 0.9), fact("a", "y", 0.9)]);
-        assert!(validate(&dup, 100).unwrap_err().to_string().contains("repeats"));
+        assert!(
+            validate(&dup, 100)
+                .unwrap_err()
+                .to_string()
+                .contains("repeats")
+        );
         let bad_conf = doc(vec![fact("a", "x", 1.5)]);
         assert!(validate(&bad_conf, 100).is_err());
         let nan = doc(vec![fact("a", "x", f32::NAN)]);
@@ -419,12 +444,31 @@ mod tests {
     }
 
     #[test]
+    fn a_document_may_leave_summaries_out() {
+        let doc: MemoryDocument = serde_json::from_str(
+            r#"{"version": 1, "user": {"topOfMind": {"summary": "the launch"}}}"#,
+        )
+        .unwrap();
+        assert_eq!(doc.user.top_of_mind.summary, "the launch");
+        assert!(doc.user.work_context.summary.is_empty() && doc.facts.is_empty());
+        assert_eq!(validate(&doc, 1), Ok(()));
+    }
+
+    #[test]
     fn user_keys_name_a_known_channel_or_a_person() {
         for good in ["api:ana", "telegram:42", "slack:T1:U9", "person:ada"] {
             assert_eq!(check_user_key(good), Ok(()), "{good}");
         }
         let too_long = format!("api:{}", "x".repeat(MAX_USER_KEY_CHARS));
-        for bad in ["ana", "irc:ana", "api:", "api: ", ":x", "api:a\nb", too_long.as_str()] {
+        for bad in [
+            "ana",
+            "irc:ana",
+            "api:",
+            "api: ",
+            ":x",
+            "api:a\nb",
+            too_long.as_str(),
+        ] {
             assert_eq!(check_user_key(bad), Err(EditError::BadUserKey), "{bad:?}");
         }
     }

@@ -26,9 +26,9 @@ use sled::transaction::{ConflictableTransactionError, TransactionError, Transact
 
 use super::group_commit::{GroupCommit, SyncFiles};
 use super::{
-    Accept, Accepted, ClearedMemory, ConversationRecord, FinishTurn, InboxItem, InboxStatus, OutboxItem,
-    OutboxStatus, SCHEMA_VERSION, Store, StoreError, StoreStats, ThreadChoice, Transition, keys,
-    outbox_seq,
+    Accept, Accepted, ClearedMemory, ConversationRecord, FinishTurn, InboxItem, InboxStatus,
+    OutboxItem, OutboxStatus, SCHEMA_VERSION, Store, StoreError, StoreStats, ThreadChoice,
+    Transition, keys, outbox_seq,
 };
 use crate::agent::message::ChatMessage;
 use crate::agent::subagents::{SubagentRecord, SubagentStatus};

@@ -469,7 +469,10 @@ async fn update_memory_reruns_the_change_on_a_newer_document() {
     assert_eq!(store.memory("api:u1").await.unwrap(), Some(stored));
 
     // None deletes.
-    assert_eq!(store.update_memory("api:u1", &mut |_| None).await.unwrap(), None);
+    assert_eq!(
+        store.update_memory("api:u1", &mut |_| None).await.unwrap(),
+        None
+    );
     assert!(store.memory("api:u1").await.unwrap().is_none());
 }
 
