@@ -598,7 +598,7 @@ async fn telegram_set_webhook_points_at_the_public_url_and_sets_the_menu_only_wh
     assert!(stdout.contains("allowed updates: message\n"), "{stdout}");
     assert!(stdout.contains("pending updates: dropped\n"), "{stdout}");
     assert!(
-        stdout.contains("commands: set (/help, /new, /status, /stop, /plan)"),
+        stdout.contains("commands: set (/help, /new, /status, /stop, /plan, /memory)"),
         "{stdout}"
     );
     assert_no_secrets(&stdout);
