@@ -345,7 +345,9 @@ pub(crate) trait Store: Send + Sync + std::fmt::Debug {
 
     /// Forgets a user: deletes the document of `user_key` and drops every queued update whose
     /// `user_id` is one of `queued_for`, in one transaction, so no update waiting in the queue
-    /// brings anything back. *Durable.*
+    /// brings anything back. *Durable.* An update already taken from the queue (its model
+    /// call under way) is not stopped by this: its writer should check, in the same
+    /// transaction as its write, that its queue entry is still there.
     async fn clear_memory(
         &self,
         user_key: &str,
