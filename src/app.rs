@@ -49,6 +49,7 @@ use crate::http::serve::{ServeLimits, serve as serve_http};
 use crate::http::{AppContext, api::ApiChannel, ops_router, router};
 use crate::ingress::access::Access;
 use crate::ingress::{Ingress, IngressSettings, TurnRunner, TurnSettings};
+use crate::memory::identity::MemoryIdentities;
 use crate::store::{SledStore, Store, StoreError};
 
 /// How often expired dedupe keys and old outbox records are swept, at most (a short dedupe
@@ -503,6 +504,7 @@ where
             turn_timeout: Duration::from_secs(config.agent.turn_timeout_secs),
             max_attachment_bytes: config.agent.max_attachment_bytes,
             todo: config.agent.middleware.todo.clone(),
+            memory_identities: MemoryIdentities::from_config(&config.memory),
         },
         turn_cancel.clone(),
     );
@@ -565,6 +567,8 @@ where
         streams: Arc::new(Semaphore::new(server.max_streams.max(1))),
         metrics_token: server.metrics_token.clone(),
         mcp: mcp.status(),
+        memory_max_facts: config.memory.max_facts,
+        memory_identities: MemoryIdentities::from_config(&config.memory),
     });
     let limits = ServeLimits {
         max_connections: server.max_connections,

@@ -11,8 +11,9 @@
 )]
 
 mod config;
+pub(crate) mod edit;
 pub(crate) mod identity;
-mod schema;
+pub(crate) mod schema;
 
 pub(crate) use config::MemoryConfig;
 pub(crate) use schema::{MemoryDocument, MemoryUpdate};

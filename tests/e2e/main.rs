@@ -13,6 +13,7 @@ mod feishu;
 mod hardening;
 mod loop_detection;
 mod mcp;
+mod memory_api;
 mod model_failures;
 mod ordering;
 mod plan_mode;
