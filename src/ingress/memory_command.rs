@@ -1,7 +1,10 @@
 //! `/memory`: what antler remembers about the message's author, and forgetting it.
 //!
 //! The memory is always the author's (`MemoryIdentities::key` of the event's channel and user
-//! id), also in a group chat, where nobody can read or change another member's memory.
+//! id), also in a group chat, where nobody can read or change another member's memory. What
+//! antler remembers about someone is theirs alone, so in a group chat it is never shown: there
+//! `/memory` and `/memory forget <n>` (whose answer quotes the fact) point to a direct message,
+//! and only `/memory clear`, which reveals nothing, works.
 //! `/memory forget <n>` resolves `n` on the document as it is read, then removes that fact by
 //! id with [`Store::update_memory`], so an updater writing at the same moment neither loses
 //! its changes nor shifts which fact goes. `/memory clear` only explains; `/memory clear
@@ -18,19 +21,33 @@ use super::commands::MemoryAction;
 const USAGE: &str = "Use /memory to see what I remember about you, /memory forget <n> to \
 remove fact n, or /memory clear to forget everything.";
 
+/// The answer to `/memory` or `/memory forget` in a group chat.
+const PRIVATE: &str = "What I remember about you is private: send /memory to me in a direct \
+message.";
+
 /// The answer to a store failure; the cause goes to the log.
 const UNAVAILABLE: &str = "Sorry, I can't reach my memory right now; try again in a moment.";
 
-/// The reply to `/memory ...` from `user_id` on `channel`.
+/// Where `/memory` was sent and by whom.
+pub(crate) struct Asker<'a> {
+    /// The channel (`telegram`, `api`, ...).
+    pub(crate) channel: &'a str,
+    /// The platform's user id.
+    pub(crate) user_id: &'a str,
+    /// Whether it was sent in a group chat, where others would read the answer.
+    pub(crate) in_group: bool,
+}
+
+/// The reply to `/memory ...` from `asker`.
 pub(crate) async fn answer(
     store: &dyn Store,
     identities: &MemoryIdentities,
-    channel: &str,
-    user_id: &str,
+    asker: Asker<'_>,
     action: MemoryAction,
 ) -> String {
-    let key = identities.key(channel, user_id);
+    let key = identities.key(asker.channel, asker.user_id);
     let reply = match action {
+        MemoryAction::Show | MemoryAction::Forget(_) if asker.in_group => Ok(PRIVATE.to_owned()),
         MemoryAction::Show => show(store, &key).await,
         MemoryAction::Forget(n) => forget(store, &key, n).await,
         MemoryAction::Clear => ask_to_confirm(store, &key).await,
@@ -126,6 +143,39 @@ mod tests {
         }
     }
 
+    fn dm<'a>(channel: &'a str, user_id: &'a str) -> Asker<'a> {
+        Asker {
+            channel,
+            user_id,
+            in_group: false,
+        }
+    }
+
+    #[tokio::test]
+    async fn in_a_group_nothing_remembered_is_shown() {
+        let store = seeded().await;
+        let ids = linked();
+        let group = |action| {
+            answer(
+                &store,
+                &ids,
+                Asker {
+                    channel: "telegram",
+                    user_id: "42",
+                    in_group: true,
+                },
+                action,
+            )
+        };
+        assert_eq!(group(MemoryAction::Show).await, PRIVATE);
+        assert_eq!(group(MemoryAction::Forget(1)).await, PRIVATE);
+        let doc = store.memory("person:ada").await.unwrap().unwrap();
+        assert_eq!(doc.facts.len(), 2, "nothing forgotten");
+        let ask = group(MemoryAction::Clear).await;
+        assert!(ask.contains("/memory clear confirm"), "{ask}");
+        assert!(!ask.contains("payments"), "{ask}");
+    }
+
     fn linked() -> MemoryIdentities {
         let config: MemoryConfig = toml::from_str(
             "[[identities]]\nname = \"ada\"\nids = [\"telegram:42\", \"api:ada\"]\n",
@@ -151,11 +201,11 @@ mod tests {
     async fn show_answers_about_the_author_through_linked_identities_only() {
         let store = seeded().await;
         let ids = linked();
-        let ada = answer(&store, &ids, "telegram", "42", MemoryAction::Show).await;
+        let ada = answer(&store, &ids, dm("telegram", "42"), MemoryAction::Show).await;
         assert!(ada.contains("1. runs the payments team"), "{ada}");
-        let same = answer(&store, &ids, "api", "ada", MemoryAction::Show).await;
+        let same = answer(&store, &ids, dm("api", "ada"), MemoryAction::Show).await;
         assert_eq!(ada, same, "one person, one memory");
-        let bob = answer(&store, &ids, "telegram", "43", MemoryAction::Show).await;
+        let bob = answer(&store, &ids, dm("telegram", "43"), MemoryAction::Show).await;
         assert_eq!(bob, edit::NOTHING_REMEMBERED);
     }
 
@@ -163,12 +213,12 @@ mod tests {
     async fn forget_removes_the_numbered_fact_and_says_which() {
         let store = seeded().await;
         let ids = linked();
-        let reply = answer(&store, &ids, "api", "ada", MemoryAction::Forget(1)).await;
+        let reply = answer(&store, &ids, dm("api", "ada"), MemoryAction::Forget(1)).await;
         assert_eq!(reply, "Forgot fact 1: “runs the payments team”.");
         let doc = store.memory("person:ada").await.unwrap().unwrap();
         assert_eq!(doc.facts.len(), 1);
         assert_eq!(doc.facts[0].id, "f1");
-        let none = answer(&store, &ids, "api", "ada", MemoryAction::Forget(2)).await;
+        let none = answer(&store, &ids, dm("api", "ada"), MemoryAction::Forget(2)).await;
         assert!(none.contains("there is no fact 2"), "{none}");
         assert_eq!(
             store
@@ -196,7 +246,7 @@ mod tests {
             })
             .await
             .unwrap();
-        let ask = answer(&store, &ids, "telegram", "42", MemoryAction::Clear).await;
+        let ask = answer(&store, &ids, dm("telegram", "42"), MemoryAction::Clear).await;
         assert!(ask.contains("/memory clear confirm"), "{ask}");
         assert!(ask.contains("2 facts"), "{ask}");
         assert!(
@@ -204,13 +254,13 @@ mod tests {
             "not yet"
         );
 
-        let done = answer(&store, &ids, "api", "ada", MemoryAction::ClearConfirmed).await;
+        let done = answer(&store, &ids, dm("api", "ada"), MemoryAction::ClearConfirmed).await;
         assert!(done.starts_with("Done"), "{done}");
         assert!(store.memory("person:ada").await.unwrap().is_none());
         assert!(store.due_memory_updates(10, 10).await.unwrap().is_empty());
-        let again = answer(&store, &ids, "api", "ada", MemoryAction::Clear).await;
+        let again = answer(&store, &ids, dm("api", "ada"), MemoryAction::Clear).await;
         assert_eq!(again, edit::NOTHING_REMEMBERED);
-        let usage = answer(&store, &ids, "api", "ada", MemoryAction::Invalid).await;
+        let usage = answer(&store, &ids, dm("api", "ada"), MemoryAction::Invalid).await;
         assert_eq!(usage, USAGE);
     }
 }

@@ -801,8 +801,11 @@ impl TurnRunner {
                 super::memory_command::answer(
                     self.inner.store.as_ref(),
                     &self.inner.memory_identities,
-                    &item.event.channel,
-                    &item.event.user.id,
+                    super::memory_command::Asker {
+                        channel: &item.event.channel,
+                        user_id: &item.event.user.id,
+                        in_group: item.event.group,
+                    },
                     action,
                 )
                 .await
