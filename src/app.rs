@@ -51,6 +51,7 @@ use crate::http::{AppContext, api::ApiChannel, ops_router, router};
 use crate::ingress::access::Access;
 use crate::ingress::{Ingress, IngressSettings, TurnRunner, TurnSettings};
 use crate::memory::StoreDocuments;
+use crate::memory::identity::MemoryIdentities;
 use crate::memory::queue::{MemoryWorker, WorkerSettings};
 use crate::store::{SledStore, Store, StoreError};
 
@@ -511,6 +512,7 @@ where
             turn_timeout: Duration::from_secs(config.agent.turn_timeout_secs),
             max_attachment_bytes: config.agent.max_attachment_bytes,
             todo: config.agent.middleware.todo.clone(),
+            memory_identities: MemoryIdentities::from_config(&config.memory),
         },
         turn_cancel.clone(),
     );
@@ -586,6 +588,8 @@ where
         streams: Arc::new(Semaphore::new(server.max_streams.max(1))),
         metrics_token: server.metrics_token.clone(),
         mcp: mcp.status(),
+        memory_max_facts: config.memory.max_facts,
+        memory_identities: MemoryIdentities::from_config(&config.memory),
     });
     let limits = ServeLimits {
         max_connections: server.max_connections,

@@ -94,6 +94,37 @@ impl ChatMessage {
         }
     }
 
+    /// The bytes of what the message says: its text, its text parts, and its tool calls'
+    /// ids, names and arguments; each image part counts as `image_bytes`. The base of the
+    /// token estimates that must not run a tokenizer.
+    #[must_use]
+    pub(crate) fn payload_bytes(&self, image_bytes: usize) -> usize {
+        match self {
+            Self::Assistant {
+                content,
+                tool_calls,
+                ..
+            } => {
+                content.len()
+                    + tool_calls
+                        .iter()
+                        .map(|c| c.id.len() + c.name.len() + c.arguments.len())
+                        .sum::<usize>()
+            }
+            Self::User { content, parts } => {
+                content.len()
+                    + parts
+                        .iter()
+                        .map(|part| match part {
+                            ContentPart::Text { text } => text.len(),
+                            ContentPart::Image { .. } => image_bytes,
+                        })
+                        .sum::<usize>()
+            }
+            other => other.text().len(),
+        }
+    }
+
     /// A tool result.
     #[must_use]
     pub(crate) fn tool(tool_call_id: impl Into<String>, content: impl Into<String>) -> Self {

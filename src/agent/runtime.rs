@@ -28,7 +28,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::input::{RunInput, ThreadFolders};
-use super::message::{ChatMessage, ContentPart, TokenUsage, ToolCall};
+use super::message::{ChatMessage, TokenUsage, ToolCall};
 use super::middleware::dangling_tool_call;
 use super::middleware::{
     ChainAbort, MiddlewareChain, RunContext, RunControl, RunEnding, RunOutputs, ToolDecision,
@@ -739,32 +739,8 @@ fn join(mut first: String, second: &str) -> String {
 /// A rough token count: about four characters a token, plus a little per message. Good
 /// enough to stay under a context bound with margin; the provider has the last word.
 fn estimate_tokens(message: &ChatMessage) -> usize {
-    let chars = match message {
-        ChatMessage::Assistant {
-            content,
-            tool_calls,
-            ..
-        } => {
-            content.len()
-                + tool_calls
-                    .iter()
-                    .map(|c| c.name.len() + c.arguments.len() + c.id.len())
-                    .sum::<usize>()
-        }
-        ChatMessage::User { content, parts } => {
-            content.len()
-                + parts
-                    .iter()
-                    .map(|part| match part {
-                        ContentPart::Text { text } => text.len(),
-                        // A low-detail image costs a fixed ~85 tokens.
-                        ContentPart::Image { .. } => 340,
-                    })
-                    .sum::<usize>()
-        }
-        other => other.text().len(),
-    };
-    chars / 4 + 4
+    // A low-detail image costs a fixed ~85 tokens.
+    message.payload_bytes(340) / 4 + 4
 }
 
 /// Leaves the oldest whole exchanges (a user message and everything up to the next one) out

@@ -6,7 +6,7 @@
 //!   host of `server.public_url` and `server.allowed_hosts` are accepted.
 //! - **Browsers.** A page on another origin can send a "simple" cross-site POST without any
 //!   preflight. Requests that a browser marks as cross-origin (`Origin` of another host,
-//!   `Sec-Fetch-Site: cross-site`/`same-site`) are refused, and message bodies must be
+//!   `Sec-Fetch-Site: cross-site`/`same-site`) are refused, and bodies (POST, PUT) must be
 //!   `application/json`, which no simple request can send.
 //! - **Tokens.** Each token stands for a principal: the admin token reaches every conversation,
 //!   a user's token only that user's. The headers are checked before the body is read, so an
@@ -233,7 +233,7 @@ pub(crate) async fn api_guard(
         reject("unauthorized");
         return Err(ApiError::Unauthorized);
     };
-    if request.method() == Method::POST && !is_json(headers) {
+    if matches!(*request.method(), Method::POST | Method::PUT) && !is_json(headers) {
         reject("media_type");
         return Err(ApiError::UnsupportedMediaType);
     }

@@ -4,6 +4,7 @@
 pub(crate) mod api;
 mod error;
 pub(crate) mod guard;
+mod memory;
 mod ops;
 pub(crate) mod serve;
 pub(crate) mod webhook;
@@ -14,7 +15,7 @@ use std::time::Duration;
 use antler_channel::Channel;
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
-use axum::routing::{get, post};
+use axum::routing::{delete, get, post};
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
@@ -24,6 +25,7 @@ use crate::agent::tools::mcp::McpServerStatus;
 use crate::config::Secret;
 use crate::events::EventHub;
 use crate::ingress::Ingress;
+use crate::memory::identity::MemoryIdentities;
 use crate::store::Store;
 use guard::{ApiAuth, HostPolicy};
 
@@ -56,6 +58,10 @@ pub(crate) struct AppContext {
     pub(crate) metrics_token: Option<Secret>,
     /// How each configured MCP server came up (reported by `/readyz`).
     pub(crate) mcp: Vec<McpServerStatus>,
+    /// `memory.max_facts`: the most facts a document written through the API may hold.
+    pub(crate) memory_max_facts: usize,
+    /// `[[memory.identities]]`: whose queued updates a cleared memory drops.
+    pub(crate) memory_identities: MemoryIdentities,
 }
 
 /// The main listener's routes. With `ops_elsewhere`, `/readyz` and `/metrics` are left to the
@@ -96,6 +102,15 @@ pub(crate) fn router(
             .route("/api/v1/threads/{id}", get(api::get_thread))
             .route("/api/v1/threads/{id}/events", get(api::thread_events))
             .route("/api/v1/threads/{id}/files/{*name}", get(api::get_file))
+            .route("/api/v1/memory", get(memory::list))
+            .route(
+                "/api/v1/memory/{user_key}",
+                get(memory::get).put(memory::put).delete(memory::delete),
+            )
+            .route(
+                "/api/v1/memory/{user_key}/facts/{fact_id}",
+                delete(memory::delete_fact),
+            )
             .route_layer(axum::middleware::from_fn_with_state(
                 state.clone(),
                 guard::api_guard,

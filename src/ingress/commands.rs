@@ -1,4 +1,5 @@
-//! Chat commands, the same on every channel: `/help`, `/new`, `/status`, `/stop`, `/plan`.
+//! Chat commands, the same on every channel: `/help`, `/new`, `/status`, `/stop`, `/plan`,
+//! `/memory`.
 //!
 //! A command is a message whose first token starts with `/`, matched case-insensitively, with
 //! a Telegram-style `@botname` suffix ignored (`/status@opsbot_bot`).
@@ -13,6 +14,8 @@ pub(crate) enum Command {
     Stop,
     /// Switch plan mode (the `write_todos` tool) for this conversation's thread.
     Plan(PlanSwitch),
+    /// What antler remembers about the author, and forgetting it.
+    Memory(MemoryAction),
     /// Something that looks like a command but is not one of ours.
     Unknown(String),
 }
@@ -30,6 +33,22 @@ pub(crate) enum PlanSwitch {
     Invalid,
 }
 
+/// What `/memory` asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum MemoryAction {
+    /// `/memory`: show it.
+    Show,
+    /// `/memory forget <n>`: remove fact `n` as `/memory` numbers them.
+    Forget(usize),
+    /// `/memory clear`: asks for the confirmation.
+    Clear,
+    /// `/memory clear confirm`: forget everything. The confirmation is a word of the command,
+    /// not a state kept between messages, so nothing expires or leaks between users.
+    ClearConfirmed,
+    /// Anything else after `/memory`: answered with how to use it.
+    Invalid,
+}
+
 /// The commands, for `/help` and the unknown-command reply.
 pub(crate) const HELP: &str = "Commands:\n\
 /help — this list\n\
@@ -37,6 +56,7 @@ pub(crate) const HELP: &str = "Commands:\n\
 /status — the current thread, model, token usage and queue\n\
 /stop — stop the answer being written\n\
 /plan — plan mode on or off for this conversation (/plan on, /plan off)\n\
+/memory — what I remember about you (/memory forget <n>, /memory clear)\n\
 Anything else is a message for the assistant.";
 
 /// The commands a chat platform's command menu shows (Telegram's `setMyCommands`): the commands
@@ -47,6 +67,10 @@ pub(crate) const MENU: &[(&str, &str)] = &[
     ("status", "The current thread, model, token usage and queue"),
     ("stop", "Stop the answer being written"),
     ("plan", "Plan mode on or off for this conversation"),
+    (
+        "memory",
+        "What I remember about you; forget a fact or everything",
+    ),
 ];
 
 /// The text after `/new`, etc. is ignored; `None` for ordinary messages.
@@ -74,8 +98,30 @@ pub(crate) fn parse(text: &str) -> Option<Command> {
             Some("off") => PlanSwitch::Off,
             Some(_) => PlanSwitch::Invalid,
         }),
+        "memory" => Command::Memory(memory_action(&mut words)),
         _ => Command::Unknown(name),
     })
+}
+
+/// The words after `/memory`. Extra words after a complete form make it invalid, so a typo
+/// such as `/memory clear confirm all` does not clear.
+fn memory_action<'a>(words: &mut impl Iterator<Item = &'a str>) -> MemoryAction {
+    let first = words.next().map(str::to_ascii_lowercase);
+    let second = words.next().map(str::to_ascii_lowercase);
+    if words.next().is_some() {
+        return MemoryAction::Invalid;
+    }
+    match (first.as_deref(), second.as_deref()) {
+        (None | Some("show"), None) => MemoryAction::Show,
+        (Some("forget"), Some(n)) => n
+            .parse::<usize>()
+            .ok()
+            .filter(|&n| n > 0)
+            .map_or(MemoryAction::Invalid, MemoryAction::Forget),
+        (Some("clear"), None) => MemoryAction::Clear,
+        (Some("clear"), Some("confirm")) => MemoryAction::ClearConfirmed,
+        _ => MemoryAction::Invalid,
+    }
 }
 
 #[cfg(test)]
@@ -131,6 +177,36 @@ mod tests {
             Some(Command::Plan(PlanSwitch::Invalid))
         );
         assert!(HELP.contains("/plan — "));
+    }
+
+    #[test]
+    fn memory_shows_forgets_and_clears_only_when_confirmed() {
+        let memory = |text: &str| match parse(text) {
+            Some(Command::Memory(action)) => action,
+            other => panic!("{text}: {other:?}"),
+        };
+        assert_eq!(memory("/memory"), MemoryAction::Show);
+        assert_eq!(memory("/Memory@opsbot show"), MemoryAction::Show);
+        assert_eq!(memory("/memory forget 3"), MemoryAction::Forget(3));
+        assert_eq!(memory("/memory FORGET  12"), MemoryAction::Forget(12));
+        assert_eq!(memory("/memory clear"), MemoryAction::Clear);
+        assert_eq!(
+            memory("/memory clear Confirm"),
+            MemoryAction::ClearConfirmed
+        );
+        for invalid in [
+            "/memory forget",
+            "/memory forget 0",
+            "/memory forget -1",
+            "/memory forget two",
+            "/memory forget 99999999999999999999999",
+            "/memory clear now",
+            "/memory clear confirm all",
+            "/memory wipe",
+        ] {
+            assert_eq!(memory(invalid), MemoryAction::Invalid, "{invalid}");
+        }
+        assert!(HELP.contains("/memory — "));
     }
 
     #[test]

@@ -31,6 +31,7 @@ use crate::agent::thread::{RunningTurn, ThreadState};
 use crate::delivery::{Delivery, Draft};
 use crate::events::{EventHub, ThreadEvent, ToolState};
 use crate::memory::MemoryUpdate;
+use crate::memory::identity::MemoryIdentities;
 use crate::store::{FinishTurn, InboxItem, OutboxItem, Store, StoreError};
 
 /// The first wait before retrying a failed store operation; it doubles up to the cap.
@@ -71,6 +72,8 @@ pub(crate) struct TurnSettings {
     pub(crate) max_attachment_bytes: u64,
     /// `[agent.middleware.todo]`: whether `/plan` may switch plan mode, and its default.
     pub(crate) todo: TodoConfig,
+    /// `[[memory.identities]]`: whose memory `/memory` reads.
+    pub(crate) memory_identities: MemoryIdentities,
 }
 
 #[derive(Debug)]
@@ -84,6 +87,8 @@ struct Inner {
     turn_timeout: Duration,
     /// `[agent.middleware.todo]`, for `/plan` and `/status`.
     todo: TodoConfig,
+    /// Whose memory `/memory` reads.
+    memory_identities: MemoryIdentities,
     /// The running agent turn of each conversation, for `/stop`: its inbox seq and token.
     running: Mutex<HashMap<String, (u64, CancellationToken)>>,
     /// `/stop` items (inbox seqs) that stopped a turn when they arrived; each is removed
@@ -215,6 +220,7 @@ impl TurnRunner {
                 max_attempts: settings.max_attempts.max(1),
                 max_attachment_bytes: settings.max_attachment_bytes,
                 todo: settings.todo.clone(),
+                memory_identities: settings.memory_identities.clone(),
                 turn_timeout: settings.turn_timeout,
                 running: Mutex::default(),
                 stops: Mutex::default(),
@@ -778,6 +784,19 @@ impl TurnRunner {
             Command::New => format!("New conversation started (thread {}).", item.thread_id),
             Command::Unknown(name) => format!("Unknown command /{name}.\n{}", commands::HELP),
             Command::Status => self.status(item).await,
+            Command::Memory(action) => {
+                super::memory_command::answer(
+                    self.inner.store.as_ref(),
+                    &self.inner.memory_identities,
+                    super::memory_command::Asker {
+                        channel: &item.event.channel,
+                        user_id: &item.event.user.id,
+                        in_group: item.event.group,
+                    },
+                    action,
+                )
+                .await
+            }
             // `plan` answers `/plan` itself, since it writes the thread; were it ever routed
             // here, the user would learn how to use it rather than nothing.
             Command::Plan(_) => "Use /plan (switch), /plan on or /plan off.".to_owned(),

@@ -35,6 +35,19 @@ impl MemoryIdentities {
             None => own,
         }
     }
+
+    /// Every name that `key`'s memory goes by: the key itself and, for a person, each linked
+    /// `<channel>:<user id>` (queued updates may carry either).
+    pub(crate) fn names_of(&self, key: &str) -> Vec<String> {
+        let mut names = vec![key.to_owned()];
+        names.extend(
+            self.linked
+                .iter()
+                .filter(|(_, person)| person.as_str() == key)
+                .map(|(id, _)| id.clone()),
+        );
+        names
+    }
 }
 
 #[cfg(test)]
@@ -59,6 +72,15 @@ mod tests {
         assert_eq!(ids.key("slack", "T1:U9"), "person:ada");
         assert_eq!(ids.key("telegram", "43"), "telegram:43");
         assert_eq!(ids.key("api", "42"), "api:42");
+    }
+
+    #[test]
+    fn a_person_goes_by_their_key_and_every_linked_id() {
+        let ids = identities();
+        let mut names = ids.names_of("person:ada");
+        names.sort();
+        assert_eq!(names, ["person:ada", "slack:T1:U9", "telegram:42"]);
+        assert_eq!(ids.names_of("api:bob"), ["api:bob"]);
     }
 
     #[test]

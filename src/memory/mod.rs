@@ -8,6 +8,7 @@
 
 pub(crate) mod config;
 pub(crate) mod conversation;
+pub(crate) mod edit;
 pub(crate) mod identity;
 pub(crate) mod injection;
 pub(crate) mod queue;

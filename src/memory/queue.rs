@@ -4,8 +4,9 @@
 //! the turn's end, one per (user, thread), the newest replacing an older one, each due
 //! `debounce_seconds` after its run. The worker polls for due items every [`POLL_EVERY`],
 //! reads them [`BATCH`] at a time (so a long queue is never loaded whole), and processes them
-//! one by one (so one user's document is never
-//! written by two updates at once). A processed item is removed only in the version it
+//! one by one (so one user's document is never written by two updates at once). The answer
+//! is applied by compare and swap (`Store::update_memory`), so an edit made meanwhile
+//! (`/memory forget`, the API) is kept. A processed item is removed only in the version it
 //! processed: a newer conversation queued meanwhile stays for the next poll. Items survive a
 //! restart because they are in sled; the worker started by the next process runs them.
 //!
@@ -178,23 +179,29 @@ impl MemoryWorker {
         let mut delay = BACKOFF_FIRST;
         for attempt in 1..=MAX_ATTEMPTS {
             let started = Instant::now();
-            let result = updater::run(
-                self.model.as_ref(),
-                &memory,
-                item,
-                self.settings.rules,
-                OffsetDateTime::now_utc(),
-            )
-            .await;
+            let result = updater::run(self.model.as_ref(), &memory, item).await;
             metrics::histogram!("antler_memory_updater_seconds")
                 .record(started.elapsed().as_secs_f64());
             match result {
-                Ok((doc, usage)) => {
+                Ok((answer, usage)) => {
                     metrics::histogram!("antler_memory_updater_tokens")
                         .record(usage.total_tokens as f64);
-                    return match self.store.put_memory(&item.user_id, &doc).await {
-                        Ok(()) => {
-                            tracing::debug!(thread = %item.thread_id, facts = doc.facts.len(), tokens = usage.total_tokens, "memory updated");
+                    // Applied by compare and swap: a fact forgotten (`/memory forget`, the
+                    // API) while the model was answering stays forgotten.
+                    let rules = self.settings.rules;
+                    let now = OffsetDateTime::now_utc();
+                    let stored = self
+                        .store
+                        .update_memory(&item.user_id, &mut |doc| {
+                            let mut doc = doc.unwrap_or_default();
+                            updater::apply(&mut doc, answer.clone(), &item.thread_id, rules, now);
+                            Some(doc)
+                        })
+                        .await;
+                    return match stored {
+                        Ok(doc) => {
+                            let facts = doc.map_or(0, |d| d.facts.len());
+                            tracing::debug!(thread = %item.thread_id, facts, tokens = usage.total_tokens, "memory updated");
                             Outcome::Processed
                         }
                         Err(e) => {

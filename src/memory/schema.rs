@@ -6,7 +6,7 @@ use crate::agent::message::ChatMessage;
 
 /// One summary slot: text and when it was last rewritten.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[serde(default, rename_all = "camelCase")]
 pub(crate) struct Summary {
     pub(crate) summary: String,
     pub(crate) updated_at: String,
@@ -14,7 +14,7 @@ pub(crate) struct Summary {
 
 /// What the agent knows about the user now.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[serde(default, rename_all = "camelCase")]
 pub(crate) struct UserContext {
     pub(crate) work_context: Summary,
     pub(crate) personal_context: Summary,
@@ -23,7 +23,7 @@ pub(crate) struct UserContext {
 
 /// What happened over time.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[serde(default, rename_all = "camelCase")]
 pub(crate) struct History {
     pub(crate) recent_months: Summary,
     pub(crate) earlier_context: Summary,

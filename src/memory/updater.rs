@@ -211,15 +211,13 @@ pub(crate) fn parse(text: &str) -> Result<UpdateAnswer, UpdaterError> {
     serde_json::from_str(json).map_err(|e| UpdaterError::InvalidJson(e.to_string()))
 }
 
-/// One updater call for `update`: the new document and the tokens the call used. An
+/// One updater call for `update`: the model's answer and the tokens the call used. An
 /// invalid answer is asked for once more.
 pub(crate) async fn run(
     model: &dyn ChatModel,
     memory: &MemoryDocument,
     update: &MemoryUpdate,
-    rules: ApplyRules,
-    now: OffsetDateTime,
-) -> Result<(MemoryDocument, TokenUsage), UpdaterError> {
+) -> Result<(UpdateAnswer, TokenUsage), UpdaterError> {
     let request = request(memory, update);
     let mut usage = TokenUsage::default();
     let mut last_error = None;
@@ -231,11 +229,7 @@ pub(crate) async fn run(
             usage.add(used);
         }
         match parse(&response.content) {
-            Ok(answer) => {
-                let mut doc = memory.clone();
-                apply(&mut doc, answer, &update.thread_id, rules, now);
-                return Ok((doc, usage));
-            }
+            Ok(answer) => return Ok((answer, usage)),
             Err(e) => last_error = Some(e),
         }
     }

@@ -203,6 +203,15 @@ pub(crate) struct FinishTurn {
     pub(crate) now_ms: u64,
 }
 
+/// What [`Store::clear_memory`] removed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct ClearedMemory {
+    /// Whether there was a document.
+    pub(crate) document: bool,
+    /// Queued updates dropped.
+    pub(crate) updates: usize,
+}
+
 /// The result of a subagent status change.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum Transition {
@@ -322,6 +331,36 @@ pub(crate) trait Store: Send + Sync + std::fmt::Debug {
 
     /// *Durable.*
     async fn put_memory(&self, user_id: &str, doc: &MemoryDocument) -> Result<(), StoreError>;
+
+    /// Changes the memory document of `user_key` atomically (compare and swap): `change` gets
+    /// the stored document (`None`: there is none) and returns the one to store (`None`:
+    /// delete it). When another writer (the updater, a command, the API) changed the document
+    /// between the read and the write, `change` runs again on the newer document, so it may
+    /// be called more than once and must do nothing else. *Durable.* Returns what was stored.
+    async fn update_memory(
+        &self,
+        user_key: &str,
+        change: &mut (dyn FnMut(Option<MemoryDocument>) -> Option<MemoryDocument> + Send),
+    ) -> Result<Option<MemoryDocument>, StoreError>;
+
+    /// Forgets a user: deletes the document of `user_key` and drops every queued update whose
+    /// `user_id` is one of `queued_for`, in one transaction, so no update waiting in the queue
+    /// brings anything back. *Durable.* An update already taken from the queue (its model
+    /// call under way) is not stopped by this: its writer should check, in the same
+    /// transaction as its write, that its queue entry is still there.
+    async fn clear_memory(
+        &self,
+        user_key: &str,
+        queued_for: &[String],
+    ) -> Result<ClearedMemory, StoreError>;
+
+    /// The user keys that have a document, in key order: those after `after` (exclusive), at
+    /// most `limit`. Reads only keys within the page, never every document.
+    async fn memory_keys(
+        &self,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<String>, StoreError>;
 
     /// Queues an update; a newer one for the same (user, thread) replaces it. *Durable.*
     async fn queue_memory_update(&self, update: MemoryUpdate) -> Result<(), StoreError>;

@@ -26,9 +26,9 @@ use sled::transaction::{ConflictableTransactionError, TransactionError, Transact
 
 use super::group_commit::{GroupCommit, SyncFiles};
 use super::{
-    Accept, Accepted, ConversationRecord, FinishTurn, InboxItem, InboxStatus, OutboxItem,
-    OutboxStatus, SCHEMA_VERSION, Store, StoreError, StoreStats, ThreadChoice, Transition, keys,
-    outbox_seq,
+    Accept, Accepted, ClearedMemory, ConversationRecord, FinishTurn, InboxItem, InboxStatus,
+    OutboxItem, OutboxStatus, SCHEMA_VERSION, Store, StoreError, StoreStats, ThreadChoice,
+    Transition, keys, outbox_seq,
 };
 use crate::agent::message::ChatMessage;
 use crate::agent::subagents::{SubagentRecord, SubagentStatus};
@@ -38,6 +38,9 @@ use crate::memory::{MemoryDocument, MemoryUpdate};
 const SCHEMA_KEY: &[u8] = b"schema_version";
 const OUTBOX_TREE: &str = "outbox2";
 const DEDUPE_PREFIX: &str = "dedupe.";
+/// How often [`Store::update_memory`] reads and tries again when other writers keep changing
+/// the document; past that, something is writing it in a loop.
+const MEMORY_CAS_ATTEMPTS: usize = 64;
 
 /// What the dedupe set remembers about a key.
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
@@ -68,10 +71,6 @@ pub(crate) struct SledStore {
     inbox_len: Arc<AtomicUsize>,
     /// Outbox items still to deliver, counted at open and kept in step.
     outbox_pending: Arc<AtomicUsize>,
-    #[allow(
-        dead_code,
-        reason = "read by the memory methods, which serve a later issue"
-    )]
     memory: sled::Tree,
     memory_queue: sled::Tree,
     #[allow(
@@ -316,6 +315,29 @@ fn tighten_files(path: &Path) {
     let _ = path;
 }
 
+/// How long opening waits for a lock that this process itself may still hold.
+const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Opens sled in `path`. A store this process closed a moment ago may still be locked:
+/// sled's background threads let go of the lock file shortly after the last handle is
+/// dropped. So a lock held by someone is retried for [`LOCK_WAIT`] before it counts as in
+/// use; another process's lock outlasts that, and is reported then.
+fn open_db(path: &Path, cache_capacity: u64) -> Result<sled::Db, StoreError> {
+    let give_up = std::time::Instant::now() + LOCK_WAIT;
+    loop {
+        let opened = sled::Config::new()
+            .path(path)
+            .cache_capacity(cache_capacity)
+            .open();
+        match opened.map_err(|e| open_error(e, path)) {
+            Err(StoreError::InUse { .. }) if std::time::Instant::now() < give_up => {
+                std::thread::sleep(std::time::Duration::from_millis(25));
+            }
+            result => return result,
+        }
+    }
+}
+
 fn open_error(e: sled::Error, path: &Path) -> StoreError {
     match &e {
         sled::Error::Io(io) if io.to_string().contains("could not acquire lock") => {
@@ -332,11 +354,7 @@ impl SledStore {
     /// schema version. `cache_capacity` bounds sled's page cache.
     pub(crate) fn open(path: &Path, cache_capacity: u64) -> Result<Self, StoreError> {
         prepare_dir(path)?;
-        let db = sled::Config::new()
-            .path(path)
-            .cache_capacity(cache_capacity)
-            .open()
-            .map_err(|e| open_error(e, path))?;
+        let db = open_db(path, cache_capacity)?;
         tighten_files(path);
         let files = SyncFiles::open(path)?;
         Self::from_db(db, &path.display().to_string(), Some(files))
@@ -948,6 +966,97 @@ impl Store for SledStore {
         self.memory
             .insert(user_id.as_bytes(), encode("memory document", doc)?)?;
         self.commit.flush().await
+    }
+
+    async fn update_memory(
+        &self,
+        user_key: &str,
+        change: &mut (dyn FnMut(Option<MemoryDocument>) -> Option<MemoryDocument> + Send),
+    ) -> Result<Option<MemoryDocument>, StoreError> {
+        let key = user_key.as_bytes();
+        for _ in 0..MEMORY_CAS_ATTEMPTS {
+            let current = self.memory.get(key)?;
+            let stored = current
+                .as_ref()
+                .map(|bytes| decode::<MemoryDocument>("memory document", bytes))
+                .transpose()?;
+            let next = change(stored);
+            let bytes = next
+                .as_ref()
+                .map(|doc| encode("memory document", doc))
+                .transpose()?;
+            if self
+                .memory
+                .compare_and_swap(key, current.as_ref(), bytes)?
+                .is_ok()
+            {
+                self.commit.flush().await?;
+                return Ok(next);
+            }
+        }
+        Err(StoreError::Backend(format!(
+            "the memory document kept changing during {MEMORY_CAS_ATTEMPTS} attempts to update it"
+        )))
+    }
+
+    async fn clear_memory(
+        &self,
+        user_key: &str,
+        queued_for: &[String],
+    ) -> Result<ClearedMemory, StoreError> {
+        let owned = |bytes: &[u8]| {
+            decode::<MemoryUpdate>("memory update", bytes)
+                .is_ok_and(|u| queued_for.contains(&u.user_id))
+        };
+        // Transactions cannot scan, so the queue is scanned first and each entry checked
+        // again inside the transaction (it may have been replaced meanwhile).
+        let mut candidates = Vec::new();
+        for entry in &self.memory_queue {
+            let (key, value) = entry?;
+            if owned(&value) {
+                candidates.push(key);
+            }
+        }
+        let cleared = (&self.memory, &self.memory_queue)
+            .transaction(|(memory, queue)| {
+                let document = memory.remove(user_key.as_bytes())?.is_some();
+                let mut updates = 0;
+                for key in &candidates {
+                    if queue.get(key)?.is_some_and(|value| owned(&value)) {
+                        queue.remove(key)?;
+                        updates += 1;
+                    }
+                }
+                Ok(ClearedMemory { document, updates })
+            })
+            .map_err(from_tx)?;
+        self.commit.flush().await?;
+        Ok(cleared)
+    }
+
+    async fn memory_keys(
+        &self,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<String>, StoreError> {
+        let range = match after {
+            Some(after) => self.memory.range::<&[u8], _>((
+                std::ops::Bound::Excluded(after.as_bytes()),
+                std::ops::Bound::Unbounded,
+            )),
+            None => self.memory.iter(),
+        };
+        range
+            .keys()
+            .take(limit)
+            .map(|key| {
+                let key = key?;
+                String::from_utf8(key.to_vec()).map_err(|e| StoreError::Codec {
+                    what: "memory key",
+                    detail: e.to_string(),
+                })
+            })
+            .collect()
     }
 
     async fn queue_memory_update(&self, update: MemoryUpdate) -> Result<(), StoreError> {

@@ -14,6 +14,7 @@ mod hardening;
 mod loop_detection;
 mod mcp;
 mod memory;
+mod memory_api;
 mod model_failures;
 mod ordering;
 mod plan_mode;

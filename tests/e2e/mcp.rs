@@ -58,8 +58,11 @@ async fn a_deferred_mcp_tool_is_found_offered_and_called() {
         ),
     ]))
     .await;
+    // MCP tools are admin-only by default; this operator opens them to users (the loopback
+    // API's user is not an admin).
     let overrides = format!(
         "[agent.middleware.deferred_tools]\nmax_tools = 3\n\n\
+         [agent.middleware.guardrail]\nadmin_only = [\"bash\", \"write_file\", \"str_replace\"]\n\n\
          [[mcp.servers]]\nname = \"test\"\ncommand = {:?}\n",
         test_server().display().to_string()
     );

@@ -2,10 +2,13 @@
 //!
 //! The policy, from `[agent.middleware.guardrail]`:
 //! - `denied` (empty by default): tools nobody may use, operators included;
-//! - `admin_only` (`bash`, `write_file`, `str_replace`): tools only operators
-//!   ([`Role::Admin`]) may use;
+//! - `admin_only` (`bash`, `write_file`, `str_replace`, `mcp__*`): tools only operators
+//!   ([`Role::Admin`]) may use; MCP servers' tools are the operator's until they open them,
+//!   since what such a tool can do is only known to whoever configured its server;
 //! - `user_allowed` (empty by default): when not empty, the only tools the `user` role may
 //!   use. `admin_only` still wins: a tool in both lists stays with the operators.
+//!
+//! A name ending in `*` names every tool starting with what comes before it (`mcp__github__*`).
 //!
 //! In `before_tool` a call the author may not make is not run: the model gets an error result
 //! saying the tool needs an operator (or is disabled), and the run goes on. It fails closed: a
@@ -45,7 +48,7 @@ impl Default for GuardrailConfig {
     fn default() -> Self {
         Self {
             enabled: true,
-            admin_only: ["bash", "write_file", "str_replace"]
+            admin_only: ["bash", "write_file", "str_replace", "mcp__*"]
                 .map(str::to_owned)
                 .to_vec(),
             denied: Vec::new(),
@@ -84,7 +87,7 @@ impl GuardrailMiddleware {
     }
 
     fn check(&self, role: Role, tool: &str) -> Option<Refusal> {
-        let listed = |list: &[String]| list.iter().any(|name| name == tool);
+        let listed = |list: &[String]| list.iter().any(|name| names(name, tool));
         if listed(&self.denied) {
             return Some(Refusal::Denied);
         }
@@ -96,6 +99,14 @@ impl GuardrailMiddleware {
             }
             Role::User => None,
         }
+    }
+}
+
+/// Whether a policy entry names `tool`: the same name, or a prefix followed by `*`.
+fn names(entry: &str, tool: &str) -> bool {
+    match entry.strip_suffix('*') {
+        Some(prefix) => tool.starts_with(prefix),
+        None => entry == tool,
     }
 }
 
@@ -207,7 +218,12 @@ mod tests {
     #[tokio::test]
     async fn a_users_admin_only_calls_are_refused_with_a_clear_message() {
         let cfg = GuardrailConfig::default();
-        for tool in ["bash", "write_file", "str_replace"] {
+        for tool in [
+            "bash",
+            "write_file",
+            "str_replace",
+            "mcp__github__create_issue",
+        ] {
             let text = refusal_text(decide(&cfg, Role::User, tool).await);
             assert!(
                 text.contains(&format!("the tool `{tool}` needs an operator"))
@@ -217,6 +233,33 @@ mod tests {
         }
         assert_eq!(
             decide(&cfg, Role::User, "read_file").await,
+            ToolDecision::Run
+        );
+    }
+
+    #[tokio::test]
+    async fn a_trailing_star_names_a_family_of_tools() {
+        let cfg = GuardrailConfig {
+            admin_only: vec!["bash".to_owned()],
+            user_allowed: vec!["read_file".to_owned(), "mcp__docs__*".to_owned()],
+            denied: vec!["mcp__prod__*".to_owned()],
+            ..GuardrailConfig::default()
+        };
+        assert_eq!(
+            decide(&cfg, Role::User, "mcp__docs__search").await,
+            ToolDecision::Run
+        );
+        let text = refusal_text(decide(&cfg, Role::User, "mcp__github__search").await);
+        assert!(text.contains("is not available to this user"), "{text}");
+        let text = refusal_text(decide(&cfg, Role::Admin, "mcp__prod__drop").await);
+        assert!(text.contains("is disabled on this server"), "{text}");
+        // The star is only a wildcard at the end, and `mcp__docs_` is not `mcp__docs__`.
+        assert!(!names("mcp__docs__*", "mcp__docs_x"));
+        assert!(!names("a*b", "axb"));
+        // Default: MCP tools are the operators'.
+        let default = GuardrailConfig::default();
+        assert_eq!(
+            decide(&default, Role::Admin, "mcp__github__create_issue").await,
             ToolDecision::Run
         );
     }

@@ -214,31 +214,7 @@ pub(crate) fn message_tokens(message: &ChatMessage) -> usize {
 
 /// An upper bound of [`message_tokens`] that needs no tokenizer: a token is at least a byte.
 fn message_bytes_bound(message: &ChatMessage) -> usize {
-    MESSAGE_OVERHEAD_TOKENS
-        + match message {
-            ChatMessage::Assistant {
-                content,
-                tool_calls,
-                ..
-            } => {
-                content.len()
-                    + tool_calls
-                        .iter()
-                        .map(|c| c.name.len() + c.arguments.len())
-                        .sum::<usize>()
-            }
-            ChatMessage::User { content, parts } => {
-                content.len()
-                    + parts
-                        .iter()
-                        .map(|part| match part {
-                            ContentPart::Text { text } => text.len(),
-                            ContentPart::Image { .. } => IMAGE_TOKENS,
-                        })
-                        .sum::<usize>()
-            }
-            other => other.text().len(),
-        }
+    MESSAGE_OVERHEAD_TOKENS + message.payload_bytes(IMAGE_TOKENS)
 }
 
 /// Whether `messages` hold more than `limit` tokens; the tokenizer runs only when the byte

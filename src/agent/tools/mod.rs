@@ -45,13 +45,6 @@ pub(crate) enum ToolError {
 pub(crate) type ProgressSink = Arc<dyn Fn(&str) + Send + Sync>;
 
 /// What a tool call knows about where it runs.
-#[cfg_attr(
-    not(test),
-    allow(
-        dead_code,
-        reason = "read by the workspace, shell and task tools of the middleware-chain and subagent issues"
-    )
-)]
 #[derive(Clone)]
 pub(crate) struct ToolContext {
     /// The thread the call belongs to.
@@ -67,6 +60,13 @@ pub(crate) struct ToolContext {
     /// Cancelled when the run is stopped; long tools should check it between steps.
     pub(crate) cancel: CancellationToken,
     /// Where to report progress.
+    #[cfg_attr(
+        not(test),
+        allow(
+            dead_code,
+            reason = "the subagent issue's task tool reports through it"
+        )
+    )]
     pub(crate) progress: ProgressSink,
 }
 

@@ -451,6 +451,142 @@ async fn memory_queue_keeps_one_entry_per_user_and_thread() {
     assert_eq!(store.due_memory_updates(100, 10).await.unwrap().len(), 3);
 }
 
+fn memory_update(user: &str, thread: &str, at: u64) -> MemoryUpdate {
+    MemoryUpdate {
+        user_id: user.to_owned(),
+        thread_id: thread.to_owned(),
+        messages: vec![ChatMessage::user(format!("at {at}"))],
+        enqueued_at_ms: at,
+        due_at_ms: at + 30,
+    }
+}
+
+#[tokio::test]
+async fn update_memory_reruns_the_change_on_a_newer_document() {
+    let store = SledStore::temporary().unwrap();
+    let mut calls = 0;
+    let stored = store
+        .update_memory("api:u1", &mut |doc| {
+            calls += 1;
+            assert!(doc.is_none());
+            let mut doc = MemoryDocument::default();
+            doc.user.top_of_mind.summary = "first".to_owned();
+            Some(doc)
+        })
+        .await
+        .unwrap();
+    assert_eq!(calls, 1);
+    assert_eq!(store.memory("api:u1").await.unwrap(), stored);
+
+    // A writer that lands between this change's read and its write: the change runs again
+    // on the newer document, and the newer writer's summary survives.
+    let racing = store.clone();
+    let mut calls = 0;
+    let stored = store
+        .update_memory("api:u1", &mut |doc| {
+            calls += 1;
+            let mut doc = doc.unwrap_or_default();
+            if calls == 1 {
+                let mut other = doc.clone();
+                other.history.recent_months.summary = "from the updater".to_owned();
+                racing
+                    .memory
+                    .insert("api:u1", serde_json::to_vec(&other).unwrap())
+                    .unwrap();
+            }
+            doc.user.top_of_mind.summary = "second".to_owned();
+            Some(doc)
+        })
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(calls, 2);
+    assert_eq!(stored.history.recent_months.summary, "from the updater");
+    assert_eq!(stored.user.top_of_mind.summary, "second");
+    assert_eq!(store.memory("api:u1").await.unwrap(), Some(stored));
+
+    // None deletes.
+    assert_eq!(
+        store.update_memory("api:u1", &mut |_| None).await.unwrap(),
+        None
+    );
+    assert!(store.memory("api:u1").await.unwrap().is_none());
+}
+
+#[tokio::test]
+async fn clear_memory_drops_the_document_and_that_users_queued_updates_only() {
+    let store = SledStore::temporary().unwrap();
+    store
+        .put_memory("person:ada", &MemoryDocument::default())
+        .await
+        .unwrap();
+    store
+        .put_memory("api:bob", &MemoryDocument::default())
+        .await
+        .unwrap();
+    store
+        .queue_memory_update(memory_update("person:ada", "t1", 1))
+        .await
+        .unwrap();
+    store
+        .queue_memory_update(memory_update("telegram:42", "t2", 2))
+        .await
+        .unwrap();
+    store
+        .queue_memory_update(memory_update("api:bob", "t3", 3))
+        .await
+        .unwrap();
+    let cleared = store
+        .clear_memory(
+            "person:ada",
+            &["person:ada".to_owned(), "telegram:42".to_owned()],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        cleared,
+        ClearedMemory {
+            document: true,
+            updates: 2
+        }
+    );
+    assert!(store.memory("person:ada").await.unwrap().is_none());
+    let left = store.due_memory_updates(1_000, 10).await.unwrap();
+    assert_eq!(left, vec![memory_update("api:bob", "t3", 3)]);
+    assert!(store.memory("api:bob").await.unwrap().is_some());
+    let again = store
+        .clear_memory("person:ada", &["person:ada".to_owned()])
+        .await
+        .unwrap();
+    assert_eq!(again, ClearedMemory::default());
+}
+
+#[tokio::test]
+async fn memory_keys_page_in_key_order() {
+    let store = SledStore::temporary().unwrap();
+    for key in ["api:c", "api:a", "telegram:1", "api:b"] {
+        store
+            .put_memory(key, &MemoryDocument::default())
+            .await
+            .unwrap();
+    }
+    assert_eq!(
+        store.memory_keys(None, 2).await.unwrap(),
+        ["api:a", "api:b"]
+    );
+    assert_eq!(
+        store.memory_keys(Some("api:b"), 2).await.unwrap(),
+        ["api:c", "telegram:1"]
+    );
+    assert!(
+        store
+            .memory_keys(Some("telegram:1"), 2)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+}
+
 fn accept_in(conversation: &str, event_id: &str, now_ms: u64, ttl_ms: u64) -> Accept {
     Accept {
         dedupe_ttl_ms: ttl_ms,

@@ -1,0 +1,269 @@
+//! `/memory`: what antler remembers about the message's author, and forgetting it.
+//!
+//! The memory is always the author's (`MemoryIdentities::key` of the event's channel and user
+//! id), also in a group chat, where nobody can read or change another member's memory. What
+//! antler remembers about someone is theirs alone, so in a group chat it is never shown: there
+//! `/memory` and `/memory forget <n>` (whose answer quotes the fact) point to a direct message,
+//! and only `/memory clear`, which reveals nothing, works.
+//! `/memory forget <n>` resolves `n` on the document as it is read, then removes that fact by
+//! id with [`Store::update_memory`], so an updater writing at the same moment neither loses
+//! its changes nor shifts which fact goes. `/memory clear` only explains; `/memory clear
+//! confirm` deletes the document and every update still queued for the user
+//! ([`Store::clear_memory`]), so nothing learned before comes back.
+
+use crate::memory::edit::{self, EditError};
+use crate::memory::identity::MemoryIdentities;
+use crate::store::Store;
+
+use super::commands::MemoryAction;
+
+/// How `/memory` is used, for a form it does not know.
+const USAGE: &str = "Use /memory to see what I remember about you, /memory forget <n> to \
+remove fact n, or /memory clear to forget everything.";
+
+/// The answer to `/memory` or `/memory forget` in a group chat.
+const PRIVATE: &str = "What I remember about you is private: send /memory to me in a direct \
+message.";
+
+/// The answer to a store failure; the cause goes to the log.
+const UNAVAILABLE: &str = "Sorry, I can't reach my memory right now; try again in a moment.";
+
+/// Where `/memory` was sent and by whom.
+pub(crate) struct Asker<'a> {
+    /// The channel (`telegram`, `api`, ...).
+    pub(crate) channel: &'a str,
+    /// The platform's user id.
+    pub(crate) user_id: &'a str,
+    /// Whether it was sent in a group chat, where others would read the answer.
+    pub(crate) in_group: bool,
+}
+
+/// The reply to `/memory ...` from `asker`.
+pub(crate) async fn answer(
+    store: &dyn Store,
+    identities: &MemoryIdentities,
+    asker: Asker<'_>,
+    action: MemoryAction,
+) -> String {
+    let key = identities.key(asker.channel, asker.user_id);
+    let reply = match action {
+        MemoryAction::Show | MemoryAction::Forget(_) if asker.in_group => Ok(PRIVATE.to_owned()),
+        MemoryAction::Show => show(store, &key).await,
+        MemoryAction::Forget(n) => forget(store, &key, n).await,
+        MemoryAction::Clear => ask_to_confirm(store, &key).await,
+        MemoryAction::ClearConfirmed => clear(store, identities, &key).await,
+        MemoryAction::Invalid => Ok(USAGE.to_owned()),
+    };
+    reply.unwrap_or_else(|e| {
+        tracing::error!(error = %e, "/memory failed");
+        UNAVAILABLE.to_owned()
+    })
+}
+
+async fn show(store: &dyn Store, key: &str) -> Result<String, crate::store::StoreError> {
+    Ok(match store.memory(key).await? {
+        Some(doc) => edit::render_for_user(&doc),
+        None => edit::NOTHING_REMEMBERED.to_owned(),
+    })
+}
+
+async fn forget(
+    store: &dyn Store,
+    key: &str,
+    n: usize,
+) -> Result<String, crate::store::StoreError> {
+    let mut seen = store.memory(key).await?.unwrap_or_default();
+    let fact = match edit::forget(&mut seen, n) {
+        Ok(fact) => fact,
+        Err(e @ EditError::NoSuchFact { .. }) => {
+            return Ok(format!("Nothing forgotten: {e}. Send /memory to see them."));
+        }
+        Err(e) => return Ok(e.to_string()),
+    };
+    let mut removed = false;
+    store
+        .update_memory(key, &mut |doc| {
+            let mut doc = doc?;
+            removed = edit::forget_id(&mut doc, &fact.id).is_some();
+            Some(doc)
+        })
+        .await?;
+    let content = edit::escape_markdown(&fact.content, 200);
+    Ok(if removed {
+        format!("Forgot fact {n}: “{content}”.")
+    } else {
+        format!("Fact {n} (“{content}”) was already gone.")
+    })
+}
+
+async fn ask_to_confirm(store: &dyn Store, key: &str) -> Result<String, crate::store::StoreError> {
+    Ok(match store.memory(key).await? {
+        Some(doc) if !edit::is_empty(&doc) => format!(
+            "This forgets everything I remember about you ({} fact{} and the summaries), and \
+             cannot be undone. To go ahead, send `/memory clear confirm`.",
+            doc.facts.len(),
+            if doc.facts.len() == 1 { "" } else { "s" },
+        ),
+        _ => edit::NOTHING_REMEMBERED.to_owned(),
+    })
+}
+
+async fn clear(
+    store: &dyn Store,
+    identities: &MemoryIdentities,
+    key: &str,
+) -> Result<String, crate::store::StoreError> {
+    let cleared = store.clear_memory(key, &identities.names_of(key)).await?;
+    tracing::info!(
+        document = cleared.document,
+        queued_updates = cleared.updates,
+        "memory cleared by its user"
+    );
+    Ok(if cleared.document || cleared.updates > 0 {
+        "Done: I have forgotten everything I remembered about you.".to_owned()
+    } else {
+        edit::NOTHING_REMEMBERED.to_owned()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::memory::{MemoryConfig, MemoryDocument, MemoryUpdate};
+    use crate::store::SledStore;
+
+    fn fact(id: &str, content: &str, confidence: f32) -> crate::memory::schema::Fact {
+        crate::memory::schema::Fact {
+            id: id.to_owned(),
+            content: content.to_owned(),
+            category: "context".to_owned(),
+            confidence,
+            created_at: "2026-01-01T00:00:00Z".to_owned(),
+            updated_at: String::new(),
+            source: crate::memory::schema::FactSource {
+                thread_id: "t1".to_owned(),
+            },
+        }
+    }
+
+    fn dm<'a>(channel: &'a str, user_id: &'a str) -> Asker<'a> {
+        Asker {
+            channel,
+            user_id,
+            in_group: false,
+        }
+    }
+
+    #[tokio::test]
+    async fn in_a_group_nothing_remembered_is_shown() {
+        let store = seeded().await;
+        let ids = linked();
+        let group = |action| {
+            answer(
+                &store,
+                &ids,
+                Asker {
+                    channel: "telegram",
+                    user_id: "42",
+                    in_group: true,
+                },
+                action,
+            )
+        };
+        assert_eq!(group(MemoryAction::Show).await, PRIVATE);
+        assert_eq!(group(MemoryAction::Forget(1)).await, PRIVATE);
+        let doc = store.memory("person:ada").await.unwrap().unwrap();
+        assert_eq!(doc.facts.len(), 2, "nothing forgotten");
+        let ask = group(MemoryAction::Clear).await;
+        assert!(ask.contains("/memory clear confirm"), "{ask}");
+        assert!(!ask.contains("payments"), "{ask}");
+    }
+
+    fn linked() -> MemoryIdentities {
+        let config: MemoryConfig = toml::from_str(
+            "[[identities]]\nname = \"ada\"\nids = [\"telegram:42\", \"api:ada\"]\n",
+        )
+        .unwrap();
+        MemoryIdentities::from_config(&config)
+    }
+
+    async fn seeded() -> SledStore {
+        let store = SledStore::temporary().unwrap();
+        let doc = MemoryDocument {
+            facts: vec![
+                fact("f1", "deploys on Fridays", 0.8),
+                fact("f2", "runs the payments team", 0.95),
+            ],
+            ..MemoryDocument::default()
+        };
+        store.put_memory("person:ada", &doc).await.unwrap();
+        store
+    }
+
+    #[tokio::test]
+    async fn show_answers_about_the_author_through_linked_identities_only() {
+        let store = seeded().await;
+        let ids = linked();
+        let ada = answer(&store, &ids, dm("telegram", "42"), MemoryAction::Show).await;
+        assert!(ada.contains("1. runs the payments team"), "{ada}");
+        let same = answer(&store, &ids, dm("api", "ada"), MemoryAction::Show).await;
+        assert_eq!(ada, same, "one person, one memory");
+        let bob = answer(&store, &ids, dm("telegram", "43"), MemoryAction::Show).await;
+        assert_eq!(bob, edit::NOTHING_REMEMBERED);
+    }
+
+    #[tokio::test]
+    async fn forget_removes_the_numbered_fact_and_says_which() {
+        let store = seeded().await;
+        let ids = linked();
+        let reply = answer(&store, &ids, dm("api", "ada"), MemoryAction::Forget(1)).await;
+        assert_eq!(reply, "Forgot fact 1: “runs the payments team”.");
+        let doc = store.memory("person:ada").await.unwrap().unwrap();
+        assert_eq!(doc.facts.len(), 1);
+        assert_eq!(doc.facts[0].id, "f1");
+        let none = answer(&store, &ids, dm("api", "ada"), MemoryAction::Forget(2)).await;
+        assert!(none.contains("there is no fact 2"), "{none}");
+        assert_eq!(
+            store
+                .memory("person:ada")
+                .await
+                .unwrap()
+                .unwrap()
+                .facts
+                .len(),
+            1
+        );
+    }
+
+    #[tokio::test]
+    async fn clear_asks_first_then_drops_the_document_and_queued_updates() {
+        let store = seeded().await;
+        let ids = linked();
+        store
+            .queue_memory_update(MemoryUpdate {
+                user_id: "telegram:42".to_owned(),
+                thread_id: "t9".to_owned(),
+                messages: Vec::new(),
+                enqueued_at_ms: 1,
+                due_at_ms: 2,
+            })
+            .await
+            .unwrap();
+        let ask = answer(&store, &ids, dm("telegram", "42"), MemoryAction::Clear).await;
+        assert!(ask.contains("/memory clear confirm"), "{ask}");
+        assert!(ask.contains("2 facts"), "{ask}");
+        assert!(
+            store.memory("person:ada").await.unwrap().is_some(),
+            "not yet"
+        );
+
+        let done = answer(&store, &ids, dm("api", "ada"), MemoryAction::ClearConfirmed).await;
+        assert!(done.starts_with("Done"), "{done}");
+        assert!(store.memory("person:ada").await.unwrap().is_none());
+        assert!(store.due_memory_updates(10, 10).await.unwrap().is_empty());
+        let again = answer(&store, &ids, dm("api", "ada"), MemoryAction::Clear).await;
+        assert_eq!(again, edit::NOTHING_REMEMBERED);
+        let usage = answer(&store, &ids, dm("api", "ada"), MemoryAction::Invalid).await;
+        assert_eq!(usage, USAGE);
+    }
+}
