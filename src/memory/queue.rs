@@ -186,23 +186,29 @@ impl MemoryWorker {
                 Ok((answer, usage)) => {
                     metrics::histogram!("antler_memory_updater_tokens")
                         .record(usage.total_tokens as f64);
-                    // Applied by compare and swap: a fact forgotten (`/memory forget`, the
-                    // API) while the model was answering stays forgotten.
+                    // Applied to the document as it is now, in one transaction with the
+                    // item's removal: a fact forgotten (`/memory forget`, the API) while the
+                    // model was answering stays forgotten, and a user forgotten meanwhile
+                    // (`/memory clear`, whose transaction dropped this item) gets nothing back.
                     let rules = self.settings.rules;
                     let now = OffsetDateTime::now_utc();
                     let stored = self
                         .store
-                        .update_memory(&item.user_id, &mut |doc| {
+                        .apply_memory_update(item, &mut |doc| {
                             let mut doc = doc.unwrap_or_default();
                             updater::apply(&mut doc, answer.clone(), &item.thread_id, rules, now);
-                            Some(doc)
+                            doc
                         })
                         .await;
                     return match stored {
-                        Ok(doc) => {
-                            let facts = doc.map_or(0, |d| d.facts.len());
+                        Ok(Some(doc)) => {
+                            let facts = doc.facts.len();
                             tracing::debug!(thread = %item.thread_id, facts, tokens = usage.total_tokens, "memory updated");
                             Outcome::Processed
+                        }
+                        Ok(None) => {
+                            tracing::debug!(thread = %item.thread_id, "memory update superseded or cleared meanwhile; not applied");
+                            Outcome::Dropped
                         }
                         Err(e) => {
                             tracing::warn!(error = %e, "cannot store a memory document");

@@ -343,11 +343,22 @@ pub(crate) trait Store: Send + Sync + std::fmt::Debug {
         change: &mut (dyn FnMut(Option<MemoryDocument>) -> Option<MemoryDocument> + Send),
     ) -> Result<Option<MemoryDocument>, StoreError>;
 
+    /// Applies the updater's answer to a queued update: if `processed` is still queued as it
+    /// was read (not replaced by a newer context, not dropped by [`Store::clear_memory`]),
+    /// `change` rewrites the document of its `user_id` and the entry is removed, in one
+    /// transaction; otherwise nothing is written and `None` is returned. So a user who is
+    /// forgotten while the model is answering stays forgotten. *Durable.*
+    async fn apply_memory_update(
+        &self,
+        processed: &MemoryUpdate,
+        change: &mut (dyn FnMut(Option<MemoryDocument>) -> MemoryDocument + Send),
+    ) -> Result<Option<MemoryDocument>, StoreError>;
+
     /// Forgets a user: deletes the document of `user_key` and drops every queued update whose
     /// `user_id` is one of `queued_for`, in one transaction, so no update waiting in the queue
     /// brings anything back. *Durable.* An update already taken from the queue (its model
-    /// call under way) is not stopped by this: its writer should check, in the same
-    /// transaction as its write, that its queue entry is still there.
+    /// call under way) cannot write afterwards: [`Store::apply_memory_update`] finds its entry
+    /// gone.
     async fn clear_memory(
         &self,
         user_key: &str,

@@ -999,6 +999,50 @@ impl Store for SledStore {
         )))
     }
 
+    async fn apply_memory_update(
+        &self,
+        processed: &MemoryUpdate,
+        change: &mut (dyn FnMut(Option<MemoryDocument>) -> MemoryDocument + Send),
+    ) -> Result<Option<MemoryDocument>, StoreError> {
+        let queue_key = memory_queue_key(processed);
+        let user_key = processed.user_id.as_bytes();
+        // A transaction takes an `Fn` (it may run again on a conflict); `change` is `FnMut`.
+        let change = std::cell::RefCell::new(change);
+        let applied = (&self.memory, &self.memory_queue)
+            .transaction(|(memory, queue)| {
+                let still_queued = match queue.get(&queue_key)? {
+                    Some(bytes) => match decode::<MemoryUpdate>("memory update", &bytes) {
+                        Ok(queued) => queued.enqueued_at_ms == processed.enqueued_at_ms,
+                        Err(e) => return abort(e),
+                    },
+                    None => false,
+                };
+                if !still_queued {
+                    return Ok(None);
+                }
+                let stored = match memory.get(user_key)? {
+                    Some(bytes) => match decode::<MemoryDocument>("memory document", &bytes) {
+                        Ok(doc) => Some(doc),
+                        Err(e) => return abort(e),
+                    },
+                    None => None,
+                };
+                let next = (change.borrow_mut())(stored);
+                let bytes = match encode("memory document", &next) {
+                    Ok(bytes) => bytes,
+                    Err(e) => return abort(e),
+                };
+                memory.insert(user_key, bytes)?;
+                queue.remove(queue_key.as_slice())?;
+                Ok(Some(next))
+            })
+            .map_err(from_tx)?;
+        if applied.is_some() {
+            self.commit.flush().await?;
+        }
+        Ok(applied)
+    }
+
     async fn clear_memory(
         &self,
         user_key: &str,

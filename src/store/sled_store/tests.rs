@@ -462,6 +462,79 @@ fn memory_update(user: &str, thread: &str, at: u64) -> MemoryUpdate {
 }
 
 #[tokio::test]
+async fn an_update_applies_only_while_it_is_still_queued_as_read() {
+    let store = SledStore::temporary().unwrap();
+    let mark = |doc: Option<MemoryDocument>| {
+        let mut doc = doc.unwrap_or_default();
+        doc.user.top_of_mind.summary.push_str("learned;");
+        doc
+    };
+
+    // Still queued: applied, and the entry goes with the same write.
+    let first = memory_update("api:u1", "t1", 1);
+    store.queue_memory_update(first.clone()).await.unwrap();
+    let applied = store
+        .apply_memory_update(&first, &mut |d| mark(d))
+        .await
+        .unwrap();
+    assert_eq!(applied.unwrap().user.top_of_mind.summary, "learned;");
+    assert!(
+        store
+            .due_memory_updates(u64::MAX, 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+
+    // Replaced by a newer context of the same thread: the older answer is not applied.
+    let older = memory_update("api:u1", "t1", 2);
+    store.queue_memory_update(older.clone()).await.unwrap();
+    store
+        .queue_memory_update(memory_update("api:u1", "t1", 3))
+        .await
+        .unwrap();
+    assert_eq!(
+        store
+            .apply_memory_update(&older, &mut |d| mark(d))
+            .await
+            .unwrap(),
+        None
+    );
+    let doc = store.memory("api:u1").await.unwrap().unwrap();
+    assert_eq!(doc.user.top_of_mind.summary, "learned;");
+    assert_eq!(
+        store.due_memory_updates(u64::MAX, 10).await.unwrap().len(),
+        1
+    );
+
+    // Forgotten while the model was answering: nothing comes back.
+    let taken = store
+        .due_memory_updates(u64::MAX, 10)
+        .await
+        .unwrap()
+        .remove(0);
+    let cleared = store
+        .clear_memory("api:u1", &["api:u1".to_owned()])
+        .await
+        .unwrap();
+    assert_eq!(
+        cleared,
+        ClearedMemory {
+            document: true,
+            updates: 1
+        }
+    );
+    assert_eq!(
+        store
+            .apply_memory_update(&taken, &mut |d| mark(d))
+            .await
+            .unwrap(),
+        None
+    );
+    assert_eq!(store.memory("api:u1").await.unwrap(), None);
+}
+
+#[tokio::test]
 async fn update_memory_reruns_the_change_on_a_newer_document() {
     let store = SledStore::temporary().unwrap();
     let mut calls = 0;
