@@ -64,7 +64,11 @@ impl WorkerSettings {
 /// What became of one item.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Outcome {
+    /// Applied; the item left the queue in the same transaction.
     Processed,
+    /// Not applied: a newer context replaced the item, or the user was forgotten meanwhile.
+    Superseded,
+    /// Given up on (the updater kept failing); the item is removed.
     Dropped,
     /// The store failed: the item stays queued for a later poll.
     Kept,
@@ -74,6 +78,7 @@ impl Outcome {
     fn as_str(self) -> &'static str {
         match self {
             Self::Processed => "processed",
+            Self::Superseded => "superseded",
             Self::Dropped => "dropped",
             Self::Kept => "failed",
         }
@@ -154,11 +159,11 @@ impl MemoryWorker {
     async fn process(&self, item: &MemoryUpdate) -> Outcome {
         let outcome = self.update(item).await;
         let outcome = match outcome {
-            Outcome::Kept => Outcome::Kept,
-            done => match self.store.remove_memory_update(item).await {
-                Ok(_) => done,
+            done @ (Outcome::Kept | Outcome::Processed | Outcome::Superseded) => done,
+            Outcome::Dropped => match self.store.remove_memory_update(item).await {
+                Ok(_) => Outcome::Dropped,
                 Err(e) => {
-                    tracing::warn!(thread = %item.thread_id, error = %e, "cannot remove a processed memory update");
+                    tracing::warn!(thread = %item.thread_id, error = %e, "cannot remove a dropped memory update");
                     Outcome::Kept
                 }
             },
@@ -208,7 +213,7 @@ impl MemoryWorker {
                         }
                         Ok(None) => {
                             tracing::debug!(thread = %item.thread_id, "memory update superseded or cleared meanwhile; not applied");
-                            Outcome::Dropped
+                            Outcome::Superseded
                         }
                         Err(e) => {
                             tracing::warn!(error = %e, "cannot store a memory document");
