@@ -7,6 +7,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use antler_channel::Channel;
+use antler_discord::{DiscordChannel, DiscordSettings};
 use antler_feishu::{FeishuChannel, FeishuSettings};
 use antler_slack::{SlackChannel, SlackSettings};
 use antler_telegram::{TelegramChannel, TelegramSettings};
@@ -256,6 +257,16 @@ async fn platform_channels(config: &Config) -> Result<Platforms, AppError> {
         platforms.all.push(channel.clone());
         platforms.webhooks.push(channel);
     }
+    let discord = &config.channels.discord;
+    if discord.enabled {
+        let channel = Arc::new(
+            DiscordChannel::new(&discord_settings(discord), crate::now_ms)
+                .map_err(|e| AppError::Channel(format!("channels.discord: {e}")))?,
+        );
+        // Interactions name everything they need: no identity to learn before serving.
+        platforms.all.push(channel.clone());
+        platforms.webhooks.push(channel);
+    }
     let feishu = &config.channels.feishu;
     if feishu.enabled {
         let settings = FeishuSettings {
@@ -280,6 +291,17 @@ async fn platform_channels(config: &Config) -> Result<Platforms, AppError> {
         platforms.webhooks.push(channel);
     }
     Ok(platforms)
+}
+
+/// The Discord channel's settings from `[channels.discord]` (setup commands use them too).
+pub(crate) fn discord_settings(discord: &crate::config::DiscordConfig) -> DiscordSettings {
+    DiscordSettings {
+        application_id: discord.application_id.clone().unwrap_or_default(),
+        public_key: discord.public_key.clone().unwrap_or_default(),
+        bot_token: exposed(&discord.bot_token),
+        api_url: discord.api_url.clone(),
+        allowed_guilds: discord.allowed_guilds.clone(),
+    }
 }
 
 /// A secret's text for a platform crate (empty when unset; validation has required it).
@@ -800,6 +822,7 @@ mod tests {
                         text: "hello".to_owned(),
                         reply_to: Some("m1".to_owned()),
                         files: Vec::new(),
+                        reply_context: None,
                     }],
                     memory_update: None,
                     draft: None,

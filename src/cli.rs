@@ -1,5 +1,5 @@
 //! The command line: `serve`, `check-config`, `chat`, `doctor`, `healthcheck`, `telegram`,
-//! `slack`.
+//! `slack`, `discord`.
 
 use std::path::PathBuf;
 
@@ -76,12 +76,34 @@ pub enum Command {
         #[command(subcommand)]
         command: SlackCommand,
     },
+    /// Set up Discord: the application commands.
+    Discord {
+        /// What to do.
+        #[command(subcommand)]
+        command: DiscordCommand,
+    },
     /// Exit 0 when a running antler answers `GET /healthz` with 200 within 5 s, else 1 (for
     /// container health checks: no curl needed).
     Healthcheck {
         /// The antler base URL.
         #[arg(long, env = "ANTLER_URL", default_value = "http://127.0.0.1:8080")]
         url: String,
+    },
+}
+
+/// `antler discord …`
+#[derive(Debug, Subcommand)]
+pub enum DiscordCommand {
+    /// Register `/ask`, the chat commands and the "Ask antler" message command, globally or
+    /// for one server; nothing is written when Discord already has exactly these.
+    RegisterCommands {
+        /// The configuration file.
+        #[arg(long, env = "ANTLER_CONFIG", default_value = crate::config::DEFAULT_PATH)]
+        config: PathBuf,
+        /// Register for this server (guild id) only: there they appear at once, while global
+        /// commands may take a while to show.
+        #[arg(long)]
+        guild: Option<String>,
     },
 }
 

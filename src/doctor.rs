@@ -2,8 +2,8 @@
 //!
 //! The configuration, the store, the listen address, the model endpoint and the API's access
 //! rules; each enabled platform's credentials (Telegram: the token through `getMe`, and the
-//! webhook Telegram delivers to; Slack: the token through `auth.test`; Feishu: a tenant token
-//! and the bot's info). Nothing is changed,
+//! webhook Telegram delivers to; Slack: the token through `auth.test`; Discord: the bot token
+//! through `GET /users/@me`; Feishu: a tenant token and the bot's info). Nothing is changed,
 //! except that a store is opened the way `antler serve` would open it (an older layout is
 //! migrated); a store another antler holds is reported, not touched.
 
@@ -140,6 +140,9 @@ async fn check(config_path: &Path) -> Vec<Finding> {
     }
     if config.channels.slack.enabled {
         findings.push(check_slack(&config).await);
+    }
+    if config.channels.discord.enabled {
+        findings.push(check_discord(&config).await);
     }
     if config.channels.feishu.enabled {
         findings.push(check_feishu(&config).await);
@@ -329,6 +332,43 @@ async fn check_feishu(config: &Config) -> Finding {
             "check the network, or channels.feishu.api_url",
         ),
         Err(e) => Finding::fail("feishu", format!("no tenant token: {e}"), FIX),
+    }
+}
+
+/// The Discord bot token, with `GET /users/@me`: which bot it is.
+async fn check_discord(config: &Config) -> Finding {
+    const FIX: &str = "set channels.discord.bot_token to the token on the application's Bot \
+                       page (Reset Token shows a new one)";
+    let discord = &config.channels.discord;
+    let Some(token) = &discord.bot_token else {
+        return Finding::fail("discord", "channels.discord.bot_token is not set", FIX);
+    };
+    let application_id = discord.application_id.as_deref().unwrap_or_default();
+    let api =
+        match antler_discord::DiscordApi::new(&discord.api_url, application_id, token.expose()) {
+            Ok(api) => api,
+            Err(e) => return Finding::fail("discord", e.to_string(), FIX),
+        };
+    match api.me().await {
+        Ok(me) if !application_id.is_empty() && me.id != application_id => Finding::warn(
+            "discord",
+            format!(
+                "the token is for bot {} ({}), but channels.discord.application_id is \
+                 {application_id}",
+                me.name, me.id
+            ),
+            "use the bot token and application id of the same application",
+        ),
+        Ok(me) => Finding::ok(
+            "discord",
+            format!("the bot token works: the bot is {} ({})", me.name, me.id),
+        ),
+        Err(e @ (ChannelError::Transient(_) | ChannelError::RateLimited { .. })) => Finding::fail(
+            "discord",
+            format!("{} is unreachable: {e}", discord.api_url),
+            "check the network, or channels.discord.api_url",
+        ),
+        Err(e) => Finding::fail("discord", format!("GET /users/@me failed: {e}"), FIX),
     }
 }
 

@@ -3,7 +3,7 @@
 use std::io::Write;
 use std::process::ExitCode;
 
-use antler::cli::{Cli, Command, SlackCommand, TelegramCommand};
+use antler::cli::{Cli, Command, DiscordCommand, SlackCommand, TelegramCommand};
 use antler::config::Config;
 use antler::logging;
 use clap::Parser;
@@ -76,6 +76,7 @@ async fn run(command: &Command) -> anyhow::Result<ExitCode> {
         } => antler::chat::run(url, token.as_deref(), conversation, user.as_deref()).await?,
         Command::Telegram { command } => return Ok(telegram(command).await),
         Command::Slack { command } => return Ok(slack(command)),
+        Command::Discord { command } => return Ok(discord(command).await),
         Command::Healthcheck { url } => antler::chat::healthcheck(url).await?,
         Command::Doctor { config } => {
             if !antler::doctor::run(config).await {
@@ -110,6 +111,16 @@ fn slack(command: &SlackCommand) -> ExitCode {
     let mut out = std::io::stdout();
     exit_code(match command {
         SlackCommand::Manifest { config } => antler::setup::slack_manifest(config, &mut out),
+    })
+}
+
+/// Runs an `antler discord` command.
+async fn discord(command: &DiscordCommand) -> ExitCode {
+    let mut out = std::io::stdout();
+    exit_code(match command {
+        DiscordCommand::RegisterCommands { config, guild } => {
+            antler::setup::register_discord_commands(config, guild.as_deref(), &mut out).await
+        }
     })
 }
 

@@ -1,5 +1,5 @@
-//! `antler telegram …` and `antler slack manifest`: pointing a platform at antler and reading
-//! back what it was told.
+//! `antler telegram …`, `antler slack manifest` and `antler discord register-commands`:
+//! pointing a platform at antler and reading back what it was told.
 //!
 //! Each command loads the config, makes its Bot API calls through [`TelegramApi`] (whose errors
 //! never hold the bot token) and writes a few `key: value` lines. Secrets are never printed:
@@ -9,6 +9,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use antler_channel::ChannelError;
+use antler_discord::{CommandSpec, DiscordApi, OptionSpec, Registration};
 use antler_telegram::{ALLOWED_UPDATES, MenuCommand, TelegramApi, WebhookSettings, WebhookStatus};
 
 use crate::config::{Config, ConfigError, mask_url};
@@ -112,6 +113,112 @@ pub fn telegram_menu() -> Vec<MenuCommand> {
             description: (*description).to_owned(),
         })
         .collect()
+}
+
+/// The path Discord's interactions are served at, under `server.public_url`: the
+/// application's Interactions Endpoint URL.
+pub const DISCORD_INTERACTIONS_PATH: &str = "/webhooks/discord/interactions";
+
+/// The label of the message context-menu command.
+pub const DISCORD_MESSAGE_COMMAND: &str = "Ask antler";
+
+/// The application commands antler answers: `/ask prompt:…`, each chat command of the menu
+/// (`/plan` and `/memory` with their optional words as `args`), and the "Ask antler" message
+/// command.
+pub fn discord_commands() -> Vec<CommandSpec> {
+    let option = |name: &str, description: &str, required: bool| OptionSpec {
+        name: name.to_owned(),
+        description: description.to_owned(),
+        kind: 3,
+        required,
+    };
+    let mut commands = vec![CommandSpec {
+        name: "ask".to_owned(),
+        kind: 1,
+        description: "Ask the assistant".to_owned(),
+        options: vec![option("prompt", "What to ask", true)],
+    }];
+    commands.extend(MENU.iter().map(|(name, description)| CommandSpec {
+        name: (*name).to_owned(),
+        kind: 1,
+        description: (*description).to_owned(),
+        options: match *name {
+            "plan" => vec![option("args", "on or off (nothing: switch)", false)],
+            "memory" => vec![option("args", "forget <n>, clear, clear confirm", false)],
+            _ => Vec::new(),
+        },
+    }));
+    commands.push(CommandSpec {
+        name: DISCORD_MESSAGE_COMMAND.to_owned(),
+        kind: 3,
+        description: String::new(),
+        options: Vec::new(),
+    });
+    commands
+}
+
+/// `antler discord register-commands [--guild ID]`: registers [`discord_commands`] globally
+/// or for one server, only when Discord's list differs (it is read first).
+pub async fn register_discord_commands(
+    config_path: &Path,
+    guild: Option<&str>,
+    out: &mut dyn Write,
+) -> Result<(), SetupError> {
+    let config = load(config_path)?;
+    let discord = &config.channels.discord;
+    let Some(application_id) = &discord.application_id else {
+        return Err(SetupError::Key {
+            key: "channels.discord.application_id",
+            problem: "not set; it is the Application ID on the app's General Information page"
+                .to_owned(),
+        });
+    };
+    let Some(token) = &discord.bot_token else {
+        return Err(SetupError::Key {
+            key: "channels.discord.bot_token",
+            problem: "not set; it is the token on the app's Bot page".to_owned(),
+        });
+    };
+    if let Some(guild) = guild
+        && !(!guild.is_empty() && guild.bytes().all(|b| b.is_ascii_digit()))
+    {
+        return Err(SetupError::Key {
+            key: "--guild",
+            problem: "must be a server (guild) id: digits only".to_owned(),
+        });
+    }
+    let api = DiscordApi::new(&discord.api_url, application_id, token.expose())?;
+    let commands = discord_commands();
+    let outcome = api.register_commands(guild, &commands).await?;
+    let scope = guild.map_or_else(|| "global".to_owned(), |guild| format!("guild {guild}"));
+    let names: Vec<String> = commands
+        .iter()
+        .map(|c| {
+            if c.kind == 1 {
+                format!("/{}", c.name)
+            } else {
+                c.name.clone()
+            }
+        })
+        .collect();
+    let _ = writeln!(out, "scope: {scope}");
+    let _ = writeln!(
+        out,
+        "commands: {} ({})",
+        match outcome {
+            Registration::Updated => "registered",
+            Registration::Unchanged => "unchanged",
+        },
+        names.join(", ")
+    );
+    if let Some(public) = &config.server.public_url {
+        let _ = writeln!(
+            out,
+            "interactions endpoint url: {}{DISCORD_INTERACTIONS_PATH}",
+            mask_url(public.trim_end_matches('/'))
+        );
+    }
+    Ok(())
 }
 
 /// `antler telegram set-webhook`: points Telegram at `server.public_url` +

@@ -30,6 +30,7 @@ pub(crate) fn event(conversation: &str, event_id: &str, text: &str) -> InboundEv
         follow_up: false,
         unsupported: None,
         interactive: false,
+        reply_context: None,
     }
 }
 

@@ -624,6 +624,13 @@ pub struct DiscordConfig {
     /// The API base URL.
     #[serde(deserialize_with = "secret::string")]
     pub api_url: String,
+    /// Servers (guild ids) whose members may use the bot; empty: any server it is in. DMs are
+    /// decided by the allowlists alone.
+    #[serde(deserialize_with = "secret::strings")]
+    pub allowed_guilds: Vec<String>,
+    /// A Gateway connection for plain @mentions and DMs. Not built yet: `true` is refused by
+    /// validation, so it is never silently ignored.
+    pub gateway: bool,
     /// Platform user ids that may talk to the bot (with `allowed_chats`; both empty: anyone).
     #[serde(deserialize_with = "secret::strings")]
     pub allowed_users: Vec<String>,
@@ -643,6 +650,8 @@ impl Default for DiscordConfig {
             public_key: None,
             bot_token: None,
             api_url: "https://discord.com".to_owned(),
+            allowed_guilds: Vec::new(),
+            gateway: false,
             allowed_users: Vec::new(),
             allowed_chats: Vec::new(),
             admins: Vec::new(),

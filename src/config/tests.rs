@@ -382,7 +382,6 @@ fn enabled_platform_requires_its_secrets() {
             "channels.discord.application_id: required when enabled",
             "channels.discord.public_key: required when enabled",
             "channels.discord.bot_token: required when enabled",
-            "channels.discord.enabled: the discord channel is not available in this build yet",
         ]
     );
     let found = issues("[channels.feishu]\nenabled = true\napp_secret = \"\"\n");
@@ -397,13 +396,33 @@ fn enabled_platform_requires_its_secrets() {
 }
 
 #[test]
-fn complete_platform_is_not_available_yet() {
+fn every_platform_is_available_and_discord_has_its_shapes() {
     let text = "[channels.discord]\nenabled = true\napplication_id = \"1\"\nbot_token = \"t\"\n\
                 public_key = \"0000000000000000000000000000000000000000000000000000000000000000\"\n";
-    assert_eq!(
-        issues(text),
-        ["channels.discord.enabled: the discord channel is not available in this build yet"]
+    assert!(parse(text).is_ok(), "discord is built");
+    let found = issues(
+        "[channels.discord]\napplication_id = \"my-app\"\nallowed_guilds = [\"1\", \"guild\"]\n\
+         gateway = true\n",
     );
+    assert_eq!(found.len(), 3, "{found:?}");
+    assert!(
+        found[0]
+            .starts_with("channels.discord.application_id: must be the application's numeric id")
+    );
+    assert_eq!(
+        found[1],
+        "channels.discord.allowed_guilds[1]: must be a server (guild) id: digits only"
+    );
+    assert!(
+        found[2].starts_with("channels.discord.gateway: the Discord Gateway"),
+        "gateway = true is refused, not ignored: {found:?}"
+    );
+    let config = parse("[channels.discord]\nallowed_guilds = [1100000000000000001]\n").unwrap();
+    assert_eq!(
+        config.channels.discord.allowed_guilds,
+        ["1100000000000000001"]
+    );
+    assert!(!config.channels.discord.gateway);
     let telegram =
         "[channels.telegram]\nenabled = true\nbot_token = \"1:A\"\nwebhook_secret = \"s\"\n";
     assert!(parse(telegram).is_ok(), "telegram is built");

@@ -25,7 +25,7 @@ pub(crate) const MAX_USER_CHARS: usize = 64;
 
 /// The chat platforms whose adapters exist in this build; an enabled platform outside this list
 /// is refused until its adapter lands.
-pub(crate) const AVAILABLE_PLATFORMS: &[&str] = &["telegram", "slack", "feishu"];
+pub(crate) const AVAILABLE_PLATFORMS: &[&str] = &["telegram", "slack", "discord", "feishu"];
 
 /// Collects the issues of a deserialized configuration.
 pub(crate) fn validate(config: &Config) -> Vec<ConfigIssue> {
@@ -720,6 +720,30 @@ fn channels(config: &Config, v: &mut Issues) {
         v.push(
             "channels.discord.public_key",
             "must be 64 hexadecimal characters",
+        );
+    }
+    if let Some(id) = &discord.application_id
+        && !(!id.is_empty() && id.len() <= 24 && id.bytes().all(|b| b.is_ascii_digit()))
+    {
+        v.push(
+            "channels.discord.application_id",
+            "must be the application's numeric id (Developer Portal → General Information)",
+        );
+    }
+    for (i, guild) in discord.allowed_guilds.iter().enumerate() {
+        if !(!guild.is_empty() && guild.len() <= 24 && guild.bytes().all(|b| b.is_ascii_digit())) {
+            v.push(
+                &format!("channels.discord.allowed_guilds[{i}]"),
+                "must be a server (guild) id: digits only",
+            );
+        }
+    }
+    if discord.gateway {
+        v.push(
+            "channels.discord.gateway",
+            "the Discord Gateway (plain @mentions and DMs) is not available in this build; \
+             set it to false: slash commands and the \"Ask antler\" message command work \
+             through the Interactions Endpoint URL",
         );
     }
     platform(

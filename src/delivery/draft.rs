@@ -88,6 +88,7 @@ impl Draft {
                 text: String::new(),
                 reply_to: item.event.reply_to.clone(),
                 files: Vec::new(),
+                reply_context: item.event.reply_context.clone(),
             },
             draft: item.draft.clone(),
             interval: rate.interval(item.event.group),

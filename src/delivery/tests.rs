@@ -24,6 +24,7 @@ async fn outbox_with_draft(
             text: (*text).to_owned(),
             reply_to: None,
             files: Vec::new(),
+            reply_context: None,
         })
         .collect();
     store
@@ -213,6 +214,7 @@ async fn outbox_with_files(
                 text: text.to_owned(),
                 reply_to: None,
                 files,
+                reply_context: None,
             }],
             memory_update: None,
             draft: None,

@@ -295,6 +295,7 @@ impl ApiChannel {
             follow_up: false,
             unsupported: None,
             interactive: message.wait || message.stream,
+            reply_context: None,
         };
         Ok((message, event))
     }

@@ -59,13 +59,31 @@ pub(crate) async fn respond(
             accept_all(ingress, events).await?;
             Ok(StatusCode::OK.into_response())
         }
-        Parsed::EventsWithReply { events, reply } => {
+        Parsed::EventsWithReply { mut events, reply } => {
+            if let Some(refusal) = refuse_at_once(ingress, channel, &mut events) {
+                return Ok((StatusCode::OK, Json(refusal)).into_response());
+            }
             accept_all(ingress, events).await?;
             Ok((StatusCode::OK, Json(reply)).into_response())
         }
         Parsed::Reply(reply) => Ok((StatusCode::OK, Json(reply)).into_response()),
         Parsed::Ignore => Ok(StatusCode::OK.into_response()),
     }
+}
+
+/// On a channel that refuses at once ([`Channel::refusal_reply`]), the refusal that answers the
+/// request instead of its reply when an author may not use the bot: then nothing is stored and
+/// nothing runs. `None`: accept the events as usual.
+fn refuse_at_once(
+    ingress: &Ingress,
+    channel: &dyn Channel,
+    events: &mut [InboundEvent],
+) -> Option<serde_json::Value> {
+    channel.refusal_reply("")?;
+    events
+        .iter_mut()
+        .find_map(|event| ingress.refusal(event))
+        .and_then(|text| channel.refusal_reply(&text))
 }
 
 /// Accepts every event, in order; a message dropped by the access check counts as handled.

@@ -183,6 +183,29 @@ impl Access {
         }
     }
 
+    /// Whether `event`'s author may talk, marking an admin as [`Access::check`] does, for a
+    /// channel that refuses at once ([`antler_channel::Channel::refusal_reply`]): nothing is
+    /// stored then, so nothing is remembered either and every refused request is told.
+    pub(crate) fn allows(&self, event: &mut InboundEvent) -> bool {
+        let Some(rules) = self.rules.get(&event.channel) else {
+            return true;
+        };
+        if rules.is_admin(&event.user) {
+            event.user.admin = true;
+        }
+        let allowed = event.user.admin || rules.allows(&event.user, event.chat.as_deref());
+        if !allowed {
+            tracing::info!(
+                channel = %event.channel,
+                user = %event.user.id,
+                "refusing a request from a user who is not allowed"
+            );
+            metrics::counter!("antler_access_refused_total", "channel" => event.channel.clone())
+                .increment(1);
+        }
+        allowed
+    }
+
     /// Forgets the refusal just decided for `event`: it was not accepted after all (the
     /// backlog was full, the store failed), so the next message is refused again.
     pub(crate) fn forget(&self, event: &InboundEvent) {
@@ -289,6 +312,19 @@ mod tests {
         event.user.id = user.to_owned();
         event.chat = chat.map(str::to_owned);
         event
+    }
+
+    #[test]
+    fn refusing_at_once_remembers_nothing() {
+        let access = access(&["ada"], &[], &["root"]);
+        let mut bob = from("bob", None);
+        for _ in 0..3 {
+            assert!(!access.allows(&mut bob), "told every time");
+        }
+        assert_eq!(access.refusals.lock().unwrap().len(), 0);
+        let mut root = from("root", None);
+        assert!(access.allows(&mut root) && root.user.admin);
+        assert!(access.allows(&mut from("ada", None)));
     }
 
     #[test]

@@ -265,6 +265,13 @@ impl Ingress {
         }
     }
 
+    /// The refusal text for `event` when its author may not use the bot, checked for a
+    /// channel that refuses at once instead of storing a refusal; `None` lets it through (an
+    /// admin marked as such).
+    pub(crate) fn refusal(&self, event: &mut InboundEvent) -> Option<String> {
+        (!self.inner.access.allows(event)).then(|| access::refusal_text(event))
+    }
+
     /// Hands an event that passed the access check to the acceptor and waits for its answer.
     async fn admit(&self, event: InboundEvent, subscribe: bool) -> Result<Admission, IngressError> {
         let inner = &self.inner;

@@ -296,6 +296,7 @@ impl TurnRunner {
             text: result.text,
             reply_to: item.event.reply_to.clone(),
             files: result.files,
+            reply_context: item.event.reply_context.clone(),
         };
         let finish = Arc::new(FinishTurn {
             inbox_seq: item.seq,

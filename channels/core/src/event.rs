@@ -119,6 +119,39 @@ pub struct InboundEvent {
     /// Someone waits for the answer as it is written (a chat window, a streaming client).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub interactive: bool,
+    /// What the channel needs to answer this message that must stay secret (a Discord
+    /// interaction token): stored with the message and handed back on its replies
+    /// ([`OutboundMessage::reply_context`]), never shown.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reply_context: Option<ReplyContext>,
+}
+
+/// A channel's private reply context: opaque to antler, which stores it with the message and
+/// gives it back on every reply to it. It may hold a credential (a Discord interaction token
+/// lives 15 minutes and lets anyone holding it post in the conversation), so its `Debug` shows
+/// nothing of it and it must never be logged, put in an error or shown to an API client.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct ReplyContext(String);
+
+impl ReplyContext {
+    /// Wraps the channel's text.
+    #[must_use]
+    pub fn new(text: impl Into<String>) -> Self {
+        Self(text.into())
+    }
+
+    /// The channel's text: for the channel that made it, to answer with.
+    #[must_use]
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for ReplyContext {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("ReplyContext(***)")
+    }
 }
 
 /// A file that came with a message, as the platform names it.
@@ -177,6 +210,9 @@ pub struct OutboundMessage {
     /// cannot send files gets their names appended to the text instead.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub files: Vec<OutboundFile>,
+    /// The answered message's [`InboundEvent::reply_context`], for the channel alone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reply_context: Option<ReplyContext>,
 }
 
 /// A file to deliver with a reply: a file the agent made in its thread's `outputs` folder.
@@ -234,5 +270,17 @@ mod tests {
         assert!(!event.refused);
         let back = serde_json::to_value(&event).unwrap();
         assert!(back.get("chat").is_none() && back.get("refused").is_none());
+        assert!(event.reply_context.is_none() && back.get("reply_context").is_none());
+    }
+
+    #[test]
+    fn a_reply_context_is_stored_but_never_shown() {
+        let context = ReplyContext::new("interaction-token-SECRET");
+        assert_eq!(format!("{context:?}"), "ReplyContext(***)");
+        assert_eq!(
+            serde_json::to_value(&context).unwrap(),
+            "interaction-token-SECRET"
+        );
+        assert_eq!(context.expose(), "interaction-token-SECRET");
     }
 }

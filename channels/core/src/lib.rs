@@ -20,7 +20,7 @@ pub use addressing::{Addressing, addressed};
 
 pub use event::{
     AttachmentRef, AttachmentSource, ConversationKey, InboundEvent, OutboundFile, OutboundMessage,
-    Receipt, UserRef,
+    Receipt, ReplyContext, UserRef,
 };
 
 use std::time::Duration;
@@ -125,6 +125,15 @@ pub trait Channel: Send + Sync + 'static {
 
     /// Turns a verified request into events or an immediate reply.
     fn parse(&self, request: &WebhookRequest<'_>) -> Result<Parsed, ChannelError>;
+
+    /// The answer to a [`Parsed::EventsWithReply`] request whose author the access check
+    /// refuses, given at once instead of its reply, with `text` saying why (a Discord
+    /// ephemeral message, which only that user sees). The refused events are then not stored
+    /// and nothing runs. `None` (the default): the refusal is stored and answered like any
+    /// message, through the inbox and the outbox.
+    fn refusal_reply(&self, _text: &str) -> Option<serde_json::Value> {
+        None
+    }
 
     /// The reply's Markdown as the platform's messages, in order: rendered for the platform and
     /// chunked at its size limit (see [`render::parts`]). By default, the text as it is, in one

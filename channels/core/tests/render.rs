@@ -4,8 +4,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use antler_channel::render::{
-    Block, ChunkError, Document, FeishuMarkdown, Inline, Limit, PlainText, Renderer, SlackMrkdwn,
-    TelegramHtml, Token, chunk, concat,
+    Block, ChunkError, DiscordMarkdown, Document, FeishuMarkdown, Inline, Limit, PlainText,
+    Renderer, SlackMrkdwn, TelegramHtml, Token, chunk, concat,
 };
 
 #[test]
@@ -605,5 +605,86 @@ fn lark_code_block_across_a_chunk_boundary_is_closed_and_reopened() {
         assert!(chunk.len() <= 4000);
         assert_eq!(chunk.matches("```").count() % 2, 0, "{chunk:?}");
         assert!(!chunk.ends_with("&#4") && !chunk.ends_with("&am"));
+    }
+}
+
+// ---- Discord Markdown goldens ----
+
+fn discord(markdown: &str) -> String {
+    concat(&DiscordMarkdown.render(&Document::parse(markdown)))
+}
+
+fn discord_chunks(markdown: &str, limit: Limit) -> Vec<String> {
+    antler_channel::render::parts(markdown, &DiscordMarkdown, limit).unwrap()
+}
+
+#[test]
+fn discord_keeps_markdown_mostly_as_it_is() {
+    assert_eq!(
+        discord("*very **bold** move* and ~~gone~~ and `x < y`"),
+        "*very **bold** move* and ~~gone~~ and `x < y`"
+    );
+    assert_eq!(
+        discord("# Deploy\n\n## Then **now**\n\n#### Small"),
+        "# Deploy\n\n## Then **now**\n\n**Small**"
+    );
+    assert_eq!(
+        discord("- one\n- two\n  1. a\n\n> quoted\n> on\n\n---"),
+        "- one\n- two\n  1. a\n\n> quoted\n> on\n\n———"
+    );
+    assert_eq!(
+        discord("[docs **here**](https://x.io/a_(b)) [z](javascript:x)"),
+        "[docs here](https://x.io/a_%28b%29) z"
+    );
+    assert_eq!(
+        discord("```rust\nlet a = b * c_d;\n```"),
+        "```rust\nlet a = b * c_d;\n```"
+    );
+    assert_eq!(
+        discord("| a | bb |\n|---|---|\n| c | e |"),
+        "```\na | bb\n--+---\nc | e\n```"
+    );
+}
+
+#[test]
+fn discord_escapes_what_would_format_with_a_backslash_atom() {
+    assert_eq!(
+        discord("snake_case \\*x\\* a\\|b <@123> \\~s\\~ \\`c\\` \\[l\\] back\\\\slash"),
+        "snake\\_case \\*x\\* a\\|b \\<@123\\> \\~s\\~ \\`c\\` \\[l\\] back\\\\slash"
+    );
+    // Line-start markers are escaped only at the start of a line.
+    assert_eq!(discord("\\# not a heading"), "\\# not a heading");
+    assert_eq!(discord("a # b - c + d"), "a # b - c + d");
+    assert_eq!(discord("x  \n\\- y"), "x\n\\- y");
+    assert_eq!(
+        DiscordMarkdown.render(&Document::parse("a*b")),
+        [
+            Token::Text("a".into()),
+            Token::Atom("\\*".into()),
+            Token::Text("b".into())
+        ]
+    );
+    // An escape is never split from its character.
+    assert_eq!(discord_chunks("abc *d", Limit::Chars(5)), ["abc", "\\*d"]);
+}
+
+#[test]
+fn discord_chunks_fit_2000_characters_and_close_their_code_blocks() {
+    let markdown = "Intro.\n\n```sh\necho one\necho two\necho three\n```";
+    assert_eq!(
+        discord_chunks(markdown, Limit::Chars(30)),
+        [
+            "Intro.",
+            "```sh\necho one\necho two\n```",
+            "```sh\necho three\n```"
+        ]
+    );
+    let long = long_answer();
+    let chunks = discord_chunks(&long, Limit::Chars(2000));
+    assert!(chunks.len() >= 3, "{} chunks", chunks.len());
+    for chunk in &chunks {
+        assert!(chunk.chars().count() <= 2000);
+        assert_eq!(chunk.matches("```").count() % 2, 0, "{chunk:?}");
+        assert!(!chunk.ends_with('\\'), "an escape split: {chunk:?}");
     }
 }

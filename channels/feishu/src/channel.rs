@@ -1146,6 +1146,7 @@ mod tests {
             text: "**done** & dusted".into(),
             reply_to: reply_to.map(str::to_owned),
             files: Vec::new(),
+            reply_context: None,
         }
     }
 

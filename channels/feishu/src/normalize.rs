@@ -192,6 +192,7 @@ pub(crate) fn normalize_message(received: &MessageReceived, context: &Context<'_
         follow_up: false,
         unsupported: content.unsupported,
         interactive: true,
+        reply_context: None,
     }))
 }
 

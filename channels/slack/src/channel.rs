@@ -990,6 +990,7 @@ mod tests {
             text: "**done**".into(),
             reply_to: Some("1767225600.000200".into()),
             files: Vec::new(),
+            reply_context: None,
         };
         let in_thread = message("T0OPS00001:C0SRE00001:1767225500.000100");
         let body = channel.render(&in_thread.text).unwrap();

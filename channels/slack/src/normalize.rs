@@ -242,6 +242,7 @@ impl Message<'_> {
             follow_up: self.follow_up,
             unsupported: None,
             interactive: true,
+            reply_context: None,
         }))
     }
 }
@@ -393,6 +394,7 @@ pub(crate) fn normalize_command(command: &SlashCommand, context: &Context<'_>) -
         follow_up: false,
         unsupported: None,
         interactive: true,
+        reply_context: None,
     }))
 }
 

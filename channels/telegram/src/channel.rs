@@ -481,6 +481,7 @@ mod tests {
             text: text.into(),
             reply_to: Some("88".into()),
             files: Vec::new(),
+            reply_context: None,
         }
     }
 

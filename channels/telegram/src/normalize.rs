@@ -162,6 +162,7 @@ pub fn normalize(update: &Update, me: &BotIdentity, received_at_ms: u64) -> Norm
         attachments,
         group: !message.chat.is_private(),
         interactive: true,
+        reply_context: None,
         chat: Some(chat_id.to_string()),
         refused: false,
         follow_up: false,

@@ -34,6 +34,7 @@ fn reply(thread_id: &str, text: &str) -> OutboundMessage {
         text: text.to_owned(),
         reply_to: None,
         files: Vec::new(),
+        reply_context: None,
     }
 }
 
@@ -902,6 +903,7 @@ fn write_v1_store(path: &std::path::Path) -> String {
             text: "pending reply".to_owned(),
             reply_to: None,
             files: Vec::new(),
+            reply_context: None,
         },
         status: OutboxStatus::Pending,
         attempts: 0,

@@ -22,7 +22,7 @@
 //! - Slack mrkdwn ([`SlackMrkdwn`]): bold is `Open { open: "*", close: "*" }`, a code block is
 //!   `Open { open: "```\n", close: "\n```" }`, a link is `Open { open: "<url|", close: ">" }`;
 //!   `&`, `<` and `>` in text are emitted as `Atom("&amp;")` and so on.
-//! - Discord Markdown: bold is `Open { open: "**", close: "**" }`, a code block
+//! - Discord Markdown ([`DiscordMarkdown`]): bold is `Open { open: "**", close: "**" }`, a code block
 //!   `Open { open: "```rust\n", close: "\n```" }`; a backslash escape such as `\*` is an
 //!   `Atom`, so it is never split from the character it escapes.
 //!
@@ -35,12 +35,14 @@
 //! [`Token::Atom`] or a character.
 
 mod chunk;
+mod discord_markdown;
 mod document;
 mod feishu_markdown;
 mod slack_mrkdwn;
 mod telegram_html;
 
 pub use chunk::{ChunkError, Limit, Token, chunk, concat};
+pub use discord_markdown::DiscordMarkdown;
 pub use document::{Block, Document, Inline};
 pub use feishu_markdown::FeishuMarkdown;
 pub use slack_mrkdwn::SlackMrkdwn;

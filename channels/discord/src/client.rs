@@ -1,0 +1,585 @@
+//! The Discord HTTP API calls antler makes, over reqwest.
+//!
+//! serenity's `Http` client is not used for sending: with its rate limiter on it sleeps inside
+//! the call (delivery could not record or reschedule the wait), and with it off a 429 comes
+//! back without its `retry_after`. Here every 429 becomes [`ChannelError::RateLimited`] with
+//! the delay Discord asked for (`retry_after` in the body, `Retry-After`,
+//! `X-RateLimit-Reset-After`, whichever is longest), so delivery's retry waits exactly that;
+//! a response that says a bucket is spent (`X-RateLimit-Remaining: 0`) holds further calls on
+//! that route until it resets, without sending them. The bodies are serenity's models where
+//! Discord answers with one (`Message`, `CurrentUser`, `Command`).
+//!
+//! Errors carry the HTTP status and Discord's error code, never a URL (interaction webhook
+//! URLs hold the interaction token), a token or a response body.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use antler_channel::ChannelError;
+use serde::Deserialize;
+use tokio::time::Instant;
+
+/// Where Discord's API is (`api_url`); the versioned API is under `/api/v10`.
+pub const DEFAULT_API_URL: &str = "https://discord.com";
+
+/// How long to wait after a 429 that names no delay.
+const DEFAULT_RETRY_AFTER: Duration = Duration::from_secs(1);
+
+/// The longest wait a 429 may ask for before it is taken as this long (a broken header must
+/// not park delivery for a day).
+const MAX_RETRY_AFTER: Duration = Duration::from_secs(600);
+
+/// The most routes whose spent bucket is remembered.
+const MAX_HELD_ROUTES: usize = 1024;
+
+/// Discord's `User-Agent` rule: `DiscordBot ($url, $version)`.
+const USER_AGENT: &str = concat!(
+    "DiscordBot (https://example.invalid/antler, ",
+    env!("CARGO_PKG_VERSION"),
+    ")"
+);
+
+/// The bot as Discord knows it (`GET /users/@me`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DiscordIdentity {
+    /// The bot user's id.
+    pub id: String,
+    /// Its username.
+    pub name: String,
+}
+
+/// One application command as registered (`name`, `type`, `description`, `options`); the
+/// comparison of [`DiscordApi::register_commands`] looks at these fields only.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct CommandSpec {
+    /// 1 to 32 lower-case characters for a slash command; a context-menu command's label.
+    pub name: String,
+    /// 1 slash command (`CHAT_INPUT`), 3 message context menu (`MESSAGE`).
+    #[serde(rename = "type")]
+    pub kind: u8,
+    /// Shown under a slash command; empty for context-menu commands.
+    pub description: String,
+    /// A slash command's options.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub options: Vec<OptionSpec>,
+}
+
+/// An option of a slash command.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct OptionSpec {
+    /// Its name.
+    pub name: String,
+    /// Its description.
+    pub description: String,
+    /// 3: a string.
+    #[serde(rename = "type")]
+    pub kind: u8,
+    /// Whether the user must give it.
+    pub required: bool,
+}
+
+/// What [`DiscordApi::register_commands`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Registration {
+    /// The registered list already matched; nothing was written.
+    Unchanged,
+    /// The list was replaced (`PUT`).
+    Updated,
+}
+
+/// A Discord API client for one application and bot token.
+pub struct DiscordApi {
+    http: reqwest::Client,
+    /// `…/api/v10`, without a trailing slash.
+    base: String,
+    application_id: String,
+    bot_token: String,
+    /// Routes whose bucket is spent, until when.
+    held: Mutex<HashMap<String, Instant>>,
+}
+
+impl std::fmt::Debug for DiscordApi {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DiscordApi")
+            .field("base", &self.base)
+            .field("application_id", &self.application_id)
+            .field("bot_token", &"***")
+            .finish_non_exhaustive()
+    }
+}
+
+/// How a request authenticates: interaction webhook routes by the token in their path, the
+/// rest with the bot token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Auth {
+    Bot,
+    Webhook,
+}
+
+impl DiscordApi {
+    /// A client at `api_url` (`https://discord.com` or a mock; plain http is allowed so tests
+    /// can use one).
+    pub fn new(api_url: &str, application_id: &str, bot_token: &str) -> Result<Self, ChannelError> {
+        let url = reqwest::Url::parse(api_url.trim_end_matches('/')).map_err(|e| {
+            ChannelError::Permanent(format!("channels.discord.api_url is not a URL: {e}"))
+        })?;
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_secs(30))
+            .user_agent(USER_AGENT)
+            .build()
+            .map_err(|e| ChannelError::Permanent(format!("no HTTP client: {e}")))?;
+        Ok(Self {
+            http,
+            base: format!("{}/api/v10", url.as_str().trim_end_matches('/')),
+            application_id: application_id.to_owned(),
+            bot_token: bot_token.to_owned(),
+            held: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The application's id.
+    pub fn application_id(&self) -> &str {
+        &self.application_id
+    }
+
+    /// `PATCH /webhooks/{app}/{token}/messages/@original`: the deferred response's text.
+    /// Returns the message's id.
+    pub async fn edit_original(&self, token: &str, content: &str) -> Result<String, ChannelError> {
+        self.webhook_message(token, "@original", content).await
+    }
+
+    /// `PATCH /webhooks/{app}/{token}/messages/{id}`: a follow-up's text.
+    pub async fn webhook_message(
+        &self,
+        token: &str,
+        message_id: &str,
+        content: &str,
+    ) -> Result<String, ChannelError> {
+        let path = format!(
+            "/webhooks/{}/{}/messages/{}",
+            self.application_id,
+            token,
+            segment(message_id)?
+        );
+        let message: serenity::model::channel::Message = self
+            .call(
+                reqwest::Method::PATCH,
+                &path,
+                &format!("webhook:{token}"),
+                Auth::Webhook,
+                Some(message_body(content)),
+            )
+            .await?;
+        Ok(message.id.to_string())
+    }
+
+    /// `POST /webhooks/{app}/{token}?wait=true`: a follow-up message. Returns its id.
+    pub async fn follow_up(&self, token: &str, content: &str) -> Result<String, ChannelError> {
+        let path = format!("/webhooks/{}/{}?wait=true", self.application_id, token);
+        let message: serenity::model::channel::Message = self
+            .call(
+                reqwest::Method::POST,
+                &path,
+                &format!("webhook:{token}"),
+                Auth::Webhook,
+                Some(message_body(content)),
+            )
+            .await?;
+        Ok(message.id.to_string())
+    }
+
+    /// `POST /channels/{channel}/messages` with the bot token: a message of the bot's own
+    /// (after the interaction token expired). Returns its id.
+    pub async fn create_message(
+        &self,
+        channel_id: &str,
+        content: &str,
+    ) -> Result<String, ChannelError> {
+        let path = format!("/channels/{}/messages", segment(channel_id)?);
+        let message: serenity::model::channel::Message = self
+            .call(
+                reqwest::Method::POST,
+                &path,
+                &format!("channel:{channel_id}"),
+                Auth::Bot,
+                Some(message_body(content)),
+            )
+            .await?;
+        Ok(message.id.to_string())
+    }
+
+    /// `PATCH /channels/{channel}/messages/{id}` with the bot token.
+    pub async fn edit_message(
+        &self,
+        channel_id: &str,
+        message_id: &str,
+        content: &str,
+    ) -> Result<(), ChannelError> {
+        let path = format!(
+            "/channels/{}/messages/{}",
+            segment(channel_id)?,
+            segment(message_id)?
+        );
+        let _: serde_json::Value = self
+            .call(
+                reqwest::Method::PATCH,
+                &path,
+                &format!("channel:{channel_id}"),
+                Auth::Bot,
+                Some(message_body(content)),
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// `GET /users/@me`: who the bot token belongs to (`antler doctor`).
+    pub async fn me(&self) -> Result<DiscordIdentity, ChannelError> {
+        let me: serenity::model::user::CurrentUser = self
+            .call(reqwest::Method::GET, "/users/@me", "me", Auth::Bot, None)
+            .await?;
+        Ok(DiscordIdentity {
+            id: me.id.to_string(),
+            name: me.name.clone(),
+        })
+    }
+
+    /// Registers `commands` globally, or for one guild: reads the registered list first and
+    /// replaces it (`PUT`, which also removes commands no longer listed) only when it differs.
+    pub async fn register_commands(
+        &self,
+        guild: Option<&str>,
+        commands: &[CommandSpec],
+    ) -> Result<Registration, ChannelError> {
+        let path = match guild {
+            Some(guild) => format!(
+                "/applications/{}/guilds/{}/commands",
+                self.application_id,
+                segment(guild)?
+            ),
+            None => format!("/applications/{}/commands", self.application_id),
+        };
+        let registered: Vec<serde_json::Value> = self
+            .call(reqwest::Method::GET, &path, "commands", Auth::Bot, None)
+            .await?;
+        if same_commands(&registered, commands) {
+            return Ok(Registration::Unchanged);
+        }
+        let body = serde_json::to_value(commands)
+            .map_err(|e| ChannelError::Permanent(format!("cannot write the commands: {e}")))?;
+        let _: serde_json::Value = self
+            .call(
+                reqwest::Method::PUT,
+                &path,
+                "commands",
+                Auth::Bot,
+                Some(body),
+            )
+            .await?;
+        Ok(Registration::Updated)
+    }
+
+    /// One request: held while its route's bucket is spent, its answer's rate-limit headers
+    /// remembered, its failure mapped to a [`ChannelError`].
+    async fn call<T: serde::de::DeserializeOwned>(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        route: &str,
+        auth: Auth,
+        body: Option<serde_json::Value>,
+    ) -> Result<T, ChannelError> {
+        // Interaction webhooks have a bucket per token; the map of held routes is bounded.
+        if let Some(wait) = self.held_for(route) {
+            return Err(ChannelError::RateLimited { retry_after: wait });
+        }
+        let mut request = self.http.request(method, format!("{}{path}", self.base));
+        if auth == Auth::Bot {
+            request = request.header(
+                reqwest::header::AUTHORIZATION,
+                format!("Bot {}", self.bot_token),
+            );
+        }
+        if let Some(body) = body {
+            request = request.json(&body);
+        }
+        // reqwest's errors name the URL, which may hold an interaction token.
+        let response = request.send().await.map_err(|e| {
+            ChannelError::Transient(format!("Discord is unreachable: {}", e.without_url()))
+        })?;
+        let status = response.status();
+        let headers = response.headers().clone();
+        self.remember_bucket(route, &headers);
+        let bytes = response.bytes().await.map_err(|e| {
+            ChannelError::Transient(format!("Discord's answer broke off: {}", e.without_url()))
+        })?;
+        if status.is_success() {
+            let bytes = if bytes.is_empty() {
+                &b"null"[..]
+            } else {
+                &bytes[..]
+            };
+            return serde_json::from_slice(bytes).map_err(|e| {
+                ChannelError::Permanent(format!("Discord's answer is not what it documents: {e}"))
+            });
+        }
+        Err(failure(status, &headers, &bytes))
+    }
+
+    /// How long `route` is still held, if it is.
+    fn held_for(&self, route: &str) -> Option<Duration> {
+        let mut held = self.held.lock().ok()?;
+        let now = Instant::now();
+        match held.get(route) {
+            Some(until) if *until > now => Some(*until - now),
+            Some(_) => {
+                held.remove(route);
+                None
+            }
+            None => None,
+        }
+    }
+
+    /// Holds `route` until its bucket resets when the answer says it is spent.
+    fn remember_bucket(&self, route: &str, headers: &reqwest::header::HeaderMap) {
+        let spent = header(headers, "x-ratelimit-remaining").is_some_and(|left| left.trim() == "0");
+        let Some(reset) = spent
+            .then(|| seconds(headers, "x-ratelimit-reset-after"))
+            .flatten()
+        else {
+            return;
+        };
+        let Ok(mut held) = self.held.lock() else {
+            return;
+        };
+        let now = Instant::now();
+        if held.len() >= MAX_HELD_ROUTES {
+            held.retain(|_, until| *until > now);
+            if held.len() >= MAX_HELD_ROUTES {
+                return;
+            }
+        }
+        held.insert(route.to_owned(), now + reset);
+    }
+}
+
+/// A message body: the text, with no mention allowed to ping anyone (a model's answer must not
+/// notify `@everyone`).
+fn message_body(content: &str) -> serde_json::Value {
+    serde_json::json!({
+        "content": content,
+        "allowed_mentions": {"parse": []},
+    })
+}
+
+/// An id as a path segment: digits only (snowflakes) or `@original`, so nothing from a
+/// conversation key can change the route.
+fn segment(id: &str) -> Result<&str, ChannelError> {
+    if id == "@original"
+        || (!id.is_empty() && id.len() <= 24 && id.bytes().all(|b| b.is_ascii_digit()))
+    {
+        Ok(id)
+    } else {
+        Err(ChannelError::Permanent(format!("not a Discord id: {id:?}")))
+    }
+}
+
+/// Whether the registered commands are `wanted`, by the fields antler sets.
+fn same_commands(registered: &[serde_json::Value], wanted: &[CommandSpec]) -> bool {
+    if registered.len() != wanted.len() {
+        return false;
+    }
+    let key = |name: &str, kind: u64| (name.to_owned(), kind);
+    let mut by_name: HashMap<(String, u64), &serde_json::Value> = HashMap::new();
+    for command in registered {
+        let name = command
+            .get("name")
+            .and_then(|n| n.as_str())
+            .unwrap_or_default();
+        let kind = command
+            .get("type")
+            .and_then(serde_json::Value::as_u64)
+            .unwrap_or(1);
+        by_name.insert(key(name, kind), command);
+    }
+    wanted.iter().all(|spec| {
+        let Some(found) = by_name.get(&key(&spec.name, u64::from(spec.kind))) else {
+            return false;
+        };
+        let description = found
+            .get("description")
+            .and_then(|d| d.as_str())
+            .unwrap_or_default();
+        let options = found
+            .get("options")
+            .and_then(|o| o.as_array())
+            .map(Vec::as_slice)
+            .unwrap_or_default();
+        description == spec.description
+            && options.len() == spec.options.len()
+            && options.iter().zip(&spec.options).all(|(have, want)| {
+                have.get("name").and_then(|n| n.as_str()) == Some(want.name.as_str())
+                    && have.get("description").and_then(|d| d.as_str())
+                        == Some(want.description.as_str())
+                    && have.get("type").and_then(serde_json::Value::as_u64)
+                        == Some(u64::from(want.kind))
+                    && have
+                        .get("required")
+                        .and_then(serde_json::Value::as_bool)
+                        .unwrap_or(false)
+                        == want.required
+            })
+    })
+}
+
+/// Discord's error body (`{"message", "code", "retry_after", "global"}`).
+#[derive(Debug, Default, Deserialize)]
+struct ErrorBody {
+    #[serde(default)]
+    code: Option<u64>,
+    #[serde(default)]
+    retry_after: Option<f64>,
+    #[serde(default)]
+    global: Option<bool>,
+}
+
+/// A failed answer as a [`ChannelError`]: 429 the longest delay it names, 5xx transient, any
+/// other status permanent (with Discord's error code, not its message, which may quote input).
+fn failure(
+    status: reqwest::StatusCode,
+    headers: &reqwest::header::HeaderMap,
+    body: &[u8],
+) -> ChannelError {
+    let error: ErrorBody = serde_json::from_slice(body).unwrap_or_default();
+    if status == reqwest::StatusCode::TOO_MANY_REQUESTS {
+        let global = error.global.unwrap_or(false)
+            || header(headers, "x-ratelimit-global").is_some_and(|g| g.trim() == "true")
+            || header(headers, "x-ratelimit-scope") == Some("global");
+        let retry_after = [
+            error.retry_after.and_then(duration_from_secs),
+            seconds(headers, "retry-after"),
+            // A route's reset also applies; a global limit's is the body's.
+            (!global)
+                .then(|| seconds(headers, "x-ratelimit-reset-after"))
+                .flatten(),
+        ]
+        .into_iter()
+        .flatten()
+        .max()
+        .unwrap_or(DEFAULT_RETRY_AFTER)
+        .min(MAX_RETRY_AFTER);
+        tracing::debug!(global, ?retry_after, "Discord rate limit");
+        return ChannelError::RateLimited { retry_after };
+    }
+    let code = error
+        .code
+        .map(|code| format!(" (Discord code {code})"))
+        .unwrap_or_default();
+    let text = format!("Discord answered {status}{code}");
+    if status.is_server_error() || status == reqwest::StatusCode::REQUEST_TIMEOUT {
+        ChannelError::Transient(text)
+    } else {
+        ChannelError::Permanent(text)
+    }
+}
+
+fn header<'a>(headers: &'a reqwest::header::HeaderMap, name: &str) -> Option<&'a str> {
+    headers.get(name).and_then(|v| v.to_str().ok())
+}
+
+/// A header of (possibly fractional) seconds.
+fn seconds(headers: &reqwest::header::HeaderMap, name: &str) -> Option<Duration> {
+    header(headers, name)
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .and_then(duration_from_secs)
+}
+
+fn duration_from_secs(secs: f64) -> Option<Duration> {
+    (secs.is_finite() && secs >= 0.0)
+        .then(|| Duration::try_from_secs_f64(secs.min(MAX_RETRY_AFTER.as_secs_f64())).ok())
+        .flatten()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&'static str, &str)]) -> reqwest::header::HeaderMap {
+        let mut map = reqwest::header::HeaderMap::new();
+        for (name, value) in pairs {
+            map.insert(*name, value.parse().unwrap());
+        }
+        map
+    }
+
+    #[test]
+    fn a_429_waits_the_longest_delay_it_names() {
+        let body = br#"{"message":"You are being rate limited.","retry_after":1.5,"global":false}"#;
+        let error = failure(
+            reqwest::StatusCode::TOO_MANY_REQUESTS,
+            &headers(&[("retry-after", "1"), ("x-ratelimit-reset-after", "2.25")]),
+            body,
+        );
+        assert_eq!(
+            error,
+            ChannelError::RateLimited {
+                retry_after: Duration::from_millis(2250)
+            }
+        );
+        // A global limit waits what the body says, not a route's reset.
+        let global = br#"{"message":"x","retry_after":0.75,"global":true}"#;
+        let error = failure(
+            reqwest::StatusCode::TOO_MANY_REQUESTS,
+            &headers(&[
+                ("x-ratelimit-global", "true"),
+                ("x-ratelimit-reset-after", "9"),
+            ]),
+            global,
+        );
+        assert_eq!(
+            error,
+            ChannelError::RateLimited {
+                retry_after: Duration::from_millis(750)
+            }
+        );
+        // Nothing named: a second; absurd: capped.
+        assert_eq!(
+            failure(reqwest::StatusCode::TOO_MANY_REQUESTS, &headers(&[]), b""),
+            ChannelError::RateLimited {
+                retry_after: DEFAULT_RETRY_AFTER
+            }
+        );
+        assert_eq!(
+            failure(
+                reqwest::StatusCode::TOO_MANY_REQUESTS,
+                &headers(&[]),
+                br#"{"retry_after": 1e12}"#
+            ),
+            ChannelError::RateLimited {
+                retry_after: MAX_RETRY_AFTER
+            }
+        );
+    }
+
+    #[test]
+    fn other_failures_are_transient_or_permanent_and_quote_nothing() {
+        let body = br#"{"message":"Unknown Webhook secret-ish","code":10015}"#;
+        let error = failure(reqwest::StatusCode::NOT_FOUND, &headers(&[]), body);
+        assert!(
+            matches!(&error, ChannelError::Permanent(text) if text.contains("10015") && !text.contains("secret"))
+        );
+        assert!(matches!(
+            failure(reqwest::StatusCode::BAD_GATEWAY, &headers(&[]), b"<html>"),
+            ChannelError::Transient(_)
+        ));
+    }
+
+    #[test]
+    fn ids_in_paths_are_digits_or_original() {
+        assert_eq!(segment("1100000000000000050"), Ok("1100000000000000050"));
+        assert_eq!(segment("@original"), Ok("@original"));
+        for bad in ["", "../x", "12/34", "abc"] {
+            assert!(segment(bad).is_err(), "{bad}");
+        }
+    }
+}

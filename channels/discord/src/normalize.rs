@@ -1,0 +1,209 @@
+//! Interactions as antler's normalized messages.
+//!
+//! Only application commands carry a message: `/ask prompt:…` is the prompt, a message
+//! context-menu command ("Ask antler") the text of the message it was used on, and any other
+//! command (`/new`, `/status`, `/memory args:forget 2`) its name and values as a chat command
+//! (`/memory forget 2`), which the gateway's command handling reads like anyone's.
+
+use antler_channel::{ConversationKey, InboundEvent, ReplyContext, UserRef};
+use serenity::model::application::{
+    CommandDataOption, CommandDataOptionValue, CommandInteraction, CommandType, ResolvedTarget,
+};
+
+/// The channel's name.
+pub(crate) const NAME: &str = "discord";
+
+/// The slash command whose `prompt` is a message for the model.
+pub(crate) const ASK: &str = "ask";
+
+/// The longest text taken from one interaction, in bytes (Discord's own limits are lower: a
+/// string option holds 6,000 characters, a message 4,000).
+const MAX_TEXT_BYTES: usize = 32 * 1024;
+
+/// What an application command became.
+#[derive(Debug)]
+pub(crate) enum Normalized {
+    Event(Box<InboundEvent>),
+    /// Not for antler (an unhandled command type); the user is told at once, privately.
+    Refused(String),
+}
+
+/// The reply context of an interaction: when it arrived and its token, which lives 15
+/// minutes from then.
+pub(crate) fn reply_context(received_at_ms: u64, token: &str) -> ReplyContext {
+    ReplyContext::new(format!("{received_at_ms}:{token}"))
+}
+
+/// The arrival time and token of a reply context made by [`reply_context`].
+pub(crate) fn read_reply_context(context: &ReplyContext) -> Option<(u64, &str)> {
+    let (at, token) = context.expose().split_once(':')?;
+    let at = at.parse().ok()?;
+    (!token.is_empty()).then_some((at, token))
+}
+
+/// `discord:<channel>` in a DM, `discord:<guild>:<channel>` in a server (threads are channels).
+pub(crate) fn conversation(guild: Option<&str>, channel: &str) -> ConversationKey {
+    match guild {
+        Some(guild) => ConversationKey::new(NAME, [guild, channel]),
+        None => ConversationKey::new(NAME, [channel]),
+    }
+}
+
+/// The channel id of a conversation key made by [`conversation`].
+pub(crate) fn channel_of(key: &ConversationKey) -> Option<&str> {
+    let mut parts = key.as_str().split(':');
+    if parts.next() != Some(NAME) {
+        return None;
+    }
+    let segments: Vec<&str> = parts.collect();
+    match segments.as_slice() {
+        [channel] | [_, channel] if !channel.is_empty() => Some(channel),
+        _ => None,
+    }
+}
+
+/// An application command as a message.
+pub(crate) fn normalize_command(command: &CommandInteraction, received_at_ms: u64) -> Normalized {
+    let text = match command.data.kind {
+        CommandType::ChatInput if command.data.name == ASK => {
+            let prompt = command
+                .data
+                .options
+                .iter()
+                .find(|option| option.name == "prompt")
+                .and_then(|option| match &option.value {
+                    CommandDataOptionValue::String(text) => Some(text.clone()),
+                    _ => None,
+                })
+                .unwrap_or_default();
+            if prompt.trim().is_empty() {
+                "/help".to_owned()
+            } else {
+                prompt
+            }
+        }
+        CommandType::ChatInput => {
+            let mut text = format!("/{}", command.data.name);
+            options_text(&command.data.options, &mut text);
+            text
+        }
+        CommandType::Message => match command.data.target() {
+            Some(ResolvedTarget::Message(message)) => message.content.clone(),
+            _ => String::new(),
+        },
+        _ => {
+            return Normalized::Refused("This command is not one antler answers.".to_owned());
+        }
+    };
+    let unsupported = (command.data.kind == CommandType::Message && text.trim().is_empty())
+        .then(|| "a message without text".to_owned());
+    let guild = command.guild_id.map(|id| id.to_string());
+    let channel = command.channel_id.to_string();
+    let user = &command.user;
+    let name = command
+        .member
+        .as_ref()
+        .and_then(|member| member.nick.clone())
+        .or_else(|| user.global_name.clone())
+        .unwrap_or_else(|| user.name.clone());
+    Normalized::Event(Box::new(InboundEvent {
+        channel: NAME.to_owned(),
+        event_id: command.id.to_string(),
+        conversation: conversation(guild.as_deref(), &channel),
+        user: UserRef {
+            id: user.id.to_string(),
+            name: Some(name),
+            admin: false,
+            aliases: Vec::new(),
+        },
+        text: truncate(text, MAX_TEXT_BYTES),
+        reply_to: None,
+        received_at_ms,
+        attachments: Vec::new(),
+        group: guild.is_some(),
+        chat: Some(channel),
+        refused: false,
+        follow_up: false,
+        unsupported,
+        // The user watches "thinking…" until the answer arrives.
+        interactive: true,
+        reply_context: Some(reply_context(received_at_ms, &command.token)),
+    }))
+}
+
+/// Appends a command's subcommands and values, space-separated.
+fn options_text(options: &[CommandDataOption], text: &mut String) {
+    for option in options {
+        match &option.value {
+            CommandDataOptionValue::SubCommand(inner)
+            | CommandDataOptionValue::SubCommandGroup(inner) => {
+                text.push(' ');
+                text.push_str(&option.name);
+                options_text(inner, text);
+            }
+            CommandDataOptionValue::String(value) if !value.trim().is_empty() => {
+                text.push(' ');
+                text.push_str(value.trim());
+            }
+            CommandDataOptionValue::Integer(value) => {
+                text.push(' ');
+                text.push_str(&value.to_string());
+            }
+            CommandDataOptionValue::Number(value) => {
+                text.push(' ');
+                text.push_str(&value.to_string());
+            }
+            CommandDataOptionValue::Boolean(value) => {
+                text.push(' ');
+                text.push_str(&value.to_string());
+            }
+            _ => {}
+        }
+    }
+}
+
+/// `text` cut to at most `max` bytes at a character boundary.
+fn truncate(mut text: String, max: usize) -> String {
+    if text.len() > max {
+        let mut end = max;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text.truncate(end);
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn conversation_keys_follow_the_design() {
+        let dm = conversation(None, "11");
+        assert_eq!(dm.as_str(), "discord:11");
+        assert_eq!(channel_of(&dm), Some("11"));
+        let guild = conversation(Some("1"), "50");
+        assert_eq!(guild.as_str(), "discord:1:50");
+        assert_eq!(channel_of(&guild), Some("50"));
+        assert_eq!(channel_of(&ConversationKey::new("slack", ["1", "2"])), None);
+        assert_eq!(
+            channel_of(&ConversationKey::new("discord", ["1", "2", "3"])),
+            None
+        );
+    }
+
+    #[test]
+    fn a_reply_context_round_trips() {
+        let context = reply_context(42, "tok:en");
+        assert_eq!(read_reply_context(&context), Some((42, "tok:en")));
+        assert_eq!(read_reply_context(&ReplyContext::new("x")), None);
+        assert_eq!(read_reply_context(&ReplyContext::new("1:")), None);
+    }
+
+    #[test]
+    fn long_text_is_cut_at_a_character() {
+        assert_eq!(truncate("héllo".to_owned(), 2), "h");
+        assert_eq!(truncate("abc".to_owned(), 10), "abc");
+    }
+}
