@@ -9,6 +9,7 @@ mod boundary;
 mod cli;
 mod config;
 mod crash;
+mod discord;
 mod feishu;
 mod hardening;
 mod loop_detection;
