@@ -180,7 +180,7 @@ pub async fn register_discord_commands(
         });
     };
     if let Some(guild) = guild
-        && !(!guild.is_empty() && guild.bytes().all(|b| b.is_ascii_digit()))
+        && (guild.is_empty() || !guild.bytes().all(|b| b.is_ascii_digit()))
     {
         return Err(SetupError::Key {
             key: "--guild",

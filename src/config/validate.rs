@@ -723,7 +723,7 @@ fn channels(config: &Config, v: &mut Issues) {
         );
     }
     if let Some(id) = &discord.application_id
-        && !(!id.is_empty() && id.len() <= 24 && id.bytes().all(|b| b.is_ascii_digit()))
+        && !is_snowflake(id)
     {
         v.push(
             "channels.discord.application_id",
@@ -731,7 +731,7 @@ fn channels(config: &Config, v: &mut Issues) {
         );
     }
     for (i, guild) in discord.allowed_guilds.iter().enumerate() {
-        if !(!guild.is_empty() && guild.len() <= 24 && guild.bytes().all(|b| b.is_ascii_digit())) {
+        if !is_snowflake(guild) {
             v.push(
                 &format!("channels.discord.allowed_guilds[{i}]"),
                 "must be a server (guild) id: digits only",
@@ -912,6 +912,11 @@ fn platform(v: &mut Issues, name: &str, enabled: bool, required: &[(&str, bool)]
             format!("the {name} channel is not available in this build yet"),
         );
     }
+}
+
+/// A Discord id (a snowflake): 1 to 24 digits.
+fn is_snowflake(id: &str) -> bool {
+    !id.is_empty() && id.len() <= 24 && id.bytes().all(|b| b.is_ascii_digit())
 }
 
 /// Checks that `url` is an absolute http(s) URL with a host.

@@ -390,3 +390,136 @@ async fn kill_9_after_the_deferral_and_a_restart_answer_exactly_once() {
     );
     assert!(!log.contains(BOT_TOKEN), "the bot token is never logged");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_answer_streams_into_the_original_edited_until_it_is_the_answer() {
+    // About 4 seconds of stream; the deferred response is edited at most once a second.
+    let model = MockModel::start(Behaviour::Trickle {
+        pieces: 6,
+        every: Duration::from_millis(700),
+    })
+    .await;
+    let api = discord_api().await;
+    let app = TestApp::spawn(&model, &overrides(&api, "")).await;
+    post(
+        &app.client,
+        &ask("1300000000000000958", "tok-stream", "stream it"),
+    )
+    .await;
+    wait_for_edit(&api, "tok-stream").await;
+    app.client.wait_idle().await;
+    let edits = edits_of_original(&api, "tok-stream").await;
+    assert!(
+        edits.len() >= 2,
+        "edited while writing, then finished: {edits:?}"
+    );
+    assert_eq!(edits.last().unwrap()["content"], "echo: stream it");
+    assert!(
+        follow_ups(&api, "tok-stream").await.is_empty(),
+        "one message"
+    );
+    // At most once a second: the stream takes about 4 s, so at most ~5 edits plus the answer.
+    assert!(edits.len() <= 7, "{} edits", edits.len());
+    app.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn register_commands_writes_only_when_changed_and_doctor_checks_the_bot_token() {
+    let model = MockModel::start(Behaviour::Echo).await;
+    let api = MockServer::start().await;
+    let route = format!("/api/v10/applications/{APPLICATION_ID}/guilds/77/commands");
+    Mock::given(method("GET"))
+        .and(path(&route))
+        .respond_with(ResponseTemplate::new(200).set_body_json(json!([])))
+        .up_to_n_times(1)
+        .mount(&api)
+        .await;
+    let mut registered = serde_json::to_value(antler::setup::discord_commands()).unwrap();
+    for command in registered.as_array_mut().unwrap() {
+        command["id"] = json!("1600000000000000001");
+        command["application_id"] = json!(APPLICATION_ID);
+        command["version"] = json!("1600000000000000002");
+    }
+    Mock::given(method("GET"))
+        .and(path(&route))
+        .respond_with(ResponseTemplate::new(200).set_body_json(registered))
+        .mount(&api)
+        .await;
+    Mock::given(method("PUT"))
+        .and(path(&route))
+        .respond_with(ResponseTemplate::new(200).set_body_json(json!([])))
+        .expect(1)
+        .mount(&api)
+        .await;
+    Mock::given(method("GET"))
+        .and(path("/api/v10/users/@me"))
+        .and(wiremock::matchers::header(
+            "authorization",
+            format!("Bot {BOT_TOKEN}").as_str(),
+        ))
+        .respond_with(ResponseTemplate::new(200).set_body_json(json!({
+            "id": APPLICATION_ID, "username": "antler", "discriminator": "0",
+            "global_name": null, "avatar": null, "bot": true
+        })))
+        .mount(&api)
+        .await;
+    let rig = ChildRig::new(&model, &overrides(&api, ""));
+    let config = rig.config.to_str().unwrap();
+    let (code, stdout, stderr) = crate::support::run_binary(&[
+        "discord",
+        "register-commands",
+        "--config",
+        config,
+        "--guild",
+        "77",
+    ])
+    .await;
+    assert_eq!(code, Some(0), "{stdout}{stderr}");
+    assert!(stdout.contains("scope: guild 77"), "{stdout}");
+    assert!(
+        stdout.contains("commands: registered (/ask, /help, /new, /status"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("Ask antler"), "{stdout}");
+    let (code, stdout, _) = crate::support::run_binary(&[
+        "discord",
+        "register-commands",
+        "--config",
+        config,
+        "--guild",
+        "77",
+    ])
+    .await;
+    assert_eq!(code, Some(0));
+    assert!(stdout.contains("commands: unchanged"), "{stdout}");
+    api.verify().await;
+    let put = api
+        .received_requests()
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|r| r.method.as_str() == "PUT")
+        .unwrap();
+    let sent: Value = serde_json::from_slice(&put.body).unwrap();
+    let names: Vec<&str> = sent
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names.first(), Some(&"ask"));
+    assert_eq!(names.last(), Some(&"Ask antler"));
+    assert!(names.contains(&"new") && names.contains(&"status"));
+
+    let (code, stdout, _) = crate::support::run_binary(&["doctor", "--config", config]).await;
+    let line = stdout
+        .lines()
+        .find(|l| l.contains("discord"))
+        .unwrap_or_else(|| panic!("{stdout}"));
+    assert!(
+        line.contains("the bot token works: the bot is antler"),
+        "{stdout}"
+    );
+    assert!(!stdout.contains(BOT_TOKEN) && !stderr.contains(BOT_TOKEN));
+    let _ = code;
+}
