@@ -409,6 +409,39 @@ fn load(path: &Path) -> Result<Config, SetupError> {
 mod tests {
     use super::*;
 
+    #[test]
+    fn discord_commands_follow_discords_rules() {
+        let commands = discord_commands();
+        assert_eq!(commands[0].name, "ask");
+        assert!(commands[0].options[0].required);
+        assert_eq!(
+            commands.last().map(|c| (c.name.as_str(), c.kind)),
+            Some((DISCORD_MESSAGE_COMMAND, 3))
+        );
+        for command in &commands {
+            assert!(
+                (1..=32).contains(&command.name.chars().count()),
+                "{command:?}"
+            );
+            if command.kind == 1 {
+                assert!(
+                    command.name.chars().all(|c| c.is_ascii_lowercase()
+                        || c.is_ascii_digit()
+                        || c == '-'
+                        || c == '_'),
+                    "{command:?}"
+                );
+                assert!((1..=100).contains(&command.description.chars().count()));
+            } else {
+                assert!(command.description.is_empty() && command.options.is_empty());
+            }
+        }
+        let names: Vec<&str> = commands.iter().map(|c| c.name.as_str()).collect();
+        for wanted in ["ask", "new", "status", "help", "stop"] {
+            assert!(names.contains(&wanted), "{names:?}");
+        }
+    }
+
     fn config(server: &str) -> Config {
         Config::from_toml_str(server, &|_| None).unwrap()
     }

@@ -219,6 +219,78 @@ mod tests {
         assert_eq!(h.sent(), ["echo: one", "echo: two"]);
     }
 
+    /// A channel that refuses at once (as Discord does): its command is `slash`.
+    #[derive(Debug)]
+    struct RefusingChannel;
+
+    #[async_trait::async_trait]
+    impl Channel for RefusingChannel {
+        fn name(&self) -> &'static str {
+            "api"
+        }
+
+        fn verify(&self, _: &WebhookRequest<'_>) -> Result<(), ChannelError> {
+            Ok(())
+        }
+
+        fn parse(&self, request: &WebhookRequest<'_>) -> Result<Parsed, ChannelError> {
+            let mut event = event("c", "r1", "hello");
+            event.user.id = String::from_utf8_lossy(request.body).into_owned();
+            Ok(Parsed::EventsWithReply {
+                events: vec![event],
+                reply: json!({"type": 5}),
+            })
+        }
+
+        fn refusal_reply(&self, text: &str) -> Option<serde_json::Value> {
+            Some(json!({"type": 4, "data": {"content": text, "flags": 64}}))
+        }
+
+        async fn send(&self, _: &OutboundMessage, _: Part<'_>) -> Result<Receipt, ChannelError> {
+            Err(ChannelError::Unsupported)
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_channel_that_refuses_at_once_stores_nothing_for_a_refused_author() {
+        use crate::ingress::access::{Access, AccessRules};
+
+        let allowed = ["ada".to_owned()];
+        let h = crate::ingress::tests::harness_with(
+            3,
+            Access::new([("api".to_owned(), AccessRules::new(&allowed, &[], &[]))]),
+        );
+        let call = |user: &'static str| {
+            let ingress = h.ingress.clone();
+            async move {
+                let response = respond(
+                    &ingress,
+                    &RefusingChannel,
+                    "",
+                    &HeaderMap::new(),
+                    user.as_bytes(),
+                )
+                .await
+                .unwrap();
+                let bytes = axum::body::to_bytes(response.into_body(), 1 << 16)
+                    .await
+                    .unwrap();
+                serde_json::from_slice::<serde_json::Value>(&bytes).unwrap()
+            }
+        };
+        // Refused every time (nothing remembered), with the refusal naming the user id.
+        for _ in 0..2 {
+            let reply = call("bob").await;
+            assert_eq!(reply["type"], 4);
+            assert_eq!(reply["data"]["flags"], 64);
+            assert!(reply["data"]["content"].as_str().unwrap().contains("bob"));
+        }
+        // Nothing was stored: the same event from an allowed author is new and runs.
+        assert_eq!(call("ada").await, json!({"type": 5}));
+        h.until_sent(1).await;
+        assert_eq!(h.sent(), ["echo: hello"]);
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn nothing_is_answered_with_the_reply_when_accepting_fails() {
         let h = harness(3);

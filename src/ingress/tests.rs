@@ -73,7 +73,7 @@ pub(crate) fn harness(max_attempts: u32) -> Harness {
     harness_with(max_attempts, Access::default())
 }
 
-fn harness_with(max_attempts: u32, access: Access) -> Harness {
+pub(crate) fn harness_with(max_attempts: u32, access: Access) -> Harness {
     let store = Arc::new(SledStore::temporary().unwrap());
     let model = Arc::new(EchoModel::default());
     let channel = Arc::new(RecordingChannel::default());
