@@ -571,6 +571,23 @@ where
             intake_stop.clone(),
         ))
     });
+    let discord_gateway = if config.channels.discord.enabled && config.channels.discord.gateway {
+        let discord = &config.channels.discord;
+        let gateway = antler_discord::DiscordGateway::start(
+            &exposed(&discord.bot_token),
+            &discord.api_url,
+            crate::now_ms,
+        )
+        .await
+        .map_err(|e| AppError::Channel(format!("channels.discord.gateway: {e}")))?;
+        Some(tokio::spawn(crate::poll::read_discord_gateway(
+            gateway,
+            ingress.clone(),
+            intake_stop.clone(),
+        )))
+    } else {
+        None
+    };
 
     // Memory updates queued by turns (also by the last process) are learned in the background.
     let memory_stop = CancellationToken::new();
@@ -704,6 +721,10 @@ where
     // So does the Telegram poller: what it accepted is stored; the rest Telegram keeps.
     if let Some(poller) = poller {
         let _ = poller.await;
+    }
+    // And the Discord gateway's reader, which closes the websocket.
+    if let Some(reader) = discord_gateway {
+        let _ = reader.await;
     }
     store.flush().await?;
     // Tasks may still be dropping their handles to the store; wait (briefly) for them, so the

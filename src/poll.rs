@@ -1,5 +1,5 @@
 //! Telegram's polling mode: a `getUpdates` loop feeding the same pipeline as the webhook, for
-//! machines without a public URL.
+//! machines without a public URL; and the reader of Discord's Gateway (`gateway = true`).
 //!
 //! An update is confirmed to Telegram only by the next call, with a higher offset, and that
 //! call is made only after every event of the batch was accepted (stored and synced). A crash
@@ -66,6 +66,27 @@ pub(crate) async fn poll_telegram(
                 .map(|id| id.saturating_add(1));
         }
     }
+}
+
+/// Accepts what Discord's Gateway receives until `stop` is cancelled, then closes it. A
+/// message Discord replays after a reconnect is recognised by the inbox's dedupe (its id).
+pub(crate) async fn read_discord_gateway(
+    mut gateway: antler_discord::DiscordGateway,
+    ingress: Ingress,
+    stop: CancellationToken,
+) {
+    tracing::info!("discord gateway started");
+    loop {
+        let event = tokio::select! {
+            () = stop.cancelled() => break,
+            event = gateway.events.recv() => event,
+        };
+        let Some(event) = event else { break };
+        if !accept(&ingress, event, &stop).await {
+            break;
+        }
+    }
+    gateway.stop().await;
 }
 
 /// Accepts one event, retrying while the store fails; `false` once antler stops.

@@ -628,8 +628,8 @@ pub struct DiscordConfig {
     /// decided by the allowlists alone.
     #[serde(deserialize_with = "secret::strings")]
     pub allowed_guilds: Vec<String>,
-    /// A Gateway connection for plain @mentions and DMs. Not built yet: `true` is refused by
-    /// validation, so it is never silently ignored.
+    /// Also connect to Discord's Gateway (websocket) for plain @mentions in servers and DMs,
+    /// answered as the bot's own messages. Off: application commands only.
     pub gateway: bool,
     /// Platform user ids that may talk to the bot (with `allowed_chats`; both empty: anyone).
     #[serde(deserialize_with = "secret::strings")]

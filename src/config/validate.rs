@@ -738,14 +738,6 @@ fn channels(config: &Config, v: &mut Issues) {
             );
         }
     }
-    if discord.gateway {
-        v.push(
-            "channels.discord.gateway",
-            "the Discord Gateway (plain @mentions and DMs) is not available in this build; \
-             set it to false: slash commands and the \"Ask antler\" message command work \
-             through the Interactions Endpoint URL",
-        );
-    }
     platform(
         v,
         "discord",

@@ -523,3 +523,150 @@ async fn register_commands_writes_only_when_changed_and_doctor_checks_the_bot_to
     assert!(!stdout.contains(BOT_TOKEN) && !stderr.contains(BOT_TOKEN));
     let _ = code;
 }
+
+/// A Discord Gateway on 127.0.0.1: HELLO; IDENTIFY gets READY and then `message_create`;
+/// the first session is then told to reconnect (op 7) and closed; a RESUME gets the same
+/// `message_create` again (a replay, as Discord does for events it is unsure were received)
+/// and RESUMED. Returns its `ws://` URL and how many times it sent the `message_create`.
+async fn mock_gateway(
+    message_create: Value,
+) -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use futures_util::{SinkExt, StreamExt};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tokio_tungstenite::tungstenite::Message as Ws;
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("ws://{}", listener.local_addr().unwrap());
+    let sent = std::sync::Arc::new(AtomicUsize::new(0));
+    let counted = sent.clone();
+    let sessions = AtomicUsize::new(0);
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let n = sessions.fetch_add(1, Ordering::SeqCst);
+            let message_create = message_create.clone();
+            let counted = counted.clone();
+            tokio::spawn(async move {
+                let Ok(mut ws) = tokio_tungstenite::accept_async(stream).await else {
+                    return;
+                };
+                let send = |value: Value| Ws::Text(value.to_string());
+                let _ = ws
+                    .send(send(
+                        json!({"op": 10, "d": {"heartbeat_interval": 45000}, "s": null, "t": null}),
+                    ))
+                    .await;
+                let dispatch = |s: u64, t: &str, d: Value| json!({"op": 0, "s": s, "t": t, "d": d});
+                while let Some(Ok(frame)) = ws.next().await {
+                    let Ws::Text(text) = frame else { continue };
+                    let payload: Value = serde_json::from_str(&text).unwrap();
+                    match payload["op"].as_u64() {
+                        Some(1) => {
+                            let _ = ws
+                                .send(send(json!({"op": 11, "d": null, "s": null, "t": null})))
+                                .await;
+                        }
+                        Some(2) => {
+                            let ready = json!({
+                                "v": 10, "session_id": "session-1",
+                                "resume_gateway_url": "ws://127.0.0.1:9",
+                                "user": {"id": APPLICATION_ID, "username": "antler",
+                                         "discriminator": "0", "global_name": null,
+                                         "avatar": null, "bot": true, "verified": true,
+                                         "mfa_enabled": false, "flags": 0},
+                                "guilds": [], "shard": [0, 1],
+                                "application": {"id": APPLICATION_ID, "flags": 0}
+                            });
+                            let _ = ws.send(send(dispatch(1, "READY", ready))).await;
+                            let _ = ws
+                                .send(send(dispatch(2, "MESSAGE_CREATE", message_create.clone())))
+                                .await;
+                            counted.fetch_add(1, Ordering::SeqCst);
+                            if n == 0 {
+                                tokio::time::sleep(Duration::from_millis(300)).await;
+                                let _ = ws
+                                    .send(send(json!({"op": 7, "d": null, "s": null, "t": null})))
+                                    .await;
+                                let _ = ws.close(None).await;
+                                return;
+                            }
+                        }
+                        Some(6) => {
+                            let _ = ws
+                                .send(send(dispatch(2, "MESSAGE_CREATE", message_create.clone())))
+                                .await;
+                            counted.fetch_add(1, Ordering::SeqCst);
+                            let _ = ws.send(send(dispatch(3, "RESUMED", json!({})))).await;
+                        }
+                        _ => {}
+                    }
+                }
+            });
+        }
+    });
+    (url, sent)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_gateway_a_mention_is_answered_once_across_a_reconnect() {
+    let model = MockModel::start(Behaviour::Echo).await;
+    let api = discord_api().await;
+    let mention = json!({
+        "id": "1700000000000000001", "channel_id": "1100000000000000050",
+        "guild_id": "1100000000000000001",
+        "author": {"id": ADA, "username": "ada_ops", "discriminator": "0",
+                   "global_name": "Ada", "avatar": null},
+        "member": {"roles": [], "joined_at": "2024-03-01T10:00:00.000000+00:00", "deaf": false,
+                   "mute": false, "flags": 0},
+        "content": format!("<@{APPLICATION_ID}> hello there"),
+        "timestamp": "2026-01-01T00:00:00.000000+00:00", "edited_timestamp": null,
+        "tts": false, "mention_everyone": false,
+        "mentions": [{"id": APPLICATION_ID, "username": "antler", "discriminator": "0",
+                      "global_name": null, "avatar": null, "bot": true}],
+        "mention_roles": [], "attachments": [], "embeds": [], "pinned": false, "type": 0
+    });
+    let (url, sent) = mock_gateway(mention).await;
+    // serenity's `Client::start` (one shard) asks `GET /gateway`; autosharding asks `/gateway/bot`.
+    Mock::given(method("GET"))
+        .and(path_regex(r"^/api/v10/gateway(/bot)?$"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(json!({
+            "url": url, "shards": 1,
+            "session_start_limit": {"total": 1000, "remaining": 999, "reset_after": 0,
+                                    "max_concurrency": 1}
+        })))
+        .mount(&api)
+        .await;
+    let app = TestApp::spawn(&model, &overrides(&api, "gateway = true\n")).await;
+    let posted = wait_until("the mention answered", || async {
+        let posted: Vec<Value> = calls(&api)
+            .await
+            .into_iter()
+            .filter(|(m, p, _)| {
+                m == "POST" && p == "/api/v10/channels/1100000000000000050/messages"
+            })
+            .map(|(_, _, body)| body)
+            .collect();
+        (!posted.is_empty()).then_some(posted)
+    })
+    .await;
+    assert_eq!(posted[0]["content"], "echo: hello there");
+    assert_eq!(
+        posted[0]["message_reference"]["message_id"],
+        "1700000000000000001"
+    );
+    // The replay after the reconnect is recognised.
+    wait_until("the message replayed on the new session", || async {
+        (sent.load(std::sync::atomic::Ordering::SeqCst) >= 2).then_some(())
+    })
+    .await;
+    // Time for the replay to reach the inbox (it must not: it is a duplicate).
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    app.client.wait_idle().await;
+    let answers = calls(&api)
+        .await
+        .into_iter()
+        .filter(|(m, p, _)| m == "POST" && p.ends_with("/messages"))
+        .count();
+    assert_eq!(answers, 1, "answered once");
+    assert_eq!(model.count(), 1);
+    app.shutdown().await;
+}

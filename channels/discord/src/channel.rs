@@ -291,7 +291,10 @@ impl Channel for DiscordChannel {
                         message.conversation
                     ))
                 })?;
-                self.api.create_message(channel, part.body).await?
+                let reply_to = message.reply_to.as_deref().filter(|_| part.index == 0);
+                self.api
+                    .create_message(channel, part.body, reply_to)
+                    .await?
             }
         };
         Ok(Receipt {

@@ -195,15 +195,24 @@ impl DiscordApi {
         &self,
         channel_id: &str,
         content: &str,
+        reply_to: Option<&str>,
     ) -> Result<String, ChannelError> {
         let path = format!("/channels/{}/messages", segment(channel_id)?);
+        let mut body = message_body(content);
+        if let Some(reply_to) = reply_to {
+            // A reply to the user's message; still sent if that message is gone.
+            body["message_reference"] = serde_json::json!({
+                "message_id": segment(reply_to)?,
+                "fail_if_not_exists": false,
+            });
+        }
         let message: serenity::model::channel::Message = self
             .call(
                 reqwest::Method::POST,
                 &path,
                 &format!("channel:{channel_id}"),
                 Auth::Bot,
-                Some(message_body(content)),
+                Some(body),
             )
             .await?;
         Ok(message.id.to_string())

@@ -5,11 +5,13 @@
 //! Interactions Endpoint URL `/webhooks/discord/interactions`, signed with the application's
 //! key; each is deferred at once (`{"type":5}`) and answered by editing the deferred response,
 //! longer answers continued in follow-ups, streamed answers edited in place at most once a
-//! second. Plain messages and @mentions need Discord's Gateway, which this crate does not run.
+//! second. With [`DiscordGateway`] (`gateway = true`), plain @mentions and DMs arrive over Discord's
+//! websocket too and are answered as the bot's own messages.
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
 
 mod channel;
 mod client;
+mod gateway;
 mod normalize;
 
 pub use channel::{
@@ -19,3 +21,4 @@ pub use channel::{
 pub use client::{
     CommandSpec, DEFAULT_API_URL, DiscordApi, DiscordIdentity, OptionSpec, Registration,
 };
+pub use gateway::DiscordGateway;
