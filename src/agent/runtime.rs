@@ -26,6 +26,7 @@ use tokio::sync::{Semaphore, mpsc};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use super::input::{RunInput, ThreadFolders};
 use super::message::{ChatMessage, TokenUsage, ToolCall};
@@ -40,6 +41,9 @@ use super::tools::{ToolContext, ToolRegistry};
 
 /// How often hooks may send the model back (`Continue`) in one run.
 pub(crate) const MAX_CONTINUES: u32 = 3;
+
+/// How the answer of a run that hit its model-call cap without one begins.
+pub(crate) const NO_ANSWER_PREFIX: &str = "I stopped after";
 
 /// How long `after_run` hooks may take after the run itself ended.
 const AFTER_RUN_LIMIT: Duration = Duration::from_secs(30);
@@ -256,6 +260,19 @@ impl Runtime {
         }
     }
 
+    /// Offers the model only the tools `keep` accepts (a subagent's share of the lead's).
+    #[must_use]
+    pub(crate) fn with_tools_only(mut self, keep: impl Fn(&str) -> bool) -> Self {
+        self.tools.retain(keep);
+        self
+    }
+
+    /// The names of the tools offered to the model.
+    #[cfg(test)]
+    pub(crate) fn tool_names(&self) -> Vec<String> {
+        self.tools.specs().iter().map(|spec| spec.name.clone()).collect()
+    }
+
     /// The model's name.
     pub(crate) fn model_name(&self) -> &str {
         self.model.name()
@@ -446,7 +463,7 @@ impl Runtime {
                         .get_or_insert_with(|| "iteration_limit".to_owned());
                     if response.content.trim().is_empty() {
                         response.content = format!(
-                            "I stopped after {} steps without reaching a final answer.",
+                            "{NO_ANSWER_PREFIX} {} steps without reaching a final answer.",
                             cx.model_calls
                         );
                     }
@@ -598,6 +615,8 @@ impl Runtime {
                         text: text.to_owned(),
                     });
                 }),
+                turn: cx.thread.running.map_or(0, |r| r.inbox_seq),
+                trace_id: cx.input.trace_id.clone(),
             };
             let handle = running.spawn(async move {
                 // The semaphore is never closed; a failed acquire just runs unbounded.
@@ -612,7 +631,7 @@ impl Runtime {
                     ..base
                 };
                 registry.call(&call, &cx).await
-            });
+            }.in_current_span());
             index_of.insert(handle.id(), index);
         }
         drop(events);

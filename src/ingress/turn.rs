@@ -18,6 +18,7 @@ use futures_util::FutureExt;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use tokio_util::sync::{CancellationToken, DropGuard};
+use tracing::Instrument;
 
 use super::attachments;
 use super::commands::{self, Command, PlanSwitch};
@@ -561,6 +562,7 @@ impl TurnRunner {
             timeout: inner.turn_timeout,
             cancel,
         };
+        let span = tracing::info_span!("turn", trace = %input.trace_id, seq = item.seq);
         let run = async {
             if resume {
                 inner
@@ -574,7 +576,9 @@ impl TurnRunner {
                     .await
             }
         };
-        let result = std::panic::AssertUnwindSafe(run).catch_unwind().await;
+        let result = std::panic::AssertUnwindSafe(run.instrument(span))
+            .catch_unwind()
+            .await;
         let draft = match draft {
             Some(draft) => draft.finish().await,
             None => item.draft.clone(),
@@ -775,6 +779,8 @@ impl TurnRunner {
                 images: capabilities.images,
                 interactive: event.interactive,
             },
+            // Short, as in DeerFlow: it only has to tell the turns of a log apart.
+            trace_id: format!("{:08x}", fastrand::u32(..)),
         }
     }
 
