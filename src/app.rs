@@ -701,6 +701,7 @@ where
         mcp: mcp.status(),
         memory_max_facts: config.memory.max_facts,
         memory_identities: MemoryIdentities::from_config(&config.memory),
+        subagents: subagents.clone(),
     });
     let limits = ServeLimits {
         max_connections: server.max_connections,

@@ -154,8 +154,12 @@ impl RunObserver for TurnObserver<'_> {
     }
 
     fn progress(&self, event: &ToolProgress) {
-        if let (Some(draft), ToolProgress::Started { name, .. }) = (self.draft, event) {
-            draft.tool_started(name);
+        if let Some(draft) = self.draft {
+            match event {
+                ToolProgress::Started { name, .. } => draft.tool_started(name),
+                ToolProgress::Note { call_id, text, .. } => draft.note(call_id, text),
+                ToolProgress::Finished { .. } => {}
+            }
         }
         let (call_id, name, state, text) = match event {
             ToolProgress::Started { call_id, name } => (call_id, name, ToolState::Started, None),
@@ -790,6 +794,9 @@ impl TurnRunner {
             Command::New => format!("New conversation started (thread {}).", item.thread_id),
             Command::Unknown(name) => format!("Unknown command /{name}.\n{}", commands::HELP),
             Command::Status => self.status(item).await,
+            Command::Tasks => {
+                super::tasks_command::answer(self.inner.store.as_ref(), &item.thread_id).await
+            }
             Command::Memory(action) => {
                 super::memory_command::answer(
                     self.inner.store.as_ref(),

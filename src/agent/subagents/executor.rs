@@ -194,13 +194,9 @@ impl SubagentExecutor {
     }
 
     /// Tasks running or waiting for a slot in this process.
+    #[cfg(test)]
     pub(crate) fn active(&self) -> usize {
         self.inner.running.lock().map_or(0, |running| running.len())
-    }
-
-    /// A task's record.
-    pub(crate) async fn record(&self, id: &str) -> Result<Option<SubagentRecord>, RegistryError> {
-        self.inner.registry.get(id).await
     }
 
     /// Runs the task `request` asks for until it ends, and returns its final record; a turn
@@ -245,6 +241,7 @@ impl SubagentExecutor {
         let task_cancel = cancel.child_token();
         if let Ok(mut running) = inner.running.lock() {
             running.insert(record.id.clone(), task_cancel.clone());
+            metrics::gauge!("antler_subagents_active").set(running.len() as f64);
         }
         let span = tracing::info_span!(
             "subagent",
@@ -353,6 +350,7 @@ impl SubagentExecutor {
     fn forget(&self, id: &str) {
         if let Ok(mut running) = self.inner.running.lock() {
             running.remove(id);
+            metrics::gauge!("antler_subagents_active").set(running.len() as f64);
         }
     }
 
