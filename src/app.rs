@@ -38,7 +38,9 @@ use crate::agent::middleware::{ChainError, Middleware, MiddlewareChain};
 use crate::agent::model::{ChatModel, ModelError, ModelHealth, OpenAiClient, OpenAiConfig};
 use crate::agent::runtime::{Runtime, RuntimeSettings};
 use crate::agent::subagents::SUBAGENT_CHAIN;
-use crate::agent::subagents::executor::{PARENT_MARGIN, SubagentExecutor, SubagentKind};
+use crate::agent::subagents::executor::{
+    INTERRUPTED, PARENT_MARGIN, SubagentExecutor, SubagentKind,
+};
 use crate::agent::subagents::task_tool::{ShellPolicy, TASK_TOOL, TaskTool};
 use crate::agent::tools::bash::bash_tool;
 use crate::agent::tools::mcp::McpServers;
@@ -598,9 +600,7 @@ where
     );
     // Resume what the last process left: interrupted subagents fail, replies go, turns run.
     let now = crate::now_ms();
-    let failed = store
-        .fail_unfinished_subagents("antler restarted while the task was running", now)
-        .await?;
+    let failed = store.fail_unfinished_subagents(INTERRUPTED, now).await?;
     let inbox = store.inbox().await?;
     let outbox = store.outbox_pending().await?;
     if !inbox.is_empty() || !outbox.is_empty() || failed > 0 {

@@ -270,7 +270,11 @@ impl Runtime {
     /// The names of the tools offered to the model.
     #[cfg(test)]
     pub(crate) fn tool_names(&self) -> Vec<String> {
-        self.tools.specs().iter().map(|spec| spec.name.clone()).collect()
+        self.tools
+            .specs()
+            .iter()
+            .map(|spec| spec.name.clone())
+            .collect()
     }
 
     /// The model's name.
@@ -618,20 +622,23 @@ impl Runtime {
                 turn: cx.thread.running.map_or(0, |r| r.inbox_seq),
                 trace_id: cx.input.trace_id.clone(),
             };
-            let handle = running.spawn(async move {
-                // The semaphore is never closed; a failed acquire just runs unbounded.
-                let _permit = permits.acquire_owned().await;
-                let _ = events.send(ToolProgress::Started {
-                    call_id: call.id.clone(),
-                    name: call.name.clone(),
-                });
-                let started = Instant::now();
-                let cx = ToolContext {
-                    deadline: base.deadline.min(started + registry.timeout(&call.name)),
-                    ..base
-                };
-                registry.call(&call, &cx).await
-            }.in_current_span());
+            let handle = running.spawn(
+                async move {
+                    // The semaphore is never closed; a failed acquire just runs unbounded.
+                    let _permit = permits.acquire_owned().await;
+                    let _ = events.send(ToolProgress::Started {
+                        call_id: call.id.clone(),
+                        name: call.name.clone(),
+                    });
+                    let started = Instant::now();
+                    let cx = ToolContext {
+                        deadline: base.deadline.min(started + registry.timeout(&call.name)),
+                        ..base
+                    };
+                    registry.call(&call, &cx).await
+                }
+                .in_current_span(),
+            );
             index_of.insert(handle.id(), index);
         }
         drop(events);

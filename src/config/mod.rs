@@ -48,10 +48,10 @@ use crate::agent::middleware::token_usage::TokenUsageConfig;
 use crate::agent::middleware::tool_output_budget::ToolOutputBudgetConfig;
 use crate::agent::middleware::uploads::UploadsConfig;
 use crate::agent::middleware::view_image::ViewImageConfig;
+use crate::agent::subagents::config::SubagentsConfig;
 use crate::agent::tools::bash::BashConfig;
 use crate::agent::tools::mcp::McpServerConfig;
 use crate::agent::tools::web_fetch::WebFetchConfig;
-use crate::agent::subagents::config::SubagentsConfig;
 use crate::memory::MemoryConfig;
 
 pub use secret::Secret;

@@ -1742,7 +1742,12 @@ fn subagents_default_to_three_at_once_and_bad_types_name_their_key() {
         "#,
     )
     .unwrap();
-    let names: Vec<String> = custom.subagents.types().into_iter().map(|t| t.name).collect();
+    let names: Vec<String> = custom
+        .subagents
+        .types()
+        .into_iter()
+        .map(|t| t.name)
+        .collect();
     assert_eq!(names, ["bash", "general-purpose", "researcher"]);
 
     let found = issues(

@@ -472,12 +472,18 @@ fn subagents(config: &Config, v: &mut Issues) {
     if !(1..=16).contains(&subagents.max_concurrent) {
         v.push(
             "subagents.max_concurrent",
-            format!("must be between 1 and 16 (got {})", subagents.max_concurrent),
+            format!(
+                "must be between 1 and 16 (got {})",
+                subagents.max_concurrent
+            ),
         );
     }
     let seconds = |v: &mut Issues, key: &str, value: u64| {
         if !(1..=86_400).contains(&value) {
-            v.push(key, format!("must be between 1 and 86400 seconds (got {value})"));
+            v.push(
+                key,
+                format!("must be between 1 and 86400 seconds (got {value})"),
+            );
         }
     };
     seconds(v, "subagents.timeout_seconds", subagents.timeout_seconds);
@@ -506,14 +512,23 @@ fn subagents(config: &Config, v: &mut Issues) {
             v.push(&key("system_prompt"), "must not be empty");
         }
         if blank(&kind.model) {
-            v.push(&key("model"), "must not be empty (leave it out to use `model.model`)");
+            v.push(
+                &key("model"),
+                "must not be empty (leave it out to use `model.model`)",
+            );
         }
         if kind.tools.as_ref().is_some_and(Vec::is_empty) {
-            v.push(&key("tools"), "must name at least one tool (leave it out for all)");
+            v.push(
+                &key("tools"),
+                "must name at least one tool (leave it out for all)",
+            );
         }
         if let Some(turns) = kind.max_turns {
             if !(1..=500).contains(&turns) {
-                v.push(&key("max_turns"), format!("must be between 1 and 500 (got {turns})"));
+                v.push(
+                    &key("max_turns"),
+                    format!("must be between 1 and 500 (got {turns})"),
+                );
             }
         }
         if let Some(timeout) = kind.timeout_seconds {

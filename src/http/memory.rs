@@ -50,9 +50,8 @@ pub(crate) struct Page {
 }
 
 fn admin_only(principal: &Principal) -> Result<(), ApiError> {
-    principal.require_admin(
-        "the memory API needs an admin token; users see their memory with /memory",
-    )
+    principal
+        .require_admin("the memory API needs an admin token; users see their memory with /memory")
 }
 
 fn user_key(path: Result<Path<String>, PathRejection>) -> Result<String, ApiError> {

@@ -6,8 +6,8 @@ mod error;
 pub(crate) mod guard;
 mod memory;
 mod ops;
-mod tasks;
 pub(crate) mod serve;
+mod tasks;
 pub(crate) mod webhook;
 
 use std::sync::Arc;
@@ -115,6 +115,7 @@ pub(crate) fn router(
                 "/api/v1/memory/{user_key}/facts/{fact_id}",
                 delete(memory::delete_fact),
             )
+            .route("/api/v1/tasks", get(tasks::list))
             .route("/api/v1/tasks/{id}", get(tasks::get))
             .route("/api/v1/tasks/{id}/cancel", post(tasks::cancel))
             .route_layer(axum::middleware::from_fn_with_state(

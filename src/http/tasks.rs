@@ -2,6 +2,7 @@
 //!
 //! | route | answer |
 //! |---|---|
+//! | `GET /api/v1/tasks?thread={id}` | `{"tasks": [record, ...]}`: the thread's latest tasks (at most 50), newest first |
 //! | `GET /api/v1/tasks/{id}` | the task's record (below); 404 when there is none |
 //! | `POST /api/v1/tasks/{id}/cancel` | cancels a task that has not ended and answers its record; 409 when it had ended already |
 //!
@@ -15,10 +16,11 @@
 
 use std::sync::Arc;
 
-use axum::extract::rejection::PathRejection;
-use axum::extract::{Path, State};
+use axum::extract::rejection::{PathRejection, QueryRejection};
+use axum::extract::{Path, Query, State};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
+use serde::Deserialize;
 
 use super::AppState;
 use super::error::ApiError;
@@ -53,7 +55,7 @@ fn not_found(id: &str) -> ApiError {
 }
 
 /// The record as the API shows it.
-fn shown(record: &SubagentRecord) -> Response {
+fn shown(record: &SubagentRecord) -> serde_json::Value {
     let mut body = serde_json::to_value(record).unwrap_or_default();
     if let Some(object) = body.as_object_mut() {
         object.insert(
@@ -61,7 +63,35 @@ fn shown(record: &SubagentRecord) -> Response {
             record.duration_ms(crate::now_ms()).into(),
         );
     }
-    Json(body).into_response()
+    body
+}
+
+/// The most tasks a listing holds.
+const MAX_LISTED: usize = 50;
+
+/// `?thread=` of the listing.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ByThread {
+    thread: String,
+}
+
+/// `GET /api/v1/tasks?thread={id}`
+pub(crate) async fn list(
+    State(state): State<AppState>,
+    Extension(principal): Extension<Arc<Principal>>,
+    query: Result<Query<ByThread>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    admin_only(&principal)?;
+    let Query(ByThread { thread }) = query.map_err(|e| ApiError::BadRequest(e.body_text()))?;
+    if thread.is_empty() || thread.len() > 256 {
+        return Err(ApiError::BadRequest(
+            "`thread` must be a thread id (1 to 256 characters)".to_owned(),
+        ));
+    }
+    let records = state.store.thread_subagents(&thread, MAX_LISTED).await?;
+    let tasks: Vec<serde_json::Value> = records.iter().map(shown).collect();
+    Ok(Json(serde_json::json!({ "tasks": tasks })).into_response())
 }
 
 /// `GET /api/v1/tasks/{id}`
@@ -72,8 +102,12 @@ pub(crate) async fn get(
 ) -> Result<Response, ApiError> {
     admin_only(&principal)?;
     let id = task_id(path)?;
-    let record = state.store.subagent(&id).await?.ok_or_else(|| not_found(&id))?;
-    Ok(shown(&record))
+    let record = state
+        .store
+        .subagent(&id)
+        .await?
+        .ok_or_else(|| not_found(&id))?;
+    Ok(Json(shown(&record)).into_response())
 }
 
 /// `POST /api/v1/tasks/{id}/cancel`
@@ -87,7 +121,11 @@ pub(crate) async fn cancel(
     let Some(executor) = &state.subagents else {
         // Subagents are off: nothing runs, so a stored task has ended (the start marks
         // the ones a restart interrupted).
-        let record = state.store.subagent(&id).await?.ok_or_else(|| not_found(&id))?;
+        let record = state
+            .store
+            .subagent(&id)
+            .await?
+            .ok_or_else(|| not_found(&id))?;
         return Err(ended(&record));
     };
     let outcome = executor
@@ -99,7 +137,7 @@ pub(crate) async fn cancel(
         CancelOutcome::AlreadyEnded(record) => Err(ended(&record)),
         CancelOutcome::Cancelled(record) => {
             tracing::info!(task = %id, "task cancelled through the API");
-            Ok(shown(&record))
+            Ok(Json(shown(&record)).into_response())
         }
     }
 }

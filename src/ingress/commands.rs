@@ -74,7 +74,10 @@ pub(crate) const MENU: &[(&str, &str)] = &[
         "memory",
         "What I remember about you; forget a fact or everything",
     ),
-    ("tasks", "The tasks this conversation delegated, with their status"),
+    (
+        "tasks",
+        "The tasks this conversation delegated, with their status",
+    ),
 ];
 
 /// The text after `/new`, etc. is ignored; `None` for ordinary messages.

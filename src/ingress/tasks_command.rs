@@ -102,8 +102,14 @@ mod tests {
     async fn tasks_are_listed_newest_first_with_status_and_duration() {
         let store = SledStore::temporary().unwrap();
         assert!(answer(&store, "t1").await.starts_with("No tasks"));
-        store.create_subagent(&record("task_a", "read *the* logs")).await.unwrap();
-        store.create_subagent(&record("task_b", "build")).await.unwrap();
+        store
+            .create_subagent(&record("task_a", "read *the* logs"))
+            .await
+            .unwrap();
+        store
+            .create_subagent(&record("task_b", "build"))
+            .await
+            .unwrap();
         let now = crate::now_ms();
         for (id, status, at) in [
             ("task_a", SubagentStatus::Running, now - 65_000),

@@ -29,8 +29,8 @@ use sled::transaction::{ConflictableTransactionError, TransactionError, Transact
 use super::group_commit::{GroupCommit, SyncFiles};
 use super::{
     Accept, Accepted, ClearedMemory, ConversationRecord, FinishTurn, InboxItem, InboxStatus,
-    OutboxItem, OutboxStatus, SCHEMA_VERSION, Store, StoreError, StoreStats, ThreadChoice,
-    keys, outbox_seq,
+    OutboxItem, OutboxStatus, SCHEMA_VERSION, Store, StoreError, StoreStats, ThreadChoice, keys,
+    outbox_seq,
 };
 use crate::agent::message::ChatMessage;
 use crate::agent::subagents::{SubagentChange, SubagentRecord, SubagentStatus, Transition};
@@ -95,7 +95,11 @@ const SUBAGENT_RETAIN_MS: u64 = 7 * 24 * 3600 * 1000;
 
 /// The `subagent_calls` key of a turn's tool call.
 fn subagent_call_key(thread_id: &str, turn: u64, call_id: &str) -> Vec<u8> {
-    keys::tuple(&[thread_id.as_bytes(), &turn.to_be_bytes(), call_id.as_bytes()])
+    keys::tuple(&[
+        thread_id.as_bytes(),
+        &turn.to_be_bytes(),
+        call_id.as_bytes(),
+    ])
 }
 
 fn encode<T: Serialize>(what: &'static str, value: &T) -> Result<Vec<u8>, StoreError> {
@@ -987,7 +991,8 @@ impl Store for SledStore {
                 removed += 1;
             }
         }
-        removed += self.sweep_subagents(now_ms.saturating_sub(retain_ms.max(SUBAGENT_RETAIN_MS)))?;
+        removed +=
+            self.sweep_subagents(now_ms.saturating_sub(retain_ms.max(SUBAGENT_RETAIN_MS)))?;
         Ok(removed)
     }
 

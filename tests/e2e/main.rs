@@ -24,5 +24,6 @@ mod restart;
 mod seams;
 mod shell;
 mod slack;
+mod subagents;
 mod support;
 mod telegram;

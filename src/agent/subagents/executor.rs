@@ -307,33 +307,21 @@ impl SubagentExecutor {
         if record.status.is_terminal() {
             return Ok(CancelOutcome::AlreadyEnded(record));
         }
-        if let Some(token) = token {
-            token.cancel();
-            // The task records its own end; wait (briefly) to report it.
-            let deadline = Instant::now() + Duration::from_secs(5);
-            loop {
-                let now = self.inner.registry.get(id).await?;
-                match now {
-                    Some(record) if record.status.is_terminal() => {
-                        return Ok(CancelOutcome::Cancelled(record));
-                    }
-                    Some(record) if Instant::now() >= deadline => {
-                        return Ok(CancelOutcome::Cancelled(record));
-                    }
-                    None => return Ok(CancelOutcome::Unknown),
-                    Some(_) => tokio::time::sleep(Duration::from_millis(20)).await,
-                }
-            }
-        }
+        // The end is recorded here, with its reason, before the task is told: the first
+        // terminal write wins, so the task's own "cancelled" afterwards changes nothing.
         let change = SubagentChange::failed(
             SubagentStatus::Cancelled,
             "cancelled by an operator",
             crate::now_ms(),
         );
-        Ok(match self.inner.registry.transition(id, &change).await? {
+        let outcome = match self.inner.registry.transition(id, &change).await? {
             Transition::Applied(record) => CancelOutcome::Cancelled(record),
             Transition::Refused(record) => CancelOutcome::AlreadyEnded(record),
-        })
+        };
+        if let Some(token) = token {
+            token.cancel();
+        }
+        Ok(outcome)
     }
 
     /// Stops taking tasks and waits up to `wait` for those running to end (shutdown).
@@ -408,7 +396,10 @@ impl SubagentExecutor {
             Some(Transition::Refused(record)) => return record,
             None => return record,
         };
-        tracing::info!(waited_ms = waited.elapsed().as_millis() as u64, "subagent starts");
+        tracing::info!(
+            waited_ms = waited.elapsed().as_millis() as u64,
+            "subagent starts"
+        );
         let timeout = kind
             .spec
             .timeout

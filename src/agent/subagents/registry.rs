@@ -87,7 +87,11 @@ impl SubagentRecord {
     /// How long it ran (or has been running, at `now_ms`), in milliseconds.
     pub(crate) fn duration_ms(&self, now_ms: u64) -> Option<u64> {
         let started = self.started_at_ms?;
-        Some(self.finished_at_ms.unwrap_or(now_ms).saturating_sub(started))
+        Some(
+            self.finished_at_ms
+                .unwrap_or(now_ms)
+                .saturating_sub(started),
+        )
     }
 }
 

@@ -172,8 +172,7 @@ impl Tool for TaskTool {
                 tracing::error!(error = %e, "a subagent task could not be recorded");
                 (cx.progress)(&format!("❌ {description}"));
                 return Err(ToolError::Failed(
-                    "the task could not be recorded, so it did not run; try again later"
-                        .to_owned(),
+                    "the task could not be recorded, so it did not run; try again later".to_owned(),
                 ));
             }
         };

@@ -229,7 +229,11 @@ async fn progress_lines_are_edited_in_place_one_per_call() {
     }
     let preview = draft.shared.preview.lock().unwrap().markdown().unwrap();
     assert_eq!(preview.lines().count(), MAX_NOTE_LINES);
-    assert!(preview.lines().all(|line| line.chars().count() == MAX_NOTE_CHARS));
+    assert!(
+        preview
+            .lines()
+            .all(|line| line.chars().count() == MAX_NOTE_CHARS)
+    );
     draft.finish().await;
 }
 

@@ -443,9 +443,18 @@ async fn subagents_are_found_by_their_turns_call_listed_per_thread_and_swept_whe
         ..subagent(id, SubagentStatus::Pending)
     };
     // The same call id in two turns (providers that count from zero each response).
-    store.create_subagent(&record("task_a", "t1", 1, 10)).await.unwrap();
-    store.create_subagent(&record("task_b", "t1", 2, 20)).await.unwrap();
-    store.create_subagent(&record("task_c", "t1:x", 2, 30)).await.unwrap();
+    store
+        .create_subagent(&record("task_a", "t1", 1, 10))
+        .await
+        .unwrap();
+    store
+        .create_subagent(&record("task_b", "t1", 2, 20))
+        .await
+        .unwrap();
+    store
+        .create_subagent(&record("task_c", "t1:x", 2, 30))
+        .await
+        .unwrap();
     let found = |thread: &'static str, turn: u64| {
         let store = &store;
         async move {
@@ -468,7 +477,11 @@ async fn subagents_are_found_by_their_turns_call_listed_per_thread_and_swept_whe
         .into_iter()
         .map(|r| r.id)
         .collect();
-    assert_eq!(listed, ["task_b", "task_a"], "newest first, only this thread");
+    assert_eq!(
+        listed,
+        ["task_b", "task_a"],
+        "newest first, only this thread"
+    );
     assert_eq!(store.thread_subagents("t1", 1).await.unwrap().len(), 1);
 
     // Finished long ago: swept with its index entry; still running: kept.

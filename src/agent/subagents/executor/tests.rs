@@ -118,7 +118,9 @@ impl SubagentRegistry for MemoryRegistry {
             .unwrap()
             .values()
             .find(|r| {
-                r.parent_thread_id == thread_id && r.parent_turn == turn && r.parent_call_id == call_id
+                r.parent_thread_id == thread_id
+                    && r.parent_turn == turn
+                    && r.parent_call_id == call_id
             })
             .cloned())
     }
@@ -170,7 +172,13 @@ fn settings() -> RuntimeSettings {
 
 fn base_tools() -> ToolRegistry {
     let mut tools = ToolRegistry::default();
-    for name in ["task", "ask_clarification", "present_files", "bash", "read_file"] {
+    for name in [
+        "task",
+        "ask_clarification",
+        "present_files",
+        "bash",
+        "read_file",
+    ] {
         tools.register(Arc::new(Named(name)));
     }
     tools
@@ -249,7 +257,10 @@ async fn at_most_max_concurrent_tasks_run_at_once_and_the_rest_wait_their_turn()
             let executor = executor.clone();
             tokio::spawn(async move {
                 executor
-                    .run(request(&format!("call_{i}"), &format!("job {i}")), &CancellationToken::new())
+                    .run(
+                        request(&format!("call_{i}"), &format!("job {i}")),
+                        &CancellationToken::new(),
+                    )
                     .await
                     .unwrap()
             })
@@ -258,7 +269,10 @@ async fn at_most_max_concurrent_tasks_run_at_once_and_the_rest_wait_their_turn()
     for (i, run) in runs.into_iter().enumerate() {
         let record = run.await.unwrap();
         assert_eq!(record.status, SubagentStatus::Completed);
-        assert_eq!(record.result.as_deref(), Some(format!("result of job {i}").as_str()));
+        assert_eq!(
+            record.result.as_deref(),
+            Some(format!("result of job {i}").as_str())
+        );
         assert_eq!(record.usage.total_tokens, 15);
     }
     assert_eq!(model.most_in_flight.load(Ordering::SeqCst), 3);
@@ -312,7 +326,10 @@ async fn the_parents_cancellation_cancels_its_task_and_the_model_call() {
         tokio::time::sleep(Duration::from_secs(3)).await;
         stop.cancel();
     });
-    let record = executor.run(request("call_1", "slow"), &parent).await.unwrap();
+    let record = executor
+        .run(request("call_1", "slow"), &parent)
+        .await
+        .unwrap();
     assert_eq!(record.status, SubagentStatus::Cancelled);
     assert_eq!(registry.all()[0].status, SubagentStatus::Cancelled);
     assert_eq!(model.in_flight.load(Ordering::SeqCst), 0);
@@ -349,9 +366,16 @@ async fn an_operator_cancels_a_running_task_and_a_finished_one_stays_as_it_was()
         executor, registry, ..
     } = setup(model, Duration::from_secs(900), 3);
     let running = executor.clone();
-    let task =
-        tokio::spawn(async move { running.run(request("call_1", "slow"), &CancellationToken::new()).await });
-    while registry.all().first().is_none_or(|r| r.status != SubagentStatus::Running) {
+    let task = tokio::spawn(async move {
+        running
+            .run(request("call_1", "slow"), &CancellationToken::new())
+            .await
+    });
+    while registry
+        .all()
+        .first()
+        .is_none_or(|r| r.status != SubagentStatus::Running)
+    {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let id = registry.all()[0].id.clone();
@@ -360,12 +384,23 @@ async fn an_operator_cancels_a_running_task_and_a_finished_one_stays_as_it_was()
         matches!(cancelled, CancelOutcome::Cancelled(ref r) if r.status == SubagentStatus::Cancelled),
         "{cancelled:?}"
     );
-    assert_eq!(task.await.unwrap().unwrap().status, SubagentStatus::Cancelled);
+    let ended = task.await.unwrap().unwrap();
+    assert_eq!(
+        (ended.status, ended.error.as_deref()),
+        (SubagentStatus::Cancelled, Some("cancelled by an operator"))
+    );
+    assert_eq!(
+        task_tool::answer(&ended).content,
+        "Task cancelled: cancelled by an operator."
+    );
     assert!(matches!(
         executor.cancel(&id).await.unwrap(),
         CancelOutcome::AlreadyEnded(_)
     ));
-    assert_eq!(executor.cancel("task_nope").await.unwrap(), CancelOutcome::Unknown);
+    assert_eq!(
+        executor.cancel("task_nope").await.unwrap(),
+        CancelOutcome::Unknown
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -446,7 +481,9 @@ async fn a_subagent_never_gets_task_or_clarification() {
     let offered: Vec<&str> = requests[0].tools.iter().map(|t| t.name.as_str()).collect();
     assert_eq!(offered, ["bash", "read_file"]);
     assert!(
-        requests[0].messages[0].text().starts_with("You are a subagent"),
+        requests[0].messages[0]
+            .text()
+            .starts_with("You are a subagent"),
         "the type's system prompt comes first"
     );
 }
@@ -455,9 +492,8 @@ async fn a_subagent_never_gets_task_or_clarification() {
 fn lead(model: Arc<dyn ChatModel>, executor: SubagentExecutor, shell: ShellPolicy) -> Runtime {
     let mut tools = ToolRegistry::default();
     tools.register(Arc::new(TaskTool::new(executor, shell)));
-    let limit: Arc<dyn Middleware> = Arc::new(
-        SubagentLimitMiddleware::from_config(&SubagentLimitConfig::default()).unwrap(),
-    );
+    let limit: Arc<dyn Middleware> =
+        Arc::new(SubagentLimitMiddleware::from_config(&SubagentLimitConfig::default()).unwrap());
     let token_usage: Arc<dyn Middleware> = Arc::new(TokenUsageMiddleware);
     Runtime::new(
         model,
@@ -490,7 +526,9 @@ async fn five_task_calls_in_one_response_run_three_and_the_limit_answers_the_res
     let Setup {
         executor, registry, ..
     } = setup(worker.clone(), Duration::from_secs(900), 3);
-    let five: Vec<_> = (1..=5).map(|i| task_call(&format!("c{i}"), &format!("job {i}"))).collect();
+    let five: Vec<_> = (1..=5)
+        .map(|i| task_call(&format!("c{i}"), &format!("job {i}")))
+        .collect();
     let lead_model = Arc::new(ScriptedModel::new(vec![
         calls(&five),
         ScriptedModel::text("all done"),
@@ -502,7 +540,12 @@ async fn five_task_calls_in_one_response_run_three_and_the_limit_answers_the_res
         cancel: CancellationToken::new(),
     };
     let outcome = runtime
-        .run(&mut thread, &RunInput::text("api", "u1", "go"), &Unobserved, &limits)
+        .run(
+            &mut thread,
+            &RunInput::text("api", "u1", "go"),
+            &Unobserved,
+            &limits,
+        )
         .await;
     assert_eq!(outcome.answer, "all done");
     assert_eq!(registry.all().len(), 3);
@@ -515,10 +558,16 @@ async fn five_task_calls_in_one_response_run_three_and_the_limit_answers_the_res
         .collect();
     assert_eq!(results.len(), 5);
     for (i, result) in results.iter().enumerate().take(3) {
-        assert_eq!(*result, format!("Task succeeded. Result: result of job {}", i + 1));
+        assert_eq!(
+            *result,
+            format!("Task succeeded. Result: result of job {}", i + 1)
+        );
     }
     for result in &results[3..] {
-        assert!(result.starts_with("Not run: at most 3 task calls per response"), "{result}");
+        assert!(
+            result.starts_with("Not run: at most 3 task calls per response"),
+            "{result}"
+        );
     }
     // The subagents' tokens count for the parent: 3 × 15, plus the lead's own 15.
     assert_eq!(thread.usage.total_tokens, 60);
@@ -539,7 +588,12 @@ async fn the_lead_goes_on_after_a_task_times_out() {
         cancel: CancellationToken::new(),
     };
     let outcome = runtime
-        .run(&mut thread, &RunInput::text("api", "u1", "go"), &Unobserved, &limits)
+        .run(
+            &mut thread,
+            &RunInput::text("api", "u1", "go"),
+            &Unobserved,
+            &limits,
+        )
         .await;
     assert_eq!(outcome.ending, RunEnding::Answered);
     assert_eq!(outcome.answer, "the task timed out, here is what I know");
@@ -560,7 +614,10 @@ async fn the_bash_type_is_refused_to_users_who_may_not_run_the_shell() {
     let tool = TaskTool::new(executor, Arc::new(|role| role == Role::Admin));
     let arguments = serde_json::json!({"description": "build", "prompt": "cargo build", "subagent_type": "bash"});
     let cx = crate::agent::tools::tests::context();
-    let refused = tool.call_reporting(arguments.clone(), &cx).await.unwrap_err();
+    let refused = tool
+        .call_reporting(arguments.clone(), &cx)
+        .await
+        .unwrap_err();
     assert!(refused.to_string().contains("only operators"), "{refused}");
     assert!(registry.all().is_empty());
     let admin = ToolContext {
@@ -571,11 +628,17 @@ async fn the_bash_type_is_refused_to_users_who_may_not_run_the_shell() {
         ..cx
     };
     let output = tool.call_reporting(arguments, &admin).await.unwrap();
-    assert_eq!(output.content, "Task succeeded. Result: result of cargo build");
+    assert_eq!(
+        output.content,
+        "Task succeeded. Result: result of cargo build"
+    );
     assert_eq!(output.usage.map(|u| u.total_tokens), Some(15));
     let unknown = serde_json::json!({"description": "x", "prompt": "y", "subagent_type": "wizard"});
     let error = tool.call_reporting(unknown, &admin).await.unwrap_err();
-    assert!(error.to_string().contains("`bash`, `general-purpose`"), "{error}");
+    assert!(
+        error.to_string().contains("`bash`, `general-purpose`"),
+        "{error}"
+    );
 }
 
 #[tokio::test]
