@@ -581,6 +581,17 @@ impl Runtime {
             }
         }
 
+        // Calls that start long work (a subagent task) are saved before they run, so a turn
+        // re-run after a crash runs the same calls (with the same ids, which find the work
+        // they started) instead of asking the model again.
+        let lasting = approved.iter().any(|&index| {
+            calls
+                .get(index)
+                .is_some_and(|call| self.tools.checkpoint_first(&call.name))
+        });
+        if lasting {
+            observer.checkpoint(cx.thread).await?;
+        }
         let folders = ThreadFolders::new(&self.settings.data_root, &cx.thread.id)
             .map_err(|e| CheckpointError(e.to_string()))?;
         if !approved.is_empty() {

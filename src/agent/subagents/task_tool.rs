@@ -102,6 +102,10 @@ impl Tool for TaskTool {
         }
     }
 
+    fn checkpoint_first(&self) -> bool {
+        true
+    }
+
     async fn call(
         &self,
         arguments: serde_json::Value,

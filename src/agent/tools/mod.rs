@@ -94,6 +94,12 @@ pub(crate) trait Tool: Send + Sync {
         cx: &ToolContext,
     ) -> Result<String, ToolError>;
 
+    /// Whether the thread is saved before a call of this tool runs (calls that start long
+    /// work the registry remembers, so a re-run finds it instead of starting it again).
+    fn checkpoint_first(&self) -> bool {
+        false
+    }
+
     /// [`Tool::call`] with everything the result carries: a tool whose result is more than
     /// text (a subagent's token usage, a failure reported in its own words) overrides this.
     async fn call_reporting(
@@ -225,6 +231,13 @@ impl ToolRegistry {
     pub(crate) fn retain(&mut self, keep: impl Fn(&str) -> bool) {
         Arc::make_mut(&mut self.tools).retain(|name, _| keep(name));
         self.specs = self.tools.values().map(|t| Arc::new(t.spec())).collect();
+    }
+
+    /// Whether the thread is saved before a call of the tool `name` runs.
+    pub(crate) fn checkpoint_first(&self, name: &str) -> bool {
+        self.tools
+            .get(name)
+            .is_some_and(|tool| tool.checkpoint_first())
     }
 
     /// Whether a tool of that name is registered.

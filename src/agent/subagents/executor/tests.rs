@@ -10,7 +10,7 @@ use crate::agent::model::scripted::ScriptedModel;
 use crate::agent::model::{
     ChatModel, DeltaSink, FinishReason, ModelError, ModelRequest, ModelResponse, ToolSpec,
 };
-use crate::agent::runtime::{RuntimeSettings, Unobserved};
+use crate::agent::runtime::{CheckpointError, RunObserver, RuntimeSettings, Unobserved};
 use crate::agent::subagents::config::SubagentsConfig;
 use crate::agent::subagents::task_tool::{self, ShellPolicy, TaskTool};
 use crate::agent::tools::{Tool, ToolContext, ToolError, ToolRegistry};
@@ -658,4 +658,49 @@ async fn progress_shows_a_line_as_a_task_starts_works_and_ends() {
     assert_eq!(lines.first().map(String::as_str), Some("⏳ check the logs"));
     let last = lines.last().unwrap();
     assert!(last.starts_with("✅ check the logs · "), "{last}");
+}
+
+/// Records the thread's last message at each checkpoint.
+#[derive(Default)]
+struct Checkpoints(Mutex<Vec<String>>);
+
+#[async_trait::async_trait]
+impl RunObserver for Checkpoints {
+    fn delta(&self, _text: &str) {}
+
+    async fn checkpoint(&self, thread: &mut ThreadState) -> Result<(), CheckpointError> {
+        let last = thread.messages.last().map_or("none", |m| match m {
+            ChatMessage::Assistant { tool_calls, .. } if !tool_calls.is_empty() => "calls",
+            ChatMessage::Tool { .. } => "result",
+            _ => "other",
+        });
+        self.0.lock().unwrap().push(last.to_owned());
+        Ok(())
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn task_calls_are_saved_before_they_run_so_a_rerun_repeats_the_same_calls() {
+    let worker = WorkerModel::slow(Duration::from_secs(1));
+    let Setup { executor, .. } = setup(worker, Duration::from_secs(900), 3);
+    let lead_model = Arc::new(ScriptedModel::new(vec![
+        calls(&[task_call("c1", "a"), task_call("c2", "b")]),
+        ScriptedModel::text("done"),
+    ]));
+    let runtime = lead(lead_model, executor, Arc::new(|_| true));
+    let mut thread = ThreadState::new("t1".into(), "api:c".into(), 0, 0);
+    let observer = Checkpoints::default();
+    let limits = RunLimits {
+        timeout: Duration::from_secs(600),
+        cancel: CancellationToken::new(),
+    };
+    runtime
+        .run(
+            &mut thread,
+            &RunInput::text("api", "u1", "go"),
+            &observer,
+            &limits,
+        )
+        .await;
+    assert_eq!(*observer.0.lock().unwrap(), ["calls", "result", "result"]);
 }
