@@ -96,8 +96,15 @@ struct Args {
 }
 
 /// The phases `--only` may name.
-const PHASES: [&str; 7] = [
-    "startup", "acks", "turns", "queued", "growth", "telegram", "memory",
+const PHASES: [&str; 8] = [
+    "startup",
+    "acks",
+    "turns",
+    "queued",
+    "growth",
+    "telegram",
+    "memory",
+    "subagents",
 ];
 
 impl Args {
@@ -1067,6 +1074,76 @@ async fn memory_phase(a: &Args, client: &reqwest::Client) -> Memory {
     }
 }
 
+/// Delegation: turns answered directly against turns that delegate three tasks.
+#[derive(Debug, Clone, serde::Serialize)]
+struct Subagents {
+    direct_p50_ms: f64,
+    delegated_p50_ms: f64,
+    direct_cpu_us_per_turn: f64,
+    delegated_cpu_us_per_turn: f64,
+    /// Model requests per delegated turn (lead, three subagents, lead).
+    requests_per_turn: f64,
+}
+
+/// L turns answered directly, then L turns whose lead delegates three tasks in one response
+/// (they run at once), on one antler; the mock answers at once, so what differs is antler's
+/// work: three records created and moved to their end (each a synced write), three subagent
+/// runs, the checkpoint before the calls, and two more lead requests' worth of tool results.
+async fn subagents_phase(a: &Args, client: &reqwest::Client) -> Subagents {
+    let model = MockModel::start(Behaviour::Echo).await;
+    let (antler, _) =
+        start_antler_with(&model.base_url(), 1000, Duration::from_secs(30), None, "").await;
+    eprintln!("  subagents: antler pid {}", antler.pid());
+    let url = format!("{}/api/v1/messages", antler.url);
+    let mut latencies = [Vec::new(), Vec::new()];
+    let mut cpu = [0.0; 2];
+    for mode in 0..2 {
+        if mode == 1 {
+            model.set_behaviour(Behaviour::Delegate(
+                ["alpha", "beta", "gamma"].map(str::to_owned).to_vec(),
+            ));
+        }
+        let before = model.requests().len();
+        let cpu_before = antler.cpu_secs();
+        for turn in 0..a.thread_turns {
+            let started = Instant::now();
+            let answer: Value = client
+                .post(&url)
+                .json(
+                    &json!({"conversation": format!("sub{mode}-{turn}"), "user": "ada",
+                              "text": "look into three things", "wait": true}),
+                )
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            latencies[mode].push(started.elapsed().as_secs_f64() * 1e3);
+            let reply = answer["reply"].as_str().unwrap_or_default();
+            let expected = if mode == 0 {
+                "echo: "
+            } else {
+                "summary: Task succeeded"
+            };
+            assert!(reply.starts_with(expected), "{answer}");
+        }
+        cpu[mode] = (antler.cpu_secs() - cpu_before) * 1e6 / a.thread_turns as f64;
+        if mode == 1 {
+            let requests = model.requests().len() - before;
+            antler.stop();
+            return Subagents {
+                direct_p50_ms: median(latencies[0].clone()),
+                delegated_p50_ms: median(latencies[1].clone()),
+                direct_cpu_us_per_turn: cpu[0],
+                delegated_cpu_us_per_turn: cpu[1],
+                requests_per_turn: requests as f64 / a.thread_turns as f64,
+            };
+        }
+    }
+    unreachable!("the loop returns in its second round")
+}
+
 fn is_updater(request: &mock_model::Recorded) -> bool {
     request
         .messages()
@@ -1241,6 +1318,7 @@ struct Run {
     queued: Option<Queued>,
     growth: Option<Growth>,
     memory: Option<Memory>,
+    subagents: Option<Subagents>,
     telegram: Option<Telegram>,
     /// Telegram's webhook acks/s, drain turns/s and turns/s under load ÷ this run's ceiling.
     telegram_ratios: Option<TelegramRatios>,
@@ -1353,6 +1431,11 @@ async fn bench(a: Args) {
         } else {
             None
         };
+        let subagents = if a.runs("subagents") {
+            Some(subagents_phase(&a, &client).await)
+        } else {
+            None
+        };
         let telegram = if a.runs("telegram") {
             Some(telegram(&a, &client, &tg_client, &model, &bot, &bot_url).await)
         } else {
@@ -1369,6 +1452,7 @@ async fn bench(a: Args) {
             queued,
             growth,
             memory,
+            subagents,
             telegram_ratios: telegram.as_ref().map(|x| TelegramRatios {
                 acks: x.acks_per_s / ceiling.rate(),
                 drain: x.drain_turns_per_s / ceiling.rate(),
@@ -1659,6 +1743,42 @@ async fn bench(a: Args) {
                    "requests_per_turn": x(|m| m.requests_per_turn),
                    "injected_tokens_last": x(|m| m.injected_tokens_last),
                    "updater_delay_p50_ms": x(|m| m.updater_delay_p50_ms)}),
+        );
+    }
+
+    if a.runs("subagents") {
+        let x = |f: fn(&Subagents) -> f64| med(&runs, |r| r.subagents.as_ref(), f);
+        let (direct, delegated) = (x(|s| s.direct_p50_ms), x(|s| s.delegated_p50_ms));
+        let (cpu_direct, cpu_delegated) = (
+            x(|s| s.direct_cpu_us_per_turn),
+            x(|s| s.delegated_cpu_us_per_turn),
+        );
+        row(
+            &mut rows,
+            format!("subagents: turn p50 direct / 3 tasks delegated ({l} turns each)"),
+            format!(
+                "{direct:.1} / {delegated:.1} ms (×{:.2})",
+                delegated / direct
+            ),
+            format!(
+                "{:.1} model requests per delegated turn",
+                x(|s| s.requests_per_turn)
+            ),
+        );
+        row(
+            &mut rows,
+            "subagents: antler CPU per turn direct / delegated".into(),
+            format!(
+                "{cpu_direct:.0} / {cpu_delegated:.0} µs (×{:.2})",
+                cpu_delegated / cpu_direct
+            ),
+            String::new(),
+        );
+        report.insert(
+            "subagents".into(),
+            json!({"turn_p50_ms": [direct, delegated],
+                   "cpu_us_per_turn": [cpu_direct, cpu_delegated],
+                   "requests_per_turn": x(|s| s.requests_per_turn)}),
         );
     }
 

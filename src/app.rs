@@ -38,6 +38,11 @@ use crate::agent::middleware::view_image::ViewImageMiddleware;
 use crate::agent::middleware::{ChainError, Middleware, MiddlewareChain};
 use crate::agent::model::{ChatModel, ModelError, ModelHealth, OpenAiClient, OpenAiConfig};
 use crate::agent::runtime::{Runtime, RuntimeSettings};
+use crate::agent::subagents::SUBAGENT_CHAIN;
+use crate::agent::subagents::executor::{
+    INTERRUPTED, PARENT_MARGIN, SubagentExecutor, SubagentKind,
+};
+use crate::agent::subagents::task_tool::{ShellPolicy, TASK_TOOL, TaskTool};
 use crate::agent::tools::bash::bash_tool;
 use crate::agent::tools::mcp::McpServers;
 use crate::agent::tools::web_fetch::WebFetch;
@@ -54,7 +59,7 @@ use crate::ingress::{Ingress, IngressSettings, TurnRunner, TurnSettings};
 use crate::memory::StoreDocuments;
 use crate::memory::identity::MemoryIdentities;
 use crate::memory::queue::{MemoryWorker, WorkerSettings};
-use crate::store::{SledStore, Store, StoreError};
+use crate::store::{SledStore, Store, StoreError, StoreRegistry};
 
 /// How often expired dedupe keys and old outbox records are swept, at most (a short dedupe
 /// TTL is swept more often: twice per TTL).
@@ -361,14 +366,102 @@ fn tool_registry(config: &Config, extra: Vec<Arc<dyn Tool>>, mcp: &McpServers) -
     for tool in extra {
         registry.register(tool);
     }
-    registry.with_timeouts(
-        Duration::from_secs(agent.tool_timeout_secs),
-        agent
-            .tool_timeouts
+    let mut timeouts: HashMap<String, Duration> = agent
+        .tool_timeouts
+        .iter()
+        .map(|(name, secs)| (name.clone(), Duration::from_secs(*secs)))
+        .collect();
+    if config.subagents.enabled {
+        // `task` waits for its subagent: the longest type's timeout and some slack, unless
+        // configured (the turn's own timeout bounds it anyway).
+        let longest = config
+            .subagents
+            .types()
             .iter()
-            .map(|(name, secs)| (name.clone(), Duration::from_secs(*secs)))
-            .collect(),
-    )
+            .map(|t| t.timeout)
+            .max()
+            .unwrap_or_default();
+        timeouts
+            .entry(TASK_TOOL.to_owned())
+            .or_insert(longest + PARENT_MARGIN + Duration::from_secs(60));
+    }
+    registry.with_timeouts(Duration::from_secs(agent.tool_timeout_secs), timeouts)
+}
+
+/// The subagent executor and its types, when `[subagents]` is enabled: each type runs on the
+/// lead's tools and middlewares (its share of them), with its own model if it names one.
+fn subagent_executor(
+    config: &Config,
+    store: &Arc<dyn Store>,
+    lead: &OpenAiClient,
+    health: &ModelHealth,
+    tools: &ToolRegistry,
+    chain: &MiddlewareChain,
+    shutdown: CancellationToken,
+) -> Result<Option<SubagentExecutor>, AppError> {
+    let cfg = &config.subagents;
+    if !cfg.enabled {
+        return Ok(None);
+    }
+    let child_chain = chain.only(SUBAGENT_CHAIN);
+    let mut models: HashMap<String, Arc<dyn ChatModel>> = HashMap::new();
+    let mut kinds = Vec::new();
+    for spec in cfg.types() {
+        if spec.needs_shell && !tools.contains("bash") {
+            // The shell is off: a shell subagent would have nothing to run.
+            continue;
+        }
+        let model: Arc<dyn ChatModel> = match &spec.model {
+            None => Arc::new(lead.clone()),
+            Some(name) => match models.get(name) {
+                Some(model) => Arc::clone(model),
+                None => {
+                    let model: Arc<dyn ChatModel> =
+                        Arc::new(model_client(config, name, health.clone())?);
+                    models.insert(name.clone(), Arc::clone(&model));
+                    model
+                }
+            },
+        };
+        for missing in spec
+            .tools
+            .iter()
+            .flatten()
+            .filter(|name| !name.ends_with('*') && !tools.contains(name))
+        {
+            tracing::warn!(
+                subagent_type = %spec.name,
+                tool = %missing,
+                "subagents.types.{}.tools names a tool antler does not have; it is left out",
+                spec.name
+            );
+        }
+        kinds.push(SubagentKind::new(
+            spec,
+            model,
+            tools.clone(),
+            child_chain.clone(),
+            runtime_settings(config),
+        ));
+    }
+    Ok(Some(SubagentExecutor::new(
+        Arc::new(StoreRegistry(Arc::clone(store))),
+        kinds,
+        cfg.max_concurrent,
+        shutdown,
+    )))
+}
+
+/// Who may run the shell: `bash` is there and the guardrail (when enabled) lets them.
+fn shell_policy(config: &Config, tools: &ToolRegistry) -> ShellPolicy {
+    let available = tools.contains("bash");
+    let guardrail = GuardrailMiddleware::from_config(&config.agent.middleware.guardrail);
+    Arc::new(move |role| {
+        available
+            && guardrail
+                .as_ref()
+                .is_none_or(|guard| guard.allows(role, "bash"))
+    })
 }
 
 fn runtime_settings(config: &Config) -> RuntimeSettings {
@@ -381,9 +474,13 @@ fn runtime_settings(config: &Config) -> RuntimeSettings {
     }
 }
 
-fn model_client(config: &Config, health: ModelHealth) -> Result<OpenAiClient, ModelError> {
+fn model_client(
+    config: &Config,
+    model: &str,
+    health: ModelHealth,
+) -> Result<OpenAiClient, ModelError> {
     let m = &config.model;
-    let mut client = OpenAiConfig::new(m.base_url.clone(), m.model.clone());
+    let mut client = OpenAiConfig::new(m.base_url.clone(), model.to_owned());
     client.api_key = m.api_key.as_ref().map(|k| k.expose().to_owned());
     client.connect_timeout = Duration::from_secs(m.connect_timeout_secs);
     client.first_byte_timeout = Duration::from_secs(m.first_byte_timeout_secs);
@@ -457,13 +554,30 @@ where
             .map_err(|e| AppError::Store(e.to_string()))??,
     );
     let model_health = ModelHealth::default();
-    let client = model_client(&config, model_health.clone())?;
+    let client = model_client(&config, &config.model.model, model_health.clone())?;
     let mcp = McpServers::connect(&config.mcp.servers).await;
     let memory_model: Arc<dyn ChatModel> = Arc::new(client.clone());
+    // Cancelled when running turns must stop (and their subagents with them).
+    let turn_cancel = CancellationToken::new();
+    let mut tools = tool_registry(&config, extra_tools, &mcp);
+    let chain = middleware_chain(&config, &store)?;
+    let subagents = subagent_executor(
+        &config,
+        &store,
+        &client,
+        &model_health,
+        &tools,
+        &chain,
+        turn_cancel.clone(),
+    )?;
+    if let Some(executor) = &subagents {
+        let shell = shell_policy(&config, &tools);
+        tools.register(Arc::new(TaskTool::new(executor.clone(), shell)));
+    }
     let runtime = Runtime::new(
         Arc::new(client.clone()),
-        tool_registry(&config, extra_tools, &mcp),
-        middleware_chain(&config, &store)?,
+        tools,
+        chain,
         runtime_settings(&config),
     );
     tracing::info!(
@@ -475,7 +589,6 @@ where
     let probe = tokio::spawn(probe_model(client, config.model.model.clone()));
 
     let intake_stop = CancellationToken::new();
-    let turn_cancel = CancellationToken::new();
     let delivery_stop = CancellationToken::new();
     let http_stop = CancellationToken::new();
     let turns = TaskTracker::new();
@@ -509,9 +622,7 @@ where
     );
     // Resume what the last process left: interrupted subagents fail, replies go, turns run.
     let now = crate::now_ms();
-    let failed = store
-        .fail_unfinished_subagents("antler restarted while the task was running", now)
-        .await?;
+    let failed = store.fail_unfinished_subagents(INTERRUPTED, now).await?;
     let inbox = store.inbox().await?;
     let outbox = store.outbox_pending().await?;
     if !inbox.is_empty() || !outbox.is_empty() || failed > 0 {
@@ -629,6 +740,7 @@ where
         mcp: mcp.status(),
         memory_max_facts: config.memory.max_facts,
         memory_identities: MemoryIdentities::from_config(&config.memory),
+        subagents: subagents.clone(),
     });
     let limits = ServeLimits {
         max_connections: server.max_connections,
@@ -688,6 +800,10 @@ where
         {
             tracing::warn!("some turns did not stop in time");
         }
+    }
+    // Subagents end with their turns; those interrupted stay RUNNING for the next start.
+    if let Some(executor) = &subagents {
+        executor.close(INTERRUPT_WAIT).await;
     }
     deliveries.close();
     if tokio::time::timeout_at(deadline, deliveries.wait())

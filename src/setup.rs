@@ -523,6 +523,9 @@ mod tests {
     #[test]
     fn the_menu_is_antlers_commands() {
         let names: Vec<_> = telegram_menu().into_iter().map(|c| c.command).collect();
-        assert_eq!(names, ["help", "new", "status", "stop", "plan", "memory"]);
+        assert_eq!(
+            names,
+            ["help", "new", "status", "stop", "plan", "memory", "tasks"]
+        );
     }
 }

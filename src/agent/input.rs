@@ -74,6 +74,8 @@ pub(crate) struct RunInput {
     pub(crate) attachments: Vec<Attachment>,
     /// What the channel can do.
     pub(crate) flags: ChannelFlags,
+    /// The turn's trace id: in its log lines and in those of its subagents.
+    pub(crate) trace_id: String,
 }
 
 impl RunInput {
@@ -90,6 +92,7 @@ impl RunInput {
             },
             attachments: Vec::new(),
             flags: ChannelFlags::default(),
+            trace_id: "trace-test".to_owned(),
         }
     }
 }

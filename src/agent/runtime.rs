@@ -26,6 +26,7 @@ use tokio::sync::{Semaphore, mpsc};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use super::input::{RunInput, ThreadFolders};
 use super::message::{ChatMessage, TokenUsage, ToolCall};
@@ -40,6 +41,9 @@ use super::tools::{ToolContext, ToolRegistry};
 
 /// How often hooks may send the model back (`Continue`) in one run.
 pub(crate) const MAX_CONTINUES: u32 = 3;
+
+/// How the answer of a run that hit its model-call cap without one begins.
+pub(crate) const NO_ANSWER_PREFIX: &str = "I stopped after";
 
 /// How long `after_run` hooks may take after the run itself ended.
 const AFTER_RUN_LIMIT: Duration = Duration::from_secs(30);
@@ -256,6 +260,23 @@ impl Runtime {
         }
     }
 
+    /// Offers the model only the tools `keep` accepts (a subagent's share of the lead's).
+    #[must_use]
+    pub(crate) fn with_tools_only(mut self, keep: impl Fn(&str) -> bool) -> Self {
+        self.tools.retain(keep);
+        self
+    }
+
+    /// The names of the tools offered to the model.
+    #[cfg(test)]
+    pub(crate) fn tool_names(&self) -> Vec<String> {
+        self.tools
+            .specs()
+            .iter()
+            .map(|spec| spec.name.clone())
+            .collect()
+    }
+
     /// The model's name.
     pub(crate) fn model_name(&self) -> &str {
         self.model.name()
@@ -446,7 +467,7 @@ impl Runtime {
                         .get_or_insert_with(|| "iteration_limit".to_owned());
                     if response.content.trim().is_empty() {
                         response.content = format!(
-                            "I stopped after {} steps without reaching a final answer.",
+                            "{NO_ANSWER_PREFIX} {} steps without reaching a final answer.",
                             cx.model_calls
                         );
                     }
@@ -560,6 +581,17 @@ impl Runtime {
             }
         }
 
+        // Calls that start long work (a subagent task) are saved before they run, so a turn
+        // re-run after a crash runs the same calls (with the same ids, which find the work
+        // they started) instead of asking the model again.
+        let lasting = approved.iter().any(|&index| {
+            calls
+                .get(index)
+                .is_some_and(|call| self.tools.checkpoint_first(&call.name))
+        });
+        if lasting {
+            observer.checkpoint(cx.thread).await?;
+        }
         let folders = ThreadFolders::new(&self.settings.data_root, &cx.thread.id)
             .map_err(|e| CheckpointError(e.to_string()))?;
         if !approved.is_empty() {
@@ -598,21 +630,26 @@ impl Runtime {
                         text: text.to_owned(),
                     });
                 }),
+                turn: cx.thread.running.map_or(0, |r| r.inbox_seq),
+                trace_id: cx.input.trace_id.clone(),
             };
-            let handle = running.spawn(async move {
-                // The semaphore is never closed; a failed acquire just runs unbounded.
-                let _permit = permits.acquire_owned().await;
-                let _ = events.send(ToolProgress::Started {
-                    call_id: call.id.clone(),
-                    name: call.name.clone(),
-                });
-                let started = Instant::now();
-                let cx = ToolContext {
-                    deadline: base.deadline.min(started + registry.timeout(&call.name)),
-                    ..base
-                };
-                registry.call(&call, &cx).await
-            });
+            let handle = running.spawn(
+                async move {
+                    // The semaphore is never closed; a failed acquire just runs unbounded.
+                    let _permit = permits.acquire_owned().await;
+                    let _ = events.send(ToolProgress::Started {
+                        call_id: call.id.clone(),
+                        name: call.name.clone(),
+                    });
+                    let started = Instant::now();
+                    let cx = ToolContext {
+                        deadline: base.deadline.min(started + registry.timeout(&call.name)),
+                        ..base
+                    };
+                    registry.call(&call, &cx).await
+                }
+                .in_current_span(),
+            );
             index_of.insert(handle.id(), index);
         }
         drop(events);

@@ -48,6 +48,7 @@ use crate::agent::middleware::token_usage::TokenUsageConfig;
 use crate::agent::middleware::tool_output_budget::ToolOutputBudgetConfig;
 use crate::agent::middleware::uploads::UploadsConfig;
 use crate::agent::middleware::view_image::ViewImageConfig;
+use crate::agent::subagents::config::SubagentsConfig;
 use crate::agent::tools::bash::BashConfig;
 use crate::agent::tools::mcp::McpServerConfig;
 use crate::agent::tools::web_fetch::WebFetchConfig;
@@ -78,6 +79,8 @@ pub struct Config {
     pub mcp: McpConfig,
     /// `[memory]`: long-term memory per user.
     pub(crate) memory: MemoryConfig,
+    /// `[subagents]`: delegated tasks (the `task` tool).
+    pub(crate) subagents: SubagentsConfig,
 }
 
 /// `[mcp]`
@@ -950,6 +953,18 @@ impl Config {
         ));
         lines.push(format!("platforms: {}", list(&platforms)));
         lines.push(format!("middleware: {}", list(&middleware)));
+        let subagents = &self.subagents;
+        if subagents.enabled {
+            let types: Vec<String> = subagents.types().into_iter().map(|t| t.name).collect();
+            lines.push(format!(
+                "subagents: {} at once, {}s timeout, types: {}",
+                subagents.max_concurrent,
+                subagents.timeout_seconds,
+                types.join(", ")
+            ));
+        } else {
+            lines.push("subagents: disabled".to_owned());
+        }
         lines.join("\n")
     }
 }

@@ -811,7 +811,8 @@ fn summary_lists_the_essentials() {
          model: llama3.2 at http://127.0.0.1:11434/v1 (api key: not set)\n\
          api channel: enabled (admin token: not set)\n\
          platforms: none\n\
-         middleware: thread_data, uploads, input_sanitization, dangling_tool_call, guardrail, sandbox_audit, tool_output_budget, summarization, todo, token_usage, title, memory, deferred_tools, subagent_limit, loop_detection, clarification"
+         middleware: thread_data, uploads, input_sanitization, dangling_tool_call, guardrail, sandbox_audit, tool_output_budget, summarization, todo, token_usage, title, memory, deferred_tools, subagent_limit, loop_detection, clarification\n\
+         subagents: 3 at once, 900s timeout, types: bash, general-purpose"
     );
 
     let text = "[model]\napi_key = \"k\"\n[agent.middleware.title]\nenabled = false\n";
@@ -1737,5 +1738,63 @@ fn memory_defaults_and_identities_are_checked() {
             "memory.identities[1].name: is used by an earlier identity",
             "memory.identities[1].ids: `telegram:42` is already linked by memory.identities[0]",
         ]
+    );
+}
+
+#[test]
+fn subagents_default_to_three_at_once_and_bad_types_name_their_key() {
+    let config = parse("").unwrap();
+    assert!(config.subagents.enabled);
+    assert_eq!(config.subagents.max_concurrent, 3);
+    assert_eq!(config.subagents.timeout_seconds, 900);
+
+    let custom = parse(
+        r#"
+        [subagents.types.researcher]
+        description = "Reads the web"
+        tools = ["web_fetch"]
+        max_turns = 20
+        "#,
+    )
+    .unwrap();
+    let names: Vec<String> = custom
+        .subagents
+        .types()
+        .into_iter()
+        .map(|t| t.name)
+        .collect();
+    assert_eq!(names, ["bash", "general-purpose", "researcher"]);
+
+    let found = issues(
+        r#"
+        [subagents]
+        max_concurrent = 0
+        timeout_seconds = 0
+        [subagents.types.general-purpose]
+        max_turns = 0
+        [subagents.types.nameless]
+        tools = []
+        model = " "
+        [subagents.types.Bad_Name]
+        description = "x"
+        timeout_seconds = 100000
+        "#,
+    );
+    assert_eq!(
+        found,
+        [
+            "subagents.max_concurrent: must be between 1 and 16 (got 0)",
+            "subagents.timeout_seconds: must be between 1 and 86400 seconds (got 0)",
+            "subagents.types.Bad_Name: a type's name must be 1 to 64 lowercase letters, digits, `_` or `-`",
+            "subagents.types.Bad_Name.timeout_seconds: must be between 1 and 86400 seconds (got 100000)",
+            "subagents.types.general-purpose.max_turns: must be between 1 and 500 (got 0)",
+            "subagents.types.nameless.description: must say what the type is for (the lead agent chooses by it)",
+            "subagents.types.nameless.model: must not be empty (leave it out to use `model.model`)",
+            "subagents.types.nameless.tools: must name at least one tool (leave it out for all)",
+        ]
+    );
+    assert_issue(
+        "[subagents]\nmax_concurent = 3\n",
+        "subagents.max_concurent: unknown key (expected one of: enabled, max_concurrent, timeout_seconds, types)",
     );
 }

@@ -6,6 +6,7 @@ use std::net::{Ipv6Addr, SocketAddr};
 use super::TelegramMode;
 use super::{Config, ConfigIssue, Secret};
 use crate::agent::middleware::sandbox_audit::{MAX_COMMAND_CHARS_LIMIT, SandboxAuditConfig};
+use crate::agent::subagents::config::BUILTIN_TYPES;
 use crate::agent::tools::bash::{MAX_OUTPUT_BYTES_LIMIT, SandboxMode};
 
 /// The smallest sled page cache accepted (1 MiB).
@@ -37,6 +38,7 @@ pub(crate) fn validate(config: &Config) -> Vec<ConfigIssue> {
     channels(config, &mut v);
     mcp(config, &mut v);
     memory(config, &mut v);
+    subagents(config, &mut v);
     v.0
 }
 
@@ -461,6 +463,76 @@ fn memory(config: &Config, v: &mut Issues) {
                     );
                 }
             }
+        }
+    }
+}
+
+fn subagents(config: &Config, v: &mut Issues) {
+    let subagents = &config.subagents;
+    if !(1..=16).contains(&subagents.max_concurrent) {
+        v.push(
+            "subagents.max_concurrent",
+            format!(
+                "must be between 1 and 16 (got {})",
+                subagents.max_concurrent
+            ),
+        );
+    }
+    let seconds = |v: &mut Issues, key: &str, value: u64| {
+        if !(1..=86_400).contains(&value) {
+            v.push(
+                key,
+                format!("must be between 1 and 86400 seconds (got {value})"),
+            );
+        }
+    };
+    seconds(v, "subagents.timeout_seconds", subagents.timeout_seconds);
+    for (name, kind) in &subagents.types {
+        let key = |field: &str| format!("subagents.types.{name}.{field}");
+        let name_ok = !name.is_empty()
+            && name.len() <= 64
+            && name
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '_' | '-'));
+        if !name_ok {
+            v.push(
+                &format!("subagents.types.{name}"),
+                "a type's name must be 1 to 64 lowercase letters, digits, `_` or `-`",
+            );
+        }
+        let builtin = BUILTIN_TYPES.contains(&name.as_str());
+        let blank = |text: &Option<String>| text.as_ref().is_some_and(|t| t.trim().is_empty());
+        if (!builtin && kind.description.is_none()) || blank(&kind.description) {
+            v.push(
+                &key("description"),
+                "must say what the type is for (the lead agent chooses by it)",
+            );
+        }
+        if blank(&kind.system_prompt) {
+            v.push(&key("system_prompt"), "must not be empty");
+        }
+        if blank(&kind.model) {
+            v.push(
+                &key("model"),
+                "must not be empty (leave it out to use `model.model`)",
+            );
+        }
+        if kind.tools.as_ref().is_some_and(Vec::is_empty) {
+            v.push(
+                &key("tools"),
+                "must name at least one tool (leave it out for all)",
+            );
+        }
+        if let Some(turns) = kind.max_turns {
+            if !(1..=500).contains(&turns) {
+                v.push(
+                    &key("max_turns"),
+                    format!("must be between 1 and 500 (got {turns})"),
+                );
+            }
+        }
+        if let Some(timeout) = kind.timeout_seconds {
+            seconds(v, &key("timeout_seconds"), timeout);
         }
     }
 }

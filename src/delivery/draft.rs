@@ -8,6 +8,10 @@
 //! id, as soon as the platform created it, so a turn re-run after a crash writes into the same
 //! draft (and its answer replaces it) instead of leaving a half answer in the chat.
 //!
+//! While no text is being written, the draft shows what runs: the tool that started last, or,
+//! when tool calls report progress (a subagent task's "⏳ check the logs" … "✅ check the logs ·
+//! 12 s"), one line per call, each edited in place as its call reports again.
+//!
 //! An answer that is complete within the first interval gets no draft at all: it is sent once,
 //! whole. Only the first part of the text is shown (the rest arrives with the answer), so the
 //! text kept is capped at [`KEPT_BYTES`].
@@ -26,6 +30,10 @@ use crate::store::{InboxItem, Store};
 /// The most streamed text kept for the draft: far more Markdown than one message shows.
 const KEPT_BYTES: usize = 32 * 1024;
 
+/// Progress lines shown at most (the newest calls'), and the longest line kept.
+const MAX_NOTE_LINES: usize = 8;
+const MAX_NOTE_CHARS: usize = 200;
+
 /// How long the end of a turn waits for a draft request already on its way.
 const FINISH_WAIT: Duration = Duration::from_secs(10);
 
@@ -36,15 +44,20 @@ struct Preview {
     text: String,
     /// What the turn is doing when there is no text (a tool running).
     status: Option<String>,
+    /// The latest progress line of each call that reported one, by call id, oldest first.
+    notes: Vec<(String, String)>,
 }
 
 impl Preview {
-    fn markdown(&self) -> Option<&str> {
-        if self.text.trim().is_empty() {
-            self.status.as_deref()
-        } else {
-            Some(&self.text)
+    fn markdown(&self) -> Option<String> {
+        if !self.text.trim().is_empty() {
+            return Some(self.text.clone());
         }
+        if self.notes.is_empty() {
+            return self.status.clone();
+        }
+        let lines: Vec<&str> = self.notes.iter().map(|(_, line)| line.as_str()).collect();
+        Some(lines.join("\n"))
     }
 }
 
@@ -117,6 +130,29 @@ impl Draft {
         });
     }
 
+    /// A running call reported progress: its line, replacing the call's earlier one.
+    pub(crate) fn note(&self, call_id: &str, line: &str) {
+        let line: String = line
+            .lines()
+            .next()
+            .unwrap_or_default()
+            .chars()
+            .take(MAX_NOTE_CHARS)
+            .collect();
+        self.update(|preview| {
+            preview.text.clear();
+            match preview.notes.iter_mut().find(|(id, _)| id == call_id) {
+                Some((_, shown)) => *shown = line,
+                None => {
+                    if preview.notes.len() == MAX_NOTE_LINES {
+                        preview.notes.remove(0);
+                    }
+                    preview.notes.push((call_id.to_owned(), line));
+                }
+            }
+        });
+    }
+
     fn update(&self, change: impl FnOnce(&mut Preview)) {
         if let Ok(mut preview) = self.shared.preview.lock() {
             change(&mut preview);
@@ -171,7 +207,7 @@ impl Writer {
                 () = tokio::time::sleep_until(next_at) => {}
             }
             let markdown = match shared.preview.lock() {
-                Ok(preview) => preview.markdown().map(str::to_owned),
+                Ok(preview) => preview.markdown(),
                 Err(_) => None,
             };
             let Some(body) = markdown

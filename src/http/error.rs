@@ -19,6 +19,9 @@ pub(crate) enum ApiError {
     BadRequest(String),
     #[error("{0}")]
     NotFound(String),
+    /// The request is valid but the resource is not in a state for it (a task already ended).
+    #[error("{0}")]
+    Conflict(String),
     #[error("the request body did not arrive within {secs} seconds")]
     BodyTimeout { secs: u64 },
     #[error("the request body is larger than {limit} bytes")]
@@ -45,6 +48,7 @@ impl ApiError {
             Self::Forbidden(_) => (StatusCode::FORBIDDEN, "forbidden"),
             Self::BadRequest(_) => (StatusCode::BAD_REQUEST, "bad_request"),
             Self::NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
+            Self::Conflict(_) => (StatusCode::CONFLICT, "conflict"),
             Self::BodyTimeout { .. } => (StatusCode::REQUEST_TIMEOUT, "body_timeout"),
             Self::TooLarge { .. } | Self::FileTooLarge(_) => {
                 (StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large")

@@ -35,6 +35,14 @@ pub(crate) struct Principal {
 impl Principal {
     const ADMIN: Self = Self { user: None };
 
+    /// Lets admins through; a user's token gets 403 with `hint` (what users have instead).
+    pub(crate) fn require_admin(&self, hint: &str) -> Result<(), ApiError> {
+        match self.user {
+            None => Ok(()),
+            Some(_) => Err(ApiError::Forbidden(hint.to_owned())),
+        }
+    }
+
     /// The conversation key for `conversation` as this principal names it: a user's
     /// conversations live under `<user>/`, so users never meet; an admin names any key.
     pub(crate) fn conversation_key(&self, conversation: &str) -> ConversationKey {

@@ -50,12 +50,8 @@ pub(crate) struct Page {
 }
 
 fn admin_only(principal: &Principal) -> Result<(), ApiError> {
-    match principal.user {
-        None => Ok(()),
-        Some(_) => Err(ApiError::Forbidden(
-            "the memory API needs an admin token; users see their memory with /memory".to_owned(),
-        )),
-    }
+    principal
+        .require_admin("the memory API needs an admin token; users see their memory with /memory")
 }
 
 fn user_key(path: Result<Path<String>, PathRejection>) -> Result<String, ApiError> {

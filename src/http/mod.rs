@@ -7,6 +7,7 @@ pub(crate) mod guard;
 mod memory;
 mod ops;
 pub(crate) mod serve;
+mod tasks;
 pub(crate) mod webhook;
 
 use std::sync::Arc;
@@ -21,6 +22,7 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 use crate::agent::model::ModelHealth;
+use crate::agent::subagents::executor::SubagentExecutor;
 use crate::agent::tools::mcp::McpServerStatus;
 use crate::config::Secret;
 use crate::events::EventHub;
@@ -62,6 +64,8 @@ pub(crate) struct AppContext {
     pub(crate) memory_max_facts: usize,
     /// `[[memory.identities]]`: whose queued updates a cleared memory drops.
     pub(crate) memory_identities: MemoryIdentities,
+    /// The subagent executor (`None` when `[subagents]` is off), for cancelling tasks.
+    pub(crate) subagents: Option<SubagentExecutor>,
 }
 
 /// The main listener's routes. With `ops_elsewhere`, `/readyz` and `/metrics` are left to the
@@ -111,6 +115,9 @@ pub(crate) fn router(
                 "/api/v1/memory/{user_key}/facts/{fact_id}",
                 delete(memory::delete_fact),
             )
+            .route("/api/v1/tasks", get(tasks::list))
+            .route("/api/v1/tasks/{id}", get(tasks::get))
+            .route("/api/v1/tasks/{id}/cancel", post(tasks::cancel))
             .route_layer(axum::middleware::from_fn_with_state(
                 state.clone(),
                 guard::api_guard,

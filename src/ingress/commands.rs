@@ -1,5 +1,5 @@
 //! Chat commands, the same on every channel: `/help`, `/new`, `/status`, `/stop`, `/plan`,
-//! `/memory`.
+//! `/memory`, `/tasks`.
 //!
 //! A command is a message whose first token starts with `/`, matched case-insensitively, with
 //! a Telegram-style `@botname` suffix ignored (`/status@opsbot_bot`).
@@ -16,6 +16,8 @@ pub(crate) enum Command {
     Plan(PlanSwitch),
     /// What antler remembers about the author, and forgetting it.
     Memory(MemoryAction),
+    /// The tasks this conversation delegated to subagents.
+    Tasks,
     /// Something that looks like a command but is not one of ours.
     Unknown(String),
 }
@@ -57,6 +59,7 @@ pub(crate) const HELP: &str = "Commands:\n\
 /stop — stop the answer being written\n\
 /plan — plan mode on or off for this conversation (/plan on, /plan off)\n\
 /memory — what I remember about you (/memory forget <n>, /memory clear)\n\
+/tasks — the tasks this conversation delegated, with their status\n\
 Anything else is a message for the assistant.";
 
 /// The commands a chat platform's command menu shows (Telegram's `setMyCommands`): the commands
@@ -70,6 +73,10 @@ pub(crate) const MENU: &[(&str, &str)] = &[
     (
         "memory",
         "What I remember about you; forget a fact or everything",
+    ),
+    (
+        "tasks",
+        "The tasks this conversation delegated, with their status",
     ),
 ];
 
@@ -99,6 +106,7 @@ pub(crate) fn parse(text: &str) -> Option<Command> {
             Some(_) => PlanSwitch::Invalid,
         }),
         "memory" => Command::Memory(memory_action(&mut words)),
+        "tasks" => Command::Tasks,
         _ => Command::Unknown(name),
     })
 }
@@ -133,6 +141,7 @@ mod tests {
         assert_eq!(parse("/help"), Some(Command::Help));
         assert_eq!(parse("  /NEW please"), Some(Command::New));
         assert_eq!(parse("/status@opsbot_bot prod"), Some(Command::Status));
+        assert_eq!(parse("/Tasks"), Some(Command::Tasks));
         assert_eq!(
             parse("/deploy now"),
             Some(Command::Unknown("deploy".into()))

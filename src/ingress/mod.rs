@@ -22,6 +22,7 @@ pub(crate) mod attachments;
 pub(crate) mod commands;
 mod dispatcher;
 mod memory_command;
+mod tasks_command;
 mod turn;
 
 pub(crate) use dispatcher::{Dispatcher, RunTurn};

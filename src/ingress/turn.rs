@@ -18,6 +18,7 @@ use futures_util::FutureExt;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use tokio_util::sync::{CancellationToken, DropGuard};
+use tracing::Instrument;
 
 use super::attachments;
 use super::commands::{self, Command, PlanSwitch};
@@ -153,8 +154,12 @@ impl RunObserver for TurnObserver<'_> {
     }
 
     fn progress(&self, event: &ToolProgress) {
-        if let (Some(draft), ToolProgress::Started { name, .. }) = (self.draft, event) {
-            draft.tool_started(name);
+        if let Some(draft) = self.draft {
+            match event {
+                ToolProgress::Started { name, .. } => draft.tool_started(name),
+                ToolProgress::Note { call_id, text, .. } => draft.note(call_id, text),
+                ToolProgress::Finished { .. } => {}
+            }
         }
         let (call_id, name, state, text) = match event {
             ToolProgress::Started { call_id, name } => (call_id, name, ToolState::Started, None),
@@ -562,6 +567,7 @@ impl TurnRunner {
             timeout: inner.turn_timeout,
             cancel,
         };
+        let span = tracing::info_span!("turn", trace = %input.trace_id, seq = item.seq);
         let run = async {
             if resume {
                 inner
@@ -575,7 +581,9 @@ impl TurnRunner {
                     .await
             }
         };
-        let result = std::panic::AssertUnwindSafe(run).catch_unwind().await;
+        let result = std::panic::AssertUnwindSafe(run.instrument(span))
+            .catch_unwind()
+            .await;
         let draft = match draft {
             Some(draft) => draft.finish().await,
             None => item.draft.clone(),
@@ -776,6 +784,8 @@ impl TurnRunner {
                 images: capabilities.images,
                 interactive: event.interactive,
             },
+            // Short, as in DeerFlow: it only has to tell the turns of a log apart.
+            trace_id: format!("{:08x}", fastrand::u32(..)),
         }
     }
 
@@ -785,6 +795,9 @@ impl TurnRunner {
             Command::New => format!("New conversation started (thread {}).", item.thread_id),
             Command::Unknown(name) => format!("Unknown command /{name}.\n{}", commands::HELP),
             Command::Status => self.status(item).await,
+            Command::Tasks => {
+                super::tasks_command::answer(self.inner.store.as_ref(), &item.thread_id).await
+            }
             Command::Memory(action) => {
                 super::memory_command::answer(
                     self.inner.store.as_ref(),

@@ -15,10 +15,14 @@ mod sled_store;
 
 pub(crate) use sled_store::SledStore;
 
+use std::sync::Arc;
+
 use antler_channel::{InboundEvent, OutboundMessage, Receipt};
 use serde::{Deserialize, Serialize};
 
-use crate::agent::subagents::{SubagentRecord, SubagentStatus};
+use crate::agent::subagents::{
+    RegistryError, SubagentChange, SubagentRecord, SubagentRegistry, Transition,
+};
 use crate::agent::thread::ThreadState;
 use crate::memory::{MemoryDocument, MemoryUpdate};
 
@@ -212,15 +216,6 @@ pub(crate) struct ClearedMemory {
     pub(crate) updates: usize,
 }
 
-/// The result of a subagent status change.
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) enum Transition {
-    /// Applied; the record as stored now.
-    Applied(SubagentRecord),
-    /// Refused (e.g. a terminal status was already written); the record as it is.
-    Refused(SubagentRecord),
-}
-
 /// Counts for `/status`, `/readyz` and metrics, kept up to date as records change, so
 /// reading them never scans a collection.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -387,19 +382,31 @@ pub(crate) trait Store: Send + Sync + std::fmt::Debug {
     /// meanwhile; says whether it removed it.
     async fn remove_memory_update(&self, processed: &MemoryUpdate) -> Result<bool, StoreError>;
 
-    /// *Durable.*
+    /// Records a new task and indexes it by its parent's tool call. *Durable.*
     async fn create_subagent(&self, record: &SubagentRecord) -> Result<(), StoreError>;
 
     async fn subagent(&self, id: &str) -> Result<Option<SubagentRecord>, StoreError>;
+
+    /// The task that tool call `call_id` of the turn of inbox item `turn` started, if any.
+    async fn subagent_for_call(
+        &self,
+        thread_id: &str,
+        turn: u64,
+        call_id: &str,
+    ) -> Result<Option<SubagentRecord>, StoreError>;
+
+    /// The thread's most recent tasks (at most `limit`), newest first.
+    async fn thread_subagents(
+        &self,
+        thread_id: &str,
+        limit: usize,
+    ) -> Result<Vec<SubagentRecord>, StoreError>;
 
     /// Moves a record along its state machine; the first terminal write wins. *Durable.*
     async fn transition_subagent(
         &self,
         id: &str,
-        to: SubagentStatus,
-        result: Option<String>,
-        error: Option<String>,
-        now_ms: u64,
+        change: &SubagentChange,
     ) -> Result<Transition, StoreError>;
 
     /// After a restart: records left PENDING or RUNNING become FAILED with `reason`.
@@ -411,4 +418,46 @@ pub(crate) trait Store: Send + Sync + std::fmt::Debug {
 
     /// Flushes everything written so far. *Durable.*
     async fn flush(&self) -> Result<(), StoreError>;
+}
+
+/// The subagent registry of the agent, kept in the store.
+#[derive(Debug, Clone)]
+pub(crate) struct StoreRegistry(pub(crate) Arc<dyn Store>);
+
+#[async_trait::async_trait]
+impl SubagentRegistry for StoreRegistry {
+    async fn create(&self, record: &SubagentRecord) -> Result<(), RegistryError> {
+        self.0.create_subagent(record).await.map_err(registry_error)
+    }
+
+    async fn get(&self, id: &str) -> Result<Option<SubagentRecord>, RegistryError> {
+        self.0.subagent(id).await.map_err(registry_error)
+    }
+
+    async fn for_call(
+        &self,
+        thread_id: &str,
+        turn: u64,
+        call_id: &str,
+    ) -> Result<Option<SubagentRecord>, RegistryError> {
+        self.0
+            .subagent_for_call(thread_id, turn, call_id)
+            .await
+            .map_err(registry_error)
+    }
+
+    async fn transition(
+        &self,
+        id: &str,
+        change: &SubagentChange,
+    ) -> Result<Transition, RegistryError> {
+        self.0
+            .transition_subagent(id, change)
+            .await
+            .map_err(registry_error)
+    }
+}
+
+fn registry_error(e: StoreError) -> RegistryError {
+    RegistryError(e.to_string())
 }

@@ -10,7 +10,9 @@
 //! | `inbox` | seq | [`InboxItem`] |
 //! | `outbox2` | [`super::outbox_seq`] | [`OutboxItem`] |
 //! | `dedupe.<start>.<length>` | (conversation, event id) | `DedupeEntry` |
-//! | `memory`, `memory_queue`, `subagents` | user id, thread id, task id | their records |
+//! | `memory`, `memory_queue` | user key, (user key, thread id) | their records |
+//! | `subagents` | task id (sorts in creation order) | [`SubagentRecord`] |
+//! | `subagent_calls` | (thread id, turn, call id) | task id |
 
 mod migrate;
 
@@ -27,11 +29,11 @@ use sled::transaction::{ConflictableTransactionError, TransactionError, Transact
 use super::group_commit::{GroupCommit, SyncFiles};
 use super::{
     Accept, Accepted, ClearedMemory, ConversationRecord, FinishTurn, InboxItem, InboxStatus,
-    OutboxItem, OutboxStatus, SCHEMA_VERSION, Store, StoreError, StoreStats, ThreadChoice,
-    Transition, keys, outbox_seq,
+    OutboxItem, OutboxStatus, SCHEMA_VERSION, Store, StoreError, StoreStats, ThreadChoice, keys,
+    outbox_seq,
 };
 use crate::agent::message::ChatMessage;
-use crate::agent::subagents::{SubagentRecord, SubagentStatus};
+use crate::agent::subagents::{SubagentChange, SubagentRecord, SubagentStatus, Transition};
 use crate::agent::thread::ThreadState;
 use crate::memory::{MemoryDocument, MemoryUpdate};
 
@@ -73,11 +75,9 @@ pub(crate) struct SledStore {
     outbox_pending: Arc<AtomicUsize>,
     memory: sled::Tree,
     memory_queue: sled::Tree,
-    #[allow(
-        dead_code,
-        reason = "read by the subagent methods, which serve a later issue"
-    )]
     subagents: sled::Tree,
+    /// Which task a turn's tool call started, and a thread's tasks by prefix.
+    subagent_calls: sled::Tree,
     commit: GroupCommit,
     /// Failures to inject (tests): how many `start_turn` and `finish_turn` calls fail next.
     #[cfg(test)]
@@ -88,6 +88,18 @@ impl std::fmt::Debug for SledStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SledStore").finish_non_exhaustive()
     }
+}
+
+/// How long finished subagent records are kept at least (for `/tasks` and the API).
+const SUBAGENT_RETAIN_MS: u64 = 7 * 24 * 3600 * 1000;
+
+/// The `subagent_calls` key of a turn's tool call.
+fn subagent_call_key(thread_id: &str, turn: u64, call_id: &str) -> Vec<u8> {
+    keys::tuple(&[
+        thread_id.as_bytes(),
+        &turn.to_be_bytes(),
+        call_id.as_bytes(),
+    ])
 }
 
 fn encode<T: Serialize>(what: &'static str, value: &T) -> Result<Vec<u8>, StoreError> {
@@ -402,6 +414,7 @@ impl SledStore {
             memory: db.open_tree("memory")?,
             memory_queue: db.open_tree("memory_queue")?,
             subagents: db.open_tree("subagents")?,
+            subagent_calls: db.open_tree("subagent_calls")?,
             db,
             commit,
             #[cfg(test)]
@@ -450,6 +463,37 @@ impl SledStore {
     #[cfg(test)]
     pub(crate) fn syncs(&self) -> u64 {
         self.commit.syncs()
+    }
+
+    /// Removes finished subagent records that ended before `cutoff`, with their index
+    /// entries. Ids sort in creation order, so the walk stops at the first record created
+    /// after the cutoff.
+    fn sweep_subagents(&self, cutoff: u64) -> Result<usize, StoreError> {
+        let mut removed = 0;
+        for entry in self.subagents.iter() {
+            let (key, value) = entry?;
+            let record: SubagentRecord = decode("subagent", &value)?;
+            if record.created_at_ms > cutoff {
+                break;
+            }
+            if !record.status.is_terminal() || record.finished_at_ms.is_some_and(|t| t > cutoff) {
+                continue;
+            }
+            let call = subagent_call_key(
+                &record.parent_thread_id,
+                record.parent_turn,
+                &record.parent_call_id,
+            );
+            (&self.subagents, &self.subagent_calls)
+                .transaction(|(subagents, calls)| {
+                    subagents.remove(&key)?;
+                    calls.remove(call.as_slice())?;
+                    Ok(())
+                })
+                .map_err(from_tx)?;
+            removed += 1;
+        }
+        Ok(removed)
     }
 
     fn scan<T: DeserializeOwned>(
@@ -947,6 +991,8 @@ impl Store for SledStore {
                 removed += 1;
             }
         }
+        removed +=
+            self.sweep_subagents(now_ms.saturating_sub(retain_ms.max(SUBAGENT_RETAIN_MS)))?;
         Ok(removed)
     }
 
@@ -1139,8 +1185,19 @@ impl Store for SledStore {
     }
 
     async fn create_subagent(&self, record: &SubagentRecord) -> Result<(), StoreError> {
-        self.subagents
-            .insert(record.id.as_bytes(), encode("subagent", record)?)?;
+        let value = encode("subagent", record)?;
+        let call = subagent_call_key(
+            &record.parent_thread_id,
+            record.parent_turn,
+            &record.parent_call_id,
+        );
+        (&self.subagents, &self.subagent_calls)
+            .transaction(|(subagents, calls)| {
+                subagents.insert(record.id.as_bytes(), value.as_slice())?;
+                calls.insert(call.as_slice(), record.id.as_bytes())?;
+                Ok(())
+            })
+            .map_err(from_tx)?;
         self.commit.flush().await
     }
 
@@ -1148,13 +1205,47 @@ impl Store for SledStore {
         Self::get(&self.subagents, "subagent", id.as_bytes())
     }
 
+    async fn subagent_for_call(
+        &self,
+        thread_id: &str,
+        turn: u64,
+        call_id: &str,
+    ) -> Result<Option<SubagentRecord>, StoreError> {
+        let Some(id) = self
+            .subagent_calls
+            .get(subagent_call_key(thread_id, turn, call_id))?
+        else {
+            return Ok(None);
+        };
+        Self::get(&self.subagents, "subagent", &id)
+    }
+
+    async fn thread_subagents(
+        &self,
+        thread_id: &str,
+        limit: usize,
+    ) -> Result<Vec<SubagentRecord>, StoreError> {
+        // Index keys sort by turn, so the last entries are the newest turns' tasks.
+        let mut records = Vec::new();
+        for entry in self
+            .subagent_calls
+            .scan_prefix(keys::tuple(&[thread_id.as_bytes()]))
+            .rev()
+            .take(limit)
+        {
+            let (_, id) = entry?;
+            if let Some(record) = Self::get::<SubagentRecord>(&self.subagents, "subagent", &id)? {
+                records.push(record);
+            }
+        }
+        records.sort_by(|a, b| b.id.cmp(&a.id));
+        Ok(records)
+    }
+
     async fn transition_subagent(
         &self,
         id: &str,
-        to: SubagentStatus,
-        result: Option<String>,
-        error: Option<String>,
-        now_ms: u64,
+        change: &SubagentChange,
     ) -> Result<Transition, StoreError> {
         let outcome = self
             .subagents
@@ -1166,14 +1257,8 @@ impl Store for SledStore {
                     });
                 };
                 let mut record: SubagentRecord = tx_decode("subagent", &bytes)?;
-                if !record.status.can_become(to) {
+                if !change.apply(&mut record) {
                     return Ok(Transition::Refused(record));
-                }
-                record.status = to;
-                if to.is_terminal() {
-                    record.result.clone_from(&result);
-                    record.error.clone_from(&error);
-                    record.finished_at_ms = Some(now_ms);
                 }
                 tree.insert(id.as_bytes(), tx_encode("subagent", &record)?)?;
                 Ok(Transition::Applied(record))
@@ -1193,15 +1278,8 @@ impl Store for SledStore {
         let records: Vec<SubagentRecord> = Self::scan(&self.subagents, "subagent")?;
         let mut failed = 0;
         for record in records.into_iter().filter(|r| !r.status.is_terminal()) {
-            let outcome = self
-                .transition_subagent(
-                    &record.id,
-                    SubagentStatus::Failed,
-                    None,
-                    Some(reason.to_owned()),
-                    now_ms,
-                )
-                .await?;
+            let change = SubagentChange::failed(SubagentStatus::Failed, reason, now_ms);
+            let outcome = self.transition_subagent(&record.id, &change).await?;
             if matches!(outcome, Transition::Applied(_)) {
                 failed += 1;
             }

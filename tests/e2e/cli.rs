@@ -598,7 +598,7 @@ async fn telegram_set_webhook_points_at_the_public_url_and_sets_the_menu_only_wh
     assert!(stdout.contains("allowed updates: message\n"), "{stdout}");
     assert!(stdout.contains("pending updates: dropped\n"), "{stdout}");
     assert!(
-        stdout.contains("commands: set (/help, /new, /status, /stop, /plan, /memory)"),
+        stdout.contains("commands: set (/help, /new, /status, /stop, /plan, /memory, /tasks)"),
         "{stdout}"
     );
     assert_no_secrets(&stdout);
@@ -622,7 +622,10 @@ async fn telegram_set_webhook_points_at_the_public_url_and_sets_the_menu_only_wh
         .iter()
         .map(|c| c["command"].as_str().unwrap())
         .collect();
-    assert_eq!(names, ["help", "new", "status", "stop", "plan", "memory"]);
+    assert_eq!(
+        names,
+        ["help", "new", "status", "stop", "plan", "memory", "tasks"]
+    );
 
     // The second run finds Telegram's menu equal to antler's and leaves it.
     let (code, stdout, stderr) =

@@ -25,5 +25,6 @@ mod restart;
 mod seams;
 mod shell;
 mod slack;
+mod subagents;
 mod support;
 mod telegram;

@@ -86,6 +86,11 @@ impl GuardrailMiddleware {
         })
     }
 
+    /// Whether someone of `role` may call `tool`.
+    pub(crate) fn allows(&self, role: Role, tool: &str) -> bool {
+        self.check(role, tool).is_none()
+    }
+
     fn check(&self, role: Role, tool: &str) -> Option<Refusal> {
         let listed = |list: &[String]| list.iter().any(|name| names(name, tool));
         if listed(&self.denied) {

@@ -31,7 +31,7 @@ use std::sync::Arc;
 
 pub(crate) use context::{RunContext, RunControl, RunEnding, RunOutputs};
 
-use super::message::ToolCall;
+use super::message::{TokenUsage, ToolCall};
 use super::model::{ModelRequest, ModelResponse};
 #[cfg(test)]
 use super::thread::ThreadState;
@@ -114,6 +114,8 @@ pub(crate) struct ToolOutput {
     pub(crate) content: String,
     /// Whether this reports a failure.
     pub(crate) is_error: bool,
+    /// Tokens the call used on the model (a subagent's), added to the run's usage.
+    pub(crate) usage: Option<TokenUsage>,
 }
 
 impl ToolOutput {
@@ -122,6 +124,7 @@ impl ToolOutput {
         Self {
             content: content.into(),
             is_error: false,
+            usage: None,
         }
     }
 
@@ -130,6 +133,7 @@ impl ToolOutput {
         Self {
             content: content.into(),
             is_error: true,
+            usage: None,
         }
     }
 }
@@ -298,6 +302,19 @@ impl MiddlewareChain {
             last = Some((position, name));
         }
         Ok(Self { items })
+    }
+
+    /// The same chain with only the middlewares named in `names` (order kept).
+    #[must_use]
+    pub(crate) fn only(&self, names: &[&str]) -> Self {
+        Self {
+            items: self
+                .items
+                .iter()
+                .filter(|m| names.contains(&m.name()))
+                .cloned()
+                .collect(),
+        }
     }
 
     /// The middleware names in chain order.

@@ -3,7 +3,9 @@
 //! In `after_model` it adds the provider's `usage` (when reported) to the run's total
 //! (`RunContext::run_usage`) and the thread's total (`ThreadState::usage`, persisted with the
 //! thread), and counts them in the `antler_tokens_total{kind="prompt"|"completion"}` metric.
-//! A response without usage changes nothing.
+//! A response without usage changes nothing. In `after_tool` it adds the usage a tool call
+//! reports (a subagent's model calls, through the `task` tool) the same way, so a thread's
+//! total includes the work it delegated.
 //!
 //! Placement: `after_model` hooks run in reverse chain order, so at position 10 it runs after
 //! the later middlewares (loop_detection, subagent_limit, ...) have rewritten the response.
@@ -13,7 +15,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{Middleware, MiddlewareError, RunContext};
+use super::{Middleware, MiddlewareError, RunContext, ToolOutput};
+use crate::agent::message::{TokenUsage, ToolCall};
 use crate::agent::model::ModelResponse;
 
 /// `[agent.middleware.token_usage]`
@@ -52,22 +55,40 @@ impl Middleware for TokenUsageMiddleware {
         cx: &mut RunContext<'_>,
         response: &mut ModelResponse,
     ) -> Result<(), MiddlewareError> {
-        let Some(usage) = response.usage else {
-            return Ok(());
-        };
-        cx.run_usage.add(&usage);
-        cx.thread.usage.add(&usage);
+        if let Some(usage) = response.usage {
+            count(cx, &usage, false);
+        }
+        Ok(())
+    }
+
+    async fn after_tool(
+        &self,
+        cx: &mut RunContext<'_>,
+        _call: &ToolCall,
+        output: &mut ToolOutput,
+    ) -> Result<(), MiddlewareError> {
+        if let Some(usage) = output.usage {
+            count(cx, &usage, true);
+        }
+        Ok(())
+    }
+}
+
+/// Adds `usage` to the run's and the thread's totals and to the metrics; `delegated` usage
+/// (a subagent's) was counted in the metrics by the subagent's own run already.
+fn count(cx: &mut RunContext<'_>, usage: &TokenUsage, delegated: bool) {
+    cx.run_usage.add(usage);
+    cx.thread.usage.add(usage);
+    if !delegated {
         metrics::counter!("antler_tokens_total", "kind" => "prompt").increment(usage.prompt_tokens);
         metrics::counter!("antler_tokens_total", "kind" => "completion")
             .increment(usage.completion_tokens);
-        Ok(())
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::agent::message::TokenUsage;
     use crate::agent::middleware::test_context;
     use crate::agent::model::FinishReason;
     use crate::agent::thread::ThreadState;
@@ -108,6 +129,32 @@ mod tests {
         assert_eq!(cx.run_usage, usage(30, 12));
         assert_eq!(cx.run_usage.total_tokens, 42);
         assert_eq!(thread.usage, usage(1030, 112));
+    }
+
+    #[tokio::test]
+    async fn a_subagents_usage_reported_by_its_tool_call_is_added() {
+        let mut thread = ThreadState::new("t".into(), "c".into(), 0, 0);
+        let middleware = TokenUsageMiddleware;
+        let mut cx = test_context(&mut thread);
+        let call = ToolCall {
+            id: "c1".into(),
+            name: "task".into(),
+            arguments: "{}".into(),
+        };
+        let mut output = ToolOutput {
+            usage: Some(usage(300, 40)),
+            ..ToolOutput::ok("Task succeeded. Result: 42")
+        };
+        middleware
+            .after_tool(&mut cx, &call, &mut output)
+            .await
+            .unwrap();
+        middleware
+            .after_tool(&mut cx, &call, &mut ToolOutput::ok("plain"))
+            .await
+            .unwrap();
+        assert_eq!(cx.run_usage, usage(300, 40));
+        assert_eq!(thread.usage, usage(300, 40));
     }
 
     #[tokio::test]

@@ -59,15 +59,13 @@ pub(crate) struct ToolContext {
     pub(crate) deadline: Instant,
     /// Cancelled when the run is stopped; long tools should check it between steps.
     pub(crate) cancel: CancellationToken,
-    /// Where to report progress.
-    #[cfg_attr(
-        not(test),
-        allow(
-            dead_code,
-            reason = "the subagent issue's task tool reports through it"
-        )
-    )]
+    /// Where to report progress: each note replaces the call's line in a live reply.
     pub(crate) progress: ProgressSink,
+    /// The inbox item of the turn the call belongs to (0 outside a turn): with `call_id`, it
+    /// names the call across re-runs of the turn.
+    pub(crate) turn: u64,
+    /// The turn's trace id, for the logs of work the call starts.
+    pub(crate) trace_id: String,
 }
 
 impl std::fmt::Debug for ToolContext {
@@ -75,6 +73,8 @@ impl std::fmt::Debug for ToolContext {
         f.debug_struct("ToolContext")
             .field("thread_id", &self.thread_id)
             .field("call_id", &self.call_id)
+            .field("turn", &self.turn)
+            .field("trace_id", &self.trace_id)
             .field("author", &self.author)
             .field("folders", &self.folders)
             .finish_non_exhaustive()
@@ -93,6 +93,22 @@ pub(crate) trait Tool: Send + Sync {
         arguments: serde_json::Value,
         cx: &ToolContext,
     ) -> Result<String, ToolError>;
+
+    /// Whether the thread is saved before a call of this tool runs (calls that start long
+    /// work the registry remembers, so a re-run finds it instead of starting it again).
+    fn checkpoint_first(&self) -> bool {
+        false
+    }
+
+    /// [`Tool::call`] with everything the result carries: a tool whose result is more than
+    /// text (a subagent's token usage, a failure reported in its own words) overrides this.
+    async fn call_reporting(
+        &self,
+        arguments: serde_json::Value,
+        cx: &ToolContext,
+    ) -> Result<ToolOutput, ToolError> {
+        self.call(arguments, cx).await.map(ToolOutput::ok)
+    }
 }
 
 /// Parses a tool's arguments into its typed argument struct.
@@ -211,6 +227,19 @@ impl ToolRegistry {
             .unwrap_or(self.default_timeout)
     }
 
+    /// Keeps only the tools `keep` accepts (by name).
+    pub(crate) fn retain(&mut self, keep: impl Fn(&str) -> bool) {
+        Arc::make_mut(&mut self.tools).retain(|name, _| keep(name));
+        self.specs = self.tools.values().map(|t| Arc::new(t.spec())).collect();
+    }
+
+    /// Whether the thread is saved before a call of the tool `name` runs.
+    pub(crate) fn checkpoint_first(&self, name: &str) -> bool {
+        self.tools
+            .get(name)
+            .is_some_and(|tool| tool.checkpoint_first())
+    }
+
     /// Whether a tool of that name is registered.
     pub(crate) fn contains(&self, name: &str) -> bool {
         self.tools.contains_key(name)
@@ -259,8 +288,8 @@ impl ToolRegistry {
                 "Error: `{}` was cancelled before it finished.",
                 call.name
             )),
-            result = tokio::time::timeout_at(cx.deadline, tool.call(arguments, cx)) => match result {
-                Ok(Ok(content)) => ToolOutput::ok(content),
+            result = tokio::time::timeout_at(cx.deadline, tool.call_reporting(arguments, cx)) => match result {
+                Ok(Ok(output)) => output,
                 Ok(Err(e)) => ToolOutput::error(format!("Error: `{}` failed: {e}", call.name)),
                 Err(_) => {
                     metrics::counter!("antler_tool_timeouts_total").increment(1);
@@ -295,6 +324,8 @@ pub(crate) mod tests {
             deadline: Instant::now() + Duration::from_secs(3600),
             cancel: CancellationToken::new(),
             progress: Arc::new(|_: &str| {}),
+            turn: 1,
+            trace_id: "trace-test".to_owned(),
         }
     }
 

@@ -204,6 +204,39 @@ async fn a_tool_call_shows_what_runs_and_the_next_text_starts_afresh() {
     draft.finish().await;
 }
 
+#[tokio::test(start_paused = true)]
+async fn progress_lines_are_edited_in_place_one_per_call() {
+    let store = Arc::new(SledStore::temporary().unwrap());
+    let item = accepted(&store, false).await;
+    let channel = live_channel();
+    let draft = Draft::start(store.clone(), channel.clone(), &item).unwrap();
+    draft.tool_started("task");
+    draft.note("c1", "⏳ read the logs");
+    draft.note("c2", "⏳ run the tests\nsecond line dropped");
+    tokio::time::sleep(Duration::from_millis(1_001)).await;
+    settle().await;
+    assert_eq!(channel.sent(), ["⏳ read the logs\n⏳ run the tests"]);
+    saved(&store).await;
+    draft.note("c1", "✅ read the logs · 3 s");
+    tokio::time::sleep(Duration::from_millis(1_001)).await;
+    settle().await;
+    assert_eq!(
+        channel.edits()[0].1,
+        "✅ read the logs · 3 s\n⏳ run the tests"
+    );
+    for call in 0..20 {
+        draft.note(&format!("n{call}"), &"x".repeat(500));
+    }
+    let preview = draft.shared.preview.lock().unwrap().markdown().unwrap();
+    assert_eq!(preview.lines().count(), MAX_NOTE_LINES);
+    assert!(
+        preview
+            .lines()
+            .all(|line| line.chars().count() == MAX_NOTE_CHARS)
+    );
+    draft.finish().await;
+}
+
 #[tokio::test]
 async fn the_kept_text_is_capped_on_a_character_boundary() {
     let shared = Arc::new(Shared::default());

@@ -3,7 +3,7 @@ use std::sync::Arc;
 use antler_channel::{ConversationKey, OutboundMessage, Receipt};
 
 use super::*;
-use crate::agent::message::ChatMessage;
+use crate::agent::message::{ChatMessage, TokenUsage};
 use crate::store::outbox_seq;
 use crate::test_support::event;
 
@@ -325,14 +325,19 @@ fn subagent(id: &str, status: SubagentStatus) -> SubagentRecord {
     SubagentRecord {
         id: id.to_owned(),
         parent_thread_id: "t1".to_owned(),
+        parent_turn: 4,
+        parent_call_id: format!("call_{id}"),
         subagent_type: "general-purpose".to_owned(),
         description: "d".to_owned(),
         prompt: "p".to_owned(),
         status,
+        stop_reason: None,
         result: None,
         error: None,
+        usage: TokenUsage::default(),
         trace_id: "trace".to_owned(),
         created_at_ms: 1,
+        started_at_ms: None,
         finished_at_ms: None,
     }
 }
@@ -354,20 +359,24 @@ async fn subagent_first_terminal_write_wins_and_restart_fails_running_ones() {
         .unwrap();
 
     let running = store
-        .transition_subagent("s1", SubagentStatus::Running, None, None, 2)
+        .transition_subagent("s1", &SubagentChange::to(SubagentStatus::Running, 2))
         .await
         .unwrap();
     assert!(matches!(running, Transition::Applied(ref r) if r.status == SubagentStatus::Running));
-    let done = store
-        .transition_subagent("s1", SubagentStatus::Completed, Some("42".into()), None, 3)
-        .await
-        .unwrap();
+    let done = SubagentChange {
+        result: Some("42".into()),
+        ..SubagentChange::to(SubagentStatus::Completed, 3)
+    };
+    let done = store.transition_subagent("s1", &done).await.unwrap();
     assert!(matches!(done, Transition::Applied(ref r) if r.result.as_deref() == Some("42")));
-    let late = store
-        .transition_subagent("s1", SubagentStatus::TimedOut, None, Some("late".into()), 4)
-        .await
-        .unwrap();
+    let late = SubagentChange::failed(SubagentStatus::TimedOut, "late", 4);
+    let late = store.transition_subagent("s1", &late).await.unwrap();
     assert!(matches!(late, Transition::Refused(ref r) if r.status == SubagentStatus::Completed));
+    let stored = store.subagent("s1").await.unwrap().unwrap();
+    assert_eq!(
+        (stored.status, stored.started_at_ms, stored.finished_at_ms),
+        (SubagentStatus::Completed, Some(2), Some(3))
+    );
 
     assert_eq!(
         store
@@ -384,9 +393,106 @@ async fn subagent_first_terminal_write_wins_and_restart_fails_running_ones() {
     let s3 = store.subagent("s3").await.unwrap().unwrap();
     assert_eq!(s3.status, SubagentStatus::Completed);
     let missing = store
-        .transition_subagent("nope", SubagentStatus::Failed, None, None, 6)
+        .transition_subagent("nope", &SubagentChange::to(SubagentStatus::Failed, 6))
         .await;
     assert!(matches!(missing, Err(StoreError::Missing { .. })));
+}
+
+#[tokio::test]
+async fn concurrent_terminal_writes_leave_exactly_one_winner() {
+    let store = Arc::new(SledStore::temporary().unwrap());
+    store
+        .create_subagent(&subagent("s1", SubagentStatus::Running))
+        .await
+        .unwrap();
+    let statuses = [
+        SubagentStatus::Completed,
+        SubagentStatus::Failed,
+        SubagentStatus::Cancelled,
+        SubagentStatus::TimedOut,
+    ];
+    let writers: Vec<_> = statuses
+        .into_iter()
+        .map(|status| {
+            let store = Arc::clone(&store);
+            tokio::spawn(async move {
+                let change = SubagentChange::failed(status, status.as_str(), 9);
+                store.transition_subagent("s1", &change).await.unwrap()
+            })
+        })
+        .collect();
+    let mut applied = Vec::new();
+    for writer in writers {
+        if let Transition::Applied(record) = writer.await.unwrap() {
+            applied.push(record.status);
+        }
+    }
+    assert_eq!(applied.len(), 1, "{applied:?}");
+    let stored = store.subagent("s1").await.unwrap().unwrap();
+    assert_eq!(stored.status, applied[0]);
+    assert_eq!(stored.error.as_deref(), Some(applied[0].as_str()));
+}
+
+#[tokio::test]
+async fn subagents_are_found_by_their_turns_call_listed_per_thread_and_swept_when_old() {
+    let store = SledStore::temporary().unwrap();
+    let record = |id: &str, thread: &str, turn: u64, created: u64| SubagentRecord {
+        parent_thread_id: thread.to_owned(),
+        parent_turn: turn,
+        parent_call_id: "call_0".to_owned(),
+        created_at_ms: created,
+        ..subagent(id, SubagentStatus::Pending)
+    };
+    // The same call id in two turns (providers that count from zero each response).
+    store
+        .create_subagent(&record("task_a", "t1", 1, 10))
+        .await
+        .unwrap();
+    store
+        .create_subagent(&record("task_b", "t1", 2, 20))
+        .await
+        .unwrap();
+    store
+        .create_subagent(&record("task_c", "t1:x", 2, 30))
+        .await
+        .unwrap();
+    let found = |thread: &'static str, turn: u64| {
+        let store = &store;
+        async move {
+            store
+                .subagent_for_call(thread, turn, "call_0")
+                .await
+                .unwrap()
+                .map(|r| r.id)
+        }
+    };
+    assert_eq!(found("t1", 1).await.as_deref(), Some("task_a"));
+    assert_eq!(found("t1", 2).await.as_deref(), Some("task_b"));
+    assert_eq!(found("t1", 3).await, None);
+    assert_eq!(found("t1:x", 2).await.as_deref(), Some("task_c"));
+
+    let listed: Vec<String> = store
+        .thread_subagents("t1", 10)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| r.id)
+        .collect();
+    assert_eq!(
+        listed,
+        ["task_b", "task_a"],
+        "newest first, only this thread"
+    );
+    assert_eq!(store.thread_subagents("t1", 1).await.unwrap().len(), 1);
+
+    // Finished long ago: swept with its index entry; still running: kept.
+    let old = SubagentChange::to(SubagentStatus::Cancelled, 11);
+    store.transition_subagent("task_a", &old).await.unwrap();
+    let week = 7 * 24 * 3600 * 1000;
+    store.sweep(week + 12, 1).await.unwrap();
+    assert!(store.subagent("task_a").await.unwrap().is_none());
+    assert_eq!(found("t1", 1).await, None);
+    assert!(store.subagent("task_b").await.unwrap().is_some());
 }
 
 #[tokio::test]

@@ -77,7 +77,16 @@ pub enum Behaviour {
     /// the conversation contains `trigger`, and no change otherwise; echoes every other
     /// request.
     Memory { trigger: String, fact: String },
+    /// The lead delegates: the first response of a turn calls `task` once per prompt, all in
+    /// one response; once the results are in, it answers `summary: <results joined by " | ">`.
+    /// A subagent (its system prompt starts with [`SUBAGENT_PROMPT`]) waits until as many
+    /// subagents as there are prompts ask at once (at most 10 s: they must run in parallel to
+    /// get there sooner), then answers `found: <its task>`.
+    Delegate(Vec<String>),
 }
+
+/// The start of a built-in subagent's system prompt.
+pub const SUBAGENT_PROMPT: &str = "You are a subagent";
 
 /// The start of the memory updater's system prompt.
 pub const MEMORY_PROMPT: &str = "You are a memory management system.";
@@ -160,6 +169,9 @@ struct MockState {
     loop_responses: AtomicUsize,
     /// Requests a [`Behaviour::Script`] answered so far.
     script_steps: AtomicUsize,
+    /// Subagent requests of [`Behaviour::Delegate`] being answered, and the most at once.
+    subagents_asking: AtomicUsize,
+    most_subagents_at_once: AtomicUsize,
     /// `Some(n)`: requests from arrival index `n` on wait (after being recorded) until it
     /// turns `None`.
     gate: Option<watch::Sender<Option<usize>>>,
@@ -218,6 +230,11 @@ impl MockModel {
             let _ = axum::serve(listener, app).await;
         });
         Self { state, addr }
+    }
+
+    /// The most subagent requests of [`Behaviour::Delegate`] that were asking at once.
+    pub fn most_subagents_at_once(&self) -> usize {
+        self.state.most_subagents_at_once.load(Ordering::SeqCst)
     }
 
     /// The API base URL to configure (`.../v1`).
@@ -332,6 +349,64 @@ fn text_of(content: &Value) -> String {
             .join("\n"),
         _ => String::new(),
     }
+}
+
+/// The lead of a [`Behaviour::Delegate`]: `task` calls, then the summary of their results.
+fn delegate(body: &Value, prompts: &[String], stream: bool) -> Response {
+    let messages = body["messages"].as_array().cloned().unwrap_or_default();
+    let turn_start = messages
+        .iter()
+        .rposition(|m| m["role"] == "user")
+        .map_or(0, |at| at + 1);
+    let results: Vec<&str> = messages
+        .get(turn_start..)
+        .unwrap_or_default()
+        .iter()
+        .filter(|m| m["role"] == "tool")
+        .filter_map(|m| m["content"].as_str())
+        .collect();
+    if !results.is_empty() {
+        return answer(&format!("summary: {}", results.join(" | ")), stream);
+    }
+    let calls: Vec<(String, String)> = prompts
+        .iter()
+        .enumerate()
+        .map(|(i, prompt)| {
+            let arguments = json!({
+                "description": format!("look into {prompt}"),
+                "prompt": prompt,
+                "subagent_type": "general-purpose",
+            });
+            (format!("call_task_{i}"), arguments.to_string())
+        })
+        .collect();
+    let borrowed: Vec<(&str, &str)> = calls
+        .iter()
+        .map(|(id, arguments)| (id.as_str(), arguments.as_str()))
+        .collect();
+    tool_calls_to("task", &borrowed, stream)
+}
+
+/// A subagent of a [`Behaviour::Delegate`]: waits for `expected` subagents to ask at once.
+async fn subagent(state: &MockState, body: &Value, expected: usize, stream: bool) -> Response {
+    struct Asking<'a>(&'a AtomicUsize);
+    impl Drop for Asking<'_> {
+        fn drop(&mut self) {
+            self.0.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+    let now = state.subagents_asking.fetch_add(1, Ordering::SeqCst) + 1;
+    let _asking = Asking(&state.subagents_asking);
+    state
+        .most_subagents_at_once
+        .fetch_max(now, Ordering::SeqCst);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while state.most_subagents_at_once.load(Ordering::SeqCst) < expected
+        && Instant::now() < deadline
+    {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    answer(&format!("found: {}", last_user_text(body)), stream)
 }
 
 /// The next step of a [`Behaviour::TurnScript`] for this request.
@@ -516,6 +591,14 @@ async fn completions(State(state): State<Arc<MockState>>, body: Bytes) -> Respon
         }
         Behaviour::Reasoning => reasoning(&body, stream),
         Behaviour::TurnScript(steps) => script(&body, &steps, stream),
+        Behaviour::Delegate(prompts) => {
+            let system = body["messages"][0]["content"].as_str().unwrap_or_default();
+            if system.starts_with(SUBAGENT_PROMPT) {
+                subagent(&state, &body, prompts.len(), stream).await
+            } else {
+                delegate(&body, &prompts, stream)
+            }
+        }
         Behaviour::Script(steps) => {
             let n = state.script_steps.fetch_add(1, Ordering::SeqCst);
             match steps.get(n) {

@@ -20,7 +20,8 @@ pub const DEADLINE: Duration = Duration::from_secs(30);
 pub mod mock_model;
 
 pub use mock_model::{
-    Behaviour, MEMORY_PROMPT, MODEL_NAME, MockModel, REASONING_MARK, Step, unwrap_user_text,
+    Behaviour, MEMORY_PROMPT, MODEL_NAME, MockModel, REASONING_MARK, SUBAGENT_PROMPT, Step,
+    unwrap_user_text,
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -202,6 +203,15 @@ impl Client {
             answer.text
         );
         answer
+    }
+
+    /// `POST path` with an empty JSON object (the API takes no other content type).
+    pub async fn post_to(&self, path: &str) -> Answer {
+        let request = self
+            .http
+            .post(format!("{}{path}", self.base))
+            .json(&json!({}));
+        answer_of(self.authorized(request).send().await.expect("POST")).await
     }
 
     /// `GET path`.

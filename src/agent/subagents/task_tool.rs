@@ -1,0 +1,251 @@
+//! The `task` tool: `task(description, prompt, subagent_type)` delegates one task to a
+//! subagent and waits for its result itself, so the model never polls. It answers
+//! "Task succeeded. Result: …", or says that the task failed, timed out or was cancelled; the
+//! subagent's token usage comes with the answer and is added to the parent thread's.
+//!
+//! The chat sees a line per task as it starts, as it works (its current tool) and as it ends,
+//! through the call's progress notes (a live reply edits them in place). The `bash` type runs
+//! shell commands and is refused to users who may not run the shell themselves.
+//! `subagent_limit` decides how many calls of one response and run may start tasks.
+
+use std::sync::Arc;
+
+use serde::Deserialize;
+
+use super::executor::{ParentCall, SubagentExecutor, TaskError, TaskRequest};
+use super::registry::{SubagentRecord, SubagentStatus};
+use crate::agent::input::Role;
+use crate::agent::middleware::ToolOutput;
+use crate::agent::model::ToolSpec;
+use crate::agent::tools::{Tool, ToolContext, ToolError, parse_arguments};
+
+/// The tool's name.
+pub(crate) const TASK_TOOL: &str = "task";
+
+/// The longest description kept (one line in the chat).
+const MAX_DESCRIPTION_CHARS: usize = 80;
+
+/// The longest prompt accepted.
+const MAX_PROMPT_BYTES: usize = 32 * 1024;
+
+/// Who may run the shell, as the guardrail decides (`bash` subagents follow it).
+pub(crate) type ShellPolicy = Arc<dyn Fn(Role) -> bool + Send + Sync>;
+
+/// Delegates to subagents through the executor.
+pub(crate) struct TaskTool {
+    executor: SubagentExecutor,
+    shell_allowed: ShellPolicy,
+}
+
+impl TaskTool {
+    pub(crate) fn new(executor: SubagentExecutor, shell_allowed: ShellPolicy) -> Self {
+        Self {
+            executor,
+            shell_allowed,
+        }
+    }
+}
+
+#[derive(Deserialize)]
+struct TaskArguments {
+    description: String,
+    prompt: String,
+    subagent_type: String,
+}
+
+#[async_trait::async_trait]
+impl Tool for TaskTool {
+    fn spec(&self) -> ToolSpec {
+        let types: Vec<&str> = self.executor.types().map(|t| t.name.as_str()).collect();
+        let listed: String = self
+            .executor
+            .types()
+            .map(|t| {
+                let shell = if t.needs_shell {
+                    " (only for users who may run the shell)"
+                } else {
+                    ""
+                };
+                format!("\n- `{}`: {}{shell}", t.name, t.description)
+            })
+            .collect();
+        ToolSpec {
+            name: TASK_TOOL.into(),
+            description: format!(
+                "Delegate one task to a subagent, which works on it in its own context with its \
+                 own tools and returns its final answer; this call waits for it. Use it for \
+                 work of several steps that does not need this conversation, and call it \
+                 several times in one response to run independent tasks in parallel (at most 3 \
+                 per response). The subagent sees only `prompt`: say everything it needs, \
+                 including what to return. Subagent types:{listed}"
+            ),
+            parameters: serde_json::json!({
+                "type": "object",
+                "properties": {
+                    "description": {
+                        "type": "string",
+                        "description": "A short description of the task (3 to 5 words), shown to the user."
+                    },
+                    "prompt": {
+                        "type": "string",
+                        "description": "The complete task for the subagent: goal, context, constraints and what to return."
+                    },
+                    "subagent_type": {
+                        "type": "string",
+                        "enum": types,
+                        "description": "Which subagent type does it."
+                    }
+                },
+                "required": ["description", "prompt", "subagent_type"],
+                "additionalProperties": false
+            }),
+        }
+    }
+
+    fn checkpoint_first(&self) -> bool {
+        true
+    }
+
+    async fn call(
+        &self,
+        arguments: serde_json::Value,
+        cx: &ToolContext,
+    ) -> Result<String, ToolError> {
+        let output = self.call_reporting(arguments, cx).await?;
+        Ok(output.content)
+    }
+
+    async fn call_reporting(
+        &self,
+        arguments: serde_json::Value,
+        cx: &ToolContext,
+    ) -> Result<ToolOutput, ToolError> {
+        let args: TaskArguments = parse_arguments(arguments)?;
+        let description = one_line(&args.description);
+        if description.is_empty() || args.prompt.trim().is_empty() {
+            return Err(ToolError::InvalidArguments(
+                "`description` and `prompt` must not be empty".to_owned(),
+            ));
+        }
+        if args.prompt.len() > MAX_PROMPT_BYTES {
+            return Err(ToolError::InvalidArguments(format!(
+                "`prompt` is {} bytes; at most {MAX_PROMPT_BYTES} are accepted",
+                args.prompt.len()
+            )));
+        }
+        let Some(kind) = self.executor.kind(&args.subagent_type) else {
+            let known: Vec<String> = self
+                .executor
+                .types()
+                .map(|t| format!("`{}`", t.name))
+                .collect();
+            return Err(ToolError::InvalidArguments(format!(
+                "there is no subagent type `{}`; the types are {}",
+                args.subagent_type,
+                known.join(", ")
+            )));
+        };
+        if kind.needs_shell && !(self.shell_allowed)(cx.author.role) {
+            return Err(ToolError::Failed(format!(
+                "the `{}` subagent runs shell commands, which only operators may run here; use \
+                 `general-purpose` instead",
+                kind.name
+            )));
+        }
+        (cx.progress)(&format!("⏳ {description}"));
+        let request = TaskRequest {
+            description: description.clone(),
+            prompt: args.prompt,
+            subagent_type: args.subagent_type,
+            parent: ParentCall {
+                thread_id: cx.thread_id.clone(),
+                turn: cx.turn,
+                call_id: cx.call_id.clone(),
+                author: cx.author.clone(),
+                trace_id: cx.trace_id.clone(),
+                deadline: cx.deadline,
+                progress: Arc::clone(&cx.progress),
+            },
+        };
+        let record = match self.executor.run(request, &cx.cancel).await {
+            Ok(record) => record,
+            Err(e @ TaskError::UnknownType(_)) => {
+                return Err(ToolError::InvalidArguments(e.to_string()));
+            }
+            Err(TaskError::Registry(e)) => {
+                tracing::error!(error = %e, "a subagent task could not be recorded");
+                (cx.progress)(&format!("❌ {description}"));
+                return Err(ToolError::Failed(
+                    "the task could not be recorded, so it did not run; try again later".to_owned(),
+                ));
+            }
+        };
+        (cx.progress)(&ending_line(&description, &record));
+        Ok(answer(&record))
+    }
+}
+
+/// `text` on one line, whitespace collapsed, at most [`MAX_DESCRIPTION_CHARS`].
+fn one_line(text: &str) -> String {
+    let joined = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    match joined.char_indices().nth(MAX_DESCRIPTION_CHARS) {
+        Some((end, _)) => format!("{}…", &joined[..end]),
+        None => joined,
+    }
+}
+
+/// The chat line of an ended task.
+fn ending_line(description: &str, record: &SubagentRecord) -> String {
+    let seconds = record
+        .duration_ms(crate::now_ms())
+        .map(|ms| format!(" · {} s", ms.div_ceil(1000)))
+        .unwrap_or_default();
+    let (mark, word) = match record.status {
+        SubagentStatus::Completed => ("✅", ""),
+        SubagentStatus::Failed => ("❌", " · failed"),
+        SubagentStatus::TimedOut => ("⌛", " · timed out"),
+        SubagentStatus::Cancelled => ("⏹", " · cancelled"),
+        SubagentStatus::Pending | SubagentStatus::Running => ("⏸", " · interrupted"),
+    };
+    format!("{mark} {description}{word}{seconds}")
+}
+
+/// What the model is told about an ended task.
+pub(crate) fn answer(record: &SubagentRecord) -> ToolOutput {
+    let error = record.error.as_deref().unwrap_or("no reason was recorded");
+    let mut output = match record.status {
+        SubagentStatus::Completed => {
+            let result = record.result.as_deref().unwrap_or_default();
+            let text = match &record.stop_reason {
+                Some(reason) => format!("Task succeeded (capped: {reason}). Result: {result}"),
+                None => format!("Task succeeded. Result: {result}"),
+            };
+            ToolOutput::ok(text)
+        }
+        SubagentStatus::Failed => ToolOutput::error(format!("Task failed. Error: {error}")),
+        SubagentStatus::TimedOut => ToolOutput::error(format!("Task timed out. Error: {error}")),
+        SubagentStatus::Cancelled => ToolOutput::error(match &record.error {
+            Some(reason) => format!("Task cancelled: {reason}."),
+            None => "Task cancelled by user.".to_owned(),
+        }),
+        SubagentStatus::Pending | SubagentStatus::Running => {
+            ToolOutput::error("Task interrupted: antler is shutting down.")
+        }
+    };
+    output.usage = Some(record.usage);
+    output
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn descriptions_become_one_short_line() {
+        assert_eq!(one_line("  look up\n the  docs "), "look up the docs");
+        let long = "word ".repeat(40);
+        let line = one_line(&long);
+        assert_eq!(line.chars().count(), MAX_DESCRIPTION_CHARS + 1);
+        assert!(line.ends_with('…'));
+    }
+}
