@@ -2,8 +2,8 @@
 
 use super::Renderer;
 use super::chunk::Token;
-use super::document::{Block, Document, Inline};
-use super::telegram_html::{plain, table_text};
+use super::document::Document;
+use super::markdown::{Dialect, render};
 
 /// The Markdown Discord shows in a message: `**bold**`, `*italic*`, `~~strike~~`,
 /// `` `code` ``, fenced code blocks with their language, `#` to `###` headings, `- ` and `1. `
@@ -23,36 +23,19 @@ use super::telegram_html::{plain, table_text};
 #[derive(Debug, Clone, Copy, Default)]
 pub struct DiscordMarkdown;
 
+const DISCORD: Dialect = Dialect {
+    escape,
+    max_heading: 3,
+};
+
 impl Renderer for DiscordMarkdown {
     fn render(&self, doc: &Document) -> Vec<Token> {
-        let mut walker = Walker {
-            out: Vec::new(),
-            indent: String::new(),
-            open: Vec::new(),
-        };
-        walker.blocks(&doc.blocks, "\n\n");
-        walker.out
+        render(doc, &DISCORD)
     }
 }
 
-/// The kinds of span that may not nest in themselves: `**a **b** c**` would end the bold early.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Style {
-    Bold,
-    Italic,
-    Strike,
-}
-
-struct Walker {
-    out: Vec<Token>,
-    /// What starts every continuation line: spaces under list markers, `> ` in quotes.
-    indent: String,
-    /// The styles open around the current position.
-    open: Vec<Style>,
-}
-
-/// The escape of a character Discord could read as markup anywhere in a line.
-fn escape(c: char) -> Option<&'static str> {
+/// The backslash escape of a character Discord could read as markup.
+fn escape(c: char, at_line_start: bool) -> Option<&'static str> {
     Some(match c {
         '\\' => "\\\\",
         '*' => "\\*",
@@ -64,247 +47,9 @@ fn escape(c: char) -> Option<&'static str> {
         ']' => "\\]",
         '<' => "\\<",
         '>' => "\\>",
+        '#' if at_line_start => "\\#",
+        '-' if at_line_start => "\\-",
+        '+' if at_line_start => "\\+",
         _ => return None,
     })
-}
-
-/// The escape of a character that formats only at the start of a line.
-fn escape_at_line_start(c: char) -> Option<&'static str> {
-    Some(match c {
-        '#' => "\\#",
-        '-' => "\\-",
-        '+' => "\\+",
-        _ => return escape(c),
-    })
-}
-
-impl Walker {
-    fn open(&mut self, open: &str, close: &str) {
-        self.out.push(Token::Open {
-            open: open.to_owned(),
-            close: close.to_owned(),
-        });
-    }
-
-    fn close(&mut self) {
-        self.out.push(Token::Close);
-    }
-
-    /// Output that needs no escaping (markers, newlines, indentation, code).
-    fn raw(&mut self, text: &str) {
-        if text.is_empty() {
-            return;
-        }
-        if let Some(Token::Text(last)) = self.out.last_mut() {
-            last.push_str(text);
-        } else {
-            self.out.push(Token::Text(text.to_owned()));
-        }
-    }
-
-    /// User text, escaped; line breaks continue the current indentation (a quote's `> `).
-    fn text(&mut self, text: &str) {
-        for (i, line) in text.split('\n').enumerate() {
-            if i > 0 {
-                self.newline();
-            }
-            let mut at_start = self.at_line_start();
-            let mut rest = line;
-            loop {
-                let found = rest.char_indices().find(|&(at, c)| {
-                    if at_start && at == 0 {
-                        escape_at_line_start(c).is_some()
-                    } else {
-                        escape(c).is_some()
-                    }
-                });
-                let Some((at, c)) = found else { break };
-                self.raw(&rest[..at]);
-                let escaped = if at_start && at == 0 {
-                    escape_at_line_start(c)
-                } else {
-                    escape(c)
-                };
-                if let Some(escaped) = escaped {
-                    self.out.push(Token::Atom(escaped.to_owned()));
-                }
-                at_start = false;
-                rest = &rest[at + c.len_utf8()..];
-            }
-            self.raw(rest);
-        }
-    }
-
-    /// Whether the next text starts a line (after its indentation): nothing written yet, or
-    /// only a newline and the current indentation since the last text.
-    fn at_line_start(&self) -> bool {
-        match self.out.last() {
-            None => true,
-            Some(Token::Text(last)) => {
-                let trimmed = last.strip_suffix(self.indent.as_str()).unwrap_or(last);
-                trimmed.is_empty() || trimmed.ends_with('\n')
-            }
-            Some(_) => false,
-        }
-    }
-
-    fn newline(&mut self) {
-        self.raw("\n");
-        let indent = std::mem::take(&mut self.indent);
-        self.raw(&indent);
-        self.indent = indent;
-    }
-
-    fn blocks(&mut self, blocks: &[Block], separator: &str) {
-        for (i, block) in blocks.iter().enumerate() {
-            if i > 0 {
-                // Blank lines carry no indentation; only the last newline does.
-                for _ in 1..separator.len() {
-                    self.raw("\n");
-                }
-                self.newline();
-            }
-            self.block(block);
-        }
-    }
-
-    fn block(&mut self, block: &Block) {
-        match block {
-            Block::Paragraph(content) => self.inlines(content),
-            Block::Heading { level, content } if *level <= 3 => {
-                self.raw(&format!("{} ", "#".repeat(usize::from(*level))));
-                self.inlines(content);
-            }
-            Block::Heading { content, .. } => self.styled(Style::Bold, content),
-            Block::Code { language, text } => self.code_block(language.as_deref(), text),
-            Block::Quote(blocks) => {
-                self.raw("> ");
-                self.indent.push_str("> ");
-                self.blocks(blocks, "\n");
-                self.indent.truncate(self.indent.len() - 2);
-            }
-            Block::List { start, items } => {
-                for (n, item) in items.iter().enumerate() {
-                    if n > 0 {
-                        self.newline();
-                    }
-                    let marker = match start {
-                        Some(first) => format!("{}. ", first.saturating_add(n as u64)),
-                        None => "- ".to_owned(),
-                    };
-                    self.raw(&marker);
-                    let saved = self.indent.len();
-                    self.indent.push_str(&" ".repeat(marker.chars().count()));
-                    self.blocks(item, "\n");
-                    self.indent.truncate(saved);
-                }
-            }
-            Block::Rule => self.raw("———"),
-            Block::Table(rows) => self.table(rows),
-        }
-    }
-
-    /// Code verbatim, at the margin: a list's or quote's indentation would become part of it.
-    /// The fence stays the same in every chunk, so it keeps its language when reopened.
-    fn code_block(&mut self, language: Option<&str>, text: &str) {
-        let fence = "`".repeat(longest_backtick_run(text).max(2) + 1);
-        let language = language.filter(|l| is_language_safe(l)).unwrap_or("");
-        self.open(&format!("{fence}{language}\n"), &format!("\n{fence}"));
-        self.raw(text);
-        self.close();
-    }
-
-    /// Tables become aligned text in a code block: Discord has no table markup.
-    fn table(&mut self, rows: &[Vec<Vec<Inline>>]) {
-        let text = table_text(rows);
-        self.code_block(None, &text);
-    }
-
-    fn inlines(&mut self, content: &[Inline]) {
-        for inline in content {
-            self.inline(inline);
-        }
-    }
-
-    /// `content` in the style's markup, unless that style is already open around it.
-    fn styled(&mut self, style: Style, content: &[Inline]) {
-        if self.open.contains(&style) {
-            return self.inlines(content);
-        }
-        let mark = match style {
-            Style::Bold => "**",
-            Style::Italic => "*",
-            Style::Strike => "~~",
-        };
-        self.open(mark, mark);
-        self.open.push(style);
-        self.inlines(content);
-        self.open.pop();
-        self.close();
-    }
-
-    fn inline(&mut self, inline: &Inline) {
-        match inline {
-            Inline::Text(text) => self.text(text),
-            Inline::LineBreak => self.newline(),
-            Inline::Code(code) => {
-                // CommonMark's rule: a longer backtick string, padded with spaces, holds
-                // backticks of its own.
-                let run = longest_backtick_run(code);
-                if run == 0 {
-                    self.open("`", "`");
-                } else {
-                    let ticks = "`".repeat(run + 1);
-                    self.open(&format!("{ticks} "), &format!(" {ticks}"));
-                }
-                self.raw(&code.replace('\n', " "));
-                self.close();
-            }
-            Inline::Link { url, content } => self.link(url, content),
-            Inline::Bold(content) => self.styled(Style::Bold, content),
-            Inline::Italic(content) => self.styled(Style::Italic, content),
-            Inline::Strike(content) => self.styled(Style::Strike, content),
-        }
-    }
-
-    fn link(&mut self, url: &str, content: &[Inline]) {
-        let mut label = plain(content);
-        if label.trim().is_empty() {
-            label = url.strip_prefix("mailto:").unwrap_or(url).to_owned();
-        }
-        self.open("[", &format!("]({})", link_target(url)));
-        self.text(&label);
-        self.close();
-    }
-}
-
-/// The longest run of backticks in `text`.
-fn longest_backtick_run(text: &str) -> usize {
-    text.split(|c| c != '`').map(str::len).max().unwrap_or(0)
-}
-
-/// A language name goes after the fence only if it is a plain word.
-fn is_language_safe(language: &str) -> bool {
-    language
-        .chars()
-        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '_' | '.' | '#'))
-}
-
-/// A URL as it may stand between `(` and `)`: the characters that would end the link or be
-/// read as markup percent-encoded, which keeps the address the same.
-fn link_target(url: &str) -> String {
-    let mut out = String::with_capacity(url.len());
-    for c in url.chars() {
-        match c {
-            '(' => out.push_str("%28"),
-            ')' => out.push_str("%29"),
-            ' ' => out.push_str("%20"),
-            '<' => out.push_str("%3C"),
-            '>' => out.push_str("%3E"),
-            '[' => out.push_str("%5B"),
-            ']' => out.push_str("%5D"),
-            c => out.push(c),
-        }
-    }
-    out
 }

@@ -38,6 +38,7 @@ mod chunk;
 mod discord_markdown;
 mod document;
 mod feishu_markdown;
+mod markdown;
 mod slack_mrkdwn;
 mod telegram_html;
 
