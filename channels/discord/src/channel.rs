@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use antler_channel::render::{self, DiscordMarkdown, Limit};
+use antler_channel::verify::SignedHeaders;
 use antler_channel::{
     Capabilities, Channel, ChannelError, EditRate, Limits, OutboundMessage, Parsed, Part, Receipt,
     WebhookRequest, verify,
@@ -205,8 +206,27 @@ fn ephemeral(text: &str) -> serde_json::Value {
 }
 
 /// A header's value as text, if present and readable.
-fn header<'a>(headers: &'a http::HeaderMap, name: &str) -> Option<&'a str> {
-    headers.get(name).and_then(|value| value.to_str().ok())
+impl DiscordChannel {
+    /// The signature headers: present, fresh by `now_ms`, the signature 64 bytes in hex.
+    fn signed_headers<'a>(
+        &self,
+        headers: &'a http::HeaderMap,
+    ) -> Result<SignedHeaders<'a>, ChannelError> {
+        let now = i64::try_from((self.now_ms)() / 1000).unwrap_or(i64::MAX);
+        let signed = verify::signed_headers(
+            headers,
+            TIMESTAMP_HEADER,
+            SIGNATURE_HEADER,
+            now,
+            MAX_AGE_SECS,
+        )?;
+        let hex = signed.signature.len() == 128
+            && signed.signature.bytes().all(|b| b.is_ascii_hexdigit());
+        if !hex {
+            return Err(ChannelError::Unauthorized);
+        }
+        Ok(signed)
+    }
 }
 
 #[async_trait::async_trait]
@@ -223,31 +243,17 @@ impl Channel for DiscordChannel {
     /// Both signature headers present, the signature 64 bytes of hex, the timestamp within
     /// 5 minutes of now.
     fn verify_headers(&self, headers: &http::HeaderMap) -> Result<(), ChannelError> {
-        let timestamp: i64 = header(headers, TIMESTAMP_HEADER)
-            .and_then(|ts| ts.trim().parse().ok())
-            .ok_or(ChannelError::Unauthorized)?;
-        let signature = header(headers, SIGNATURE_HEADER).ok_or(ChannelError::Unauthorized)?;
-        if signature.len() != 128 || !signature.bytes().all(|b| b.is_ascii_hexdigit()) {
-            return Err(ChannelError::Unauthorized);
-        }
-        let now = i64::try_from((self.now_ms)() / 1000).unwrap_or(i64::MAX);
-        if !verify::timestamp_within(timestamp, now, MAX_AGE_SECS) {
-            return Err(ChannelError::Unauthorized);
-        }
-        Ok(())
+        self.signed_headers(headers).map(|_| ())
     }
 
     /// Ed25519 over `timestamp || body` with the application's public key (serenity's
     /// verifier), after [`Channel::verify_headers`]. Discord sends bad signatures on purpose
     /// now and then: they must be refused.
     fn verify(&self, request: &WebhookRequest<'_>) -> Result<(), ChannelError> {
-        self.verify_headers(request.headers)?;
-        let (Some(timestamp), Some(signature)) = (
-            header(request.headers, TIMESTAMP_HEADER),
-            header(request.headers, SIGNATURE_HEADER),
-        ) else {
-            return Err(ChannelError::Unauthorized);
-        };
+        let SignedHeaders {
+            timestamp,
+            signature,
+        } = self.signed_headers(request.headers)?;
         self.verifier
             .verify(signature, timestamp, request.body)
             .map_err(|()| ChannelError::Unauthorized)

@@ -205,9 +205,9 @@ impl FeishuChannel {
     /// The signature headers present, fresh, and matching the raw body.
     fn signature_matches(&self, key: &EncryptKey, request: &WebhookRequest<'_>) -> bool {
         let (Some(timestamp), Some(nonce), Some(signature)) = (
-            header(request.headers, TIMESTAMP_HEADER),
-            header(request.headers, NONCE_HEADER),
-            header(request.headers, SIGNATURE_HEADER),
+            verify::header(request.headers, TIMESTAMP_HEADER),
+            verify::header(request.headers, NONCE_HEADER),
+            verify::header(request.headers, SIGNATURE_HEADER),
         ) else {
             return false;
         };
@@ -267,9 +267,6 @@ fn chat_of(conversation: &ConversationKey) -> Result<&str, ChannelError> {
 }
 
 /// A header's value as text, if present and readable.
-fn header<'a>(headers: &'a http::HeaderMap, name: &str) -> Option<&'a str> {
-    headers.get(name).and_then(|value| value.to_str().ok())
-}
 
 #[async_trait::async_trait]
 impl Channel for FeishuChannel {
@@ -286,7 +283,7 @@ impl Channel for FeishuChannel {
     /// headers cannot be required here: Feishu may send its URL verification unsigned, which
     /// only the (decrypted) body tells, so [`Channel::verify`] requires them for everything else.
     fn verify_headers(&self, headers: &http::HeaderMap) -> Result<(), ChannelError> {
-        match header(headers, TIMESTAMP_HEADER) {
+        match verify::header(headers, TIMESTAMP_HEADER) {
             Some(timestamp) if !self.fresh(timestamp) => Err(ChannelError::Unauthorized),
             _ => Ok(()),
         }

@@ -5,6 +5,7 @@ use std::sync::RwLock;
 use std::time::Duration;
 
 use antler_channel::render::{self, Limit, SlackMrkdwn};
+use antler_channel::verify::SignedHeaders;
 use antler_channel::{
     AttachmentRef, AttachmentSource, Capabilities, Channel, ChannelError, ConversationKey,
     EditRate, Limits, OutboundMessage, Parsed, Part, Progress, Receipt, WebhookRequest, verify,
@@ -256,8 +257,21 @@ fn target(conversation: &ConversationKey) -> Result<(&str, Option<&str>), Channe
 }
 
 /// A header's value as text, if present and readable.
-fn header<'a>(headers: &'a http::HeaderMap, name: &str) -> Option<&'a str> {
-    headers.get(name).and_then(|value| value.to_str().ok())
+impl SlackChannel {
+    /// The signature headers, present and fresh by `now_ms`.
+    fn signed_headers<'a>(
+        &self,
+        headers: &'a http::HeaderMap,
+    ) -> Result<SignedHeaders<'a>, ChannelError> {
+        let now = i64::try_from((self.now_ms)() / 1000).unwrap_or(i64::MAX);
+        verify::signed_headers(
+            headers,
+            TIMESTAMP_HEADER,
+            SIGNATURE_HEADER,
+            now,
+            MAX_AGE_SECS,
+        )
+    }
 }
 
 #[async_trait::async_trait]
@@ -273,17 +287,7 @@ impl Channel for SlackChannel {
 
     /// Both signature headers present and the timestamp within 5 minutes of now.
     fn verify_headers(&self, headers: &http::HeaderMap) -> Result<(), ChannelError> {
-        let timestamp: i64 = header(headers, TIMESTAMP_HEADER)
-            .and_then(|ts| ts.trim().parse().ok())
-            .ok_or(ChannelError::Unauthorized)?;
-        if header(headers, SIGNATURE_HEADER).is_none() {
-            return Err(ChannelError::Unauthorized);
-        }
-        let now = i64::try_from((self.now_ms)() / 1000).unwrap_or(i64::MAX);
-        if !verify::timestamp_within(timestamp, now, MAX_AGE_SECS) {
-            return Err(ChannelError::Unauthorized);
-        }
-        Ok(())
+        self.signed_headers(headers).map(|_| ())
     }
 
     /// `v0=HMAC-SHA256(signing secret, "v0:{ts}:{body}")`, compared in constant time by
@@ -291,13 +295,10 @@ impl Channel for SlackChannel {
     /// judges the timestamp's age by the wall clock as well as [`Channel::verify_headers`]
     /// does by `now_ms`, so a replayed request fails even under a test clock.
     fn verify(&self, request: &WebhookRequest<'_>) -> Result<(), ChannelError> {
-        self.verify_headers(request.headers)?;
-        let (Some(timestamp), Some(signature)) = (
-            header(request.headers, TIMESTAMP_HEADER),
-            header(request.headers, SIGNATURE_HEADER),
-        ) else {
-            return Err(ChannelError::Unauthorized);
-        };
+        let SignedHeaders {
+            timestamp,
+            signature,
+        } = self.signed_headers(request.headers)?;
         // Slack signs text (JSON or a form); a body that is not UTF-8 was not signed by it.
         let body = std::str::from_utf8(request.body).map_err(|_| ChannelError::Unauthorized)?;
         self.verifier
