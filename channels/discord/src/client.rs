@@ -159,7 +159,7 @@ impl DiscordApi {
         let path = format!(
             "/webhooks/{}/{}/messages/{}",
             self.application_id,
-            token,
+            token_segment(token)?,
             segment(message_id)?
         );
         let message: serenity::model::channel::Message = self
@@ -176,7 +176,11 @@ impl DiscordApi {
 
     /// `POST /webhooks/{app}/{token}?wait=true`: a follow-up message. Returns its id.
     pub async fn follow_up(&self, token: &str, content: &str) -> Result<String, ChannelError> {
-        let path = format!("/webhooks/{}/{}?wait=true", self.application_id, token);
+        let path = format!(
+            "/webhooks/{}/{}?wait=true",
+            self.application_id,
+            token_segment(token)?
+        );
         let message: serenity::model::channel::Message = self
             .call(
                 reqwest::Method::POST,
@@ -383,6 +387,23 @@ fn message_body(content: &str) -> serde_json::Value {
 
 /// An id as a path segment: digits only (snowflakes) or `@original`, so nothing from a
 /// conversation key can change the route.
+/// An interaction token as a path segment: Discord's tokens are URL-safe characters; anything
+/// else (a `/`, a `?`) could change the request's target, so it is refused, without echoing it.
+fn token_segment(token: &str) -> Result<&str, ChannelError> {
+    let safe = !token.is_empty()
+        && token.len() <= 1024
+        && token
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
+    if safe {
+        Ok(token)
+    } else {
+        Err(ChannelError::Permanent(
+            "the interaction token is not a URL-safe string".to_owned(),
+        ))
+    }
+}
+
 fn segment(id: &str) -> Result<&str, ChannelError> {
     if id == "@original"
         || (!id.is_empty() && id.len() <= 24 && id.bytes().all(|b| b.is_ascii_digit()))
@@ -589,6 +610,15 @@ mod tests {
         assert_eq!(segment("@original"), Ok("@original"));
         for bad in ["", "../x", "12/34", "abc"] {
             assert!(segment(bad).is_err(), "{bad}");
+        }
+        assert_eq!(
+            token_segment("aW50ZXJh-Y3Rpb24_.x"),
+            Ok("aW50ZXJh-Y3Rpb24_.x")
+        );
+        for bad in ["", "a/b", "a?wait=false", "a b", "..%2f"] {
+            let refused = token_segment(bad).unwrap_err().to_string();
+            // The token is a credential: the error never repeats it.
+            assert!(bad.is_empty() || !refused.contains(bad), "{refused}");
         }
     }
 }
