@@ -823,23 +823,25 @@ pub(crate) async fn get_file(
     let folders = ThreadFolders::new(&state.data_root, &id).map_err(|_| no_file(&name))?;
     let max_bytes = state.max_attachment_bytes;
     let virtual_path = format!("{}/{name}", Area::Outputs.virtual_path());
-    let read = tokio::task::spawn_blocking(move || -> Option<(Vec<u8>, String, String)> {
-        let file = check_paths(&folders, &[virtual_path], max_bytes)
-            .ok()?
-            .into_iter()
-            .next()?;
-        let mut bytes = Vec::new();
-        let opened = std::fs::File::open(&file.host).ok()?;
-        // Read at most one byte over the limit: a file that grew since the check is refused.
-        std::io::Read::read_to_end(&mut std::io::Read::take(opened, max_bytes + 1), &mut bytes)
-            .ok()?;
-        (bytes.len() as u64 <= max_bytes).then_some((bytes, file.name, file.media_type))
-    })
-    .await
-    .map_err(|e| ApiError::Internal(e.to_string()))?;
-    let Some((bytes, name, media_type)) = read else {
+    let opened =
+        tokio::task::spawn_blocking(move || -> Option<(std::fs::File, u64, String, String)> {
+            let file = check_paths(&folders, &[virtual_path], max_bytes)
+                .ok()?
+                .into_iter()
+                .next()?;
+            let opened = std::fs::File::open(&file.host).ok()?;
+            // The size of what was opened (the check looked at the path a moment earlier).
+            let size = opened.metadata().ok()?.len();
+            (size <= max_bytes).then_some((opened, size, file.name, file.media_type))
+        })
+        .await
+        .map_err(|e| ApiError::Internal(e.to_string()))?;
+    let Some((opened, size, name, media_type)) = opened else {
         return Err(no_file(&name));
     };
+    // Streamed, never held whole; exactly the size announced, even if the file grows meanwhile.
+    let reader = tokio::io::AsyncReadExt::take(tokio::fs::File::from_std(opened), size);
+    let body = axum::body::Body::from_stream(tokio_util::io::ReaderStream::new(reader));
     let file_name = name.rsplit('/').next().unwrap_or(&name);
     let disposition = format!(
         "attachment; filename=\"{}\"; filename*=UTF-8''{}",
@@ -855,8 +857,9 @@ pub(crate) async fn get_file(
                 axum::http::header::X_CONTENT_TYPE_OPTIONS,
                 "nosniff".to_owned(),
             ),
+            (axum::http::header::CONTENT_LENGTH, size.to_string()),
         ],
-        bytes,
+        body,
     )
         .into_response())
 }

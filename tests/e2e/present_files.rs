@@ -71,6 +71,11 @@ async fn a_presented_file_reaches_the_api_as_an_attachment_and_downloads() {
         "attachment; filename=\"report.txt\"; filename*=UTF-8''report.txt"
     );
     assert_eq!(download.headers["x-content-type-options"], "nosniff");
+    // Streamed with its length announced.
+    assert_eq!(
+        download.headers["content-length"],
+        REPORT.len().to_string().as_str()
+    );
 
     // The thread shows the file on the answer that carried it, and only there.
     let thread = app.thread(&thread_id).await;
