@@ -292,8 +292,8 @@ impl SubagentExecutor {
             .into_record())
     }
 
-    /// Cancels task `id`: a task running in this process is stopped (and records itself
-    /// CANCELLED); one that is not (left over) is marked CANCELLED directly.
+    /// Cancels task `id` if it has not ended: records CANCELLED ("cancelled by an operator"),
+    /// then stops it if it runs in this process (its model and tool calls end).
     pub(crate) async fn cancel(&self, id: &str) -> Result<CancelOutcome, RegistryError> {
         let token = self
             .inner
