@@ -21,6 +21,11 @@
 //! there (one may have changed between the tool and the hook), and a run delivers at most
 //! [`MAX_FILES`] of them; a file presented twice is delivered once.
 //!
+//! A turn re-run after a crash (resumed from its checkpoint) starts with empty run outputs:
+//! `before_run` finds the presentations its earlier attempt made (`present_files` calls of
+//! this turn that have a result, in [`PresentedFiles`]), checks their files again and puts
+//! them back, so the answer still carries them.
+//!
 //! Where it improves on DeerFlow, which finds `present_files` calls in the turn's messages
 //! after the run and resolves them then: antler records the files when the call is answered,
 //! after every other `after_tool` hook (this one runs last, in reverse order), so a call the
@@ -40,8 +45,9 @@ use crate::agent::message::{ChatMessage, ToolCall};
 use crate::agent::model::ModelRequest;
 use crate::agent::thread::Extension;
 use crate::agent::tools::files::FILE_TOOL_NAMES;
+use crate::agent::tools::paths::Area;
 use crate::agent::tools::present_files::{
-    self, Arguments, MAX_FILES, PresentFiles, check_paths, describe,
+    self, Arguments, MAX_FILES, PresentFiles, PresentedFile, check_paths, describe,
 };
 use crate::agent::tools::{Tool, intercepted_arguments};
 
@@ -115,6 +121,60 @@ impl ThreadDataMiddleware {
 
     /// Records the files of an answered `present_files` call; the output is rewritten when
     /// they cannot all be delivered.
+    /// The files this turn's answered `present_files` calls presented before the run began
+    /// (a resumed turn), checked again; files that went or grew past the limit are left out.
+    async fn presented_earlier(&self, cx: &RunContext<'_>) -> Vec<PresentedFile> {
+        let (Some(start), Some(folders)) = (cx.thread.turn_start(), cx.folders.clone()) else {
+            return Vec::new();
+        };
+        let turn = cx.thread.messages.get(start..).unwrap_or_default();
+        let answered = |id: &str| {
+            turn.iter()
+                .any(|m| matches!(m, ChatMessage::Tool { tool_call_id, .. } if tool_call_id == id))
+        };
+        let presenting: Vec<&str> = turn
+            .iter()
+            .filter_map(|m| match m {
+                ChatMessage::Assistant { tool_calls, .. } => Some(tool_calls),
+                _ => None,
+            })
+            .flatten()
+            .filter(|call| call.name == present_files::TOOL_NAME && answered(&call.id))
+            .map(|call| call.id.as_str())
+            .collect();
+        if presenting.is_empty() {
+            return Vec::new();
+        }
+        let presented = cx
+            .thread
+            .extensions
+            .get::<PresentedFiles>()
+            .unwrap_or_default();
+        // Newest first: a call id an earlier turn also used names this turn's presentation.
+        let mut paths: Vec<String> = Vec::new();
+        for id in presenting {
+            if let Some(entry) = presented.entries.iter().rev().find(|e| e.call_id == id) {
+                for file in &entry.files {
+                    let path = format!("{}/{}", Area::Outputs.virtual_path(), file.name);
+                    if !paths.contains(&path) {
+                        paths.push(path);
+                    }
+                }
+            }
+        }
+        let max_bytes = self.max_file_bytes;
+        tokio::task::spawn_blocking(move || {
+            paths
+                .into_iter()
+                .filter_map(|path| check_paths(&folders, &[path], max_bytes).ok())
+                .flatten()
+                .take(MAX_FILES)
+                .collect()
+        })
+        .await
+        .unwrap_or_default()
+    }
+
     async fn record(&self, cx: &mut RunContext<'_>, call: &ToolCall, output: &mut ToolOutput) {
         let Some(folders) = cx.folders.clone() else {
             *output = ToolOutput::error("Error: the thread's files are not available.");
@@ -197,6 +257,15 @@ impl Middleware for ThreadDataMiddleware {
 
     fn tools(&self) -> Vec<Arc<dyn Tool>> {
         vec![Arc::new(PresentFiles::new(self.max_file_bytes))]
+    }
+
+    async fn before_run(&self, cx: &mut RunContext<'_>) -> Result<(), MiddlewareError> {
+        let earlier = self.presented_earlier(cx).await;
+        if !earlier.is_empty() {
+            tracing::info!(thread = %cx.thread.id, files = earlier.len(), "a resumed turn delivers the files its earlier attempt presented");
+            cx.outputs.files = earlier;
+        }
+        Ok(())
     }
 
     async fn after_tool(
@@ -326,6 +395,80 @@ mod tests {
             name: present_files::TOOL_NAME.to_owned(),
             arguments: serde_json::json!({ "paths": paths }).to_string(),
         }
+    }
+
+    #[tokio::test]
+    async fn a_resumed_turn_delivers_what_its_earlier_attempt_presented() {
+        let dir = tempfile::tempdir().unwrap();
+        let folders = crate::agent::input::ThreadFolders::new(dir.path(), "t").unwrap();
+        folders.create().await.unwrap();
+        for name in ["old.txt", "report.txt", "gone.txt"] {
+            std::fs::write(folders.outputs().join(name), "hello").unwrap();
+        }
+        let mut thread = ThreadState::new("t".into(), "c".into(), 0, 0);
+        let shown = |paths: &[&str]| -> Vec<String> {
+            paths
+                .iter()
+                .map(|p| format!("/mnt/user-data/outputs/{p}"))
+                .collect()
+        };
+        let presentation = |id: &str, names: &[&str]| Presentation {
+            call_id: id.to_owned(),
+            files: names
+                .iter()
+                .map(|n| PresentedSummary {
+                    name: (*n).to_owned(),
+                    media_type: "text/plain".to_owned(),
+                    size: 5,
+                })
+                .collect(),
+        };
+        // An earlier turn presented old.txt with the same call id this turn uses.
+        let earlier_call = present("c0", &[shown(&["old.txt"])[0].as_str()]);
+        thread.messages.push(ChatMessage::user("first"));
+        thread.messages.push(ChatMessage::Assistant {
+            content: String::new(),
+            tool_calls: vec![earlier_call],
+            reasoning: None,
+        });
+        thread.messages.push(ChatMessage::tool("c0", "delivered"));
+        thread.messages.push(ChatMessage::assistant("here"));
+        // This turn, cut short by a crash after its present_files call was answered.
+        let start = thread.messages.len();
+        let paths = shown(&["report.txt", "gone.txt"]);
+        let paths: Vec<&str> = paths.iter().map(String::as_str).collect();
+        thread.messages.push(ChatMessage::user("again"));
+        thread.messages.push(ChatMessage::Assistant {
+            content: String::new(),
+            tool_calls: vec![present("c0", &paths)],
+            reasoning: None,
+        });
+        thread.messages.push(ChatMessage::tool("c0", "delivered"));
+        thread.extensions.set(&PresentedFiles {
+            entries: vec![
+                presentation("c0", &["old.txt"]),
+                presentation("c0", &["report.txt", "gone.txt"]),
+            ],
+        });
+        thread.running = Some(crate::agent::thread::RunningTurn {
+            inbox_seq: 9,
+            start,
+        });
+        std::fs::remove_file(folders.outputs().join("gone.txt")).unwrap();
+
+        let mut cx = test_context(&mut thread);
+        cx.folders = Some(folders.clone());
+        middleware().before_run(&mut cx).await.unwrap();
+        let names: Vec<&str> = cx.outputs.files.iter().map(|f| f.name.as_str()).collect();
+        assert_eq!(names, ["report.txt"], "this turn's files that still exist");
+
+        // A fresh turn (only its user message so far) starts with none.
+        let mut fresh = ThreadState::new("t".into(), "c".into(), 0, 0);
+        fresh.messages.push(ChatMessage::user("new"));
+        let mut cx = test_context(&mut fresh);
+        cx.folders = Some(folders);
+        middleware().before_run(&mut cx).await.unwrap();
+        assert!(cx.outputs.files.is_empty());
     }
 
     #[tokio::test]
