@@ -12,6 +12,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use crate::agent::model::{ModelError, OpenAiClient, OpenAiConfig};
+use crate::agent::tools::mcp::McpServers;
 use antler_channel::ChannelError;
 
 use crate::config::{Config, mask_url};
@@ -147,6 +148,7 @@ async fn check(config_path: &Path) -> Vec<Finding> {
     if config.channels.feishu.enabled {
         findings.push(check_feishu(&config).await);
     }
+    findings.extend(check_mcp(&config).await);
     let platforms = config.channels.enabled_platforms();
     findings.push(if platforms.is_empty() {
         Finding::note(
@@ -156,6 +158,38 @@ async fn check(config_path: &Path) -> Vec<Finding> {
     } else {
         Finding::ok("channels", format!("enabled: {}", platforms.join(", ")))
     });
+    findings
+}
+
+/// Each enabled MCP server: started (or reached) and its tools listed, as `serve` does; a
+/// server that fails is a warning, since antler serves without it.
+async fn check_mcp(config: &Config) -> Vec<Finding> {
+    if !config.mcp.servers.iter().any(|server| server.enabled) {
+        return Vec::new();
+    }
+    let servers = McpServers::connect(&config.mcp.servers).await;
+    let findings = servers
+        .status()
+        .into_iter()
+        .map(|server| match server.error {
+            None => Finding::ok(
+                "mcp",
+                format!(
+                    "{} ({}): {} tools",
+                    server.name, server.transport, server.tools
+                ),
+            ),
+            Some(error) => Finding::warn(
+                "mcp",
+                format!("{} ({}): {error}", server.name, server.transport),
+                format!(
+                    "check the [[mcp.servers]] entry named {:?}; antler serves without its tools",
+                    server.name
+                ),
+            ),
+        })
+        .collect();
+    servers.shutdown().await;
     findings
 }
 

@@ -41,8 +41,8 @@ pub enum SetupError {
         /// What is wrong with it.
         problem: String,
     },
-    /// The Bot API call failed.
-    #[error("the Bot API call failed: {0}")]
+    /// A call to the platform's API failed.
+    #[error("the platform's API call failed: {0}")]
     Api(#[from] ChannelError),
 }
 

@@ -953,6 +953,23 @@ impl Config {
         ));
         lines.push(format!("platforms: {}", list(&platforms)));
         lines.push(format!("middleware: {}", list(&middleware)));
+        let mcp: Vec<String> = self
+            .mcp
+            .servers
+            .iter()
+            .filter(|server| server.enabled)
+            .map(|server| {
+                let transport = if server.command.is_some() {
+                    "stdio"
+                } else {
+                    "http"
+                };
+                format!("{} ({transport})", server.name)
+            })
+            .collect();
+        if !mcp.is_empty() {
+            lines.push(format!("mcp servers: {}", mcp.join(", ")));
+        }
         let subagents = &self.subagents;
         if subagents.enabled {
             let types: Vec<String> = subagents.types().into_iter().map(|t| t.name).collect();

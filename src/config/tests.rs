@@ -1627,6 +1627,16 @@ timeout_secs = 5
     for secret in ["ghp_secret_value", "tok-123456", "key-abcdef"] {
         assert!(!debug.contains(secret), "{secret} shown in {debug}");
     }
+    // The summary names the enabled servers and their transport, nothing more.
+    let summary = config.summary();
+    assert!(
+        summary.lines().any(|l| l == "mcp servers: github (stdio)"),
+        "{summary}"
+    );
+    assert!(
+        !summary.contains("npx") && !summary.contains("ghp_"),
+        "{summary}"
+    );
 }
 
 #[test]

@@ -720,7 +720,10 @@ async fn telegram_set_webhook_refuses_without_an_https_public_url_and_masks_refu
     let (code, stdout, stderr) =
         run_binary(&["telegram", "set-webhook", "--config", &config]).await;
     assert_eq!(code, Some(1), "{stdout}\n{stderr}");
-    assert!(stderr.contains("the Bot API call failed"), "{stderr}");
+    assert!(
+        stderr.contains("the platform's API call failed"),
+        "{stderr}"
+    );
     assert_no_secrets(&stderr);
 }
 

@@ -139,3 +139,44 @@ async fn a_server_that_cannot_start_is_reported_and_antler_still_answers() {
     assert_eq!(answer.json["reply"], "echo: are you there?");
     app.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn doctor_starts_each_server_and_lists_its_tools() {
+    let mock = MockModel::start(Behaviour::Echo).await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("antler.toml");
+    std::fs::write(
+        &config,
+        crate::support::config_text(
+            &mock.base_url(),
+            &dir.path().join("store"),
+            &format!(
+                "[server]\nlisten = \"127.0.0.1:{}\"\n\
+                 [[mcp.servers]]\nname = \"test\"\ncommand = {:?}\n\
+                 [[mcp.servers]]\nname = \"broken\"\ncommand = \"/nonexistent/mcp-server\"\n",
+                crate::support::free_port(),
+                test_server().display().to_string()
+            ),
+        ),
+    )
+    .unwrap();
+    let (code, stdout, _) =
+        crate::support::run_binary(&["doctor", "--config", config.to_str().unwrap()]).await;
+    // A server that cannot start is a warning: antler serves without it.
+    assert_eq!(code, Some(0), "{stdout}");
+    let ok = stdout
+        .lines()
+        .find(|l| l.starts_with("ok    mcp") && l.contains("test (stdio): "))
+        .unwrap_or_else(|| panic!("{stdout}"));
+    assert!(ok.ends_with(" tools") && !ok.contains(": 0 tools"), "{ok}");
+    assert!(
+        stdout
+            .lines()
+            .any(|l| l.starts_with("warn  mcp") && l.contains("broken (stdio)")),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("antler serves without its tools"),
+        "{stdout}"
+    );
+}
