@@ -443,7 +443,7 @@ impl Runtime {
                 messages: std::iter::once(ChatMessage::system(&self.settings.system_prompt))
                     .chain(cx.thread.context().cloned())
                     .collect(),
-                tools: self.tools.specs(),
+                tools: self.tools.specs_for(&cx.input.author),
             };
             self.chain.before_model(cx, &mut request).await?;
             self.finalize(&mut request, last_call, &cx.thread.id);

@@ -5,7 +5,8 @@
 //!
 //! The chat sees a line per task as it starts, as it works (its current tool) and as it ends,
 //! through the call's progress notes (a live reply edits them in place). The `bash` type runs
-//! shell commands and is refused to users who may not run the shell themselves.
+//! shell commands: users who may not run the shell themselves are neither offered it (their
+//! requests' `task` spec leaves it out) nor allowed it.
 //! `subagent_limit` decides how many calls of one response and run may start tasks.
 
 use std::sync::Arc;
@@ -14,7 +15,7 @@ use serde::Deserialize;
 
 use super::executor::{ParentCall, SubagentExecutor, TaskError, TaskRequest};
 use super::registry::{SubagentRecord, SubagentStatus};
-use crate::agent::input::Role;
+use crate::agent::input::{Author, Role};
 use crate::agent::middleware::ToolOutput;
 use crate::agent::model::ToolSpec;
 use crate::agent::tools::{Tool, ToolContext, ToolError, parse_arguments};
@@ -53,13 +54,16 @@ struct TaskArguments {
     subagent_type: String,
 }
 
-#[async_trait::async_trait]
-impl Tool for TaskTool {
-    fn spec(&self) -> ToolSpec {
-        let types: Vec<&str> = self.executor.types().map(|t| t.name.as_str()).collect();
-        let listed: String = self
-            .executor
-            .types()
+impl TaskTool {
+    /// The spec listing the types; `with_shell`: also those that run shell commands.
+    fn spec_with(&self, with_shell: bool) -> ToolSpec {
+        let offered = || {
+            self.executor
+                .types()
+                .filter(move |t| with_shell || !t.needs_shell)
+        };
+        let types: Vec<&str> = offered().map(|t| t.name.as_str()).collect();
+        let listed: String = offered()
             .map(|t| {
                 let shell = if t.needs_shell {
                     " (only for users who may run the shell)"
@@ -100,6 +104,20 @@ impl Tool for TaskTool {
                 "additionalProperties": false
             }),
         }
+    }
+}
+
+#[async_trait::async_trait]
+impl Tool for TaskTool {
+    fn spec(&self) -> ToolSpec {
+        self.spec_with(true)
+    }
+
+    /// Users who may not run the shell are not offered the types that would.
+    fn spec_for(&self, author: &Author) -> Option<ToolSpec> {
+        let hidden =
+            self.executor.types().any(|t| t.needs_shell) && !(self.shell_allowed)(author.role);
+        hidden.then(|| self.spec_with(false))
     }
 
     fn checkpoint_first(&self) -> bool {

@@ -94,6 +94,12 @@ pub(crate) trait Tool: Send + Sync {
         cx: &ToolContext,
     ) -> Result<String, ToolError>;
 
+    /// The spec to offer `author` when it differs from [`Tool::spec`] (a tool whose choices
+    /// depend on the author's rights); `None`: the usual one.
+    fn spec_for(&self, _author: &Author) -> Option<ToolSpec> {
+        None
+    }
+
     /// Whether the thread is saved before a call of this tool runs (calls that start long
     /// work the registry remembers, so a re-run finds it instead of starting it again).
     fn checkpoint_first(&self) -> bool {
@@ -246,8 +252,22 @@ impl ToolRegistry {
     }
 
     /// The specs to offer the model, sorted by name.
+    #[cfg(test)]
     pub(crate) fn specs(&self) -> Vec<Arc<ToolSpec>> {
         self.specs.to_vec()
+    }
+
+    /// The specs to offer the model in a run for `author`, sorted by name.
+    pub(crate) fn specs_for(&self, author: &Author) -> Vec<Arc<ToolSpec>> {
+        self.specs
+            .iter()
+            .map(|spec| {
+                self.tools
+                    .get(&spec.name)
+                    .and_then(|tool| tool.spec_for(author))
+                    .map_or_else(|| Arc::clone(spec), Arc::new)
+            })
+            .collect()
     }
 
     /// Runs one call until it ends, `cx.deadline` passes or `cx.cancel` fires; every

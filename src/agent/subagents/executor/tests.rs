@@ -704,3 +704,44 @@ async fn task_calls_are_saved_before_they_run_so_a_rerun_repeats_the_same_calls(
         .await;
     assert_eq!(*observer.0.lock().unwrap(), ["calls", "result", "result"]);
 }
+
+#[tokio::test]
+async fn users_who_may_not_run_the_shell_are_not_offered_the_bash_type() {
+    let worker = WorkerModel::slow(Duration::ZERO);
+    let Setup { executor, .. } = setup(worker, Duration::from_secs(900), 3);
+    let offered_types = |role: Role| {
+        let executor = executor.clone();
+        async move {
+            let lead_model = Arc::new(ScriptedModel::new(vec![ScriptedModel::text("hi")]));
+            let runtime = lead(
+                lead_model.clone(),
+                executor,
+                Arc::new(|role| role == Role::Admin),
+            );
+            let mut thread = ThreadState::new("t1".into(), "api:c".into(), 0, 0);
+            let mut input = RunInput::text("api", "u1", "go");
+            input.author.role = role;
+            let limits = RunLimits {
+                timeout: Duration::from_secs(60),
+                cancel: CancellationToken::new(),
+            };
+            runtime.run(&mut thread, &input, &Unobserved, &limits).await;
+            let request = lead_model.requests().remove(0);
+            let task = request
+                .tools
+                .iter()
+                .find(|t| t.name == "task")
+                .unwrap()
+                .clone();
+            task.parameters["properties"]["subagent_type"]["enum"].clone()
+        }
+    };
+    assert_eq!(
+        offered_types(Role::User).await,
+        serde_json::json!(["general-purpose"])
+    );
+    assert_eq!(
+        offered_types(Role::Admin).await,
+        serde_json::json!(["bash", "general-purpose"])
+    );
+}
