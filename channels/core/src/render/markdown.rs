@@ -11,6 +11,7 @@
 use super::chunk::Token;
 use super::document::{Block, Document, Inline};
 use super::telegram_html::{plain, table_text};
+use super::writer::TokenWriter;
 
 /// What a dialect does its own way.
 #[derive(Debug)]
@@ -53,6 +54,20 @@ struct Walker<'a> {
     open: Vec<Style>,
 }
 
+impl TokenWriter for Walker<'_> {
+    fn tokens(&mut self) -> &mut Vec<Token> {
+        &mut self.out
+    }
+
+    fn indent(&mut self) -> &mut String {
+        &mut self.indent
+    }
+
+    fn block(&mut self, block: &Block) {
+        self.write_block(block);
+    }
+}
+
 impl Walker<'_> {
     fn open(&mut self, open: &str, close: &str) {
         self.out.push(Token::Open {
@@ -63,18 +78,6 @@ impl Walker<'_> {
 
     fn close(&mut self) {
         self.out.push(Token::Close);
-    }
-
-    /// Output that needs no escaping (markers, newlines, indentation, code).
-    fn raw(&mut self, text: &str) {
-        if text.is_empty() {
-            return;
-        }
-        if let Some(Token::Text(last)) = self.out.last_mut() {
-            last.push_str(text);
-        } else {
-            self.out.push(Token::Text(text.to_owned()));
-        }
     }
 
     /// User text, escaped; line breaks continue the current indentation (a quote's `> `).
@@ -115,27 +118,7 @@ impl Walker<'_> {
         }
     }
 
-    fn newline(&mut self) {
-        self.raw("\n");
-        let indent = std::mem::take(&mut self.indent);
-        self.raw(&indent);
-        self.indent = indent;
-    }
-
-    fn blocks(&mut self, blocks: &[Block], separator: &str) {
-        for (i, block) in blocks.iter().enumerate() {
-            if i > 0 {
-                // Blank lines carry no indentation; only the last newline does.
-                for _ in 1..separator.len() {
-                    self.raw("\n");
-                }
-                self.newline();
-            }
-            self.block(block);
-        }
-    }
-
-    fn block(&mut self, block: &Block) {
+    fn write_block(&mut self, block: &Block) {
         match block {
             Block::Paragraph(content) => self.inlines(content),
             Block::Heading { level, content } if *level <= self.dialect.max_heading => {

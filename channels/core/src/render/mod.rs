@@ -41,6 +41,7 @@ mod feishu_markdown;
 mod markdown;
 mod slack_mrkdwn;
 mod telegram_html;
+mod writer;
 
 pub use chunk::{ChunkError, Limit, Token, chunk, concat};
 pub use discord_markdown::DiscordMarkdown;

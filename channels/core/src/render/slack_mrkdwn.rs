@@ -4,6 +4,7 @@ use super::Renderer;
 use super::chunk::Token;
 use super::document::{Block, Document, Inline};
 use super::telegram_html::{plain, table_text};
+use super::writer::TokenWriter;
 
 /// Slack's mrkdwn: `*bold*`, `_italic_`, `~strike~`, `` `code` ``, ```` ``` ```` code blocks
 /// (their language dropped: Slack ignores it) and `<url|text>` links, with only `&`, `<` and
@@ -44,6 +45,20 @@ struct Walker {
     open: Vec<Style>,
 }
 
+impl TokenWriter for Walker {
+    fn tokens(&mut self) -> &mut Vec<Token> {
+        &mut self.out
+    }
+
+    fn indent(&mut self) -> &mut String {
+        &mut self.indent
+    }
+
+    fn block(&mut self, block: &Block) {
+        self.write_block(block);
+    }
+}
+
 impl Walker {
     fn open(&mut self, open: &str, close: &str) {
         self.out.push(Token::Open {
@@ -54,18 +69,6 @@ impl Walker {
 
     fn close(&mut self) {
         self.out.push(Token::Close);
-    }
-
-    /// Output that needs no escaping (markers, newlines, indentation).
-    fn raw(&mut self, text: &str) {
-        if text.is_empty() {
-            return;
-        }
-        if let Some(Token::Text(last)) = self.out.last_mut() {
-            last.push_str(text);
-        } else {
-            self.out.push(Token::Text(text.to_owned()));
-        }
     }
 
     /// User text: `&`, `<` and `>` as entities, each an atom the chunker never splits; line
@@ -95,27 +98,7 @@ impl Walker {
         self.raw(rest);
     }
 
-    fn newline(&mut self) {
-        self.raw("\n");
-        let indent = std::mem::take(&mut self.indent);
-        self.raw(&indent);
-        self.indent = indent;
-    }
-
-    fn blocks(&mut self, blocks: &[Block], separator: &str) {
-        for (i, block) in blocks.iter().enumerate() {
-            if i > 0 {
-                // Blank lines carry no indentation; only the last newline does.
-                for _ in 1..separator.len() {
-                    self.raw("\n");
-                }
-                self.newline();
-            }
-            self.block(block);
-        }
-    }
-
-    fn block(&mut self, block: &Block) {
+    fn write_block(&mut self, block: &Block) {
         match block {
             Block::Paragraph(content) => self.inlines(content),
             Block::Heading { content, .. } => self.styled(Style::Bold, content),

@@ -3,6 +3,7 @@
 use super::Renderer;
 use super::chunk::Token;
 use super::document::{Block, Document, Inline};
+use super::writer::TokenWriter;
 
 /// Telegram's `parse_mode=HTML`: `<b>`, `<i>`, `<s>`, `<code>`, `<pre>`, `<a href>` and
 /// `<blockquote>`, with only `&`, `<` and `>` escaped in text (and `"` in links).
@@ -46,6 +47,20 @@ struct Walker {
     indent: String,
 }
 
+impl TokenWriter for Walker {
+    fn tokens(&mut self) -> &mut Vec<Token> {
+        &mut self.out
+    }
+
+    fn indent(&mut self) -> &mut String {
+        &mut self.indent
+    }
+
+    fn block(&mut self, block: &Block) {
+        self.write_block(block);
+    }
+}
+
 impl Walker {
     fn open(&mut self, open: String, close: &str) {
         if self.html {
@@ -59,18 +74,6 @@ impl Walker {
     fn close(&mut self) {
         if self.html {
             self.out.push(Token::Close);
-        }
-    }
-
-    /// Output that needs no escaping (markers, newlines, indentation).
-    fn raw(&mut self, text: &str) {
-        if text.is_empty() {
-            return;
-        }
-        if let Some(Token::Text(last)) = self.out.last_mut() {
-            last.push_str(text);
-        } else {
-            self.out.push(Token::Text(text.to_owned()));
         }
     }
 
@@ -93,27 +96,7 @@ impl Walker {
         self.raw(rest);
     }
 
-    fn newline(&mut self) {
-        self.raw("\n");
-        let indent = std::mem::take(&mut self.indent);
-        self.raw(&indent);
-        self.indent = indent;
-    }
-
-    fn blocks(&mut self, blocks: &[Block], separator: &str) {
-        for (i, block) in blocks.iter().enumerate() {
-            if i > 0 {
-                // Blank lines carry no indentation; only the last newline does.
-                for _ in 1..separator.len() {
-                    self.raw("\n");
-                }
-                self.newline();
-            }
-            self.block(block);
-        }
-    }
-
-    fn block(&mut self, block: &Block) {
+    fn write_block(&mut self, block: &Block) {
         match block {
             Block::Paragraph(content) => self.inlines(content),
             Block::Heading { content, .. } => {
