@@ -103,28 +103,8 @@ impl Walker {
             Block::Paragraph(content) => self.inlines(content),
             Block::Heading { content, .. } => self.styled(Style::Bold, content),
             Block::Code { text, .. } => self.code_block(text),
-            Block::Quote(blocks) => {
-                self.raw("> ");
-                self.indent.push_str("> ");
-                self.blocks(blocks, "\n");
-                self.indent.truncate(self.indent.len() - 2);
-            }
-            Block::List { start, items } => {
-                for (n, item) in items.iter().enumerate() {
-                    if n > 0 {
-                        self.newline();
-                    }
-                    let marker = match start {
-                        Some(first) => format!("{}. ", first.saturating_add(n as u64)),
-                        None => "• ".to_owned(),
-                    };
-                    self.raw(&marker);
-                    let saved = self.indent.len();
-                    self.indent.push_str(&" ".repeat(marker.chars().count()));
-                    self.blocks(item, "\n");
-                    self.indent.truncate(saved);
-                }
-            }
+            Block::Quote(blocks) => self.prefixed_quote(blocks),
+            Block::List { start, items } => self.list(*start, items, "• "),
             Block::Rule => self.raw("———"),
             Block::Table(rows) => self.table(rows),
         }

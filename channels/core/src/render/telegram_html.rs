@@ -121,28 +121,10 @@ impl Walker {
                     self.blocks(blocks, "\n");
                     self.close();
                 } else {
-                    self.raw("> ");
-                    self.indent.push_str("> ");
-                    self.blocks(blocks, "\n");
-                    self.indent.truncate(self.indent.len() - 2);
+                    self.prefixed_quote(blocks);
                 }
             }
-            Block::List { start, items } => {
-                for (n, item) in items.iter().enumerate() {
-                    if n > 0 {
-                        self.newline();
-                    }
-                    let marker = match start {
-                        Some(first) => format!("{}. ", first.saturating_add(n as u64)),
-                        None => "• ".to_owned(),
-                    };
-                    self.raw(&marker);
-                    let saved = self.indent.len();
-                    self.indent.push_str(&" ".repeat(marker.chars().count()));
-                    self.blocks(item, "\n");
-                    self.indent.truncate(saved);
-                }
-            }
+            Block::List { start, items } => self.list(*start, items, "• "),
             Block::Rule => self.raw("———"),
             Block::Table(rows) => self.table(rows),
         }

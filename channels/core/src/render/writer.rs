@@ -38,6 +38,34 @@ pub(super) trait TokenWriter {
         *self.indent() = indent;
     }
 
+    /// A quote as `> ` at the start of each of its lines.
+    fn prefixed_quote(&mut self, blocks: &[Block]) {
+        self.raw("> ");
+        self.indent().push_str("> ");
+        self.blocks(blocks, "\n");
+        let indent = self.indent();
+        indent.truncate(indent.len().saturating_sub(2));
+    }
+
+    /// A list: each item after its marker (`1. `, counting from `start`, or `bullet`), its
+    /// continuation lines indented under the marker.
+    fn list(&mut self, start: Option<u64>, items: &[Vec<Block>], bullet: &str) {
+        for (n, item) in items.iter().enumerate() {
+            if n > 0 {
+                self.newline();
+            }
+            let marker = match start {
+                Some(first) => format!("{}. ", first.saturating_add(n as u64)),
+                None => bullet.to_owned(),
+            };
+            self.raw(&marker);
+            let saved = self.indent().len();
+            self.indent().push_str(&" ".repeat(marker.chars().count()));
+            self.blocks(item, "\n");
+            self.indent().truncate(saved);
+        }
+    }
+
     /// `blocks`, `separator` (newlines) between them.
     fn blocks(&mut self, blocks: &[Block], separator: &str) {
         for (i, block) in blocks.iter().enumerate() {
