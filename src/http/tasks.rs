@@ -128,9 +128,13 @@ pub(crate) async fn cancel(
             .ok_or_else(|| not_found(&id))?;
         return Err(ended(&record));
     };
-    let outcome = executor
-        .cancel(&id)
+    // In a task of its own: the record written and the task stopped, whether or not the
+    // client waits for the answer.
+    let cancelling = executor.clone();
+    let task = id.clone();
+    let outcome = tokio::spawn(async move { cancelling.cancel(&task).await })
         .await
+        .map_err(|e| ApiError::Internal(e.to_string()))?
         .map_err(|e| ApiError::Internal(e.to_string()))?;
     match outcome {
         CancelOutcome::Unknown => Err(not_found(&id)),

@@ -36,14 +36,21 @@ pub(crate) type ShellPolicy = Arc<dyn Fn(Role) -> bool + Send + Sync>;
 pub(crate) struct TaskTool {
     executor: SubagentExecutor,
     shell_allowed: ShellPolicy,
+    /// The spec for users who may not run the shell, made once; `None` when no type runs it.
+    without_shell: Option<Arc<ToolSpec>>,
 }
 
 impl TaskTool {
     pub(crate) fn new(executor: SubagentExecutor, shell_allowed: ShellPolicy) -> Self {
-        Self {
+        let mut tool = Self {
             executor,
             shell_allowed,
+            without_shell: None,
+        };
+        if tool.executor.types().any(|t| t.needs_shell) {
+            tool.without_shell = Some(Arc::new(tool.spec_with(false)));
         }
+        tool
     }
 }
 
@@ -114,10 +121,9 @@ impl Tool for TaskTool {
     }
 
     /// Users who may not run the shell are not offered the types that would.
-    fn spec_for(&self, author: &Author) -> Option<ToolSpec> {
-        let hidden =
-            self.executor.types().any(|t| t.needs_shell) && !(self.shell_allowed)(author.role);
-        hidden.then(|| self.spec_with(false))
+    fn spec_for(&self, author: &Author) -> Option<Arc<ToolSpec>> {
+        let spec = self.without_shell.as_ref()?;
+        (!(self.shell_allowed)(author.role)).then(|| Arc::clone(spec))
     }
 
     fn checkpoint_first(&self) -> bool {

@@ -96,7 +96,7 @@ pub(crate) trait Tool: Send + Sync {
 
     /// The spec to offer `author` when it differs from [`Tool::spec`] (a tool whose choices
     /// depend on the author's rights); `None`: the usual one.
-    fn spec_for(&self, _author: &Author) -> Option<ToolSpec> {
+    fn spec_for(&self, _author: &Author) -> Option<Arc<ToolSpec>> {
         None
     }
 
@@ -265,7 +265,7 @@ impl ToolRegistry {
                 self.tools
                     .get(&spec.name)
                     .and_then(|tool| tool.spec_for(author))
-                    .map_or_else(|| Arc::clone(spec), Arc::new)
+                    .unwrap_or_else(|| Arc::clone(spec))
             })
             .collect()
     }
