@@ -49,7 +49,7 @@ use crate::agent::tools::web_fetch::WebFetch;
 use crate::agent::tools::{Tool, ToolRegistry};
 use crate::config::Config;
 use crate::config::TelegramMode;
-use crate::delivery::{Delivery, RetryPolicy};
+use crate::delivery::{Delivery, ReplyFiles, RetryPolicy};
 use crate::events::EventHub;
 use crate::http::guard::{ApiAuth, HostPolicy};
 use crate::http::serve::{ServeLimits, serve as serve_http};
@@ -616,6 +616,10 @@ where
             max_attempts: config.delivery.max_attempts,
             backoff_base: Duration::from_millis(config.delivery.backoff_base_ms),
             backoff_max: Duration::from_secs(config.delivery.backoff_max_secs),
+        },
+        ReplyFiles {
+            data_root: config.store.path.clone(),
+            max_bytes: config.agent.max_attachment_bytes,
         },
         deliveries.clone(),
         delivery_stop.clone(),

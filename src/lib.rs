@@ -23,6 +23,7 @@
 
 pub(crate) mod agent;
 mod app;
+mod beneath;
 pub mod chat;
 pub mod cli;
 pub mod config;

@@ -4,8 +4,8 @@
 use std::sync::Mutex;
 
 use antler_channel::{
-    Channel, ChannelError, ConversationKey, EditRate, InboundEvent, Limits, OutboundFile,
-    OutboundMessage, Parsed, Part, Receipt, UserRef, WebhookRequest,
+    Channel, ChannelError, ConversationKey, EditRate, FileContent, InboundEvent, Limits,
+    OutboundFile, OutboundMessage, Parsed, Part, Receipt, UserRef, WebhookRequest,
 };
 
 /// An API-channel message from user `u1` in `conversation`.
@@ -113,14 +113,17 @@ impl Channel for RecordingChannel {
         &self,
         _: &OutboundMessage,
         file: &OutboundFile,
+        content: FileContent,
     ) -> Result<Receipt, ChannelError> {
         if let Some(failure) = self.next_failure() {
             return Err(failure);
         }
+        let mut bytes = String::new();
+        std::io::Read::read_to_string(&mut { content.file }, &mut bytes).unwrap();
         self.sent
             .lock()
             .unwrap()
-            .push(format!("file:{}", file.name));
+            .push(format!("file:{}={bytes}", file.name));
         Ok(Receipt {
             platform_message_id: format!("pm-file-{}", file.name),
         })

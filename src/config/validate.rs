@@ -274,6 +274,12 @@ fn agent(config: &Config, v: &mut Issues) {
     }
     sandbox_audit(&agent.middleware.sandbox_audit, v);
 
+    v.at_least(
+        "agent.middleware.tool_output_budget.quota_mb",
+        agent.middleware.tool_output_budget.quota_mb,
+        1,
+    );
+
     let title = &agent.middleware.title;
     v.at_least("agent.middleware.title.max_words", title.max_words, 1);
     v.at_least("agent.middleware.title.max_chars", title.max_chars, 8);

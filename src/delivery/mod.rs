@@ -8,22 +8,32 @@
 //! conversation go out in order; a slow or rate-limited chat does
 //! not hold up the others. On start, every pending item is queued again.
 //!
-//! A reply's files ([`antler_channel::OutboundFile`], paths under the thread's outputs) go
+//! A reply's files ([`antler_channel::OutboundFile`], names under the thread's outputs) go
 //! out after its text, each as one more recorded part, on channels that send files
-//! ([`Channel::sends_files`]); elsewhere the text gets a line per file naming it instead.
+//! ([`Channel::sends_files`]); elsewhere the text gets a line per file naming it instead. Each
+//! file is opened here, beneath the thread's outputs folder with links refused and checked on
+//! the open file ([`open_presented`]), and the channel gets that open file: the sandbox may
+//! have swapped the file for a link since it was presented, and then it is not sent; a short
+//! note in the chat says so instead.
 
 mod draft;
 
 pub(crate) use draft::Draft;
 
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use antler_channel::{Channel, ChannelError, OutboundMessage, Part, Receipt};
+use antler_channel::{
+    Channel, ChannelError, FileContent, OutboundFile, OutboundMessage, Part, Receipt,
+};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::agent::input::ThreadFolders;
+use crate::agent::tools::present_files::open_presented;
+use crate::beneath::Refused;
 use crate::ingress::attachments::human_size;
 use crate::lanes::Lanes;
 use crate::store::{OutboxItem, Store, StoreError};
@@ -50,6 +60,32 @@ impl RetryPolicy {
     }
 }
 
+/// Where the files of replies are: the store's folder (threads are under `threads/`) and the
+/// largest file sent (`agent.max_attachment_bytes`).
+#[derive(Debug, Clone)]
+pub(crate) struct ReplyFiles {
+    pub(crate) data_root: PathBuf,
+    pub(crate) max_bytes: u64,
+}
+
+impl ReplyFiles {
+    /// Opens `file` of the reply to `thread_id` for sending (see the module doc).
+    async fn open(&self, thread_id: &str, file: &OutboundFile) -> Result<FileContent, Refused> {
+        let folders =
+            ThreadFolders::new(&self.data_root, thread_id).map_err(|_| Refused::Outside)?;
+        let name = file.name.clone();
+        let max_bytes = self.max_bytes;
+        let opened =
+            tokio::task::spawn_blocking(move || open_presented(&folders, &name, max_bytes))
+                .await
+                .map_err(|e| Refused::Io(std::io::Error::other(e.to_string())))??;
+        Ok(FileContent {
+            file: opened.file,
+            size: opened.size,
+        })
+    }
+}
+
 /// Sends outbox items. Cloning shares it.
 #[derive(Clone)]
 pub(crate) struct Delivery {
@@ -73,10 +109,12 @@ impl Delivery {
         store: Arc<dyn Store>,
         channels: HashMap<String, Arc<dyn Channel>>,
         policy: RetryPolicy,
+        files: ReplyFiles,
         tracker: TaskTracker,
         stop: CancellationToken,
     ) -> Self {
         let channels = Arc::new(channels);
+        let files = Arc::new(files);
         let lanes = {
             let channels = Arc::clone(&channels);
             let lane_stop = stop.clone();
@@ -84,8 +122,9 @@ impl Delivery {
                 move |item: OutboxItem| {
                     let store = Arc::clone(&store);
                     let channels = Arc::clone(&channels);
+                    let files = Arc::clone(&files);
                     let stop = stop.clone();
-                    async move { deliver(store.as_ref(), &channels, policy, &stop, item).await }
+                    async move { deliver(store.as_ref(), &channels, &files, policy, &stop, item).await }
                 },
                 tracker,
                 lane_stop,
@@ -112,6 +151,7 @@ impl Delivery {
 async fn deliver(
     store: &dyn Store,
     channels: &HashMap<String, Arc<dyn Channel>>,
+    files: &ReplyFiles,
     policy: RetryPolicy,
     stop: &CancellationToken,
     mut item: OutboxItem,
@@ -132,7 +172,7 @@ async fn deliver(
     loop {
         metrics::counter!("antler_delivery_attempts_total", "channel" => channel_label)
             .increment(1);
-        let error = match send_parts(store, channel.as_ref(), &mut item).await {
+        let error = match send_parts(store, channel.as_ref(), files, &mut item).await {
             Ok(()) => return,
             Err(SendError::Store(e)) => {
                 // Sent but not recorded: it may be sent again after a restart.
@@ -207,6 +247,7 @@ fn text_with_file_names(message: &OutboundMessage, sends_files: bool) -> String 
 async fn send_parts(
     store: &dyn Store,
     channel: &dyn Channel,
+    files: &ReplyFiles,
     item: &mut OutboxItem,
 ) -> Result<(), SendError> {
     let sends_files = channel.sends_files();
@@ -217,12 +258,12 @@ async fn send_parts(
             "the answer is empty".to_owned(),
         )));
     }
-    let files = if sends_files {
+    let file_parts = if sends_files {
         item.message.files.len()
     } else {
         0
     };
-    let total = parts.len() + files;
+    let total = parts.len() + file_parts;
     while item.parts.len() < total {
         let index = item.parts.len();
         let receipt = match parts.get(index) {
@@ -231,18 +272,7 @@ async fn send_parts(
                 let Some(file) = item.message.files.get(index - parts.len()) else {
                     break;
                 };
-                match channel.send_file(&item.message, file).await {
-                    Ok(receipt) => receipt,
-                    Err(e) if e.is_retryable() => return Err(SendError::Channel(e)),
-                    Err(e) => {
-                        tracing::warn!(seq = item.seq, error = %e, "a file of the reply cannot be sent; skipped");
-                        metrics::counter!("antler_delivery_files_skipped_total").increment(1);
-                        // Recorded with no platform id: skipped, never tried again.
-                        Receipt {
-                            platform_message_id: String::new(),
-                        }
-                    }
-                }
+                send_file(channel, files, item, index, file).await?
             }
         };
         let complete = index + 1 == total;
@@ -252,6 +282,52 @@ async fn send_parts(
             .map_err(SendError::Store)?;
     }
     Ok(())
+}
+
+/// Sends file `file` of `item` as part `index`: opened and checked here, then handed to the
+/// channel. A file that is no longer what was presented (gone, a link, a hard link, too large)
+/// is not sent; a note in the chat says so in its place. A file the platform refuses for good
+/// is logged and skipped, so it does not hold back the files after it.
+async fn send_file(
+    channel: &dyn Channel,
+    files: &ReplyFiles,
+    item: &OutboxItem,
+    index: usize,
+    file: &OutboundFile,
+) -> Result<Receipt, SendError> {
+    let content = match files.open(&item.message.thread_id, file).await {
+        Ok(content) => content,
+        Err(refused) => {
+            tracing::warn!(seq = item.seq, file = %file.name, reason = %refused, "a file of the reply is not sent");
+            metrics::counter!("antler_delivery_files_refused_total").increment(1);
+            let note = format!(
+                "⚠️ {} was not sent: it changed after it was presented (it {refused}).",
+                file.file_name()
+            );
+            let rendered = channel.render(&note).map_err(SendError::Channel)?;
+            let Some(body) = rendered.first() else {
+                return Ok(Receipt {
+                    platform_message_id: String::new(),
+                });
+            };
+            return channel
+                .send(&item.message, Part { index, body })
+                .await
+                .map_err(SendError::Channel);
+        }
+    };
+    match channel.send_file(&item.message, file, content).await {
+        Ok(receipt) => Ok(receipt),
+        Err(e) if e.is_retryable() => Err(SendError::Channel(e)),
+        Err(e) => {
+            tracing::warn!(seq = item.seq, error = %e, "a file of the reply cannot be sent; skipped");
+            metrics::counter!("antler_delivery_files_skipped_total").increment(1);
+            // Recorded with no platform id: skipped, never tried again.
+            Ok(Receipt {
+                platform_message_id: String::new(),
+            })
+        }
+    }
 }
 
 /// Sends one text part: the first replaces the draft when there is one.

@@ -50,11 +50,30 @@ fn policy(max_attempts: u32) -> RetryPolicy {
     }
 }
 
+/// Reply files under `data_root` (thread `t1`'s outputs are `<data_root>/threads/t1/outputs`).
+fn reply_files(data_root: &std::path::Path) -> ReplyFiles {
+    ReplyFiles {
+        data_root: data_root.to_path_buf(),
+        max_bytes: 1024,
+    }
+}
+
 async fn run(
     channel: Arc<RecordingChannel>,
     store: Arc<SledStore>,
     items: Vec<OutboxItem>,
     max: u32,
+) {
+    let no_files = tempfile::tempdir().unwrap();
+    run_with_files(channel, store, items, max, &reply_files(no_files.path())).await;
+}
+
+async fn run_with_files(
+    channel: Arc<RecordingChannel>,
+    store: Arc<SledStore>,
+    items: Vec<OutboxItem>,
+    max: u32,
+    files: &ReplyFiles,
 ) {
     let tracker = TaskTracker::new();
     let channels = HashMap::from([("api".to_owned(), channel as Arc<dyn Channel>)]);
@@ -62,6 +81,7 @@ async fn run(
         store,
         channels,
         policy(max),
+        files.clone(),
         tracker.clone(),
         CancellationToken::new(),
     );
@@ -192,8 +212,18 @@ fn file(name: &str, size: u64) -> antler_channel::OutboundFile {
         name: name.to_owned(),
         media_type: "text/plain".to_owned(),
         size,
-        path: std::path::PathBuf::from(format!("/data/threads/t1/outputs/{name}")),
     }
+}
+
+/// A store folder whose thread `t1` has `files` (name, bytes) in its outputs.
+fn outputs_with(files: &[(&str, &str)]) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let outputs = dir.path().join("threads/t1/outputs");
+    std::fs::create_dir_all(&outputs).unwrap();
+    for (name, bytes) in files {
+        std::fs::write(outputs.join(name), bytes).unwrap();
+    }
+    dir
 }
 
 /// One reply with `files`, finished as inbox item `inbox_seq`.
@@ -254,6 +284,7 @@ async fn files_follow_the_text_each_once_and_a_lost_file_is_skipped() {
         vec![file("a.txt", 1), file("gone.txt", 1), file("c.txt", 1)],
     )
     .await;
+    let data = outputs_with(&[("a.txt", "a"), ("gone.txt", "g"), ("c.txt", "c")]);
     let channel = Arc::new(RecordingChannel {
         separator: Some("|"),
         sends_files: true,
@@ -269,8 +300,12 @@ async fn files_follow_the_text_each_once_and_a_lost_file_is_skipped() {
             .unwrap();
         store.part_delivered(seq, receipt, false, 2).await.unwrap();
     }
+    let content = reply_files(data.path())
+        .open("t1", &items[0].message.files[0])
+        .await
+        .unwrap();
     let receipt = channel
-        .send_file(&items[0].message, &items[0].message.files[0])
+        .send_file(&items[0].message, &items[0].message.files[0], content)
         .await
         .unwrap();
     store.part_delivered(seq, receipt, false, 2).await.unwrap();
@@ -279,8 +314,18 @@ async fn files_follow_the_text_each_once_and_a_lost_file_is_skipped() {
         ChannelError::Permanent("no such file".into()),
     ];
     let resumed = store.outbox_item(seq).await.unwrap().unwrap();
-    run(Arc::clone(&channel), Arc::clone(&store), vec![resumed], 5).await;
-    assert_eq!(channel.sent(), ["one", "two", "file:a.txt", "file:c.txt"]);
+    run_with_files(
+        Arc::clone(&channel),
+        Arc::clone(&store),
+        vec![resumed],
+        5,
+        &reply_files(data.path()),
+    )
+    .await;
+    assert_eq!(
+        channel.sent(),
+        ["one", "two", "file:a.txt=a", "file:c.txt=c"]
+    );
     let done = store.outbox_item(seq).await.unwrap().unwrap();
     assert_eq!(done.status, OutboxStatus::Sent);
     let ids: Vec<&str> = done
@@ -292,6 +337,61 @@ async fn files_follow_the_text_each_once_and_a_lost_file_is_skipped() {
         ids,
         ["pm-one", "pm-two", "pm-file-a.txt", "", "pm-file-c.txt"]
     );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_file_swapped_for_a_link_or_a_hard_link_is_not_sent_and_a_note_says_so() {
+    let store = Arc::new(SledStore::temporary().unwrap());
+    let items = outbox_with_files(
+        &store,
+        1,
+        "Here.",
+        vec![
+            file("report.txt", 2),
+            file("hard.txt", 2),
+            file("big.txt", 2),
+            file("ok.txt", 2),
+        ],
+    )
+    .await;
+    let data = outputs_with(&[("ok.txt", "ok"), ("big.txt", &"x".repeat(2000))]);
+    let secret = data.path().join("antler.toml");
+    std::fs::write(&secret, "token = \"SECRET\"").unwrap();
+    let outputs = data.path().join("threads/t1/outputs");
+    // Presented as regular files, then swapped by the sandbox before delivery.
+    std::os::unix::fs::symlink(&secret, outputs.join("report.txt")).unwrap();
+    std::fs::hard_link(&secret, outputs.join("hard.txt")).unwrap();
+    let channel = Arc::new(RecordingChannel {
+        sends_files: true,
+        ..RecordingChannel::default()
+    });
+    run_with_files(
+        Arc::clone(&channel),
+        Arc::clone(&store),
+        items.clone(),
+        5,
+        &reply_files(data.path()),
+    )
+    .await;
+    let sent = channel.sent();
+    assert_eq!(sent.len(), 5, "{sent:?}");
+    assert_eq!(sent[0], "Here.");
+    assert!(
+        sent[1].contains("report.txt was not sent") && sent[1].contains("symbolic link"),
+        "{sent:?}"
+    );
+    assert!(
+        sent[2].contains("hard.txt was not sent") && sent[2].contains("hard link"),
+        "{sent:?}"
+    );
+    assert!(
+        sent[3].contains("big.txt was not sent") && sent[3].contains("more than the 1024"),
+        "{sent:?}"
+    );
+    assert_eq!(sent[4], "file:ok.txt=ok");
+    assert!(!sent.iter().any(|s| s.contains("SECRET")), "{sent:?}");
+    let done = store.outbox_item(items[0].seq).await.unwrap().unwrap();
+    assert_eq!(done.status, OutboxStatus::Sent);
 }
 
 #[test]
@@ -315,6 +415,7 @@ async fn channels_are_found_by_name() {
         store,
         HashMap::from([("api".to_owned(), channel)]),
         policy(1),
+        reply_files(std::path::Path::new("/nonexistent")),
         TaskTracker::new(),
         CancellationToken::new(),
     );

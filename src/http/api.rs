@@ -35,8 +35,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use antler_channel::{
-    AttachmentRef, AttachmentSource, Channel, ChannelError, InboundEvent, OutboundFile,
-    OutboundMessage, Parsed, Part, Receipt, UserRef, WebhookRequest,
+    AttachmentRef, AttachmentSource, Channel, ChannelError, FileContent, InboundEvent,
+    OutboundFile, OutboundMessage, Parsed, Part, Receipt, UserRef, WebhookRequest,
 };
 use axum::extract::{Path, Request, State};
 use axum::http::StatusCode;
@@ -56,8 +56,8 @@ use crate::agent::input::ThreadFolders;
 use crate::agent::message::ChatMessage;
 use crate::agent::middleware::thread_data::PresentedFiles;
 use crate::agent::thread::ThreadState;
-use crate::agent::tools::paths::Area;
-use crate::agent::tools::present_files::check_paths;
+use crate::agent::tools::paths::{Area, PathAccess};
+use crate::agent::tools::present_files::{media_type, open_presented};
 use crate::events::{EventHub, FileLink, Subscription, ThreadEvent};
 use crate::ingress::IngressError;
 use crate::ingress::attachments::{
@@ -355,6 +355,7 @@ impl Channel for ApiChannel {
         &self,
         message: &OutboundMessage,
         file: &OutboundFile,
+        _content: FileContent,
     ) -> Result<Receipt, ChannelError> {
         Ok(Receipt {
             platform_message_id: format!("{}:{}", message.idempotency_key, file.name),
@@ -823,16 +824,23 @@ pub(crate) async fn get_file(
     let folders = ThreadFolders::new(&state.data_root, &id).map_err(|_| no_file(&name))?;
     let max_bytes = state.max_attachment_bytes;
     let virtual_path = format!("{}/{name}", Area::Outputs.virtual_path());
+    // The name is checked as the tool checks it (inside outputs, no `..`), then opened once,
+    // beneath the outputs folder with links refused, and what was opened is what is sent.
     let opened =
         tokio::task::spawn_blocking(move || -> Option<(std::fs::File, u64, String, String)> {
-            let file = check_paths(&folders, &[virtual_path], max_bytes)
-                .ok()?
-                .into_iter()
-                .next()?;
-            let opened = std::fs::File::open(&file.host).ok()?;
-            // The size of what was opened (the check looked at the path a moment earlier).
-            let size = opened.metadata().ok()?.len();
-            (size <= max_bytes).then_some((opened, size, file.name, file.media_type))
+            let resolved = folders.resolve(&virtual_path, PathAccess::Read).ok()?;
+            if resolved.area != Area::Outputs {
+                return None;
+            }
+            let name = resolved
+                .relative
+                .components()
+                .map(|c| c.as_os_str().to_string_lossy().into_owned())
+                .collect::<Vec<_>>()
+                .join("/");
+            let opened = open_presented(&folders, &name, max_bytes).ok()?;
+            let media_type = media_type(&name).to_owned();
+            Some((opened.file, opened.size, name, media_type))
         })
         .await
         .map_err(|e| ApiError::Internal(e.to_string()))?;

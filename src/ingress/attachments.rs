@@ -12,16 +12,18 @@
 //! bidi characters, leading dots, length), its declared size, its actual size, and how long
 //! the platform takes to hand it over.
 
-use std::io;
+use std::ffi::OsStr;
+use std::io::{self, Read as _};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use antler_channel::{AttachmentRef, AttachmentSource, Channel, ChannelError};
 use base64::Engine as _;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::time::Instant;
 
 use crate::agent::input::{Attachment, ThreadFolders};
+use crate::agent::tools::paths::Area;
+use crate::beneath::{Dir, EntryKind, Refused};
 use crate::delivery::RetryPolicy;
 
 /// The most files one message may bring.
@@ -320,19 +322,19 @@ pub(crate) async fn fetch_attachments(
     max_bytes: u64,
 ) -> Result<Vec<Attachment>, AttachmentError> {
     folders.create().await.map_err(AttachmentError::Folders)?;
-    let uploads = folders.uploads();
     let deadline = Instant::now() + FETCH_BUDGET;
     let mut stored = Vec::with_capacity(refs.len());
     for attachment in refs {
         let name = safe_file_name(&attachment.name).unwrap_or_else(|| FALLBACK_NAME.to_owned());
         let bytes = load(channel, attachment, &name, max_bytes, deadline).await?;
-        let (name, path) = store_file(&uploads, &name, &bytes)
-            .await
-            .map_err(|source| AttachmentError::Store {
-                name: name.clone(),
-                source,
-            })?;
         let size = len_u64(&bytes);
+        let (name, path) =
+            store_file(folders, &name, bytes)
+                .await
+                .map_err(|source| AttachmentError::Store {
+                    name: name.clone(),
+                    source,
+                })?;
         tracing::debug!(file = %name, size, "attachment stored");
         stored.push(Attachment {
             name,
@@ -450,42 +452,62 @@ async fn download(
     }
 }
 
-/// Stores `bytes` in `dir` as `name`, or as the first free `name (n)`; a file already there
-/// with exactly these bytes is reused. Returns the name and path used.
-async fn store_file(dir: &Path, name: &str, bytes: &[u8]) -> io::Result<(String, PathBuf)> {
-    for n in 1..=MAX_NAME_VARIANTS {
-        let candidate = numbered(name, n);
-        let path = dir.join(&candidate);
-        match tokio::fs::symlink_metadata(&path).await {
-            // Only a regular file can be ours; a link or a folder the agent made is skipped.
-            Ok(meta) if meta.is_file() && meta.len() == len_u64(bytes) => {
-                if same_content(&path, bytes).await {
+/// Stores `bytes` in the thread's uploads as `name`, or as the first free `name (n)`; a file
+/// already there with exactly these bytes is reused. Returns the name and path used.
+///
+/// Everything happens beneath a handle on the uploads folder with links refused
+/// ([`crate::beneath`]): a name taken by a link or a folder is skipped, never followed, and a
+/// new file is written to a temporary name, synced, then renamed into place, so a crash never
+/// leaves half a file under the real name.
+async fn store_file(
+    folders: &ThreadFolders,
+    name: &str,
+    bytes: Vec<u8>,
+) -> io::Result<(String, PathBuf)> {
+    let folders = folders.clone();
+    let name = name.to_owned();
+    tokio::task::spawn_blocking(move || {
+        let uploads = folders.open_area(Area::Uploads).map_err(Refused::into_io)?;
+        for n in 1..=MAX_NAME_VARIANTS {
+            let candidate = numbered(&name, n);
+            match uploads.stat(Path::new(&candidate)) {
+                // Only a regular file can be ours; a link or a folder the agent made is skipped.
+                Ok(entry) if entry.kind == EntryKind::File && entry.size == len_u64(&bytes) => {
+                    if same_content(&uploads, &candidate, &bytes) {
+                        let path = folders.uploads().join(&candidate);
+                        return Ok((candidate, path));
+                    }
+                }
+                Ok(_) => {}
+                Err(Refused::NotFound) => {
+                    uploads
+                        .replace(OsStr::new(&candidate), &bytes, true)
+                        .map_err(Refused::into_io)?;
+                    let path = folders.uploads().join(&candidate);
                     return Ok((candidate, path));
                 }
+                Err(e) => return Err(e.into_io()),
             }
-            Ok(_) => {}
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                write_new(dir, &candidate, &path, bytes).await?;
-                return Ok((candidate, path));
-            }
-            Err(e) => return Err(e),
         }
-    }
-    Err(io::Error::new(
-        io::ErrorKind::AlreadyExists,
-        format!("{MAX_NAME_VARIANTS} files of this name exist already"),
-    ))
+        Err(io::Error::new(
+            io::ErrorKind::AlreadyExists,
+            format!("{MAX_NAME_VARIANTS} files of this name exist already"),
+        ))
+    })
+    .await
+    .map_err(|e| io::Error::other(e.to_string()))?
 }
 
-/// Whether the file at `path` holds exactly `bytes` (read in chunks, not whole).
-async fn same_content(path: &Path, bytes: &[u8]) -> bool {
-    let Ok(mut file) = tokio::fs::File::open(path).await else {
+/// Whether the file `name` of `uploads` holds exactly `bytes` (read in chunks, not whole).
+fn same_content(uploads: &Dir, name: &str, bytes: &[u8]) -> bool {
+    let Ok(opened) = uploads.open_file(Path::new(name), len_u64(bytes)) else {
         return false;
     };
+    let mut file = opened.file;
     let mut buffer = vec![0u8; 64 * 1024];
     let mut rest = bytes;
     loop {
-        let read = match file.read(&mut buffer).await {
+        let read = match file.read(&mut buffer) {
             Ok(read) => read,
             Err(_) => return false,
         };
@@ -500,38 +522,6 @@ async fn same_content(path: &Path, bytes: &[u8]) -> bool {
             None => return false,
         }
     }
-}
-
-/// Writes `bytes` to the new file `path` (owner-only): to `.<name>.part` first, synced, then
-/// renamed, so `path` never holds part of a file. A temporary file left by a crash is
-/// replaced, never followed: it is removed and made anew with `create_new`, which refuses a
-/// link.
-async fn write_new(dir: &Path, name: &str, path: &Path, bytes: &[u8]) -> io::Result<()> {
-    let temporary = dir.join(format!(".{name}.part"));
-    match tokio::fs::remove_file(&temporary).await {
-        Ok(()) => {}
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-        Err(e) => return Err(e),
-    }
-    let written = async {
-        let mut options = tokio::fs::OpenOptions::new();
-        options.write(true).create_new(true);
-        #[cfg(unix)]
-        options.mode(0o600);
-        let mut file = options.open(&temporary).await?;
-        file.write_all(bytes).await?;
-        file.sync_all().await?;
-        drop(file);
-        // The turn fetches before the agent runs, one turn per thread at a time, so nothing
-        // else creates `path` between the check and this rename.
-        tokio::fs::rename(&temporary, path).await
-    }
-    .await;
-    if written.is_err() {
-        // Best effort: the next write under this name removes it anyway.
-        let _ = tokio::fs::remove_file(&temporary).await;
-    }
-    written
 }
 
 #[cfg(test)]

@@ -89,6 +89,10 @@ pub(crate) fn harness_with(max_attempts: u32, access: Access) -> Harness {
             backoff_base: Duration::from_millis(1),
             backoff_max: Duration::from_millis(5),
         },
+        crate::delivery::ReplyFiles {
+            data_root: std::path::PathBuf::from("/nonexistent"),
+            max_bytes: 1024,
+        },
         TaskTracker::new(),
         CancellationToken::new(),
     );

@@ -627,7 +627,6 @@ impl TurnRunner {
                             name: file.name,
                             media_type: file.media_type,
                             size: file.size,
-                            path: file.host,
                         })
                         .collect();
                 }

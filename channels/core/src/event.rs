@@ -1,7 +1,6 @@
 //! The normalized messages that cross the channel boundary.
 
 use std::fmt;
-use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
@@ -217,10 +216,14 @@ pub struct OutboundMessage {
 
 /// A file to deliver with a reply: a file the agent made in its thread's `outputs` folder.
 ///
-/// The outbox keeps where the file is, not its bytes: files under a thread's outputs stay
-/// where they are (nothing but the agent of that thread writes there), which keeps outbox
-/// records small however large the files are. A file changed before delivery is delivered as
-/// it is then; a file gone by then fails its delivery like any other send error.
+/// The outbox keeps the file's name, not its bytes, which keeps outbox records small however
+/// large the files are. Delivery opens it beneath the thread's outputs folder (links refused,
+/// checked on the open file) and hands the channel that open file ([`crate::FileContent`]), so
+/// a channel never opens a path the sandbox could have swapped for a link. A file changed
+/// before delivery is delivered as it is then; a file gone or refused by then is not sent.
+///
+/// Records written before the name was all that was kept also carry the host path; it is
+/// ignored.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OutboundFile {
     /// Its path under the thread's `outputs` folder (`report.csv`, `charts/cpu.png`): unique
@@ -230,8 +233,6 @@ pub struct OutboundFile {
     pub media_type: String,
     /// Its size in bytes when it was presented.
     pub size: u64,
-    /// Where it is on the host.
-    pub path: PathBuf,
 }
 
 impl OutboundFile {

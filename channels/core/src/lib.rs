@@ -198,12 +198,14 @@ pub trait Channel: Send + Sync + 'static {
         false
     }
 
-    /// Sends `file` of `message`, after every text part of it. Channels whose
+    /// Sends `file` of `message`, after every text part of it, with `content` (the file
+    /// opened and checked by delivery; read it, never open `file` by name). Channels whose
     /// [`Channel::sends_files`] is true implement it.
     async fn send_file(
         &self,
         _message: &OutboundMessage,
         _file: &OutboundFile,
+        _content: FileContent,
     ) -> Result<Receipt, ChannelError> {
         Err(ChannelError::Unsupported)
     }
@@ -217,6 +219,16 @@ pub trait Channel: Send + Sync + 'static {
     ) -> Result<Vec<u8>, ChannelError> {
         Err(ChannelError::Unsupported)
     }
+}
+
+/// The bytes of a reply's file: the file delivery opened (beneath the thread's outputs, links
+/// refused) and checked, positioned at its start.
+#[derive(Debug)]
+pub struct FileContent {
+    /// The open file.
+    pub file: std::fs::File,
+    /// Its size when it was opened: what a channel announces and sends.
+    pub size: u64,
 }
 
 /// What a platform can show besides text.

@@ -7,7 +7,8 @@ use std::time::Duration;
 use antler_channel::render::{self, Limit, TelegramHtml};
 use antler_channel::{
     AttachmentRef, AttachmentSource, Capabilities, Channel, ChannelError, ConversationKey,
-    EditRate, Limits, OutboundFile, OutboundMessage, Parsed, Part, Receipt, WebhookRequest, verify,
+    EditRate, FileContent, Limits, OutboundFile, OutboundMessage, Parsed, Part, Receipt,
+    WebhookRequest, verify,
 };
 use teloxide_core::types::Update;
 
@@ -251,8 +252,9 @@ impl Channel for TelegramChannel {
         &self,
         message: &OutboundMessage,
         file: &OutboundFile,
+        content: FileContent,
     ) -> Result<Receipt, ChannelError> {
-        if file.size > UPLOAD_LIMIT {
+        if content.size > UPLOAD_LIMIT {
             return Err(ChannelError::Permanent(format!(
                 "{} is larger than Telegram's upload limit of {UPLOAD_LIMIT} bytes",
                 file.file_name()
@@ -263,7 +265,7 @@ impl Channel for TelegramChannel {
         target.reply_to = None;
         let id = self
             .api
-            .send_document(&target, &file.path, file.file_name())
+            .send_document(&target, content, file.file_name())
             .await?;
         Ok(Receipt {
             platform_message_id: id.to_string(),
@@ -525,14 +527,17 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("report.csv");
         std::fs::write(&path, "host,uptime\napi,99.9\n").unwrap();
+        let content = || FileContent {
+            file: std::fs::File::open(&path).unwrap(),
+            size: 21,
+        };
         let file = OutboundFile {
             name: "daily/report.csv".into(),
             media_type: "text/csv".into(),
             size: 21,
-            path: path.clone(),
         };
         let message = answer("-1003300440055:400", "Here it is.");
-        let receipt = channel.send_file(&message, &file).await.unwrap();
+        let receipt = channel.send_file(&message, &file, content()).await.unwrap();
         assert_eq!(receipt.platform_message_id, "701");
         let requests = server.received_requests().await.unwrap();
         assert_eq!(requests.len(), 1);
@@ -544,11 +549,11 @@ mod tests {
         assert!(!body.contains("reply_parameters"), "{body}");
 
         // Over Telegram's upload limit: refused for good, nothing sent.
-        let huge = OutboundFile {
+        let huge = FileContent {
             size: UPLOAD_LIMIT + 1,
-            ..file
+            ..content()
         };
-        let error = channel.send_file(&message, &huge).await.unwrap_err();
+        let error = channel.send_file(&message, &file, huge).await.unwrap_err();
         assert!(matches!(error, ChannelError::Permanent(_)), "{error:?}");
         assert_eq!(server.received_requests().await.unwrap().len(), 1);
         std::fs::remove_dir_all(&dir).unwrap();

@@ -181,15 +181,17 @@ impl TelegramApi {
         }
     }
 
-    /// Uploads the file at `path` as a document named `name` (`sendDocument`, multipart) in the
-    /// target's chat and topic, and returns the message's id.
+    /// Uploads `content` (streamed, exactly its size) as a document named `name`
+    /// (`sendDocument`, multipart) in the target's chat and topic, and returns the message's id.
     pub async fn send_document(
         &self,
         target: &Target,
-        path: &std::path::Path,
+        content: antler_channel::FileContent,
         name: &str,
     ) -> Result<i32, ChannelError> {
-        let file = InputFile::file(path.to_path_buf()).file_name(name.to_owned());
+        let reader =
+            tokio::io::AsyncReadExt::take(tokio::fs::File::from_std(content.file), content.size);
+        let file = InputFile::read(reader).file_name(name.to_owned());
         let mut request = self.bot.send_document(ChatId(target.chat_id), file);
         if let Some(topic) = target.topic {
             request = request.message_thread_id(ThreadId(MessageId(topic)));

@@ -14,19 +14,30 @@
 //! range instead. When the full text cannot be saved (no folders, a full disk), the result is
 //! still cut and the marker says the rest is lost, rather than letting it through whole.
 //!
+//! Saved results are bounded per thread: `tool-output/` holds at most `quota_mb` (64 MiB) of
+//! them, and the oldest are removed first to make room for a new one (a result larger than
+//! the whole quota is not saved). The folder is written beneath a handle on the thread's
+//! outputs with links refused ([`crate::beneath`]): the sandboxed shell can write outputs, and
+//! a `tool-output` it turned into a link must not lead antler's writes out of the thread.
+//!
 //! Placement: after the guards (`guardrail`, `sandbox_audit`), before `summarization`. Its
 //! `after_tool` runs in reverse chain order, so it cuts a result after the later middlewares
 //! (loop detection, clarification) have seen it whole and before the guards' `after_tool`
 //! (a sandbox warning appended there survives the cut) and before it is stored. It fails
 //! open.
 
-use std::path::PathBuf;
+use std::ffi::OsStr;
+use std::io::Write as _;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
 
 use super::{Middleware, MiddlewareError, RunContext, ToolOutput};
 use crate::agent::input::ThreadFolders;
 use crate::agent::message::ToolCall;
+use crate::agent::tools::paths::Area;
+use crate::beneath::{EntryKind, Refused};
 
 /// The folder under `outputs/` that holds full tool results.
 pub(crate) const SAVE_FOLDER: &str = "tool-output";
@@ -44,6 +55,8 @@ pub(crate) struct ToolOutputBudgetConfig {
     pub(crate) head_percent: usize,
     /// Whether the full text of a cut result is saved for the model to read.
     pub(crate) save_full: bool,
+    /// The most MiB of saved results a thread keeps; the oldest go first.
+    pub(crate) quota_mb: u64,
 }
 
 impl Default for ToolOutputBudgetConfig {
@@ -53,6 +66,7 @@ impl Default for ToolOutputBudgetConfig {
             max_chars: 12_000,
             head_percent: 60,
             save_full: true,
+            quota_mb: 64,
         }
     }
 }
@@ -63,6 +77,9 @@ pub(crate) struct ToolOutputBudgetMiddleware {
     max_chars: usize,
     head_chars: usize,
     save_full: bool,
+    quota_bytes: u64,
+    /// Held while a result is saved, so concurrent calls cannot both fill the quota.
+    saving: Arc<Mutex<()>>,
 }
 
 impl ToolOutputBudgetMiddleware {
@@ -73,6 +90,8 @@ impl ToolOutputBudgetMiddleware {
             max_chars,
             head_chars: max_chars * cfg.head_percent.clamp(10, 90) / 100,
             save_full: cfg.save_full,
+            quota_bytes: cfg.quota_mb.saturating_mul(1024 * 1024),
+            saving: Arc::default(),
         })
     }
 }
@@ -118,37 +137,71 @@ fn head_and_tail(text: &str, head_chars: usize, tail_chars: usize) -> (&str, &st
     (head, tail)
 }
 
-/// Saves `content` as `outputs/tool-output/<name>.txt` (`<name>-2.txt`, ... when that is
-/// taken: some models number their calls afresh in every response); its virtual path.
-async fn save(folders: &ThreadFolders, name: &str, content: &str) -> std::io::Result<String> {
-    use tokio::io::AsyncWriteExt;
+/// Why a result was not saved.
+#[derive(Debug, thiserror::Error)]
+enum SaveError {
+    #[error("outputs/{SAVE_FOLDER} {0}")]
+    Refused(#[from] Refused),
+    #[error("{size} bytes is more than the thread's quota of {quota} bytes for saved output")]
+    OverQuota { size: u64, quota: u64 },
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+}
 
-    let folder: PathBuf = folders.outputs().join(SAVE_FOLDER);
-    tokio::fs::create_dir_all(&folder).await?;
-    let mut attempt = 1;
-    loop {
-        let path = if attempt == 1 {
-            folder.join(format!("{name}.txt"))
+/// Saves `content` as `outputs/tool-output/<name>.txt` (`<name>-2.txt`, ... when that is
+/// taken: some models number their calls afresh in every response), first removing the
+/// oldest saved files while the folder would hold more than `quota` bytes; its virtual path.
+/// Blocking.
+fn save(
+    folders: &ThreadFolders,
+    name: &str,
+    content: &str,
+    quota: u64,
+) -> Result<String, SaveError> {
+    let size = content.len() as u64;
+    if size > quota {
+        return Err(SaveError::OverQuota { size, quota });
+    }
+    let folder = folders
+        .open_area(Area::Outputs)?
+        .create_dir_all(Path::new(SAVE_FOLDER))?;
+    let mut saved: Vec<_> = folder
+        .entries()?
+        .into_iter()
+        .filter(|entry| entry.kind == EntryKind::File)
+        .collect();
+    saved.sort_by(|a, b| (a.modified_ns, &a.name).cmp(&(b.modified_ns, &b.name)));
+    let mut used: u64 = saved.iter().map(|entry| entry.size).sum();
+    for oldest in &saved {
+        if used + size <= quota {
+            break;
+        }
+        folder.remove_file(&oldest.name)?;
+        used = used.saturating_sub(oldest.size);
+        metrics::counter!("antler_tool_output_evicted_total").increment(1);
+    }
+    for attempt in 1..=100 {
+        let file_name = if attempt == 1 {
+            format!("{name}.txt")
         } else {
-            folder.join(format!("{name}-{attempt}.txt"))
+            format!("{name}-{attempt}.txt")
         };
-        let opened = tokio::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&path)
-            .await;
-        match opened {
+        match folder.create_new(OsStr::new(&file_name)) {
             Ok(mut file) => {
-                file.write_all(content.as_bytes()).await?;
-                file.flush().await?;
-                return Ok(folders.to_virtual(&path.display().to_string()));
+                file.write_all(content.as_bytes())?;
+                return Ok(format!(
+                    "{}/{SAVE_FOLDER}/{file_name}",
+                    Area::Outputs.virtual_path()
+                ));
             }
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && attempt < 100 => {
-                attempt += 1;
-            }
-            Err(e) => return Err(e),
+            Err(Refused::Io(e)) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(e.into()),
         }
     }
+    Err(SaveError::Io(std::io::Error::new(
+        std::io::ErrorKind::AlreadyExists,
+        "100 saved results of this name exist already",
+    )))
 }
 
 /// The `path` argument of a call, if it has one.
@@ -186,9 +239,19 @@ impl Middleware for ToolOutputBudgetMiddleware {
             "the rest is not kept".to_owned()
         } else {
             let saved = match &cx.folders {
-                Some(folders) => save(folders, &file_name(&call.id), &output.content)
+                Some(folders) => {
+                    let folders = folders.clone();
+                    let name = file_name(&call.id);
+                    let content = output.content.clone();
+                    let quota = self.quota_bytes;
+                    let saving = Arc::clone(&self.saving);
+                    tokio::task::spawn_blocking(move || {
+                        let _saving = saving.lock().unwrap_or_else(|e| e.into_inner());
+                        save(&folders, &name, &content, quota).map_err(|e| e.to_string())
+                    })
                     .await
-                    .map_err(|e| e.to_string()),
+                    .unwrap_or_else(|e| Err(e.to_string()))
+                }
                 None => Err("the thread has no folders".to_owned()),
             };
             match saved {
@@ -261,6 +324,8 @@ mod tests {
     async fn long_output_keeps_head_and_tail_and_is_saved_in_full() {
         let dir = tempfile::tempdir().unwrap();
         let folders = ThreadFolders::new(dir.path(), "t1").unwrap();
+        // The run makes the folders before any tool runs.
+        folders.create().await.unwrap();
         let full = numbered(3000);
         let out = cut(
             Some(folders.clone()),
@@ -301,6 +366,73 @@ mod tests {
             std::fs::read_to_string(folders.outputs().join("tool-output/call7.txt")).unwrap(),
             full
         );
+    }
+
+    #[cfg(unix)]
+    #[tokio::test]
+    async fn a_tool_output_folder_turned_into_a_link_is_never_written_through() {
+        let dir = tempfile::tempdir().unwrap();
+        let folders = ThreadFolders::new(dir.path(), "t1").unwrap();
+        folders.create().await.unwrap();
+        // The sandboxed shell can write outputs: it points tool-output outside the thread.
+        let elsewhere = dir.path().join("elsewhere");
+        std::fs::create_dir(&elsewhere).unwrap();
+        std::os::unix::fs::symlink(&elsewhere, folders.outputs().join(SAVE_FOLDER)).unwrap();
+        let out = cut(
+            Some(folders.clone()),
+            &call("c9", "bash", "{}"),
+            ToolOutput::ok(numbered(3000)),
+        )
+        .await;
+        assert!(
+            out.content.contains("the full output could not be saved"),
+            "{}",
+            &out.content[7000..7400]
+        );
+        assert_eq!(std::fs::read_dir(&elsewhere).unwrap().count(), 0);
+    }
+
+    #[tokio::test]
+    async fn saved_output_stays_within_the_quota_the_oldest_going_first() {
+        let dir = tempfile::tempdir().unwrap();
+        let folders = ThreadFolders::new(dir.path(), "t1").unwrap();
+        folders.create().await.unwrap();
+        let m = ToolOutputBudgetMiddleware::from_config(&ToolOutputBudgetConfig {
+            quota_mb: 1,
+            ..ToolOutputBudgetConfig::default()
+        })
+        .unwrap();
+        // 400,000 bytes each: two fit in 1 MiB, a third makes room by removing the oldest.
+        let result = |i: usize| format!("{i}{}", "y".repeat(399_999));
+        let mut thread = ThreadState::new("t1".into(), "c".into(), 0, 0);
+        for i in 0..3 {
+            let mut cx = test_context(&mut thread);
+            cx.folders = Some(folders.clone());
+            let mut output = ToolOutput::ok(result(i));
+            m.after_tool(&mut cx, &call(&format!("q{i}"), "bash", "{}"), &mut output)
+                .await
+                .unwrap();
+            assert!(
+                output.content.contains(&format!("tool-output/q{i}.txt")),
+                "{i}"
+            );
+        }
+        let folder = folders.outputs().join(SAVE_FOLDER);
+        let mut names: Vec<String> = std::fs::read_dir(&folder)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        assert_eq!(names, ["q1.txt", "q2.txt"]);
+        // A result larger than the whole quota is cut and not saved; nothing is removed.
+        let mut cx = test_context(&mut thread);
+        cx.folders = Some(folders.clone());
+        let mut huge = ToolOutput::ok("z".repeat(2 * 1024 * 1024));
+        m.after_tool(&mut cx, &call("big", "bash", "{}"), &mut huge)
+            .await
+            .unwrap();
+        assert!(huge.content.contains("could not be saved"));
+        assert_eq!(std::fs::read_dir(&folder).unwrap().count(), 2);
     }
 
     #[tokio::test]

@@ -37,15 +37,16 @@ use std::sync::Arc;
 use base64::Engine as _;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
-use tokio::io::AsyncReadExt as _;
+use std::io::Read as _;
 
 use super::{Middleware, MiddlewareError, RunContext, ToolDecision, ToolOutput};
 use crate::agent::input::ThreadFolders;
 use crate::agent::message::{ChatMessage, ContentPart, ToolCall};
 use crate::agent::model::{ModelRequest, ModelResponse, ToolSpec};
 use crate::agent::thread::Extension;
-use crate::agent::tools::paths::PathAccess;
+use crate::agent::tools::paths::{Area, PathAccess};
 use crate::agent::tools::{InterceptedTool, Tool, intercepted_arguments};
+use crate::beneath::Refused;
 
 /// The tool's name.
 pub(crate) const TOOL_NAME: &str = "view_image";
@@ -85,6 +86,9 @@ pub(crate) enum ImageError {
     /// Its bytes are not a PNG, JPEG, GIF or WebP image.
     #[error("it is not a PNG, JPEG, GIF or WebP image")]
     NotAnImage,
+    /// It could not be opened as a regular file of the thread's folders.
+    #[error("it {0}")]
+    Refused(#[from] Refused),
     /// It could not be read.
     #[error("it could not be read: {0}")]
     Io(#[from] std::io::Error),
@@ -122,14 +126,32 @@ impl ViewImageMiddleware {
         })
     }
 
-    /// The image at `path` as a `data:` URL.
-    async fn data_url(&self, path: &Path) -> Result<String, ImageError> {
-        let file = tokio::fs::File::open(path).await?;
-        let mut bytes = Vec::new();
-        // One byte more than allowed tells a file that is too large, whatever it grew to.
-        file.take(self.max_image_bytes + 1)
-            .read_to_end(&mut bytes)
-            .await?;
+    /// The image `relative` of `area` as a `data:` URL: opened beneath the area's folder with
+    /// links refused, checked and read on that open file.
+    async fn data_url(
+        &self,
+        folders: &ThreadFolders,
+        area: Area,
+        relative: &Path,
+    ) -> Result<String, ImageError> {
+        let folders = folders.clone();
+        let relative = relative.to_path_buf();
+        let max_bytes = self.max_image_bytes;
+        let bytes = tokio::task::spawn_blocking(move || -> Result<Vec<u8>, ImageError> {
+            let opened = folders
+                .open_area(area)?
+                .open_file(&relative, max_bytes)
+                .map_err(|e| match e {
+                    Refused::TooLarge { .. } => ImageError::TooLarge { limit: max_bytes },
+                    other => ImageError::Refused(other),
+                })?;
+            let mut bytes = Vec::new();
+            // One byte more than allowed tells a file that grew since it was checked.
+            opened.file.take(max_bytes + 1).read_to_end(&mut bytes)?;
+            Ok(bytes)
+        })
+        .await
+        .map_err(|e| ImageError::Io(std::io::Error::other(e.to_string())))??;
         if bytes.len() as u64 > self.max_image_bytes {
             return Err(ImageError::TooLarge {
                 limit: self.max_image_bytes,
@@ -140,7 +162,10 @@ impl ViewImageMiddleware {
 
     /// Image parts for the current message's image attachments.
     async fn upload_parts(&self, cx: &RunContext<'_>) -> Vec<ContentPart> {
-        let uploads = cx.folders.as_ref().map(ThreadFolders::uploads);
+        let Some(folders) = cx.folders.as_ref() else {
+            return Vec::new();
+        };
+        let uploads = folders.uploads();
         let mut parts = Vec::new();
         for file in &cx.input.attachments {
             if parts.len() >= self.max_images {
@@ -148,10 +173,7 @@ impl ViewImageMiddleware {
                 break;
             }
             // Only files in the thread's uploads folder, where the turn runner put them.
-            if uploads
-                .as_ref()
-                .is_some_and(|uploads| !file.path.starts_with(uploads))
-            {
+            if file.path != uploads.join(&file.name) {
                 continue;
             }
             if !looks_like_image(file.media_type.as_deref(), &file.name) {
@@ -161,7 +183,10 @@ impl ViewImageMiddleware {
                 tracing::debug!(thread = %cx.thread.id, size = file.size, "image too large to show; listed only");
                 continue;
             }
-            match self.data_url(&file.path).await {
+            match self
+                .data_url(folders, Area::Uploads, Path::new(&file.name))
+                .await
+            {
                 Ok(url) => parts.push(ContentPart::Image { url }),
                 Err(e) => {
                     tracing::debug!(thread = %cx.thread.id, error = %e, "upload not shown as an image");
@@ -185,7 +210,10 @@ impl ViewImageMiddleware {
             let Ok(resolved) = folders.resolve(path, PathAccess::Read) else {
                 continue;
             };
-            match self.data_url(&resolved.host).await {
+            match self
+                .data_url(folders, resolved.area, &resolved.relative)
+                .await
+            {
                 Ok(url) => {
                     shown.push(path.clone());
                     parts.push(ContentPart::Image { url });
@@ -209,12 +237,14 @@ impl ViewImageMiddleware {
         let resolved = folders
             .resolve(&arguments.image_path, PathAccess::Read)
             .map_err(|e| ToolOutput::error(format!("Error: {e}")))?;
-        self.data_url(&resolved.host).await.map_err(|e| {
-            ToolOutput::error(format!(
-                "Error: {} cannot be viewed: {e}.",
-                arguments.image_path
-            ))
-        })?;
+        self.data_url(folders, resolved.area, &resolved.relative)
+            .await
+            .map_err(|e| {
+                ToolOutput::error(format!(
+                    "Error: {} cannot be viewed: {e}.",
+                    arguments.image_path
+                ))
+            })?;
         Ok(arguments.image_path)
     }
 }
@@ -593,7 +623,7 @@ mod tests {
         for (bad, why) in [
             ("/etc/passwd", "outside"),
             ("/mnt/user-data/workspace/notes.txt", "not a PNG"),
-            ("/mnt/user-data/workspace/missing.png", "could not be read"),
+            ("/mnt/user-data/workspace/missing.png", "does not exist"),
         ] {
             let decision = mw.before_tool(&mut cx, &call(bad), None).await.unwrap();
             let ToolDecision::Skip(output) = decision else {

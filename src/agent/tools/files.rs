@@ -1,26 +1,31 @@
 //! File tools: `ls`, `read_file`, `write_file` and `str_replace`, on the thread's folders as
 //! the model sees them (`/mnt/user-data/{workspace,uploads,outputs}`).
 //!
-//! Every path the model writes goes through [`ThreadFolders::resolve`]: `..`, host paths and
-//! symlinks leading out are refused, and uploads are read-only. Every message back names
-//! virtual paths only. Sizes are bounded ([`MAX_LS_ENTRIES`], [`MAX_READ_BYTES`],
+//! Every path the model writes goes through [`ThreadFolders::resolve`] (`..` and host paths
+//! refused, uploads read-only) and is then opened beneath a handle on its folder with every
+//! link refused ([`crate::beneath`]): what is checked (a regular file, one name, its size) is
+//! the open file itself, and the work is done on it, so a link or a hard link the shell plants,
+//! even between two calls' steps, cannot lead a read or a write out of the folders. Writes
+//! go to a new file renamed into place. Every message back names virtual paths only. Sizes are bounded ([`MAX_LS_ENTRIES`], [`MAX_READ_BYTES`],
 //! [`MAX_WRITE_BYTES`]) so one call can neither flood the model's context nor fill the disk,
 //! and the blocking file I/O runs on tokio's blocking pool.
 //!
 //! Unlike DeerFlow's `read_file`, a read that is cut says exactly where it stopped and which
 //! `start_line` reads on; `str_replace` says how many matches it found when it is not one.
 
+use std::ffi::OsStr;
 use std::io::{BufRead, BufReader, Read};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 use serde::Deserialize;
 use serde_json::json;
 
-use super::paths::{Area, PathAccess, VIRTUAL_ROOT};
+use super::paths::{Area, PathAccess, Resolved, VIRTUAL_ROOT};
 use super::{Tool, ToolContext, ToolError, parse_arguments};
 use crate::agent::input::ThreadFolders;
 use crate::agent::model::ToolSpec;
+use crate::beneath::{Dir, EntryKind, OpenedFile, Refused};
 
 /// The names of the file tools.
 pub(crate) const FILE_TOOL_NAMES: [&str; 4] = ["ls", "read_file", "write_file", "str_replace"];
@@ -130,16 +135,51 @@ fn io_error(virtual_path: &str, error: &std::io::Error) -> ToolError {
     ToolError::Failed(text)
 }
 
+/// The model-facing text of a refused open of `virtual_path`.
+fn refused(virtual_path: &str, refusal: Refused) -> ToolError {
+    ToolError::Failed(match refusal {
+        Refused::NotFound => format!("{virtual_path} does not exist"),
+        Refused::Link => format!(
+            "{virtual_path} is a symbolic link or goes through one; links in the thread's \
+             folders are not followed: use the real path"
+        ),
+        Refused::HardLink => format!(
+            "{virtual_path} is a hard link (its bytes have another name, perhaps outside the \
+             thread's folders); it is not read or changed: copy the file and use the copy"
+        ),
+        Refused::Folder => format!("{virtual_path} is a folder"),
+        Refused::NotFolder => format!("a part of {virtual_path} is a file, not a folder"),
+        Refused::Special => format!("{virtual_path} is not a regular file"),
+        Refused::TooLarge { size, limit } => {
+            format!("{virtual_path} is {size} bytes, more than the {limit} allowed")
+        }
+        Refused::Outside => format!("{virtual_path} is outside the thread's folders"),
+        Refused::Io(error) => return io_error(virtual_path, &error),
+    })
+}
+
 fn resolve(
     folders: &ThreadFolders,
     path: &str,
     access: PathAccess,
-) -> Result<(PathBuf, String), ToolError> {
+) -> Result<(Resolved, String), ToolError> {
     let resolved = folders
         .resolve(path.trim(), access)
         .map_err(|e| ToolError::Failed(folders.to_virtual(&e.to_string())))?;
     let virtual_path = shown(folders, &resolved.host);
-    Ok((resolved.host, virtual_path))
+    Ok((resolved, virtual_path))
+}
+
+/// The handle on `resolved`'s folder.
+fn area(folders: &ThreadFolders, resolved: &Resolved) -> Result<Dir, ToolError> {
+    folders
+        .open_area(resolved.area)
+        .map_err(|e| refused(&resolved.area.virtual_path(), e))
+}
+
+/// The folder `resolved` is in (relative to its area) and its own name; `None` for an area.
+fn parent_and_name(resolved: &Resolved) -> Option<(&Path, &OsStr)> {
+    Some((resolved.relative.parent()?, resolved.relative.file_name()?))
 }
 
 #[async_trait::async_trait]
@@ -173,8 +213,8 @@ impl Tool for Ls {
         if path.trim().trim_end_matches('/') == VIRTUAL_ROOT {
             return blocking(move || Ok(list_root(&folders))).await;
         }
-        let (host, virtual_path) = resolve(&folders, &path, PathAccess::Read)?;
-        blocking(move || list_folder(&host, &virtual_path)).await
+        let (resolved, virtual_path) = resolve(&folders, &path, PathAccess::Read)?;
+        blocking(move || list_folder(&folders, &resolved, &virtual_path)).await
     }
 }
 
@@ -186,7 +226,10 @@ fn list_root(folders: &ThreadFolders) -> String {
             Area::Uploads => "the user's files, read-only",
             Area::Outputs => "files for the user",
         };
-        let entries = std::fs::read_dir(folders.area(area)).map_or(0, Iterator::count);
+        let entries = folders
+            .open_area(area)
+            .and_then(|dir| dir.entries())
+            .map_or(0, |entries| entries.len());
         out.push_str(&format!(
             "{}/  ({what}; {entries} entries)\n",
             area.virtual_path()
@@ -195,29 +238,37 @@ fn list_root(folders: &ThreadFolders) -> String {
     out
 }
 
-fn list_folder(host: &Path, virtual_path: &str) -> Result<String, ToolError> {
-    let meta = std::fs::metadata(host).map_err(|e| io_error(virtual_path, &e))?;
-    if !meta.is_dir() {
-        return Ok(format!("{virtual_path}  ({})", size_text(meta.len())));
+fn list_folder(
+    folders: &ThreadFolders,
+    resolved: &Resolved,
+    virtual_path: &str,
+) -> Result<String, ToolError> {
+    let area = area(folders, resolved)?;
+    let entry = area
+        .stat(&resolved.relative)
+        .map_err(|e| refused(virtual_path, e))?;
+    match entry.kind {
+        EntryKind::Folder => {}
+        EntryKind::Link => return Err(refused(virtual_path, Refused::Link)),
+        EntryKind::File | EntryKind::Other => {
+            return Ok(format!("{virtual_path}  ({})", size_text(entry.size)));
+        }
     }
-    let reader = std::fs::read_dir(host).map_err(|e| io_error(virtual_path, &e))?;
-    let mut entries: Vec<(String, String)> = Vec::new();
-    for entry in reader.flatten() {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        let detail = match entry.file_type() {
-            Ok(kind) if kind.is_symlink() => "link".to_owned(),
-            Ok(kind) if kind.is_dir() => "folder".to_owned(),
-            _ => entry
-                .metadata()
-                .map_or_else(|_| "unreadable".to_owned(), |m| size_text(m.len())),
-        };
-        let name = if detail == "folder" {
-            format!("{name}/")
-        } else {
-            name
-        };
-        entries.push((name, detail));
-    }
+    let listed = area
+        .open_dir(&resolved.relative)
+        .and_then(|dir| dir.entries())
+        .map_err(|e| refused(virtual_path, e))?;
+    let mut entries: Vec<(String, String)> = listed
+        .into_iter()
+        .map(|entry| {
+            let name = entry.name.to_string_lossy().into_owned();
+            match entry.kind {
+                EntryKind::Link => (name, "link".to_owned()),
+                EntryKind::Folder => (format!("{name}/"), "folder".to_owned()),
+                EntryKind::File | EntryKind::Other => (name, size_text(entry.size)),
+            }
+        })
+        .collect();
     entries.sort();
     let total = entries.len();
     let base = virtual_path.trim_end_matches('/');
@@ -292,8 +343,20 @@ impl Tool for ReadFile {
                 "end_line ({end}) is before start_line ({start})"
             )));
         }
-        let (host, virtual_path) = resolve(&cx.folders, &args.path, PathAccess::Read)?;
-        blocking(move || read_lines(&host, &virtual_path, start, end, MAX_READ_BYTES)).await
+        let (resolved, virtual_path) = resolve(&cx.folders, &args.path, PathAccess::Read)?;
+        let folders = cx.folders.clone();
+        blocking(move || {
+            let opened = area(&folders, &resolved)?
+                .open_file(&resolved.relative, u64::MAX)
+                .map_err(|e| match e {
+                    Refused::Folder => {
+                        ToolError::Failed(format!("{virtual_path} is a folder; list it with ls"))
+                    }
+                    other => refused(&virtual_path, other),
+                })?;
+            read_lines(opened, &virtual_path, start, end, MAX_READ_BYTES)
+        })
+        .await
     }
 }
 
@@ -303,22 +366,17 @@ fn not_text(virtual_path: &str) -> ToolError {
     ))
 }
 
-/// Lines `start..=end` of a text file, at most `max_bytes` of them, with a note when cut.
+/// Lines `start..=end` of the opened text file, at most `max_bytes` of them, with a note when
+/// cut.
 fn read_lines(
-    host: &Path,
+    opened: OpenedFile,
     virtual_path: &str,
     start: usize,
     end: usize,
     max_bytes: usize,
 ) -> Result<String, ToolError> {
-    let file = std::fs::File::open(host).map_err(|e| io_error(virtual_path, &e))?;
-    let meta = file.metadata().map_err(|e| io_error(virtual_path, &e))?;
-    if meta.is_dir() {
-        return Err(ToolError::Failed(format!(
-            "{virtual_path} is a folder; list it with ls"
-        )));
-    }
-    let mut reader = BufReader::new(file.take(MAX_SCAN_BYTES));
+    let size = opened.size;
+    let mut reader = BufReader::new(opened.file.take(MAX_SCAN_BYTES));
     let mut out = String::new();
     let mut line = Vec::new();
     let mut number = 0usize;
@@ -363,7 +421,7 @@ fn read_lines(
             return Ok(out);
         }
     }
-    if meta.len() > MAX_SCAN_BYTES && number < end {
+    if size > MAX_SCAN_BYTES && number < end {
         out.push_str(&format!(
             "\n[Cut: only the first {} MiB of {virtual_path} can be read.]",
             MAX_SCAN_BYTES / (1024 * 1024)
@@ -426,15 +484,15 @@ impl Tool for WriteFile {
                 MAX_WRITE_BYTES / 1024
             )));
         }
-        let (host, virtual_path) = resolve(&cx.folders, &path, PathAccess::Write)?;
+        let (resolved, virtual_path) = resolve(&cx.folders, &path, PathAccess::Write)?;
+        let folders = cx.folders.clone();
         blocking(move || {
-            if host.is_dir() {
-                return Err(ToolError::Failed(format!("{virtual_path} is a folder")));
-            }
-            if let Some(parent) = host.parent() {
-                std::fs::create_dir_all(parent).map_err(|e| io_error(&virtual_path, &e))?;
-            }
-            std::fs::write(&host, content.as_bytes()).map_err(|e| io_error(&virtual_path, &e))?;
+            let (parent, name) = parent_and_name(&resolved)
+                .ok_or_else(|| ToolError::Failed(format!("{virtual_path} is a folder")))?;
+            area(&folders, &resolved)?
+                .create_dir_all(parent)
+                .and_then(|dir| dir.replace(name, content.as_bytes(), false))
+                .map_err(|e| refused(&virtual_path, e))?;
             Ok(format!(
                 "Wrote {} to {virtual_path}",
                 size_text(content.len() as u64)
@@ -476,19 +534,36 @@ impl Tool for StrReplace {
         if old.is_empty() {
             return Err(ToolError::InvalidArguments("`old` is empty".to_owned()));
         }
-        let (host, virtual_path) = resolve(&cx.folders, &path, PathAccess::Write)?;
+        let (resolved, virtual_path) = resolve(&cx.folders, &path, PathAccess::Write)?;
+        let folders = cx.folders.clone();
         blocking(move || {
-            let meta = std::fs::metadata(&host).map_err(|e| io_error(&virtual_path, &e))?;
-            if meta.is_dir() {
-                return Err(ToolError::Failed(format!("{virtual_path} is a folder")));
-            }
-            if meta.len() > MAX_WRITE_BYTES as u64 {
+            let (parent, name) = parent_and_name(&resolved)
+                .ok_or_else(|| ToolError::Failed(format!("{virtual_path} is a folder")))?;
+            let folder = area(&folders, &resolved)?
+                .open_dir(parent)
+                .map_err(|e| refused(&virtual_path, e))?;
+            let opened = folder
+                .open_file(Path::new(name), MAX_WRITE_BYTES as u64)
+                .map_err(|e| match e {
+                    Refused::TooLarge { .. } => ToolError::Failed(format!(
+                        "{virtual_path} is larger than {} KiB; str_replace edits smaller files",
+                        MAX_WRITE_BYTES / 1024
+                    )),
+                    other => refused(&virtual_path, other),
+                })?;
+            let mut bytes = Vec::new();
+            // One byte more than allowed tells a file that grew since it was checked.
+            opened
+                .file
+                .take(MAX_WRITE_BYTES as u64 + 1)
+                .read_to_end(&mut bytes)
+                .map_err(|e| io_error(&virtual_path, &e))?;
+            if bytes.len() > MAX_WRITE_BYTES {
                 return Err(ToolError::Failed(format!(
                     "{virtual_path} is larger than {} KiB; str_replace edits smaller files",
                     MAX_WRITE_BYTES / 1024
                 )));
             }
-            let bytes = std::fs::read(&host).map_err(|e| io_error(&virtual_path, &e))?;
             let text = String::from_utf8(bytes).map_err(|_| not_text(&virtual_path))?;
             match text.matches(old.as_str()).count() {
                 0 => {
@@ -512,7 +587,9 @@ impl Tool for StrReplace {
                     MAX_WRITE_BYTES / 1024
                 )));
             }
-            std::fs::write(&host, edited.as_bytes()).map_err(|e| io_error(&virtual_path, &e))?;
+            folder
+                .replace(name, edited.as_bytes(), false)
+                .map_err(|e| refused(&virtual_path, e))?;
             Ok(format!("Replaced 1 occurrence in {virtual_path}"))
         })
         .await
@@ -564,7 +641,7 @@ mod tests {
             out
         }
 
-        fn workspace(&self) -> PathBuf {
+        fn workspace(&self) -> std::path::PathBuf {
             self.cx.folders.workspace()
         }
     }
@@ -577,11 +654,14 @@ mod tests {
         #[cfg(unix)]
         std::os::unix::fs::symlink(s.dir.path().join("secret.txt"), s.workspace().join("link"))
             .unwrap();
-        for path in [
-            "../../etc/passwd",
-            "/etc/passwd",
-            "/mnt/user-data/workspace/../../secret.txt",
-            "link",
+        for (path, why) in [
+            ("../../etc/passwd", "outside the thread's folders"),
+            ("/etc/passwd", "outside the thread's folders"),
+            (
+                "/mnt/user-data/workspace/../../secret.txt",
+                "outside the thread's folders",
+            ),
+            ("link", "symbolic link"),
         ] {
             for (tool, args) in [
                 ("read_file", json!({"path": path})),
@@ -594,11 +674,7 @@ mod tests {
             ] {
                 let out = s.call(tool, args).await;
                 assert!(out.is_error, "{tool} {path}: {}", out.content);
-                assert!(
-                    out.content.contains("outside the thread's folders"),
-                    "{tool} {path}: {}",
-                    out.content
-                );
+                assert!(out.content.contains(why), "{tool} {path}: {}", out.content);
             }
         }
         // A host path is refused too (echoed only as the model wrote it).
@@ -617,6 +693,119 @@ mod tests {
             std::fs::read_to_string(s.dir.path().join("secret.txt")).unwrap(),
             "secret"
         );
+    }
+
+    #[cfg(unix)]
+    #[tokio::test]
+    async fn hard_links_and_linked_folders_are_neither_read_nor_changed() {
+        let s = setup().await;
+        let secret = s.dir.path().join("antler.toml");
+        std::fs::write(&secret, "token = \"SECRET\"").unwrap();
+        std::fs::hard_link(&secret, s.workspace().join("hard.toml")).unwrap();
+        std::os::unix::fs::symlink(s.dir.path(), s.workspace().join("up")).unwrap();
+        for (tool, args) in [
+            ("read_file", json!({"path": "hard.toml"})),
+            (
+                "str_replace",
+                json!({"path": "hard.toml", "old": "SECRET", "new": "x"}),
+            ),
+            ("read_file", json!({"path": "up/antler.toml"})),
+            ("write_file", json!({"path": "up/new.txt", "content": "x"})),
+            ("ls", json!({"path": "up"})),
+        ] {
+            let out = s.call(tool, args.clone()).await;
+            assert!(out.is_error, "{tool} {args}: {}", out.content);
+            assert!(!out.content.contains("SECRET"), "{}", out.content);
+            assert!(
+                out.content.contains("hard link") || out.content.contains("symbolic link"),
+                "{tool} {args}: {}",
+                out.content
+            );
+        }
+        assert_eq!(
+            std::fs::read_to_string(&secret).unwrap(),
+            "token = \"SECRET\""
+        );
+        assert!(!s.dir.path().join("new.txt").exists());
+        // write_file replaces the name it is given; the hard-linked file elsewhere is untouched.
+        let out = s
+            .call(
+                "write_file",
+                json!({"path": "hard.toml", "content": "mine"}),
+            )
+            .await;
+        assert!(!out.is_error, "{}", out.content);
+        assert_eq!(
+            std::fs::read_to_string(&secret).unwrap(),
+            "token = \"SECRET\""
+        );
+        assert_eq!(
+            std::fs::read_to_string(s.workspace().join("hard.toml")).unwrap(),
+            "mine"
+        );
+    }
+
+    /// Swaps `name` in `folder` between a regular file and a symbolic link to `target` until
+    /// `stop` is set, as a hostile shell racing antler's checks would.
+    #[cfg(unix)]
+    fn swap_in_a_loop(
+        folder: std::path::PathBuf,
+        name: &'static str,
+        target: std::path::PathBuf,
+        stop: Arc<std::sync::atomic::AtomicBool>,
+    ) -> std::thread::JoinHandle<usize> {
+        std::thread::spawn(move || {
+            let path = folder.join(name);
+            let (file, link) = (folder.join(".file"), folder.join(".link"));
+            let mut swaps = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let _ = std::fs::write(&file, "harmless");
+                let _ = std::fs::rename(&file, &path);
+                let _ = std::os::unix::fs::symlink(&target, &link);
+                let _ = std::fs::rename(&link, &path);
+                swaps += 1;
+            }
+            swaps
+        })
+    }
+
+    #[cfg(unix)]
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_file_swapped_for_a_link_in_a_loop_never_leaks_or_is_written_through() {
+        let s = setup().await;
+        let secret = s.dir.path().join("antler.toml");
+        std::fs::write(&secret, "token = \"SECRET\"").unwrap();
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let swapper = swap_in_a_loop(s.workspace(), "r.txt", secret.clone(), Arc::clone(&stop));
+        let (mut reads, mut harmless, mut writes) = (0, 0, 0);
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(2);
+        while std::time::Instant::now() < until {
+            let out = s.call("read_file", json!({"path": "r.txt"})).await;
+            assert!(!out.content.contains("SECRET"), "leaked: {}", out.content);
+            reads += 1;
+            harmless += usize::from(out.content == "harmless");
+            let out = s
+                .call("write_file", json!({"path": "r.txt", "content": "mine"}))
+                .await;
+            writes += usize::from(!out.is_error);
+            let out = s
+                .call(
+                    "str_replace",
+                    json!({"path": "r.txt", "old": "harmless", "new": "x"}),
+                )
+                .await;
+            assert!(!out.content.contains("SECRET"), "leaked: {}", out.content);
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let swaps = swapper.join().unwrap();
+        assert_eq!(
+            std::fs::read_to_string(&secret).unwrap(),
+            "token = \"SECRET\"",
+            "written through a link"
+        );
+        // The race really ran: the file was read and written between swaps.
+        assert!(swaps > 10 && reads > 10, "swaps {swaps}, reads {reads}");
+        assert!(harmless + writes > 0, "no read or write ever succeeded");
     }
 
     #[tokio::test]
@@ -819,8 +1008,14 @@ mod tests {
         let host = s.workspace().join("big.txt");
         let line = format!("{}\n", "x".repeat(99));
         std::fs::write(&host, line.repeat(5000)).unwrap();
+        let opened =
+            s.cx.folders
+                .open_area(Area::Workspace)
+                .unwrap()
+                .open_file(Path::new("big.txt"), u64::MAX)
+                .unwrap();
         let out = read_lines(
-            &host,
+            opened,
             "/mnt/user-data/workspace/big.txt",
             1,
             usize::MAX,

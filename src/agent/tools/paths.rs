@@ -3,12 +3,16 @@
 //! [`ThreadFolders::resolve`], and every text going back to the model (shell output, listings)
 //! through [`ThreadFolders::to_virtual`], so host paths neither leak out nor work as a way in.
 //!
-//! Confinement: `..` components, absolute paths outside `/mnt/user-data` and symlinks that lead
-//! out of the thread's folders are refused; `uploads` is read-only (it holds what the user sent).
+//! Confinement: `..` components and absolute paths outside `/mnt/user-data` are refused here,
+//! by the text alone; `uploads` is read-only (it holds what the user sent). Links are refused
+//! when the file is opened: every tool opens the [`Resolved::relative`] path beneath a handle on
+//! its folder ([`ThreadFolders::open_area`], [`crate::beneath`]), never the host path by name,
+//! so a link the shell plants after a check cannot redirect the open.
 
 use std::path::{Component, Path, PathBuf};
 
 use crate::agent::input::ThreadFolders;
+use crate::beneath::{Dir, Refused};
 
 /// Where the model sees the thread's folders.
 pub(crate) const VIRTUAL_ROOT: &str = "/mnt/user-data";
@@ -69,7 +73,10 @@ pub(crate) enum PathError {
 pub(crate) struct Resolved {
     /// The folder it is in.
     pub(crate) area: Area,
-    /// Where it is on the host.
+    /// Its path inside that folder (empty for the folder itself): what is opened, beneath a
+    /// handle on the folder.
+    pub(crate) relative: PathBuf,
+    /// Where it is on the host, for display only (never opened by this name).
     pub(crate) host: PathBuf,
 }
 
@@ -83,9 +90,16 @@ impl ThreadFolders {
         }
     }
 
-    /// The host path of what the model called `path`: `/mnt/user-data/<area>/...`, or a
-    /// relative path, taken under the workspace. Refused: `..`, any other absolute path, a
-    /// path whose existing part is a symlink leading out of its folder, and writes to uploads.
+    /// A handle on the folder of `area`, opened beneath the thread's own folder with links
+    /// refused: what every host-side file operation in the folders starts from.
+    pub(crate) fn open_area(&self, area: Area) -> Result<Dir, Refused> {
+        Dir::open_trusted(&self.root_path())?.open_dir(Path::new(area.name()))
+    }
+
+    /// Where what the model called `path` is: `/mnt/user-data/<area>/...`, or a relative
+    /// path, taken under the workspace. Refused: `..`, any other absolute path, and writes to
+    /// uploads. Links are not looked at here (a check by name proves nothing about the next
+    /// open); opening [`Resolved::relative`] beneath [`ThreadFolders::open_area`] refuses them.
     pub(crate) fn resolve(&self, path: &str, access: PathAccess) -> Result<Resolved, PathError> {
         let outside = || PathError::Outside(path.to_owned());
         let relative = match path.strip_prefix(VIRTUAL_ROOT) {
@@ -109,12 +123,13 @@ impl ThreadFolders {
         if access == PathAccess::Write && area == Area::Uploads {
             return Err(PathError::ReadOnly(path.to_owned()));
         }
-        let base = self.area(area);
-        let host = rest.iter().fold(base.clone(), |host, part| host.join(part));
-        if !stays_inside(&host, &base) {
-            return Err(outside());
-        }
-        Ok(Resolved { area, host })
+        let relative: PathBuf = rest.iter().collect();
+        let host = self.area(area).join(&relative);
+        Ok(Resolved {
+            area,
+            relative,
+            host,
+        })
     }
 
     /// `text` with the thread's host folders replaced by their virtual paths (longest first),
@@ -176,35 +191,6 @@ fn replace_longest_first(text: &str, mut pairs: Vec<(String, String)>) -> String
     out
 }
 
-/// Whether `path`, with every symlink in its existing part followed, is still under `base`.
-/// The part that does not exist yet (a file about to be written) cannot be a link.
-fn stays_inside(path: &Path, base: &Path) -> bool {
-    let Ok(base) = base.canonicalize() else {
-        // The folder does not exist yet, so nothing under it can be a link.
-        return path.starts_with(base);
-    };
-    let mut existing = path;
-    let mut missing = Vec::new();
-    loop {
-        match existing.canonicalize() {
-            Ok(real) => {
-                let real = missing
-                    .iter()
-                    .rev()
-                    .fold(real, |real: PathBuf, part| real.join(part));
-                return real.starts_with(&base);
-            }
-            Err(_) => {
-                let (Some(parent), Some(name)) = (existing.parent(), existing.file_name()) else {
-                    return false;
-                };
-                missing.push(name.to_owned());
-                existing = parent;
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -223,6 +209,7 @@ mod tests {
             .resolve("/mnt/user-data/outputs/report.md", PathAccess::Write)
             .unwrap();
         assert_eq!(resolved.area, Area::Outputs);
+        assert_eq!(resolved.relative, Path::new("report.md"));
         assert_eq!(resolved.host, folders.outputs().join("report.md"));
         let relative = folders.resolve("notes/./a.txt", PathAccess::Write).unwrap();
         assert_eq!(relative.host, folders.workspace().join("notes/a.txt"));
@@ -264,7 +251,7 @@ mod tests {
 
     #[cfg(unix)]
     #[tokio::test]
-    async fn symlinks_out_of_the_folders_are_refused() {
+    async fn links_are_refused_when_opened_beneath_the_area() {
         let (dir, folders) = folders().await;
         let secret = dir.path().join("secret.txt");
         std::fs::write(&secret, "s").unwrap();
@@ -276,18 +263,26 @@ mod tests {
             folders.workspace().join("ok-link"),
         )
         .unwrap();
-        for path in ["link", "up/secret.txt", "up/new-file.txt"] {
+        let workspace = folders.open_area(Area::Workspace).unwrap();
+        for path in ["link", "up/secret.txt", "ok-link"] {
+            let resolved = folders.resolve(path, PathAccess::Read).unwrap();
             assert!(
-                folders.resolve(path, PathAccess::Read).is_err(),
-                "{path} leads out"
+                matches!(
+                    workspace.open_file(&resolved.relative, 100),
+                    Err(Refused::Link)
+                ),
+                "{path} is a link or goes through one"
             );
         }
-        assert!(folders.resolve("ok-link", PathAccess::Read).is_ok());
-        assert!(
-            folders
-                .resolve("new/deeper/file", PathAccess::Write)
-                .is_ok()
-        );
+        let inside = folders.resolve("inside.txt", PathAccess::Read).unwrap();
+        assert_eq!(workspace.open_file(&inside.relative, 100).unwrap().size, 1);
+        // A thread whose area itself was replaced by a link has no area.
+        std::fs::remove_dir_all(folders.outputs()).unwrap();
+        std::os::unix::fs::symlink(dir.path(), folders.outputs()).unwrap();
+        assert!(matches!(
+            folders.open_area(Area::Outputs),
+            Err(Refused::Link)
+        ));
     }
 
     #[tokio::test]

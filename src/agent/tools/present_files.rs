@@ -3,17 +3,21 @@
 //! `present_files(paths: [...])` takes virtual paths under `/mnt/user-data/outputs` only: a
 //! file elsewhere (the workspace, the uploads) is refused with the reason, so the model copies
 //! what it means to share into outputs first, as in DeerFlow. Each path is confined like the
-//! file tools' (`ThreadFolders::resolve`: no `..`, no absolute host paths, no symlink leading
-//! out of outputs), and the file itself must be a regular file: not a symlink and not a hard
-//! link to a file elsewhere (a link count over 1), so nothing outside outputs can be sent by
-//! naming it from inside. At most [`MAX_FILES`] files per call, each at most
-//! `agent.max_attachment_bytes`; one bad path refuses the whole call, so the model can fix it.
+//! file tools' (`ThreadFolders::resolve`: no `..`, no absolute host paths) and opened beneath
+//! the outputs folder with every link refused ([`crate::beneath`]); the open file must be a
+//! regular file with one name (a hard link could share its bytes with a file elsewhere), so
+//! nothing outside outputs can be sent by naming it from inside. At most [`MAX_FILES`] files
+//! per call, each at most `agent.max_attachment_bytes`; one bad path refuses the whole call,
+//! so the model can fix it.
 //!
 //! The tool only checks and answers; the `thread_data` middleware, which has the run, records
-//! a successful call's files on the run's outputs (`RunOutputs::files`) for delivery with the
-//! final answer, checking them again then (see `middleware::thread_data`).
+//! a successful call's files (their names under outputs) on the run's outputs
+//! (`RunOutputs::files`) for delivery with the final answer, checking them again then (see
+//! `middleware::thread_data`). Whoever sends a presented file (delivery, the download route)
+//! opens it again with [`open_presented`] and sends what it opened, checked then: the shell
+//! may have swapped the file for a link since.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -22,6 +26,7 @@ use super::paths::{Area, PathAccess};
 use super::{Tool, ToolContext, ToolError, parse_arguments};
 use crate::agent::input::ThreadFolders;
 use crate::agent::model::ToolSpec;
+use crate::beneath::{OpenedFile, Refused};
 
 /// The tool's name.
 pub(crate) const TOOL_NAME: &str = "present_files";
@@ -41,8 +46,6 @@ pub(crate) struct PresentedFile {
     pub(crate) media_type: String,
     /// Its size in bytes.
     pub(crate) size: u64,
-    /// Where it is on the host.
-    pub(crate) host: PathBuf,
 }
 
 /// The tool's arguments.
@@ -117,6 +120,9 @@ pub(crate) fn check_paths(
         ));
     }
     let outputs = Area::Outputs.virtual_path();
+    let folder = folders
+        .open_area(Area::Outputs)
+        .map_err(|e| format!("Error: {outputs} {e}."))?;
     let mut files: Vec<PresentedFile> = Vec::with_capacity(paths.len());
     for path in paths {
         let shown: String = path.chars().take(200).collect();
@@ -132,64 +138,66 @@ pub(crate) fn check_paths(
                  Copy or write the file to {outputs} first."
             ));
         }
-        let file = check_file(&resolved.host, &shown, max_bytes)?;
         let name = resolved
-            .host
-            .strip_prefix(folders.outputs())
-            .ok()
-            .map(|relative| {
-                relative
-                    .components()
-                    .map(|c| c.as_os_str().to_string_lossy().into_owned())
-                    .collect::<Vec<_>>()
-                    .join("/")
-            })
-            .filter(|name| !name.is_empty())
-            .ok_or_else(|| format!("Error: {shown} is a folder, not a file."))?;
+            .relative
+            .components()
+            .map(|c| c.as_os_str().to_string_lossy().into_owned())
+            .collect::<Vec<_>>()
+            .join("/");
+        if name.is_empty() {
+            return Err(format!("Error: {shown} is a folder, not a regular file."));
+        }
+        let opened = folder
+            .open_file(&resolved.relative, max_bytes)
+            .map_err(|e| refusal(&shown, e))?;
         if files.iter().any(|f| f.name == name) {
             continue;
         }
         files.push(PresentedFile {
             media_type: media_type(&name).to_owned(),
             name,
-            size: file,
-            host: resolved.host,
+            size: opened.size,
         });
     }
     Ok(files)
 }
 
-/// The size of the regular file at `host`, or why it cannot be presented.
-fn check_file(host: &Path, shown: &str, max_bytes: u64) -> Result<u64, String> {
-    let metadata = std::fs::symlink_metadata(host).map_err(|e| match e.kind() {
-        std::io::ErrorKind::NotFound => format!("Error: {shown} does not exist."),
-        _ => format!("Error: {shown} cannot be read."),
-    })?;
-    if metadata.file_type().is_symlink() {
-        return Err(format!(
-            "Error: {shown} is a symbolic link; present the file itself."
-        ));
-    }
-    if !metadata.is_file() {
-        return Err(format!("Error: {shown} is not a regular file."));
-    }
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::MetadataExt;
-        // A hard link shares its bytes with a name elsewhere, perhaps outside the thread.
-        if metadata.nlink() > 1 {
-            return Err(format!(
-                "Error: {shown} is a hard link; write a copy of the file instead."
-            ));
+/// Why the file `shown` cannot be presented, for the model.
+fn refusal(shown: &str, refused: Refused) -> String {
+    match refused {
+        Refused::NotFound => format!("Error: {shown} does not exist."),
+        Refused::Link => {
+            format!("Error: {shown} is a symbolic link (or inside one); present the file itself.")
         }
+        Refused::HardLink => {
+            format!("Error: {shown} is a hard link; write a copy of the file instead.")
+        }
+        Refused::Folder | Refused::Special => {
+            format!("Error: {shown} is not a regular file.")
+        }
+        Refused::NotFolder => format!("Error: a part of {shown} is a file, not a folder."),
+        Refused::TooLarge { size, limit } => {
+            format!("Error: {shown} is {size} bytes; files may be at most {limit} bytes.")
+        }
+        Refused::Outside => format!("Error: {shown} is outside the thread's folders."),
+        Refused::Io(_) => format!("Error: {shown} cannot be read."),
     }
-    if metadata.len() > max_bytes {
-        return Err(format!(
-            "Error: {shown} is {} bytes; files may be at most {max_bytes} bytes.",
-            metadata.len()
-        ));
+}
+
+/// Opens the presented file `name` (its path under the thread's outputs, as
+/// [`PresentedFile::name`]) to send it: beneath the outputs folder, links refused, checked on
+/// the open file (regular, one name, at most `max_bytes`). Blocking.
+pub(crate) fn open_presented(
+    folders: &ThreadFolders,
+    name: &str,
+    max_bytes: u64,
+) -> Result<OpenedFile, Refused> {
+    if name.is_empty() {
+        return Err(Refused::Outside);
     }
-    Ok(metadata.len())
+    folders
+        .open_area(Area::Outputs)?
+        .open_file(Path::new(name), max_bytes)
 }
 
 /// What the model is told about presented files.
@@ -287,7 +295,6 @@ mod tests {
         assert_eq!(files[0].name, "report.csv");
         assert_eq!(files[0].media_type, "text/csv");
         assert_eq!(files[0].size, 8);
-        assert_eq!(files[0].host, folders.outputs().join("report.csv"));
         assert_eq!(files[1].name, "charts/cpu.png");
         assert_eq!(files[1].media_type, "image/png");
         assert!(describe(&files).contains("/mnt/user-data/outputs/charts/cpu.png (3 bytes)"));
@@ -296,6 +303,7 @@ mod tests {
     #[test]
     fn paths_outside_outputs_are_refused_with_the_reason() {
         let (_dir, folders) = setup();
+        std::fs::create_dir(folders.outputs().join("charts")).unwrap();
         std::fs::write(folders.workspace().join("notes.txt"), "x").unwrap();
         std::fs::write(folders.uploads().join("in.txt"), "x").unwrap();
         for (path, reason) in [
@@ -316,6 +324,7 @@ mod tests {
             ("/etc/passwd", "outside the thread's folders"),
             ("/mnt/user-data/outputs/missing.txt", "does not exist"),
             ("/mnt/user-data/outputs", "not a regular file"),
+            ("/mnt/user-data/outputs/charts", "not a regular file"),
         ] {
             let error = check_paths(&folders, &paths(&[path]), 100).unwrap_err();
             assert!(error.contains(reason), "{path}: {error}");
@@ -331,7 +340,15 @@ mod tests {
         std::os::unix::fs::symlink(&secret, folders.outputs().join("out.txt")).unwrap();
         let error =
             check_paths(&folders, &paths(&["/mnt/user-data/outputs/out.txt"]), 100).unwrap_err();
-        assert!(error.contains("outside the thread's folders"), "{error}");
+        assert!(error.contains("symbolic link"), "{error}");
+        std::os::unix::fs::symlink(dir.path(), folders.outputs().join("up")).unwrap();
+        let error = check_paths(
+            &folders,
+            &paths(&["/mnt/user-data/outputs/up/secret.txt"]),
+            100,
+        )
+        .unwrap_err();
+        assert!(error.contains("symbolic link"), "{error}");
         // A link that stays inside outputs is still not the file itself.
         std::fs::write(folders.outputs().join("real.txt"), "x").unwrap();
         std::os::unix::fs::symlink(

@@ -555,7 +555,12 @@ async fn links_in_uploads_are_never_followed() {
     assert_eq!(stored[0].name, "a (2).txt");
     assert_eq!(std::fs::read(&stored[0].path).unwrap(), b"new");
     assert_eq!(std::fs::read(&outside).unwrap(), b"keep me");
-    assert_eq!(listing(&uploads), ["a (2).txt", "a.txt"]);
+    // Nothing of the write is left behind; the planted links stay links, never written through.
+    assert_eq!(listing(&uploads), [".a (2).txt.part", "a (2).txt", "a.txt"]);
+    for planted in ["a.txt", ".a (2).txt.part"] {
+        let meta = std::fs::symlink_metadata(uploads.join(planted)).unwrap();
+        assert!(meta.file_type().is_symlink(), "{planted}");
+    }
 }
 
 #[test]
