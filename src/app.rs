@@ -59,6 +59,7 @@ use crate::ingress::{Ingress, IngressSettings, TurnRunner, TurnSettings};
 use crate::memory::StoreDocuments;
 use crate::memory::identity::MemoryIdentities;
 use crate::memory::queue::{MemoryWorker, WorkerSettings};
+use crate::sandbox::{self, Backend, Detection, Sandbox};
 use crate::store::{SledStore, Store, StoreError, StoreRegistry};
 
 /// How often expired dedupe keys and old outbox records are swept, at most (a short dedupe
@@ -351,10 +352,51 @@ where
     });
 }
 
-fn tool_registry(config: &Config, extra: Vec<Arc<dyn Tool>>, mcp: &McpServers) -> ToolRegistry {
+/// Finds the shell's sandbox (when the shell is enabled) and says in the log what it is: the
+/// backend in effect, or that the shell is not offered and why.
+async fn shell_sandbox(config: &Config) -> Option<Detection> {
+    let bash = &config.agent.tools.bash;
+    if !bash.enabled {
+        return None;
+    }
+    let detection =
+        sandbox::detect(bash.sandbox, bash.network, bash.limits, &config.store.path).await;
+    let described = detection.describe();
+    match detection.sandbox.as_ref().map(Sandbox::backend) {
+        Some(Backend::None) => {
+            tracing::warn!(sandbox = %described, "the shell runs commands without a sandbox (agent.tools.bash.sandbox = \"none\")");
+        }
+        Some(_) => tracing::info!(sandbox = %described, "the shell runs sandboxed"),
+        None => {
+            tracing::error!(sandbox = %described, "the shell is not offered: no sandbox works here")
+        }
+    }
+    Some(detection)
+}
+
+/// The shell's part of `/readyz`.
+fn shell_status(config: &Config, detection: Option<&Detection>) -> serde_json::Value {
+    match detection {
+        None => serde_json::json!({ "enabled": false }),
+        Some(detection) => serde_json::json!({
+            "enabled": config.agent.tools.bash.enabled,
+            "offered": detection.sandbox.is_some(),
+            "sandbox": detection.sandbox.as_ref().map(|s| s.backend().name()),
+            "network": config.agent.tools.bash.network,
+            "detail": detection.describe(),
+        }),
+    }
+}
+
+fn tool_registry(
+    config: &Config,
+    extra: Vec<Arc<dyn Tool>>,
+    mcp: &McpServers,
+    sandbox: Option<&Sandbox>,
+) -> ToolRegistry {
     let agent = &config.agent;
     let mut registry = ToolRegistry::builtin();
-    if let Some(bash) = bash_tool(&agent.tools.bash) {
+    if let Some(bash) = bash_tool(&agent.tools.bash, sandbox) {
         registry.register(bash);
     }
     if let Some(tool) = WebFetch::from_config(&agent.tools.web_fetch) {
@@ -545,6 +587,9 @@ where
     F: Future<Output = ()> + Send + 'static,
 {
     let started = Instant::now();
+    // Same-user processes (a shell command among them) may not read this process's memory,
+    // environment or open files through /proc, nor trace it.
+    let _ = rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable);
     let metrics = metrics_handle();
     let path = config.store.path.clone();
     let cache = config.store.cache_capacity_bytes;
@@ -559,7 +604,9 @@ where
     let memory_model: Arc<dyn ChatModel> = Arc::new(client.clone());
     // Cancelled when running turns must stop (and their subagents with them).
     let turn_cancel = CancellationToken::new();
-    let mut tools = tool_registry(&config, extra_tools, &mcp);
+    let shell = shell_sandbox(&config).await;
+    let sandbox = shell.as_ref().and_then(|d| d.sandbox.as_ref());
+    let mut tools = tool_registry(&config, extra_tools, &mcp, sandbox);
     let chain = middleware_chain(&config, &store)?;
     let subagents = subagent_executor(
         &config,
@@ -742,6 +789,7 @@ where
         streams: Arc::new(Semaphore::new(server.max_streams.max(1))),
         metrics_token: server.metrics_token.clone(),
         mcp: mcp.status(),
+        shell: shell_status(&config, shell.as_ref()),
         memory_max_facts: config.memory.max_facts,
         memory_identities: MemoryIdentities::from_config(&config.memory),
         subagents: subagents.clone(),
@@ -913,13 +961,25 @@ mod tests {
         assert!(at("input_sanitization") < at("dangling_tool_call"));
         assert_eq!(at("sandbox_audit"), at("guardrail") + 1);
         assert_eq!(at("memory"), at("title") + 1);
-        assert!(tool_registry(&config, Vec::new(), &McpServers::default()).contains("bash"));
+        let sandbox = Sandbox::new(
+            Backend::None,
+            false,
+            crate::sandbox::SandboxLimits::default(),
+            std::path::PathBuf::from("/antler"),
+            None,
+        );
+        let registry = |config: &Config, sandbox: Option<&Sandbox>| {
+            tool_registry(config, Vec::new(), &McpServers::default(), sandbox)
+        };
+        assert!(registry(&config, Some(&sandbox)).contains("bash"));
+        // No sandbox works: no shell.
+        assert!(!registry(&config, None).contains("bash"));
 
         let mut off = Config::default();
         off.agent.tools.bash.enabled = false;
         off.agent.middleware.sandbox_audit.enabled = false;
         off.agent.middleware.input_sanitization.enabled = false;
-        assert!(!tool_registry(&off, Vec::new(), &McpServers::default()).contains("bash"));
+        assert!(!registry(&off, Some(&sandbox)).contains("bash"));
         off.memory.enabled = false;
         let names = middleware_chain(&off, &store).unwrap().names();
         assert!(!names.contains(&"memory"));

@@ -10,6 +10,8 @@
 //! - `agent`: the runtime (model client, tools, middleware chain), free of HTTP and platforms.
 //! - `memory`: long-term memory documents and their update queue.
 //! - `store`: the `Store` trait and its sled implementation.
+//! - `sandbox`: how shell commands are confined; [`main_if_launcher`] is its launcher process.
+//! - `beneath`: files opened beneath a folder handle, links refused.
 //! - [`doctor`], [`chat`], [`logging`], [`cli`]: what the binary's subcommands and setup use.
 #![cfg_attr(
     test,
@@ -36,12 +38,14 @@ pub(crate) mod lanes;
 pub mod logging;
 pub(crate) mod memory;
 mod poll;
+pub(crate) mod sandbox;
 pub mod setup;
 pub(crate) mod store;
 #[cfg(test)]
 pub(crate) mod test_support;
 
 pub use app::{AppError, serve};
+pub use sandbox::main_if_launcher;
 
 /// Milliseconds since the Unix epoch (wall clock, for stored timestamps).
 pub(crate) fn now_ms() -> u64 {

@@ -138,8 +138,27 @@ fn exit_code(outcome: Result<(), antler::setup::SetupError>) -> ExitCode {
     }
 }
 
-#[tokio::main]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
+    // The sandbox's launcher confines itself per thread: it must run before anything starts one.
+    if let Some(code) = antler::main_if_launcher() {
+        return code;
+    }
+    // Other processes of the same user (a command of the shell among them) may not read this
+    // one's memory, environment or open files through /proc, nor trace it.
+    let _ = rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable);
+    match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime.block_on(async_main()),
+        Err(e) => {
+            complain(format_args!("error: cannot start the async runtime: {e}"));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn async_main() -> ExitCode {
     let cli = Cli::parse();
     let logs = match logging::init(cli.log_format) {
         Ok(guard) => Some(guard),

@@ -146,14 +146,38 @@ impl ThreadFolders {
         self.root.join("outputs")
     }
 
-    /// Creates the three folders (owner-only), if they are not there yet.
+    /// Scratch space for the shell's commands (`TMPDIR`) where the sandbox has no private
+    /// `/tmp`.
+    pub(crate) fn tmp(&self) -> PathBuf {
+        self.root.join("tmp")
+    }
+
+    /// The store's folder the thread's folder is in.
+    pub(crate) fn data_root(&self) -> PathBuf {
+        self.root
+            .parent()
+            .and_then(Path::parent)
+            .map(Path::to_path_buf)
+            .unwrap_or_default()
+    }
+
+    /// Creates the folders (owner-only), if they are not there yet. When the shell's commands
+    /// run as another user ([`crate::sandbox::folder_owner`]), the folders it uses are made
+    /// that user's, so it can write where it may.
     pub(crate) async fn create(&self) -> std::io::Result<()> {
-        for dir in [self.uploads(), self.workspace(), self.outputs()] {
+        for dir in [self.uploads(), self.workspace(), self.outputs(), self.tmp()] {
             let mut builder = tokio::fs::DirBuilder::new();
             builder.recursive(true);
             #[cfg(unix)]
             builder.mode(0o700);
             builder.create(&dir).await?;
+            if let Some((uid, gid)) = crate::sandbox::folder_owner() {
+                let _ = rustix::fs::chown(
+                    &dir,
+                    Some(rustix::fs::Uid::from_raw(uid)),
+                    Some(rustix::fs::Gid::from_raw(gid)),
+                );
+            }
         }
         Ok(())
     }

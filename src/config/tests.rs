@@ -547,8 +547,14 @@ fn loop_detection_cross_field_validation() {
 fn shell_tool_and_audit_defaults() {
     let config = parse("").unwrap();
     let bash = &config.agent.tools.bash;
-    assert!(bash.enabled && bash.network);
-    assert_eq!(bash.sandbox, crate::agent::tools::bash::SandboxMode::Auto);
+    // The shell is on, sandboxed, and offline unless the network is asked for.
+    assert!(bash.enabled && !bash.network);
+    assert_eq!(bash.sandbox, crate::sandbox::SandboxMode::Auto);
+    assert_eq!(bash.limits.processes, 64);
+    assert_eq!(bash.limits.memory_mb, 1024);
+    assert_eq!(bash.limits.cpu_secs, None);
+    assert_eq!(bash.limits.file_mb, 256);
+    assert_eq!(bash.limits.open_files, 256);
     assert_eq!(bash.max_output_bytes, 65_536);
     let audit = &config.agent.middleware.sandbox_audit;
     assert!(audit.enabled && audit.builtin_rules);
@@ -560,8 +566,11 @@ fn shell_tool_and_audit_defaults() {
     let text = r#"
         [agent.tools.bash]
         sandbox = "bwrap"
-        network = false
+        network = true
         max_output_bytes = 1000
+        [agent.tools.bash.limits]
+        processes = 10
+        cpu_secs = 5
         [agent.middleware.sandbox_audit]
         audit_log = "/var/log/antler/shell.log"
         block = [{ name = "no-kubectl-delete", pattern = 'kubectl\s+delete' }]
@@ -569,8 +578,12 @@ fn shell_tool_and_audit_defaults() {
     let config = parse(text).unwrap();
     assert_eq!(
         config.agent.tools.bash.sandbox,
-        crate::agent::tools::bash::SandboxMode::Bwrap
+        crate::sandbox::SandboxMode::Bwrap
     );
+    assert!(config.agent.tools.bash.network);
+    assert_eq!(config.agent.tools.bash.limits.processes, 10);
+    assert_eq!(config.agent.tools.bash.limits.cpu_secs, Some(5));
+    assert_eq!(config.agent.tools.bash.limits.memory_mb, 1024);
     assert_eq!(
         config.agent.middleware.sandbox_audit.block[0].name,
         "no-kubectl-delete"
@@ -586,7 +599,7 @@ sandbox = \"docker\"
     );
     assert_eq!(
         found,
-        ["agent.tools.bash.sandbox: unknown value (must be one of: auto, bwrap, none)"]
+        ["agent.tools.bash.sandbox: unknown value (must be one of: auto, bwrap, landlock, none)"]
     );
     let text = r#"
         [agent.tools.bash]
@@ -604,7 +617,6 @@ sandbox = \"docker\"
         found,
         [
             "agent.tools.bash.max_output_bytes: must be between 1 and 16777216 (got 0)",
-            "agent.tools.bash.network: false needs a sandbox to take the network away: set agent.tools.bash.sandbox to \"bwrap\" or \"auto\"",
             "agent.middleware.sandbox_audit.max_command_chars: must be between 1 and 1000000 (got 0)",
             "agent.middleware.sandbox_audit.tools: must name at least one tool",
             "agent.middleware.sandbox_audit.block[0].name: must be 1 to 64 letters, digits, `_` or `-`",

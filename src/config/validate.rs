@@ -7,7 +7,7 @@ use super::TelegramMode;
 use super::{Config, ConfigIssue, Secret};
 use crate::agent::middleware::sandbox_audit::{MAX_COMMAND_CHARS_LIMIT, SandboxAuditConfig};
 use crate::agent::subagents::config::BUILTIN_TYPES;
-use crate::agent::tools::bash::{MAX_OUTPUT_BYTES_LIMIT, SandboxMode};
+use crate::agent::tools::bash::MAX_OUTPUT_BYTES_LIMIT;
 
 /// The smallest sled page cache accepted (1 MiB).
 pub(crate) const MIN_CACHE_CAPACITY_BYTES: u64 = 1024 * 1024;
@@ -264,12 +264,6 @@ fn agent(config: &Config, v: &mut Issues) {
                 "must be between 1 and {MAX_OUTPUT_BYTES_LIMIT} (got {})",
                 bash.max_output_bytes
             ),
-        );
-    }
-    if bash.enabled && !bash.network && bash.sandbox == SandboxMode::None {
-        v.push(
-            "agent.tools.bash.network",
-            "false needs a sandbox to take the network away: set agent.tools.bash.sandbox to \"bwrap\" or \"auto\"",
         );
     }
     sandbox_audit(&agent.middleware.sandbox_audit, v);

@@ -60,6 +60,8 @@ pub(crate) struct AppContext {
     pub(crate) metrics_token: Option<Secret>,
     /// How each configured MCP server came up (reported by `/readyz`).
     pub(crate) mcp: Vec<McpServerStatus>,
+    /// The shell's sandbox as found at start (reported by `/readyz`).
+    pub(crate) shell: serde_json::Value,
     /// `memory.max_facts`: the most facts a document written through the API may hold.
     pub(crate) memory_max_facts: usize,
     /// `[[memory.identities]]`: whose queued updates a cleared memory drops.

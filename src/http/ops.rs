@@ -78,6 +78,7 @@ pub(crate) async fn readyz(
             "store_bytes": stats.disk_bytes,
             "outbox_pending": stats.outbox_pending,
             "mcp": state.mcp,
+            "shell": state.shell,
         }),
         Err(e) => {
             tracing::error!(error = %e, "readiness: the store failed");

@@ -22,6 +22,7 @@ mod plan_mode;
 mod present_files;
 mod request_shaping;
 mod restart;
+mod sandbox;
 mod seams;
 mod shell;
 mod slack;

@@ -252,6 +252,16 @@ impl Client {
     }
 }
 
+/// A temporary folder others may pass through (not list): a root antler runs shell commands
+/// as an unprivileged user, who must reach the thread folders under it.
+pub fn searchable_tempdir() -> tempfile::TempDir {
+    use std::os::unix::fs::PermissionsExt as _;
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711))
+        .expect("chmod tempdir");
+    dir
+}
+
 /// antler served in-process on 127.0.0.1 with a oneshot shutdown.
 pub struct TestApp {
     pub client: Client,
@@ -265,7 +275,7 @@ pub struct TestApp {
 impl TestApp {
     /// Serves with a store in a fresh temporary directory.
     pub async fn spawn(mock: &MockModel, overrides: &str) -> Self {
-        let dir = tempfile::tempdir().expect("tempdir");
+        let dir = searchable_tempdir();
         let mut app = Self::start(mock, &dir.path().join("store"), overrides).await;
         app._dir = Some(dir);
         app
@@ -369,7 +379,7 @@ pub struct ChildRig {
 impl ChildRig {
     /// Writes a config for `mock` on a free port; `overrides` is appended TOML (no `[server]`).
     pub fn new(mock: &MockModel, overrides: &str) -> Self {
-        let dir = tempfile::tempdir().expect("tempdir");
+        let dir = searchable_tempdir();
         let port = free_port();
         let config = dir.path().join("antler.toml");
         let text = config_text(
@@ -403,6 +413,16 @@ pub struct Child {
 impl Child {
     /// Starts `antler serve --config <config>` listening on `port` and waits until it answers.
     pub async fn serve(config: &Path, port: u16, log: &Path) -> Self {
+        Self::serve_with_env(config, port, log, &[]).await
+    }
+
+    /// [`Child::serve`] with more environment variables.
+    pub async fn serve_with_env(
+        config: &Path,
+        port: u16,
+        log: &Path,
+        env: &[(&str, &str)],
+    ) -> Self {
         let log_file = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -413,6 +433,7 @@ impl Child {
             .arg("--config")
             .arg(config)
             .env("RUST_LOG", "info")
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::from(log_file))

@@ -1,0 +1,321 @@
+//! The shell's sandbox against the attacks an outside review ran as a hostile chat user and a
+//! prompt-injected model (issue 21): each is a `bash` call through the API, scripted by the
+//! mock model, against a real `antler serve` whose config file (with its API key) sits beside
+//! its store, as in a deployment. Every backend runs the same list; one that the machine
+//! cannot provide (no bubblewrap, no user namespaces, no Landlock) is skipped with the reason
+//! `antler` itself gives.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use axum::http::StatusCode;
+use serde_json::{Value, json};
+
+use crate::support::{Behaviour, ChildRig, Client, MockModel};
+
+const ADMIN_TOKEN: &str = "admin-token-0123456789";
+/// In antler's environment only: a command must never see it.
+const ENV_SECRET: &str = "env-secret-5f0c1d9e";
+
+fn bash(command: &str) -> Behaviour {
+    Behaviour::TurnScript(vec![(
+        "bash".to_owned(),
+        json!({ "command": command }).to_string(),
+    )])
+}
+
+fn overrides(backend: &str) -> String {
+    format!(
+        r#"
+[channels.api]
+token = "{ADMIN_TOKEN}"
+
+[agent.tools.bash]
+sandbox = "{backend}"
+
+[agent.tools.bash.limits]
+processes = 32
+memory_mb = 256
+file_mb = 16
+"#
+    )
+}
+
+/// The command's output as the model got it (`done: <result>`).
+async fn run(client: &Client, mock: &MockModel, conversation: &str, command: &str) -> String {
+    mock.set_behaviour(bash(command));
+    let answer = client
+        .post(&json!({"conversation": conversation, "text": "run it", "wait": true}))
+        .await;
+    assert_eq!(answer.status, StatusCode::OK, "{}", answer.text);
+    answer.json["reply"]
+        .as_str()
+        .unwrap_or_default()
+        .trim_start_matches("done: ")
+        .to_owned()
+}
+
+/// Whether a process with `marker` in its command line is alive.
+fn alive(marker: &str) -> bool {
+    std::fs::read_dir("/proc")
+        .map(|entries| {
+            entries.flatten().any(|entry| {
+                std::fs::read(entry.path().join("cmdline"))
+                    .is_ok_and(|cmdline| String::from_utf8_lossy(&cmdline).contains(marker))
+            })
+        })
+        .unwrap_or(false)
+}
+
+async fn gone(marker: &str) -> bool {
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(30) {
+        if !alive(marker) {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    false
+}
+
+/// A TCP listener on 127.0.0.1 that counts the connections it accepts.
+async fn counting_listener() -> (u16, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let count = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = std::sync::Arc::clone(&count);
+    tokio::spawn(async move {
+        while let Ok((_socket, _)) = listener.accept().await {
+            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    });
+    (port, count)
+}
+
+/// Starts antler with `backend`; `None` (with the reason printed) when it is not offered here.
+async fn start(
+    backend: &str,
+    mock: &MockModel,
+) -> Option<(ChildRig, crate::support::Child, Client)> {
+    let rig = ChildRig::new(mock, &overrides(backend));
+    let child = crate::support::Child::serve_with_env(
+        &rig.config,
+        rig.port,
+        &rig.log,
+        &[("ANTLER_E2E_SECRET", ENV_SECRET)],
+    )
+    .await;
+    let client = Client {
+        token: Some(ADMIN_TOKEN.to_owned()),
+        ..child.client.clone()
+    };
+    let ready = client.get("/readyz").await;
+    let shell = &ready.json["shell"];
+    if shell["offered"] != Value::Bool(true) {
+        eprintln!(
+            "skipped: the {backend} sandbox is not available here: {}",
+            shell["detail"]
+        );
+        return None;
+    }
+    assert_eq!(shell["sandbox"], backend, "{shell}");
+    Some((rig, child, client))
+}
+
+/// The attacks every isolating backend must stop.
+async fn confines(backend: &str) {
+    let mock = MockModel::start(bash("true")).await;
+    let Some((rig, child, client)) = start(backend, &mock).await else {
+        return;
+    };
+    let store = rig.dir.path().join("store");
+    let pid = child.process.id().unwrap();
+
+    // Who it runs as: never root, no capabilities, also when antler is root.
+    let out = run(
+        &client,
+        &mock,
+        "who",
+        "id -u; grep CapEff /proc/self/status",
+    )
+    .await;
+    assert!(out.starts_with("65534\n"), "{out}");
+    assert!(out.contains("CapEff:\t0000000000000000"), "{out}");
+
+    // antler's environment, its working directory, its config file and the store.
+    let config = rig.config.display().to_string();
+    let out = run(
+        &client,
+        &mock,
+        "steal",
+        &format!(
+            "cat /proc/{pid}/environ; ls /proc/{pid}/cwd/; cat {config}; ls {store}; \
+             cat {store}/db; cat {store}/audit/shell.log; echo end",
+            store = store.display()
+        ),
+    )
+    .await;
+    assert!(out.contains("end"), "{out}");
+    for secret in [
+        ENV_SECRET,
+        "sk-e2e-test-key",
+        "antler.toml",
+        "snap.",
+        "conf",
+    ] {
+        assert!(!out.contains(secret), "{secret} leaked: {out}");
+    }
+    // Nor can it write the audit log (or anything else of the store).
+    let out = run(
+        &client,
+        &mock,
+        "steal",
+        &format!(
+            "echo forged >> {store}/audit/shell.log; touch {store}/planted; echo end",
+            store = store.display()
+        ),
+    )
+    .await;
+    assert!(out.contains("end"), "{out}");
+    assert!(!store.join("planted").exists());
+    let audit = std::fs::read_to_string(store.join("audit/shell.log")).unwrap();
+    assert!(!audit.contains("forged"), "{audit}");
+
+    // Another thread's files.
+    let other = store.join("threads/other-thread/workspace");
+    std::fs::create_dir_all(&other).unwrap();
+    std::fs::write(other.join("notes.txt"), "other-users-notes").unwrap();
+    let out = run(
+        &client,
+        &mock,
+        "steal",
+        &format!(
+            "cat {}/notes.txt; ls {}; echo end",
+            other.display(),
+            store.join("threads").display()
+        ),
+    )
+    .await;
+    assert!(
+        !out.contains("other-users-notes") && !out.contains("other-thread"),
+        "{out}"
+    );
+
+    // Remounting the read-only system (as root this wrote a file the host saw).
+    let marker = format!("/usr/antler-{backend}-{pid}");
+    let out = run(
+        &client,
+        &mock,
+        "root",
+        &format!("mount -o remount,bind,rw /usr 2>&1; touch {marker} 2>&1; echo end"),
+    )
+    .await;
+    assert!(out.contains("end"), "{out}");
+    assert!(!Path::new(&marker).exists(), "the host saw {marker}");
+
+    // The network: antler's own listener, the model's, any other on loopback.
+    let (port, connections) = counting_listener().await;
+    let model_port = mock
+        .base_url()
+        .rsplit(':')
+        .next()
+        .unwrap()
+        .trim_end_matches("/v1")
+        .to_owned();
+    let out = run(
+        &client,
+        &mock,
+        "net",
+        &format!(
+            "for p in {port} {} {model_port}; do (exec 3<>/dev/tcp/127.0.0.1/$p && echo CONNECTED $p) 2>&1; done; echo end",
+            rig.port
+        ),
+    )
+    .await;
+    assert!(out.contains("end") && !out.contains("CONNECTED"), "{out}");
+    assert_eq!(connections.load(std::sync::atomic::Ordering::SeqCst), 0);
+
+    limits_and_tree(&client, &mock, &store).await;
+    drop(child);
+}
+
+/// Limits and the process tree, which every backend (`none` too) enforces.
+async fn limits_and_tree(client: &Client, mock: &MockModel, store: &Path) {
+    // A process storm: stopped at `processes` (32); dash gives up at the first failed fork.
+    let out = run(
+        client,
+        mock,
+        "storm",
+        "sh -c 'i=0; while [ $i -lt 200 ]; do sleep 1000.601 & i=$((i+1)); done; echo all-started' 2>&1 | tail -2",
+    )
+    .await;
+    assert!(!out.contains("all-started"), "{out}");
+    assert!(out.to_lowercase().contains("fork"), "{out}");
+    assert!(
+        gone("1000.601").await,
+        "the storm's processes outlived the call"
+    );
+
+    // A memory hog: bash cannot hold 400 MiB with memory_mb = 256.
+    let out = run(
+        client,
+        mock,
+        "hog",
+        "x=$(head -c 400M /dev/zero | tr '\\0' a); echo got ${#x} bytes",
+    )
+    .await;
+    assert!(!out.contains("got 419430400 bytes"), "{out}");
+
+    // A file over file_mb (16): cut at the limit.
+    let out = run(
+        client,
+        mock,
+        "disk",
+        "head -c 100M /dev/zero > big.bin; echo wrote",
+    )
+    .await;
+    assert!(out.contains("wrote"), "{out}");
+    let big: Vec<u64> = std::fs::read_dir(store.join("threads"))
+        .unwrap()
+        .flatten()
+        .filter_map(|t| std::fs::metadata(t.path().join("workspace/big.bin")).ok())
+        .map(|m| m.len())
+        .collect();
+    assert_eq!(big.len(), 1, "{big:?}");
+    assert!(big[0] <= 16 * 1024 * 1024, "{big:?}");
+
+    // Survivors: a `setsid` process and a double fork are gone with the call.
+    let out = run(
+        client,
+        mock,
+        "survive",
+        "setsid sleep 1000.602 > /dev/null 2>&1 < /dev/null & (sleep 1000.603 > /dev/null 2>&1 < /dev/null &) ; echo left",
+    )
+    .await;
+    assert!(out.contains("left"), "{out}");
+    assert!(gone("1000.602").await, "a setsid process survived the call");
+    assert!(
+        gone("1000.603").await,
+        "a double-forked process survived the call"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bwrap_confines_a_hostile_command() {
+    confines("bwrap").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn landlock_confines_a_hostile_command() {
+    confines("landlock").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_sandbox_the_limits_and_the_tree_kill_still_hold() {
+    let mock = MockModel::start(bash("true")).await;
+    let Some((rig, child, client)) = start("none", &mock).await else {
+        return;
+    };
+    limits_and_tree(&client, &mock, &rig.dir.path().join("store")).await;
+    drop(child);
+}
