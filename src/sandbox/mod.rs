@@ -214,7 +214,7 @@ pub(crate) struct Sandbox {
     launcher: PathBuf,
     /// bubblewrap, for [`Backend::Bwrap`].
     bwrap: Option<PathBuf>,
-    /// The user the launcher starts as, when antler is root and no user namespace maps it.
+    /// The user the launcher (or bubblewrap) starts as, when antler is root.
     run_as: Option<(u32, u32)>,
 }
 
@@ -228,7 +228,9 @@ impl Sandbox {
         bwrap: Option<PathBuf>,
     ) -> Self {
         let root = rustix::process::geteuid().is_root();
-        let run_as = (root && backend != Backend::Bwrap).then_some((SANDBOX_UID, SANDBOX_GID));
+        // Under bubblewrap too: its user namespace would map the command to host root, for
+        // whom the kernel does not enforce RLIMIT_NPROC.
+        let run_as = root.then_some((SANDBOX_UID, SANDBOX_GID));
         Self {
             backend,
             network,
@@ -329,12 +331,12 @@ impl Sandbox {
             _ => {
                 let mut cmd = tokio::process::Command::new(&self.launcher);
                 cmd.arg(LAUNCHER_ARG).arg(spec_json);
-                if let Some((uid, gid)) = self.run_as {
-                    cmd.uid(uid).gid(gid);
-                }
                 cmd
             }
         };
+        if let Some((uid, gid)) = self.run_as {
+            cmd.uid(uid).gid(gid);
+        }
         cmd.env_clear()
             .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .current_dir(match self.backend {
