@@ -292,7 +292,7 @@ async fn a_result_over_the_transport_limit_is_reported_as_too_large() {
     assert_eq!(
         answer.json["reply"],
         "done: Error: `mcp__test__big` failed: the result of `big` from the MCP server `test` is \
-         larger than the limit of 16 MB (16777216 bytes) and was dropped; ask for less at once",
+         larger than the limit of 16 MiB (16777216 bytes) and was dropped; ask for less at once",
         "{}",
         answer.text
     );

@@ -45,9 +45,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::{Tool, ToolContext, ToolError};
 use crate::agent::model::ToolSpec;
+use crate::agent::retry::RetryPolicy;
 use crate::config::Secret;
-use crate::delivery::RetryPolicy;
-use crate::ingress::attachments::human_size;
 
 /// The longest tool name the OpenAI API accepts.
 pub(crate) const MAX_TOOL_NAME: usize = 64;
@@ -378,7 +377,7 @@ impl Server {
                 "the result of `{tool}` from the MCP server `{}` is larger than the limit of {} \
                  ({limit} bytes) and was dropped; ask for less at once",
                 self.name,
-                human_size(limit)
+                in_units(limit)
             ));
         }
         let ended = match error {
@@ -400,6 +399,19 @@ impl Server {
             self.name,
             mask(text, &self.hidden, MAX_ERROR_CHARS)
         ))
+    }
+}
+
+/// `bytes` in MiB or KiB when it is a whole number of them (limits usually are).
+fn in_units(bytes: u64) -> String {
+    const KIB: u64 = 1024;
+    const MIB: u64 = 1024 * KIB;
+    if bytes >= MIB && bytes % MIB == 0 {
+        format!("{} MiB", bytes / MIB)
+    } else if bytes >= KIB && bytes % KIB == 0 {
+        format!("{} KiB", bytes / KIB)
+    } else {
+        format!("{bytes} bytes")
     }
 }
 

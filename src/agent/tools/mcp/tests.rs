@@ -391,7 +391,7 @@ async fn a_result_over_the_message_limit_is_reported_as_too_large() {
         .to_string();
     assert_eq!(
         error,
-        "the result of `big` from the MCP server `test` is larger than the limit of 64 KB \
+        "the result of `big` from the MCP server `test` is larger than the limit of 64 KiB \
          (65536 bytes) and was dropped; ask for less at once"
     );
     // The connection is fine: a smaller result comes through.
@@ -469,7 +469,7 @@ async fn an_http_result_over_the_message_limit_is_reported_as_too_large() {
         .to_string();
     assert_eq!(
         error,
-        "the result of `big` from the MCP server `remote` is larger than the limit of 64 KB \
+        "the result of `big` from the MCP server `remote` is larger than the limit of 64 KiB \
          (65536 bytes) and was dropped; ask for less at once"
     );
 }
