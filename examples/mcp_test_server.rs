@@ -1,6 +1,11 @@
 //! A small MCP server on stdio for antler's tests: `add(a, b)`, `echo(text)`, `fail()` (a
 //! tool-level error naming the `MCP_TEST_SECRET` environment variable's value, which antler
-//! must mask) and `picture()` (an image, which antler describes instead of passing on).
+//! must mask), `picture()` (an image, which antler describes instead of passing on) and
+//! `big(bytes)` (a text of that many bytes, for the message limit).
+//!
+//! Arguments: `--tag <anything>` is ignored (tests find their server's process by it);
+//! `--token <value>` names a token; `--refuse` makes it refuse to start, writing why (the
+//! token included) to stderr; `--refuse-if <path>` makes it refuse while that file exists.
 //! `cargo test` builds it; the tests find it at `target/<profile>/examples/mcp_test_server`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -49,6 +54,15 @@ fn tools() -> Vec<Tool> {
             "Returns a tiny picture.",
             schema(json!({"type": "object"})),
         ),
+        Tool::new(
+            "big",
+            "Returns a text of the given number of bytes.",
+            schema(json!({
+                "type": "object",
+                "properties": {"bytes": {"type": "integer"}},
+                "required": ["bytes"]
+            })),
+        ),
     ]
 }
 
@@ -90,6 +104,10 @@ impl ServerHandler for TestServer {
                     "backend refused the token {secret}"
                 ))])
             }
+            "big" => {
+                let bytes = arguments.get("bytes").and_then(|v| v.as_u64()).unwrap_or(0);
+                CallToolResult::success(vec![ContentBlock::text("x".repeat(bytes as usize))])
+            }
             "picture" => CallToolResult::success(vec![
                 ContentBlock::text("here it is"),
                 ContentBlock::image("iVBORw0KGgo=", "image/png"),
@@ -105,8 +123,21 @@ impl ServerHandler for TestServer {
     }
 }
 
+/// The value after `flag` among the arguments.
+fn arg(flag: &str) -> Option<String> {
+    let args: Vec<String> = std::env::args().collect();
+    let at = args.iter().position(|a| a == flag)?;
+    args.get(at + 1).cloned()
+}
+
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
+    let refuse_if = arg("--refuse-if").filter(|path| std::path::Path::new(path).exists());
+    if std::env::args().any(|a| a == "--refuse") || refuse_if.is_some() {
+        let token = arg("--token").unwrap_or_default();
+        eprintln!("refusing to start: the token {token} was rejected");
+        std::process::exit(1);
+    }
     let service = TestServer
         .serve(rmcp::transport::stdio())
         .await

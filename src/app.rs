@@ -788,7 +788,7 @@ where
         hosts: HostPolicy::from_config(server),
         streams: Arc::new(Semaphore::new(server.max_streams.max(1))),
         metrics_token: server.metrics_token.clone(),
-        mcp: mcp.status(),
+        mcp: mcp.live_status(),
         shell: shell_status(&config, shell.as_ref()),
         memory_max_facts: config.memory.max_facts,
         memory_identities: MemoryIdentities::from_config(&config.memory),

@@ -19,11 +19,12 @@
 mod draft;
 
 pub(crate) use draft::Draft;
+// The policy is the runtime's too (MCP restarts), so it lives in the agent layer.
+pub(crate) use crate::agent::retry::RetryPolicy;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
 
 use antler_channel::{
     Channel, ChannelError, FileContent, OutboundFile, OutboundMessage, Part, Receipt,
@@ -37,28 +38,6 @@ use crate::beneath::Refused;
 use crate::ingress::attachments::human_size;
 use crate::lanes::Lanes;
 use crate::store::{OutboxItem, Store, StoreError};
-
-/// Retry policy for sends.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct RetryPolicy {
-    /// Attempts in all, the first included.
-    pub(crate) max_attempts: u32,
-    pub(crate) backoff_base: Duration,
-    pub(crate) backoff_max: Duration,
-}
-
-impl RetryPolicy {
-    /// The wait before attempt `attempt + 1` (attempt counts from 1): exponential with full
-    /// jitter in its upper half, never more than the cap.
-    pub(crate) fn backoff(&self, attempt: u32) -> Duration {
-        let exponential = self
-            .backoff_base
-            .saturating_mul(1u32 << attempt.saturating_sub(1).min(20))
-            .min(self.backoff_max);
-        let half = exponential / 2;
-        half + half.mul_f64(fastrand::f64())
-    }
-}
 
 /// Where the files of replies are: the store's folder (threads are under `threads/`) and the
 /// largest file sent (`agent.max_attachment_bytes`).

@@ -1,3 +1,5 @@
+use std::time::Duration;
+
 use antler_channel::{ConversationKey, OutboundMessage, Receipt};
 
 use super::*;

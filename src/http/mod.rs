@@ -23,7 +23,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::agent::model::ModelHealth;
 use crate::agent::subagents::executor::SubagentExecutor;
-use crate::agent::tools::mcp::McpServerStatus;
+use crate::agent::tools::mcp::McpStatus;
 use crate::config::Secret;
 use crate::events::EventHub;
 use crate::ingress::Ingress;
@@ -58,8 +58,8 @@ pub(crate) struct AppContext {
     pub(crate) streams: Arc<Semaphore>,
     /// Grants `/metrics` and the detail of `/readyz` on the main listener.
     pub(crate) metrics_token: Option<Secret>,
-    /// How each configured MCP server came up (reported by `/readyz`).
-    pub(crate) mcp: Vec<McpServerStatus>,
+    /// How each configured MCP server is doing, read live (reported by `/readyz`).
+    pub(crate) mcp: McpStatus,
     /// The shell's sandbox as found at start (reported by `/readyz`).
     pub(crate) shell: serde_json::Value,
     /// `memory.max_facts`: the most facts a document written through the API may hold.
