@@ -43,7 +43,7 @@ const MAX_URL_BYTES: usize = 4096;
 /// The time one page's HTML may take to become text. A release build converts 1 MiB of
 /// ordinary or hostile markup in well under 100 ms, except one tag with many thousand distinct
 /// attributes, which this budget cuts (`examples/html_to_text_cost.rs` measures it).
-pub(crate) const CONVERSION_BUDGET: Duration = Duration::from_millis(250);
+const CONVERSION_BUDGET: Duration = Duration::from_millis(250);
 
 /// `[agent.tools.web_fetch]`
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
