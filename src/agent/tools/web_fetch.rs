@@ -11,10 +11,13 @@
 //! intranet wiki, or the tests' server on 127.0.0.1).
 //!
 //! The body is streamed and cut at `max_bytes`; the whole fetch has `timeout_secs`, within the
-//! tool deadline the registry enforces. HTML becomes readable text (scripts, styles and tags
-//! dropped, entities decoded, whitespace collapsed); JSON, XML and plain text come back as
-//! they are; any other content type is refused, naming it. The output starts with the final
-//! URL and the status. Framework tags in the text (`<system-reminder>`, `<memory>`, ...) are
+//! tool deadline the registry enforces. HTML becomes readable text (`html.rs`: html5ever's
+//! tokenizer; scripts, styles and tags dropped, character references decoded, whitespace
+//! collapsed); JSON, XML and plain text come back as they are; any other content type is
+//! refused, naming it. Rendering runs on a blocking thread (`spawn_blocking`), never on an
+//! async worker, and HTML gets [`CONVERSION_BUDGET`] of that thread: a page that takes longer
+//! comes back converted up to there, with a note. The output starts with the final URL and
+//! the status. Framework tags in the text (`<system-reminder>`, `<memory>`, ...) are
 //! neutralised as DeerFlow's ToolResultSanitization does for `web_fetch` results. Beyond what
 //! the DeerFlow reference describes, antler fetches pages itself (no reader service), so the
 //! address checks, redirect checks and size and time bounds here are its own.
@@ -27,6 +30,9 @@ use serde_json::json;
 
 use super::{Tool, ToolContext, ToolError, parse_arguments};
 use crate::agent::model::ToolSpec;
+use html::{Budget, Converted, Cut, html_to_text};
+
+mod html;
 
 /// The tool's name.
 pub(crate) const TOOL_NAME: &str = "web_fetch";
@@ -34,6 +40,10 @@ pub(crate) const TOOL_NAME: &str = "web_fetch";
 pub(crate) const MAX_REDIRECTS: usize = 5;
 /// The longest URL accepted, in bytes.
 const MAX_URL_BYTES: usize = 4096;
+/// The time one page's HTML may take to become text. A release build converts 1 MiB of
+/// ordinary or hostile markup in well under 100 ms, except one tag with many thousand distinct
+/// attributes, which this budget cuts (`examples/html_to_text_cost.rs` measures it).
+const CONVERSION_BUDGET: Duration = Duration::from_millis(250);
 
 /// `[agent.tools.web_fetch]`
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -96,6 +106,9 @@ pub(crate) enum FetchError {
     /// The HTTP exchange failed.
     #[error("the request failed: {0}")]
     Http(String),
+    /// The blocking task rendering the body did not finish.
+    #[error("the page could not be turned into text")]
+    Render,
 }
 
 /// The `web_fetch` tool.
@@ -106,6 +119,8 @@ pub(crate) struct WebFetch {
     allow_private: bool,
     allowed_hosts: Vec<String>,
     user_agent: String,
+    /// [`CONVERSION_BUDGET`]; tests set their own.
+    conversion_budget: Duration,
 }
 
 #[derive(Debug, Deserialize)]
@@ -127,6 +142,7 @@ impl WebFetch {
                 .map(|h| h.trim().to_ascii_lowercase())
                 .collect(),
             user_agent: cfg.user_agent.clone(),
+            conversion_budget: CONVERSION_BUDGET,
         })
     }
 
@@ -273,11 +289,16 @@ impl WebFetch {
                 "(none; the body is binary)".to_owned(),
             ));
         }
-        let raw = String::from_utf8_lossy(&body);
-        let text = neutralize_tags(&match kind {
-            Kind::Html => html_to_text(&raw),
-            Kind::Text => raw.into_owned(),
-        });
+        let budget = Budget {
+            time: self.conversion_budget,
+            max_text_bytes: self.max_bytes,
+        };
+        // Rendering is CPU work proportional to the body (and HTML up to the budget): it must
+        // not hold an async worker, which serves `/healthz`, webhooks and every other turn.
+        let Converted { text, cut } =
+            tokio::task::spawn_blocking(move || render(kind, &body, budget))
+                .await
+                .map_err(|_| FetchError::Render)?;
         let mut out = format!(
             "URL: {url}\nStatus: {}\nContent-Type: {}\n\n{text}",
             status.as_u16(),
@@ -293,7 +314,36 @@ impl WebFetch {
                 self.max_bytes
             ));
         }
+        match cut {
+            Some(Cut::Time) => out.push_str(&format!(
+                "\n\n[cut: turning the page into text took longer than {} ms; the rest of the \
+                 page is left out]",
+                self.conversion_budget.as_millis()
+            )),
+            Some(Cut::Size) => out.push_str(&format!(
+                "\n\n[cut: the text is longer than {} bytes]",
+                self.max_bytes
+            )),
+            None => {}
+        }
         Ok(out)
+    }
+}
+
+/// The text of a body: HTML converted within `budget`, anything else as it is; framework tags
+/// neutralised either way.
+fn render(kind: Kind, body: &[u8], budget: Budget) -> Converted {
+    let raw = String::from_utf8_lossy(body);
+    let Converted { text, cut } = match kind {
+        Kind::Html => html_to_text(&raw, budget),
+        Kind::Text => Converted {
+            text: raw.into_owned(),
+            cut: None,
+        },
+    };
+    Converted {
+        text: neutralize_tags(&text),
+        cut,
     }
 }
 
@@ -475,175 +525,6 @@ fn embedded_v4(ip: Ipv6Addr) -> Option<Ipv4Addr> {
         [0x2002, hi, lo, ..] => Some(tail(hi, lo)),
         _ => None,
     }
-}
-
-/// Readable text from HTML: `script`, `style`, `noscript`, `template`, `svg`, `head` and
-/// comments dropped, block elements on their own lines, entities decoded, runs of spaces
-/// collapsed and blank lines dropped. A small scanner, not a parser: good enough for reading a page.
-pub(crate) fn html_to_text(html: &str) -> String {
-    const SKIPPED: [&str; 6] = ["script", "style", "noscript", "template", "svg", "head"];
-    const BLOCKS: [&str; 27] = [
-        "p",
-        "br",
-        "div",
-        "li",
-        "ul",
-        "ol",
-        "tr",
-        "table",
-        "h1",
-        "h2",
-        "h3",
-        "h4",
-        "h5",
-        "h6",
-        "section",
-        "article",
-        "header",
-        "footer",
-        "nav",
-        "main",
-        "aside",
-        "pre",
-        "blockquote",
-        "hr",
-        "dt",
-        "dd",
-        "title",
-    ];
-    let mut out = String::with_capacity(html.len() / 2);
-    let mut rest = html;
-    while let Some(open) = rest.find('<') {
-        out.push_str(&decode_entities(&rest[..open]));
-        rest = &rest[open..];
-        let opens_tag = rest
-            .as_bytes()
-            .get(1)
-            .is_some_and(|b| b.is_ascii_alphabetic() || matches!(b, b'/' | b'!' | b'?'));
-        if !opens_tag {
-            // `5 < 6`: a `<` that opens no tag is text.
-            out.push('<');
-            rest = &rest[1..];
-            continue;
-        }
-        if let Some(after) = rest.strip_prefix("<!--") {
-            rest = after.find("-->").map_or("", |end| &after[end + 3..]);
-            continue;
-        }
-        let Some(close) = rest.find('>') else {
-            // A `<` that opens no tag is text.
-            out.push_str(&decode_entities(rest));
-            rest = "";
-            break;
-        };
-        let tag = &rest[1..close];
-        rest = &rest[close + 1..];
-        let closing = tag.starts_with('/');
-        let name: String = tag
-            .trim_start_matches('/')
-            .chars()
-            .take_while(|c| c.is_ascii_alphanumeric())
-            .collect::<String>()
-            .to_ascii_lowercase();
-        if !closing && SKIPPED.contains(&name.as_str()) && !tag.ends_with('/') {
-            // Skip to the matching end tag (case-insensitive), or to the end.
-            let end = format!("</{name}");
-            rest = find_ci(rest, &end).map_or("", |at| {
-                let after = &rest[at..];
-                after.find('>').map_or("", |gt| &after[gt + 1..])
-            });
-            out.push('\n');
-            continue;
-        }
-        if BLOCKS.contains(&name.as_str()) {
-            out.push('\n');
-        } else if name == "td" || name == "th" {
-            out.push(' ');
-        }
-    }
-    out.push_str(&decode_entities(rest));
-    collapse_whitespace(&out)
-}
-
-/// The byte offset of `needle` (ASCII) in `haystack`, ignoring ASCII case.
-fn find_ci(haystack: &str, needle: &str) -> Option<usize> {
-    let needle = needle.as_bytes();
-    haystack
-        .as_bytes()
-        .windows(needle.len())
-        .position(|w| w.eq_ignore_ascii_case(needle))
-}
-
-/// Decodes the common named entities and numeric references; others stay as written.
-fn decode_entities(text: &str) -> String {
-    if !text.contains('&') {
-        return text.to_owned();
-    }
-    let mut out = String::with_capacity(text.len());
-    let mut rest = text;
-    while let Some(amp) = rest.find('&') {
-        out.push_str(&rest[..amp]);
-        rest = &rest[amp..];
-        let end = rest.find(';').filter(|&end| end <= 10);
-        let decoded = end.and_then(|end| {
-            let entity = &rest[1..end];
-            let c = match entity {
-                "amp" => Some('&'),
-                "lt" => Some('<'),
-                "gt" => Some('>'),
-                "quot" => Some('"'),
-                "apos" => Some('\''),
-                "nbsp" => Some(' '),
-                "mdash" => Some('—'),
-                "ndash" => Some('–'),
-                "hellip" => Some('…'),
-                "copy" => Some('©'),
-                _ => {
-                    let number = entity.strip_prefix('#')?;
-                    let code = match number.strip_prefix(['x', 'X']) {
-                        Some(hex) => u32::from_str_radix(hex, 16).ok()?,
-                        None => number.parse().ok()?,
-                    };
-                    char::from_u32(code)
-                }
-            }?;
-            Some((c, end))
-        });
-        match decoded {
-            Some((c, end)) => {
-                out.push(c);
-                rest = &rest[end + 1..];
-            }
-            None => {
-                out.push('&');
-                rest = &rest[1..];
-            }
-        }
-    }
-    out.push_str(rest);
-    out
-}
-
-/// Each line's runs of whitespace become one space; blank lines are dropped (the model reads
-/// fewer tokens, and block elements already start new lines).
-fn collapse_whitespace(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for line in text.lines() {
-        let mut words = line.split_whitespace().peekable();
-        if words.peek().is_none() {
-            continue;
-        }
-        if !out.is_empty() {
-            out.push('\n');
-        }
-        for (i, word) in words.enumerate() {
-            if i > 0 {
-                out.push(' ');
-            }
-            out.push_str(word);
-        }
-    }
-    out
 }
 
 #[async_trait::async_trait]

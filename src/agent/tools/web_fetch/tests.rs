@@ -1,4 +1,5 @@
 use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
 
 use axum::Router;
 use axum::http::{StatusCode, header};
@@ -91,7 +92,7 @@ fn html_becomes_readable_text() {
         <SCRIPT type="text/javascript">alert(1)</SCRIPT>
         <ul><li>one</li><li>two &lt;3&gt;</li></ul><p>caf&#233; &#x2603; &nbsp;end</p>
         <p>5 < 6 & AT&T</p></body></html>"#;
-    let text = html_to_text(html);
+    let text = text_of(html);
     assert_eq!(
         text,
         "Hello & welcome\nFirst paragraph\nwith bold and a link.\none\ntwo <3>\ncafé ☃ end\n5 < 6 & AT&T"
@@ -101,8 +102,139 @@ fn html_becomes_readable_text() {
 
 #[test]
 fn an_unclosed_script_drops_the_rest() {
-    assert_eq!(html_to_text("<p>kept</p><script>never closed"), "kept");
-    assert_eq!(html_to_text("a <!-- open comment"), "a");
+    assert_eq!(text_of("<p>kept</p><script>never closed"), "kept");
+    assert_eq!(text_of("a <!-- open comment"), "a");
+}
+
+/// A budget no test page can spend.
+const WHOLE: Budget = Budget {
+    time: Duration::from_secs(3600),
+    max_text_bytes: usize::MAX,
+};
+
+/// Text of `html`, converted whole.
+fn text_of(html: &str) -> String {
+    let converted = html_to_text(html, WHOLE);
+    assert_eq!(converted.cut, None, "the page was converted whole");
+    converted.text
+}
+
+/// About `bytes` bytes of `unit` repeated.
+fn repeated(unit: &str, bytes: usize) -> String {
+    unit.repeat(bytes / unit.len())
+}
+
+#[test]
+fn character_references_are_read_as_browsers_read_them() {
+    assert_eq!(
+        text_of("caf&eacute; &euro;5 &amp &lt;3 &#x1F600; &#0; &#x110000; &notit; AT&T & &;"),
+        "café €5 & <3 😀 \u{FFFD} \u{FFFD} ¬it; AT&T & &;"
+    );
+    assert_eq!(text_of("<p title=\"&quot;\">a&#10;b</p>"), "a\nb");
+}
+
+#[test]
+fn pages_of_stray_ampersands_come_back_whole() {
+    let mib = 1024 * 1024;
+    assert_eq!(text_of(&"&".repeat(mib)), "&".repeat(mib));
+    let quarter = mib / 4;
+    for (unit, decoded) in [
+        ("&amp;", "&"),
+        ("&#", "&#"),
+        ("&am", "&am"),
+        ("&#x", "&#x"),
+        ("&lt", "<"),
+        ("<", "<"),
+    ] {
+        let page = repeated(unit, quarter);
+        let expected = decoded.repeat(page.len() / unit.len());
+        assert!(text_of(&page) == expected, "a page of {unit:?}");
+    }
+    let digits = format!("&#{};", "9".repeat(quarter));
+    assert_eq!(text_of(&digits), "\u{FFFD}");
+}
+
+#[test]
+fn deeply_nested_and_malformed_markup_keeps_its_text() {
+    let quarter = 1024 * 1024 / 4;
+    for (open, close) in [
+        ("<div>", "</div>"),
+        ("<ul><li>", "</li></ul>"),
+        ("<b><p>", ""),
+        ("<a>", ""),
+        ("<svg>", "</svg>"),
+    ] {
+        let depth = quarter / open.len();
+        let page = format!("{}deep {}after", open.repeat(depth), close.repeat(depth));
+        let got = text_of(&page);
+        if open == "<svg>" {
+            assert_eq!(got, "after", "{open}");
+        } else {
+            assert_eq!(
+                got.split_whitespace().collect::<Vec<_>>(),
+                ["deep", "after"],
+                "{open}"
+            );
+        }
+    }
+    let mut attributes = String::from("<p ");
+    let mut i = 0;
+    while attributes.len() < 50_000 {
+        attributes.push_str(&format!("a{i}=1 "));
+        i += 1;
+    }
+    assert_eq!(text_of(&format!("{attributes}>text</p>")), "text");
+}
+
+#[test]
+fn a_spent_budget_keeps_the_text_converted_so_far() {
+    let page = repeated("<p>word</p>", 1024 * 1024);
+    let converted = html_to_text(
+        &page,
+        Budget {
+            time: Duration::ZERO,
+            ..WHOLE
+        },
+    );
+    assert_eq!(converted.cut, Some(Cut::Time));
+    assert_eq!(converted.text, "");
+    let converted = html_to_text(
+        &page,
+        Budget {
+            max_text_bytes: 14,
+            ..WHOLE
+        },
+    );
+    assert_eq!(converted.cut, Some(Cut::Size));
+    assert_eq!(converted.text, "word\nword\nw");
+    // Exactly full is not cut.
+    let converted = html_to_text(
+        "<p>word</p>",
+        Budget {
+            max_text_bytes: 6,
+            ..WHOLE
+        },
+    );
+    assert_eq!((converted.text.as_str(), converted.cut), ("word", None));
+}
+
+#[test]
+fn skipped_elements_end_where_a_browser_ends_them() {
+    assert_eq!(
+        text_of("<head><title>T</title><script>document.write('</head>')</script></head>B"),
+        "B"
+    );
+    assert_eq!(text_of("<head><title>T</title><body>B"), "B");
+    assert_eq!(text_of("<svg><svg></svg>x</svg>y <svg/>z"), "y z");
+    assert_eq!(text_of("a<script/>b</script>c"), "a\nc");
+    assert_eq!(
+        text_of("<title>a<b>c</title><textarea><p>t</textarea>"),
+        "a<b>c\n<p>t"
+    );
+    assert_eq!(
+        text_of("<table><tr><td>a</td><td>b</td></tr><tr><th>c</th></tr></table>"),
+        "a b\nc"
+    );
 }
 
 #[test]
@@ -127,6 +259,15 @@ async fn server() -> SocketAddr {
                 (
                     [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
                     "<html><body><h1>Title</h1><script>x()</script><p>Body text</p></body></html>",
+                )
+            }),
+        )
+        .route(
+            "/ampersands",
+            get(|| async {
+                (
+                    [(header::CONTENT_TYPE, "text/html")],
+                    "&".repeat(1024 * 1024),
                 )
             }),
         )
@@ -228,6 +369,51 @@ async fn a_loopback_server_is_refused_by_default_and_fetched_when_private_is_all
     );
     assert!(out.ends_with("Title\nBody text"), "{out}");
     assert!(!out.contains("x()"), "{out}");
+}
+
+#[tokio::test]
+async fn a_page_of_ampersands_is_fetched_whole() {
+    let addr = server().await;
+    // Unoptimised test builds convert several times slower than a release build.
+    let patient = WebFetch {
+        conversion_budget: WHOLE.time,
+        ..private_allowed()
+    };
+    let out = patient
+        .fetch(&format!("http://127.0.0.1:{}/ampersands", addr.port()))
+        .await
+        .unwrap();
+    let (head, body) = out.split_once("\n\n").unwrap();
+    assert!(head.ends_with("Content-Type: text/html"), "{head}");
+    assert!(body == "&".repeat(1024 * 1024), "{} bytes", body.len());
+}
+
+#[tokio::test]
+async fn a_page_over_the_conversion_budget_is_cut_with_a_note() {
+    let addr = server().await;
+    let hurried = WebFetch {
+        conversion_budget: Duration::ZERO,
+        ..private_allowed()
+    };
+    let out = hurried
+        .fetch(&format!("http://127.0.0.1:{}/page", addr.port()))
+        .await
+        .unwrap();
+    assert!(out.contains("Status: 200\n"), "{out}");
+    assert!(!out.contains("Body text"), "{out}");
+    assert!(
+        out.ends_with(
+            "\n\n[cut: turning the page into text took longer than 0 ms; the rest of the page \
+             is left out]"
+        ),
+        "{out}"
+    );
+    // JSON and text are not converted, so they have no such budget.
+    let out = hurried
+        .fetch(&format!("http://127.0.0.1:{}/json", addr.port()))
+        .await
+        .unwrap();
+    assert!(out.ends_with(r#"{"a":1}"#), "{out}");
 }
 
 #[tokio::test]
