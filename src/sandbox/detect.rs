@@ -305,7 +305,8 @@ mod tests {
     fn a_probe_that_shows_a_gap_refuses_the_backend() {
         let landlock = sandbox(Backend::Landlock);
         assert_eq!(judge(&landlock, &confined()), Ok(()));
-        let gaps: [(fn(&mut ProbeReport), &str); 6] = [
+        type Gap = fn(&mut ProbeReport);
+        let gaps: [(Gap, &str); 6] = [
             (
                 |r| r.cap_eff = "000001ffffffffff".to_owned(),
                 "capabilities",

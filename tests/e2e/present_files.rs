@@ -177,3 +177,78 @@ async fn a_path_outside_outputs_is_refused_and_nothing_is_attached() {
     assert!(!download.text.contains("private"));
     app.shutdown().await;
 }
+
+/// The review's race: a file of outputs swapped for a link to a secret and back in a loop
+/// (as a sandboxed shell can) while it is downloaded; before, 475 of 38,780 downloads served
+/// the host's config. The route opens the file once, beneath the outputs folder with links
+/// refused, and sends what it opened: no download may ever carry the secret.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn downloads_racing_a_link_swap_never_serve_what_the_link_points_to() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    let mock = MockModel::start(Behaviour::Script(vec![
+        Step::call(
+            "write_file",
+            json!({"path": "/mnt/user-data/outputs/report.txt", "content": "harmless"}),
+        ),
+        Step::call(
+            "present_files",
+            json!({"paths": ["/mnt/user-data/outputs/report.txt"]}),
+        ),
+        Step::text("Here."),
+    ]))
+    .await;
+    let mut app = TestApp::spawn(&mock, &admin_config()).await;
+    app.client.token = Some(TOKEN.to_owned());
+    let answer = app.ask("race", "a report").await;
+    let thread_id = answer.json["thread_id"].as_str().unwrap().to_owned();
+    let outputs = app.store.join("threads").join(&thread_id).join("outputs");
+    let secret = app.store.join("host-config.toml");
+    std::fs::write(&secret, "api_key = \"SECRET-IN-HOST-CONFIG\"").unwrap();
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let swaps = Arc::new(AtomicUsize::new(0));
+    let swapper = {
+        let (stop, swaps) = (Arc::clone(&stop), Arc::clone(&swaps));
+        std::thread::spawn(move || {
+            let path = outputs.join("report.txt");
+            let (file, link) = (outputs.join(".file"), outputs.join(".link"));
+            while !stop.load(Ordering::Relaxed) {
+                let _ = std::fs::write(&file, "harmless");
+                let _ = std::fs::rename(&file, &path);
+                let _ = std::os::unix::fs::symlink(&secret, &link);
+                let _ = std::fs::rename(&link, &path);
+                swaps.fetch_add(1, Ordering::Relaxed);
+            }
+        })
+    };
+    let url = format!("/api/v1/threads/{thread_id}/files/report.txt");
+    let (mut served, mut refused) = (0, 0);
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(3);
+    while std::time::Instant::now() < until {
+        let download = app.get(&url).await;
+        assert!(
+            !download.text.contains("SECRET-IN-HOST-CONFIG"),
+            "a download served the link's target"
+        );
+        match download.status {
+            StatusCode::OK => {
+                assert_eq!(download.text, "harmless");
+                served += 1;
+            }
+            _ => refused += 1,
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    swapper.join().unwrap();
+    // The race really ran both ways.
+    assert!(
+        swaps.load(Ordering::Relaxed) > 10,
+        "the swapper did not run"
+    );
+    assert!(
+        served > 0 && refused > 0,
+        "served {served}, refused {refused}"
+    );
+    app.shutdown().await;
+}

@@ -237,8 +237,26 @@ async fn confines(backend: &str) {
     drop(child);
 }
 
-/// Limits and the process tree, which every backend (`none` too) enforces.
+/// Limits and the process tree, which every backend (`none` too) enforces, and antler's own
+/// file access, which no link the command plants can redirect.
 async fn limits_and_tree(client: &Client, mock: &MockModel, store: &Path) {
+    // The full text of a long result is saved under outputs/tool-output, which the command
+    // turned into a link out of the store first: nothing is written through it.
+    let elsewhere = store.parent().unwrap().join("elsewhere");
+    std::fs::create_dir_all(&elsewhere).unwrap();
+    let out = run(
+        client,
+        mock,
+        "budget",
+        &format!(
+            "ln -s {} /mnt/user-data/outputs/tool-output && seq 1 20000",
+            elsewhere.display()
+        ),
+    )
+    .await;
+    assert!(out.contains("the full output could not be saved"), "{out}");
+    assert_eq!(std::fs::read_dir(&elsewhere).unwrap().count(), 0);
+
     // A process storm: stopped at `processes` (32); dash gives up at the first failed fork.
     let out = run(
         client,

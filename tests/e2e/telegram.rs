@@ -612,3 +612,92 @@ async fn kill_9_with_a_draft_in_flight_leaves_no_second_draft() {
         assert_eq!(edit["message_id"], 700);
     }
 }
+
+/// The review's attack: the shell writes a file, presents it, then swaps it for a link to the
+/// host's config before delivery. Delivery opens the file beneath the outputs folder with
+/// links refused, so `sendDocument` never carries the config; a note says the file was not
+/// sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_presented_file_swapped_for_a_link_is_never_uploaded() {
+    use crate::support::Step;
+    let dir = crate::support::searchable_tempdir();
+    let config = dir.path().join("antler.toml");
+    std::fs::write(&config, "bot_token = \"HOST-CONFIG-SECRET\"\n").unwrap();
+    let model = MockModel::start(Behaviour::Script(vec![
+        Step::call(
+            "write_file",
+            json!({"path": "/mnt/user-data/outputs/report.txt", "content": "report"}),
+        ),
+        Step::call(
+            "present_files",
+            json!({"paths": ["/mnt/user-data/outputs/report.txt"]}),
+        ),
+        Step::call(
+            "bash",
+            json!({"command": format!(
+                "cd /mnt/user-data/outputs && rm report.txt && ln -s {} report.txt && ls -l",
+                config.display()
+            )}),
+        ),
+        Step::text("Here is the report."),
+    ]))
+    .await;
+    let api = bot_api().await;
+    Mock::given(method("POST"))
+        .and(path(format!("/bot{TOKEN}/SendDocument")))
+        .respond_with(ResponseTemplate::new(200).set_body_json(json!({
+            "ok": true,
+            "result": {"message_id": 701, "date": 1, "chat": {"id": 1, "type": "private", "first_name": "A"},
+                       "document": {"file_id": "f", "file_unique_id": "u", "file_name": "report.txt"}}
+        })))
+        .mount(&api)
+        .await;
+    let app = TestApp::start(
+        &model,
+        &dir.path().join("store"),
+        &format!(
+            "[channels.telegram]\nenabled = true\nbot_token = \"{TOKEN}\"\n\
+             webhook_secret = \"{SECRET}\"\napi_url = \"{}\"\nadmins = [\"5550001001\"]\n\
+             [agent.tools.bash]\nsandbox = \"none\"\n",
+            api.uri()
+        ),
+    )
+    .await;
+    assert_eq!(
+        post(&app.client, &fixture("tg_private_text"), Some(SECRET)).await,
+        StatusCode::OK
+    );
+    let sent = wait_for_sends(&api, 2).await;
+    app.wait_idle().await;
+    let bash_result = model.requests()[3].messages().last().cloned().unwrap();
+    assert!(
+        bash_result["content"]
+            .as_str()
+            .unwrap()
+            .contains("report.txt ->"),
+        "the link was planted: {bash_result}"
+    );
+    assert_eq!(sent[0]["text"], "Here is the report.");
+    let note = sent[1]["text"].as_str().unwrap();
+    assert!(
+        note.contains("report.txt was not sent") && note.contains("symbolic link"),
+        "{note}"
+    );
+    let uploads = api
+        .received_requests()
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|r| r.url.path().ends_with("/SendDocument"))
+        .count();
+    assert_eq!(uploads, 0, "the swapped file was uploaded");
+    let everything: Vec<u8> = api
+        .received_requests()
+        .await
+        .unwrap()
+        .into_iter()
+        .flat_map(|r| r.body)
+        .collect();
+    assert!(!String::from_utf8_lossy(&everything).contains("HOST-CONFIG-SECRET"));
+    app.shutdown().await;
+}

@@ -495,7 +495,7 @@ async fn dangerous_names_stay_inside_uploads_and_empty_ones_become_file() {
     assert_eq!(listing(&t.folders.uploads()), ["env", "file", "passwd"]);
     assert_eq!(
         listing(t.folders.root()),
-        ["outputs", "uploads", "workspace"],
+        ["outputs", "tmp", "uploads", "workspace"],
         "nothing was written beside the folders"
     );
 }
