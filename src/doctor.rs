@@ -149,6 +149,7 @@ async fn check(config_path: &Path) -> Vec<Finding> {
         findings.push(check_feishu(&config).await);
     }
     findings.extend(check_mcp(&config).await);
+    findings.extend(check_shell(&config).await);
     let platforms = config.channels.enabled_platforms();
     findings.push(if platforms.is_empty() {
         Finding::note(
@@ -158,6 +159,66 @@ async fn check(config_path: &Path) -> Vec<Finding> {
     } else {
         Finding::ok("channels", format!("enabled: {}", platforms.join(", ")))
     });
+    findings
+}
+
+/// Where the shell's sandbox can be probed: the store's folder when it exists (so the probe
+/// also proves the sandbox's user can reach it), else a fresh temporary folder.
+async fn probe_root(config: &Config) -> (std::path::PathBuf, bool) {
+    if tokio::fs::metadata(&config.store.path)
+        .await
+        .is_ok_and(|m| m.is_dir())
+    {
+        return (config.store.path.clone(), false);
+    }
+    let dir = std::env::temp_dir().join(format!("antler-probe-{}", std::process::id()));
+    let _ = tokio::fs::create_dir_all(&dir).await;
+    use std::os::unix::fs::PermissionsExt as _;
+    let _ = tokio::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o711)).await;
+    (dir, true)
+}
+
+/// The shell's sandbox as `serve` would find it, one line: the backend in effect (proven by a
+/// probe run inside it) or why the shell would not be offered; `None` when the shell is off.
+pub async fn shell_sandbox(config: &Config) -> Option<Result<String, String>> {
+    let bash = &config.agent.tools.bash;
+    if !bash.enabled {
+        return None;
+    }
+    let (root, temporary) = probe_root(config).await;
+    let found = crate::sandbox::detect(bash.sandbox, bash.network, bash.limits, &root).await;
+    if temporary {
+        let _ = tokio::fs::remove_dir_all(&root).await;
+    }
+    Some(match found.sandbox {
+        Some(_) => Ok(found.describe()),
+        None => Err(found.describe()),
+    })
+}
+
+/// The shell: its sandbox, and the warnings its config deserves.
+async fn check_shell(config: &Config) -> Vec<Finding> {
+    let mut findings = Vec::new();
+    match shell_sandbox(config).await {
+        None => findings.push(Finding::note(
+            "shell",
+            "disabled (agent.tools.bash.enabled = false)",
+        )),
+        Some(Ok(described)) if described.starts_with("none") => findings.push(Finding::warn(
+            "shell",
+            described,
+            "set agent.tools.bash.sandbox = \"auto\" to confine commands",
+        )),
+        Some(Ok(described)) => findings.push(Finding::ok("shell", format!("sandbox {described}"))),
+        Some(Err(why)) => findings.push(Finding::warn(
+            "shell",
+            why,
+            "see docs/deploy.md for what each deployment needs",
+        )),
+    }
+    for (problem, fix) in config.shell_warnings() {
+        findings.push(Finding::warn("shell", problem, fix));
+    }
     findings
 }
 

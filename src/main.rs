@@ -57,11 +57,21 @@ async fn run(command: &Command) -> anyhow::Result<ExitCode> {
     match command {
         Command::Serve { config } => serve(config).await?,
         Command::CheckConfig { config: path } => match Config::load(path) {
-            Ok(config) => say(format_args!(
-                "{}: valid\n{}",
-                path.display(),
-                config.summary()
-            )),
+            Ok(config) => {
+                say(format_args!(
+                    "{}: valid\n{}",
+                    path.display(),
+                    config.summary()
+                ));
+                match antler::doctor::shell_sandbox(&config).await {
+                    Some(Ok(sandbox)) => say(format_args!("shell sandbox: {sandbox}")),
+                    Some(Err(why)) => say(format_args!("warning: shell sandbox: {why}")),
+                    None => {}
+                }
+                for (problem, fix) in config.shell_warnings() {
+                    say(format_args!("warning: {problem}; fix: {fix}"));
+                }
+            }
             Err(e) => {
                 complain(format_args!("{}: invalid\n{e}", path.display()));
                 // EX_USAGE, as for any other bad configuration.

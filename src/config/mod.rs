@@ -884,6 +884,40 @@ impl Config {
     }
 
     /// A short human summary (for `antler check-config`); secrets are never shown.
+    /// What about the shell's confinement deserves a warning (unconfined commands, a missing
+    /// guard), each as the problem and its fix; empty when the shell is off or fully guarded.
+    pub fn shell_warnings(&self) -> Vec<(String, String)> {
+        let bash = &self.agent.tools.bash;
+        if !bash.enabled {
+            return Vec::new();
+        }
+        let middleware = &self.agent.middleware;
+        let mut warnings = Vec::new();
+        if bash.sandbox == crate::sandbox::SandboxMode::None {
+            warnings.push((
+                "agent.tools.bash.sandbox = \"none\": shell commands see the file system as \
+                 antler's user does (the store, the config)"
+                    .to_owned(),
+                "set it to \"auto\" unless this host is itself a throwaway sandbox".to_owned(),
+            ));
+        }
+        if !middleware.guardrail.enabled {
+            warnings.push((
+                "agent.middleware.guardrail is off: every user may run the shell".to_owned(),
+                "turn it on (the shell is admin-only by default)".to_owned(),
+            ));
+        }
+        if !middleware.sandbox_audit.enabled {
+            warnings.push((
+                "agent.middleware.sandbox_audit is off: shell commands are neither checked nor \
+                 audited"
+                    .to_owned(),
+                "turn it on".to_owned(),
+            ));
+        }
+        warnings
+    }
+
     pub fn summary(&self) -> String {
         let set = |present: bool| if present { "***" } else { "not set" };
         let server = &self.server;
@@ -969,6 +1003,26 @@ impl Config {
             .collect();
         if !mcp.is_empty() {
             lines.push(format!("mcp servers: {}", mcp.join(", ")));
+        }
+        let bash = &self.agent.tools.bash;
+        if bash.enabled {
+            let limits = &bash.limits;
+            lines.push(format!(
+                "shell: sandbox {}, network {}, limits {} processes, {} MiB memory, {} MiB files, {} open files",
+                match bash.sandbox {
+                    crate::sandbox::SandboxMode::Auto => "auto",
+                    crate::sandbox::SandboxMode::Bwrap => "bwrap",
+                    crate::sandbox::SandboxMode::Landlock => "landlock",
+                    crate::sandbox::SandboxMode::None => "none",
+                },
+                if bash.network { "on" } else { "off" },
+                limits.processes,
+                limits.memory_mb,
+                limits.file_mb,
+                limits.open_files,
+            ));
+        } else {
+            lines.push("shell: disabled".to_owned());
         }
         let subagents = &self.subagents;
         if subagents.enabled {

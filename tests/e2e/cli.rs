@@ -964,3 +964,55 @@ async fn doctor_checks_the_feishu_app_credentials() {
         "a secret leaked: {stdout}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_config_and_doctor_name_the_shell_sandbox_and_warn_about_an_unconfined_shell() {
+    let mock = MockModel::start(Behaviour::Echo).await;
+    let dir = crate::support::searchable_tempdir();
+    let store = dir.path().join("store");
+    let write = |name: &str, overrides: &str| {
+        let path = dir.path().join(name);
+        std::fs::write(
+            &path,
+            crate::support::config_text(&mock.base_url(), &store, overrides),
+        )
+        .unwrap();
+        path.display().to_string()
+    };
+    let auto = write("auto.toml", "");
+    let (code, stdout, stderr) = run_binary(&["check-config", "--config", &auto]).await;
+    assert_eq!(code, Some(0), "{stdout}{stderr}");
+    assert!(
+        stdout.contains("shell: sandbox auto, network off, limits 64 processes"),
+        "{stdout}"
+    );
+    // The backend in effect, proven by a probe, or why there is none.
+    assert!(
+        stdout.contains("shell sandbox: bwrap (uid")
+            || stdout.contains("shell sandbox: landlock (uid")
+            || stdout.contains("warning: shell sandbox: none works"),
+        "{stdout}"
+    );
+    assert!(!stdout.contains("sandbox = \"none\""), "{stdout}");
+
+    let unconfined = write(
+        "none.toml",
+        "[agent.tools.bash]\nsandbox = \"none\"\n[agent.middleware.guardrail]\nenabled = false\n\
+         [agent.middleware.sandbox_audit]\nenabled = false\n",
+    );
+    let (code, stdout, _) = run_binary(&["check-config", "--config", &unconfined]).await;
+    assert_eq!(code, Some(0), "{stdout}");
+    for warning in [
+        "warning: agent.tools.bash.sandbox = \"none\"",
+        "warning: agent.middleware.guardrail is off",
+        "warning: agent.middleware.sandbox_audit is off",
+    ] {
+        assert!(stdout.contains(warning), "{warning}: {stdout}");
+    }
+    let (_, stdout, _) = run_binary(&["doctor", "--config", &unconfined]).await;
+    assert!(
+        stdout.contains("warn  shell    none (no isolation of the file system"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("guardrail is off"), "{stdout}");
+}
