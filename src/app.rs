@@ -44,6 +44,7 @@ use crate::agent::subagents::executor::{
 };
 use crate::agent::subagents::task_tool::{ShellPolicy, TASK_TOOL, TaskTool};
 use crate::agent::tools::bash::bash_tool;
+use crate::agent::tools::egress::Egress;
 use crate::agent::tools::mcp::McpServers;
 use crate::agent::tools::web_fetch::WebFetch;
 use crate::agent::tools::{Tool, ToolRegistry};
@@ -352,15 +353,41 @@ where
     });
 }
 
+/// Starts the shell's proxy when its commands may use the network: the proxy is their only
+/// way out, and never leads to antler's own listeners.
+pub(crate) async fn shell_egress(config: &Config, dir: &std::path::Path) -> Option<Egress> {
+    let bash = &config.agent.tools.bash;
+    if !(bash.enabled && bash.network) {
+        return None;
+    }
+    let own: Vec<std::net::SocketAddr> = std::iter::once(config.server.listen)
+        .chain(config.server.ops_listen)
+        .collect();
+    match Egress::start(dir, own).await {
+        Ok(egress) => Some(egress),
+        Err(e) => {
+            tracing::error!(error = %e, "cannot start the shell's proxy; its commands get no network");
+            None
+        }
+    }
+}
+
 /// Finds the shell's sandbox (when the shell is enabled) and says in the log what it is: the
 /// backend in effect, or that the shell is not offered and why.
-async fn shell_sandbox(config: &Config) -> Option<Detection> {
+async fn shell_sandbox(config: &Config, egress: Option<&Egress>) -> Option<Detection> {
     let bash = &config.agent.tools.bash;
     if !bash.enabled {
         return None;
     }
-    let detection =
-        sandbox::detect(bash.sandbox, bash.network, bash.limits, &config.store.path).await;
+    let endpoints = egress.map(Egress::endpoints);
+    let detection = sandbox::detect(
+        bash.sandbox,
+        bash.network && endpoints.is_some(),
+        bash.limits,
+        &config.store.path,
+        endpoints.as_ref(),
+    )
+    .await;
     let described = detection.describe();
     match detection.sandbox.as_ref().map(Sandbox::backend) {
         Some(Backend::None) => {
@@ -604,7 +631,9 @@ where
     let memory_model: Arc<dyn ChatModel> = Arc::new(client.clone());
     // Cancelled when running turns must stop (and their subagents with them).
     let turn_cancel = CancellationToken::new();
-    let shell = shell_sandbox(&config).await;
+    // Lives as long as antler serves: the shell's commands reach the network through it.
+    let egress = shell_egress(&config, &config.store.path).await;
+    let shell = shell_sandbox(&config, egress.as_ref()).await;
     let sandbox = shell.as_ref().and_then(|d| d.sandbox.as_ref());
     let mut tools = tool_registry(&config, extra_tools, &mcp, sandbox);
     let chain = middleware_chain(&config, &store)?;

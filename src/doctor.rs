@@ -186,7 +186,19 @@ pub async fn shell_sandbox(config: &Config) -> Option<Result<String, String>> {
         return None;
     }
     let (root, temporary) = probe_root(config).await;
-    let found = crate::sandbox::detect(bash.sandbox, bash.network, bash.limits, &root).await;
+    let egress = crate::app::shell_egress(config, &root).await;
+    let endpoints = egress
+        .as_ref()
+        .map(crate::agent::tools::egress::Egress::endpoints);
+    let found = crate::sandbox::detect(
+        bash.sandbox,
+        bash.network,
+        bash.limits,
+        &root,
+        endpoints.as_ref(),
+    )
+    .await;
+    drop(egress);
     if temporary {
         let _ = tokio::fs::remove_dir_all(&root).await;
     }

@@ -6,13 +6,16 @@ use super::{ETC_PATHS, SANDBOX_GID, SANDBOX_UID, SYSTEM_PATHS, Spec};
 
 /// Where the launcher (antler's own binary) is mounted inside the sandbox.
 pub(super) const LAUNCHER_INSIDE: &str = "/run/antler/launcher";
+/// Where the shell's proxy socket is mounted inside the sandbox (`network = true`).
+pub(super) const EGRESS_INSIDE: &str = "/run/antler/egress.sock";
 
 /// bwrap's arguments for `spec`, up to and including the launcher's path: every namespace
-/// unshared (the network too, unless `network`), a user namespace that maps the command to
-/// uid 65534 with no capabilities (also when antler is root), killed with antler, a session of
-/// its own, the system read-only, the thread's workspace and outputs writable and its uploads
-/// read-only at their real paths, private `/tmp`, `/proc` and `/dev`, nothing else.
-pub(super) fn args(spec: &Spec, launcher: &Path, network: bool) -> Vec<String> {
+/// unshared (the network always: with `network = true` the proxy's socket `egress` is mounted
+/// inside instead), a user namespace that maps the command to uid 65534 with no capabilities,
+/// killed with antler, a session of its own, the system read-only, the thread's workspace and
+/// outputs writable and its uploads read-only at their real paths, private `/tmp`, `/proc` and
+/// `/dev`, nothing else.
+pub(super) fn args(spec: &Spec, launcher: &Path, egress: Option<&Path>) -> Vec<String> {
     let mut args: Vec<String> = [
         "--die-with-parent",
         "--new-session",
@@ -31,9 +34,6 @@ pub(super) fn args(spec: &Spec, launcher: &Path, network: bool) -> Vec<String> {
         "--gid".to_owned(),
         SANDBOX_GID.to_string(),
     ]);
-    if network {
-        args.push("--share-net".to_owned());
-    }
     for path in SYSTEM_PATHS.iter().chain(ETC_PATHS) {
         args.extend([
             "--ro-bind-try".to_owned(),
@@ -63,6 +63,13 @@ pub(super) fn args(spec: &Spec, launcher: &Path, network: bool) -> Vec<String> {
         launcher.display().to_string(),
         LAUNCHER_INSIDE.to_owned(),
     ]);
+    if let Some(egress) = egress {
+        args.extend([
+            "--bind".to_owned(),
+            egress.display().to_string(),
+            EGRESS_INSIDE.to_owned(),
+        ]);
+    }
     args.extend(["--chdir".to_owned(), workspace]);
     args.extend(["--".to_owned(), LAUNCHER_INSIDE.to_owned()]);
     args
@@ -92,7 +99,7 @@ mod tests {
             Some(PathBuf::from("/usr/bin/bwrap")),
         );
         let spec = sandbox.spec(&folders, "ls -la", Duration::from_secs(30));
-        let args = args(&spec, Path::new("/usr/local/bin/antler"), false);
+        let args = args(&spec, Path::new("/usr/local/bin/antler"), None);
         let joined = args.join(" ");
         assert!(
             joined.starts_with(
@@ -122,8 +129,13 @@ mod tests {
             args.iter().rev().take(2).rev().collect::<Vec<_>>(),
             ["--", LAUNCHER_INSIDE]
         );
-        let with_net = args_with_network();
-        assert!(with_net.contains(&"--share-net".to_owned()), "{with_net:?}");
+        // With the network, the namespace stays empty and the proxy's socket is mounted.
+        let with_net = args_with_network().join(" ");
+        assert!(!with_net.contains("--share-net"), "{with_net}");
+        assert!(
+            with_net.contains("--bind /data/egress.sock /run/antler/egress.sock"),
+            "{with_net}"
+        );
     }
 
     fn args_with_network() -> Vec<String> {
@@ -144,6 +156,6 @@ mod tests {
             "true",
             Duration::from_secs(1),
         );
-        args(&spec, Path::new("/a"), true)
+        args(&spec, Path::new("/a"), Some(Path::new("/data/egress.sock")))
     }
 }

@@ -98,6 +98,7 @@ pub(crate) async fn detect(
     network: bool,
     limits: SandboxLimits,
     probe_root: &Path,
+    egress: Option<&super::Egress>,
 ) -> Detection {
     let mut detection = Detection {
         sandbox: None,
@@ -126,7 +127,8 @@ pub(crate) async fn detect(
                 .push((backend, "bubblewrap (bwrap) is not installed".to_owned()));
             continue;
         }
-        let sandbox = Sandbox::new(backend, network, limits, launcher.clone(), bwrap);
+        let sandbox = Sandbox::new(backend, network, limits, launcher.clone(), bwrap)
+            .with_egress(egress.cloned());
         match probe(&sandbox, probe_root).await {
             Ok(report) => {
                 detection.report = (backend != Backend::None).then_some(report);
@@ -342,7 +344,7 @@ mod tests {
             return;
         }
         for mode in [SandboxMode::Bwrap, SandboxMode::Landlock, SandboxMode::None] {
-            let found = detect(mode, false, SandboxLimits::default(), dir.path()).await;
+            let found = detect(mode, false, SandboxLimits::default(), dir.path(), None).await;
             match &found.sandbox {
                 Some(sandbox) => {
                     if sandbox.backend() != Backend::None {

@@ -75,12 +75,28 @@ fn run(spec: &Spec) -> Result<ExitCode, String> {
     }
     rustix::process::set_child_subreaper(Some(rustix::process::getpid()))
         .map_err(|e| format!("cannot become a subreaper: {e}"))?;
+    // Before the restrictions, which apply to the calling thread and what it starts: the relay
+    // thread must still reach the proxy's socket.
+    if let (Some(port), Some(socket)) = (spec.egress_port, &spec.relay_to) {
+        relay(port, socket.clone())?;
+    }
     set_limits(spec)?;
     let landlock = match spec.backend {
         Backend::None => "not".to_owned(),
         Backend::Landlock | Backend::Bwrap => {
             let status = super::rules::apply(spec);
+            let network_confined = |status: &landlock::RestrictionStatus| {
+                matches!(status.landlock, landlock::LandlockStatus::Available { effective_abi, .. }
+                    if effective_abi >= landlock::ABI::V4)
+            };
             match (spec.backend, status) {
+                (Backend::Landlock, Ok(status)) if spec.network && !network_confined(&status) => {
+                    return Err(
+                        "network = true under Landlock needs Landlock ABI 4 (Linux 6.7) to keep \
+                         connections to the proxy; use bubblewrap, or network = false"
+                            .to_owned(),
+                    );
+                }
                 (_, Ok(status)) if status.ruleset != landlock::RulesetStatus::NotEnforced => {
                     if status.ruleset == landlock::RulesetStatus::FullyEnforced {
                         "fully".to_owned()
@@ -108,6 +124,39 @@ fn run(spec: &Spec) -> Result<ExitCode, String> {
         .spawn()
         .map_err(|e| format!("cannot start bash: {e}"))?;
     Ok(supervise(child))
+}
+
+/// Relays `127.0.0.1:port` (in bubblewrap's otherwise empty network namespace) to the proxy's
+/// Unix socket `socket`, each connection on threads of its own, for as long as the launcher
+/// lives.
+fn relay(port: u16, socket: std::path::PathBuf) -> Result<(), String> {
+    let listener = std::net::TcpListener::bind(("127.0.0.1", port))
+        .map_err(|e| format!("cannot listen for the proxy relay: {e}"))?;
+    std::thread::Builder::new()
+        .name("egress-relay".to_owned())
+        .spawn(move || {
+            for client in listener.incoming().flatten() {
+                let Ok(proxy) = std::os::unix::net::UnixStream::connect(&socket) else {
+                    continue;
+                };
+                let (Ok(mut client_out), Ok(mut proxy_in)) =
+                    (client.try_clone(), proxy.try_clone())
+                else {
+                    continue;
+                };
+                let (mut client_in, mut proxy_out) = (client, proxy);
+                let _ = std::thread::Builder::new().spawn(move || {
+                    let _ = std::io::copy(&mut client_in, &mut proxy_out);
+                    let _ = proxy_out.shutdown(std::net::Shutdown::Write);
+                });
+                let _ = std::thread::Builder::new().spawn(move || {
+                    let _ = std::io::copy(&mut proxy_in, &mut client_out);
+                    let _ = client_out.shutdown(std::net::Shutdown::Write);
+                });
+            }
+        })
+        .map_err(|e| format!("cannot start the proxy relay: {e}"))?;
+    Ok(())
 }
 
 /// Writes what the sandbox looks like from here, for the probe.

@@ -121,6 +121,18 @@ impl Default for SandboxLimits {
     }
 }
 
+/// Where the shell's HTTP proxy listens (`network = true`): the only way out of the sandbox.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Egress {
+    /// Its Unix socket, bound into bubblewrap's sandbox.
+    pub(crate) unix: PathBuf,
+    /// Its port on 127.0.0.1, the one TCP port a Landlock-confined command may connect to.
+    pub(crate) port: u16,
+}
+
+/// The port, inside bubblewrap's network namespace, where the launcher relays to the proxy.
+pub(crate) const RELAY_PORT: u16 = 3128;
+
 /// A thread's folders, on the host, as the sandbox confines a command to them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Folders {
@@ -153,6 +165,13 @@ pub(crate) struct Spec {
     pub(crate) workdir: PathBuf,
     /// What `bash -c` runs.
     pub(crate) command: String,
+    /// With the network: the one TCP port (on 127.0.0.1) commands may connect to, the proxy's.
+    #[serde(default)]
+    pub(crate) egress_port: Option<u16>,
+    /// Under bubblewrap with the network: the proxy's Unix socket inside, which the launcher
+    /// relays `127.0.0.1:egress_port` to.
+    #[serde(default)]
+    pub(crate) relay_to: Option<PathBuf>,
     /// A probe: first report what the sandbox looks like from inside, and whether this file
     /// (one of the store's, beside the probe's folders) can be read.
     #[serde(default)]
@@ -216,6 +235,8 @@ pub(crate) struct Sandbox {
     bwrap: Option<PathBuf>,
     /// The user the launcher (or bubblewrap) starts as, when antler is root.
     run_as: Option<(u32, u32)>,
+    /// The proxy, with the network.
+    egress: Option<Egress>,
 }
 
 impl Sandbox {
@@ -238,7 +259,24 @@ impl Sandbox {
             launcher,
             bwrap,
             run_as,
+            egress: None,
         }
+    }
+
+    /// The same, with commands' connections going through the proxy at `egress`.
+    pub(crate) fn with_egress(mut self, egress: Option<Egress>) -> Self {
+        self.egress = egress;
+        self
+    }
+
+    /// The proxy URL commands are given (`HTTP_PROXY`), with the network.
+    pub(crate) fn proxy_url(&self) -> Option<String> {
+        let egress = self.egress.as_ref().filter(|_| self.network)?;
+        let port = match self.backend {
+            Backend::Bwrap => RELAY_PORT,
+            Backend::Landlock | Backend::None => egress.port,
+        };
+        Some(format!("http://127.0.0.1:{port}"))
     }
 
     /// The backend commands run under.
@@ -295,6 +333,14 @@ impl Sandbox {
             Backend::Bwrap => read_write.push(PathBuf::from("/tmp")),
             Backend::Landlock | Backend::None => read_write.push(folders.tmp.clone()),
         }
+        let egress = self.egress.as_ref().filter(|_| self.network);
+        let (egress_port, relay_to) = match (self.backend, egress) {
+            (_, None) => (None, None),
+            (Backend::Bwrap, Some(_)) => {
+                (Some(RELAY_PORT), Some(PathBuf::from(bwrap::EGRESS_INSIDE)))
+            }
+            (Backend::Landlock | Backend::None, Some(egress)) => (Some(egress.port), None),
+        };
         Spec {
             backend: self.backend,
             network: self.network,
@@ -305,6 +351,8 @@ impl Sandbox {
             list_only,
             workdir: folders.workspace.clone(),
             command: command.to_owned(),
+            egress_port,
+            relay_to,
             probe_hidden: None,
         }
     }
@@ -321,7 +369,12 @@ impl Sandbox {
         let mut cmd = match (self.backend, &self.bwrap) {
             (Backend::Bwrap, Some(bwrap)) => {
                 let mut cmd = tokio::process::Command::new(bwrap);
-                cmd.args(bwrap::args(spec, &self.launcher, self.network));
+                let egress = self.egress.as_ref().filter(|_| self.network);
+                cmd.args(bwrap::args(
+                    spec,
+                    &self.launcher,
+                    egress.map(|e| e.unix.as_path()),
+                ));
                 cmd.arg(LAUNCHER_ARG).arg(spec_json);
                 // Killed with its process group when the call is dropped; its PID namespace
                 // takes everything inside along.

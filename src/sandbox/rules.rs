@@ -3,7 +3,8 @@
 //! Every file-system right Landlock knows is handled (so denied unless a rule grants it):
 //! the spec's read-only paths may be read and run, its read-write paths may also be written,
 //! and nothing else may be touched, whatever the Unix permissions say. TCP `bind` and
-//! `connect` are handled too, with no port allowed (ABI 4), and so are signals to processes
+//! `connect` are handled too (ABI 4): no port may be bound, and only the shell's proxy may be
+//! connected to, with `network = true`. So are signals to processes
 //! outside the sandbox and connections to abstract Unix sockets made outside it (ABI 6).
 //! Best effort: a right the running kernel does not know is dropped (the status says how
 //! much was enforced), and the caller decides whether that is enough.
@@ -11,8 +12,8 @@
 use std::path::Path;
 
 use landlock::{
-    ABI, Access, AccessFs, AccessNet, BitFlags, CompatLevel, Compatible, PathBeneath, PathFd,
-    RestrictionStatus, Ruleset, RulesetAttr, RulesetCreatedAttr, RulesetError, Scope,
+    ABI, Access, AccessFs, AccessNet, BitFlags, CompatLevel, Compatible, NetPort, PathBeneath,
+    PathFd, RestrictionStatus, Ruleset, RulesetAttr, RulesetCreatedAttr, RulesetError, Scope,
 };
 
 use super::Spec;
@@ -61,6 +62,9 @@ pub(super) fn apply(spec: &Spec) -> Result<RestrictionStatus, RulesError> {
             })?;
             created = created.add_rule(PathBeneath::new(fd, rights_on(path, rights)))?;
         }
+    }
+    if let (true, Some(port)) = (spec.network, spec.egress_port) {
+        created = created.add_rule(NetPort::new(port, AccessNet::ConnectTcp))?;
     }
     Ok(created.restrict_self()?)
 }

@@ -11,8 +11,8 @@
 //!
 //! Sockets: only `AF_UNIX` ones under bubblewrap (where no host socket is visible), none under
 //! Landlock or `none` (a host's PostgreSQL or Docker socket would be), and with
-//! `network = true` also `AF_INET`/`AF_INET6`. `socketpair` stays allowed: pipes between
-//! processes of the command are harmless.
+//! `network = true` also `AF_INET`/`AF_INET6` streams (to the proxy: no datagrams).
+//! `socketpair` stays allowed: pipes between processes of the command are harmless.
 
 use std::collections::BTreeMap;
 
@@ -149,6 +149,20 @@ fn programs(network: bool, unix: bool) -> Result<[BpfProgram; 2], FilterError> {
             .collect::<Result<Vec<_>, _>>()?;
         vec![SeccompRule::new(conditions)?]
     };
+    let mut socket_rules = socket_rules;
+    if network {
+        // IP, but streams only: no datagram goes around the proxy (Landlock only sees TCP).
+        for family in [libc::AF_INET, libc::AF_INET6] {
+            socket_rules.push(SeccompRule::new(vec![
+                condition(0, SeccompCmpOp::Eq, u64::from(family.unsigned_abs()))?,
+                condition(
+                    1,
+                    SeccompCmpOp::MaskedEq(0xf),
+                    u64::from(libc::SOCK_DGRAM.unsigned_abs()),
+                )?,
+            ])?);
+        }
+    }
     refused.insert(libc::SYS_socket, socket_rules);
     let eperm = SeccompFilter::new(
         refused,

@@ -335,3 +335,79 @@ async fn without_a_sandbox_the_limits_and_the_tree_kill_still_hold() {
     limits_and_tree(&client, &mock, &rig.dir.path().join("store")).await;
     drop(child);
 }
+
+/// With `network = true`, the only way out is the shell's proxy, and it never leads to a
+/// loopback listener (antler's own, the model's) or the cloud metadata address.
+async fn network_only_through_the_proxy(backend: &str) {
+    let mock = MockModel::start(bash("true")).await;
+    let with_network = overrides(backend).replace(
+        "[agent.tools.bash.limits]",
+        "network = true\n\n[agent.tools.bash.limits]",
+    );
+    let rig = ChildRig::new(&mock, &with_network);
+    let child = crate::support::Child::serve(&rig.config, rig.port, &rig.log).await;
+    let client = Client {
+        token: Some(ADMIN_TOKEN.to_owned()),
+        ..child.client.clone()
+    };
+    let shell = client.get("/readyz").await.json["shell"].clone();
+    if shell["offered"] != Value::Bool(true) {
+        eprintln!(
+            "skipped: the {backend} sandbox with the network is not available here: {}",
+            shell["detail"]
+        );
+        return;
+    }
+    assert_eq!(shell["network"], true, "{shell}");
+    let (port, connections) = counting_listener().await;
+    let out = run(&client, &mock, "net", "echo proxy=$HTTPS_PROXY").await;
+    assert!(out.starts_with("proxy=http://127.0.0.1:"), "{out}");
+    // Straight to loopback: no route (bubblewrap) or not allowed (Landlock).
+    let out = run(
+        &client,
+        &mock,
+        "net",
+        &format!(
+            "for p in {port} {}; do (exec 3<>/dev/tcp/127.0.0.1/$p && echo CONNECTED $p) 2>&1; done; \
+             (exec 3<>/dev/udp/1.1.1.1/53 && echo UDP-OPEN) 2>&1; echo end",
+            rig.port
+        ),
+    )
+    .await;
+    assert!(out.contains("end"), "{out}");
+    assert!(
+        !out.contains("CONNECTED") && !out.contains("UDP-OPEN"),
+        "{out}"
+    );
+    // Through the proxy: refused with the reason.
+    for target in [
+        format!("127.0.0.1:{port}"),
+        format!("127.0.0.1:{}", rig.port),
+        "169.254.169.254:80".to_owned(),
+        "localhost:22".to_owned(),
+    ] {
+        let out = run(
+            &client,
+            &mock,
+            "net",
+            &format!(
+                "p=${{HTTPS_PROXY##*:}}; exec 3<>/dev/tcp/127.0.0.1/$p && \
+                 printf 'CONNECT {target} HTTP/1.1\\r\\n\\r\\n' >&3 && head -1 <&3"
+            ),
+        )
+        .await;
+        assert!(out.starts_with("HTTP/1.1 403 Forbidden"), "{target}: {out}");
+    }
+    assert_eq!(connections.load(std::sync::atomic::Ordering::SeqCst), 0);
+    drop(child);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bwrap_with_the_network_reaches_out_only_through_the_proxy() {
+    network_only_through_the_proxy("bwrap").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn landlock_with_the_network_reaches_out_only_through_the_proxy() {
+    network_only_through_the_proxy("landlock").await;
+}

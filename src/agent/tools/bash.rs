@@ -409,7 +409,12 @@ impl Tool for BashTool {
             .saturating_duration_since(tokio::time::Instant::now());
         let spec = self.sandbox.spec(&folders, &host_command, time_limit);
         let tmp = (self.sandbox.backend() != Backend::Bwrap).then_some(folders.tmp.as_path());
-        let env = scrubbed_env(&folders.workspace, tmp);
+        let mut env = scrubbed_env(&folders.workspace, tmp);
+        if let Some(proxy) = self.sandbox.proxy_url() {
+            for name in ["HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"] {
+                env.push((name.to_owned(), proxy.clone()));
+            }
+        }
         let command = self
             .sandbox
             .command(&spec, &env)

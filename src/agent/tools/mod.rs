@@ -7,6 +7,7 @@
 
 pub(crate) mod bash;
 mod current_time;
+pub(crate) mod egress;
 pub(crate) mod files;
 pub(crate) mod mcp;
 pub(crate) mod paths;
