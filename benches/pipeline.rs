@@ -96,7 +96,7 @@ struct Args {
 }
 
 /// The phases `--only` may name.
-const PHASES: [&str; 8] = [
+const PHASES: [&str; 9] = [
     "startup",
     "acks",
     "turns",
@@ -105,6 +105,7 @@ const PHASES: [&str; 8] = [
     "telegram",
     "memory",
     "subagents",
+    "sandbox",
 ];
 
 impl Args {
@@ -435,7 +436,7 @@ async fn start_antler(
     deadline: Duration,
     telegram_api: Option<&str>,
 ) -> (Antler, Duration) {
-    start_antler_with(model_base_url, backlog, deadline, telegram_api, "").await
+    start_antler_with(model_base_url, backlog, deadline, telegram_api, "", "").await
 }
 
 /// [`start_antler`] with `memory` as the `[memory]` table; empty: memory off, so the other
@@ -447,6 +448,7 @@ async fn start_antler_with(
     deadline: Duration,
     telegram_api: Option<&str>,
     memory: &str,
+    extra: &str,
 ) -> (Antler, Duration) {
     let dir = tempfile::tempdir().unwrap();
     let port = std::net::TcpListener::bind("127.0.0.1:0")
@@ -479,6 +481,7 @@ async fn start_antler_with(
              api_url = \"{api_url}\"\n"
         ));
     }
+    config.push_str(extra);
     let config_path = dir.path().join("antler.toml");
     std::fs::write(&config_path, config).unwrap();
     let log = std::fs::File::create(dir.path().join("antler.log")).unwrap();
@@ -973,6 +976,7 @@ async fn memory_phase(a: &Args, client: &reqwest::Client) -> Memory {
             Duration::from_secs(30),
             None,
             memory,
+            "",
         )
         .await;
         eprintln!(
@@ -1074,6 +1078,78 @@ async fn memory_phase(a: &Args, client: &reqwest::Client) -> Memory {
     }
 }
 
+/// The shell's sandbox: turns that run `bash -c true` under each backend.
+#[derive(Debug, Clone, serde::Serialize)]
+struct SandboxCost {
+    /// Backend name, p50 turn latency in ms, or `None` when it is not available here.
+    backends: Vec<(String, Option<f64>)>,
+}
+
+/// L turns that each run one `bash -c true` call, under `none`, `landlock` and `bwrap` in
+/// turn (one antler each); what differs between them is the sandbox's start and teardown.
+async fn sandbox_phase(a: &Args, client: &reqwest::Client) -> SandboxCost {
+    let model = MockModel::start(Behaviour::TurnScript(vec![(
+        "bash".to_owned(),
+        json!({"command": "true"}).to_string(),
+    )]))
+    .await;
+    let mut backends = Vec::new();
+    for backend in ["none", "landlock", "bwrap"] {
+        let extra = format!("\n[agent.tools.bash]\nsandbox = \"{backend}\"\n");
+        let (antler, _) = start_antler_with(
+            &model.base_url(),
+            1000,
+            Duration::from_secs(30),
+            None,
+            "",
+            &extra,
+        )
+        .await;
+        let ready: Value = client
+            .get(format!("{}/readyz", antler.url))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        if ready["shell"]["offered"] != json!(true) {
+            eprintln!(
+                "  sandbox: {backend} is not available here: {}",
+                ready["shell"]["detail"]
+            );
+            backends.push((backend.to_owned(), None));
+            antler.stop();
+            continue;
+        }
+        let url = format!("{}/api/v1/messages", antler.url);
+        let mut latencies = Vec::new();
+        // One warm-up turn: the first command also warms the page cache.
+        for turn in 0..=a.thread_turns {
+            let started = Instant::now();
+            let answer: Value = client
+                .post(&url)
+                .json(
+                    &json!({"conversation": format!("sh-{turn}"), "text": "run it", "wait": true}),
+                )
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            let reply = answer["reply"].as_str().unwrap_or_default();
+            assert!(reply.contains("[exit code 0]"), "{backend}: {answer}");
+            if turn > 0 {
+                latencies.push(started.elapsed().as_secs_f64() * 1e3);
+            }
+        }
+        antler.stop();
+        backends.push((backend.to_owned(), Some(median(latencies))));
+    }
+    SandboxCost { backends }
+}
+
 /// Delegation: turns answered directly against turns that delegate three tasks.
 #[derive(Debug, Clone, serde::Serialize)]
 struct Subagents {
@@ -1091,8 +1167,15 @@ struct Subagents {
 /// runs, the checkpoint before the calls, and two more lead requests' worth of tool results.
 async fn subagents_phase(a: &Args, client: &reqwest::Client) -> Subagents {
     let model = MockModel::start(Behaviour::Echo).await;
-    let (antler, _) =
-        start_antler_with(&model.base_url(), 1000, Duration::from_secs(30), None, "").await;
+    let (antler, _) = start_antler_with(
+        &model.base_url(),
+        1000,
+        Duration::from_secs(30),
+        None,
+        "",
+        "",
+    )
+    .await;
     eprintln!("  subagents: antler pid {}", antler.pid());
     let url = format!("{}/api/v1/messages", antler.url);
     let mut latencies = [Vec::new(), Vec::new()];
@@ -1319,6 +1402,7 @@ struct Run {
     growth: Option<Growth>,
     memory: Option<Memory>,
     subagents: Option<Subagents>,
+    sandbox: Option<SandboxCost>,
     telegram: Option<Telegram>,
     /// Telegram's webhook acks/s, drain turns/s and turns/s under load ÷ this run's ceiling.
     telegram_ratios: Option<TelegramRatios>,
@@ -1436,6 +1520,11 @@ async fn bench(a: Args) {
         } else {
             None
         };
+        let sandbox = if a.runs("sandbox") {
+            Some(sandbox_phase(&a, &client).await)
+        } else {
+            None
+        };
         let telegram = if a.runs("telegram") {
             Some(telegram(&a, &client, &tg_client, &model, &bot, &bot_url).await)
         } else {
@@ -1453,6 +1542,7 @@ async fn bench(a: Args) {
             growth,
             memory,
             subagents,
+            sandbox,
             telegram_ratios: telegram.as_ref().map(|x| TelegramRatios {
                 acks: x.acks_per_s / ceiling.rate(),
                 drain: x.drain_turns_per_s / ceiling.rate(),
@@ -1779,6 +1869,43 @@ async fn bench(a: Args) {
             json!({"turn_p50_ms": [direct, delegated],
                    "cpu_us_per_turn": [cpu_direct, cpu_delegated],
                    "requests_per_turn": x(|s| s.requests_per_turn)}),
+        );
+    }
+
+    if a.runs("sandbox") {
+        let p50 = |name: &str| -> Option<f64> {
+            let all: Vec<f64> = runs
+                .iter()
+                .filter_map(|r| r.sandbox.as_ref())
+                .filter_map(|s| s.backends.iter().find(|(b, _)| b == name)?.1)
+                .collect();
+            (!all.is_empty()).then(|| median(all))
+        };
+        let base = p50("none");
+        let mut shown = Vec::new();
+        for name in ["none", "landlock", "bwrap"] {
+            let text = match (p50(name), base) {
+                (Some(ms), Some(base)) if name != "none" => {
+                    format!(
+                        "{name} {ms:.2} ms (+{:.2} ms, ×{:.2})",
+                        ms - base,
+                        ms / base
+                    )
+                }
+                (Some(ms), _) => format!("{name} {ms:.2} ms"),
+                (None, _) => format!("{name} not available"),
+            };
+            shown.push(text);
+        }
+        row(
+            &mut rows,
+            format!("sandbox: turn p50 with one `bash -c true` ({l} turns each)"),
+            shown.join(" / "),
+            String::new(),
+        );
+        report.insert(
+            "sandbox".into(),
+            json!({"turn_p50_ms": {"none": base, "landlock": p50("landlock"), "bwrap": p50("bwrap")}}),
         );
     }
 

@@ -93,17 +93,33 @@ async fn counting_listener() -> (u16, std::sync::Arc<std::sync::atomic::AtomicUs
     (port, count)
 }
 
-/// Starts antler with `backend`; `None` (with the reason printed) when it is not offered here.
+/// The unprivileged user a root test run starts antler as, for the runs that check antler
+/// not being root changes nothing.
+const UNPRIVILEGED: u32 = 65534;
+
+/// Starts antler with `backend` (as `as_user`, when given); `None` (with the reason printed)
+/// when it is not offered here.
 async fn start(
     backend: &str,
     mock: &MockModel,
+    as_user: Option<u32>,
 ) -> Option<(ChildRig, crate::support::Child, Client)> {
     let rig = ChildRig::new(mock, &overrides(backend));
-    let child = crate::support::Child::serve_with_env(
+    if let Some(uid) = as_user {
+        // Its config and store are its own, as in a deployment.
+        let owner = Some(rustix::fs::Uid::from_raw(uid));
+        let group = Some(rustix::fs::Gid::from_raw(uid));
+        std::fs::File::create(&rig.log).unwrap();
+        for path in [rig.dir.path(), rig.config.as_path(), rig.log.as_path()] {
+            rustix::fs::chown(path, owner, group).unwrap();
+        }
+    }
+    let child = crate::support::Child::serve_as(
         &rig.config,
         rig.port,
         &rig.log,
         &[("ANTLER_E2E_SECRET", ENV_SECRET)],
+        as_user,
     )
     .await;
     let client = Client {
@@ -123,10 +139,11 @@ async fn start(
     Some((rig, child, client))
 }
 
-/// The attacks every isolating backend must stop.
-async fn confines(backend: &str) {
+/// The attacks every isolating backend must stop, with antler as `as_user` (or this test's
+/// user).
+async fn confines(backend: &str, as_user: Option<u32>) {
     let mock = MockModel::start(bash("true")).await;
-    let Some((rig, child, client)) = start(backend, &mock).await else {
+    let Some((rig, child, client)) = start(backend, &mock, as_user).await else {
         return;
     };
     let store = rig.dir.path().join("store");
@@ -318,18 +335,38 @@ async fn limits_and_tree(client: &Client, mock: &MockModel, store: &Path) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bwrap_confines_a_hostile_command() {
-    confines("bwrap").await;
+    confines("bwrap", None).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn landlock_confines_a_hostile_command() {
-    confines("landlock").await;
+    confines("landlock", None).await;
+}
+
+/// The same attacks with antler as an unprivileged user (a container's, a systemd unit's).
+async fn confines_unprivileged(backend: &str) {
+    if !rustix::process::geteuid().is_root() {
+        // Not root: the runs above already were unprivileged.
+        eprintln!("skipped: only a root test run can start antler as another user");
+        return;
+    }
+    confines(backend, Some(UNPRIVILEGED)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bwrap_confines_a_hostile_command_when_antler_is_not_root() {
+    confines_unprivileged("bwrap").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn landlock_confines_a_hostile_command_when_antler_is_not_root() {
+    confines_unprivileged("landlock").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_a_sandbox_the_limits_and_the_tree_kill_still_hold() {
     let mock = MockModel::start(bash("true")).await;
-    let Some((rig, child, client)) = start("none", &mock).await else {
+    let Some((rig, child, client)) = start("none", &mock, None).await else {
         return;
     };
     limits_and_tree(&client, &mock, &rig.dir.path().join("store")).await;

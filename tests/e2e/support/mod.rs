@@ -423,12 +423,27 @@ impl Child {
         log: &Path,
         env: &[(&str, &str)],
     ) -> Self {
+        Self::serve_as(config, port, log, env, None).await
+    }
+
+    /// [`Child::serve_with_env`] as the user `uid` (and group of the same number), when set.
+    pub async fn serve_as(
+        config: &Path,
+        port: u16,
+        log: &Path,
+        env: &[(&str, &str)],
+        uid: Option<u32>,
+    ) -> Self {
         let log_file = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(log)
             .expect("log file");
-        let process = tokio::process::Command::new(env!("CARGO_BIN_EXE_antler"))
+        let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_antler"));
+        if let Some(uid) = uid {
+            command.uid(uid).gid(uid);
+        }
+        let process = command
             .arg("serve")
             .arg("--config")
             .arg(config)
