@@ -824,8 +824,13 @@ fn summary_lists_the_essentials() {
          api channel: enabled (admin token: not set)\n\
          platforms: none\n\
          middleware: thread_data, uploads, input_sanitization, dangling_tool_call, guardrail, sandbox_audit, tool_output_budget, summarization, todo, token_usage, title, memory, deferred_tools, subagent_limit, loop_detection, clarification\n\
+         shell: sandbox auto, network off, limits 64 processes, 1024 MiB memory, 256 MiB files, 256 open files\n\
          subagents: 3 at once, 900s timeout, types: bash, general-purpose"
     );
+    let off = parse("[agent.tools.bash]\nenabled = false\n")
+        .unwrap()
+        .summary();
+    assert!(off.contains("\nshell: disabled\n"), "{off}");
 
     let text = "[model]\napi_key = \"k\"\n[agent.middleware.title]\nenabled = false\n";
     let summary = parse(text).unwrap().summary();

@@ -832,12 +832,7 @@ pub(crate) async fn get_file(
             if resolved.area != Area::Outputs {
                 return None;
             }
-            let name = resolved
-                .relative
-                .components()
-                .map(|c| c.as_os_str().to_string_lossy().into_owned())
-                .collect::<Vec<_>>()
-                .join("/");
+            let name = resolved.name();
             let opened = open_presented(&folders, &name, max_bytes).ok()?;
             let media_type = media_type(&name).to_owned();
             Some((opened.file, opened.size, name, media_type))

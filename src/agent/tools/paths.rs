@@ -80,6 +80,18 @@ pub(crate) struct Resolved {
     pub(crate) host: PathBuf,
 }
 
+impl Resolved {
+    /// Its path inside its folder as a name, `/`-separated (`charts/cpu.png`; empty for the
+    /// folder itself).
+    pub(crate) fn name(&self) -> String {
+        self.relative
+            .components()
+            .map(|c| c.as_os_str().to_string_lossy().into_owned())
+            .collect::<Vec<_>>()
+            .join("/")
+    }
+}
+
 impl ThreadFolders {
     /// The host folder of `area`.
     pub(crate) fn area(&self, area: Area) -> PathBuf {

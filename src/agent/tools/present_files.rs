@@ -138,12 +138,7 @@ pub(crate) fn check_paths(
                  Copy or write the file to {outputs} first."
             ));
         }
-        let name = resolved
-            .relative
-            .components()
-            .map(|c| c.as_os_str().to_string_lossy().into_owned())
-            .collect::<Vec<_>>()
-            .join("/");
+        let name = resolved.name();
         if name.is_empty() {
             return Err(format!("Error: {shown} is a folder, not a regular file."));
         }
