@@ -1095,7 +1095,11 @@ async fn sandbox_phase(a: &Args, client: &reqwest::Client) -> SandboxCost {
     .await;
     let mut backends = Vec::new();
     for backend in ["none", "landlock", "bwrap"] {
-        let extra = format!("\n[agent.tools.bash]\nsandbox = \"{backend}\"\n");
+        // Anyone may run the shell here: the phase measures the sandbox, not the guardrail.
+        let extra = format!(
+            "\n[agent.tools.bash]\nsandbox = \"{backend}\"\n\n\
+             [agent.middleware.guardrail]\nadmin_only = []\n"
+        );
         let (antler, _) = start_antler_with(
             &model.base_url(),
             1000,
