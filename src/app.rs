@@ -620,20 +620,38 @@ where
     let metrics = metrics_handle();
     let path = config.store.path.clone();
     let cache = config.store.cache_capacity_bytes;
-    let store: Arc<dyn Store> = Arc::new(
+    // The sandbox's probe runs in the store's folder while the store opens and MCP servers
+    // start: it is most of the start-up time.
+    let mut folder = tokio::fs::DirBuilder::new();
+    folder.recursive(true).mode(0o700);
+    folder
+        .create(&config.store.path)
+        .await
+        .map_err(|e| AppError::Store(format!("{}: {e}", config.store.path.display())))?;
+    let open_store = async {
         tokio::task::spawn_blocking(move || SledStore::open(&path, cache))
             .await
-            .map_err(|e| AppError::Store(e.to_string()))??,
+            .map_err(|e| AppError::Store(e.to_string()))?
+            .map_err(AppError::from)
+    };
+    let find_shell = async {
+        // Lives as long as antler serves: the shell's commands reach the network through it.
+        let egress = shell_egress(&config, &config.store.path).await;
+        let shell = shell_sandbox(&config, egress.as_ref()).await;
+        (egress, shell)
+    };
+    // `_egress` lives as long as antler serves.
+    let (store, mcp, (_egress, shell)) = tokio::join!(
+        open_store,
+        McpServers::connect(&config.mcp.servers),
+        find_shell
     );
+    let store: Arc<dyn Store> = Arc::new(store?);
     let model_health = ModelHealth::default();
     let client = model_client(&config, &config.model.model, model_health.clone())?;
-    let mcp = McpServers::connect(&config.mcp.servers).await;
     let memory_model: Arc<dyn ChatModel> = Arc::new(client.clone());
     // Cancelled when running turns must stop (and their subagents with them).
     let turn_cancel = CancellationToken::new();
-    // Lives as long as antler serves: the shell's commands reach the network through it.
-    let egress = shell_egress(&config, &config.store.path).await;
-    let shell = shell_sandbox(&config, egress.as_ref()).await;
     let sandbox = shell.as_ref().and_then(|d| d.sandbox.as_ref());
     let mut tools = tool_registry(&config, extra_tools, &mcp, sandbox);
     let chain = middleware_chain(&config, &store)?;
