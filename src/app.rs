@@ -620,33 +620,21 @@ where
     let metrics = metrics_handle();
     let path = config.store.path.clone();
     let cache = config.store.cache_capacity_bytes;
-    // The sandbox's probe runs in the store's folder while the store opens and MCP servers
-    // start: it is most of the start-up time.
-    let mut folder = tokio::fs::DirBuilder::new();
-    folder.recursive(true).mode(0o700);
-    folder
-        .create(&config.store.path)
-        .await
-        .map_err(|e| AppError::Store(format!("{}: {e}", config.store.path.display())))?;
-    let open_store = async {
+    let store: Arc<dyn Store> = Arc::new(
         tokio::task::spawn_blocking(move || SledStore::open(&path, cache))
             .await
-            .map_err(|e| AppError::Store(e.to_string()))?
-            .map_err(AppError::from)
-    };
+            .map_err(|e| AppError::Store(e.to_string()))??,
+    );
+    // The sandbox's probe (most of the start-up time) runs while MCP servers start; after the
+    // store opened, which sets its folder's permissions, since the probe runs in that folder.
     let find_shell = async {
-        // Lives as long as antler serves: the shell's commands reach the network through it.
         let egress = shell_egress(&config, &config.store.path).await;
         let shell = shell_sandbox(&config, egress.as_ref()).await;
         (egress, shell)
     };
-    // `_egress` lives as long as antler serves.
-    let (store, mcp, (_egress, shell)) = tokio::join!(
-        open_store,
-        McpServers::connect(&config.mcp.servers),
-        find_shell
-    );
-    let store: Arc<dyn Store> = Arc::new(store?);
+    // `_egress` lives as long as antler serves: the shell's commands reach the network through it.
+    let (mcp, (_egress, shell)) =
+        tokio::join!(McpServers::connect(&config.mcp.servers), find_shell);
     let model_health = ModelHealth::default();
     let client = model_client(&config, &config.model.model, model_health.clone())?;
     let memory_model: Arc<dyn ChatModel> = Arc::new(client.clone());

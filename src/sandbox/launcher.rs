@@ -136,27 +136,54 @@ fn relay(port: u16, socket: std::path::PathBuf) -> Result<(), String> {
         .name("egress-relay".to_owned())
         .spawn(move || {
             for client in listener.incoming().flatten() {
-                let Ok(proxy) = std::os::unix::net::UnixStream::connect(&socket) else {
-                    continue;
-                };
-                let (Ok(mut client_out), Ok(mut proxy_in)) =
-                    (client.try_clone(), proxy.try_clone())
-                else {
-                    continue;
-                };
-                let (mut client_in, mut proxy_out) = (client, proxy);
-                let _ = std::thread::Builder::new().spawn(move || {
-                    let _ = std::io::copy(&mut client_in, &mut proxy_out);
-                    let _ = proxy_out.shutdown(std::net::Shutdown::Write);
-                });
-                let _ = std::thread::Builder::new().spawn(move || {
-                    let _ = std::io::copy(&mut proxy_in, &mut client_out);
-                    let _ = client_out.shutdown(std::net::Shutdown::Write);
-                });
+                if let Err(client) = relay_one(client, &socket) {
+                    refuse_politely(client);
+                }
             }
         })
         .map_err(|e| format!("cannot start the proxy relay: {e}"))?;
     Ok(())
+}
+
+/// Relays one client to the proxy on two threads; the client back when that cannot start.
+fn relay_one(
+    client: std::net::TcpStream,
+    socket: &std::path::Path,
+) -> Result<(), std::net::TcpStream> {
+    let Ok(proxy) = std::os::unix::net::UnixStream::connect(socket) else {
+        return Err(client);
+    };
+    let (Ok(mut client_out), Ok(mut proxy_in)) = (client.try_clone(), proxy.try_clone()) else {
+        return Err(client);
+    };
+    let (mut client_in, mut proxy_out) = (client, proxy);
+    let upstream = std::thread::Builder::new().spawn(move || {
+        let _ = std::io::copy(&mut client_in, &mut proxy_out);
+        let _ = proxy_out.shutdown(std::net::Shutdown::Write);
+    });
+    if upstream.is_err() {
+        return Err(client_out);
+    }
+    let downstream = std::thread::Builder::new().spawn(move || {
+        let _ = std::io::copy(&mut proxy_in, &mut client_out);
+        let _ = client_out.shutdown(std::net::Shutdown::Write);
+    });
+    // Without the second thread the first still forwards; the proxy's answer is lost, and the
+    // client sees the connection end.
+    drop(downstream);
+    Ok(())
+}
+
+/// Answers a client the relay cannot serve (the proxy gone, no thread to spare) with a 502
+/// and reads what it sent, so it sees an answer, not a reset.
+fn refuse_politely(mut client: std::net::TcpStream) {
+    use std::io::{Read as _, Write as _};
+    let _ = client
+        .write_all(b"HTTP/1.1 502 Bad Gateway\r\nConnection: close\r\nContent-Length: 0\r\n\r\n");
+    let _ = client.shutdown(std::net::Shutdown::Write);
+    let _ = client.set_read_timeout(Some(Duration::from_secs(1)));
+    let mut sink = [0_u8; 4096];
+    while matches!(client.read(&mut sink), Ok(n) if n > 0) {}
 }
 
 /// Writes what the sandbox looks like from here, for the probe.

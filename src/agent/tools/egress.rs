@@ -196,6 +196,12 @@ async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
                 body.len()
             );
             let _ = client.write_all(reply.as_bytes()).await;
+            // Closed only once the client has had its answer and stopped sending: closing with
+            // its bytes unread would reset the connection before it read the reason.
+            let _ = client.shutdown().await;
+            let mut sink = [0_u8; 4096];
+            let drain = async { while matches!(client.read(&mut sink).await, Ok(n) if n > 0) {} };
+            let _ = tokio::time::timeout(Duration::from_secs(1), drain).await;
             return Err(refusal);
         }
     };
