@@ -353,9 +353,9 @@ where
     });
 }
 
-/// Starts the shell's proxy when its commands may use the network: the proxy is their only
-/// way out, and never leads to antler's own listeners.
-pub(crate) async fn shell_egress(config: &Config, dir: &std::path::Path) -> Option<Egress> {
+/// Starts the shell's proxy, on the Unix socket `unix`, when its commands may use the
+/// network: the proxy is their only way out, and never leads to antler's own listeners.
+pub(crate) async fn shell_egress(config: &Config, unix: std::path::PathBuf) -> Option<Egress> {
     let bash = &config.agent.tools.bash;
     if !(bash.enabled && bash.network) {
         return None;
@@ -363,7 +363,7 @@ pub(crate) async fn shell_egress(config: &Config, dir: &std::path::Path) -> Opti
     let own: Vec<std::net::SocketAddr> = std::iter::once(config.server.listen)
         .chain(config.server.ops_listen)
         .collect();
-    match Egress::start(dir, own).await {
+    match Egress::start(unix, own).await {
         Ok(egress) => Some(egress),
         Err(e) => {
             tracing::error!(error = %e, "cannot start the shell's proxy; its commands get no network");
@@ -628,7 +628,7 @@ where
     // The sandbox's probe (most of the start-up time) runs while MCP servers start; after the
     // store opened, which sets its folder's permissions, since the probe runs in that folder.
     let find_shell = async {
-        let egress = shell_egress(&config, &config.store.path).await;
+        let egress = shell_egress(&config, config.store.path.join("egress.sock")).await;
         let shell = shell_sandbox(&config, egress.as_ref()).await;
         (egress, shell)
     };

@@ -397,6 +397,16 @@ impl Dir {
         }
     }
 
+    /// Makes this folder `uid`'s and `gid`'s (through its handle, never its name).
+    pub(crate) fn chown(
+        &self,
+        uid: Option<rustix::fs::Uid>,
+        gid: Option<rustix::fs::Gid>,
+    ) -> Result<(), Refused> {
+        rustix::fs::fchown(&self.fd, uid, gid)?;
+        Ok(())
+    }
+
     /// Gives `fd` (just made in this folder) this folder's owner. Only root can, and only a
     /// root antler needs it: its sandboxed commands run as an unprivileged user, who must be
     /// able to use what antler writes into the folders that user owns.

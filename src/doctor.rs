@@ -186,7 +186,9 @@ pub async fn shell_sandbox(config: &Config) -> Option<Result<String, String>> {
         return None;
     }
     let (root, temporary) = probe_root(config).await;
-    let egress = crate::app::shell_egress(config, &root).await;
+    // A socket of its own: the store may be a running antler's, whose proxy socket stays.
+    let socket = root.join(format!("egress-probe-{}.sock", std::process::id()));
+    let egress = crate::app::shell_egress(config, socket).await;
     let endpoints = egress
         .as_ref()
         .map(crate::agent::tools::egress::Egress::endpoints);

@@ -171,13 +171,21 @@ impl ThreadFolders {
             #[cfg(unix)]
             builder.mode(0o700);
             builder.create(&dir).await?;
-            if let Some((uid, gid)) = crate::sandbox::folder_owner() {
-                let _ = rustix::fs::chown(
-                    &dir,
-                    Some(rustix::fs::Uid::from_raw(uid)),
-                    Some(rustix::fs::Gid::from_raw(gid)),
-                );
-            }
+        }
+        if let Some((uid, gid)) = crate::sandbox::folder_owner() {
+            let root = self.root.clone();
+            // Through handles, links refused, like every other change inside the folders.
+            let _ = tokio::task::spawn_blocking(move || {
+                let thread = crate::beneath::Dir::open_trusted(&root)?;
+                for name in ["uploads", "workspace", "outputs", "tmp"] {
+                    thread.open_dir(Path::new(name))?.chown(
+                        Some(rustix::fs::Uid::from_raw(uid)),
+                        Some(rustix::fs::Gid::from_raw(gid)),
+                    )?;
+                }
+                Ok::<_, crate::beneath::Refused>(())
+            })
+            .await;
         }
         Ok(())
     }

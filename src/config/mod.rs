@@ -1009,12 +1009,7 @@ impl Config {
             let limits = &bash.limits;
             lines.push(format!(
                 "shell: sandbox {}, network {}, limits {} processes, {} MiB memory, {} MiB files, {} open files",
-                match bash.sandbox {
-                    crate::sandbox::SandboxMode::Auto => "auto",
-                    crate::sandbox::SandboxMode::Bwrap => "bwrap",
-                    crate::sandbox::SandboxMode::Landlock => "landlock",
-                    crate::sandbox::SandboxMode::None => "none",
-                },
+                bash.sandbox.name(),
                 if bash.network { "on" } else { "off" },
                 limits.processes,
                 limits.memory_mb,

@@ -176,21 +176,8 @@ async fn probe_in(
             .await
             .map_err(|e| format!("cannot make the probe's folders in {}: {e}", dir.display()))?;
     }
-    if let Some((uid, gid)) = sandbox.run_as() {
-        for folder in [
-            &folders.workspace,
-            &folders.outputs,
-            &folders.tmp,
-            &folders.uploads,
-        ] {
-            let _ = rustix::fs::chown(
-                folder,
-                Some(rustix::fs::Uid::from_raw(uid)),
-                Some(rustix::fs::Gid::from_raw(gid)),
-            );
-        }
-        super::add_permission(probe_root, 0o011);
-        super::add_permission(dir, 0o055);
+    if let Some(owner) = sandbox.run_as() {
+        super::hand_over(&folders, probe_root, owner);
     }
     let mut spec = sandbox.spec(&folders, "true", PROBE_TIMEOUT);
     spec.probe_hidden = Some(hidden.to_path_buf());

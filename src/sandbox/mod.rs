@@ -73,6 +73,18 @@ pub(crate) enum SandboxMode {
     None,
 }
 
+impl SandboxMode {
+    /// Its name as the config writes it.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            SandboxMode::Auto => "auto",
+            SandboxMode::Bwrap => "bwrap",
+            SandboxMode::Landlock => "landlock",
+            SandboxMode::None => "none",
+        }
+    }
+}
+
 /// The backend a command really runs under.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -403,36 +415,50 @@ impl Sandbox {
 }
 
 /// Gives the sandbox's user what it needs of a thread (when commands run as another user):
-/// its writable folders (and the files of its uploads, which antler writes) become that
-/// user's, and the folders above them searchable. Best effort: what fails shows as a command
-/// that cannot reach its folders.
+/// see [`hand_over`]. Best effort: what fails shows as a command that cannot reach its folders.
 pub(crate) fn prepare_folders(folders: &Folders, data_root: &Path) {
-    let Some((uid, gid)) = folder_owner() else {
+    if let Some(owner) = folder_owner() {
+        hand_over(folders, data_root, owner);
+    }
+}
+
+/// Makes the thread's writable folders (and the files antler wrote in its uploads) `owner`'s,
+/// and the folders above them searchable. Everything inside the thread is reached beneath a
+/// handle on the thread's folder with links refused, and each file is changed through the
+/// descriptor that was checked (a regular file with one name): a link the command planted
+/// cannot hand it anything outside.
+fn hand_over(folders: &Folders, data_root: &Path, (uid, gid): (u32, u32)) {
+    let Some(thread_root) = folders.workspace.parent() else {
+        return;
+    };
+    let Ok(thread) = crate::beneath::Dir::open_trusted(thread_root) else {
         return;
     };
     let owner = (
         Some(rustix::fs::Uid::from_raw(uid)),
         Some(rustix::fs::Gid::from_raw(gid)),
     );
-    for dir in [
+    for folder in [
         &folders.workspace,
         &folders.outputs,
         &folders.uploads,
         &folders.tmp,
     ] {
-        let _ = rustix::fs::chown(dir, owner.0, owner.1);
-    }
-    // Antler's own files in uploads (written before the command ran): readable by it.
-    if let Ok(entries) = std::fs::read_dir(&folders.uploads) {
-        for entry in entries.flatten() {
-            if entry.file_type().is_ok_and(|t| t.is_file()) {
-                let _ = rustix::fs::chownat(
-                    rustix::fs::CWD,
-                    entry.path(),
-                    owner.0,
-                    owner.1,
-                    rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
-                );
+        let Some(name) = folder.file_name() else {
+            continue;
+        };
+        let Ok(dir) = thread.open_dir(Path::new(name)) else {
+            continue;
+        };
+        let _ = dir.chown(owner.0, owner.1);
+        if folder == &folders.uploads {
+            for entry in dir.entries().unwrap_or_default() {
+                if entry.kind != crate::beneath::EntryKind::File {
+                    continue;
+                }
+                if let Ok(opened) = dir.open_file(Path::new(&entry.name), u64::MAX) {
+                    let _ = rustix::fs::fchown(&opened.file, owner.0, owner.1);
+                }
             }
         }
     }
@@ -440,9 +466,7 @@ pub(crate) fn prepare_folders(folders: &Folders, data_root: &Path) {
         add_permission(&dir, 0o011);
     }
     // The thread's own folder lists its folders, as `/mnt/user-data` does to the model.
-    if let Some(thread_root) = folders.workspace.parent() {
-        add_permission(thread_root, 0o055);
-    }
+    add_permission(thread_root, 0o055);
 }
 
 /// `chmod +bits` of a folder (`0o011`: others may pass through, not list).

@@ -10,8 +10,8 @@
 use std::path::{Path, PathBuf};
 
 /// Top-level modules (and crate-root items) the agent may use. `beneath` (files opened beneath
-/// a folder handle) and `sandbox` (the shell's isolation) are leaves: they use nothing else of
-/// the crate.
+/// a folder handle) and `sandbox` (the shell's isolation) are leaves: `beneath` uses nothing
+/// else of the crate, `sandbox` only `beneath`.
 const ALLOWED: &[&str] = &["agent", "beneath", "config", "memory", "now_ms", "sandbox"];
 /// Crates the agent's production code must never name (its tests may serve a mock over axum).
 /// The channel toolkit is among them: what a run hands out (`RunOutputs`, presented files) is

@@ -14,7 +14,7 @@
 //! DNS answer cannot turn a check into a way in. Anything else is answered 403 with the reason.
 
 use std::net::{IpAddr, SocketAddr};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -41,20 +41,19 @@ pub(crate) struct Egress {
 }
 
 impl Egress {
-    /// Starts the proxy on `<dir>/egress.sock` and on a free port of 127.0.0.1; `own` are
-    /// antler's listeners, never reached through it.
-    pub(crate) async fn start(dir: &Path, own: Vec<SocketAddr>) -> std::io::Result<Self> {
-        Self::start_with(dir, own, is_public).await
+    /// Starts the proxy on the Unix socket `unix` (replacing a stale one) and on a free port of
+    /// 127.0.0.1; `own` are antler's listeners, never reached through it.
+    pub(crate) async fn start(unix: PathBuf, own: Vec<SocketAddr>) -> std::io::Result<Self> {
+        Self::start_with(unix, own, is_public).await
     }
 
     /// [`Egress::start`] with `reachable` deciding which addresses may be reached.
     async fn start_with(
-        dir: &Path,
+        unix: PathBuf,
         own: Vec<SocketAddr>,
         reachable: fn(IpAddr) -> bool,
     ) -> std::io::Result<Self> {
         use std::os::unix::fs::PermissionsExt as _;
-        let unix = dir.join("egress.sock");
         match tokio::fs::remove_file(&unix).await {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
@@ -451,9 +450,11 @@ mod tests {
             seen
         });
         let dir = tempfile::tempdir().unwrap();
-        let egress = Egress::start_with(dir.path(), Vec::new(), |ip| ip.is_loopback())
-            .await
-            .unwrap();
+        let egress = Egress::start_with(dir.path().join("egress.sock"), Vec::new(), |ip| {
+            ip.is_loopback()
+        })
+        .await
+        .unwrap();
         let tunnelled = ask(
             egress.port(),
             &format!("CONNECT 127.0.0.1:{port} HTTP/1.1\r\n\r\nGET /t HTTP/1.1\r\nHost: h\r\n\r\n"),
@@ -489,7 +490,9 @@ mod tests {
             (listener, port)
         };
         let dir = tempfile::tempdir().unwrap();
-        let egress = Egress::start(dir.path(), Vec::new()).await.unwrap();
+        let egress = Egress::start(dir.path().join("egress.sock"), Vec::new())
+            .await
+            .unwrap();
         let answer = ask(
             egress.port(),
             &format!("CONNECT 127.0.0.1:{port} HTTP/1.1\r\n\r\n"),

@@ -219,6 +219,19 @@ impl IdScan {
         }
     }
 
+    /// One byte inside a string (escapes followed); whether it closed the string.
+    fn string_byte(&mut self, b: u8) -> bool {
+        if self.escaped {
+            self.escaped = false;
+        } else if b == b'\\' {
+            self.escaped = true;
+        } else if b == b'"' {
+            self.in_string = false;
+            return true;
+        }
+        false
+    }
+
     fn push(&mut self, b: u8) {
         if let Some(value) = &mut self.value {
             if self.in_string || !matches!(b, b',' | b'}') {
@@ -232,13 +245,7 @@ impl IdScan {
                     return;
                 }
                 if self.in_string {
-                    if self.escaped {
-                        self.escaped = false;
-                    } else if b == b'\\' {
-                        self.escaped = true;
-                    } else if b == b'"' {
-                        self.in_string = false;
-                    }
+                    self.string_byte(b);
                 } else if b == b'"' {
                     self.in_string = true;
                 }
@@ -248,12 +255,7 @@ impl IdScan {
             self.id = self.value.take();
         }
         if self.in_string {
-            if self.escaped {
-                self.escaped = false;
-            } else if b == b'\\' {
-                self.escaped = true;
-            } else if b == b'"' {
-                self.in_string = false;
+            if self.string_byte(b) {
                 if let Some(key) = self.key.take() {
                     self.last_key = match key.as_slice() {
                         b"id" => Key::Id,
