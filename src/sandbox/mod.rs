@@ -483,3 +483,58 @@ fn add_permission(dir: &Path, bits: u32) {
         let _ = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode | bits));
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::MetadataExt as _;
+
+    use super::*;
+
+    #[test]
+    fn handing_the_folders_over_never_follows_a_planted_link() {
+        if !rustix::process::geteuid().is_root() {
+            eprintln!("skipped: only root can hand folders to another user");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let thread = dir.path().join("threads/t1");
+        let folders = Folders {
+            workspace: thread.join("workspace"),
+            outputs: thread.join("outputs"),
+            uploads: thread.join("uploads"),
+            tmp: thread.join("tmp"),
+        };
+        for folder in [
+            &folders.workspace,
+            &folders.outputs,
+            &folders.uploads,
+            &folders.tmp,
+        ] {
+            std::fs::create_dir_all(folder).unwrap();
+        }
+        let outside = dir.path().join("antler.toml");
+        std::fs::write(&outside, "secret").unwrap();
+        std::fs::write(folders.uploads.join("report.pdf"), "mine").unwrap();
+        std::os::unix::fs::symlink(&outside, folders.uploads.join("link")).unwrap();
+        std::fs::hard_link(&outside, folders.uploads.join("hard")).unwrap();
+        hand_over(&folders, dir.path(), (SANDBOX_UID, SANDBOX_GID));
+        let uid = |path: &Path| std::fs::symlink_metadata(path).unwrap().uid();
+        for folder in [
+            &folders.workspace,
+            &folders.outputs,
+            &folders.uploads,
+            &folders.tmp,
+        ] {
+            assert_eq!(uid(folder), SANDBOX_UID, "{}", folder.display());
+        }
+        assert_eq!(uid(&folders.uploads.join("report.pdf")), SANDBOX_UID);
+        assert_eq!(
+            uid(&outside),
+            0,
+            "a link led the hand-over outside the thread"
+        );
+        let mode = |path: &Path| std::fs::metadata(path).unwrap().mode() & 0o777;
+        assert_eq!(mode(dir.path()) & 0o011, 0o011);
+        assert_eq!(mode(&thread) & 0o055, 0o055);
+    }
+}
