@@ -75,6 +75,20 @@ fn run(spec: &Spec) -> Result<ExitCode, String> {
     }
     rustix::process::set_child_subreaper(Some(rustix::process::getpid()))
         .map_err(|e| format!("cannot become a subreaper: {e}"))?;
+    if let Some((uid, gid)) = spec.run_as {
+        become_user(uid, gid)?;
+    }
+    // By name, as the command's user: a workspace that user cannot reach (a folder above the
+    // store that others may not search) is refused here, with the reason, not at the first
+    // absolute path a command uses.
+    std::env::set_current_dir(&spec.workdir).map_err(|e| {
+        format!(
+            "the sandbox's user (uid {}) cannot reach the workspace {}: {e}; every folder above \
+             the store must be searchable by others (chmod o+x)",
+            rustix::process::getuid().as_raw(),
+            spec.workdir.display()
+        )
+    })?;
     // Before the restrictions, which apply to the calling thread and what it starts: the relay
     // thread must still reach the proxy's socket.
     if let (Some(port), Some(socket)) = (spec.egress_port, &spec.relay_to) {
@@ -119,7 +133,6 @@ fn run(spec: &Spec) -> Result<ExitCode, String> {
     let child = std::process::Command::new("bash")
         .arg("-c")
         .arg(&spec.command)
-        .current_dir(&spec.workdir)
         .stdin(Stdio::null())
         .spawn()
         .map_err(|e| format!("cannot start bash: {e}"))?;
@@ -248,6 +261,24 @@ fn tasks_of(uid: u32) -> u64 {
         }
     }
     tasks
+}
+
+/// Gives up root for `uid`/`gid` (no supplementary groups) for good, and checks it is gone.
+/// The launcher is single-threaded here, so the per-thread calls cover the whole process.
+fn become_user(uid: u32, gid: u32) -> Result<(), String> {
+    use rustix::process::{Gid, Uid};
+    use rustix::thread::{set_thread_groups, set_thread_res_gid, set_thread_res_uid};
+    let (uid, gid) = (Uid::from_raw(uid), Gid::from_raw(gid));
+    set_thread_groups(&[]).map_err(|e| format!("cannot drop the supplementary groups: {e}"))?;
+    set_thread_res_gid(gid, gid, gid).map_err(|e| format!("cannot become group {gid:?}: {e}"))?;
+    set_thread_res_uid(uid, uid, uid).map_err(|e| format!("cannot become user {uid:?}: {e}"))?;
+    if rustix::process::getuid() != uid
+        || rustix::process::geteuid() != uid
+        || rustix::process::getegid() != gid
+    {
+        return Err(format!("still not user {uid:?} after giving up root"));
+    }
+    Ok(())
 }
 
 fn set_limits(spec: &Spec) -> Result<(), String> {

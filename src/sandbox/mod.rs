@@ -188,6 +188,11 @@ pub(crate) struct Spec {
     /// (one of the store's, beside the probe's folders) can be read.
     #[serde(default)]
     pub(crate) probe_hidden: Option<PathBuf>,
+    /// The user (uid, gid) the launcher becomes before anything else, when antler is root
+    /// (Landlock and none; bubblewrap itself is started as that user). The launcher starts as
+    /// antler's user so that it can run from wherever antler is installed.
+    #[serde(default)]
+    pub(crate) run_as: Option<(u32, u32)>,
 }
 
 /// System folders the command may read (when they exist).
@@ -366,6 +371,7 @@ impl Sandbox {
             egress_port,
             relay_to,
             probe_hidden: None,
+            run_as: self.run_as.filter(|_| self.backend != Backend::Bwrap),
         }
     }
 
@@ -391,17 +397,20 @@ impl Sandbox {
                 // Killed with its process group when the call is dropped; its PID namespace
                 // takes everything inside along.
                 cmd.process_group(0);
+                // Its user namespace would otherwise map the command to host root, for whom
+                // the kernel does not enforce RLIMIT_NPROC.
+                if let Some((uid, gid)) = self.run_as {
+                    cmd.uid(uid).gid(gid);
+                }
                 cmd
             }
+            // The launcher becomes `spec.run_as` itself (see [`Spec::run_as`]).
             _ => {
                 let mut cmd = tokio::process::Command::new(&self.launcher);
                 cmd.arg(LAUNCHER_ARG).arg(spec_json);
                 cmd
             }
         };
-        if let Some((uid, gid)) = self.run_as {
-            cmd.uid(uid).gid(gid);
-        }
         cmd.env_clear()
             .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .current_dir(match self.backend {

@@ -254,6 +254,31 @@ impl Client {
 
 /// A temporary folder others may pass through (not list): a root antler runs shell commands
 /// as an unprivileged user, who must reach the thread folders under it.
+/// antler's binary at a path every user may reach: as built when every folder above it is
+/// searchable by others, else (a checkout in a private folder, as root) a hard link to it (a
+/// copy across file systems) in a searchable folder. Another user started by the tests, and
+/// bubblewrap started as the sandbox's user, must be able to run it.
+pub fn runnable_by_others() -> PathBuf {
+    use std::os::unix::fs::PermissionsExt as _;
+    static PATH: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    PATH.get_or_init(|| {
+        let built = PathBuf::from(env!("CARGO_BIN_EXE_antler"));
+        let searchable = built.ancestors().skip(1).all(|dir| {
+            std::fs::metadata(dir).is_ok_and(|meta| meta.permissions().mode() & 0o001 != 0)
+        });
+        if searchable || !rustix::process::geteuid().is_root() {
+            return built;
+        }
+        let dir = searchable_tempdir().keep();
+        let linked = dir.join("antler");
+        if std::fs::hard_link(&built, &linked).is_err() {
+            std::fs::copy(&built, &linked).expect("copy antler where others can run it");
+        }
+        linked
+    })
+    .clone()
+}
+
 pub fn searchable_tempdir() -> tempfile::TempDir {
     use std::os::unix::fs::PermissionsExt as _;
     let dir = tempfile::tempdir().expect("tempdir");
@@ -439,7 +464,7 @@ impl Child {
             .append(true)
             .open(log)
             .expect("log file");
-        let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_antler"));
+        let mut command = tokio::process::Command::new(runnable_by_others());
         if let Some(uid) = uid {
             command.uid(uid).gid(uid);
         }
