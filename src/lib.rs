@@ -39,6 +39,7 @@ pub mod logging;
 pub(crate) mod memory;
 mod poll;
 pub(crate) mod sandbox;
+pub(crate) mod secret;
 pub mod setup;
 pub(crate) mod store;
 #[cfg(test)]

@@ -33,11 +33,10 @@ use super::message::{ChatMessage, TokenUsage, ToolCall};
 use super::middleware::dangling_tool_call;
 use super::middleware::{
     ChainAbort, MiddlewareChain, RunContext, RunControl, RunEnding, RunOutputs, ToolDecision,
-    ToolOutput,
 };
 use super::model::{ChatModel, FinishReason, ModelError, ModelRequest, ModelResponse};
 use super::thread::{PendingQuestion, ThreadState};
-use super::tools::{ToolContext, ToolRegistry};
+use super::tools::{ToolContext, ToolOutput, ToolRegistry};
 
 /// How often hooks may send the model back (`Continue`) in one run.
 pub(crate) const MAX_CONTINUES: u32 = 3;

@@ -14,13 +14,8 @@
 //! example `"${OPENAI_API_KEY:-}"` with the variable unset) counts as absent.
 
 mod env;
-mod secret;
 mod validate;
-pub(crate) use secret::{
-    opt_secret as secret_opt_secret, opt_string as secret_opt_string, string as secret_string,
-    strings as secret_strings,
-};
-pub(crate) use validate::mask_url;
+pub(crate) use crate::secret::mask_url;
 
 #[cfg(test)]
 mod tests;
@@ -54,7 +49,8 @@ use crate::agent::tools::mcp::McpServerConfig;
 use crate::agent::tools::web_fetch::WebFetchConfig;
 use crate::memory::MemoryConfig;
 
-pub use secret::Secret;
+pub use crate::secret::Secret;
+use crate::secret;
 
 /// Where `antler serve` and `antler check-config` look when `--config` is not given.
 pub const DEFAULT_PATH: &str = "config/antler.toml";
@@ -243,7 +239,7 @@ impl fmt::Debug for ModelConfig {
     /// Like the derived form, but a password in `base_url` is masked.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ModelConfig")
-            .field("base_url", &validate::mask_url(&self.base_url))
+            .field("base_url", &mask_url(&self.base_url))
             .field("api_key", &self.api_key)
             .field("model", &self.model)
             .field("connect_timeout_secs", &self.connect_timeout_secs)
@@ -934,7 +930,7 @@ impl Config {
         };
         let mut lines = vec![format!("listen: {}", server.listen)];
         if let Some(url) = &server.public_url {
-            lines.push(format!("public url: {}", validate::mask_url(url)));
+            lines.push(format!("public url: {}", mask_url(url)));
         }
         if let Some(ops) = server.ops_listen {
             lines.push(format!("ops listener: {ops}"));
@@ -963,7 +959,7 @@ impl Config {
         lines.push(format!(
             "model: {} at {} (api key: {})",
             model.model,
-            validate::mask_url(&model.base_url),
+            mask_url(&model.base_url),
             set(model.api_key.is_some()),
         ));
         let mut user_tokens = String::new();

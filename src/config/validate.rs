@@ -998,16 +998,3 @@ pub(crate) fn check_http_url(url: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// `url` with any password replaced by `***`, for display.
-pub(crate) fn mask_url(url: &str) -> String {
-    match reqwest::Url::parse(url) {
-        Ok(mut parsed) if parsed.password().is_some() => {
-            if parsed.set_password(Some("***")).is_ok() {
-                parsed.to_string()
-            } else {
-                "<url with credentials>".to_owned()
-            }
-        }
-        _ => url.to_owned(),
-    }
-}

@@ -31,11 +31,11 @@ use std::sync::Arc;
 
 pub(crate) use context::{RunContext, RunControl, RunEnding, RunOutputs};
 
-use super::message::{TokenUsage, ToolCall};
+use super::message::ToolCall;
 use super::model::{ModelRequest, ModelResponse};
 #[cfg(test)]
 use super::thread::ThreadState;
-use super::tools::Tool;
+use super::tools::{Tool, ToolOutput};
 
 /// Every middleware antler knows, in chain order, with the reason for its place
 /// (docs/architecture.md, "Agent runtime").
@@ -106,37 +106,6 @@ pub(crate) const CHAIN_ORDER: &[(&str, &str)] = &[
         "interrupts the run at the tool call; always last",
     ),
 ];
-
-/// The result of a tool call, as the model will see it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct ToolOutput {
-    /// The text the model sees.
-    pub(crate) content: String,
-    /// Whether this reports a failure.
-    pub(crate) is_error: bool,
-    /// Tokens the call used on the model (a subagent's), added to the run's usage.
-    pub(crate) usage: Option<TokenUsage>,
-}
-
-impl ToolOutput {
-    /// A successful result.
-    pub(crate) fn ok(content: impl Into<String>) -> Self {
-        Self {
-            content: content.into(),
-            is_error: false,
-            usage: None,
-        }
-    }
-
-    /// A failure the model is told about; the run goes on.
-    pub(crate) fn error(content: impl Into<String>) -> Self {
-        Self {
-            content: content.into(),
-            is_error: true,
-            usage: None,
-        }
-    }
-}
 
 /// What `before_tool` decides about one tool call.
 #[derive(Debug, Clone, PartialEq, Eq)]

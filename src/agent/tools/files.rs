@@ -600,7 +600,7 @@ impl Tool for StrReplace {
 mod tests {
     use super::*;
     use crate::agent::message::ToolCall;
-    use crate::agent::middleware::ToolOutput;
+    use crate::agent::tools::ToolOutput;
     use crate::agent::tools::ToolRegistry;
 
     struct Setup {

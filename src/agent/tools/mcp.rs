@@ -46,7 +46,7 @@ use tokio_util::sync::CancellationToken;
 use super::{Tool, ToolContext, ToolError};
 use crate::agent::model::ToolSpec;
 use crate::agent::retry::RetryPolicy;
-use crate::config::Secret;
+use crate::secret::Secret;
 
 /// The longest tool name the OpenAI API accepts.
 pub(crate) const MAX_TOOL_NAME: usize = 64;
@@ -92,25 +92,25 @@ const INHERITED_ENV: [&str; 9] = [
 #[serde(default, deny_unknown_fields)]
 pub(crate) struct McpServerConfig {
     /// The server's name in tool names (`mcp__<name>__<tool>`): letters, digits, `_`, `-`.
-    #[serde(deserialize_with = "crate::config::secret_string")]
+    #[serde(deserialize_with = "crate::secret::string")]
     pub(crate) name: String,
     /// Whether it is started.
     pub(crate) enabled: bool,
     /// stdio: the program to run.
-    #[serde(deserialize_with = "crate::config::secret_opt_string")]
+    #[serde(deserialize_with = "crate::secret::opt_string")]
     pub(crate) command: Option<String>,
     /// stdio: its arguments.
-    #[serde(deserialize_with = "crate::config::secret_strings")]
+    #[serde(deserialize_with = "crate::secret::strings")]
     pub(crate) args: Vec<String>,
     /// stdio: environment variables set for it (secrets).
     pub(crate) env: BTreeMap<String, Secret>,
     /// Streamable HTTP: the endpoint.
-    #[serde(deserialize_with = "crate::config::secret_opt_string")]
+    #[serde(deserialize_with = "crate::secret::opt_string")]
     pub(crate) url: Option<String>,
     /// Streamable HTTP: headers sent with every request (secrets).
     pub(crate) headers: BTreeMap<String, Secret>,
     /// Streamable HTTP: sent as `Authorization: Bearer <token>`.
-    #[serde(deserialize_with = "crate::config::secret_opt_secret")]
+    #[serde(deserialize_with = "crate::secret::opt_secret")]
     pub(crate) bearer_token: Option<Secret>,
     /// The time limit of one tool call.
     pub(crate) timeout_secs: u64,
@@ -145,7 +145,7 @@ impl std::fmt::Debug for McpServerConfig {
             .field("command", &self.command)
             .field("args", &self.args.len())
             .field("env", &self.env.keys().collect::<Vec<_>>())
-            .field("url", &self.url.as_deref().map(crate::config::mask_url))
+            .field("url", &self.url.as_deref().map(crate::secret::mask_url))
             .field("headers", &self.headers.keys().collect::<Vec<_>>())
             .field("bearer_token", &self.bearer_token)
             .field("timeout_secs", &self.timeout_secs)

@@ -24,9 +24,39 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::input::{Author, ThreadFolders};
-use super::message::ToolCall;
-use super::middleware::ToolOutput;
+use super::message::{TokenUsage, ToolCall};
 use super::model::ToolSpec;
+
+/// The result of a tool call, as the model will see it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ToolOutput {
+    /// The text the model sees.
+    pub(crate) content: String,
+    /// Whether this reports a failure.
+    pub(crate) is_error: bool,
+    /// Tokens the call used on the model (a subagent's), added to the run's usage.
+    pub(crate) usage: Option<TokenUsage>,
+}
+
+impl ToolOutput {
+    /// A successful result.
+    pub(crate) fn ok(content: impl Into<String>) -> Self {
+        Self {
+            content: content.into(),
+            is_error: false,
+            usage: None,
+        }
+    }
+
+    /// A failure the model is told about; the run goes on.
+    pub(crate) fn error(content: impl Into<String>) -> Self {
+        Self {
+            content: content.into(),
+            is_error: true,
+            usage: None,
+        }
+    }
+}
 
 /// How long a tool call may take unless configured otherwise.
 pub(crate) const DEFAULT_TOOL_TIMEOUT: Duration = Duration::from_secs(120);

@@ -1,4 +1,5 @@
-//! [`Secret`] and the lenient string deserializers the config structs use.
+//! [`Secret`], [`mask_url`] and the lenient string deserializers settings use (the config's
+//! own and the agent's, such as an MCP server's): a leaf every module may use.
 //!
 //! A value that was exactly one `${VAR}` may have been turned into an integer, float or boolean
 //! by env substitution (so numeric settings can come from the environment); string settings
@@ -128,4 +129,18 @@ pub(crate) fn opt_socket_addr<'de, D: Deserializer<'de>>(
     text.parse().map(Some).map_err(|_| {
         de::Error::custom("invalid socket address syntax (expected ip:port, e.g. 127.0.0.1:9090)")
     })
+}
+
+/// `url` with any password replaced by `***`, for display.
+pub(crate) fn mask_url(url: &str) -> String {
+    match reqwest::Url::parse(url) {
+        Ok(mut parsed) if parsed.password().is_some() => {
+            if parsed.set_password(Some("***")).is_ok() {
+                parsed.to_string()
+            } else {
+                "<url with credentials>".to_owned()
+            }
+        }
+        _ => url.to_owned(),
+    }
 }
