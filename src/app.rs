@@ -50,7 +50,7 @@ use crate::agent::tools::web_fetch::WebFetch;
 use crate::agent::tools::{Tool, ToolRegistry};
 use crate::config::Config;
 use crate::config::TelegramMode;
-use crate::delivery::{Delivery, ReplyFiles, RetryPolicy};
+use crate::delivery::{Delivery, ReplyFiles};
 use crate::events::EventHub;
 use crate::http::guard::{ApiAuth, HostPolicy};
 use crate::http::serve::{ServeLimits, serve as serve_http};
@@ -60,6 +60,7 @@ use crate::ingress::{Ingress, IngressSettings, TurnRunner, TurnSettings};
 use crate::memory::StoreDocuments;
 use crate::memory::identity::MemoryIdentities;
 use crate::memory::queue::{MemoryWorker, WorkerSettings};
+use crate::retry::{Backoff, RetryPolicy};
 use crate::sandbox::{self, Backend, Detection, Sandbox};
 use crate::store::{SledStore, Store, StoreError, StoreRegistry};
 
@@ -332,8 +333,12 @@ where
         return;
     }
     tokio::spawn(async move {
-        let mut wait = Duration::from_secs(5);
+        let mut backoff = Backoff::new(RetryPolicy::forever(
+            Duration::from_secs(5),
+            Duration::from_secs(300),
+        ));
         loop {
+            let wait = backoff.next_wait();
             match learn().await {
                 Ok(name) => {
                     tracing::info!(platform, bot = %name, "bot ready");
@@ -348,7 +353,6 @@ where
                 ),
             }
             tokio::time::sleep(wait).await;
-            wait = (wait * 2).min(Duration::from_secs(300));
         }
     });
 }

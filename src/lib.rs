@@ -38,12 +38,14 @@ pub(crate) mod lanes;
 pub mod logging;
 pub(crate) mod memory;
 mod poll;
+pub(crate) mod retry;
 pub(crate) mod sandbox;
 pub(crate) mod secret;
 pub mod setup;
 pub(crate) mod store;
 #[cfg(test)]
 pub(crate) mod test_support;
+pub(crate) mod units;
 
 pub use app::{AppError, serve};
 pub use sandbox::main_if_launcher;

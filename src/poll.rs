@@ -15,12 +15,13 @@ use antler_telegram::TelegramChannel;
 use tokio_util::sync::CancellationToken;
 
 use crate::ingress::{Ingress, IngressError};
+use crate::retry::{Backoff, RetryPolicy};
 
 /// How long one `getUpdates` waits for an update (below teloxide's 17 s request timeout).
 const LONG_POLL_SECS: u32 = 10;
-/// The first and the longest wait after a failed `getUpdates`.
-const RETRY_FIRST: Duration = Duration::from_secs(1);
-const RETRY_CAP: Duration = Duration::from_secs(60);
+/// The waits after a failed `getUpdates` (or accept): from 1 s up to 60 s.
+const POLL_RETRY: RetryPolicy =
+    RetryPolicy::forever(Duration::from_secs(1), Duration::from_secs(60));
 
 /// Polls until `stop` is cancelled.
 pub(crate) async fn poll_telegram(
@@ -29,7 +30,7 @@ pub(crate) async fn poll_telegram(
     stop: CancellationToken,
 ) {
     let mut offset: Option<i32> = None;
-    let mut wait = RETRY_FIRST;
+    let mut backoff = Backoff::new(POLL_RETRY);
     tracing::info!("telegram polling started");
     loop {
         let fetched = tokio::select! {
@@ -38,17 +39,17 @@ pub(crate) async fn poll_telegram(
         };
         let updates = match fetched {
             Ok(updates) => {
-                wait = RETRY_FIRST;
+                backoff.reset();
                 updates
             }
             Err(e) => {
+                let wait = backoff.next_wait();
                 tracing::warn!(error = %e, retry_in = ?wait, "telegram getUpdates failed");
                 metrics::counter!("antler_telegram_poll_errors_total").increment(1);
                 tokio::select! {
                     () = stop.cancelled() => return,
                     () = tokio::time::sleep(wait) => {}
                 }
-                wait = (wait * 2).min(RETRY_CAP);
                 continue;
             }
         };
@@ -95,18 +96,18 @@ async fn accept(
     event: antler_channel::InboundEvent,
     stop: &CancellationToken,
 ) -> bool {
-    let mut wait = RETRY_FIRST;
+    let mut backoff = Backoff::new(POLL_RETRY);
     loop {
         match ingress.accept(event.clone(), false).await {
             Ok(_) | Err(IngressError::Dropped) => return true,
             Err(IngressError::ShuttingDown) => return false,
             Err(e) => {
+                let wait = backoff.next_wait();
                 tracing::warn!(error = %e, retry_in = ?wait, "a polled telegram update could not be accepted");
                 tokio::select! {
                     () = stop.cancelled() => return false,
                     () = tokio::time::sleep(wait) => {}
                 }
-                wait = (wait * 2).min(RETRY_CAP);
             }
         }
     }

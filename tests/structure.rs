@@ -64,7 +64,11 @@ fn absolute(here: &[String], path: &[String]) -> Option<ModPath> {
 }
 
 /// Collects the use trees of one module as (alias, path as written) pairs.
-fn use_paths(tree: &syn::UseTree, prefix: &mut Vec<String>, out: &mut Vec<(Option<String>, ModPath)>) {
+fn use_paths(
+    tree: &syn::UseTree,
+    prefix: &mut Vec<String>,
+    out: &mut Vec<(Option<String>, ModPath)>,
+) {
     match tree {
         syn::UseTree::Path(p) => {
             prefix.push(p.ident.to_string());
@@ -77,7 +81,11 @@ fn use_paths(tree: &syn::UseTree, prefix: &mut Vec<String>, out: &mut Vec<(Optio
             if name != "self" {
                 full.push(name.clone());
             }
-            let alias = if name == "self" { prefix.last().cloned() } else { Some(name) };
+            let alias = if name == "self" {
+                prefix.last().cloned()
+            } else {
+                Some(name)
+            };
             out.push((alias, full));
         }
         syn::UseTree::Rename(r) => {
@@ -157,7 +165,8 @@ impl Crate {
 
     /// Reads the module at `file` (path `here`), whose child modules' files are in `dir`.
     fn read_file(&mut self, file: &Path, dir: &Path, here: ModPath) {
-        let text = std::fs::read_to_string(file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+        let text =
+            std::fs::read_to_string(file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
         let parsed = syn::parse_file(&text).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
         self.read_items(&parsed.items, file, dir, here);
     }
@@ -241,7 +250,10 @@ impl Crate {
                 .find(|&n| self.modules.contains_key(&path[..n]))
                 .unwrap_or(0);
             let module = &self.modules[&path[..module_len]];
-            match path.get(module_len).and_then(|name| module.imports.get(name)) {
+            match path
+                .get(module_len)
+                .and_then(|name| module.imports.get(name))
+            {
                 Some(target) if target.as_slice() != path.as_slice() => {
                     let mut next = target.clone();
                     next.extend(path[module_len + 1..].iter().cloned());
@@ -260,9 +272,9 @@ impl Crate {
             for named in &module.named {
                 let to = self.defining_module(named);
                 if &to != from {
-                    edges
-                        .entry((from.clone(), to))
-                        .or_insert_with(|| format!("{} names {}", module.file.display(), named.join("::")));
+                    edges.entry((from.clone(), to)).or_insert_with(|| {
+                        format!("{} names {}", module.file.display(), named.join("::"))
+                    });
                 }
             }
         }
@@ -293,7 +305,10 @@ fn sibling_cycles(krate: &Crate) -> Vec<String> {
     for (parent, arcs) in graphs {
         let nodes: BTreeSet<&String> = arcs.keys().flat_map(|(a, b)| [a, b]).collect();
         let next = |node: &String| -> Vec<&String> {
-            arcs.keys().filter(|(a, _)| a == node).map(|(_, b)| b).collect()
+            arcs.keys()
+                .filter(|(a, _)| a == node)
+                .map(|(_, b)| b)
+                .collect()
         };
         // Depth-first search for a back edge, reporting the cycle it closes.
         let mut state: BTreeMap<&String, u8> = BTreeMap::new();
@@ -310,7 +325,8 @@ fn sibling_cycles(krate: &Crate) -> Vec<String> {
                 match state.get(child) {
                     Some(1) => {
                         let start = stack.iter().position(|n| *n == child).unwrap_or(0);
-                        let mut cycle: Vec<String> = stack[start..].iter().map(|s| s.to_string()).collect();
+                        let mut cycle: Vec<String> =
+                            stack[start..].iter().map(|s| s.to_string()).collect();
                         cycle.push(child.to_string());
                         found.push(cycle);
                     }
@@ -328,12 +344,27 @@ fn sibling_cycles(krate: &Crate) -> Vec<String> {
             }
         }
         for cycle in found {
-            let scope = if parent.is_empty() { "crate".to_owned() } else { parent.join("::") };
+            let scope = if parent.is_empty() {
+                "crate".to_owned()
+            } else {
+                parent.join("::")
+            };
             let steps: Vec<String> = cycle
                 .windows(2)
-                .map(|w| format!("    {} -> {}: {}", w[0], w[1], arcs[&(w[0].clone(), w[1].clone())]))
+                .map(|w| {
+                    format!(
+                        "    {} -> {}: {}",
+                        w[0],
+                        w[1],
+                        arcs[&(w[0].clone(), w[1].clone())]
+                    )
+                })
                 .collect();
-            cycles.push(format!("in {scope}: {}\n{}", cycle.join(" -> "), steps.join("\n")));
+            cycles.push(format!(
+                "in {scope}: {}\n{}",
+                cycle.join(" -> "),
+                steps.join("\n")
+            ));
         }
     }
     cycles
@@ -352,7 +383,9 @@ fn the_modules_at_every_level_form_a_dag() {
 }
 
 /// The modules of the crate the agent runtime must not use, and the crates it must not use.
-const NOT_FOR_THE_AGENT: &[&str] = &["app", "http", "ingress", "delivery", "chat", "poll", "doctor", "setup"];
+const NOT_FOR_THE_AGENT: &[&str] = &[
+    "app", "http", "ingress", "delivery", "chat", "poll", "doctor", "setup",
+];
 const CRATES_NOT_FOR_THE_AGENT: &[&str] = &[
     "axum",
     "antler_channel",
@@ -371,7 +404,9 @@ fn the_agent_uses_no_http_server_ingress_delivery_or_platform_code() {
     let mut offences = Vec::new();
     for ((from, to), example) in krate.edges() {
         if from.first().map(String::as_str) == Some("agent")
-            && to.first().is_some_and(|m| NOT_FOR_THE_AGENT.contains(&m.as_str()))
+            && to
+                .first()
+                .is_some_and(|m| NOT_FOR_THE_AGENT.contains(&m.as_str()))
         {
             offences.push(example);
         }
@@ -395,30 +430,60 @@ fn the_agent_uses_no_http_server_ingress_delivery_or_platform_code() {
         let mut written: Vec<ModPath> = collector.paths;
         written.extend(collector.uses.into_iter().map(|(_, p)| p));
         for p in written {
-            if let Some(first) = p.first().filter(|f| CRATES_NOT_FOR_THE_AGENT.contains(&f.as_str())) {
-                offences.push(format!("{} names {first}::{}", module.file.display(), p[1..].join("::")));
+            if let Some(first) = p
+                .first()
+                .filter(|f| CRATES_NOT_FOR_THE_AGENT.contains(&f.as_str()))
+            {
+                offences.push(format!(
+                    "{} names {first}::{}",
+                    module.file.display(),
+                    p[1..].join("::")
+                ));
             }
         }
     }
     offences.sort();
     offences.dedup();
-    assert!(offences.is_empty(), "the agent reaches outside itself:\n{}", offences.join("\n"));
+    assert!(
+        offences.is_empty(),
+        "the agent reaches outside itself:\n{}",
+        offences.join("\n")
+    );
 }
 
 #[test]
 fn a_planted_cycle_is_found() {
     let dir = tempfile::tempdir().unwrap();
     let src = dir.path();
-    std::fs::write(src.join("lib.rs"), "mod a;\nmod b;\nmod c;\n#[cfg(test)]\nmod t;\n").unwrap();
-    std::fs::write(src.join("a.rs"), "pub use crate::b::Thing;\npub(crate) fn f() {}\n").unwrap();
+    std::fs::write(
+        src.join("lib.rs"),
+        "mod a;\nmod b;\nmod c;\n#[cfg(test)]\nmod t;\n",
+    )
+    .unwrap();
+    std::fs::write(
+        src.join("a.rs"),
+        "pub use crate::b::Thing;\npub(crate) fn f() {}\n",
+    )
+    .unwrap();
     std::fs::create_dir(src.join("b")).unwrap();
     std::fs::write(src.join("b/mod.rs"), "mod inner;\npub use inner::Thing;\n").unwrap();
-    std::fs::write(src.join("b/inner.rs"), "pub struct Thing;\nfn g() { crate::c::h() }\n").unwrap();
+    std::fs::write(
+        src.join("b/inner.rs"),
+        "pub struct Thing;\nfn g() { crate::c::h() }\n",
+    )
+    .unwrap();
     std::fs::write(src.join("c.rs"), "use crate::a;\npub fn h() { a::f() }\n").unwrap();
     std::fs::write(src.join("t.rs"), "use crate::a::f;\n").unwrap();
     let krate = Crate::read(src);
     let cycles = sibling_cycles(&krate);
     assert_eq!(cycles.len(), 1, "{cycles:?}");
-    assert!(cycles[0].starts_with("in crate: a -> b -> c -> a"), "{}", cycles[0]);
-    assert!(!krate.modules.contains_key(&vec!["t".to_owned()]), "test modules are left out");
+    assert!(
+        cycles[0].starts_with("in crate: a -> b -> c -> a"),
+        "{}",
+        cycles[0]
+    );
+    assert!(
+        !krate.modules.contains_key(&vec!["t".to_owned()]),
+        "test modules are left out"
+    );
 }

@@ -5,7 +5,6 @@ pub(crate) mod input;
 pub(crate) mod message;
 pub(crate) mod middleware;
 pub(crate) mod model;
-pub(crate) mod retry;
 pub(crate) mod runtime;
 pub(crate) mod subagents;
 pub(crate) mod thread;

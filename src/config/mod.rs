@@ -49,8 +49,8 @@ use crate::agent::tools::mcp::McpServerConfig;
 use crate::agent::tools::web_fetch::WebFetchConfig;
 use crate::memory::MemoryConfig;
 
-pub use crate::secret::Secret;
 use crate::secret;
+pub use crate::secret::Secret;
 
 /// Where `antler serve` and `antler check-config` look when `--config` is not given.
 pub const DEFAULT_PATH: &str = "config/antler.toml";

@@ -997,4 +997,3 @@ pub(crate) fn check_http_url(url: &str) -> Result<(), String> {
     }
     Ok(())
 }
-

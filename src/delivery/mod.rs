@@ -20,7 +20,7 @@ mod draft;
 
 pub(crate) use draft::Draft;
 // The policy is the runtime's too (MCP restarts), so it lives in the agent layer.
-pub(crate) use crate::agent::retry::RetryPolicy;
+use crate::retry::RetryPolicy;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -35,9 +35,9 @@ use tokio_util::task::TaskTracker;
 use crate::agent::input::ThreadFolders;
 use crate::agent::tools::present_files::open_presented;
 use crate::beneath::Refused;
-use crate::ingress::attachments::human_size;
 use crate::lanes::Lanes;
 use crate::store::{OutboxItem, Store, StoreError};
+use crate::units::human_size;
 
 /// Where the files of replies are: the store's folder (threads are under `threads/`) and the
 /// largest file sent (`agent.max_attachment_bytes`).

@@ -61,8 +61,9 @@ use crate::agent::tools::present_files::{media_type, open_presented};
 use crate::events::{EventHub, FileLink, Subscription, ThreadEvent};
 use crate::ingress::IngressError;
 use crate::ingress::attachments::{
-    InlineError, MAX_ATTACHMENTS, clean_media_type, decode_inline, human_size, safe_file_name,
+    InlineError, MAX_ATTACHMENTS, clean_media_type, decode_inline, safe_file_name,
 };
+use crate::units::human_size;
 
 /// How long `"wait": true` waits for the answer before answering 202 anyway.
 const WAIT_LIMIT: Duration = Duration::from_secs(120);

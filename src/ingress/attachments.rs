@@ -24,7 +24,8 @@ use tokio::time::Instant;
 use crate::agent::input::{Attachment, ThreadFolders};
 use crate::agent::tools::paths::Area;
 use crate::beneath::{Dir, EntryKind, Refused};
-use crate::delivery::RetryPolicy;
+use crate::retry::RetryPolicy;
+use crate::units::human_size;
 
 /// The most files one message may bring.
 pub(crate) const MAX_ATTACHMENTS: usize = 10;
@@ -173,35 +174,6 @@ pub(crate) fn decode_inline(data: &str, max_bytes: u64) -> Result<Vec<u8>, Inlin
         });
     }
     Ok(bytes)
-}
-
-/// `bytes` for people: `512 bytes`, `3.5 KB`, `31.4 MB`, `20 MB` (binary units, one decimal
-/// unless whole).
-pub(crate) fn human_size(bytes: u64) -> String {
-    const UNITS: [&str; 4] = ["KB", "MB", "GB", "TB"];
-    if bytes < 1024 {
-        return if bytes == 1 {
-            "1 byte".to_owned()
-        } else {
-            format!("{bytes} bytes")
-        };
-    }
-    // One decimal is shown; f64 is exact far beyond that.
-    let mut value = bytes as f64;
-    let mut unit = "";
-    for name in UNITS {
-        value /= 1024.0;
-        unit = name;
-        if value < 1024.0 {
-            break;
-        }
-    }
-    let rounded = (value * 10.0).round() / 10.0;
-    if rounded.fract() == 0.0 {
-        format!("{rounded:.0} {unit}")
-    } else {
-        format!("{rounded:.1} {unit}")
-    }
 }
 
 /// `raw` made safe to name a file in `uploads/`, or `None` when nothing usable is left of it.

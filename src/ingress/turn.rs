@@ -33,6 +33,7 @@ use crate::delivery::{Delivery, Draft};
 use crate::events::{EventHub, ThreadEvent, ToolState};
 use crate::memory::MemoryUpdate;
 use crate::memory::identity::MemoryIdentities;
+use crate::retry::{Backoff, RetryPolicy};
 use crate::store::{FinishTurn, InboxItem, OutboxItem, Store, StoreError};
 
 /// The first wait before retrying a failed store operation; it doubles up to the cap.
@@ -343,8 +344,9 @@ impl TurnRunner {
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<T, StoreError>>,
     {
-        let mut wait = STORE_RETRY_FIRST;
+        let mut backoff = Backoff::new(RetryPolicy::forever(STORE_RETRY_FIRST, STORE_RETRY_CAP));
         loop {
+            let wait = backoff.next_wait();
             match operation().await {
                 Ok(value) => return Some(value),
                 Err(e) => {
@@ -356,7 +358,6 @@ impl TurnRunner {
                 () = tokio::time::sleep(wait) => {}
                 () = self.inner.cancel.cancelled() => return None,
             }
-            wait = (wait * 2).min(STORE_RETRY_CAP);
         }
     }
 

@@ -28,16 +28,19 @@ use tokio_util::sync::CancellationToken;
 use super::updater::{self, ApplyRules, UpdaterError};
 use super::{MemoryConfig, MemoryUpdate};
 use crate::agent::model::ChatModel;
+use crate::retry::RetryPolicy;
 use crate::store::Store;
 
 /// How often the worker looks for due items.
 pub(crate) const POLL_EVERY: Duration = Duration::from_secs(1);
 /// Items read from the store at once.
 pub(crate) const BATCH: usize = 16;
-/// Model-call attempts per item at most.
-const MAX_ATTEMPTS: u32 = 4;
-/// The first retry delay; it doubles per attempt.
-const BACKOFF_FIRST: Duration = Duration::from_secs(1);
+/// Model calls per item at most, and the waits between them (from 1 s, doubling).
+const UPDATER_RETRY: RetryPolicy = RetryPolicy {
+    max_attempts: 4,
+    backoff_base: Duration::from_secs(1),
+    backoff_max: Duration::from_secs(8),
+};
 
 /// The worker's settings.
 #[derive(Debug, Clone, Copy)]
@@ -181,8 +184,7 @@ impl MemoryWorker {
                 return Outcome::Kept;
             }
         };
-        let mut delay = BACKOFF_FIRST;
-        for attempt in 1..=MAX_ATTEMPTS {
+        for attempt in 1..=UPDATER_RETRY.max_attempts {
             let started = Instant::now();
             let result = updater::run(self.model.as_ref(), &memory, item).await;
             metrics::histogram!("antler_memory_updater_seconds")
@@ -225,14 +227,13 @@ impl MemoryWorker {
                     tracing::warn!(thread = %item.thread_id, error = %e, "memory update dropped: the updater answered no valid JSON twice");
                     return Outcome::Dropped;
                 }
-                Err(e) if attempt == MAX_ATTEMPTS => {
+                Err(e) if attempt == UPDATER_RETRY.max_attempts => {
                     tracing::warn!(thread = %item.thread_id, error = %e, attempts = attempt, "memory update dropped: the updater kept failing");
                     return Outcome::Dropped;
                 }
                 Err(e) => {
                     tracing::debug!(thread = %item.thread_id, error = %e, attempt, "memory updater failed; retrying");
-                    tokio::time::sleep(delay).await;
-                    delay = delay.saturating_mul(2);
+                    tokio::time::sleep(UPDATER_RETRY.backoff(attempt)).await;
                 }
             }
         }
@@ -358,7 +359,7 @@ mod tests {
             .unwrap();
         let (worker, model) = worker_for(&store, vec![failure(), failure(), failure(), failure()]);
         worker.drain(10, None).await;
-        assert_eq!(model.requests().len(), MAX_ATTEMPTS as usize);
+        assert_eq!(model.requests().len(), UPDATER_RETRY.max_attempts as usize);
         assert!(
             store
                 .due_memory_updates(u64::MAX, 10)

@@ -19,6 +19,7 @@ use serde::{Deserialize, Serialize};
 use super::{Middleware, MiddlewareError, RunContext};
 use crate::agent::input::{Attachment, ThreadFolders};
 use crate::agent::message::ChatMessage;
+use crate::units::human_size;
 
 /// The opening tag of the block.
 pub(crate) const OPEN_TAG: &str = "<uploaded_files>";
@@ -81,19 +82,6 @@ impl UploadsMiddleware {
         }
         block.push_str(CLOSE_TAG);
         block
-    }
-}
-
-/// `1.2 MB`, `340 KB`, `12 bytes`.
-fn human_size(bytes: u64) -> String {
-    const KB: f64 = 1000.0;
-    let b = bytes as f64;
-    if b >= KB * KB {
-        format!("{:.1} MB", b / (KB * KB))
-    } else if b >= KB {
-        format!("{:.0} KB", b / KB)
-    } else {
-        format!("{bytes} bytes")
     }
 }
 

@@ -459,17 +459,8 @@ impl OpenAiClient {
         if let Some(wait) = retry_after {
             return wait.min(self.config.backoff_max);
         }
-        let factor = 1u32
-            .checked_shl(retry.saturating_sub(1))
-            .unwrap_or(u32::MAX);
-        let capped = self
-            .config
-            .backoff_base
-            .saturating_mul(factor)
-            .min(self.config.backoff_max);
-        // Equal jitter: half fixed, half random, so parallel clients spread out but still back off.
-        let ms = u64::try_from(capped.as_millis()).unwrap_or(u64::MAX);
-        Duration::from_millis(ms / 2 + fastrand::u64(0..=ms - ms / 2))
+        crate::retry::RetryPolicy::forever(self.config.backoff_base, self.config.backoff_max)
+            .backoff(retry)
     }
 }
 

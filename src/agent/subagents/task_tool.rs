@@ -16,8 +16,8 @@ use serde::Deserialize;
 use super::executor::{ParentCall, SubagentExecutor, TaskError, TaskRequest};
 use super::registry::{SubagentRecord, SubagentStatus};
 use crate::agent::input::{Author, Role};
-use crate::agent::tools::ToolOutput;
 use crate::agent::model::ToolSpec;
+use crate::agent::tools::ToolOutput;
 use crate::agent::tools::{Tool, ToolContext, ToolError, parse_arguments};
 
 /// The tool's name.

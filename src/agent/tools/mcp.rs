@@ -45,7 +45,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{Tool, ToolContext, ToolError};
 use crate::agent::model::ToolSpec;
-use crate::agent::retry::RetryPolicy;
+use crate::retry::RetryPolicy;
 use crate::secret::Secret;
 
 /// The longest tool name the OpenAI API accepts.

@@ -564,17 +564,6 @@ async fn links_in_uploads_are_never_followed() {
 }
 
 #[test]
-fn sizes_read_like_people_write_them() {
-    assert_eq!(human_size(0), "0 bytes");
-    assert_eq!(human_size(1), "1 byte");
-    assert_eq!(human_size(1023), "1023 bytes");
-    assert_eq!(human_size(1536), "1.5 KB");
-    assert_eq!(human_size(20 * MIB), "20 MB");
-    assert_eq!(human_size(32_925_287), "31.4 MB");
-    assert_eq!(human_size(3 * 1024 * MIB), "3 GB");
-}
-
-#[test]
 fn inline_decoding_is_strict_and_bounded() {
     assert_eq!(decode_inline("aGk=", 10).unwrap(), b"hi");
     assert_eq!(decode_inline("", 10).unwrap(), b"");
