@@ -18,6 +18,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::agent::memory::identity::MemoryIdentities;
 use crate::agent::middleware::clarification::ClarificationMiddleware;
 use crate::agent::middleware::dangling_tool_call::DanglingToolCallMiddleware;
 use crate::agent::middleware::deferred_tools::DeferredToolsMiddleware;
@@ -57,11 +58,10 @@ use crate::http::serve::{ServeLimits, serve as serve_http};
 use crate::http::{AppContext, api::ApiChannel, ops_router, router};
 use crate::ingress::access::Access;
 use crate::ingress::{Ingress, IngressSettings, TurnRunner, TurnSettings};
-use crate::memory::StoreDocuments;
-use crate::memory::identity::MemoryIdentities;
 use crate::memory::queue::{MemoryWorker, WorkerSettings};
 use crate::retry::{Backoff, RetryPolicy};
 use crate::sandbox::{self, Backend, Detection, Sandbox};
+use crate::store::StoreDocuments;
 use crate::store::{SledStore, Store, StoreError, StoreRegistry};
 
 /// How often expired dedupe keys and old outbox records are swept, at most (a short dedupe

@@ -3,7 +3,9 @@
 
 use std::path::PathBuf;
 
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{Parser, Subcommand};
+
+use crate::logging::LogFormat;
 
 /// antler: a chat-ops agent gateway.
 #[derive(Debug, Parser)]
@@ -15,15 +17,6 @@ pub struct Cli {
     /// What to do.
     #[command(subcommand)]
     pub command: Command,
-}
-
-/// How logs are written.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum LogFormat {
-    /// Readable lines.
-    Human,
-    /// One JSON object per line.
-    Json,
 }
 
 /// The subcommands.

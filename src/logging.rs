@@ -21,8 +21,6 @@ use tracing_subscriber::fmt::MakeWriter;
 use tracing_subscriber::fmt::format::Writer;
 use tracing_subscriber::util::SubscriberInitExt;
 
-use crate::cli::LogFormat;
-
 /// How many formatted lines may wait for the writer thread before new ones are dropped.
 pub const QUEUE_LINES: usize = 8192;
 
@@ -38,6 +36,15 @@ pub enum LoggingError {
     /// A global subscriber was already installed.
     #[error("cannot install the log subscriber: {0}")]
     Install(#[source] Box<dyn Error + Send + Sync + 'static>),
+}
+
+/// How logs are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    /// Readable lines.
+    Human,
+    /// One JSON object per line.
+    Json,
 }
 
 /// Installs the global subscriber writing `format` to stderr through a [`LogWriter`]; the

@@ -27,6 +27,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
+use crate::agent::memory::MemoryConfig;
 use crate::agent::middleware::clarification::ClarificationConfig;
 use crate::agent::middleware::dangling_tool_call::DanglingToolCallConfig;
 use crate::agent::middleware::deferred_tools::DeferredToolsConfig;
@@ -47,7 +48,6 @@ use crate::agent::subagents::config::SubagentsConfig;
 use crate::agent::tools::bash::BashConfig;
 use crate::agent::tools::mcp::McpServerConfig;
 use crate::agent::tools::web_fetch::WebFetchConfig;
-use crate::memory::MemoryConfig;
 
 use crate::secret;
 pub use crate::secret::Secret;

@@ -33,7 +33,7 @@ use super::AppState;
 use super::api::read_body;
 use super::error::ApiError;
 use super::guard::Principal;
-use crate::memory::MemoryDocument;
+use crate::agent::memory::MemoryDocument;
 use crate::memory::edit;
 
 /// Keys listed per page unless `limit` says otherwise, and at most.

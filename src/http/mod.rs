@@ -21,13 +21,13 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
+use crate::agent::memory::identity::MemoryIdentities;
 use crate::agent::model::ModelHealth;
 use crate::agent::subagents::executor::SubagentExecutor;
 use crate::agent::tools::mcp::McpStatus;
 use crate::config::Secret;
 use crate::events::EventHub;
 use crate::ingress::Ingress;
-use crate::memory::identity::MemoryIdentities;
 use crate::store::Store;
 use guard::{ApiAuth, HostPolicy};
 

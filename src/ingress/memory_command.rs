@@ -11,8 +11,8 @@
 //! confirm` deletes the document and every update still queued for the user
 //! ([`Store::clear_memory`]), so nothing learned before comes back.
 
+use crate::agent::memory::identity::MemoryIdentities;
 use crate::memory::edit::{self, EditError};
-use crate::memory::identity::MemoryIdentities;
 use crate::store::Store;
 
 use super::commands::MemoryAction;
@@ -129,18 +129,18 @@ async fn clear(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::memory::{MemoryConfig, MemoryDocument, MemoryUpdate};
+    use crate::agent::memory::{MemoryConfig, MemoryDocument, MemoryUpdate};
     use crate::store::SledStore;
 
-    fn fact(id: &str, content: &str, confidence: f32) -> crate::memory::schema::Fact {
-        crate::memory::schema::Fact {
+    fn fact(id: &str, content: &str, confidence: f32) -> crate::agent::memory::schema::Fact {
+        crate::agent::memory::schema::Fact {
             id: id.to_owned(),
             content: content.to_owned(),
             category: "context".to_owned(),
             confidence,
             created_at: "2026-01-01T00:00:00Z".to_owned(),
             updated_at: String::new(),
-            source: crate::memory::schema::FactSource {
+            source: crate::agent::memory::schema::FactSource {
                 thread_id: "t1".to_owned(),
             },
         }

@@ -119,7 +119,7 @@ pub(crate) fn harness_with(max_attempts: u32, access: Access) -> Harness {
             turn_timeout: Duration::from_secs(60),
             max_attachment_bytes: 1 << 20,
             todo: crate::agent::middleware::todo::TodoConfig::default(),
-            memory_identities: crate::memory::identity::MemoryIdentities::default(),
+            memory_identities: crate::agent::memory::identity::MemoryIdentities::default(),
         },
         turn_cancel.clone(),
     );

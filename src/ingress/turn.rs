@@ -24,6 +24,8 @@ use super::attachments;
 use super::commands::{self, Command, PlanSwitch};
 use super::dispatcher::Dispatcher;
 use crate::agent::input::{Attachment, Author, ChannelFlags, Role, RunInput};
+use crate::agent::memory::MemoryUpdate;
+use crate::agent::memory::identity::MemoryIdentities;
 use crate::agent::message::ChatMessage;
 use crate::agent::middleware::RunEnding;
 use crate::agent::middleware::todo::{self, PlanMode, TodoConfig};
@@ -31,8 +33,6 @@ use crate::agent::runtime::{CheckpointError, RunLimits, RunObserver, Runtime, To
 use crate::agent::thread::{RunningTurn, ThreadState};
 use crate::delivery::{Delivery, Draft};
 use crate::events::{EventHub, ThreadEvent, ToolState};
-use crate::memory::MemoryUpdate;
-use crate::memory::identity::MemoryIdentities;
 use crate::retry::{Backoff, RetryPolicy};
 use crate::store::{FinishTurn, InboxItem, OutboxItem, Store, StoreError};
 

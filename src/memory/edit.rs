@@ -15,7 +15,7 @@
 use std::cmp::Ordering;
 use std::collections::HashSet;
 
-use super::schema::{Fact, MemoryDocument, Summary};
+use crate::agent::memory::schema::{Fact, MemoryDocument, Summary};
 
 /// The reply to `/memory` when there is nothing to show.
 pub(crate) const NOTHING_REMEMBERED: &str = "I don't remember anything about you yet.";
@@ -290,7 +290,7 @@ mod tests {
             confidence,
             created_at: "2026-01-01T00:00:00Z".to_owned(),
             updated_at: String::new(),
-            source: crate::memory::schema::FactSource {
+            source: crate::agent::memory::schema::FactSource {
                 thread_id: "t1".to_owned(),
             },
         }

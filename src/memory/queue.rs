@@ -26,7 +26,7 @@ use time::OffsetDateTime;
 use tokio_util::sync::CancellationToken;
 
 use super::updater::{self, ApplyRules, UpdaterError};
-use super::{MemoryConfig, MemoryUpdate};
+use crate::agent::memory::{MemoryConfig, MemoryUpdate};
 use crate::agent::model::ChatModel;
 use crate::retry::RetryPolicy;
 use crate::store::Store;

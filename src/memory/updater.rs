@@ -24,8 +24,9 @@ use serde::Deserialize;
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
-use super::schema::{Fact, FactSource, Summary};
-use super::{MemoryDocument, MemoryUpdate};
+use crate::agent::memory::injection::escape;
+use crate::agent::memory::schema::{Fact, FactSource, Summary};
+use crate::agent::memory::{MemoryDocument, MemoryUpdate};
 use crate::agent::message::{ChatMessage, TokenUsage};
 use crate::agent::model::{ChatModel, ModelError, ModelRequest};
 
@@ -186,13 +187,6 @@ pub(crate) fn request(memory: &MemoryDocument, update: &MemoryUpdate) -> ModelRe
         ],
         tools: Vec::new(),
     }
-}
-
-/// `<`, `>` and `&` as HTML entities, so the text cannot close the prompt's blocks.
-pub(crate) fn escape(text: &str) -> String {
-    text.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
 }
 
 /// Reads the model's answer: a JSON object, possibly in a fenced block or among other text.

@@ -20,11 +20,11 @@ use std::sync::Arc;
 use antler_channel::{InboundEvent, OutboundMessage, Receipt};
 use serde::{Deserialize, Serialize};
 
+use crate::agent::memory::{MemoryDocument, MemoryDocuments, MemoryUpdate};
 use crate::agent::subagents::{
     RegistryError, SubagentChange, SubagentRecord, SubagentRegistry, Transition,
 };
 use crate::agent::thread::ThreadState;
-use crate::memory::{MemoryDocument, MemoryUpdate};
 
 /// The store layout version this build writes. Bump it when a stored type changes
 /// incompatibly, and teach `SledStore::open` to migrate.
@@ -460,4 +460,14 @@ impl SubagentRegistry for StoreRegistry {
 
 fn registry_error(e: StoreError) -> RegistryError {
     RegistryError(e.to_string())
+}
+
+/// The agent's [`MemoryDocuments`], read from the store.
+pub(crate) struct StoreDocuments(pub(crate) Arc<dyn Store>);
+
+#[async_trait::async_trait]
+impl MemoryDocuments for StoreDocuments {
+    async fn document(&self, key: &str) -> Result<Option<MemoryDocument>, String> {
+        self.0.memory(key).await.map_err(|e| e.to_string())
+    }
 }

@@ -32,10 +32,10 @@ use super::{
     OutboxItem, OutboxStatus, SCHEMA_VERSION, Store, StoreError, StoreStats, ThreadChoice, keys,
     outbox_seq,
 };
+use crate::agent::memory::{MemoryDocument, MemoryUpdate};
 use crate::agent::message::ChatMessage;
 use crate::agent::subagents::{SubagentChange, SubagentRecord, SubagentStatus, Transition};
 use crate::agent::thread::ThreadState;
-use crate::memory::{MemoryDocument, MemoryUpdate};
 
 const SCHEMA_KEY: &[u8] = b"schema_version";
 const OUTBOX_TREE: &str = "outbox2";

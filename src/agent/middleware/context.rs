@@ -3,11 +3,11 @@
 //! calls.
 
 use crate::agent::input::{RunInput, ThreadFolders};
+use crate::agent::memory::MemoryUpdate;
 use crate::agent::message::{ChatMessage, TokenUsage};
 use crate::agent::model::{ChatModel, ModelError, ModelRequest, ModelResponse};
 use crate::agent::thread::{PendingQuestion, ThreadState};
 use crate::agent::tools::present_files::PresentedFile;
-use crate::memory::MemoryUpdate;
 
 /// How a run ended, as `after_run` hooks see it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -31,10 +31,10 @@
 
 use std::sync::Arc;
 
+use crate::agent::memory::identity::MemoryIdentities;
+use crate::agent::memory::{MemoryConfig, MemoryDocuments, MemoryUpdate, conversation, injection};
 use crate::agent::message::ChatMessage;
 use crate::agent::model::ModelRequest;
-use crate::memory::identity::MemoryIdentities;
-use crate::memory::{MemoryConfig, MemoryDocuments, MemoryUpdate, conversation, injection};
 
 use super::{Middleware, MiddlewareError, RunContext, RunEnding};
 
@@ -135,11 +135,11 @@ impl Middleware for MemoryMiddleware {
 mod tests {
     use super::*;
     use crate::agent::input::RunInput;
+    use crate::agent::memory::MemoryDocument;
+    use crate::agent::memory::config::IdentityLink;
+    use crate::agent::memory::schema::{Fact, FactSource};
     use crate::agent::model::scripted::ScriptedModel;
     use crate::agent::thread::ThreadState;
-    use crate::memory::MemoryDocument;
-    use crate::memory::config::IdentityLink;
-    use crate::memory::schema::{Fact, FactSource};
 
     /// Documents in a map, changeable by the test.
     #[derive(Default)]

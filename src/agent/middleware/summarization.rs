@@ -49,12 +49,12 @@ use std::sync::LazyLock;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use tiktoken_rs::CoreBPE;
 
 use super::{Middleware, MiddlewareError, RunContext};
 use crate::agent::message::{ChatMessage, ContentPart};
 use crate::agent::model::ModelRequest;
 use crate::agent::thread::{Extension, ThreadState};
+use crate::agent::tokens::{TOKENIZER, count_tokens};
 
 /// How long the summary call may take before the fallback is used.
 const SUMMARY_CALL_LIMIT: Duration = Duration::from_secs(90);
@@ -146,41 +146,6 @@ fn failed_below(thread: &ThreadState, upto: usize) -> usize {
         .iter()
         .map(|span| span.end.min(upto).saturating_sub(span.start))
         .sum()
-}
-
-/// The tokenizer, built once (building it takes a while); `None` if it cannot be built, and
-/// then tokens are estimated from characters.
-static TOKENIZER: LazyLock<Option<CoreBPE>> = LazyLock::new(|| match tiktoken_rs::o200k_base() {
-    Ok(bpe) => Some(bpe),
-    Err(e) => {
-        tracing::warn!(error = %e, "tokenizer unavailable; token counts are estimated");
-        None
-    }
-});
-
-/// Texts longer than this are counted from a sample of this many bytes, scaled: tokenizing
-/// costs about 0.3 µs a byte (release build) and more for long runs without spaces, and a
-/// hostile megabyte must not cost that on every model call.
-const EXACT_COUNT_BYTES: usize = 64 * 1024;
-
-/// The tokens of `text` (special tokens counted as plain text: it is untrusted); texts over
-/// [`EXACT_COUNT_BYTES`] are extrapolated from their start.
-pub(crate) fn count_tokens(text: &str) -> usize {
-    if text.is_empty() {
-        return 0;
-    }
-    let Some(bpe) = TOKENIZER.as_ref() else {
-        return text.len().div_ceil(4);
-    };
-    if text.len() <= EXACT_COUNT_BYTES {
-        return bpe.encode_ordinary(text).len();
-    }
-    let mut end = EXACT_COUNT_BYTES;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    let sample = bpe.encode_ordinary(&text[..end]).len();
-    sample.saturating_mul(text.len()) / end.max(1)
 }
 
 /// The tokens of one message: its text, tool calls and images, plus framing.

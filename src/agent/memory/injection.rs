@@ -15,14 +15,13 @@
 //! ```
 //!
 //! The block fits in `max_tokens`, counted with the real tokenizer
-//! (`summarization::count_tokens`). What goes in, in this order of precedence: corrections
+//! (`tokens::count_tokens`). What goes in, in this order of precedence: corrections
 //! (most confident first), then the summaries, then the other facts by confidence, each
 //! line only if it still fits; so an oversized summary is what is left out, never a
 //! correction. All values are HTML-escaped, so a stored text cannot close the block.
 
 use super::MemoryDocument;
-use super::updater::escape;
-use crate::agent::middleware::summarization::count_tokens;
+use crate::agent::tokens::count_tokens;
 
 /// The block for `doc` within `max_tokens`, or `None` when there is nothing to say.
 pub(crate) fn render(doc: &MemoryDocument, max_tokens: usize) -> Option<String> {
@@ -100,10 +99,17 @@ pub(crate) fn render(doc: &MemoryDocument, max_tokens: usize) -> Option<String> 
     Some(format!("{OPEN}{}\n{CLOSE}", parts.join("\n\n")))
 }
 
+/// `<`, `>` and `&` as HTML entities, so the text cannot close the prompt's blocks.
+pub(crate) fn escape(text: &str) -> String {
+    text.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::memory::schema::{Fact, FactSource};
+    use crate::agent::memory::schema::{Fact, FactSource};
 
     fn fact(content: &str, category: &str, confidence: f32) -> Fact {
         Fact {

@@ -53,7 +53,7 @@ impl MemoryIdentities {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::memory::config::IdentityLink;
+    use crate::agent::memory::config::IdentityLink;
 
     fn identities() -> MemoryIdentities {
         MemoryIdentities::from_config(&MemoryConfig {
