@@ -61,8 +61,7 @@ use crate::ingress::{Ingress, IngressSettings, TurnRunner, TurnSettings};
 use crate::memory::queue::{MemoryWorker, WorkerSettings};
 use crate::retry::{Backoff, RetryPolicy};
 use crate::sandbox::{self, Backend, Detection, Sandbox};
-use crate::store::StoreDocuments;
-use crate::store::{SledStore, Store, StoreError, StoreRegistry};
+use crate::store::{SledStore, Store, StoreDocuments, StoreError, StoreRegistry};
 
 /// How often expired dedupe keys and old outbox records are swept, at most (a short dedupe
 /// TTL is swept more often: twice per TTL).
@@ -165,7 +164,7 @@ fn middleware_chain(config: &Config, store: &Arc<dyn Store>) -> Result<Middlewar
     if let Some(m) = TitleMiddleware::from_config(&cfg.title) {
         items.push(Arc::new(m));
     }
-    let documents = Arc::new(StoreDocuments(Arc::clone(store)));
+    let documents = Arc::new(StoreDocuments(store.clone()));
     if let Some(m) = MemoryMiddleware::from_config(&config.memory, documents) {
         items.push(Arc::new(m));
     }
@@ -518,7 +517,7 @@ fn subagent_executor(
         ));
     }
     Ok(Some(SubagentExecutor::new(
-        Arc::new(StoreRegistry(Arc::clone(store))),
+        Arc::new(StoreRegistry(store.clone())),
         kinds,
         cfg.max_concurrent,
         shutdown,
@@ -696,7 +695,7 @@ where
     }
     let webhooks = platforms.webhooks;
     let delivery = Delivery::new(
-        Arc::clone(&store),
+        store.clone(),
         channels,
         RetryPolicy {
             max_attempts: config.delivery.max_attempts,
@@ -795,7 +794,7 @@ where
     let memory_worker = config.memory.enabled.then(|| {
         tokio::spawn(
             MemoryWorker::new(
-                Arc::clone(&store),
+                store.clone(),
                 memory_model,
                 WorkerSettings::from_config(&config.memory),
             )
@@ -979,10 +978,12 @@ mod tool_tests;
 
 #[cfg(test)]
 mod tests {
+    use crate::store::{
+        Accept, Accepted, FinishTurn, InboxStore, OutboxStatus, OutboxStore, ThreadChoice,
+    };
     use antler_channel::{InboundEvent, OutboundMessage};
 
     use super::*;
-    use crate::store::{Accept, Accepted, FinishTurn, OutboxStatus, ThreadChoice};
 
     #[test]
     fn the_default_chain_and_registry_hold_the_shell_and_its_guards_in_order() {

@@ -7,6 +7,7 @@
 //! except that a store is opened the way `antler serve` would open it (an older layout is
 //! migrated); a store another antler holds is reported, not touched.
 
+use crate::store::{MaintenanceStore, SledStore, StoreError};
 use std::io::Write;
 use std::path::Path;
 use std::time::Duration;
@@ -17,7 +18,6 @@ use antler_channel::ChannelError;
 
 use crate::config::{Config, mask_url};
 use crate::setup;
-use crate::store::{SledStore, Store, StoreError};
 
 /// How one check came out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

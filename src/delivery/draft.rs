@@ -16,6 +16,7 @@
 //! whole. Only the first part of the text is shown (the rest arrives with the answer), so the
 //! text kept is capped at [`KEPT_BYTES`].
 
+use crate::store::{InboxItem, InboxStore};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -24,8 +25,6 @@ use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-
-use crate::store::{InboxItem, Store};
 
 /// The most streamed text kept for the draft: far more Markdown than one message shows.
 const KEPT_BYTES: usize = 32 * 1024;
@@ -78,7 +77,7 @@ pub(crate) struct Draft {
 impl Draft {
     /// Starts the draft of `item`'s turn when `channel` can edit messages; `None` otherwise.
     pub(crate) fn start(
-        store: Arc<dyn Store>,
+        store: Arc<dyn InboxStore>,
         channel: Arc<dyn Channel>,
         item: &InboxItem,
     ) -> Option<Self> {
@@ -181,7 +180,7 @@ impl Draft {
 
 /// The task that sends and edits the draft.
 struct Writer {
-    store: Arc<dyn Store>,
+    store: Arc<dyn InboxStore>,
     channel: Arc<dyn Channel>,
     seq: u64,
     message: OutboundMessage,

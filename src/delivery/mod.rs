@@ -18,6 +18,7 @@
 
 mod draft;
 
+use crate::store::{OutboxItem, OutboxStore, StoreError};
 pub(crate) use draft::Draft;
 // The policy is the runtime's too (MCP restarts), so it lives in the agent layer.
 use crate::retry::RetryPolicy;
@@ -36,7 +37,6 @@ use crate::agent::input::ThreadFolders;
 use crate::agent::tools::present_files::open_presented;
 use crate::beneath::Refused;
 use crate::lanes::Lanes;
-use crate::store::{OutboxItem, Store, StoreError};
 use crate::units::human_size;
 
 /// Where the files of replies are: the store's folder (threads are under `threads/`) and the
@@ -85,7 +85,7 @@ impl std::fmt::Debug for Delivery {
 
 impl Delivery {
     pub(crate) fn new(
-        store: Arc<dyn Store>,
+        store: Arc<dyn OutboxStore>,
         channels: HashMap<String, Arc<dyn Channel>>,
         policy: RetryPolicy,
         files: ReplyFiles,
@@ -128,7 +128,7 @@ impl Delivery {
 }
 
 async fn deliver(
-    store: &dyn Store,
+    store: &dyn OutboxStore,
     channels: &HashMap<String, Arc<dyn Channel>>,
     files: &ReplyFiles,
     policy: RetryPolicy,
@@ -224,7 +224,7 @@ fn text_with_file_names(message: &OutboundMessage, sends_files: bool) -> String 
 /// each, on channels that send files; a file that can never be sent (gone, refused by the
 /// platform) is logged and skipped, so it does not hold back the files after it.
 async fn send_parts(
-    store: &dyn Store,
+    store: &dyn OutboxStore,
     channel: &dyn Channel,
     files: &ReplyFiles,
     item: &mut OutboxItem,

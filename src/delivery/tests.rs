@@ -1,9 +1,9 @@
+use crate::store::{FinishTurn, InboxStore, OutboxStatus, OutboxStore, SledStore};
 use std::time::Duration;
 
 use antler_channel::{ConversationKey, OutboundMessage, Receipt};
 
 use super::*;
-use crate::store::{FinishTurn, OutboxStatus, SledStore};
 use crate::test_support::RecordingChannel;
 
 async fn outbox(store: &SledStore, texts: &[&str]) -> Vec<OutboxItem> {

@@ -13,7 +13,7 @@
 
 use crate::agent::memory::identity::MemoryIdentities;
 use crate::memory::edit::{self, EditError};
-use crate::store::Store;
+use crate::store::{MemoryQueueStore, MemoryStore};
 
 use super::commands::MemoryAction;
 
@@ -40,7 +40,7 @@ pub(crate) struct Asker<'a> {
 
 /// The reply to `/memory ...` from `asker`.
 pub(crate) async fn answer(
-    store: &dyn Store,
+    store: &dyn MemoryQueueStore,
     identities: &MemoryIdentities,
     asker: Asker<'_>,
     action: MemoryAction,
@@ -60,7 +60,7 @@ pub(crate) async fn answer(
     })
 }
 
-async fn show(store: &dyn Store, key: &str) -> Result<String, crate::store::StoreError> {
+async fn show(store: &dyn MemoryStore, key: &str) -> Result<String, crate::store::StoreError> {
     Ok(match store.memory(key).await? {
         Some(doc) => edit::render_for_user(&doc),
         None => edit::NOTHING_REMEMBERED.to_owned(),
@@ -68,7 +68,7 @@ async fn show(store: &dyn Store, key: &str) -> Result<String, crate::store::Stor
 }
 
 async fn forget(
-    store: &dyn Store,
+    store: &dyn MemoryQueueStore,
     key: &str,
     n: usize,
 ) -> Result<String, crate::store::StoreError> {
@@ -96,7 +96,10 @@ async fn forget(
     })
 }
 
-async fn ask_to_confirm(store: &dyn Store, key: &str) -> Result<String, crate::store::StoreError> {
+async fn ask_to_confirm(
+    store: &dyn MemoryStore,
+    key: &str,
+) -> Result<String, crate::store::StoreError> {
     Ok(match store.memory(key).await? {
         Some(doc) if !edit::is_empty(&doc) => format!(
             "This forgets everything I remember about you ({} fact{} and the summaries), and \
@@ -109,7 +112,7 @@ async fn ask_to_confirm(store: &dyn Store, key: &str) -> Result<String, crate::s
 }
 
 async fn clear(
-    store: &dyn Store,
+    store: &dyn MemoryQueueStore,
     identities: &MemoryIdentities,
     key: &str,
 ) -> Result<String, crate::store::StoreError> {

@@ -3,13 +3,13 @@
 
 use crate::agent::subagents::{SubagentRecord, SubagentStatus};
 use crate::memory::edit::escape_markdown;
-use crate::store::Store;
+use crate::store::SubagentStore;
 
 /// Tasks listed at most.
 const LISTED: usize = 10;
 
 /// The answer to `/tasks` in thread `thread_id`.
-pub(crate) async fn answer(store: &dyn Store, thread_id: &str) -> String {
+pub(crate) async fn answer(store: &dyn SubagentStore, thread_id: &str) -> String {
     let records = match store.thread_subagents(thread_id, LISTED).await {
         Ok(records) => records,
         Err(e) => {
@@ -75,7 +75,7 @@ mod tests {
     use super::*;
     use crate::agent::message::TokenUsage;
     use crate::agent::subagents::SubagentChange;
-    use crate::store::SledStore;
+    use crate::store::{SledStore, SubagentStore};
 
     fn record(id: &str, description: &str) -> SubagentRecord {
         SubagentRecord {

@@ -1,6 +1,7 @@
 //! The ingress, dispatcher and turn runner together, on a real (temporary) store, with a
 //! model that echoes and a channel that records what it was asked to send.
 
+use crate::store::{InboxStatus, InboxStore, OutboxStore, SledStore, ThreadStore};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -17,7 +18,6 @@ use crate::agent::runtime::{Runtime, RuntimeSettings};
 use crate::agent::tools::ToolRegistry;
 use crate::delivery::Delivery;
 use crate::retry::RetryPolicy;
-use crate::store::{InboxStatus, SledStore};
 use crate::test_support::{RecordingChannel, event};
 use access::{Access, AccessRules};
 

@@ -556,7 +556,7 @@ impl TurnRunner {
         let draft = inner
             .delivery
             .channel(&item.event.channel)
-            .and_then(|channel| Draft::start(Arc::clone(&inner.store), channel, item));
+            .and_then(|channel| Draft::start(inner.store.clone(), channel, item));
         let observer = TurnObserver {
             store: inner.store.as_ref(),
             hub: &inner.hub,

@@ -19,6 +19,7 @@
 //! timer per key; here it is durable and polled, and the 0.5 s pause between items is left
 //! out (items are already sequential).
 
+use crate::store::MemoryQueueStore;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -29,7 +30,6 @@ use super::updater::{self, ApplyRules, UpdaterError};
 use crate::agent::memory::{MemoryConfig, MemoryUpdate};
 use crate::agent::model::ChatModel;
 use crate::retry::RetryPolicy;
-use crate::store::Store;
 
 /// How often the worker looks for due items.
 pub(crate) const POLL_EVERY: Duration = Duration::from_secs(1);
@@ -91,14 +91,14 @@ impl Outcome {
 /// The queue worker.
 #[derive(Clone)]
 pub(crate) struct MemoryWorker {
-    store: Arc<dyn Store>,
+    store: Arc<dyn MemoryQueueStore>,
     model: Arc<dyn ChatModel>,
     settings: WorkerSettings,
 }
 
 impl MemoryWorker {
     pub(crate) fn new(
-        store: Arc<dyn Store>,
+        store: Arc<dyn MemoryQueueStore>,
         model: Arc<dyn ChatModel>,
         settings: WorkerSettings,
     ) -> Self {
@@ -247,7 +247,7 @@ mod tests {
     use crate::agent::message::ChatMessage;
     use crate::agent::model::scripted::ScriptedModel;
     use crate::agent::model::{ModelError, ModelResponse};
-    use crate::store::SledStore;
+    use crate::store::{SledStore, Store};
 
     const FACT: &str =
         r#"{"newFacts":[{"content":"likes tea","category":"preference","confidence":0.9}]}"#;
@@ -273,7 +273,7 @@ mod tests {
         let model = Arc::new(ScriptedModel::new(script));
         let as_model: Arc<dyn ChatModel> = model.clone();
         (
-            MemoryWorker::new(Arc::clone(store), as_model, settings()),
+            MemoryWorker::new(store.clone(), as_model, settings()),
             model,
         )
     }

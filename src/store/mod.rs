@@ -207,7 +207,7 @@ pub(crate) struct FinishTurn {
     pub(crate) now_ms: u64,
 }
 
-/// What [`Store::clear_memory`] removed.
+/// What [`MemoryStore::clear_memory`] removed.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct ClearedMemory {
     /// Whether there was a document.
@@ -227,38 +227,31 @@ pub(crate) struct StoreStats {
 }
 
 /// Durable state. See the module doc for the transaction and flush rules.
-#[allow(
-    dead_code,
-    reason = "memory, subagent and inspection methods serve later issues; their tests run now"
-)]
+/// The inbox: accepting events (with dedupe), turns starting, ending and giving back their attempt, and the running turn's draft.
 #[async_trait::async_trait]
-pub(crate) trait Store: Send + Sync + std::fmt::Debug {
+pub(crate) trait InboxStore: Send + Sync + std::fmt::Debug {
     /// For each event in order: dedupe key + conversation + inbox item, all in one
     /// transaction (a later event sees what an earlier one wrote, so a redelivery inside the
     /// batch is recognised). *Not durable by itself*: the caller queues the items and then
-    /// calls [`Store::flush`] before acknowledging. One transaction for many events is what
+    /// calls [`MaintenanceStore::flush`] before acknowledging. One transaction for many events is what
     /// makes accepting cheap: each transaction costs the store a log write of its own.
     async fn accept_batch(&self, accepts: Vec<Accept>) -> Result<Vec<Accepted>, StoreError>;
-
-    /// [`Store::accept_batch`] of one event.
+    /// [`InboxStore::accept_batch`] of one event.
+    #[allow(dead_code, reason = "the contract's; only tests use it in this build")]
     async fn accept(&self, accept: Accept) -> Result<Accepted, StoreError> {
         self.accept_batch(vec![accept])
             .await?
             .pop()
             .ok_or_else(|| StoreError::Backend("an accept batch came back empty".to_owned()))
     }
-
     /// Inbox items not yet finished, in arrival order.
     async fn inbox(&self) -> Result<Vec<InboxItem>, StoreError>;
-
     /// Marks an item running and counts the attempt. *Durable*, so a message that crashes the
     /// process every time is recognised after a few restarts.
     async fn start_turn(&self, seq: u64) -> Result<InboxItem, StoreError>;
-
     /// Gives back the attempt of a turn interrupted on purpose (shutdown): the item is pending
     /// again and the interruption does not count towards giving up on it. *Durable.*
     async fn release_turn(&self, seq: u64) -> Result<(), StoreError>;
-
     /// For each finished turn: thread (metadata + new messages) + replies into the outbox +
     /// the inbox item removed (+ a memory update); all of them in one transaction. *Durable.*
     /// Returns each turn's new outbox items. Like accepts, finishes are batched because each
@@ -268,32 +261,38 @@ pub(crate) trait Store: Send + Sync + std::fmt::Debug {
         &self,
         finishes: &[&FinishTurn],
     ) -> Result<Vec<Vec<OutboxItem>>, StoreError>;
-
-    /// [`Store::finish_turns`] of one turn.
+    /// [`InboxStore::finish_turns`] of one turn.
+    #[allow(dead_code, reason = "the contract's; only tests use it in this build")]
     async fn finish_turn(&self, finish: FinishTurn) -> Result<Vec<OutboxItem>, StoreError> {
         self.finish_turns(&[&finish])
             .await?
             .pop()
             .ok_or_else(|| StoreError::Backend("a finish batch came back empty".to_owned()))
     }
+    /// Saves the draft message of the running turn of inbox item `seq`. *Durable.*
+    async fn save_draft(&self, seq: u64, draft: &Receipt) -> Result<(), StoreError>;
+}
 
+/// Conversations and their threads.
+#[async_trait::async_trait]
+pub(crate) trait ThreadStore: Send + Sync + std::fmt::Debug {
     /// Saves a thread mid-turn (after a tool result): its metadata and the messages not yet
     /// saved, then advances `saved_messages`. *Durable.*
     async fn checkpoint_thread(&self, thread: &mut ThreadState) -> Result<(), StoreError>;
-
     async fn conversation(&self, key: &str) -> Result<Option<ConversationRecord>, StoreError>;
-
     /// The thread with all its messages.
     async fn thread(&self, id: &str) -> Result<Option<ThreadState>, StoreError>;
+}
 
+/// The outbox: replies waiting for delivery, and what became of each attempt.
+#[async_trait::async_trait]
+pub(crate) trait OutboxStore: Send + Sync + std::fmt::Debug {
     /// Outbox items still to deliver, in order.
     async fn outbox_pending(&self) -> Result<Vec<OutboxItem>, StoreError>;
-
+    #[allow(dead_code, reason = "the contract's; only tests use it in this build")]
     async fn outbox_item(&self, seq: u64) -> Result<Option<OutboxItem>, StoreError>;
-
     /// The replies produced for one inbox item (any delivery status), in order.
     async fn replies(&self, inbox_seq: u64) -> Result<Vec<OutboxItem>, StoreError>;
-
     /// Records a failed attempt; `give_up` marks the item failed for good.
     async fn delivery_failed(
         &self,
@@ -302,7 +301,6 @@ pub(crate) trait Store: Send + Sync + std::fmt::Debug {
         give_up: bool,
         now_ms: u64,
     ) -> Result<OutboxItem, StoreError>;
-
     /// Records the next part of an item as sent, with its receipt; `complete` (it was the last
     /// part) marks the item sent, its receipt the first part's. *Durable.*
     async fn part_delivered(
@@ -312,21 +310,15 @@ pub(crate) trait Store: Send + Sync + std::fmt::Debug {
         complete: bool,
         now_ms: u64,
     ) -> Result<OutboxItem, StoreError>;
+}
 
-    /// Saves the draft message of the running turn of inbox item `seq`. *Durable.*
-    async fn save_draft(&self, seq: u64, draft: &Receipt) -> Result<(), StoreError>;
-
-    /// Forgets expired dedupe keys (`retain_ms` is also the dedupe TTL) and finished outbox
-    /// items older than `retain_ms`; returns how many outbox items and dedupe generations went.
-    async fn sweep(&self, now_ms: u64, retain_ms: u64) -> Result<usize, StoreError>;
-
-    async fn stats(&self) -> Result<StoreStats, StoreError>;
-
+/// Users' long-term memory documents.
+#[async_trait::async_trait]
+pub(crate) trait MemoryStore: Send + Sync + std::fmt::Debug {
     async fn memory(&self, user_id: &str) -> Result<Option<MemoryDocument>, StoreError>;
-
     /// *Durable.*
+    #[allow(dead_code, reason = "the contract's; only tests use it in this build")]
     async fn put_memory(&self, user_id: &str, doc: &MemoryDocument) -> Result<(), StoreError>;
-
     /// Changes the memory document of `user_key` atomically (compare and swap): `change` gets
     /// the stored document (`None`: there is none) and returns the one to store (`None`:
     /// delete it). When another writer (the updater, a command, the API) changed the document
@@ -337,9 +329,42 @@ pub(crate) trait Store: Send + Sync + std::fmt::Debug {
         user_key: &str,
         change: &mut (dyn FnMut(Option<MemoryDocument>) -> Option<MemoryDocument> + Send),
     ) -> Result<Option<MemoryDocument>, StoreError>;
+    /// Forgets a user: deletes the document of `user_key` and drops every queued update whose
+    /// `user_id` is one of `queued_for`, in one transaction, so no update waiting in the queue
+    /// brings anything back. *Durable.* An update already taken from the queue (its model
+    /// call under way) cannot write afterwards: [`MemoryQueueStore::apply_memory_update`] finds its entry
+    /// gone.
+    async fn clear_memory(
+        &self,
+        user_key: &str,
+        queued_for: &[String],
+    ) -> Result<ClearedMemory, StoreError>;
+    /// The user keys that have a document, in key order: those after `after` (exclusive), at
+    /// most `limit`. Reads only keys within the page, never every document.
+    async fn memory_keys(
+        &self,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<String>, StoreError>;
+}
 
+/// The memory update queue, whose processed entries rewrite documents.
+#[async_trait::async_trait]
+pub(crate) trait MemoryQueueStore: MemoryStore {
+    /// Queues an update; a newer one for the same (user, thread) replaces it. *Durable.*
+    #[allow(dead_code, reason = "the contract's; only tests use it in this build")]
+    async fn queue_memory_update(&self, update: MemoryUpdate) -> Result<(), StoreError>;
+    /// Queued updates whose debounce window has ended, oldest first.
+    async fn due_memory_updates(
+        &self,
+        now_ms: u64,
+        limit: usize,
+    ) -> Result<Vec<MemoryUpdate>, StoreError>;
+    /// Removes a processed update unless a newer one for its (user, thread) replaced it
+    /// meanwhile; says whether it removed it.
+    async fn remove_memory_update(&self, processed: &MemoryUpdate) -> Result<bool, StoreError>;
     /// Applies the updater's answer to a queued update: if `processed` is still queued as it
-    /// was read (not replaced by a newer context, not dropped by [`Store::clear_memory`]),
+    /// was read (not replaced by a newer context, not dropped by [`MemoryStore::clear_memory`]),
     /// `change` rewrites the document of its `user_id` and the entry is removed, in one
     /// transaction; otherwise nothing is written and `None` is returned. So a user who is
     /// forgotten while the model is answering stays forgotten. *Durable.*
@@ -348,45 +373,14 @@ pub(crate) trait Store: Send + Sync + std::fmt::Debug {
         processed: &MemoryUpdate,
         change: &mut (dyn FnMut(Option<MemoryDocument>) -> MemoryDocument + Send),
     ) -> Result<Option<MemoryDocument>, StoreError>;
+}
 
-    /// Forgets a user: deletes the document of `user_key` and drops every queued update whose
-    /// `user_id` is one of `queued_for`, in one transaction, so no update waiting in the queue
-    /// brings anything back. *Durable.* An update already taken from the queue (its model
-    /// call under way) cannot write afterwards: [`Store::apply_memory_update`] finds its entry
-    /// gone.
-    async fn clear_memory(
-        &self,
-        user_key: &str,
-        queued_for: &[String],
-    ) -> Result<ClearedMemory, StoreError>;
-
-    /// The user keys that have a document, in key order: those after `after` (exclusive), at
-    /// most `limit`. Reads only keys within the page, never every document.
-    async fn memory_keys(
-        &self,
-        after: Option<&str>,
-        limit: usize,
-    ) -> Result<Vec<String>, StoreError>;
-
-    /// Queues an update; a newer one for the same (user, thread) replaces it. *Durable.*
-    async fn queue_memory_update(&self, update: MemoryUpdate) -> Result<(), StoreError>;
-
-    /// Queued updates whose debounce window has ended, oldest first.
-    async fn due_memory_updates(
-        &self,
-        now_ms: u64,
-        limit: usize,
-    ) -> Result<Vec<MemoryUpdate>, StoreError>;
-
-    /// Removes a processed update unless a newer one for its (user, thread) replaced it
-    /// meanwhile; says whether it removed it.
-    async fn remove_memory_update(&self, processed: &MemoryUpdate) -> Result<bool, StoreError>;
-
+/// The subagent registry: tasks and their state machine.
+#[async_trait::async_trait]
+pub(crate) trait SubagentStore: Send + Sync + std::fmt::Debug {
     /// Records a new task and indexes it by its parent's tool call. *Durable.*
     async fn create_subagent(&self, record: &SubagentRecord) -> Result<(), StoreError>;
-
     async fn subagent(&self, id: &str) -> Result<Option<SubagentRecord>, StoreError>;
-
     /// The task that tool call `call_id` of the turn of inbox item `turn` started, if any.
     async fn subagent_for_call(
         &self,
@@ -394,35 +388,63 @@ pub(crate) trait Store: Send + Sync + std::fmt::Debug {
         turn: u64,
         call_id: &str,
     ) -> Result<Option<SubagentRecord>, StoreError>;
-
     /// The thread's most recent tasks (at most `limit`), newest first.
     async fn thread_subagents(
         &self,
         thread_id: &str,
         limit: usize,
     ) -> Result<Vec<SubagentRecord>, StoreError>;
-
     /// Moves a record along its state machine; the first terminal write wins. *Durable.*
     async fn transition_subagent(
         &self,
         id: &str,
         change: &SubagentChange,
     ) -> Result<Transition, StoreError>;
-
     /// After a restart: records left PENDING or RUNNING become FAILED with `reason`.
     async fn fail_unfinished_subagents(
         &self,
         reason: &str,
         now_ms: u64,
     ) -> Result<usize, StoreError>;
+}
 
+/// Keeping the store small and observable, and making writes durable.
+#[async_trait::async_trait]
+pub(crate) trait MaintenanceStore: Send + Sync + std::fmt::Debug {
+    /// Forgets expired dedupe keys (`retain_ms` is also the dedupe TTL) and finished outbox
+    /// items older than `retain_ms`; returns how many outbox items and dedupe generations went.
+    async fn sweep(&self, now_ms: u64, retain_ms: u64) -> Result<usize, StoreError>;
+    async fn stats(&self) -> Result<StoreStats, StoreError>;
     /// Flushes everything written so far. *Durable.*
     async fn flush(&self) -> Result<(), StoreError>;
 }
 
+/// The whole store, one value for the wiring; each consumer takes only the part it uses.
+pub(crate) trait Store:
+    InboxStore
+    + ThreadStore
+    + OutboxStore
+    + MemoryQueueStore
+    + SubagentStore
+    + MaintenanceStore
+    + std::fmt::Debug
+{
+}
+
+impl<T> Store for T where
+    T: InboxStore
+        + ThreadStore
+        + OutboxStore
+        + MemoryQueueStore
+        + SubagentStore
+        + MaintenanceStore
+        + std::fmt::Debug
+{
+}
+
 /// The subagent registry of the agent, kept in the store.
 #[derive(Debug, Clone)]
-pub(crate) struct StoreRegistry(pub(crate) Arc<dyn Store>);
+pub(crate) struct StoreRegistry(pub(crate) Arc<dyn SubagentStore>);
 
 #[async_trait::async_trait]
 impl SubagentRegistry for StoreRegistry {
@@ -463,7 +485,7 @@ fn registry_error(e: StoreError) -> RegistryError {
 }
 
 /// The agent's [`MemoryDocuments`], read from the store.
-pub(crate) struct StoreDocuments(pub(crate) Arc<dyn Store>);
+pub(crate) struct StoreDocuments(pub(crate) Arc<dyn MemoryStore>);
 
 #[async_trait::async_trait]
 impl MemoryDocuments for StoreDocuments {

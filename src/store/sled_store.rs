@@ -29,8 +29,9 @@ use sled::transaction::{ConflictableTransactionError, TransactionError, Transact
 use super::group_commit::{GroupCommit, SyncFiles};
 use super::{
     Accept, Accepted, ClearedMemory, ConversationRecord, FinishTurn, InboxItem, InboxStatus,
-    OutboxItem, OutboxStatus, SCHEMA_VERSION, Store, StoreError, StoreStats, ThreadChoice, keys,
-    outbox_seq,
+    InboxStore, MaintenanceStore, MemoryQueueStore, MemoryStore, OutboxItem, OutboxStatus,
+    OutboxStore, SCHEMA_VERSION, StoreError, StoreStats, SubagentStore, ThreadChoice, ThreadStore,
+    keys, outbox_seq,
 };
 use crate::agent::memory::{MemoryDocument, MemoryUpdate};
 use crate::agent::message::ChatMessage;
@@ -687,7 +688,7 @@ fn update_record<T: Serialize + DeserializeOwned>(
 }
 
 #[async_trait::async_trait]
-impl Store for SledStore {
+impl InboxStore for SledStore {
     async fn accept_batch(&self, accepts: Vec<Accept>) -> Result<Vec<Accepted>, StoreError> {
         // One pair of generations for the batch, chosen by its latest time and longest TTL:
         // a key lands in a generation that is swept no earlier than the key expires.
@@ -757,11 +758,9 @@ impl Store for SledStore {
         self.inbox_len.fetch_add(new, Ordering::SeqCst);
         Ok(outcomes)
     }
-
     async fn inbox(&self) -> Result<Vec<InboxItem>, StoreError> {
         Self::scan(&self.inbox, "inbox item")
     }
-
     async fn start_turn(&self, seq: u64) -> Result<InboxItem, StoreError> {
         #[cfg(test)]
         self.fault(0)?;
@@ -772,7 +771,6 @@ impl Store for SledStore {
         self.commit.flush().await?;
         Ok(item)
     }
-
     async fn release_turn(&self, seq: u64) -> Result<(), StoreError> {
         update_record(&self.inbox, "inbox item", seq, |item: &mut InboxItem| {
             item.status = InboxStatus::Pending;
@@ -780,7 +778,6 @@ impl Store for SledStore {
         })?;
         self.commit.flush().await
     }
-
     async fn finish_turns(
         &self,
         finishes: &[&FinishTurn],
@@ -824,7 +821,16 @@ impl Store for SledStore {
         self.commit.flush().await?;
         Ok(items)
     }
+    async fn save_draft(&self, seq: u64, draft: &Receipt) -> Result<(), StoreError> {
+        update_record(&self.inbox, "inbox item", seq, |item: &mut InboxItem| {
+            item.draft = Some(draft.clone());
+        })?;
+        self.commit.flush().await
+    }
+}
 
+#[async_trait::async_trait]
+impl ThreadStore for SledStore {
     async fn checkpoint_thread(&self, thread: &mut ThreadState) -> Result<(), StoreError> {
         let write = ThreadWrite::of(thread)?;
         (&self.threads, &self.messages)
@@ -834,11 +840,9 @@ impl Store for SledStore {
         thread.saved_messages = thread.messages.len();
         Ok(())
     }
-
     async fn conversation(&self, key: &str) -> Result<Option<ConversationRecord>, StoreError> {
         Self::get(&self.conversations, "conversation", key.as_bytes())
     }
-
     async fn thread(&self, id: &str) -> Result<Option<ThreadState>, StoreError> {
         // A finished turn (or a checkpoint) writes the metadata and the messages in one
         // transaction, but a scan is not part of it: the metadata is read again after the
@@ -882,7 +886,10 @@ impl Store for SledStore {
             .collect::<Result<_, _>>()?;
         Self::thread_of(&meta, messages).map(Some)
     }
+}
 
+#[async_trait::async_trait]
+impl OutboxStore for SledStore {
     async fn outbox_pending(&self) -> Result<Vec<OutboxItem>, StoreError> {
         let all: Vec<OutboxItem> = Self::scan(&self.outbox, "outbox item")?;
         Ok(all
@@ -890,11 +897,9 @@ impl Store for SledStore {
             .filter(|i| i.status == OutboxStatus::Pending)
             .collect())
     }
-
     async fn outbox_item(&self, seq: u64) -> Result<Option<OutboxItem>, StoreError> {
         Self::get(&self.outbox, "outbox item", &seq_key(seq))
     }
-
     async fn replies(&self, inbox_seq: u64) -> Result<Vec<OutboxItem>, StoreError> {
         let Some(first) = outbox_seq(inbox_seq, 0) else {
             return Ok(Vec::new());
@@ -906,7 +911,6 @@ impl Store for SledStore {
             .map(|value| decode("outbox item", &value?))
             .collect()
     }
-
     async fn delivery_failed(
         &self,
         seq: u64,
@@ -927,7 +931,6 @@ impl Store for SledStore {
         }
         Ok(item)
     }
-
     async fn part_delivered(
         &self,
         seq: u64,
@@ -947,73 +950,18 @@ impl Store for SledStore {
         self.commit.flush().await?;
         Ok(item)
     }
+}
 
-    async fn save_draft(&self, seq: u64, draft: &Receipt) -> Result<(), StoreError> {
-        update_record(&self.inbox, "inbox item", seq, |item: &mut InboxItem| {
-            item.draft = Some(draft.clone());
-        })?;
-        self.commit.flush().await
-    }
-
-    async fn sweep(&self, now_ms: u64, retain_ms: u64) -> Result<usize, StoreError> {
-        let mut removed = 0;
-        // Dedupe generations whose every key has expired: keys of a generation were accepted
-        // before `start + length` with a TTL of `length`, so they expire before
-        // `start + 2 length`.
-        for name in self.db.tree_names() {
-            let Some((start, length)) = parse_generation(&name) else {
-                continue;
-            };
-            if start.saturating_add(length.saturating_mul(2)) <= now_ms {
-                if let Ok(mut cached) = self.dedupe_generations.lock() {
-                    // Never leave a dropped tree in the cache.
-                    *cached = None;
-                }
-                if self.db.drop_tree(&name)? {
-                    removed += 1;
-                }
-            }
-        }
-        // Finished outbox items past retention. Keys follow the arrival order of the messages
-        // they answer, which is close to creation order: the walk stops at the first item
-        // created after the cutoff, so an item behind a slower one is swept a little later,
-        // never early.
-        let cutoff = now_ms.saturating_sub(retain_ms);
-        for entry in self.outbox.iter() {
-            let (key, value) = entry?;
-            let item: OutboxItem = decode("outbox item", &value)?;
-            if item.created_at_ms > cutoff {
-                break;
-            }
-            let due = item.finished_at_ms.is_some_and(|t| t <= cutoff);
-            if item.status != OutboxStatus::Pending && due {
-                self.outbox.remove(&key)?;
-                removed += 1;
-            }
-        }
-        removed +=
-            self.sweep_subagents(now_ms.saturating_sub(retain_ms.max(SUBAGENT_RETAIN_MS)))?;
-        Ok(removed)
-    }
-
-    async fn stats(&self) -> Result<StoreStats, StoreError> {
-        Ok(StoreStats {
-            disk_bytes: self.db.size_on_disk()?,
-            inbox: self.inbox_len.load(Ordering::SeqCst),
-            outbox_pending: self.outbox_pending.load(Ordering::SeqCst),
-        })
-    }
-
+#[async_trait::async_trait]
+impl MemoryStore for SledStore {
     async fn memory(&self, user_id: &str) -> Result<Option<MemoryDocument>, StoreError> {
         Self::get(&self.memory, "memory document", user_id.as_bytes())
     }
-
     async fn put_memory(&self, user_id: &str, doc: &MemoryDocument) -> Result<(), StoreError> {
         self.memory
             .insert(user_id.as_bytes(), encode("memory document", doc)?)?;
         self.commit.flush().await
     }
-
     async fn update_memory(
         &self,
         user_key: &str,
@@ -1044,7 +992,100 @@ impl Store for SledStore {
             "the memory document kept changing during {MEMORY_CAS_ATTEMPTS} attempts to update it"
         )))
     }
+    async fn clear_memory(
+        &self,
+        user_key: &str,
+        queued_for: &[String],
+    ) -> Result<ClearedMemory, StoreError> {
+        let owned = |bytes: &[u8]| {
+            decode::<MemoryUpdate>("memory update", bytes)
+                .is_ok_and(|u| queued_for.contains(&u.user_id))
+        };
+        // Transactions cannot scan, so the queue is scanned first and each entry checked
+        // again inside the transaction (it may have been replaced meanwhile).
+        let mut candidates = Vec::new();
+        for entry in &self.memory_queue {
+            let (key, value) = entry?;
+            if owned(&value) {
+                candidates.push(key);
+            }
+        }
+        let cleared = (&self.memory, &self.memory_queue)
+            .transaction(|(memory, queue)| {
+                let document = memory.remove(user_key.as_bytes())?.is_some();
+                let mut updates = 0;
+                for key in &candidates {
+                    if queue.get(key)?.is_some_and(|value| owned(&value)) {
+                        queue.remove(key)?;
+                        updates += 1;
+                    }
+                }
+                Ok(ClearedMemory { document, updates })
+            })
+            .map_err(from_tx)?;
+        self.commit.flush().await?;
+        Ok(cleared)
+    }
+    async fn memory_keys(
+        &self,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<String>, StoreError> {
+        let range = match after {
+            Some(after) => self.memory.range::<&[u8], _>((
+                std::ops::Bound::Excluded(after.as_bytes()),
+                std::ops::Bound::Unbounded,
+            )),
+            None => self.memory.iter(),
+        };
+        range
+            .keys()
+            .take(limit)
+            .map(|key| {
+                let key = key?;
+                String::from_utf8(key.to_vec()).map_err(|e| StoreError::Codec {
+                    what: "memory key",
+                    detail: e.to_string(),
+                })
+            })
+            .collect()
+    }
+}
 
+#[async_trait::async_trait]
+impl MemoryQueueStore for SledStore {
+    async fn queue_memory_update(&self, update: MemoryUpdate) -> Result<(), StoreError> {
+        self.memory_queue
+            .insert(memory_queue_key(&update), encode("memory update", &update)?)?;
+        self.commit.flush().await
+    }
+    async fn due_memory_updates(
+        &self,
+        now_ms: u64,
+        limit: usize,
+    ) -> Result<Vec<MemoryUpdate>, StoreError> {
+        let mut due: Vec<MemoryUpdate> = Self::scan(&self.memory_queue, "memory update")?
+            .into_iter()
+            .filter(|u: &MemoryUpdate| u.due_at_ms <= now_ms)
+            .collect();
+        due.sort_by_key(|u| u.enqueued_at_ms);
+        due.truncate(limit);
+        Ok(due)
+    }
+    async fn remove_memory_update(&self, processed: &MemoryUpdate) -> Result<bool, StoreError> {
+        let key = memory_queue_key(processed);
+        let Some(current) = self.memory_queue.get(&key)? else {
+            return Ok(false);
+        };
+        let update: MemoryUpdate = decode("memory update", &current)?;
+        if update.enqueued_at_ms != processed.enqueued_at_ms {
+            return Ok(false);
+        }
+        let swapped =
+            self.memory_queue
+                .compare_and_swap(key, Some(&current), None as Option<&[u8]>)?;
+        Ok(swapped.is_ok())
+    }
     async fn apply_memory_update(
         &self,
         processed: &MemoryUpdate,
@@ -1088,102 +1129,10 @@ impl Store for SledStore {
         }
         Ok(applied)
     }
+}
 
-    async fn clear_memory(
-        &self,
-        user_key: &str,
-        queued_for: &[String],
-    ) -> Result<ClearedMemory, StoreError> {
-        let owned = |bytes: &[u8]| {
-            decode::<MemoryUpdate>("memory update", bytes)
-                .is_ok_and(|u| queued_for.contains(&u.user_id))
-        };
-        // Transactions cannot scan, so the queue is scanned first and each entry checked
-        // again inside the transaction (it may have been replaced meanwhile).
-        let mut candidates = Vec::new();
-        for entry in &self.memory_queue {
-            let (key, value) = entry?;
-            if owned(&value) {
-                candidates.push(key);
-            }
-        }
-        let cleared = (&self.memory, &self.memory_queue)
-            .transaction(|(memory, queue)| {
-                let document = memory.remove(user_key.as_bytes())?.is_some();
-                let mut updates = 0;
-                for key in &candidates {
-                    if queue.get(key)?.is_some_and(|value| owned(&value)) {
-                        queue.remove(key)?;
-                        updates += 1;
-                    }
-                }
-                Ok(ClearedMemory { document, updates })
-            })
-            .map_err(from_tx)?;
-        self.commit.flush().await?;
-        Ok(cleared)
-    }
-
-    async fn memory_keys(
-        &self,
-        after: Option<&str>,
-        limit: usize,
-    ) -> Result<Vec<String>, StoreError> {
-        let range = match after {
-            Some(after) => self.memory.range::<&[u8], _>((
-                std::ops::Bound::Excluded(after.as_bytes()),
-                std::ops::Bound::Unbounded,
-            )),
-            None => self.memory.iter(),
-        };
-        range
-            .keys()
-            .take(limit)
-            .map(|key| {
-                let key = key?;
-                String::from_utf8(key.to_vec()).map_err(|e| StoreError::Codec {
-                    what: "memory key",
-                    detail: e.to_string(),
-                })
-            })
-            .collect()
-    }
-
-    async fn queue_memory_update(&self, update: MemoryUpdate) -> Result<(), StoreError> {
-        self.memory_queue
-            .insert(memory_queue_key(&update), encode("memory update", &update)?)?;
-        self.commit.flush().await
-    }
-
-    async fn due_memory_updates(
-        &self,
-        now_ms: u64,
-        limit: usize,
-    ) -> Result<Vec<MemoryUpdate>, StoreError> {
-        let mut due: Vec<MemoryUpdate> = Self::scan(&self.memory_queue, "memory update")?
-            .into_iter()
-            .filter(|u: &MemoryUpdate| u.due_at_ms <= now_ms)
-            .collect();
-        due.sort_by_key(|u| u.enqueued_at_ms);
-        due.truncate(limit);
-        Ok(due)
-    }
-
-    async fn remove_memory_update(&self, processed: &MemoryUpdate) -> Result<bool, StoreError> {
-        let key = memory_queue_key(processed);
-        let Some(current) = self.memory_queue.get(&key)? else {
-            return Ok(false);
-        };
-        let update: MemoryUpdate = decode("memory update", &current)?;
-        if update.enqueued_at_ms != processed.enqueued_at_ms {
-            return Ok(false);
-        }
-        let swapped =
-            self.memory_queue
-                .compare_and_swap(key, Some(&current), None as Option<&[u8]>)?;
-        Ok(swapped.is_ok())
-    }
-
+#[async_trait::async_trait]
+impl SubagentStore for SledStore {
     async fn create_subagent(&self, record: &SubagentRecord) -> Result<(), StoreError> {
         let value = encode("subagent", record)?;
         let call = subagent_call_key(
@@ -1200,11 +1149,9 @@ impl Store for SledStore {
             .map_err(from_tx)?;
         self.commit.flush().await
     }
-
     async fn subagent(&self, id: &str) -> Result<Option<SubagentRecord>, StoreError> {
         Self::get(&self.subagents, "subagent", id.as_bytes())
     }
-
     async fn subagent_for_call(
         &self,
         thread_id: &str,
@@ -1219,7 +1166,6 @@ impl Store for SledStore {
         };
         Self::get(&self.subagents, "subagent", &id)
     }
-
     async fn thread_subagents(
         &self,
         thread_id: &str,
@@ -1241,7 +1187,6 @@ impl Store for SledStore {
         records.sort_by(|a, b| b.id.cmp(&a.id));
         Ok(records)
     }
-
     async fn transition_subagent(
         &self,
         id: &str,
@@ -1269,7 +1214,6 @@ impl Store for SledStore {
         }
         Ok(outcome)
     }
-
     async fn fail_unfinished_subagents(
         &self,
         reason: &str,
@@ -1286,7 +1230,57 @@ impl Store for SledStore {
         }
         Ok(failed)
     }
+}
 
+#[async_trait::async_trait]
+impl MaintenanceStore for SledStore {
+    async fn sweep(&self, now_ms: u64, retain_ms: u64) -> Result<usize, StoreError> {
+        let mut removed = 0;
+        // Dedupe generations whose every key has expired: keys of a generation were accepted
+        // before `start + length` with a TTL of `length`, so they expire before
+        // `start + 2 length`.
+        for name in self.db.tree_names() {
+            let Some((start, length)) = parse_generation(&name) else {
+                continue;
+            };
+            if start.saturating_add(length.saturating_mul(2)) <= now_ms {
+                if let Ok(mut cached) = self.dedupe_generations.lock() {
+                    // Never leave a dropped tree in the cache.
+                    *cached = None;
+                }
+                if self.db.drop_tree(&name)? {
+                    removed += 1;
+                }
+            }
+        }
+        // Finished outbox items past retention. Keys follow the arrival order of the messages
+        // they answer, which is close to creation order: the walk stops at the first item
+        // created after the cutoff, so an item behind a slower one is swept a little later,
+        // never early.
+        let cutoff = now_ms.saturating_sub(retain_ms);
+        for entry in self.outbox.iter() {
+            let (key, value) = entry?;
+            let item: OutboxItem = decode("outbox item", &value)?;
+            if item.created_at_ms > cutoff {
+                break;
+            }
+            let due = item.finished_at_ms.is_some_and(|t| t <= cutoff);
+            if item.status != OutboxStatus::Pending && due {
+                self.outbox.remove(&key)?;
+                removed += 1;
+            }
+        }
+        removed +=
+            self.sweep_subagents(now_ms.saturating_sub(retain_ms.max(SUBAGENT_RETAIN_MS)))?;
+        Ok(removed)
+    }
+    async fn stats(&self) -> Result<StoreStats, StoreError> {
+        Ok(StoreStats {
+            disk_bytes: self.db.size_on_disk()?,
+            inbox: self.inbox_len.load(Ordering::SeqCst),
+            outbox_pending: self.outbox_pending.load(Ordering::SeqCst),
+        })
+    }
     async fn flush(&self) -> Result<(), StoreError> {
         self.commit.flush().await
     }

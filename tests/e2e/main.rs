@@ -5,7 +5,6 @@
 
 mod agent_run;
 mod api;
-mod boundary;
 mod cli;
 mod config;
 mod crash;

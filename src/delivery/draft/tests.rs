@@ -1,7 +1,7 @@
+use crate::store::{Accept, Accepted, InboxStore, MaintenanceStore, SledStore, ThreadChoice};
 use antler_channel::EditRate;
 
 use super::*;
-use crate::store::{Accept, Accepted, SledStore, ThreadChoice};
 use crate::test_support::{RecordingChannel, event};
 
 const RATE: EditRate = EditRate {
