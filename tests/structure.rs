@@ -516,3 +516,22 @@ fn a_planted_cycle_is_found() {
         "test modules are left out"
     );
 }
+
+/// Prints the dependencies among the crate's top-level modules (`cargo test --test structure
+/// -- --ignored --nocapture`), for the picture in docs/architecture.md.
+#[test]
+#[ignore = "prints the module graph; asserts nothing"]
+fn print_the_top_level_graph() {
+    let krate = Crate::read(&src());
+    let mut uses: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for (from, to) in krate.edges().into_keys() {
+        if let (Some(a), Some(b)) = (from.first(), to.first()) {
+            if a != b {
+                uses.entry(a.clone()).or_default().insert(b.clone());
+            }
+        }
+    }
+    for (module, used) in uses {
+        println!("{module} -> {}", used.into_iter().collect::<Vec<_>>().join(" "));
+    }
+}
