@@ -105,8 +105,11 @@ impl Channel for RecordingChannel {
         })
     }
 
-    fn sends_files(&self) -> bool {
-        self.sends_files
+    fn capabilities(&self) -> antler_channel::Capabilities {
+        antler_channel::Capabilities {
+            files: self.sends_files,
+            ..antler_channel::Capabilities::default()
+        }
     }
 
     async fn send_file(

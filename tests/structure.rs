@@ -532,6 +532,9 @@ fn print_the_top_level_graph() {
         }
     }
     for (module, used) in uses {
-        println!("{module} -> {}", used.into_iter().collect::<Vec<_>>().join(" "));
+        println!(
+            "{module} -> {}",
+            used.into_iter().collect::<Vec<_>>().join(" ")
+        );
     }
 }

@@ -10,7 +10,7 @@
 //!
 //! A reply's files ([`antler_channel::OutboundFile`], names under the thread's outputs) go
 //! out after its text, each as one more recorded part, on channels that send files
-//! ([`Channel::sends_files`]); elsewhere the text gets a line per file naming it instead. Each
+//! ([`Capabilities::files`](antler_channel::Capabilities::files)); elsewhere the text gets a line per file naming it instead. Each
 //! file is opened here, beneath the thread's outputs folder with links refused and checked on
 //! the open file ([`open_presented`]), and the channel gets that open file: the sandbox may
 //! have swapped the file for a link since it was presented, and then it is not sent; a short
@@ -229,7 +229,7 @@ async fn send_parts(
     files: &ReplyFiles,
     item: &mut OutboxItem,
 ) -> Result<(), SendError> {
-    let sends_files = channel.sends_files();
+    let sends_files = channel.capabilities().files;
     let text = text_with_file_names(&item.message, sends_files);
     let parts = channel.render(&text).map_err(SendError::Channel)?;
     if parts.is_empty() {

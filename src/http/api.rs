@@ -346,8 +346,12 @@ impl Channel for ApiChannel {
         })
     }
 
-    fn sends_files(&self) -> bool {
-        true
+    /// Files: the reply's `final` event links them (see [`Channel::send_file`] below).
+    fn capabilities(&self) -> antler_channel::Capabilities {
+        antler_channel::Capabilities {
+            files: true,
+            ..antler_channel::Capabilities::default()
+        }
     }
 
     /// Nothing to upload: the reply's `final` event already linked the file, which stays in

@@ -192,15 +192,9 @@ pub trait Channel: Send + Sync + 'static {
         Err(ChannelError::Unsupported)
     }
 
-    /// Whether it delivers a reply's files itself ([`Channel::send_file`]). When it does not,
-    /// delivery appends a line per file (`📎 report.csv (12 KB)`) to the reply's text instead.
-    fn sends_files(&self) -> bool {
-        false
-    }
-
     /// Sends `file` of `message`, after every text part of it, with `content` (the file
     /// opened and checked by delivery; read it, never open `file` by name). Channels whose
-    /// [`Channel::sends_files`] is true implement it.
+    /// [`Capabilities::files`] is true implement it.
     async fn send_file(
         &self,
         _message: &OutboundMessage,
@@ -234,7 +228,9 @@ pub struct FileContent {
 /// What a platform can show besides text.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Capabilities {
-    /// It can deliver files.
+    /// It delivers a reply's files itself ([`Channel::send_file`]): the one place that says
+    /// so. When it does not, delivery appends a line per file (`📎 report.csv (12 KB)`) to the
+    /// reply's text instead.
     pub files: bool,
     /// It can show images.
     pub images: bool,

@@ -436,7 +436,8 @@ impl Channel for FeishuChannel {
 
     fn capabilities(&self) -> Capabilities {
         Capabilities {
-            files: true,
+            // Replies name their files; uploading them (im/v1/files) is not built.
+            files: false,
             images: true,
             typing: false,
             progress_marks: false,
@@ -1033,7 +1034,7 @@ mod tests {
         assert_eq!(
             cards.capabilities(),
             Capabilities {
-                files: true,
+                files: false,
                 images: true,
                 typing: false,
                 progress_marks: false,

@@ -387,7 +387,8 @@ impl Channel for SlackChannel {
 
     fn capabilities(&self) -> Capabilities {
         Capabilities {
-            files: true,
+            // Replies name their files; uploading them (files.uploadV2) is not built.
+            files: false,
             images: true,
             typing: false,
             progress_marks: self.progress_reactions,
@@ -891,7 +892,7 @@ mod tests {
         assert_eq!(
             channel.capabilities(),
             Capabilities {
-                files: true,
+                files: false,
                 images: true,
                 typing: false,
                 progress_marks: true,

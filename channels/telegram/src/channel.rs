@@ -242,10 +242,6 @@ impl Channel for TelegramChannel {
         })
     }
 
-    fn sends_files(&self) -> bool {
-        true
-    }
-
     /// Uploads a reply's file as a document (`sendDocument`) after the reply's text, in its
     /// topic. A file over Telegram's upload limit (50 MB) is refused, not tried.
     async fn send_file(
@@ -522,7 +518,7 @@ mod tests {
             .mount(&server)
             .await;
         let channel = channel_at(&server.uri());
-        assert!(channel.sends_files());
+        assert!(channel.capabilities().files);
         let dir = std::env::temp_dir().join(format!("antler-tg-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("report.csv");
