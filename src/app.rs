@@ -932,6 +932,9 @@ where
     if let Some(reader) = discord_gateway {
         let _ = reader.await;
     }
+    // The subagent executor holds the store (its registry); it is dropped here, not at the end
+    // of the function, so that only tasks really still ending are waited for below.
+    drop(subagents);
     store.flush().await?;
     // Tasks may still be dropping their handles to the store; wait (briefly) for them, so the
     // store is closed when `serve` returns and can be opened again at once.
@@ -1025,6 +1028,42 @@ mod tests {
         assert!(!names.contains(&"memory"));
         assert_eq!(names, off.middleware_names());
         assert!(!names.contains(&"sandbox_audit") && !names.contains(&"input_sanitization"));
+    }
+
+    /// A clean stop lets go of the store at once: nothing of the app still holds it when the
+    /// drain is over (it used to wait out its 5 s bound, and warn, on every stop).
+    #[tokio::test]
+    async fn a_clean_stop_releases_the_store_without_waiting_for_it() {
+        let logs = Arc::new(std::sync::Mutex::new(Vec::<u8>::new()));
+        struct Shared(Arc<std::sync::Mutex<Vec<u8>>>);
+        impl std::io::Write for Shared {
+            fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(buf);
+                Ok(buf.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let writer = Arc::clone(&logs);
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || Shared(Arc::clone(&writer)))
+            .with_max_level(tracing::Level::INFO)
+            .with_ansi(false)
+            .finish();
+        // A current-thread runtime: `serve` and what it spawns log on this thread.
+        let _guard = tracing::subscriber::set_default(subscriber);
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = Config::default();
+        config.store.path = dir.path().join("store");
+        config.model.base_url = "http://127.0.0.1:9/v1".to_owned();
+        config.agent.tools.bash.enabled = false;
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        serve(config, listener, async {}).await.unwrap();
+        let text = String::from_utf8(logs.lock().unwrap().clone()).unwrap();
+        assert!(text.contains("stopped"), "{text}");
+        assert!(!text.contains("still in use"), "{text}");
+        SledStore::open(&dir.path().join("store"), 1 << 20).expect("the store is free again");
     }
 
     /// The state a crash leaves right after a turn finished and before its reply went out: the

@@ -1,3 +1,4 @@
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 //! The crate's shape, checked from its source: the modules at every level form a DAG, and the
 //! agent runtime stays free of HTTP, ingress, delivery and platform code.
 //!
