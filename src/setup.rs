@@ -13,7 +13,7 @@ use antler_discord::{CommandSpec, DiscordApi, OptionSpec, Registration};
 use antler_telegram::{ALLOWED_UPDATES, MenuCommand, TelegramApi, WebhookSettings, WebhookStatus};
 
 use crate::config::{Config, ConfigError, mask_url};
-use crate::ingress::commands::MENU;
+use crate::ingress::commands::COMMANDS;
 use crate::logging::sanitize_for_terminal;
 
 /// The path Telegram's updates are served at, under `server.public_url`.
@@ -107,10 +107,11 @@ pub fn telegram_api(config: &Config) -> Result<TelegramApi, SetupError> {
 
 /// The command menu antler's chat commands make.
 pub fn telegram_menu() -> Vec<MenuCommand> {
-    MENU.iter()
-        .map(|(command, description)| MenuCommand {
-            command: (*command).to_owned(),
-            description: (*description).to_owned(),
+    COMMANDS
+        .iter()
+        .map(|command| MenuCommand {
+            command: command.name.to_owned(),
+            description: command.menu.to_owned(),
         })
         .collect()
 }
@@ -138,11 +139,11 @@ pub fn discord_commands() -> Vec<CommandSpec> {
         description: "Ask the assistant".to_owned(),
         options: vec![option("prompt", "What to ask", true)],
     }];
-    commands.extend(MENU.iter().map(|(name, description)| CommandSpec {
-        name: (*name).to_owned(),
+    commands.extend(COMMANDS.iter().map(|command| CommandSpec {
+        name: command.name.to_owned(),
         kind: 1,
-        description: (*description).to_owned(),
-        options: match *name {
+        description: command.menu.to_owned(),
+        options: match command.name {
             "plan" => vec![option("args", "on or off (nothing: switch)", false)],
             "memory" => vec![option("args", "forget <n>, clear, clear confirm", false)],
             _ => Vec::new(),

@@ -51,34 +51,70 @@ pub(crate) enum MemoryAction {
     Invalid,
 }
 
-/// The commands, for `/help` and the unknown-command reply.
-pub(crate) const HELP: &str = "Commands:\n\
-/help — this list\n\
-/new — start a fresh conversation (the old one is kept)\n\
-/status — the current thread, model, token usage and queue\n\
-/stop — stop the answer being written\n\
-/plan — plan mode on or off for this conversation (/plan on, /plan off)\n\
-/memory — what I remember about you (/memory forget <n>, /memory clear)\n\
-/tasks — the tasks this conversation delegated, with their status\n\
-Anything else is a message for the assistant.";
+/// One chat command, as `/help` and the platforms' command menus show it: the one list both
+/// are made from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct CommandInfo {
+    /// What follows the `/`.
+    pub(crate) name: &'static str,
+    /// Its line in `/help`, after `/name — `.
+    pub(crate) help: &'static str,
+    /// Its entry in a command menu (Telegram's `setMyCommands`, Discord's and Slack's commands):
+    /// at most 256 characters.
+    pub(crate) menu: &'static str,
+}
 
-/// The commands a chat platform's command menu shows (Telegram's `setMyCommands`): the commands
-/// of [`HELP`] (not their aliases), each with a description of at most 256 characters.
-pub(crate) const MENU: &[(&str, &str)] = &[
-    ("help", "List the commands"),
-    ("new", "Start a fresh conversation (the old one is kept)"),
-    ("status", "The current thread, model, token usage and queue"),
-    ("stop", "Stop the answer being written"),
-    ("plan", "Plan mode on or off for this conversation"),
-    (
-        "memory",
-        "What I remember about you; forget a fact or everything",
-    ),
-    (
-        "tasks",
-        "The tasks this conversation delegated, with their status",
-    ),
+/// Every chat command (not their aliases), in the order `/help` lists them.
+pub(crate) const COMMANDS: &[CommandInfo] = &[
+    CommandInfo {
+        name: "help",
+        help: "this list",
+        menu: "List the commands",
+    },
+    CommandInfo {
+        name: "new",
+        help: "start a fresh conversation (the old one is kept)",
+        menu: "Start a fresh conversation (the old one is kept)",
+    },
+    CommandInfo {
+        name: "status",
+        help: "the current thread, model, token usage and queue",
+        menu: "The current thread, model, token usage and queue",
+    },
+    CommandInfo {
+        name: "stop",
+        help: "stop the answer being written",
+        menu: "Stop the answer being written",
+    },
+    CommandInfo {
+        name: "plan",
+        help: "plan mode on or off for this conversation (/plan on, /plan off)",
+        menu: "Plan mode on or off for this conversation",
+    },
+    CommandInfo {
+        name: "memory",
+        help: "what I remember about you (/memory forget <n>, /memory clear)",
+        menu: "What I remember about you; forget a fact or everything",
+    },
+    CommandInfo {
+        name: "tasks",
+        help: "the tasks this conversation delegated, with their status",
+        menu: "The tasks this conversation delegated, with their status",
+    },
 ];
+
+/// The commands, for `/help` and the unknown-command reply, made from [`COMMANDS`].
+pub(crate) fn help() -> &'static str {
+    static HELP: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+        let mut text = "Commands:\n".to_owned();
+        for command in COMMANDS {
+            text.push_str(&format!("/{} — {}\n", command.name, command.help));
+        }
+        text.push_str("Anything else is a message for the assistant.");
+        text
+    });
+    &HELP
+}
 
 /// The text after `/new`, etc. is ignored; `None` for ordinary messages.
 pub(crate) fn parse(text: &str) -> Option<Command> {
@@ -149,15 +185,29 @@ mod tests {
     }
 
     #[test]
-    fn the_menu_lists_the_help_commands_within_telegrams_limits() {
-        for (name, description) in MENU {
-            assert!(HELP.contains(&format!("/{name} — ")), "{name} is in HELP");
+    fn help_and_the_menus_are_made_from_one_list_within_telegrams_limits() {
+        assert_eq!(
+            help(),
+            "Commands:\n\
+             /help — this list\n\
+             /new — start a fresh conversation (the old one is kept)\n\
+             /status — the current thread, model, token usage and queue\n\
+             /stop — stop the answer being written\n\
+             /plan — plan mode on or off for this conversation (/plan on, /plan off)\n\
+             /memory — what I remember about you (/memory forget <n>, /memory clear)\n\
+             /tasks — the tasks this conversation delegated, with their status\n\
+             Anything else is a message for the assistant."
+        );
+        for CommandInfo { name, menu, .. } in COMMANDS {
             let parsed = parse(&format!("/{name}"));
             assert!(
                 matches!(parsed, Some(ref c) if !matches!(c, Command::Unknown(_))),
                 "{name}: {parsed:?}"
             );
-            assert!((3..=256).contains(&description.chars().count()), "{name}");
+            // setMyCommands: "command: Text of the command; 1-32 characters. Can contain only
+            // lowercase English letters, digits and underscores"; "description: 1-256
+            // characters".
+            assert!((3..=256).contains(&menu.chars().count()), "{name}");
             assert!(
                 (1..=32).contains(&name.len())
                     && name
@@ -166,11 +216,6 @@ mod tests {
                 "{name}"
             );
         }
-        assert_eq!(
-            MENU.len(),
-            HELP.matches("\n/").count(),
-            "every HELP command is in the menu"
-        );
     }
 
     #[test]
@@ -185,7 +230,7 @@ mod tests {
             parse("/plan maybe"),
             Some(Command::Plan(PlanSwitch::Invalid))
         );
-        assert!(HELP.contains("/plan — "));
+        assert!(help().contains("/plan — "));
     }
 
     #[test]
@@ -215,7 +260,7 @@ mod tests {
         ] {
             assert_eq!(memory(invalid), MemoryAction::Invalid, "{invalid}");
         }
-        assert!(HELP.contains("/memory — "));
+        assert!(help().contains("/memory — "));
     }
 
     #[test]

@@ -791,9 +791,9 @@ impl TurnRunner {
 
     async fn command(&self, item: &InboxItem, command: Command) -> String {
         match command {
-            Command::Help => commands::HELP.to_owned(),
+            Command::Help => commands::help().to_owned(),
             Command::New => format!("New conversation started (thread {}).", item.thread_id),
-            Command::Unknown(name) => format!("Unknown command /{name}.\n{}", commands::HELP),
+            Command::Unknown(name) => format!("Unknown command /{name}.\n{}", commands::help()),
             Command::Status => self.status(item).await,
             Command::Tasks => {
                 super::tasks_command::answer(self.inner.store.as_ref(), &item.thread_id).await
