@@ -13,10 +13,12 @@
 
 mod addressing;
 mod event;
+mod outbound;
 pub mod render;
 pub mod verify;
 
 pub use addressing::{Addressing, addressed};
+pub use outbound::{header_secs, mask_secrets};
 
 pub use event::{
     AttachmentRef, AttachmentSource, ConversationKey, InboundEvent, OutboundFile, OutboundMessage,

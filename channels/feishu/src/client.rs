@@ -461,13 +461,7 @@ impl FeishuApi {
 
     /// `text` with the app secret and `token` masked.
     fn mask(&self, text: &str, token: &str) -> String {
-        let mut text = text.to_owned();
-        for secret in [self.app_secret.as_str(), token] {
-            if !secret.is_empty() {
-                text = text.replace(secret, "***");
-            }
-        }
-        text
+        antler_channel::mask_secrets(text, &[self.app_secret.as_str(), token])
     }
 
     fn transport(&self, error: reqwest::Error, token: &str) -> ChannelError {
@@ -526,11 +520,8 @@ async fn read_capped(
 
 /// The delay a rate limit asks for: `x-ogw-ratelimit-reset`, in seconds.
 fn retry_after(headers: &reqwest::header::HeaderMap) -> Duration {
-    headers
-        .get("x-ogw-ratelimit-reset")
-        .and_then(|value| value.to_str().ok())
-        .and_then(|value| value.trim().parse::<u64>().ok())
-        .map_or(DEFAULT_RETRY_AFTER, |secs| Duration::from_secs(secs.max(1)))
+    antler_channel::header_secs(headers, "x-ogw-ratelimit-reset")
+        .map_or(DEFAULT_RETRY_AFTER, |wait| wait.max(Duration::from_secs(1)))
 }
 
 #[cfg(test)]

@@ -234,12 +234,7 @@ impl SlackApi {
 
     /// `text` with the bot token masked.
     fn mask(&self, text: &str) -> String {
-        let token = self.token.token_value.0.as_str();
-        if token.is_empty() {
-            text.to_owned()
-        } else {
-            text.replace(token, "***")
-        }
+        antler_channel::mask_secrets(text, &[self.token.token_value.0.as_str()])
     }
 
     fn transport(&self, error: &reqwest::Error) -> ChannelError {
@@ -299,11 +294,8 @@ impl SlackApi {
 
 /// The delay a 429 asks for, in whole seconds as Slack sends it.
 fn retry_after(headers: &reqwest::header::HeaderMap) -> Duration {
-    headers
-        .get(reqwest::header::RETRY_AFTER)
-        .and_then(|value| value.to_str().ok())
-        .and_then(|value| value.trim().parse().ok())
-        .map_or(DEFAULT_RETRY_AFTER, Duration::from_secs)
+    antler_channel::header_secs(headers, reqwest::header::RETRY_AFTER.as_str())
+        .unwrap_or(DEFAULT_RETRY_AFTER)
 }
 
 #[cfg(test)]

@@ -342,12 +342,7 @@ impl TelegramApi {
 
     /// `text` with the bot token masked.
     fn mask(&self, text: &str) -> String {
-        let token = self.bot.token();
-        if token.is_empty() {
-            text.to_owned()
-        } else {
-            text.replace(token, "***")
-        }
+        antler_channel::mask_secrets(text, &[self.bot.token()])
     }
 
     /// What a failed Bot API call means to the caller.
