@@ -252,8 +252,6 @@ impl Client {
     }
 }
 
-/// A temporary folder others may pass through (not list): a root antler runs shell commands
-/// as an unprivileged user, who must reach the thread folders under it.
 /// antler's binary at a path every user may reach: as built when every folder above it is
 /// searchable by others, else (a checkout in a private folder, as root) a hard link to it (a
 /// copy across file systems) in a searchable folder. Another user started by the tests, and
@@ -269,16 +267,38 @@ pub fn runnable_by_others() -> PathBuf {
         if searchable || !rustix::process::geteuid().is_root() {
             return built;
         }
-        let dir = searchable_tempdir().keep();
-        let linked = dir.join("antler");
-        if std::fs::hard_link(&built, &linked).is_err() {
-            std::fs::copy(&built, &linked).expect("copy antler where others can run it");
+        // One folder per checkout, its binary replaced on each run: a hard link keeps the old
+        // build's inode alive, so a folder per run would leave a binary behind every time.
+        let tag = {
+            use std::hash::{Hash as _, Hasher as _};
+            let mut hasher = std::collections::hash_map::DefaultHasher::new();
+            built.hash(&mut hasher);
+            hasher.finish()
+        };
+        let dir = std::env::temp_dir().join(format!("antler-e2e-bin-{tag:016x}"));
+        let _ = std::fs::create_dir(&dir);
+        let meta = std::fs::symlink_metadata(&dir).expect("the binary's folder");
+        assert!(
+            meta.is_dir() && std::os::unix::fs::MetadataExt::uid(&meta) == 0,
+            "{} is not a folder of root's own",
+            dir.display()
+        );
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o711))
+            .expect("chmod the binary's folder");
+        let staged = dir.join(format!("antler.{}", std::process::id()));
+        let _ = std::fs::remove_file(&staged);
+        if std::fs::hard_link(&built, &staged).is_err() {
+            std::fs::copy(&built, &staged).expect("copy antler where others can run it");
         }
+        let linked = dir.join("antler");
+        std::fs::rename(&staged, &linked).expect("put antler where others can run it");
         linked
     })
     .clone()
 }
 
+/// A temporary folder others may pass through (not list): a root antler runs shell commands
+/// as an unprivileged user, who must reach the thread folders under it.
 pub fn searchable_tempdir() -> tempfile::TempDir {
     use std::os::unix::fs::PermissionsExt as _;
     let dir = tempfile::tempdir().expect("tempdir");
