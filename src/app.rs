@@ -991,7 +991,7 @@ mod tests {
     #[test]
     fn the_default_chain_and_registry_hold_the_shell_and_its_guards_in_order() {
         let config = Config::default();
-        let store: Arc<dyn Store> = Arc::new(SledStore::temporary().unwrap());
+        let store: Arc<dyn Store> = Arc::new(crate::store::MemStore::new());
         let chain = middleware_chain(&config, &store).unwrap();
         assert_eq!(
             chain.names(),

@@ -1,4 +1,4 @@
-use crate::store::{FinishTurn, InboxStore, OutboxStatus, OutboxStore, SledStore};
+use crate::store::{FinishTurn, InboxStore, MemStore, OutboxStatus, OutboxStore};
 use std::time::Duration;
 
 use antler_channel::{ConversationKey, OutboundMessage, Receipt};
@@ -6,13 +6,13 @@ use antler_channel::{ConversationKey, OutboundMessage, Receipt};
 use super::*;
 use crate::test_support::RecordingChannel;
 
-async fn outbox(store: &SledStore, texts: &[&str]) -> Vec<OutboxItem> {
+async fn outbox(store: &MemStore, texts: &[&str]) -> Vec<OutboxItem> {
     outbox_with_draft(store, 0, texts, None).await
 }
 
 /// The replies of inbox item `inbox_seq`, whose turn wrote the draft `draft`.
 async fn outbox_with_draft(
-    store: &SledStore,
+    store: &MemStore,
     inbox_seq: u64,
     texts: &[&str],
     draft: Option<&str>,
@@ -62,7 +62,7 @@ fn reply_files(data_root: &std::path::Path) -> ReplyFiles {
 
 async fn run(
     channel: Arc<RecordingChannel>,
-    store: Arc<SledStore>,
+    store: Arc<MemStore>,
     items: Vec<OutboxItem>,
     max: u32,
 ) {
@@ -72,7 +72,7 @@ async fn run(
 
 async fn run_with_files(
     channel: Arc<RecordingChannel>,
-    store: Arc<SledStore>,
+    store: Arc<MemStore>,
     items: Vec<OutboxItem>,
     max: u32,
     files: &ReplyFiles,
@@ -94,7 +94,7 @@ async fn run_with_files(
 
 #[tokio::test(start_paused = true)]
 async fn transient_failures_and_rate_limits_are_retried_in_order_with_receipts() {
-    let store = Arc::new(SledStore::temporary().unwrap());
+    let store = Arc::new(MemStore::new());
     let items = outbox(&store, &["one", "two"]).await;
     let channel = Arc::new(RecordingChannel::default());
     *channel.failures.lock().unwrap() = vec![
@@ -118,7 +118,7 @@ async fn transient_failures_and_rate_limits_are_retried_in_order_with_receipts()
 
 #[tokio::test(start_paused = true)]
 async fn permanent_failures_and_exhausted_retries_give_up_without_blocking_the_lane() {
-    let store = Arc::new(SledStore::temporary().unwrap());
+    let store = Arc::new(MemStore::new());
     let items = outbox(&store, &["bad", "flaky", "fine"]).await;
     let channel = Arc::new(RecordingChannel::default());
     *channel.failures.lock().unwrap() = vec![
@@ -140,7 +140,7 @@ async fn permanent_failures_and_exhausted_retries_give_up_without_blocking_the_l
 
 #[tokio::test(start_paused = true)]
 async fn a_retry_goes_on_from_the_first_part_not_sent() {
-    let store = Arc::new(SledStore::temporary().unwrap());
+    let store = Arc::new(MemStore::new());
     let items = outbox(&store, &["one|two|three"]).await;
     let channel = Arc::new(RecordingChannel {
         separator: Some("|"),
@@ -181,7 +181,7 @@ async fn a_retry_goes_on_from_the_first_part_not_sent() {
 
 #[tokio::test(start_paused = true)]
 async fn the_first_part_replaces_the_draft_and_the_rest_are_new_messages() {
-    let store = Arc::new(SledStore::temporary().unwrap());
+    let store = Arc::new(MemStore::new());
     let items = outbox_with_draft(&store, 1, &["one|two"], Some("draft-1")).await;
     assert_eq!(
         items[0].draft.as_ref().unwrap().platform_message_id,
@@ -230,7 +230,7 @@ fn outputs_with(files: &[(&str, &str)]) -> tempfile::TempDir {
 
 /// One reply with `files`, finished as inbox item `inbox_seq`.
 async fn outbox_with_files(
-    store: &SledStore,
+    store: &MemStore,
     inbox_seq: u64,
     text: &str,
     files: Vec<antler_channel::OutboundFile>,
@@ -258,7 +258,7 @@ async fn outbox_with_files(
 
 #[tokio::test(start_paused = true)]
 async fn a_channel_that_cannot_send_files_gets_their_names_in_the_text() {
-    let store = Arc::new(SledStore::temporary().unwrap());
+    let store = Arc::new(MemStore::new());
     let items = outbox_with_files(
         &store,
         1,
@@ -278,7 +278,7 @@ async fn a_channel_that_cannot_send_files_gets_their_names_in_the_text() {
 
 #[tokio::test(start_paused = true)]
 async fn files_follow_the_text_each_once_and_a_lost_file_is_skipped() {
-    let store = Arc::new(SledStore::temporary().unwrap());
+    let store = Arc::new(MemStore::new());
     let items = outbox_with_files(
         &store,
         1,
@@ -343,7 +343,7 @@ async fn files_follow_the_text_each_once_and_a_lost_file_is_skipped() {
 
 #[tokio::test(start_paused = true)]
 async fn a_file_swapped_for_a_link_or_a_hard_link_is_not_sent_and_a_note_says_so() {
-    let store = Arc::new(SledStore::temporary().unwrap());
+    let store = Arc::new(MemStore::new());
     let items = outbox_with_files(
         &store,
         1,
@@ -411,7 +411,7 @@ fn backoff_grows_exponentially_within_the_cap() {
 
 #[tokio::test]
 async fn channels_are_found_by_name() {
-    let store = Arc::new(SledStore::temporary().unwrap());
+    let store = Arc::new(MemStore::new());
     let channel: Arc<dyn Channel> = Arc::new(RecordingChannel::default());
     let delivery = Delivery::new(
         store,

@@ -133,7 +133,7 @@ async fn clear(
 mod tests {
     use super::*;
     use crate::agent::memory::{MemoryConfig, MemoryDocument, MemoryUpdate};
-    use crate::store::SledStore;
+    use crate::store::MemStore;
 
     fn fact(id: &str, content: &str, confidence: f32) -> crate::agent::memory::schema::Fact {
         crate::agent::memory::schema::Fact {
@@ -190,8 +190,8 @@ mod tests {
         MemoryIdentities::from_config(&config)
     }
 
-    async fn seeded() -> SledStore {
-        let store = SledStore::temporary().unwrap();
+    async fn seeded() -> MemStore {
+        let store = MemStore::new();
         let doc = MemoryDocument {
             facts: vec![
                 fact("f1", "deploys on Fridays", 0.8),

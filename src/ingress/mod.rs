@@ -348,13 +348,9 @@ impl Acceptor {
                 .collect(),
             Err(e) => {
                 tracing::error!(error = %e, "accepting failed");
-                let message = e.to_string();
                 replies
                     .into_iter()
-                    .map(|r| {
-                        let error = StoreError::Backend(message.clone());
-                        (r.answer, Err(IngressError::Store(error)))
-                    })
+                    .map(|r| (r.answer, Err(IngressError::Store(e.clone()))))
                     .collect()
             }
         };
@@ -363,11 +359,11 @@ impl Acceptor {
         // stored meanwhile; the group commit syncs them together.
         let store = Arc::clone(&self.store);
         tokio::spawn(async move {
-            let synced = store.flush().await.map_err(|e| e.to_string());
+            let synced = store.flush().await;
             for (answer, admission) in answers {
                 let admission = match &synced {
                     Ok(()) => admission,
-                    Err(e) => Err(IngressError::Store(StoreError::Backend(e.clone()))),
+                    Err(e) => Err(IngressError::Store(e.clone())),
                 };
                 // A caller that stopped waiting is fine: its event is stored and queued.
                 let _ = answer.send(admission);

@@ -75,7 +75,7 @@ mod tests {
     use super::*;
     use crate::agent::message::TokenUsage;
     use crate::agent::subagents::SubagentChange;
-    use crate::store::{SledStore, SubagentStore};
+    use crate::store::{MemStore, SubagentStore};
 
     fn record(id: &str, description: &str) -> SubagentRecord {
         SubagentRecord {
@@ -100,7 +100,7 @@ mod tests {
 
     #[tokio::test]
     async fn tasks_are_listed_newest_first_with_status_and_duration() {
-        let store = SledStore::temporary().unwrap();
+        let store = MemStore::new();
         assert!(answer(&store, "t1").await.starts_with("No tasks"));
         store
             .create_subagent(&record("task_a", "read *the* logs"))

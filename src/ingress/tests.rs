@@ -1,7 +1,8 @@
-//! The ingress, dispatcher and turn runner together, on a real (temporary) store, with a
-//! model that echoes and a channel that records what it was asked to send.
+//! The ingress, dispatcher and turn runner together, on an in-memory store that can be told
+//! to fail, with a model that echoes and a channel that records what it was asked to send.
 
-use crate::store::{InboxStatus, InboxStore, OutboxStore, SledStore, ThreadStore};
+use crate::store::faulty::{Call, FaultyStore};
+use crate::store::{InboxStatus, InboxStore, MemStore, OutboxStore, StoreError, ThreadStore};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -61,7 +62,7 @@ impl ChatModel for EchoModel {
 }
 
 pub(crate) struct Harness {
-    pub(crate) store: Arc<SledStore>,
+    pub(crate) store: Arc<FaultyStore>,
     pub(crate) ingress: Ingress,
     model: Arc<EchoModel>,
     channel: Arc<RecordingChannel>,
@@ -75,7 +76,7 @@ pub(crate) fn harness(max_attempts: u32) -> Harness {
 }
 
 pub(crate) fn harness_with(max_attempts: u32, access: Access) -> Harness {
-    let store = Arc::new(SledStore::temporary().unwrap());
+    let store = Arc::new(FaultyStore::new(Arc::new(MemStore::new())));
     let model = Arc::new(EchoModel::default());
     let channel = Arc::new(RecordingChannel::default());
     let hub = EventHub::default();
@@ -178,7 +179,8 @@ impl Harness {
 async fn store_failures_delay_a_turn_but_never_reorder_or_leak() {
     let h = harness(3);
     // The first message's turn cannot be started twice, then cannot be finished twice.
-    h.store.inject_faults(2, 2);
+    h.store.unavailable_next(Call::StartTurn, 2);
+    h.store.unavailable_next(Call::FinishTurns, 2);
     let mut thread_id = String::new();
     for n in 0..3 {
         let admission = h
@@ -203,6 +205,77 @@ async fn store_failures_delay_a_turn_but_never_reorder_or_leak() {
         .filter(|m| matches!(m, ChatMessage::User { .. }))
         .collect();
     assert_eq!(users.len(), 3, "each message once: {:?}", thread.messages);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_error_that_retrying_cannot_mend_ends_the_attempt_at_once() {
+    let h = harness(3);
+    // The first turn cannot start: its record is unreadable. Retried forever, it would hold
+    // its conversation back; it stays in the inbox for the next start instead.
+    let corrupt = StoreError::Codec {
+        what: "inbox item",
+        detail: "truncated".to_owned(),
+    };
+    h.store.fail_next(Call::StartTurn, 1, &corrupt);
+    let first = h
+        .ingress
+        .accept(event("c", "m0", "message 0"), false)
+        .await
+        .unwrap();
+    h.ingress
+        .accept(event("c", "m1", "message 1"), false)
+        .await
+        .unwrap();
+    h.until_sent(1).await;
+    assert_eq!(
+        h.sent(),
+        ["echo: message 1"],
+        "the next message was not held back"
+    );
+    let inbox = h.store.inbox().await.unwrap();
+    assert_eq!(inbox.len(), 1, "{inbox:?}");
+    assert_eq!(Some(inbox[0].seq), first.seq);
+    assert_eq!(inbox[0].status, InboxStatus::Pending, "it never started");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreadable_thread_is_answered_and_never_written_over() {
+    let h = harness(3);
+    let first = h
+        .ingress
+        .accept(event("c", "m0", "remember this"), false)
+        .await
+        .unwrap();
+    h.until_sent(1).await;
+    let before = h.thread(&first.thread_id).await;
+    h.store.fail_next(
+        Call::Thread,
+        1,
+        &StoreError::Codec {
+            what: "thread",
+            detail: "bad bytes".to_owned(),
+        },
+    );
+    h.ingress
+        .accept(event("c", "m1", "and this"), false)
+        .await
+        .unwrap();
+    h.until_sent(2).await;
+    let sent = h.sent();
+    assert!(
+        sent[1].contains("cannot read this conversation's history"),
+        "{sent:?}"
+    );
+    assert!(sent[1].contains("/new"), "{sent:?}");
+    assert_eq!(
+        h.thread(&first.thread_id).await,
+        before,
+        "the thread is as it was"
+    );
+    assert!(
+        h.store.inbox().await.unwrap().is_empty(),
+        "the message was answered"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -57,6 +57,20 @@ type FinishRequest = (
 const PANIC_REPLY: &str = "⚠️ Sorry, something went wrong inside antler while answering this \
 message; the details are in antler's log. Send it again to retry.";
 
+/// The answer when the conversation's thread cannot be read from the store.
+const UNREADABLE_THREAD: &str = "⚠️ Sorry, I cannot read this conversation's history: \
+antler's store could not load it (the details are in antler's log). /new starts a fresh \
+conversation.";
+
+/// Why a store operation was not retried to success.
+#[derive(Debug)]
+enum Stopped {
+    /// Turns are being cancelled (shutdown).
+    Cancelled,
+    /// The store failed in a way that trying again cannot mend (logged where it happened).
+    Failed,
+}
+
 /// Runs inbox items. Cloning shares it.
 #[derive(Debug, Clone)]
 pub(crate) struct TurnRunner {
@@ -273,7 +287,7 @@ impl TurnRunner {
     pub(crate) async fn run(&self, seq: u64) -> bool {
         let inner = &self.inner;
         let started = Instant::now();
-        let Some(item) = self
+        let Ok(item) = self
             .retry("start the turn", seq, || inner.store.start_turn(seq))
             .await
         else {
@@ -312,7 +326,7 @@ impl TurnRunner {
             draft: result.draft,
             now_ms: crate::now_ms(),
         });
-        let Some(items) = self
+        let Ok(items) = self
             .retry("finish the turn", seq, || self.finish(Arc::clone(&finish)))
             .await
         else {
@@ -330,16 +344,17 @@ impl TurnRunner {
         self.inner
             .finisher
             .send((finish, answer))
-            .map_err(|_| StoreError::Backend("the finisher has stopped".to_owned()))?;
+            .map_err(|_| StoreError::unavailable("the finisher has stopped"))?;
         answered
             .await
-            .map_err(|_| StoreError::Backend("the finisher has stopped".to_owned()))?
+            .map_err(|_| StoreError::unavailable("the finisher has stopped"))?
     }
 
-    /// Retries a store operation with backoff until it succeeds; `None` once turns are
-    /// cancelled. Skipping the item instead would let a later message of its conversation
-    /// overtake it.
-    async fn retry<T, F, Fut>(&self, what: &str, seq: u64, mut operation: F) -> Option<T>
+    /// Retries a store operation with backoff while the store says trying again can
+    /// succeed: an unavailable store delays the item rather than skip it, which would let a
+    /// later message of its conversation overtake it. An error that would come back every
+    /// time (a record that cannot be decoded or is gone) ends the attempt at once.
+    async fn retry<T, F, Fut>(&self, what: &str, seq: u64, mut operation: F) -> Result<T, Stopped>
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<T, StoreError>>,
@@ -348,15 +363,22 @@ impl TurnRunner {
         loop {
             let wait = backoff.next_wait();
             match operation().await {
-                Ok(value) => return Some(value),
-                Err(e) => {
+                Ok(value) => return Ok(value),
+                Err(e) if e.is_retryable() => {
                     tracing::error!(seq, error = %e, retry_in = ?wait, "cannot {what}; retrying");
-                    metrics::counter!("antler_store_errors_total").increment(1);
+                    metrics::counter!("antler_store_errors_total", "retryable" => "true")
+                        .increment(1);
+                }
+                Err(e) => {
+                    tracing::error!(seq, error = %e, "cannot {what}; trying again cannot help");
+                    metrics::counter!("antler_store_errors_total", "retryable" => "false")
+                        .increment(1);
+                    return Err(Stopped::Failed);
                 }
             }
             tokio::select! {
                 () = tokio::time::sleep(wait) => {}
-                () = self.inner.cancel.cancelled() => return None,
+                () = self.inner.cancel.cancelled() => return Err(Stopped::Cancelled),
             }
         }
     }
@@ -427,7 +449,10 @@ impl TurnRunner {
             };
             return answer(None, fixed);
         }
-        let mut thread = self.load_thread(item).await;
+        let mut thread = match self.load_thread(item).await {
+            Ok(thread) => thread,
+            Err(unreadable) => return unreadable,
+        };
         let on = match switch {
             PlanSwitch::Toggle => !config.plan_mode(&thread),
             PlanSwitch::On => true,
@@ -447,23 +472,33 @@ impl TurnRunner {
         answer(Some(thread), text)
     }
 
-    /// The item's thread, loaded (with retries) or new.
-    async fn load_thread(&self, item: &InboxItem) -> ThreadState {
+    /// The item's thread, loaded (with retries) or new; when it cannot be read, the answer
+    /// that says so (nothing is written over the stored thread).
+    async fn load_thread(&self, item: &InboxItem) -> Result<ThreadState, TurnResult> {
         let store = &self.inner.store;
-        let loaded = self
+        match self
             .retry("load the thread", item.seq, || {
                 store.thread(&item.thread_id)
             })
             .await
-            .flatten();
-        loaded.unwrap_or_else(|| {
-            ThreadState::new(
+        {
+            Ok(Some(thread)) => Ok(thread),
+            Ok(None) => Ok(ThreadState::new(
                 item.thread_id.clone(),
                 item.event.conversation.to_string(),
                 0,
                 crate::now_ms(),
-            )
-        })
+            )),
+            // When cancelled, the turn is being dropped and this answer is never stored.
+            Err(Stopped::Failed | Stopped::Cancelled) => Err(TurnResult {
+                thread: None,
+                text: UNREADABLE_THREAD.to_owned(),
+                outcome: "store_error",
+                memory_update: None,
+                draft: item.draft.clone(),
+                files: Vec::new(),
+            }),
+        }
     }
 
     /// A message that kept crashing antler: its text stays in the thread, marked failed,
@@ -486,7 +521,10 @@ impl TurnRunner {
              you still need an answer."
         );
         let thread = if in_thread {
-            let mut thread = self.load_thread(item).await;
+            let mut thread = match self.load_thread(item).await {
+                Ok(thread) => thread,
+                Err(unreadable) => return unreadable,
+            };
             let start = match thread.running {
                 Some(running) if running.inbox_seq == item.seq => running.start,
                 _ => {
@@ -515,7 +553,10 @@ impl TurnRunner {
 
     async fn agent_turn(&self, item: &InboxItem) -> TurnResult {
         let inner = &self.inner;
-        let mut thread = self.load_thread(item).await;
+        let mut thread = match self.load_thread(item).await {
+            Ok(thread) => thread,
+            Err(unreadable) => return unreadable,
+        };
         let in_reply_to = item
             .event
             .reply_to
@@ -957,11 +998,7 @@ async fn finish_batches(
         let written = std::panic::AssertUnwindSafe(store.finish_turns(&turns))
             .catch_unwind()
             .await
-            .unwrap_or_else(|_| {
-                Err(StoreError::Backend(
-                    "writing finished turns panicked".to_owned(),
-                ))
-            });
+            .unwrap_or_else(|_| Err(StoreError::backend("writing finished turns panicked")));
         match written {
             Ok(items) => {
                 for (answer, items) in answers.into_iter().zip(items) {
@@ -969,10 +1006,9 @@ async fn finish_batches(
                 }
             }
             Err(e) => {
-                // Each turn retries on its own.
-                let message = e.to_string();
+                // Each turn retries on its own (or gives up, as the error says).
                 for answer in answers {
-                    let _ = answer.send(Err(StoreError::Backend(message.clone())));
+                    let _ = answer.send(Err(e.clone()));
                 }
             }
         }

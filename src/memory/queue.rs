@@ -247,7 +247,7 @@ mod tests {
     use crate::agent::message::ChatMessage;
     use crate::agent::model::scripted::ScriptedModel;
     use crate::agent::model::{ModelError, ModelResponse};
-    use crate::store::{SledStore, Store};
+    use crate::store::{MemStore, Store};
 
     const FACT: &str =
         r#"{"newFacts":[{"content":"likes tea","category":"preference","confidence":0.9}]}"#;
@@ -284,7 +284,7 @@ mod tests {
 
     #[tokio::test]
     async fn two_runs_within_the_window_make_one_call_with_the_newest_context() {
-        let store: Arc<dyn Store> = Arc::new(SledStore::temporary().unwrap());
+        let store: Arc<dyn Store> = Arc::new(MemStore::new());
         store
             .queue_memory_update(update("api:ada", "t1", "I like coffee", 1_000, 31_000))
             .await
@@ -321,15 +321,12 @@ mod tests {
 
     #[tokio::test]
     async fn a_pending_update_survives_a_restart_and_runs_after_it() {
-        let dir = tempfile::tempdir().unwrap();
-        {
-            let store = SledStore::open(dir.path(), 8 << 20).unwrap();
-            store
-                .queue_memory_update(update("api:ada", "t1", "I like tea", 1, 1))
-                .await
-                .unwrap();
-        }
-        let store: Arc<dyn Store> = Arc::new(SledStore::open(dir.path(), 8 << 20).unwrap());
+        let before = MemStore::new();
+        before
+            .queue_memory_update(update("api:ada", "t1", "I like tea", 1, 1))
+            .await
+            .unwrap();
+        let store: Arc<dyn Store> = Arc::new(before.reopen());
         let (worker, model) = worker_for(&store, vec![ScriptedModel::text(FACT)]);
         let stop = CancellationToken::new();
         let task = tokio::spawn(worker.run(stop.clone()));
@@ -352,7 +349,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_failing_updater_is_retried_then_the_item_is_dropped() {
-        let store: Arc<dyn Store> = Arc::new(SledStore::temporary().unwrap());
+        let store: Arc<dyn Store> = Arc::new(MemStore::new());
         store
             .queue_memory_update(update("api:ada", "t1", "hi", 1, 1))
             .await
@@ -382,7 +379,7 @@ mod tests {
 
     #[tokio::test]
     async fn invalid_json_is_asked_for_once_more_then_dropped() {
-        let store: Arc<dyn Store> = Arc::new(SledStore::temporary().unwrap());
+        let store: Arc<dyn Store> = Arc::new(MemStore::new());
         store
             .queue_memory_update(update("api:ada", "t1", "hi", 1, 1))
             .await
@@ -409,7 +406,7 @@ mod tests {
 
     #[tokio::test]
     async fn shutdown_flushes_items_that_are_not_due_yet() {
-        let store: Arc<dyn Store> = Arc::new(SledStore::temporary().unwrap());
+        let store: Arc<dyn Store> = Arc::new(MemStore::new());
         let far = crate::now_ms() + 3_600_000;
         store
             .queue_memory_update(update("api:ada", "t1", "I like tea", 1, far))

@@ -45,7 +45,7 @@ impl SyncFiles {
     /// The files of the sled database at `path`.
     pub(super) fn open(path: &Path) -> Result<Self, StoreError> {
         let log = File::open(path.join("db")).map_err(|e| {
-            StoreError::Backend(format!("cannot open the store log for syncing: {e}"))
+            StoreError::unavailable(format!("cannot open the store log for syncing: {e}"))
         })?;
         let blobs = path.join("blobs");
         // Starts empty: the first flush syncs whatever blobs a previous process left once.
@@ -107,7 +107,9 @@ impl GroupCommit {
         std::thread::Builder::new()
             .name("antler-flusher".to_owned())
             .spawn(move || flusher(&incoming, files, &counter))
-            .map_err(|e| StoreError::Backend(format!("cannot start the flusher thread: {e}")))?;
+            .map_err(|e| {
+                StoreError::unavailable(format!("cannot start the flusher thread: {e}"))
+            })?;
         Ok(Self {
             db,
             requests,
@@ -121,13 +123,11 @@ impl GroupCommit {
         let (done, wait) = oneshot::channel();
         self.requests
             .send((self.db.clone(), done))
-            .map_err(|_| StoreError::Backend("the flusher thread has stopped".to_owned()))?;
+            .map_err(|_| StoreError::unavailable("the flusher thread has stopped"))?;
         match wait.await {
             Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) => Err(StoreError::Backend(format!("flush failed: {e}"))),
-            Err(_) => Err(StoreError::Backend(
-                "the flusher thread has stopped".to_owned(),
-            )),
+            Ok(Err(e)) => Err(StoreError::unavailable(format!("flush failed: {e}"))),
+            Err(_) => Err(StoreError::unavailable("the flusher thread has stopped")),
         }
     }
 

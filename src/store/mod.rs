@@ -11,8 +11,18 @@
 
 mod group_commit;
 mod keys;
+mod rules;
 mod sled_store;
 
+#[cfg(test)]
+pub(crate) mod conformance;
+#[cfg(test)]
+pub(crate) mod faulty;
+#[cfg(test)]
+mod mem_store;
+
+#[cfg(test)]
+pub(crate) use mem_store::MemStore;
 pub(crate) use sled_store::SledStore;
 
 use std::sync::Arc;
@@ -30,15 +40,28 @@ use crate::agent::thread::ThreadState;
 /// incompatibly, and teach `SledStore::open` to migrate.
 pub(crate) const SCHEMA_VERSION: u32 = 2;
 
-/// The errors of the store boundary.
-#[derive(Debug, thiserror::Error)]
+/// The cause an error of a backend keeps (shared, so an error can answer several waiters).
+pub(crate) type Cause = Arc<dyn std::error::Error + Send + Sync>;
+
+/// The errors of the store boundary. [`StoreError::is_retryable`] says which a caller may
+/// try again: the turn runner waits out an unavailable store and fails fast on the rest.
+#[derive(Debug, Clone, thiserror::Error)]
 pub(crate) enum StoreError {
-    /// The embedded database failed (I/O, corruption).
+    /// The backend cannot do it now (I/O, its sync thread, a lock): trying again may succeed.
+    #[error("store unavailable: {0}")]
+    Unavailable(#[source] Cause),
+    /// Concurrent writers kept changing the record for longer than the write retries.
+    #[error("store conflict: {0}")]
+    Conflict(String),
+    /// The backend failed in a way that trying again does not mend (corruption, a bug).
     #[error("store: {0}")]
-    Backend(String),
+    Backend(#[source] Cause),
     /// A stored record could not be decoded.
     #[error("store: cannot decode {what}: {detail}")]
     Codec { what: &'static str, detail: String },
+    /// The request breaks a limit of the store (too many replies to one message).
+    #[error("store: {0}")]
+    Invalid(String),
     /// The store was written by a newer antler.
     #[error(
         "store at {path} has schema version {found}, but this antler supports at most {supported}; \
@@ -57,9 +80,31 @@ pub(crate) enum StoreError {
     InUse { path: String },
 }
 
+impl StoreError {
+    /// An unavailable store, with what happened.
+    pub(crate) fn unavailable(cause: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Self {
+        Self::Unavailable(Arc::from(cause.into()))
+    }
+
+    /// A backend failure that trying again does not mend, with what happened.
+    pub(crate) fn backend(cause: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Self {
+        Self::Backend(Arc::from(cause.into()))
+    }
+
+    /// Whether the same call may succeed if made again (the store comes back, the other
+    /// writers stop); the rest fail the same way every time.
+    pub(crate) fn is_retryable(&self) -> bool {
+        matches!(self, Self::Unavailable(_) | Self::Conflict(_))
+    }
+}
+
 impl From<sled::Error> for StoreError {
     fn from(e: sled::Error) -> Self {
-        Self::Backend(e.to_string())
+        match e {
+            // The disk or the file system: it may come back (space freed, a device remounted).
+            sled::Error::Io(_) => Self::unavailable(e),
+            _ => Self::backend(e),
+        }
     }
 }
 
@@ -242,7 +287,7 @@ pub(crate) trait InboxStore: Send + Sync + std::fmt::Debug {
         self.accept_batch(vec![accept])
             .await?
             .pop()
-            .ok_or_else(|| StoreError::Backend("an accept batch came back empty".to_owned()))
+            .ok_or_else(|| StoreError::backend("an accept batch came back empty"))
     }
     /// Inbox items not yet finished, in arrival order.
     async fn inbox(&self) -> Result<Vec<InboxItem>, StoreError>;
@@ -267,7 +312,7 @@ pub(crate) trait InboxStore: Send + Sync + std::fmt::Debug {
         self.finish_turns(&[&finish])
             .await?
             .pop()
-            .ok_or_else(|| StoreError::Backend("a finish batch came back empty".to_owned()))
+            .ok_or_else(|| StoreError::backend("a finish batch came back empty"))
     }
     /// Saves the draft message of the running turn of inbox item `seq`. *Durable.*
     async fn save_draft(&self, seq: u64, draft: &Receipt) -> Result<(), StoreError>;

@@ -27,11 +27,11 @@ use sled::Transactional;
 use sled::transaction::{ConflictableTransactionError, TransactionError, TransactionalTree};
 
 use super::group_commit::{GroupCommit, SyncFiles};
+use super::rules::{self, DedupeEntry, MEMORY_CAS_ATTEMPTS};
 use super::{
-    Accept, Accepted, ClearedMemory, ConversationRecord, FinishTurn, InboxItem, InboxStatus,
-    InboxStore, MaintenanceStore, MemoryQueueStore, MemoryStore, OutboxItem, OutboxStatus,
-    OutboxStore, SCHEMA_VERSION, StoreError, StoreStats, SubagentStore, ThreadChoice, ThreadStore,
-    keys, outbox_seq,
+    Accept, Accepted, ClearedMemory, ConversationRecord, FinishTurn, InboxItem, InboxStore,
+    MaintenanceStore, MemoryQueueStore, MemoryStore, OutboxItem, OutboxStatus, OutboxStore,
+    SCHEMA_VERSION, StoreError, StoreStats, SubagentStore, ThreadStore, keys, outbox_seq,
 };
 use crate::agent::memory::{MemoryDocument, MemoryUpdate};
 use crate::agent::message::ChatMessage;
@@ -41,19 +41,6 @@ use crate::agent::thread::ThreadState;
 const SCHEMA_KEY: &[u8] = b"schema_version";
 const OUTBOX_TREE: &str = "outbox2";
 const DEDUPE_PREFIX: &str = "dedupe.";
-/// How often [`Store::update_memory`] reads and tries again when other writers keep changing
-/// the document; past that, something is writing it in a loop.
-const MEMORY_CAS_ATTEMPTS: usize = 64;
-
-/// What the dedupe set remembers about a key.
-#[derive(Debug, serde::Serialize, serde::Deserialize)]
-struct DedupeEntry {
-    expires_at_ms: u64,
-    thread_id: String,
-    /// The inbox item the first delivery became.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    seq: Option<u64>,
-}
 
 /// The sled-backed store.
 #[derive(Clone)]
@@ -80,9 +67,6 @@ pub(crate) struct SledStore {
     /// Which task a turn's tool call started, and a thread's tasks by prefix.
     subagent_calls: sled::Tree,
     commit: GroupCommit,
-    /// Failures to inject (tests): how many `start_turn` and `finish_turn` calls fail next.
-    #[cfg(test)]
-    faults: Arc<[std::sync::atomic::AtomicUsize; 2]>,
 }
 
 impl std::fmt::Debug for SledStore {
@@ -90,9 +74,6 @@ impl std::fmt::Debug for SledStore {
         f.debug_struct("SledStore").finish_non_exhaustive()
     }
 }
-
-/// How long finished subagent records are kept at least (for `/tasks` and the API).
-const SUBAGENT_RETAIN_MS: u64 = 7 * 24 * 3600 * 1000;
 
 /// The `subagent_calls` key of a turn's tool call.
 fn subagent_call_key(thread_id: &str, turn: u64, call_id: &str) -> Vec<u8> {
@@ -146,10 +127,6 @@ fn from_tx(e: TransactionError<StoreError>) -> StoreError {
 /// How often a thread is read without a transaction before it is read with one, because
 /// commits kept changing it meanwhile.
 const OPTIMISTIC_THREAD_READS: usize = 3;
-
-fn new_thread_id() -> String {
-    uuid::Uuid::now_v7().simple().to_string()
-}
 
 fn seq_key(seq: u64) -> [u8; 8] {
     seq.to_be_bytes()
@@ -227,41 +204,16 @@ struct FinishWrite {
 
 impl FinishWrite {
     fn of(finish: &FinishTurn) -> Result<Self, StoreError> {
-        let FinishTurn {
-            inbox_seq,
-            thread,
-            replies,
-            memory_update,
-            draft,
-            now_ms,
-        } = finish;
-        let (inbox_seq, now_ms) = (*inbox_seq, *now_ms);
-        let mut items = Vec::with_capacity(replies.len());
-        for (index, message) in replies.iter().cloned().enumerate() {
-            let seq = outbox_seq(inbox_seq, index as u64).ok_or_else(|| {
-                StoreError::Backend(format!("too many replies for inbox item {inbox_seq}"))
-            })?;
-            items.push(OutboxItem {
-                seq,
-                message,
-                status: OutboxStatus::Pending,
-                attempts: 0,
-                last_error: None,
-                receipt: None,
-                parts: Vec::new(),
-                draft: if index == 0 { draft.clone() } else { None },
-                created_at_ms: now_ms,
-                finished_at_ms: None,
-            });
-        }
+        let items = rules::outbox_items(finish)?;
         let encoded = items
             .iter()
             .map(|item| encode("outbox item", item).map(|bytes| (seq_key(item.seq), bytes)))
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Self {
-            inbox_seq,
-            thread: thread.as_ref().map(ThreadWrite::of).transpose()?,
-            memory: memory_update
+            inbox_seq: finish.inbox_seq,
+            thread: finish.thread.as_ref().map(ThreadWrite::of).transpose()?,
+            memory: finish
+                .memory_update
                 .as_ref()
                 .map(|m| Ok::<_, StoreError>((memory_queue_key(m), encode("memory update", m)?)))
                 .transpose()?,
@@ -285,8 +237,9 @@ struct DedupeGenerations {
 
 /// Creates the store directory private to its owner, or makes an existing one so.
 fn prepare_dir(path: &Path) -> Result<(), StoreError> {
-    let io =
-        |e: std::io::Error| StoreError::Backend(format!("cannot prepare {}: {e}", path.display()));
+    let io = |e: std::io::Error| {
+        StoreError::unavailable(format!("cannot prepare {}: {e}", path.display()))
+    };
     #[cfg(unix)]
     {
         use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
@@ -358,7 +311,7 @@ fn open_error(e: sled::Error, path: &Path) -> StoreError {
                 path: path.display().to_string(),
             }
         }
-        _ => StoreError::Backend(format!("cannot open {}: {e}", path.display())),
+        _ => StoreError::backend(format!("cannot open {}: {e}", path.display())),
     }
 }
 
@@ -418,8 +371,6 @@ impl SledStore {
             subagent_calls: db.open_tree("subagent_calls")?,
             db,
             commit,
-            #[cfg(test)]
-            faults: Arc::default(),
         };
         // Counted once here; every later change keeps the counts in step.
         store.inbox_len.store(store.inbox.len(), Ordering::SeqCst);
@@ -440,26 +391,6 @@ impl SledStore {
         Ok(())
     }
 
-    /// Makes the next `start_turns` calls of `start_turn` and `finish_turns` calls of
-    /// `finish_turn` fail, as a failing disk would.
-    #[cfg(test)]
-    pub(crate) fn inject_faults(&self, start_turns: usize, finish_turns: usize) {
-        self.faults[0].store(start_turns, Ordering::SeqCst);
-        self.faults[1].store(finish_turns, Ordering::SeqCst);
-    }
-
-    /// Whether an injected fault makes this call fail.
-    #[cfg(test)]
-    fn fault(&self, which: usize) -> Result<(), StoreError> {
-        let fail = self.faults[which]
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-            .is_ok();
-        if fail {
-            return Err(StoreError::Backend("injected fault".to_owned()));
-        }
-        Ok(())
-    }
-
     /// Batches the group commit has made durable so far.
     #[cfg(test)]
     pub(crate) fn syncs(&self) -> u64 {
@@ -477,7 +408,7 @@ impl SledStore {
             if record.created_at_ms > cutoff {
                 break;
             }
-            if !record.status.is_terminal() || record.finished_at_ms.is_some_and(|t| t > cutoff) {
+            if !rules::subagent_expired(&record, cutoff) {
                 continue;
             }
             let call = subagent_call_key(
@@ -534,7 +465,7 @@ impl SledStore {
         let mut cached = self
             .dedupe_generations
             .lock()
-            .map_err(|_| StoreError::Backend("dedupe cache lock poisoned".to_owned()))?;
+            .map_err(|_| StoreError::backend("dedupe cache lock poisoned"))?;
         if let Some(generations) = cached.as_ref() {
             if generations.length_ms == length_ms && generations.start_ms == start_ms {
                 return Ok(generations.clone());
@@ -597,15 +528,11 @@ fn accept_one(
     key: &[u8],
     trees: AcceptTrees<'_>,
 ) -> Result<Accepted, ConflictableTransactionError<StoreError>> {
-    let now_ms = accept.now_ms;
     for generation in [trees.dedupe, trees.previous] {
         if let Some(bytes) = generation.get(key)? {
             let seen: DedupeEntry = tx_decode("dedupe entry", &bytes)?;
-            if seen.expires_at_ms > now_ms {
-                return Ok(Accepted::Duplicate {
-                    thread_id: seen.thread_id,
-                    seq: seen.seq,
-                });
+            if let Some(duplicate) = seen.duplicate_at(accept.now_ms) {
+                return Ok(duplicate);
             }
         }
     }
@@ -614,50 +541,21 @@ fn accept_one(
         .get(conversation.as_bytes())?
         .map(|b| tx_decode("conversation", &b))
         .transpose()?;
-    let record = match (current, accept.thread) {
-        (Some(record), ThreadChoice::Current) => record,
-        (current, _) => {
-            let record = ConversationRecord {
-                key: conversation.to_owned(),
-                generation: current.map_or(0, |r| r.generation + 1),
-                thread_id: new_thread_id(),
-                user_id: format!("{}:{}", accept.event.channel, accept.event.user.id),
-            };
-            // The thread exists from the moment it is named in an answer.
-            let state = ThreadState::new(
-                record.thread_id.clone(),
-                conversation.to_owned(),
-                record.generation,
-                now_ms,
-            );
-            trees
-                .threads
-                .insert(record.thread_id.as_bytes(), tx_encode("thread", &state)?)?;
-            record
-        }
-    };
+    let (record, fresh) = rules::next_conversation(current, accept);
+    if let Some(thread) = fresh {
+        trees
+            .threads
+            .insert(thread.id.as_bytes(), tx_encode("thread", &thread)?)?;
+    }
     trees
         .conversations
         .insert(conversation.as_bytes(), tx_encode("conversation", &record)?)?;
     let seq = trees.inbox.generate_id()?;
-    let item = InboxItem {
-        seq,
-        event: accept.event.clone(),
-        thread_id: record.thread_id.clone(),
-        fresh_thread: accept.thread == ThreadChoice::Fresh,
-        status: InboxStatus::Pending,
-        attempts: 0,
-        accepted_at_ms: now_ms,
-        draft: None,
-    };
+    let item = rules::inbox_item(seq, accept, &record.thread_id);
     trees
         .inbox
         .insert(&seq_key(seq), tx_encode("inbox item", &item)?)?;
-    let entry = DedupeEntry {
-        expires_at_ms: now_ms.saturating_add(accept.dedupe_ttl_ms),
-        thread_id: record.thread_id,
-        seq: Some(seq),
-    };
+    let entry = DedupeEntry::of(accept, &record.thread_id, seq);
     trees
         .dedupe
         .insert(key, tx_encode("dedupe entry", &entry)?)?;
@@ -709,11 +607,8 @@ impl InboxStore for SledStore {
             for (_, _, tree) in &generations.older {
                 if let Some(bytes) = tree.get(&key)? {
                     let seen: DedupeEntry = decode("dedupe entry", &bytes)?;
-                    if seen.expires_at_ms > accept.now_ms {
-                        older = Some(Accepted::Duplicate {
-                            thread_id: seen.thread_id,
-                            seq: seen.seq,
-                        });
+                    if let Some(duplicate) = seen.duplicate_at(accept.now_ms) {
+                        older = Some(duplicate);
                         break;
                     }
                 }
@@ -762,28 +657,18 @@ impl InboxStore for SledStore {
         Self::scan(&self.inbox, "inbox item")
     }
     async fn start_turn(&self, seq: u64) -> Result<InboxItem, StoreError> {
-        #[cfg(test)]
-        self.fault(0)?;
-        let (_, item) = update_record(&self.inbox, "inbox item", seq, |item: &mut InboxItem| {
-            item.status = InboxStatus::Running;
-            item.attempts += 1;
-        })?;
+        let (_, item) = update_record(&self.inbox, "inbox item", seq, rules::start_turn)?;
         self.commit.flush().await?;
         Ok(item)
     }
     async fn release_turn(&self, seq: u64) -> Result<(), StoreError> {
-        update_record(&self.inbox, "inbox item", seq, |item: &mut InboxItem| {
-            item.status = InboxStatus::Pending;
-            item.attempts = item.attempts.saturating_sub(1);
-        })?;
+        update_record(&self.inbox, "inbox item", seq, rules::release_turn)?;
         self.commit.flush().await
     }
     async fn finish_turns(
         &self,
         finishes: &[&FinishTurn],
     ) -> Result<Vec<Vec<OutboxItem>>, StoreError> {
-        #[cfg(test)]
-        self.fault(1)?;
         let writes = finishes
             .iter()
             .map(|finish| FinishWrite::of(finish))
@@ -919,12 +804,7 @@ impl OutboxStore for SledStore {
         now_ms: u64,
     ) -> Result<OutboxItem, StoreError> {
         let item = self.update_outbox(seq, |item| {
-            item.attempts += 1;
-            item.last_error = Some(error.to_owned());
-            if give_up {
-                item.status = OutboxStatus::Failed;
-                item.finished_at_ms = Some(now_ms);
-            }
+            rules::delivery_failed(item, error, give_up, now_ms);
         })?;
         if give_up {
             self.commit.flush().await?;
@@ -939,13 +819,7 @@ impl OutboxStore for SledStore {
         now_ms: u64,
     ) -> Result<OutboxItem, StoreError> {
         let item = self.update_outbox(seq, |item| {
-            item.parts.push(receipt.clone());
-            if complete {
-                item.attempts += 1;
-                item.status = OutboxStatus::Sent;
-                item.receipt = item.parts.first().cloned();
-                item.finished_at_ms = Some(now_ms);
-            }
+            rules::part_delivered(item, &receipt, complete, now_ms);
         })?;
         self.commit.flush().await?;
         Ok(item)
@@ -988,7 +862,7 @@ impl MemoryStore for SledStore {
                 return Ok(next);
             }
         }
-        Err(StoreError::Backend(format!(
+        Err(StoreError::Conflict(format!(
             "the memory document kept changing during {MEMORY_CAS_ATTEMPTS} attempts to update it"
         )))
     }
@@ -1064,13 +938,8 @@ impl MemoryQueueStore for SledStore {
         now_ms: u64,
         limit: usize,
     ) -> Result<Vec<MemoryUpdate>, StoreError> {
-        let mut due: Vec<MemoryUpdate> = Self::scan(&self.memory_queue, "memory update")?
-            .into_iter()
-            .filter(|u: &MemoryUpdate| u.due_at_ms <= now_ms)
-            .collect();
-        due.sort_by_key(|u| u.enqueued_at_ms);
-        due.truncate(limit);
-        Ok(due)
+        let queued: Vec<MemoryUpdate> = Self::scan(&self.memory_queue, "memory update")?;
+        Ok(rules::due_updates(queued, now_ms, limit))
     }
     async fn remove_memory_update(&self, processed: &MemoryUpdate) -> Result<bool, StoreError> {
         let key = memory_queue_key(processed);
@@ -1078,7 +947,7 @@ impl MemoryQueueStore for SledStore {
             return Ok(false);
         };
         let update: MemoryUpdate = decode("memory update", &current)?;
-        if update.enqueued_at_ms != processed.enqueued_at_ms {
+        if !rules::still_queued(&update, processed) {
             return Ok(false);
         }
         let swapped =
@@ -1099,7 +968,7 @@ impl MemoryQueueStore for SledStore {
             .transaction(|(memory, queue)| {
                 let still_queued = match queue.get(&queue_key)? {
                     Some(bytes) => match decode::<MemoryUpdate>("memory update", &bytes) {
-                        Ok(queued) => queued.enqueued_at_ms == processed.enqueued_at_ms,
+                        Ok(queued) => rules::still_queued(&queued, processed),
                         Err(e) => return abort(e),
                     },
                     None => false,
@@ -1264,14 +1133,12 @@ impl MaintenanceStore for SledStore {
             if item.created_at_ms > cutoff {
                 break;
             }
-            let due = item.finished_at_ms.is_some_and(|t| t <= cutoff);
-            if item.status != OutboxStatus::Pending && due {
+            if rules::outbox_expired(&item, cutoff) {
                 self.outbox.remove(&key)?;
                 removed += 1;
             }
         }
-        removed +=
-            self.sweep_subagents(now_ms.saturating_sub(retain_ms.max(SUBAGENT_RETAIN_MS)))?;
+        removed += self.sweep_subagents(rules::subagent_cutoff(now_ms, retain_ms))?;
         Ok(removed)
     }
     async fn stats(&self) -> Result<StoreStats, StoreError> {

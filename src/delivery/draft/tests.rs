@@ -1,4 +1,4 @@
-use crate::store::{Accept, Accepted, InboxStore, MaintenanceStore, SledStore, ThreadChoice};
+use crate::store::{Accept, Accepted, InboxStore, MaintenanceStore, MemStore, ThreadChoice};
 use antler_channel::EditRate;
 
 use super::*;
@@ -16,7 +16,7 @@ fn live_channel() -> Arc<RecordingChannel> {
     })
 }
 
-async fn accepted(store: &SledStore, group: bool) -> InboxItem {
+async fn accepted(store: &MemStore, group: bool) -> InboxItem {
     let mut event = event("c1", "m1", "hi");
     event.group = group;
     let accepted = store
@@ -43,7 +43,7 @@ async fn settle() {
 
 /// Waits, without letting paused time move, until the draft's id is in the store and synced.
 /// Saving is real I/O: a test sleeping meanwhile would let tokio jump its paused clock ahead.
-async fn saved(store: &SledStore) -> Receipt {
+async fn saved(store: &MemStore) -> Receipt {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     loop {
         if let Some(draft) = store.inbox().await.unwrap().remove(0).draft {
@@ -62,7 +62,7 @@ async fn saved(store: &SledStore) -> Receipt {
 
 #[tokio::test(start_paused = true)]
 async fn a_quick_answer_gets_no_draft() {
-    let store = Arc::new(SledStore::temporary().unwrap());
+    let store = Arc::new(MemStore::new());
     let item = accepted(&store, false).await;
     let channel = live_channel();
     let draft = Draft::start(store.clone(), channel.clone(), &item).unwrap();
@@ -74,7 +74,7 @@ async fn a_quick_answer_gets_no_draft() {
 
 #[tokio::test(start_paused = true)]
 async fn a_slow_answer_is_drafted_saved_at_once_and_edited_at_the_channels_pace() {
-    let store = Arc::new(SledStore::temporary().unwrap());
+    let store = Arc::new(MemStore::new());
     let item = accepted(&store, false).await;
     let channel = live_channel();
     let draft = Draft::start(store.clone(), channel.clone(), &item).unwrap();
@@ -114,7 +114,7 @@ async fn a_slow_answer_is_drafted_saved_at_once_and_edited_at_the_channels_pace(
 
 #[tokio::test(start_paused = true)]
 async fn groups_are_edited_less_often() {
-    let store = Arc::new(SledStore::temporary().unwrap());
+    let store = Arc::new(MemStore::new());
     let item = accepted(&store, true).await;
     let channel = live_channel();
     let draft = Draft::start(store.clone(), channel.clone(), &item).unwrap();
@@ -131,7 +131,7 @@ async fn groups_are_edited_less_often() {
 
 #[tokio::test(start_paused = true)]
 async fn a_rerun_writes_into_the_draft_its_crashed_run_left() {
-    let store = Arc::new(SledStore::temporary().unwrap());
+    let store = Arc::new(MemStore::new());
     let mut item = accepted(&store, false).await;
     item.draft = Some(Receipt {
         platform_message_id: "old".to_owned(),
@@ -151,7 +151,7 @@ async fn a_rerun_writes_into_the_draft_its_crashed_run_left() {
 
 #[tokio::test(start_paused = true)]
 async fn rate_limits_are_waited_out_and_permanent_failures_end_the_preview() {
-    let store = Arc::new(SledStore::temporary().unwrap());
+    let store = Arc::new(MemStore::new());
     let item = accepted(&store, false).await;
     let channel = live_channel();
     *channel.failures.lock().unwrap() = vec![ChannelError::RateLimited {
@@ -187,7 +187,7 @@ async fn rate_limits_are_waited_out_and_permanent_failures_end_the_preview() {
 
 #[tokio::test(start_paused = true)]
 async fn a_tool_call_shows_what_runs_and_the_next_text_starts_afresh() {
-    let store = Arc::new(SledStore::temporary().unwrap());
+    let store = Arc::new(MemStore::new());
     let item = accepted(&store, false).await;
     let channel = live_channel();
     let draft = Draft::start(store.clone(), channel.clone(), &item).unwrap();
@@ -206,7 +206,7 @@ async fn a_tool_call_shows_what_runs_and_the_next_text_starts_afresh() {
 
 #[tokio::test(start_paused = true)]
 async fn progress_lines_are_edited_in_place_one_per_call() {
-    let store = Arc::new(SledStore::temporary().unwrap());
+    let store = Arc::new(MemStore::new());
     let item = accepted(&store, false).await;
     let channel = live_channel();
     let draft = Draft::start(store.clone(), channel.clone(), &item).unwrap();

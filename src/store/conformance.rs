@@ -1,0 +1,976 @@
+//! One conformance suite for every [`Store`] backend (tests): each case states a promise of
+//! the store's traits (accept and dedupe, arrival order, redelivery, what survives a restart,
+//! outbox receipts, memory compare-and-swap, subagent first-terminal-write-wins, the sweep) and
+//! runs against a [`Backend`]. A backend's test module runs them all with
+//! `conformance!(backend)`; what only one backend can check (its files, its layout, its
+//! migrations) stays in that backend's own tests.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::sync::Arc;
+
+use antler_channel::{ConversationKey, OutboundMessage, Receipt};
+
+use super::{
+    Accept, Accepted, ClearedMemory, FinishTurn, InboxItem, InboxStatus, OutboxStatus, Store,
+    StoreError, ThreadChoice,
+};
+use crate::agent::memory::{MemoryDocument, MemoryUpdate};
+use crate::agent::message::{ChatMessage, TokenUsage};
+use crate::agent::subagents::{SubagentChange, SubagentRecord, SubagentStatus, Transition};
+use crate::agent::thread::ThreadState;
+use crate::test_support::event;
+
+/// A backend under test: where its stores live.
+pub(crate) trait Backend {
+    /// Opens this backend's store. Opened again once every handle is dropped, it holds what
+    /// was written before, as after a restart.
+    fn open(&self) -> Arc<dyn Store>;
+}
+
+/// Runs every conformance case against the backend `$backend` makes (a fresh one per case),
+/// each as its own test.
+macro_rules! conformance {
+    ($backend:expr) => {
+        $crate::store::conformance::conformance!(@cases $backend; accept_stores_once_and_recognises_redelivery_until_expiry,
+            fresh_thread_starts_the_next_generation,
+            finish_turn_writes_thread_outbox_and_removes_the_inbox_item_together,
+            delivery_records_receipts_and_failures,
+            a_saved_draft_survives_a_reopen_and_goes_to_the_first_reply,
+            state_survives_reopening,
+            concurrent_accepts_all_land_in_arrival_order,
+            subagent_first_terminal_write_wins_and_restart_fails_running_ones,
+            concurrent_terminal_writes_leave_exactly_one_winner,
+            subagents_are_found_by_their_turns_call_listed_per_thread_and_swept_when_old,
+            memory_documents_and_queue_newest_wins,
+            memory_queue_keeps_one_entry_per_user_and_thread,
+            an_update_applies_only_while_it_is_still_queued_as_read,
+            update_memory_is_a_compare_and_swap,
+            clear_memory_drops_the_document_and_that_users_queued_updates_only,
+            memory_keys_page_in_key_order,
+            dedupe_keys_of_different_conversations_never_collide,
+            a_released_turn_gives_its_attempt_back,
+            checkpoints_append_messages_and_keep_failed_spans,
+            counts_follow_accepts_and_finished_turns,
+            a_batch_is_accepted_in_order_and_sees_its_own_redeliveries,
+            a_thread_read_while_turns_commit_is_consistent);
+    };
+    (@cases $backend:expr; $($case:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $case() {
+                $crate::store::conformance::$case(&$backend).await;
+            }
+        )*
+    };
+}
+pub(crate) use conformance;
+
+async fn accept_new(store: &Arc<dyn Store>, request: Accept) -> InboxItem {
+    match store.accept(request).await.unwrap() {
+        Accepted::New(item) => item,
+        other => panic!("expected a new message, got {other:?}"),
+    }
+}
+
+fn accept(event_id: &str, thread: ThreadChoice, now_ms: u64) -> Accept {
+    Accept {
+        dedupe_ttl_ms: 1_000,
+        event: event("c1", event_id, "hi"),
+        thread,
+        now_ms,
+    }
+}
+
+fn reply(thread_id: &str, text: &str) -> OutboundMessage {
+    OutboundMessage {
+        idempotency_key: format!("{thread_id}:{text}"),
+        conversation: ConversationKey::new("api", ["c1"]),
+        thread_id: thread_id.to_owned(),
+        text: text.to_owned(),
+        reply_to: None,
+        files: Vec::new(),
+        reply_context: None,
+    }
+}
+
+pub(crate) async fn accept_stores_once_and_recognises_redelivery_until_expiry(
+    backend: &dyn Backend,
+) {
+    let store = backend.open();
+    let InboxItem { seq, thread_id, .. } =
+        accept_new(&store, accept("m1", ThreadChoice::Current, 10)).await;
+    let again = store
+        .accept(accept("m1", ThreadChoice::Current, 20))
+        .await
+        .unwrap();
+    assert_eq!(
+        again,
+        Accepted::Duplicate {
+            thread_id: thread_id.clone(),
+            seq: Some(seq),
+        }
+    );
+    let inbox = store.inbox().await.unwrap();
+    assert_eq!(inbox.len(), 1);
+    assert_eq!(inbox[0].seq, seq);
+    assert_eq!(inbox[0].status, InboxStatus::Pending);
+
+    // After the TTL the key is forgotten and the same id is a new message.
+    let late = store
+        .accept(accept("m1", ThreadChoice::Current, 2_000))
+        .await
+        .unwrap();
+    assert!(matches!(late, Accepted::New(InboxItem { thread_id: t, .. }) if t == thread_id));
+    assert_eq!(store.inbox().await.unwrap().len(), 2);
+
+    // A key is recognised for its whole TTL, whatever the clock's position.
+    let m2 = |at| store.accept(accept("m2", ThreadChoice::Current, at));
+    assert!(matches!(m2(2_900).await.unwrap(), Accepted::New(_)));
+    assert!(matches!(
+        m2(3_100).await.unwrap(),
+        Accepted::Duplicate { .. }
+    ));
+
+    // A sweep forgets only what expired.
+    store.sweep(2_500, 1_000).await.unwrap();
+    let again = store
+        .accept(accept("m1", ThreadChoice::Current, 2_600))
+        .await
+        .unwrap();
+    assert!(matches!(again, Accepted::Duplicate { .. }), "{again:?}");
+    assert!(matches!(
+        m2(3_500).await.unwrap(),
+        Accepted::Duplicate { .. }
+    ));
+    store.sweep(4_000, 1_000).await.unwrap();
+    assert!(matches!(m2(4_001).await.unwrap(), Accepted::New(_)));
+}
+
+pub(crate) async fn fresh_thread_starts_the_next_generation(backend: &dyn Backend) {
+    let store = backend.open();
+    let InboxItem {
+        thread_id: first, ..
+    } = accept_new(&store, accept("m1", ThreadChoice::Current, 1)).await;
+    let InboxItem {
+        thread_id: second, ..
+    } = accept_new(&store, accept("m2", ThreadChoice::Fresh, 2)).await;
+    assert_ne!(first, second);
+    let record = store.conversation("api:c1").await.unwrap().unwrap();
+    assert_eq!(record.generation, 1);
+    assert_eq!(record.thread_id, second);
+    assert_eq!(record.user_id, "api:u1");
+    let fresh = store.thread(&second).await.unwrap().unwrap();
+    assert_eq!((fresh.generation, fresh.messages.len()), (1, 0));
+    assert!(
+        store.thread(&first).await.unwrap().is_some(),
+        "history is kept"
+    );
+    let items = store.inbox().await.unwrap();
+    assert!(!items[0].fresh_thread && items[1].fresh_thread);
+}
+
+pub(crate) async fn finish_turn_writes_thread_outbox_and_removes_the_inbox_item_together(
+    backend: &dyn Backend,
+) {
+    let store = backend.open();
+    let InboxItem { seq, thread_id, .. } =
+        accept_new(&store, accept("m1", ThreadChoice::Current, 1)).await;
+    let started = store.start_turn(seq).await.unwrap();
+    assert_eq!(
+        (started.status, started.attempts),
+        (InboxStatus::Running, 1)
+    );
+
+    let mut thread = ThreadState::new(thread_id.clone(), "api:c1".to_owned(), 0, 1);
+    thread.messages.push(ChatMessage::user("hi"));
+    thread.messages.push(ChatMessage::assistant("hello"));
+    let update = MemoryUpdate {
+        user_id: "api:u1".to_owned(),
+        thread_id: thread_id.clone(),
+        messages: thread.messages.clone(),
+        enqueued_at_ms: 5,
+        due_at_ms: 30_005,
+    };
+    let items = store
+        .finish_turn(FinishTurn {
+            inbox_seq: seq,
+            thread: Some(thread.clone()),
+            replies: vec![reply(&thread_id, "a"), reply(&thread_id, "b")],
+            memory_update: Some(update.clone()),
+            draft: None,
+            now_ms: 5,
+        })
+        .await
+        .unwrap();
+    assert_eq!(items.len(), 2);
+    assert!(items[0].seq < items[1].seq);
+    assert_eq!(
+        store.replies(seq).await.unwrap(),
+        items,
+        "the replies to an inbox item are found by its seq"
+    );
+    assert!(store.replies(seq + 1).await.unwrap().is_empty());
+    assert!(store.inbox().await.unwrap().is_empty());
+    thread.saved_messages = 2;
+    assert_eq!(store.thread(&thread_id).await.unwrap(), Some(thread));
+    let pending = store.outbox_pending().await.unwrap();
+    assert_eq!(
+        pending
+            .iter()
+            .map(|i| i.message.text.as_str())
+            .collect::<Vec<_>>(),
+        ["a", "b"]
+    );
+    assert!(
+        store
+            .due_memory_updates(30_004, 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert_eq!(
+        store.due_memory_updates(30_005, 10).await.unwrap(),
+        vec![update]
+    );
+}
+
+pub(crate) async fn delivery_records_receipts_and_failures(backend: &dyn Backend) {
+    let store = backend.open();
+    let InboxItem { seq, thread_id, .. } =
+        accept_new(&store, accept("m1", ThreadChoice::Current, 1)).await;
+    let items = store
+        .finish_turn(FinishTurn {
+            inbox_seq: seq,
+            thread: None,
+            replies: vec![reply(&thread_id, "a"), reply(&thread_id, "b")],
+            memory_update: None,
+            draft: None,
+            now_ms: 1,
+        })
+        .await
+        .unwrap();
+    assert_eq!(store.stats().await.unwrap().outbox_pending, 2);
+    let failed = store
+        .delivery_failed(items[0].seq, "503", false, 2)
+        .await
+        .unwrap();
+    assert_eq!((failed.attempts, failed.status), (1, OutboxStatus::Pending));
+    let receipt = Receipt {
+        platform_message_id: "pm-1".to_owned(),
+    };
+    let sent = store
+        .part_delivered(items[0].seq, receipt.clone(), true, 3)
+        .await
+        .unwrap();
+    assert_eq!((sent.attempts, sent.status), (2, OutboxStatus::Sent));
+    assert_eq!(sent.receipt, Some(receipt));
+    let gave_up = store
+        .delivery_failed(items[1].seq, "gone", true, 4)
+        .await
+        .unwrap();
+    assert_eq!(gave_up.status, OutboxStatus::Failed);
+    assert!(store.outbox_pending().await.unwrap().is_empty());
+    assert_eq!(store.stats().await.unwrap().outbox_pending, 0);
+
+    // The sweep keeps finished items for the retention period, then drops them.
+    assert_eq!(store.sweep(10, 1_000).await.unwrap(), 0);
+    assert!(store.outbox_item(items[1].seq).await.unwrap().is_some());
+    assert!(store.sweep(1_500, 1_000).await.unwrap() >= 2);
+    for item in &items {
+        assert!(store.outbox_item(item.seq).await.unwrap().is_none());
+    }
+}
+
+pub(crate) async fn a_saved_draft_survives_a_reopen_and_goes_to_the_first_reply(
+    backend: &dyn Backend,
+) {
+    let draft = Receipt {
+        platform_message_id: "d-1".to_owned(),
+    };
+    let (seq, thread_id) = {
+        let store = backend.open();
+        let InboxItem { seq, thread_id, .. } =
+            accept_new(&store, accept("m1", ThreadChoice::Current, 1)).await;
+        store.save_draft(seq, &draft).await.unwrap();
+        (seq, thread_id)
+    };
+    let store = backend.open();
+    let item = store.start_turn(seq).await.unwrap();
+    assert_eq!(item.draft.as_ref(), Some(&draft), "a re-run finds it");
+    let items = store
+        .finish_turn(FinishTurn {
+            inbox_seq: seq,
+            thread: None,
+            replies: vec![reply(&thread_id, "a"), reply(&thread_id, "b")],
+            memory_update: None,
+            draft: item.draft,
+            now_ms: 2,
+        })
+        .await
+        .unwrap();
+    assert_eq!(items[0].draft.as_ref(), Some(&draft));
+    assert_eq!(items[1].draft, None, "only the first reply replaces it");
+    let stored = store.outbox_item(items[0].seq).await.unwrap().unwrap();
+    assert_eq!(stored.draft, Some(draft));
+}
+
+pub(crate) async fn state_survives_reopening(backend: &dyn Backend) {
+    let thread_id = {
+        let store = backend.open();
+        let InboxItem { thread_id, .. } =
+            accept_new(&store, accept("m1", ThreadChoice::Current, 1)).await;
+        let InboxItem { seq, .. } =
+            accept_new(&store, accept("m2", ThreadChoice::Current, 1)).await;
+        store
+            .finish_turn(FinishTurn {
+                inbox_seq: seq,
+                thread: None,
+                replies: vec![reply(&thread_id, "pending")],
+                memory_update: None,
+                draft: None,
+                now_ms: 1,
+            })
+            .await
+            .unwrap();
+        thread_id
+    };
+    let store = backend.open();
+    let inbox = store.inbox().await.unwrap();
+    assert_eq!(inbox.len(), 1);
+    assert_eq!(inbox[0].thread_id, thread_id);
+    let pending = store.outbox_pending().await.unwrap();
+    assert_eq!(pending.len(), 1);
+    assert_eq!(pending[0].message.text, "pending");
+    // The counts come back with the records.
+    let stats = store.stats().await.unwrap();
+    assert_eq!((stats.inbox, stats.outbox_pending), (1, 1));
+    // A new event in the same conversation joins its thread.
+    let next = accept_new(&store, accept("m3", ThreadChoice::Current, 2)).await;
+    assert_eq!(next.thread_id, thread_id);
+}
+
+pub(crate) async fn concurrent_accepts_all_land_in_arrival_order(backend: &dyn Backend) {
+    let store = backend.open();
+    let mut tasks = Vec::new();
+    for n in 0..200 {
+        let store = Arc::clone(&store);
+        tasks.push(tokio::spawn(async move {
+            let mut a = accept(&format!("m{n}"), ThreadChoice::Current, 1);
+            a.event.conversation = ConversationKey::new("api", [format!("c{}", n % 7)]);
+            store.accept(a).await
+        }));
+    }
+    for task in tasks {
+        assert!(matches!(task.await.unwrap().unwrap(), Accepted::New(_)));
+    }
+    let inbox = store.inbox().await.unwrap();
+    assert_eq!(inbox.len(), 200);
+    assert!(inbox.windows(2).all(|w| w[0].seq < w[1].seq));
+    assert_eq!(store.stats().await.unwrap().inbox, 200);
+}
+
+fn subagent(id: &str, status: SubagentStatus) -> SubagentRecord {
+    SubagentRecord {
+        id: id.to_owned(),
+        parent_thread_id: "t1".to_owned(),
+        parent_turn: 4,
+        parent_call_id: format!("call_{id}"),
+        subagent_type: "general-purpose".to_owned(),
+        description: "d".to_owned(),
+        prompt: "p".to_owned(),
+        status,
+        stop_reason: None,
+        result: None,
+        error: None,
+        usage: TokenUsage::default(),
+        trace_id: "trace".to_owned(),
+        created_at_ms: 1,
+        started_at_ms: None,
+        finished_at_ms: None,
+    }
+}
+
+pub(crate) async fn subagent_first_terminal_write_wins_and_restart_fails_running_ones(
+    backend: &dyn Backend,
+) {
+    let store = backend.open();
+    store
+        .create_subagent(&subagent("s1", SubagentStatus::Pending))
+        .await
+        .unwrap();
+    store
+        .create_subagent(&subagent("s2", SubagentStatus::Running))
+        .await
+        .unwrap();
+    store
+        .create_subagent(&subagent("s3", SubagentStatus::Completed))
+        .await
+        .unwrap();
+
+    let running = store
+        .transition_subagent("s1", &SubagentChange::to(SubagentStatus::Running, 2))
+        .await
+        .unwrap();
+    assert!(matches!(running, Transition::Applied(ref r) if r.status == SubagentStatus::Running));
+    let done = SubagentChange {
+        result: Some("42".into()),
+        ..SubagentChange::to(SubagentStatus::Completed, 3)
+    };
+    let done = store.transition_subagent("s1", &done).await.unwrap();
+    assert!(matches!(done, Transition::Applied(ref r) if r.result.as_deref() == Some("42")));
+    let late = SubagentChange::failed(SubagentStatus::TimedOut, "late", 4);
+    let late = store.transition_subagent("s1", &late).await.unwrap();
+    assert!(matches!(late, Transition::Refused(ref r) if r.status == SubagentStatus::Completed));
+    let stored = store.subagent("s1").await.unwrap().unwrap();
+    assert_eq!(
+        (stored.status, stored.started_at_ms, stored.finished_at_ms),
+        (SubagentStatus::Completed, Some(2), Some(3))
+    );
+
+    assert_eq!(
+        store
+            .fail_unfinished_subagents("restarted", 5)
+            .await
+            .unwrap(),
+        1
+    );
+    let s2 = store.subagent("s2").await.unwrap().unwrap();
+    assert_eq!(
+        (s2.status, s2.error.as_deref()),
+        (SubagentStatus::Failed, Some("restarted"))
+    );
+    let s3 = store.subagent("s3").await.unwrap().unwrap();
+    assert_eq!(s3.status, SubagentStatus::Completed);
+    let missing = store
+        .transition_subagent("nope", &SubagentChange::to(SubagentStatus::Failed, 6))
+        .await;
+    assert!(matches!(missing, Err(StoreError::Missing { .. })));
+}
+
+pub(crate) async fn concurrent_terminal_writes_leave_exactly_one_winner(backend: &dyn Backend) {
+    let store = backend.open();
+    store
+        .create_subagent(&subagent("s1", SubagentStatus::Running))
+        .await
+        .unwrap();
+    let statuses = [
+        SubagentStatus::Completed,
+        SubagentStatus::Failed,
+        SubagentStatus::Cancelled,
+        SubagentStatus::TimedOut,
+    ];
+    let writers: Vec<_> = statuses
+        .into_iter()
+        .map(|status| {
+            let store = Arc::clone(&store);
+            tokio::spawn(async move {
+                let change = SubagentChange::failed(status, status.as_str(), 9);
+                store.transition_subagent("s1", &change).await.unwrap()
+            })
+        })
+        .collect();
+    let mut applied = Vec::new();
+    for writer in writers {
+        if let Transition::Applied(record) = writer.await.unwrap() {
+            applied.push(record.status);
+        }
+    }
+    assert_eq!(applied.len(), 1, "{applied:?}");
+    let stored = store.subagent("s1").await.unwrap().unwrap();
+    assert_eq!(stored.status, applied[0]);
+    assert_eq!(stored.error.as_deref(), Some(applied[0].as_str()));
+}
+
+pub(crate) async fn subagents_are_found_by_their_turns_call_listed_per_thread_and_swept_when_old(
+    backend: &dyn Backend,
+) {
+    let store = backend.open();
+    let record = |id: &str, thread: &str, turn: u64, created: u64| SubagentRecord {
+        parent_thread_id: thread.to_owned(),
+        parent_turn: turn,
+        parent_call_id: "call_0".to_owned(),
+        created_at_ms: created,
+        ..subagent(id, SubagentStatus::Pending)
+    };
+    // The same call id in two turns (providers that count from zero each response).
+    store
+        .create_subagent(&record("task_a", "t1", 1, 10))
+        .await
+        .unwrap();
+    store
+        .create_subagent(&record("task_b", "t1", 2, 20))
+        .await
+        .unwrap();
+    store
+        .create_subagent(&record("task_c", "t1:x", 2, 30))
+        .await
+        .unwrap();
+    let found = |thread: &'static str, turn: u64| {
+        let store = &store;
+        async move {
+            store
+                .subagent_for_call(thread, turn, "call_0")
+                .await
+                .unwrap()
+                .map(|r| r.id)
+        }
+    };
+    assert_eq!(found("t1", 1).await.as_deref(), Some("task_a"));
+    assert_eq!(found("t1", 2).await.as_deref(), Some("task_b"));
+    assert_eq!(found("t1", 3).await, None);
+    assert_eq!(found("t1:x", 2).await.as_deref(), Some("task_c"));
+
+    let listed: Vec<String> = store
+        .thread_subagents("t1", 10)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| r.id)
+        .collect();
+    assert_eq!(
+        listed,
+        ["task_b", "task_a"],
+        "newest first, only this thread"
+    );
+    assert_eq!(store.thread_subagents("t1", 1).await.unwrap().len(), 1);
+
+    // Finished long ago: swept with its index entry; still running: kept.
+    let old = SubagentChange::to(SubagentStatus::Cancelled, 11);
+    store.transition_subagent("task_a", &old).await.unwrap();
+    let week = 7 * 24 * 3600 * 1000;
+    store.sweep(week + 12, 1).await.unwrap();
+    assert!(store.subagent("task_a").await.unwrap().is_none());
+    assert_eq!(found("t1", 1).await, None);
+    assert!(store.subagent("task_b").await.unwrap().is_some());
+}
+
+pub(crate) async fn memory_documents_and_queue_newest_wins(backend: &dyn Backend) {
+    let store = backend.open();
+    assert!(store.memory("api:u1").await.unwrap().is_none());
+    let mut doc = MemoryDocument::default();
+    doc.user.top_of_mind.summary = "shipping antler".to_owned();
+    store.put_memory("api:u1", &doc).await.unwrap();
+    assert_eq!(store.memory("api:u1").await.unwrap(), Some(doc));
+
+    let update = |at: u64| MemoryUpdate {
+        user_id: "api:u1".to_owned(),
+        thread_id: "t1".to_owned(),
+        messages: vec![ChatMessage::user(format!("at {at}"))],
+        enqueued_at_ms: at,
+        due_at_ms: at + 30,
+    };
+    store.queue_memory_update(update(1)).await.unwrap();
+    store.queue_memory_update(update(2)).await.unwrap();
+    let due = store.due_memory_updates(100, 10).await.unwrap();
+    assert_eq!(due, vec![update(2)]);
+    // A processed update is removed only if nothing newer replaced it.
+    assert!(!store.remove_memory_update(&update(1)).await.unwrap());
+    assert!(store.remove_memory_update(&update(2)).await.unwrap());
+    assert!(store.due_memory_updates(100, 10).await.unwrap().is_empty());
+}
+
+pub(crate) async fn memory_queue_keeps_one_entry_per_user_and_thread(backend: &dyn Backend) {
+    let store = backend.open();
+    let update = |user: &str, thread: &str, at: u64| MemoryUpdate {
+        user_id: user.to_owned(),
+        thread_id: thread.to_owned(),
+        messages: vec![ChatMessage::user(format!("{user} in {thread}"))],
+        enqueued_at_ms: at,
+        due_at_ms: at,
+    };
+    // Two members of one group thread keep their own entries; pairs that would join into the
+    // same separator-joined key (`a:b` + `c` vs `a` + `b:c`) stay apart too.
+    for queued in [
+        update("api:a", "t1", 1),
+        update("api:b", "t1", 2),
+        update("api:a:b", "c", 3),
+        update("api:a", "b:c", 4),
+    ] {
+        store.queue_memory_update(queued).await.unwrap();
+    }
+    assert_eq!(store.due_memory_updates(100, 10).await.unwrap().len(), 4);
+    store
+        .queue_memory_update(update("api:a", "t1", 5))
+        .await
+        .unwrap();
+    let due = store.due_memory_updates(100, 10).await.unwrap();
+    assert_eq!(due.len(), 4);
+    assert_eq!(due.last(), Some(&update("api:a", "t1", 5)));
+    assert!(
+        store
+            .remove_memory_update(&update("api:b", "t1", 2))
+            .await
+            .unwrap()
+    );
+    assert_eq!(store.due_memory_updates(100, 10).await.unwrap().len(), 3);
+}
+
+fn memory_update(user: &str, thread: &str, at: u64) -> MemoryUpdate {
+    MemoryUpdate {
+        user_id: user.to_owned(),
+        thread_id: thread.to_owned(),
+        messages: vec![ChatMessage::user(format!("at {at}"))],
+        enqueued_at_ms: at,
+        due_at_ms: at + 30,
+    }
+}
+
+pub(crate) async fn an_update_applies_only_while_it_is_still_queued_as_read(backend: &dyn Backend) {
+    let store = backend.open();
+    let mark = |doc: Option<MemoryDocument>| {
+        let mut doc = doc.unwrap_or_default();
+        doc.user.top_of_mind.summary.push_str("learned;");
+        doc
+    };
+
+    // Still queued: applied, and the entry goes with the same write.
+    let first = memory_update("api:u1", "t1", 1);
+    store.queue_memory_update(first.clone()).await.unwrap();
+    let applied = store
+        .apply_memory_update(&first, &mut |d| mark(d))
+        .await
+        .unwrap();
+    assert_eq!(applied.unwrap().user.top_of_mind.summary, "learned;");
+    assert!(
+        store
+            .due_memory_updates(u64::MAX, 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+
+    // Replaced by a newer context of the same thread: the older answer is not applied.
+    let older = memory_update("api:u1", "t1", 2);
+    store.queue_memory_update(older.clone()).await.unwrap();
+    store
+        .queue_memory_update(memory_update("api:u1", "t1", 3))
+        .await
+        .unwrap();
+    assert_eq!(
+        store
+            .apply_memory_update(&older, &mut |d| mark(d))
+            .await
+            .unwrap(),
+        None
+    );
+    let doc = store.memory("api:u1").await.unwrap().unwrap();
+    assert_eq!(doc.user.top_of_mind.summary, "learned;");
+    assert_eq!(
+        store.due_memory_updates(u64::MAX, 10).await.unwrap().len(),
+        1
+    );
+
+    // Forgotten while the model was answering: nothing comes back.
+    let taken = store
+        .due_memory_updates(u64::MAX, 10)
+        .await
+        .unwrap()
+        .remove(0);
+    let cleared = store
+        .clear_memory("api:u1", &["api:u1".to_owned()])
+        .await
+        .unwrap();
+    assert_eq!(
+        cleared,
+        ClearedMemory {
+            document: true,
+            updates: 1
+        }
+    );
+    assert_eq!(
+        store
+            .apply_memory_update(&taken, &mut |d| mark(d))
+            .await
+            .unwrap(),
+        None
+    );
+    assert_eq!(store.memory("api:u1").await.unwrap(), None);
+}
+
+pub(crate) async fn update_memory_is_a_compare_and_swap(backend: &dyn Backend) {
+    let store = backend.open();
+    let mut calls = 0;
+    let stored = store
+        .update_memory("api:u1", &mut |doc| {
+            calls += 1;
+            assert!(doc.is_none());
+            let mut doc = MemoryDocument::default();
+            doc.user.top_of_mind.summary = "first".to_owned();
+            Some(doc)
+        })
+        .await
+        .unwrap();
+    assert_eq!(calls, 1);
+    assert_eq!(store.memory("api:u1").await.unwrap(), stored);
+
+    // Concurrent changes each see the one before: none is lost.
+    let writers: Vec<_> = (0..16)
+        .map(|n| {
+            let store = Arc::clone(&store);
+            tokio::spawn(async move {
+                store
+                    .update_memory("api:u1", &mut |doc| {
+                        let mut doc = doc.unwrap_or_default();
+                        doc.user.top_of_mind.summary.push_str(&format!("[{n}]"));
+                        Some(doc)
+                    })
+                    .await
+                    .unwrap()
+            })
+        })
+        .collect();
+    for writer in writers {
+        writer.await.unwrap();
+    }
+    let summary = store
+        .memory("api:u1")
+        .await
+        .unwrap()
+        .unwrap()
+        .user
+        .top_of_mind
+        .summary;
+    for n in 0..16 {
+        assert!(summary.contains(&format!("[{n}]")), "{summary}");
+    }
+
+    // None deletes.
+    assert_eq!(
+        store.update_memory("api:u1", &mut |_| None).await.unwrap(),
+        None
+    );
+    assert!(store.memory("api:u1").await.unwrap().is_none());
+}
+
+pub(crate) async fn clear_memory_drops_the_document_and_that_users_queued_updates_only(
+    backend: &dyn Backend,
+) {
+    let store = backend.open();
+    store
+        .put_memory("person:ada", &MemoryDocument::default())
+        .await
+        .unwrap();
+    store
+        .put_memory("api:bob", &MemoryDocument::default())
+        .await
+        .unwrap();
+    store
+        .queue_memory_update(memory_update("person:ada", "t1", 1))
+        .await
+        .unwrap();
+    store
+        .queue_memory_update(memory_update("telegram:42", "t2", 2))
+        .await
+        .unwrap();
+    store
+        .queue_memory_update(memory_update("api:bob", "t3", 3))
+        .await
+        .unwrap();
+    let cleared = store
+        .clear_memory(
+            "person:ada",
+            &["person:ada".to_owned(), "telegram:42".to_owned()],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        cleared,
+        ClearedMemory {
+            document: true,
+            updates: 2
+        }
+    );
+    assert!(store.memory("person:ada").await.unwrap().is_none());
+    let left = store.due_memory_updates(1_000, 10).await.unwrap();
+    assert_eq!(left, vec![memory_update("api:bob", "t3", 3)]);
+    assert!(store.memory("api:bob").await.unwrap().is_some());
+    let again = store
+        .clear_memory("person:ada", &["person:ada".to_owned()])
+        .await
+        .unwrap();
+    assert_eq!(again, ClearedMemory::default());
+}
+
+pub(crate) async fn memory_keys_page_in_key_order(backend: &dyn Backend) {
+    let store = backend.open();
+    for key in ["api:c", "api:a", "telegram:1", "api:b"] {
+        store
+            .put_memory(key, &MemoryDocument::default())
+            .await
+            .unwrap();
+    }
+    assert_eq!(
+        store.memory_keys(None, 2).await.unwrap(),
+        ["api:a", "api:b"]
+    );
+    assert_eq!(
+        store.memory_keys(Some("api:b"), 2).await.unwrap(),
+        ["api:c", "telegram:1"]
+    );
+    assert!(
+        store
+            .memory_keys(Some("telegram:1"), 2)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+}
+
+fn accept_in(conversation: &str, event_id: &str, now_ms: u64, ttl_ms: u64) -> Accept {
+    Accept {
+        dedupe_ttl_ms: ttl_ms,
+        event: event(conversation, event_id, "hi"),
+        thread: ThreadChoice::Current,
+        now_ms,
+    }
+}
+
+pub(crate) async fn dedupe_keys_of_different_conversations_never_collide(backend: &dyn Backend) {
+    let store = backend.open();
+    // Joined with ':' both would be "api:victim:b:c".
+    let victim = store
+        .accept(accept_in("victim", "b:c", 1, 1_000))
+        .await
+        .unwrap();
+    let other = store
+        .accept(accept_in("victim:b", "c", 1, 1_000))
+        .await
+        .unwrap();
+    let (Accepted::New(victim), Accepted::New(other)) = (victim, other) else {
+        panic!("both are new messages");
+    };
+    assert_ne!(victim.thread_id, other.thread_id);
+    assert_eq!(store.inbox().await.unwrap().len(), 2);
+}
+
+pub(crate) async fn a_released_turn_gives_its_attempt_back(backend: &dyn Backend) {
+    let store = backend.open();
+    let InboxItem { seq, .. } = accept_new(&store, accept("m1", ThreadChoice::Current, 1)).await;
+    assert_eq!(store.start_turn(seq).await.unwrap().attempts, 1);
+    store.release_turn(seq).await.unwrap();
+    let item = &store.inbox().await.unwrap()[0];
+    assert_eq!((item.status, item.attempts), (InboxStatus::Pending, 0));
+    assert_eq!(store.start_turn(seq).await.unwrap().attempts, 1);
+}
+
+pub(crate) async fn checkpoints_append_messages_and_keep_failed_spans(backend: &dyn Backend) {
+    let store = backend.open();
+    let InboxItem { thread_id, .. } =
+        accept_new(&store, accept("m1", ThreadChoice::Current, 1)).await;
+    let mut thread = store.thread(&thread_id).await.unwrap().unwrap();
+    for turn in 0..20 {
+        thread
+            .messages
+            .push(ChatMessage::user(format!("question {turn}")));
+        thread
+            .messages
+            .push(ChatMessage::assistant(format!("answer {turn}")));
+        store.checkpoint_thread(&mut thread).await.unwrap();
+        assert_eq!(thread.saved_messages, thread.messages.len());
+    }
+    // A failed span is metadata.
+    thread.fail_from(38);
+    store.checkpoint_thread(&mut thread).await.unwrap();
+    let loaded = store.thread(&thread_id).await.unwrap().unwrap();
+    assert_eq!(loaded.messages, thread.messages);
+    assert_eq!(loaded.failed, [38..40]);
+    assert_eq!(loaded.saved_messages, 40);
+}
+
+pub(crate) async fn counts_follow_accepts_and_finished_turns(backend: &dyn Backend) {
+    let store = backend.open();
+    let mut seqs = Vec::new();
+    for n in 0..3 {
+        let item = accept_new(&store, accept(&format!("m{n}"), ThreadChoice::Current, 1)).await;
+        seqs.push(item.seq);
+    }
+    // A redelivery adds nothing.
+    store
+        .accept(accept("m0", ThreadChoice::Current, 2))
+        .await
+        .unwrap();
+    assert_eq!(store.stats().await.unwrap().inbox, 3);
+    store
+        .finish_turn(FinishTurn {
+            inbox_seq: seqs[0],
+            thread: None,
+            replies: vec![reply("t", "done")],
+            memory_update: None,
+            draft: None,
+            now_ms: 3,
+        })
+        .await
+        .unwrap();
+    let stats = store.stats().await.unwrap();
+    assert_eq!((stats.inbox, stats.outbox_pending), (2, 1));
+}
+
+pub(crate) async fn a_batch_is_accepted_in_order_and_sees_its_own_redeliveries(
+    backend: &dyn Backend,
+) {
+    let store = backend.open();
+    let outcomes = store
+        .accept_batch(vec![
+            accept_in("a", "m1", 5, 1_000),
+            accept_in("b", "m1", 5, 1_000),
+            accept_in("a", "m1", 6, 1_000),
+            accept_in("a", "m2", 6, 1_000),
+        ])
+        .await
+        .unwrap();
+    let [
+        Accepted::New(first),
+        Accepted::New(other),
+        Accepted::Duplicate { thread_id, seq },
+        Accepted::New(second),
+    ] = outcomes.as_slice()
+    else {
+        panic!("{outcomes:?}");
+    };
+    assert_eq!((thread_id, *seq), (&first.thread_id, Some(first.seq)));
+    assert_eq!(
+        second.thread_id, first.thread_id,
+        "one conversation, one thread"
+    );
+    assert_ne!(other.thread_id, first.thread_id);
+    assert!(
+        first.seq < other.seq && other.seq < second.seq,
+        "inbox order is batch order"
+    );
+    assert_eq!(store.stats().await.unwrap().inbox, 3);
+    assert!(store.accept_batch(Vec::new()).await.unwrap().is_empty());
+}
+
+pub(crate) async fn a_thread_read_while_turns_commit_is_consistent(backend: &dyn Backend) {
+    let store = backend.open();
+    let mut thread = ThreadState::new("t-race".into(), "api:race".into(), 0, 1);
+    store.checkpoint_thread(&mut thread).await.unwrap();
+    let writer = {
+        let store = Arc::clone(&store);
+        tokio::spawn(async move {
+            for i in 0..300u64 {
+                thread.messages.push(ChatMessage::user(format!("m{i}")));
+                thread.fail_from(0);
+                thread.updated_at_ms = i + 2;
+                store.checkpoint_thread(&mut thread).await.unwrap();
+            }
+        })
+    };
+    let mut reads = 0;
+    while !writer.is_finished() {
+        let read = store.thread("t-race").await.unwrap().unwrap();
+        for index in 0..read.messages.len() {
+            assert!(
+                read.is_failed(index),
+                "message {index} of {} read with older metadata ({:?})",
+                read.messages.len(),
+                read.failed
+            );
+        }
+        reads += 1;
+        tokio::task::yield_now().await;
+    }
+    writer.await.unwrap();
+    assert!(reads > 0);
+}

@@ -1,0 +1,273 @@
+//! A failing disk in a box (tests): [`FaultyStore`] wraps any store and makes the next calls
+//! of chosen methods fail with a chosen error, then passes them through again. Fault
+//! injection lives here, not in a backend, so every backend is tested the same way.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+
+use antler_channel::Receipt;
+
+use super::{
+    Accept, Accepted, ClearedMemory, ConversationRecord, FinishTurn, InboxItem, InboxStore,
+    MaintenanceStore, MemoryQueueStore, MemoryStore, OutboxItem, OutboxStore, Store, StoreError,
+    StoreStats, SubagentStore, ThreadStore,
+};
+use crate::agent::memory::{MemoryDocument, MemoryUpdate};
+use crate::agent::subagents::{SubagentChange, SubagentRecord, Transition};
+use crate::agent::thread::ThreadState;
+
+/// The calls a fault can be injected into.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum Call {
+    StartTurn,
+    FinishTurns,
+    Thread,
+    Flush,
+}
+
+/// A store whose next writes fail as told.
+#[derive(Debug)]
+pub(crate) struct FaultyStore {
+    inner: Arc<dyn Store>,
+    faults: Mutex<HashMap<Call, VecDeque<StoreError>>>,
+}
+
+impl FaultyStore {
+    pub(crate) fn new(inner: Arc<dyn Store>) -> Self {
+        Self {
+            inner,
+            faults: Mutex::default(),
+        }
+    }
+
+    /// Makes the next `times` calls of `call` fail with `error` (after any failures already
+    /// queued for it), without reaching the store.
+    pub(crate) fn fail_next(&self, call: Call, times: usize, error: &StoreError) {
+        if let Ok(mut faults) = self.faults.lock() {
+            faults
+                .entry(call)
+                .or_default()
+                .extend(std::iter::repeat_n(error.clone(), times));
+        }
+    }
+
+    /// Makes the next `times` calls of `call` fail as an unavailable disk does.
+    pub(crate) fn unavailable_next(&self, call: Call, times: usize) {
+        self.fail_next(call, times, &StoreError::unavailable("injected fault"));
+    }
+
+    fn fault(&self, call: Call) -> Result<(), StoreError> {
+        let queued = self
+            .faults
+            .lock()
+            .ok()
+            .and_then(|mut faults| faults.get_mut(&call)?.pop_front());
+        queued.map_or(Ok(()), Err)
+    }
+}
+
+#[async_trait::async_trait]
+impl InboxStore for FaultyStore {
+    async fn accept_batch(&self, accepts: Vec<Accept>) -> Result<Vec<Accepted>, StoreError> {
+        self.inner.accept_batch(accepts).await
+    }
+    async fn inbox(&self) -> Result<Vec<InboxItem>, StoreError> {
+        self.inner.inbox().await
+    }
+    async fn start_turn(&self, seq: u64) -> Result<InboxItem, StoreError> {
+        self.fault(Call::StartTurn)?;
+        self.inner.start_turn(seq).await
+    }
+    async fn release_turn(&self, seq: u64) -> Result<(), StoreError> {
+        self.inner.release_turn(seq).await
+    }
+    async fn finish_turns(
+        &self,
+        finishes: &[&FinishTurn],
+    ) -> Result<Vec<Vec<OutboxItem>>, StoreError> {
+        self.fault(Call::FinishTurns)?;
+        self.inner.finish_turns(finishes).await
+    }
+    async fn save_draft(&self, seq: u64, draft: &Receipt) -> Result<(), StoreError> {
+        self.inner.save_draft(seq, draft).await
+    }
+}
+
+#[async_trait::async_trait]
+impl ThreadStore for FaultyStore {
+    async fn checkpoint_thread(&self, thread: &mut ThreadState) -> Result<(), StoreError> {
+        self.inner.checkpoint_thread(thread).await
+    }
+    async fn conversation(&self, key: &str) -> Result<Option<ConversationRecord>, StoreError> {
+        self.inner.conversation(key).await
+    }
+    async fn thread(&self, id: &str) -> Result<Option<ThreadState>, StoreError> {
+        self.fault(Call::Thread)?;
+        self.inner.thread(id).await
+    }
+}
+
+#[async_trait::async_trait]
+impl OutboxStore for FaultyStore {
+    async fn outbox_pending(&self) -> Result<Vec<OutboxItem>, StoreError> {
+        self.inner.outbox_pending().await
+    }
+    async fn outbox_item(&self, seq: u64) -> Result<Option<OutboxItem>, StoreError> {
+        self.inner.outbox_item(seq).await
+    }
+    async fn replies(&self, inbox_seq: u64) -> Result<Vec<OutboxItem>, StoreError> {
+        self.inner.replies(inbox_seq).await
+    }
+    async fn delivery_failed(
+        &self,
+        seq: u64,
+        error: &str,
+        give_up: bool,
+        now_ms: u64,
+    ) -> Result<OutboxItem, StoreError> {
+        self.inner
+            .delivery_failed(seq, error, give_up, now_ms)
+            .await
+    }
+    async fn part_delivered(
+        &self,
+        seq: u64,
+        receipt: Receipt,
+        complete: bool,
+        now_ms: u64,
+    ) -> Result<OutboxItem, StoreError> {
+        self.inner
+            .part_delivered(seq, receipt, complete, now_ms)
+            .await
+    }
+}
+
+#[async_trait::async_trait]
+impl MemoryStore for FaultyStore {
+    async fn memory(&self, user_id: &str) -> Result<Option<MemoryDocument>, StoreError> {
+        self.inner.memory(user_id).await
+    }
+    async fn put_memory(&self, user_id: &str, doc: &MemoryDocument) -> Result<(), StoreError> {
+        self.inner.put_memory(user_id, doc).await
+    }
+    async fn update_memory(
+        &self,
+        user_key: &str,
+        change: &mut (dyn FnMut(Option<MemoryDocument>) -> Option<MemoryDocument> + Send),
+    ) -> Result<Option<MemoryDocument>, StoreError> {
+        self.inner.update_memory(user_key, change).await
+    }
+    async fn clear_memory(
+        &self,
+        user_key: &str,
+        queued_for: &[String],
+    ) -> Result<ClearedMemory, StoreError> {
+        self.inner.clear_memory(user_key, queued_for).await
+    }
+    async fn memory_keys(
+        &self,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<String>, StoreError> {
+        self.inner.memory_keys(after, limit).await
+    }
+}
+
+#[async_trait::async_trait]
+impl MemoryQueueStore for FaultyStore {
+    async fn queue_memory_update(&self, update: MemoryUpdate) -> Result<(), StoreError> {
+        self.inner.queue_memory_update(update).await
+    }
+    async fn due_memory_updates(
+        &self,
+        now_ms: u64,
+        limit: usize,
+    ) -> Result<Vec<MemoryUpdate>, StoreError> {
+        self.inner.due_memory_updates(now_ms, limit).await
+    }
+    async fn remove_memory_update(&self, processed: &MemoryUpdate) -> Result<bool, StoreError> {
+        self.inner.remove_memory_update(processed).await
+    }
+    async fn apply_memory_update(
+        &self,
+        processed: &MemoryUpdate,
+        change: &mut (dyn FnMut(Option<MemoryDocument>) -> MemoryDocument + Send),
+    ) -> Result<Option<MemoryDocument>, StoreError> {
+        self.inner.apply_memory_update(processed, change).await
+    }
+}
+
+#[async_trait::async_trait]
+impl SubagentStore for FaultyStore {
+    async fn create_subagent(&self, record: &SubagentRecord) -> Result<(), StoreError> {
+        self.inner.create_subagent(record).await
+    }
+    async fn subagent(&self, id: &str) -> Result<Option<SubagentRecord>, StoreError> {
+        self.inner.subagent(id).await
+    }
+    async fn subagent_for_call(
+        &self,
+        thread_id: &str,
+        turn: u64,
+        call_id: &str,
+    ) -> Result<Option<SubagentRecord>, StoreError> {
+        self.inner.subagent_for_call(thread_id, turn, call_id).await
+    }
+    async fn thread_subagents(
+        &self,
+        thread_id: &str,
+        limit: usize,
+    ) -> Result<Vec<SubagentRecord>, StoreError> {
+        self.inner.thread_subagents(thread_id, limit).await
+    }
+    async fn transition_subagent(
+        &self,
+        id: &str,
+        change: &SubagentChange,
+    ) -> Result<Transition, StoreError> {
+        self.inner.transition_subagent(id, change).await
+    }
+    async fn fail_unfinished_subagents(
+        &self,
+        reason: &str,
+        now_ms: u64,
+    ) -> Result<usize, StoreError> {
+        self.inner.fail_unfinished_subagents(reason, now_ms).await
+    }
+}
+
+#[async_trait::async_trait]
+impl MaintenanceStore for FaultyStore {
+    async fn sweep(&self, now_ms: u64, retain_ms: u64) -> Result<usize, StoreError> {
+        self.inner.sweep(now_ms, retain_ms).await
+    }
+    async fn stats(&self) -> Result<StoreStats, StoreError> {
+        self.inner.stats().await
+    }
+    async fn flush(&self) -> Result<(), StoreError> {
+        self.fault(Call::Flush)?;
+        self.inner.flush().await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::MemStore;
+
+    #[tokio::test]
+    async fn injected_faults_fail_the_next_calls_then_pass_through() {
+        let store = FaultyStore::new(Arc::new(MemStore::new()));
+        store.unavailable_next(Call::Flush, 2);
+        store.fail_next(Call::Flush, 1, &StoreError::backend("corrupt"));
+        for _ in 0..2 {
+            let error = store.flush().await.unwrap_err();
+            assert!(error.is_retryable(), "{error}");
+        }
+        let error = store.flush().await.unwrap_err();
+        assert!(!error.is_retryable(), "{error}");
+        store.flush().await.unwrap();
+        // Other writes were never affected.
+        assert!(store.inbox().await.unwrap().is_empty());
+    }
+}

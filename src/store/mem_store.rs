@@ -1,0 +1,499 @@
+//! The [`Store`](super::Store) in memory, for tests: every collection a map behind one lock,
+//! so each call is one transaction. It applies the same [`rules`] as the sled backend and
+//! passes the same conformance suite; unit tests of other modules use it instead of a sled
+//! store in a temporary folder. Clones share their data, and [`MemStore::reopen`] is a
+//! restart that keeps it (what a durable store keeps over a crash).
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use antler_channel::Receipt;
+
+use super::rules::{self, DedupeEntry};
+use super::{
+    Accept, Accepted, ClearedMemory, ConversationRecord, FinishTurn, InboxItem, InboxStore,
+    MAX_REPLIES_PER_ITEM, MaintenanceStore, MemoryQueueStore, MemoryStore, OutboxItem,
+    OutboxStatus, OutboxStore, StoreError, StoreStats, SubagentStore, ThreadStore, outbox_seq,
+};
+use crate::agent::memory::{MemoryDocument, MemoryUpdate};
+use crate::agent::subagents::{SubagentChange, SubagentRecord, SubagentStatus, Transition};
+use crate::agent::thread::ThreadState;
+
+/// Every collection of the store.
+#[derive(Debug, Default)]
+struct Collections {
+    next_seq: u64,
+    conversations: HashMap<String, ConversationRecord>,
+    /// Threads with all their messages (`saved_messages` unset).
+    threads: HashMap<String, ThreadState>,
+    inbox: BTreeMap<u64, InboxItem>,
+    outbox: BTreeMap<u64, OutboxItem>,
+    /// By (conversation, event id).
+    dedupe: HashMap<(String, String), DedupeEntry>,
+    memory: BTreeMap<String, MemoryDocument>,
+    /// By (user key, thread id).
+    memory_queue: BTreeMap<(String, String), MemoryUpdate>,
+    subagents: BTreeMap<String, SubagentRecord>,
+    /// (thread id, turn, call id) → task id.
+    subagent_calls: BTreeMap<(String, u64, String), String>,
+}
+
+/// The in-memory store.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct MemStore {
+    data: Arc<Mutex<Collections>>,
+}
+
+fn missing(what: &'static str, key: impl ToString) -> StoreError {
+    StoreError::Missing {
+        what,
+        key: key.to_string(),
+    }
+}
+
+impl MemStore {
+    pub(crate) fn new() -> Self {
+        Self::default()
+    }
+
+    /// The same data, as a restarted process finds it.
+    pub(crate) fn reopen(&self) -> Self {
+        self.clone()
+    }
+
+    fn data(&self) -> Result<MutexGuard<'_, Collections>, StoreError> {
+        self.data
+            .lock()
+            .map_err(|_| StoreError::backend("the in-memory store's lock is poisoned"))
+    }
+}
+
+impl Collections {
+    fn accept(&mut self, accept: &Accept) -> Accepted {
+        let conversation = accept.event.conversation.as_str().to_owned();
+        let key = (conversation.clone(), accept.event.event_id.clone());
+        if let Some(duplicate) = self
+            .dedupe
+            .get(&key)
+            .and_then(|seen| seen.duplicate_at(accept.now_ms))
+        {
+            return duplicate;
+        }
+        let current = self.conversations.get(&conversation).cloned();
+        let (record, fresh) = rules::next_conversation(current, accept);
+        if let Some(thread) = fresh {
+            self.threads.insert(thread.id.clone(), thread);
+        }
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        let item = rules::inbox_item(seq, accept, &record.thread_id);
+        self.inbox.insert(seq, item.clone());
+        self.dedupe
+            .insert(key, DedupeEntry::of(accept, &record.thread_id, seq));
+        self.conversations.insert(conversation, record);
+        Accepted::New(item)
+    }
+
+    /// Writes a thread's metadata and its messages past `saved_messages`.
+    fn save_thread(&mut self, thread: &ThreadState) {
+        let from = thread.saved_messages.min(thread.messages.len());
+        let mut messages = self
+            .threads
+            .remove(&thread.id)
+            .map(|stored| stored.messages)
+            .unwrap_or_default();
+        for (index, message) in thread.messages.iter().enumerate().skip(from) {
+            match messages.get_mut(index) {
+                Some(slot) => *slot = message.clone(),
+                None => messages.push(message.clone()),
+            }
+        }
+        let mut stored = thread.clone();
+        stored.messages = messages;
+        stored.saved_messages = 0;
+        self.threads.insert(thread.id.clone(), stored);
+    }
+
+    fn inbox_item(
+        &mut self,
+        seq: u64,
+        change: impl FnOnce(&mut InboxItem),
+    ) -> Result<InboxItem, StoreError> {
+        let item = self
+            .inbox
+            .get_mut(&seq)
+            .ok_or_else(|| missing("inbox item", seq))?;
+        change(item);
+        Ok(item.clone())
+    }
+
+    fn outbox_item(
+        &mut self,
+        seq: u64,
+        change: impl FnOnce(&mut OutboxItem),
+    ) -> Result<OutboxItem, StoreError> {
+        let item = self
+            .outbox
+            .get_mut(&seq)
+            .ok_or_else(|| missing("outbox item", seq))?;
+        change(item);
+        Ok(item.clone())
+    }
+
+    fn still_queued(&self, processed: &MemoryUpdate) -> Option<(String, String)> {
+        let key = (processed.user_id.clone(), processed.thread_id.clone());
+        self.memory_queue
+            .get(&key)
+            .is_some_and(|queued| rules::still_queued(queued, processed))
+            .then_some(key)
+    }
+}
+
+#[async_trait::async_trait]
+impl InboxStore for MemStore {
+    async fn accept_batch(&self, accepts: Vec<Accept>) -> Result<Vec<Accepted>, StoreError> {
+        let mut data = self.data()?;
+        Ok(accepts.iter().map(|accept| data.accept(accept)).collect())
+    }
+    async fn inbox(&self) -> Result<Vec<InboxItem>, StoreError> {
+        Ok(self.data()?.inbox.values().cloned().collect())
+    }
+    async fn start_turn(&self, seq: u64) -> Result<InboxItem, StoreError> {
+        self.data()?.inbox_item(seq, rules::start_turn)
+    }
+    async fn release_turn(&self, seq: u64) -> Result<(), StoreError> {
+        self.data()?.inbox_item(seq, rules::release_turn).map(drop)
+    }
+    async fn finish_turns(
+        &self,
+        finishes: &[&FinishTurn],
+    ) -> Result<Vec<Vec<OutboxItem>>, StoreError> {
+        // Every record is made before anything is written: all or nothing.
+        let items = finishes
+            .iter()
+            .map(|finish| rules::outbox_items(finish))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut data = self.data()?;
+        for (finish, items) in finishes.iter().zip(&items) {
+            data.inbox.remove(&finish.inbox_seq);
+            if let Some(thread) = &finish.thread {
+                data.save_thread(thread);
+            }
+            if let Some(update) = &finish.memory_update {
+                let key = (update.user_id.clone(), update.thread_id.clone());
+                data.memory_queue.insert(key, update.clone());
+            }
+            for item in items {
+                data.outbox.insert(item.seq, item.clone());
+            }
+        }
+        Ok(items)
+    }
+    async fn save_draft(&self, seq: u64, draft: &Receipt) -> Result<(), StoreError> {
+        self.data()?
+            .inbox_item(seq, |item| item.draft = Some(draft.clone()))
+            .map(drop)
+    }
+}
+
+#[async_trait::async_trait]
+impl ThreadStore for MemStore {
+    async fn checkpoint_thread(&self, thread: &mut ThreadState) -> Result<(), StoreError> {
+        self.data()?.save_thread(thread);
+        thread.saved_messages = thread.messages.len();
+        Ok(())
+    }
+    async fn conversation(&self, key: &str) -> Result<Option<ConversationRecord>, StoreError> {
+        Ok(self.data()?.conversations.get(key).cloned())
+    }
+    async fn thread(&self, id: &str) -> Result<Option<ThreadState>, StoreError> {
+        Ok(self.data()?.threads.get(id).cloned().map(|mut thread| {
+            thread.saved_messages = thread.messages.len();
+            thread
+        }))
+    }
+}
+
+#[async_trait::async_trait]
+impl OutboxStore for MemStore {
+    async fn outbox_pending(&self) -> Result<Vec<OutboxItem>, StoreError> {
+        Ok(self
+            .data()?
+            .outbox
+            .values()
+            .filter(|item| item.status == OutboxStatus::Pending)
+            .cloned()
+            .collect())
+    }
+    async fn outbox_item(&self, seq: u64) -> Result<Option<OutboxItem>, StoreError> {
+        Ok(self.data()?.outbox.get(&seq).cloned())
+    }
+    async fn replies(&self, inbox_seq: u64) -> Result<Vec<OutboxItem>, StoreError> {
+        let Some(first) = outbox_seq(inbox_seq, 0) else {
+            return Ok(Vec::new());
+        };
+        let end = first.saturating_add(MAX_REPLIES_PER_ITEM);
+        Ok(self
+            .data()?
+            .outbox
+            .range(first..end)
+            .map(|(_, item)| item.clone())
+            .collect())
+    }
+    async fn delivery_failed(
+        &self,
+        seq: u64,
+        error: &str,
+        give_up: bool,
+        now_ms: u64,
+    ) -> Result<OutboxItem, StoreError> {
+        self.data()?.outbox_item(seq, |item| {
+            rules::delivery_failed(item, error, give_up, now_ms);
+        })
+    }
+    async fn part_delivered(
+        &self,
+        seq: u64,
+        receipt: Receipt,
+        complete: bool,
+        now_ms: u64,
+    ) -> Result<OutboxItem, StoreError> {
+        self.data()?.outbox_item(seq, |item| {
+            rules::part_delivered(item, &receipt, complete, now_ms);
+        })
+    }
+}
+
+#[async_trait::async_trait]
+impl MemoryStore for MemStore {
+    async fn memory(&self, user_id: &str) -> Result<Option<MemoryDocument>, StoreError> {
+        Ok(self.data()?.memory.get(user_id).cloned())
+    }
+    async fn put_memory(&self, user_id: &str, doc: &MemoryDocument) -> Result<(), StoreError> {
+        self.data()?.memory.insert(user_id.to_owned(), doc.clone());
+        Ok(())
+    }
+    async fn update_memory(
+        &self,
+        user_key: &str,
+        change: &mut (dyn FnMut(Option<MemoryDocument>) -> Option<MemoryDocument> + Send),
+    ) -> Result<Option<MemoryDocument>, StoreError> {
+        // Under the lock no other writer comes between the read and the write.
+        let mut data = self.data()?;
+        let next = change(data.memory.get(user_key).cloned());
+        match &next {
+            Some(doc) => data.memory.insert(user_key.to_owned(), doc.clone()),
+            None => data.memory.remove(user_key),
+        };
+        Ok(next)
+    }
+    async fn clear_memory(
+        &self,
+        user_key: &str,
+        queued_for: &[String],
+    ) -> Result<ClearedMemory, StoreError> {
+        let mut data = self.data()?;
+        let document = data.memory.remove(user_key).is_some();
+        let before = data.memory_queue.len();
+        data.memory_queue
+            .retain(|_, update| !queued_for.contains(&update.user_id));
+        Ok(ClearedMemory {
+            document,
+            updates: before - data.memory_queue.len(),
+        })
+    }
+    async fn memory_keys(
+        &self,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<String>, StoreError> {
+        let data = self.data()?;
+        Ok(data
+            .memory
+            .keys()
+            .filter(|key| after.is_none_or(|after| key.as_str() > after))
+            .take(limit)
+            .cloned()
+            .collect())
+    }
+}
+
+#[async_trait::async_trait]
+impl MemoryQueueStore for MemStore {
+    async fn queue_memory_update(&self, update: MemoryUpdate) -> Result<(), StoreError> {
+        let key = (update.user_id.clone(), update.thread_id.clone());
+        self.data()?.memory_queue.insert(key, update);
+        Ok(())
+    }
+    async fn due_memory_updates(
+        &self,
+        now_ms: u64,
+        limit: usize,
+    ) -> Result<Vec<MemoryUpdate>, StoreError> {
+        let queued: Vec<MemoryUpdate> = self.data()?.memory_queue.values().cloned().collect();
+        Ok(rules::due_updates(queued, now_ms, limit))
+    }
+    async fn remove_memory_update(&self, processed: &MemoryUpdate) -> Result<bool, StoreError> {
+        let mut data = self.data()?;
+        let Some(key) = data.still_queued(processed) else {
+            return Ok(false);
+        };
+        Ok(data.memory_queue.remove(&key).is_some())
+    }
+    async fn apply_memory_update(
+        &self,
+        processed: &MemoryUpdate,
+        change: &mut (dyn FnMut(Option<MemoryDocument>) -> MemoryDocument + Send),
+    ) -> Result<Option<MemoryDocument>, StoreError> {
+        let mut data = self.data()?;
+        let Some(key) = data.still_queued(processed) else {
+            return Ok(None);
+        };
+        let next = change(data.memory.get(&processed.user_id).cloned());
+        data.memory.insert(processed.user_id.clone(), next.clone());
+        data.memory_queue.remove(&key);
+        Ok(Some(next))
+    }
+}
+
+#[async_trait::async_trait]
+impl SubagentStore for MemStore {
+    async fn create_subagent(&self, record: &SubagentRecord) -> Result<(), StoreError> {
+        let mut data = self.data()?;
+        let call = (
+            record.parent_thread_id.clone(),
+            record.parent_turn,
+            record.parent_call_id.clone(),
+        );
+        data.subagent_calls.insert(call, record.id.clone());
+        data.subagents.insert(record.id.clone(), record.clone());
+        Ok(())
+    }
+    async fn subagent(&self, id: &str) -> Result<Option<SubagentRecord>, StoreError> {
+        Ok(self.data()?.subagents.get(id).cloned())
+    }
+    async fn subagent_for_call(
+        &self,
+        thread_id: &str,
+        turn: u64,
+        call_id: &str,
+    ) -> Result<Option<SubagentRecord>, StoreError> {
+        let data = self.data()?;
+        let call = (thread_id.to_owned(), turn, call_id.to_owned());
+        Ok(data
+            .subagent_calls
+            .get(&call)
+            .and_then(|id| data.subagents.get(id))
+            .cloned())
+    }
+    async fn thread_subagents(
+        &self,
+        thread_id: &str,
+        limit: usize,
+    ) -> Result<Vec<SubagentRecord>, StoreError> {
+        let data = self.data()?;
+        // The newest turns' calls first, as the sled index reads them.
+        let mut records: Vec<SubagentRecord> = data
+            .subagent_calls
+            .iter()
+            .filter(|((thread, _, _), _)| thread == thread_id)
+            .rev()
+            .take(limit)
+            .filter_map(|(_, id)| data.subagents.get(id).cloned())
+            .collect();
+        records.sort_by(|a, b| b.id.cmp(&a.id));
+        Ok(records)
+    }
+    async fn transition_subagent(
+        &self,
+        id: &str,
+        change: &SubagentChange,
+    ) -> Result<Transition, StoreError> {
+        let mut data = self.data()?;
+        let record = data
+            .subagents
+            .get_mut(id)
+            .ok_or_else(|| missing("subagent", id))?;
+        if !change.apply(record) {
+            return Ok(Transition::Refused(record.clone()));
+        }
+        Ok(Transition::Applied(record.clone()))
+    }
+    async fn fail_unfinished_subagents(
+        &self,
+        reason: &str,
+        now_ms: u64,
+    ) -> Result<usize, StoreError> {
+        let mut data = self.data()?;
+        let change = SubagentChange::failed(SubagentStatus::Failed, reason, now_ms);
+        let mut failed = 0;
+        for record in data.subagents.values_mut() {
+            if !record.status.is_terminal() && change.apply(record) {
+                failed += 1;
+            }
+        }
+        Ok(failed)
+    }
+}
+
+#[async_trait::async_trait]
+impl MaintenanceStore for MemStore {
+    async fn sweep(&self, now_ms: u64, retain_ms: u64) -> Result<usize, StoreError> {
+        let mut data = self.data()?;
+        let before = data.dedupe.len() + data.outbox.len() + data.subagents.len();
+        data.dedupe
+            .retain(|_, entry| entry.duplicate_at(now_ms).is_some());
+        let cutoff = now_ms.saturating_sub(retain_ms);
+        data.outbox
+            .retain(|_, item| !rules::outbox_expired(item, cutoff));
+        let cutoff = rules::subagent_cutoff(now_ms, retain_ms);
+        let expired: Vec<SubagentRecord> = data
+            .subagents
+            .values()
+            .filter(|record| rules::subagent_expired(record, cutoff))
+            .cloned()
+            .collect();
+        for record in expired {
+            data.subagents.remove(&record.id);
+            data.subagent_calls.remove(&(
+                record.parent_thread_id,
+                record.parent_turn,
+                record.parent_call_id,
+            ));
+        }
+        Ok(before - (data.dedupe.len() + data.outbox.len() + data.subagents.len()))
+    }
+    async fn stats(&self) -> Result<StoreStats, StoreError> {
+        let data = self.data()?;
+        Ok(StoreStats {
+            disk_bytes: 0,
+            inbox: data.inbox.len(),
+            outbox_pending: data
+                .outbox
+                .values()
+                .filter(|item| item.status == OutboxStatus::Pending)
+                .count(),
+        })
+    }
+    async fn flush(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::Store;
+    use crate::store::conformance::{Backend, conformance};
+
+    /// In-memory stores; a reopen keeps the data, as a restart of a durable store does.
+    struct MemBackend(MemStore);
+
+    impl Backend for MemBackend {
+        fn open(&self) -> Arc<dyn Store> {
+            Arc::new(self.0.reopen())
+        }
+    }
+
+    conformance!(MemBackend(MemStore::new()));
+}

@@ -1,0 +1,214 @@
+//! The decisions behind the store's records, which every backend applies and none makes:
+//! when a conversation gets a fresh thread and how its id is made, whose memory a thread
+//! feeds, what a new inbox or outbox record holds, how long a dedupe key is remembered, how
+//! turns and deliveries change their records, and what the sweep may forget.
+//!
+//! A backend reads, calls these, and writes what they return in one transaction; so two
+//! backends cannot disagree on a rule, and the conformance suite checks them once.
+
+use antler_channel::Receipt;
+use serde::{Deserialize, Serialize};
+
+use super::{
+    Accept, Accepted, ConversationRecord, FinishTurn, InboxItem, InboxStatus, OutboxItem,
+    OutboxStatus, StoreError, ThreadChoice, outbox_seq,
+};
+use crate::agent::memory::MemoryUpdate;
+use crate::agent::subagents::SubagentRecord;
+use crate::agent::thread::ThreadState;
+
+/// How long finished subagent records are kept at least (for `/tasks` and the API), even when
+/// the store's retention is shorter.
+pub(crate) const SUBAGENT_RETAIN_MS: u64 = 7 * 24 * 3600 * 1000;
+
+/// How often a compare-and-swap of a memory document reads and tries again when other
+/// writers keep changing the document; past that, something is writing it in a loop.
+pub(crate) const MEMORY_CAS_ATTEMPTS: usize = 64;
+
+/// A new thread's id: time-ordered (UUIDv7), so ids sort in creation order.
+fn new_thread_id() -> String {
+    uuid::Uuid::now_v7().simple().to_string()
+}
+
+/// The conversation after accepting `accept` into it: the record to store and, when the
+/// accept starts a thread (a new conversation, or `/new`), the empty thread to store with it.
+/// A thread exists from the moment an answer names it.
+pub(crate) fn next_conversation(
+    current: Option<ConversationRecord>,
+    accept: &Accept,
+) -> (ConversationRecord, Option<ThreadState>) {
+    match (current, accept.thread) {
+        (Some(record), ThreadChoice::Current) => (record, None),
+        (current, _) => {
+            let conversation = accept.event.conversation.as_str().to_owned();
+            let record = ConversationRecord {
+                key: conversation.clone(),
+                generation: current.map_or(0, |r| r.generation + 1),
+                thread_id: new_thread_id(),
+                // The thread's owner: whose memory it feeds.
+                user_id: format!("{}:{}", accept.event.channel, accept.event.user.id),
+            };
+            let thread = ThreadState::new(
+                record.thread_id.clone(),
+                conversation,
+                record.generation,
+                accept.now_ms,
+            );
+            (record, Some(thread))
+        }
+    }
+}
+
+/// The inbox record of an accepted event, numbered `seq` by the backend.
+pub(crate) fn inbox_item(seq: u64, accept: &Accept, thread_id: &str) -> InboxItem {
+    InboxItem {
+        seq,
+        event: accept.event.clone(),
+        thread_id: thread_id.to_owned(),
+        fresh_thread: accept.thread == ThreadChoice::Fresh,
+        status: InboxStatus::Pending,
+        attempts: 0,
+        accepted_at_ms: accept.now_ms,
+        draft: None,
+    }
+}
+
+/// What the dedupe set remembers about an accepted event's key.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct DedupeEntry {
+    pub(crate) expires_at_ms: u64,
+    pub(crate) thread_id: String,
+    /// The inbox item the first delivery became.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) seq: Option<u64>,
+}
+
+impl DedupeEntry {
+    /// The entry of `accept`'s key once it became inbox item `seq` of `thread_id`: remembered
+    /// for the accept's TTL.
+    pub(crate) fn of(accept: &Accept, thread_id: &str, seq: u64) -> Self {
+        Self {
+            expires_at_ms: accept.now_ms.saturating_add(accept.dedupe_ttl_ms),
+            thread_id: thread_id.to_owned(),
+            seq: Some(seq),
+        }
+    }
+
+    /// The outcome of a redelivery at `now_ms`: a duplicate while the key is remembered,
+    /// `None` once it expired (the event is new again, even if the backend has not yet
+    /// forgotten the key).
+    pub(crate) fn duplicate_at(&self, now_ms: u64) -> Option<Accepted> {
+        (self.expires_at_ms > now_ms).then(|| Accepted::Duplicate {
+            thread_id: self.thread_id.clone(),
+            seq: self.seq,
+        })
+    }
+}
+
+/// The outbox records of a finished turn's replies: keyed by the inbox item they answer
+/// ([`outbox_seq`]), pending, the first one carrying the turn's draft (it is edited into it).
+pub(crate) fn outbox_items(finish: &FinishTurn) -> Result<Vec<OutboxItem>, StoreError> {
+    let inbox_seq = finish.inbox_seq;
+    finish
+        .replies
+        .iter()
+        .enumerate()
+        .map(|(index, message)| {
+            let seq = outbox_seq(inbox_seq, index as u64).ok_or_else(|| {
+                StoreError::Invalid(format!("too many replies for inbox item {inbox_seq}"))
+            })?;
+            Ok(OutboxItem {
+                seq,
+                message: message.clone(),
+                status: OutboxStatus::Pending,
+                attempts: 0,
+                last_error: None,
+                receipt: None,
+                parts: Vec::new(),
+                draft: if index == 0 {
+                    finish.draft.clone()
+                } else {
+                    None
+                },
+                created_at_ms: finish.now_ms,
+                finished_at_ms: None,
+            })
+        })
+        .collect()
+}
+
+/// A turn starts: running, one more attempt (a crash during it counts).
+pub(crate) fn start_turn(item: &mut InboxItem) {
+    item.status = InboxStatus::Running;
+    item.attempts += 1;
+}
+
+/// A turn interrupted on purpose gives its attempt back.
+pub(crate) fn release_turn(item: &mut InboxItem) {
+    item.status = InboxStatus::Pending;
+    item.attempts = item.attempts.saturating_sub(1);
+}
+
+/// A delivery attempt failed; `give_up` ends the item's delivery for good.
+pub(crate) fn delivery_failed(item: &mut OutboxItem, error: &str, give_up: bool, now_ms: u64) {
+    item.attempts += 1;
+    item.last_error = Some(error.to_owned());
+    if give_up {
+        item.status = OutboxStatus::Failed;
+        item.finished_at_ms = Some(now_ms);
+    }
+}
+
+/// The next part of an item was sent; `complete`: it was the last, the item is sent and its
+/// receipt is the first part's.
+pub(crate) fn part_delivered(
+    item: &mut OutboxItem,
+    receipt: &Receipt,
+    complete: bool,
+    now_ms: u64,
+) {
+    item.parts.push(receipt.clone());
+    if complete {
+        item.attempts += 1;
+        item.status = OutboxStatus::Sent;
+        item.receipt = item.parts.first().cloned();
+        item.finished_at_ms = Some(now_ms);
+    }
+}
+
+/// Whether a queued memory update is still the one `processed` was read as (not replaced by
+/// a newer context of its user and thread).
+pub(crate) fn still_queued(queued: &MemoryUpdate, processed: &MemoryUpdate) -> bool {
+    queued.enqueued_at_ms == processed.enqueued_at_ms
+}
+
+/// The due updates of `queued` at `now_ms`, oldest first, at most `limit`.
+pub(crate) fn due_updates(
+    queued: impl IntoIterator<Item = MemoryUpdate>,
+    now_ms: u64,
+    limit: usize,
+) -> Vec<MemoryUpdate> {
+    let mut due: Vec<MemoryUpdate> = queued
+        .into_iter()
+        .filter(|u| u.due_at_ms <= now_ms)
+        .collect();
+    due.sort_by_key(|u| u.enqueued_at_ms);
+    due.truncate(limit);
+    due
+}
+
+/// Whether the sweep may forget an outbox item: delivered or given up before `cutoff`.
+pub(crate) fn outbox_expired(item: &OutboxItem, cutoff: u64) -> bool {
+    item.status != OutboxStatus::Pending && item.finished_at_ms.is_some_and(|t| t <= cutoff)
+}
+
+/// Before when finished subagent records may go, for a sweep at `now_ms` keeping finished
+/// outbox items for `retain_ms`.
+pub(crate) fn subagent_cutoff(now_ms: u64, retain_ms: u64) -> u64 {
+    now_ms.saturating_sub(retain_ms.max(SUBAGENT_RETAIN_MS))
+}
+
+/// Whether the sweep may forget a subagent record: finished before `cutoff`.
+pub(crate) fn subagent_expired(record: &SubagentRecord, cutoff: u64) -> bool {
+    record.status.is_terminal() && record.finished_at_ms.is_none_or(|t| t <= cutoff)
+}
