@@ -61,13 +61,18 @@ use crate::ingress::{Ingress, IngressSettings, TurnRunner, TurnSettings};
 use crate::memory::queue::{MemoryWorker, WorkerSettings};
 use crate::retry::{Backoff, RetryPolicy};
 use crate::sandbox::{self, Backend, Detection, Sandbox};
-use crate::store::{SledStore, Store, StoreDocuments, StoreError, StoreRegistry};
+use crate::store::{Claimed, SledStore, Store, StoreDocuments, StoreError, StoreRegistry};
 
 /// How often expired dedupe keys and old outbox records are swept, at most (a short dedupe
 /// TTL is swept more often: twice per TTL).
 const SWEEP_EVERY: Duration = Duration::from_secs(60);
 /// How long interrupted turns get to give their attempt back.
 const INTERRUPT_WAIT: Duration = Duration::from_secs(5);
+
+/// How long the store's lease lasts unless renewed, and how often it is renewed: a process
+/// that stops unexpectedly leaves its work to the next one at most this long.
+const LEASE: Duration = Duration::from_secs(30);
+const LEASE_RENEW_EVERY: Duration = Duration::from_secs(10);
 
 /// Why the application could not start or stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -709,8 +714,35 @@ where
         deliveries.clone(),
         delivery_stop.clone(),
     );
-    // Resume what the last process left: interrupted subagents fail, replies go, turns run.
+    // The store's work is this process's from here; what the last owner left unfinished is
+    // unfinished for good only now that its lease is gone.
+    let owner = format!(
+        "antler-{}-{}",
+        std::process::id(),
+        uuid::Uuid::now_v7().simple()
+    );
     let now = crate::now_ms();
+    match store
+        .claim(&owner, now, now + LEASE.as_millis() as u64)
+        .await?
+    {
+        Claimed::Expired { owner: previous } => {
+            tracing::info!(
+                previous,
+                "the last antler on this store stopped unexpectedly"
+            );
+        }
+        Claimed::First | Claimed::Released { .. } | Claimed::Held => {}
+    }
+    let lease_stop = CancellationToken::new();
+    let lease_lost = CancellationToken::new();
+    let lease_keeper = tokio::spawn(keep_lease(
+        Arc::clone(&store),
+        owner.clone(),
+        lease_stop.clone(),
+        lease_lost.clone(),
+    ));
+    // Resume what the last process left: interrupted subagents fail, replies go, turns run.
     let failed = store.fail_unfinished_subagents(INTERRUPTED, now).await?;
     let inbox = store.inbox().await?;
     let outbox = store.outbox_pending().await?;
@@ -867,7 +899,10 @@ where
     )));
     tracing::info!(address = %local, startup_ms = started.elapsed().as_millis() as u64, "antler is serving");
 
-    shutdown.await;
+    tokio::select! {
+        () = shutdown => {}
+        () = lease_lost.cancelled() => {}
+    }
     tracing::info!("shutting down: intake stopped, new messages are refused with 503");
     intake_stop.cancel();
 
@@ -936,6 +971,15 @@ where
     // of the function, so that only tasks really still ending are waited for below.
     drop(subagents);
     store.flush().await?;
+    // The lease goes last, once everything is durable: the next owner starts from here.
+    lease_stop.cancel();
+    let _ = lease_keeper.await;
+    if lease_lost.is_cancelled() {
+        return Err(AppError::Store(
+            "another antler took over the store's lease; this one stopped".to_owned(),
+        ));
+    }
+    store.release(&owner).await?;
     // Tasks may still be dropping their handles to the store; wait (briefly) for them, so the
     // store is closed when `serve` returns and can be opened again at once.
     let closing = Instant::now() + Duration::from_secs(5);
@@ -948,6 +992,39 @@ where
     drop(store);
     tracing::info!("stopped");
     Ok(())
+}
+
+/// Renews the store's lease every [`LEASE_RENEW_EVERY`] until `stop`. If another owner took
+/// it, cancels `lost`, which stops this process: two processes must never work on one store.
+/// A store that is unavailable for a moment is tried again at the next renewal.
+async fn keep_lease(
+    store: Arc<dyn Store>,
+    owner: String,
+    stop: CancellationToken,
+    lost: CancellationToken,
+) {
+    let mut every = tokio::time::interval(LEASE_RENEW_EVERY);
+    every.tick().await;
+    loop {
+        tokio::select! {
+            _ = every.tick() => {}
+            () = stop.cancelled() => return,
+        }
+        let until = crate::now_ms() + LEASE.as_millis() as u64;
+        match store.renew(&owner, until).await {
+            Ok(()) => {}
+            Err(e) if e.is_retryable() => {
+                tracing::warn!(error = %e, "cannot renew the store's lease; trying again");
+                metrics::counter!("antler_store_errors_total", "retryable" => "true").increment(1);
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "lost the store's lease; stopping");
+                metrics::counter!("antler_store_errors_total", "retryable" => "false").increment(1);
+                lost.cancel();
+                return;
+            }
+        }
+    }
 }
 
 async fn sweep(
@@ -982,7 +1059,8 @@ mod tool_tests;
 #[cfg(test)]
 mod tests {
     use crate::store::{
-        Accept, Accepted, FinishTurn, InboxStore, OutboxStatus, OutboxStore, ThreadChoice,
+        Accept, Accepted, FinishTurn, InboxStore, LeaseStore, OutboxStatus, OutboxStore,
+        ThreadChoice,
     };
     use antler_channel::{InboundEvent, OutboundMessage};
 
@@ -1063,7 +1141,38 @@ mod tests {
         let text = String::from_utf8(logs.lock().unwrap().clone()).unwrap();
         assert!(text.contains("stopped"), "{text}");
         assert!(!text.contains("still in use"), "{text}");
-        SledStore::open(&dir.path().join("store"), 1 << 20).expect("the store is free again");
+        let store =
+            SledStore::open(&dir.path().join("store"), 1 << 20).expect("the store is free again");
+        // And its lease was given up: the next owner knows the last one stopped cleanly.
+        let claimed = store.claim("next", 0, 1).await.unwrap();
+        assert!(
+            matches!(&claimed, Claimed::Released { owner } if owner.starts_with("antler-")),
+            "{claimed:?}"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lease_taken_over_by_another_owner_stops_this_process() {
+        let store: Arc<dyn Store> = Arc::new(crate::store::MemStore::new());
+        store.claim("a", 0, 1).await.unwrap();
+        let (stop, lost) = (CancellationToken::new(), CancellationToken::new());
+        let keeper = tokio::spawn(keep_lease(
+            Arc::clone(&store),
+            "a".to_owned(),
+            stop.clone(),
+            lost.clone(),
+        ));
+        // Renewals keep it while it is ours.
+        tokio::time::sleep(LEASE_RENEW_EVERY * 3).await;
+        assert!(!lost.is_cancelled());
+        // Another owner takes it (here: after a release, as a second process would once
+        // the lease had run out).
+        store.release("a").await.unwrap();
+        store.claim("b", 0, u64::MAX).await.unwrap();
+        tokio::time::sleep(LEASE_RENEW_EVERY * 2).await;
+        assert!(lost.is_cancelled(), "the next renewal notices");
+        keeper.await.unwrap();
+        assert!(!stop.is_cancelled());
     }
 
     /// The state a crash leaves right after a turn finished and before its reply went out: the

@@ -12,8 +12,8 @@ use std::sync::Arc;
 use antler_channel::{ConversationKey, OutboundMessage, Receipt};
 
 use super::{
-    Accept, Accepted, ClearedMemory, FinishTurn, InboxItem, InboxStatus, OutboxStatus, Store,
-    StoreError, ThreadChoice,
+    Accept, Accepted, Claimed, ClearedMemory, FinishTurn, InboxItem, InboxStatus, OutboxStatus,
+    Store, StoreError, ThreadChoice,
 };
 use crate::agent::memory::{MemoryDocument, MemoryUpdate};
 use crate::agent::message::{ChatMessage, TokenUsage};
@@ -32,7 +32,8 @@ pub(crate) trait Backend {
 /// each as its own test.
 macro_rules! conformance {
     ($backend:expr) => {
-        $crate::store::conformance::conformance!(@cases $backend; accept_stores_once_and_recognises_redelivery_until_expiry,
+        $crate::store::conformance::conformance!(@cases $backend; a_lease_is_held_renewed_released_and_taken_over,
+            accept_stores_once_and_recognises_redelivery_until_expiry,
             fresh_thread_starts_the_next_generation,
             finish_turn_writes_thread_outbox_and_removes_the_inbox_item_together,
             delivery_records_receipts_and_failures,
@@ -973,4 +974,38 @@ pub(crate) async fn a_thread_read_while_turns_commit_is_consistent(backend: &dyn
     }
     writer.await.unwrap();
     assert!(reads > 0);
+}
+
+pub(crate) async fn a_lease_is_held_renewed_released_and_taken_over(backend: &dyn Backend) {
+    let store = backend.open();
+    assert_eq!(store.claim("a", 0, 100).await.unwrap(), Claimed::First);
+    assert_eq!(store.claim("a", 10, 110).await.unwrap(), Claimed::Held);
+    store.renew("a", 150).await.unwrap();
+    // Nobody else can renew it.
+    let lost = store.renew("b", 150).await.unwrap_err();
+    assert!(
+        matches!(&lost, StoreError::LeaseLost { holder } if holder == "a"),
+        "{lost:?}"
+    );
+    assert!(!lost.is_retryable());
+    // A clean stop gives it up: the next owner takes it at once, told so.
+    store.release("b").await.unwrap();
+    store.release("a").await.unwrap();
+    assert!(store.renew("a", 200).await.is_err(), "released means gone");
+    assert_eq!(
+        store.claim("b", 20, 120).await.unwrap(),
+        Claimed::Released {
+            owner: "a".to_owned()
+        }
+    );
+    drop(store);
+    // A restart after the lease ran out: the last owner did not stop cleanly.
+    let store = backend.open();
+    assert_eq!(
+        store.claim("c", 500, 600).await.unwrap(),
+        Claimed::Expired {
+            owner: "b".to_owned()
+        }
+    );
+    store.renew("c", 700).await.unwrap();
 }

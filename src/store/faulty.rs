@@ -8,9 +8,9 @@ use std::sync::{Arc, Mutex};
 use antler_channel::Receipt;
 
 use super::{
-    Accept, Accepted, ClearedMemory, ConversationRecord, FinishTurn, InboxItem, InboxStore,
-    MaintenanceStore, MemoryQueueStore, MemoryStore, OutboxItem, OutboxStore, Store, StoreError,
-    StoreStats, SubagentStore, ThreadStore,
+    Accept, Accepted, Claimed, ClearedMemory, ConversationRecord, FinishTurn, InboxItem,
+    InboxStore, LeaseStore, MaintenanceStore, MemoryQueueStore, MemoryStore, OutboxItem,
+    OutboxStore, Store, StoreError, StoreStats, SubagentStore, ThreadStore,
 };
 use crate::agent::memory::{MemoryDocument, MemoryUpdate};
 use crate::agent::subagents::{SubagentChange, SubagentRecord, Transition};
@@ -247,6 +247,19 @@ impl MaintenanceStore for FaultyStore {
     async fn flush(&self) -> Result<(), StoreError> {
         self.fault(Call::Flush)?;
         self.inner.flush().await
+    }
+}
+
+#[async_trait::async_trait]
+impl LeaseStore for FaultyStore {
+    async fn claim(&self, owner: &str, now_ms: u64, until_ms: u64) -> Result<Claimed, StoreError> {
+        self.inner.claim(owner, now_ms, until_ms).await
+    }
+    async fn renew(&self, owner: &str, until_ms: u64) -> Result<(), StoreError> {
+        self.inner.renew(owner, until_ms).await
+    }
+    async fn release(&self, owner: &str) -> Result<(), StoreError> {
+        self.inner.release(owner).await
     }
 }
 

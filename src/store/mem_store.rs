@@ -11,9 +11,10 @@ use antler_channel::Receipt;
 
 use super::rules::{self, DedupeEntry};
 use super::{
-    Accept, Accepted, ClearedMemory, ConversationRecord, FinishTurn, InboxItem, InboxStore,
-    MAX_REPLIES_PER_ITEM, MaintenanceStore, MemoryQueueStore, MemoryStore, OutboxItem,
-    OutboxStatus, OutboxStore, StoreError, StoreStats, SubagentStore, ThreadStore, outbox_seq,
+    Accept, Accepted, Claimed, ClearedMemory, ConversationRecord, FinishTurn, InboxItem,
+    InboxStore, Lease, LeaseStore, MAX_REPLIES_PER_ITEM, MaintenanceStore, MemoryQueueStore,
+    MemoryStore, OutboxItem, OutboxStatus, OutboxStore, StoreError, StoreStats, SubagentStore,
+    ThreadStore, outbox_seq,
 };
 use crate::agent::memory::{MemoryDocument, MemoryUpdate};
 use crate::agent::subagents::{SubagentChange, SubagentRecord, SubagentStatus, Transition};
@@ -36,6 +37,7 @@ struct Collections {
     subagents: BTreeMap<String, SubagentRecord>,
     /// (thread id, turn, call id) → task id.
     subagent_calls: BTreeMap<(String, u64, String), String>,
+    lease: Option<Lease>,
 }
 
 /// The in-memory store.
@@ -480,6 +482,28 @@ impl MaintenanceStore for MemStore {
     }
 }
 
+#[async_trait::async_trait]
+impl LeaseStore for MemStore {
+    async fn claim(&self, owner: &str, now_ms: u64, until_ms: u64) -> Result<Claimed, StoreError> {
+        let mut data = self.data()?;
+        // Several processes could share a store like this one: a live lease is respected.
+        let (lease, claimed) =
+            rules::claim_lease(data.lease.as_ref(), owner, now_ms, until_ms, false)?;
+        data.lease = Some(lease);
+        Ok(claimed)
+    }
+    async fn renew(&self, owner: &str, until_ms: u64) -> Result<(), StoreError> {
+        let mut data = self.data()?;
+        data.lease = Some(rules::renew_lease(data.lease.as_ref(), owner, until_ms)?);
+        Ok(())
+    }
+    async fn release(&self, owner: &str) -> Result<(), StoreError> {
+        let mut data = self.data()?;
+        data.lease = rules::release_lease(data.lease.as_ref(), owner);
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -496,4 +520,27 @@ mod tests {
     }
 
     conformance!(MemBackend(MemStore::new()));
+}
+
+#[cfg(test)]
+mod lease_tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_live_lease_of_another_owner_is_respected_until_it_ends() {
+        let store = MemStore::new();
+        assert_eq!(store.claim("a", 0, 100).await.unwrap(), Claimed::First);
+        let refused = store.claim("b", 40, 140).await.unwrap_err();
+        assert!(
+            matches!(&refused, StoreError::Leased { owner, remaining_ms: 60 } if owner == "a"),
+            "{refused:?}"
+        );
+        assert!(!refused.is_retryable());
+        assert_eq!(
+            store.claim("b", 100, 200).await.unwrap(),
+            Claimed::Expired {
+                owner: "a".to_owned()
+            }
+        );
+    }
 }

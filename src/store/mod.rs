@@ -78,6 +78,15 @@ pub(crate) enum StoreError {
     /// Another process holds the store's lock.
     #[error("another antler is using the store at {path} (one process per store)")]
     InUse { path: String },
+    /// Another owner's lease on the store's work is live.
+    #[error(
+        "another antler ({owner}) holds the store's lease for {remaining_ms} ms more; \
+         one antler works on a store at a time"
+    )]
+    Leased { owner: String, remaining_ms: u64 },
+    /// This owner's lease is gone: another owner took it (or it was given up).
+    #[error("the store's lease is no longer ours ({holder} holds it); stop working on it")]
+    LeaseLost { holder: String },
 }
 
 impl StoreError {
@@ -259,6 +268,29 @@ pub(crate) struct ClearedMemory {
     pub(crate) document: bool,
     /// Queued updates dropped.
     pub(crate) updates: usize,
+}
+
+/// Who does the store's work: one owner at a time, until its lease ends.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Lease {
+    pub(crate) owner: String,
+    pub(crate) until_ms: u64,
+    /// Given up by a clean stop: the next owner need not wait for it to end.
+    pub(crate) released: bool,
+}
+
+/// How the previous owner of the store's work left it, as [`LeaseStore::claim`] found it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Claimed {
+    /// Nobody held it before.
+    First,
+    /// The previous owner stopped cleanly and gave it up.
+    Released { owner: String },
+    /// The previous owner's lease ran out, or its process is gone (it stopped unexpectedly):
+    /// what it left unfinished is unfinished for good.
+    Expired { owner: String },
+    /// This owner held it already (a second claim renews it).
+    Held,
 }
 
 /// Counts for `/status`, `/readyz` and metrics, kept up to date as records change, so
@@ -464,6 +496,23 @@ pub(crate) trait MaintenanceStore: Send + Sync + std::fmt::Debug {
     async fn flush(&self) -> Result<(), StoreError>;
 }
 
+/// The lease on the store's work: which process runs turns, deliveries and subagents from
+/// it. What a previous owner left unfinished (running subagents) is failed only once its
+/// lease is gone, never while it may still be working. With sled the store's file lock
+/// already keeps other processes out, so a claim always succeeds and only tells how the last
+/// owner left.
+#[async_trait::async_trait]
+pub(crate) trait LeaseStore: Send + Sync + std::fmt::Debug {
+    /// Takes the lease for `owner` until `until_ms`, unless another owner's lease is live at
+    /// `now_ms` ([`StoreError::Leased`]). *Durable.*
+    async fn claim(&self, owner: &str, now_ms: u64, until_ms: u64) -> Result<Claimed, StoreError>;
+    /// Extends `owner`'s lease to `until_ms`. [`StoreError::LeaseLost`] if it is not `owner`'s
+    /// any more: another owner took it, and this one must stop working. *Durable.*
+    async fn renew(&self, owner: &str, until_ms: u64) -> Result<(), StoreError>;
+    /// Gives `owner`'s lease up (a clean stop); nothing if it is not `owner`'s. *Durable.*
+    async fn release(&self, owner: &str) -> Result<(), StoreError>;
+}
+
 /// The whole store, one value for the wiring; each consumer takes only the part it uses.
 pub(crate) trait Store:
     InboxStore
@@ -472,6 +521,7 @@ pub(crate) trait Store:
     + MemoryQueueStore
     + SubagentStore
     + MaintenanceStore
+    + LeaseStore
     + std::fmt::Debug
 {
 }
@@ -483,6 +533,7 @@ impl<T> Store for T where
         + MemoryQueueStore
         + SubagentStore
         + MaintenanceStore
+        + LeaseStore
         + std::fmt::Debug
 {
 }

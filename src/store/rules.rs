@@ -1,7 +1,8 @@
 //! The decisions behind the store's records, which every backend applies and none makes:
 //! when a conversation gets a fresh thread and how its id is made, whose memory a thread
 //! feeds, what a new inbox or outbox record holds, how long a dedupe key is remembered, how
-//! turns and deliveries change their records, and what the sweep may forget.
+//! turns and deliveries change their records, what the sweep may forget, and who holds the
+//! store's lease.
 //!
 //! A backend reads, calls these, and writes what they return in one transaction; so two
 //! backends cannot disagree on a rule, and the conformance suite checks them once.
@@ -10,8 +11,8 @@ use antler_channel::Receipt;
 use serde::{Deserialize, Serialize};
 
 use super::{
-    Accept, Accepted, ConversationRecord, FinishTurn, InboxItem, InboxStatus, OutboxItem,
-    OutboxStatus, StoreError, ThreadChoice, outbox_seq,
+    Accept, Accepted, Claimed, ConversationRecord, FinishTurn, InboxItem, InboxStatus, Lease,
+    OutboxItem, OutboxStatus, StoreError, ThreadChoice, outbox_seq,
 };
 use crate::agent::memory::MemoryUpdate;
 use crate::agent::subagents::SubagentRecord;
@@ -211,4 +212,71 @@ pub(crate) fn subagent_cutoff(now_ms: u64, retain_ms: u64) -> u64 {
 /// Whether the sweep may forget a subagent record: finished before `cutoff`.
 pub(crate) fn subagent_expired(record: &SubagentRecord, cutoff: u64) -> bool {
     record.status.is_terminal() && record.finished_at_ms.is_none_or(|t| t <= cutoff)
+}
+
+/// A claim of the lease by `owner` at `now_ms` until `until_ms`, given the stored lease: the
+/// lease to store and how the previous owner left. `holder_gone`: the backend knows that no
+/// other process can be working (sled's file lock), so a live lease of another owner is a
+/// crashed process's.
+pub(crate) fn claim_lease(
+    current: Option<&Lease>,
+    owner: &str,
+    now_ms: u64,
+    until_ms: u64,
+    holder_gone: bool,
+) -> Result<(Lease, Claimed), StoreError> {
+    let claimed = match current {
+        None => Claimed::First,
+        Some(lease) if lease.owner == owner && !lease.released => Claimed::Held,
+        Some(lease) if lease.released => Claimed::Released {
+            owner: lease.owner.clone(),
+        },
+        Some(lease) if lease.until_ms <= now_ms || holder_gone => Claimed::Expired {
+            owner: lease.owner.clone(),
+        },
+        Some(lease) => {
+            return Err(StoreError::Leased {
+                owner: lease.owner.clone(),
+                remaining_ms: lease.until_ms - now_ms,
+            });
+        }
+    };
+    let lease = Lease {
+        owner: owner.to_owned(),
+        until_ms,
+        released: false,
+    };
+    Ok((lease, claimed))
+}
+
+/// `owner`'s lease renewed until `until_ms`, if it is still `owner`'s.
+pub(crate) fn renew_lease(
+    current: Option<&Lease>,
+    owner: &str,
+    until_ms: u64,
+) -> Result<Lease, StoreError> {
+    match current {
+        Some(lease) if lease.owner == owner && !lease.released => Ok(Lease {
+            until_ms: until_ms.max(lease.until_ms),
+            ..lease.clone()
+        }),
+        Some(lease) => Err(StoreError::LeaseLost {
+            holder: if lease.released {
+                "nobody".to_owned()
+            } else {
+                lease.owner.clone()
+            },
+        }),
+        None => Err(StoreError::LeaseLost {
+            holder: "nobody".to_owned(),
+        }),
+    }
+}
+
+/// The lease after `owner` gives it up: released if it was `owner`'s, else unchanged.
+pub(crate) fn release_lease(current: Option<&Lease>, owner: &str) -> Option<Lease> {
+    current.map(|lease| Lease {
+        released: lease.released || lease.owner == owner,
+        ..lease.clone()
+    })
 }

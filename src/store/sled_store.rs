@@ -33,12 +33,14 @@ use super::{
     MaintenanceStore, MemoryQueueStore, MemoryStore, OutboxItem, OutboxStatus, OutboxStore,
     SCHEMA_VERSION, StoreError, StoreStats, SubagentStore, ThreadStore, keys, outbox_seq,
 };
+use super::{Claimed, Lease, LeaseStore};
 use crate::agent::memory::{MemoryDocument, MemoryUpdate};
 use crate::agent::message::ChatMessage;
 use crate::agent::subagents::{SubagentChange, SubagentRecord, SubagentStatus, Transition};
 use crate::agent::thread::ThreadState;
 
 const SCHEMA_KEY: &[u8] = b"schema_version";
+const LEASE_KEY: &[u8] = b"lease";
 const OUTBOX_TREE: &str = "outbox2";
 const DEDUPE_PREFIX: &str = "dedupe.";
 
@@ -67,6 +69,8 @@ pub(crate) struct SledStore {
     /// Which task a turn's tool call started, and a thread's tasks by prefix.
     subagent_calls: sled::Tree,
     commit: GroupCommit,
+    /// `meta`: the schema version and the lease.
+    meta: sled::Tree,
 }
 
 impl std::fmt::Debug for SledStore {
@@ -369,6 +373,7 @@ impl SledStore {
             memory_queue: db.open_tree("memory_queue")?,
             subagents: db.open_tree("subagents")?,
             subagent_calls: db.open_tree("subagent_calls")?,
+            meta,
             db,
             commit,
         };
@@ -1150,6 +1155,56 @@ impl MaintenanceStore for SledStore {
     }
     async fn flush(&self) -> Result<(), StoreError> {
         self.commit.flush().await
+    }
+}
+
+impl SledStore {
+    /// Changes the stored lease with `change` (compare and swap), durably; returns what
+    /// `change` returned with it.
+    async fn change_lease<T>(
+        &self,
+        change: impl Fn(Option<&Lease>) -> Result<(Option<Lease>, T), StoreError>,
+    ) -> Result<T, StoreError> {
+        for _ in 0..MEMORY_CAS_ATTEMPTS {
+            let current = self.meta.get(LEASE_KEY)?;
+            let lease: Option<Lease> = current
+                .as_ref()
+                .map(|bytes| decode("lease", bytes))
+                .transpose()?;
+            let (next, outcome) = change(lease.as_ref())?;
+            let bytes = next.as_ref().map(|l| encode("lease", l)).transpose()?;
+            if self
+                .meta
+                .compare_and_swap(LEASE_KEY, current, bytes)?
+                .is_ok()
+            {
+                self.commit.flush().await?;
+                return Ok(outcome);
+            }
+        }
+        Err(StoreError::Conflict(
+            "the store's lease kept changing".to_owned(),
+        ))
+    }
+}
+
+#[async_trait::async_trait]
+impl LeaseStore for SledStore {
+    async fn claim(&self, owner: &str, now_ms: u64, until_ms: u64) -> Result<Claimed, StoreError> {
+        // Opening took the store's file lock: no other process can be working on it.
+        self.change_lease(|current| {
+            let (lease, claimed) = rules::claim_lease(current, owner, now_ms, until_ms, true)?;
+            Ok((Some(lease), claimed))
+        })
+        .await
+    }
+    async fn renew(&self, owner: &str, until_ms: u64) -> Result<(), StoreError> {
+        self.change_lease(|current| Ok((Some(rules::renew_lease(current, owner, until_ms)?), ())))
+            .await
+    }
+    async fn release(&self, owner: &str) -> Result<(), StoreError> {
+        self.change_lease(|current| Ok((rules::release_lease(current, owner), ())))
+            .await
     }
 }
 
