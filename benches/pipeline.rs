@@ -52,7 +52,8 @@
 //!   drained (inbox and outbox empty) before they stop, and must have sent exactly N messages
 //!   each; warnings and errors in their logs are printed on stderr.
 //!
-//! With `ANTLER_BENCH_WRAP` set (e.g. `heaptrack -o /tmp/antler`), each antler runs under that
+//! With `ANTLER_BENCH_BIN` set, that binary is measured instead of this build's (a baseline
+//! commit's, for before/after figures). With `ANTLER_BENCH_WRAP` set (e.g. `heaptrack -o /tmp/antler`), each antler runs under that
 //! command; the bench stops the wrapper, so check for antlers left running afterwards. Startup is spawn → first 200 of `/readyz` (median of S spawns). Every figure is the median
 //! of the R runs; ratios are taken within a run, against that run's ceiling. Each phase prints
 //! its antler's pid on stderr (for `perf`). Prints a table and one JSON line.
@@ -421,8 +422,14 @@ impl Drop for Antler {
     }
 }
 
+/// The antler under test: this build's, or `ANTLER_BENCH_BIN` (another build, e.g. a
+/// baseline commit's, measured by the same bench).
 fn antler_binary() -> &'static str {
-    let path = env!("CARGO_BIN_EXE_antler");
+    static PATH: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    let path = PATH.get_or_init(|| {
+        std::env::var("ANTLER_BENCH_BIN")
+            .unwrap_or_else(|_| env!("CARGO_BIN_EXE_antler").to_owned())
+    });
     assert!(Path::new(path).exists(), "antler binary missing at {path}");
     path
 }
