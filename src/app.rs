@@ -599,11 +599,12 @@ async fn probe_model(client: OpenAiClient, model: String) {
     }
 }
 
-/// Runs antler on `listener` until `shutdown` resolves, then drains: intake stops (new
-/// messages get 503), running turns get `server.shutdown_grace_secs` to finish, turns still
-/// running after that are interrupted (they run again on the next start, their attempt not
-/// counted), pending deliveries get the rest of the grace period, connections close, and the
-/// store is synced. What is left is durable and resumes on the next start.
+/// Runs antler on `listener` until `shutdown` resolves (or another process takes the store's
+/// lease), then drains (the stages of [`shutdown`]): intake stops (new messages get 503),
+/// running turns get `server.shutdown_grace_secs` to finish, turns still running after that
+/// are interrupted (they run again on the next start, their attempt not counted), pending
+/// deliveries get the rest of the grace period, connections close, and the store is synced and
+/// its lease given up. What is left is durable and resumes on the next start.
 pub async fn serve<F>(config: Config, listener: TcpListener, shutdown: F) -> Result<(), AppError>
 where
     F: Future<Output = ()> + Send + 'static,
@@ -646,8 +647,9 @@ where
     let model_health = ModelHealth::default();
     let client = model_client(&config, &config.model.model, model_health.clone())?;
     let memory_model: Arc<dyn ChatModel> = Arc::new(client.clone());
+    let stops = Stops::default();
     // Cancelled when running turns must stop (and their subagents with them).
-    let turn_cancel = CancellationToken::new();
+    let turn_cancel = stops.turns.clone();
     let sandbox = shell.as_ref().and_then(|d| d.sandbox.as_ref());
     let mut tools = tool_registry(&config, extra_tools, &mcp, sandbox);
     let chain = middleware_chain(&config, &store)?;
@@ -678,9 +680,9 @@ where
     );
     let probe = tokio::spawn(probe_model(client, config.model.model.clone()));
 
-    let intake_stop = CancellationToken::new();
-    let delivery_stop = CancellationToken::new();
-    let http_stop = CancellationToken::new();
+    let intake_stop = stops.intake.clone();
+    let delivery_stop = stops.delivery.clone();
+    let http_stop = stops.http.clone();
     let turns = TaskTracker::new();
     let deliveries = TaskTracker::new();
     let hub = EventHub::default();
@@ -734,13 +736,11 @@ where
         }
         Claimed::First | Claimed::Released { .. } | Claimed::Held => {}
     }
-    let lease_stop = CancellationToken::new();
-    let lease_lost = CancellationToken::new();
     let lease_keeper = tokio::spawn(keep_lease(
         Arc::clone(&store),
         owner.clone(),
-        lease_stop.clone(),
-        lease_lost.clone(),
+        stops.lease.clone(),
+        stops.lease_lost.clone(),
     ));
     // Resume what the last process left: interrupted subagents fail, replies go, turns run.
     let failed = store.fail_unfinished_subagents(INTERRUPTED, now).await?;
@@ -822,7 +822,7 @@ where
     };
 
     // Memory updates queued by turns (also by the last process) are learned in the background.
-    let memory_stop = CancellationToken::new();
+    let memory_stop = stops.memory.clone();
     let memory_worker = config.memory.enabled.then(|| {
         tokio::spawn(
             MemoryWorker::new(
@@ -899,99 +899,33 @@ where
     )));
     tracing::info!(address = %local, startup_ms = started.elapsed().as_millis() as u64, "antler is serving");
 
+    let lease_lost = stops.lease_lost.clone();
     tokio::select! {
         () = shutdown => {}
         () = lease_lost.cancelled() => {}
     }
-    tracing::info!("shutting down: intake stopped, new messages are refused with 503");
-    intake_stop.cancel();
-
-    // Drain: turns first (they produce replies), then deliveries, within one grace period.
-    let deadline = Instant::now() + grace;
-    turns.close();
-    if tokio::time::timeout_at(deadline, turns.wait())
-        .await
-        .is_err()
-    {
-        let running = turns.len();
-        tracing::warn!(
-            running,
-            "grace period over; interrupting the turns still running (they run again on the next start)"
-        );
-        turn_cancel.cancel();
-        if tokio::time::timeout(INTERRUPT_WAIT, turns.wait())
-            .await
-            .is_err()
-        {
-            tracing::warn!("some turns did not stop in time");
-        }
+    let intake_tasks = [Some(sweeper), poller, discord_gateway]
+        .into_iter()
+        .flatten()
+        .collect();
+    Shutdown {
+        stops,
+        grace,
+        turns,
+        deliveries,
+        subagents,
+        listeners,
+        probe,
+        memory_worker,
+        memory_flush: Duration::from_secs(config.memory.shutdown_flush_secs),
+        mcp,
+        intake_tasks,
+        lease_keeper,
+        owner,
+        store,
     }
-    // Subagents end with their turns; those interrupted stay RUNNING for the next start.
-    if let Some(executor) = &subagents {
-        executor.close(INTERRUPT_WAIT).await;
-    }
-    deliveries.close();
-    if tokio::time::timeout_at(deadline, deliveries.wait())
-        .await
-        .is_err()
-    {
-        tracing::warn!("grace period over with deliveries pending; they resume on the next start");
-    }
-    delivery_stop.cancel();
-    http_stop.cancel();
-    for listener in listeners {
-        let _ = listener.await;
-    }
-    probe.abort();
-    // Turns are over, so no update is queued any more: the worker flushes the queue within
-    // `memory.shutdown_flush_secs` (its own bound; the abort is a backstop).
-    memory_stop.cancel();
-    if let Some(worker) = memory_worker {
-        let abort = worker.abort_handle();
-        let bound = Duration::from_secs(config.memory.shutdown_flush_secs) + INTERRUPT_WAIT;
-        if tokio::time::timeout(bound, worker).await.is_err() {
-            abort.abort();
-            tracing::warn!("the memory worker did not stop in time");
-        }
-    }
-    // Turns are over: the MCP servers' children can go.
-    mcp.shutdown().await;
-    // The sweeper ends with intake; awaiting it (rather than aborting it) means it no longer
-    // holds the store when `serve` returns, so the store can be opened again at once.
-    let _ = sweeper.await;
-    // So does the Telegram poller: what it accepted is stored; the rest Telegram keeps.
-    if let Some(poller) = poller {
-        let _ = poller.await;
-    }
-    // And the Discord gateway's reader, which closes the websocket.
-    if let Some(reader) = discord_gateway {
-        let _ = reader.await;
-    }
-    // The subagent executor holds the store (its registry); it is dropped here, not at the end
-    // of the function, so that only tasks really still ending are waited for below.
-    drop(subagents);
-    store.flush().await?;
-    // The lease goes last, once everything is durable: the next owner starts from here.
-    lease_stop.cancel();
-    let _ = lease_keeper.await;
-    if lease_lost.is_cancelled() {
-        return Err(AppError::Store(
-            "another antler took over the store's lease; this one stopped".to_owned(),
-        ));
-    }
-    store.release(&owner).await?;
-    // Tasks may still be dropping their handles to the store; wait (briefly) for them, so the
-    // store is closed when `serve` returns and can be opened again at once.
-    let closing = Instant::now() + Duration::from_secs(5);
-    while Arc::strong_count(&store) > 1 && Instant::now() < closing {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    if Arc::strong_count(&store) > 1 {
-        tracing::warn!("the store is still in use at exit");
-    }
-    drop(store);
-    tracing::info!("stopped");
-    Ok(())
+    .drain()
+    .await
 }
 
 /// Renews the store's lease every [`LEASE_RENEW_EVERY`] until `stop`. If another owner took
@@ -1052,6 +986,10 @@ async fn sweep(
         }
     }
 }
+
+mod shutdown;
+
+use shutdown::{Shutdown, Stops};
 
 #[cfg(test)]
 mod tool_tests;
