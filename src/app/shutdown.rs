@@ -8,8 +8,8 @@
 //! 3. deliveries get the rest of the grace period; what is left resumes on the next start;
 //! 4. connections close (the listeners drain what they answer);
 //! 5. the memory worker flushes its queue within `memory.shutdown_flush_secs`; MCP servers stop;
-//! 6. the store is synced, then its lease given up, and every handle to it let go, so the
-//!    store can be opened again as soon as `serve` returns.
+//! 6. the store's lease is given up (every write was durable when it returned) and every
+//!    handle to the store let go, so it can be opened again as soon as `serve` returns.
 //!
 //! What a stage leaves unfinished is durable and resumes on the next start.
 
@@ -67,8 +67,8 @@ pub(super) struct Shutdown {
 }
 
 impl Shutdown {
-    /// Runs the stages of the module doc, in order. An error only once all of them ran: the
-    /// store could not be synced, or another owner took its lease.
+    /// Runs the stages of the module doc, in order. An error only once all of them ran:
+    /// another owner took the store's lease, or it could not be given up.
     pub(super) async fn drain(self) -> Result<(), AppError> {
         let Self {
             stops,
@@ -149,8 +149,8 @@ impl Shutdown {
         // The subagent executor holds the store (its registry); it goes before the wait below,
         // so that only tasks really still ending are waited for.
         drop(subagents);
-        store.flush().await?;
-        // The lease goes last, once everything is durable: the next owner starts from here.
+        // Every write was durable when it returned. The lease goes last: the next owner
+        // starts from here.
         stops.lease.cancel();
         let _ = lease_keeper.await;
         if stops.lease_lost.is_cancelled() {

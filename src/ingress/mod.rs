@@ -6,13 +6,13 @@
 //! and synced whether or not the client that sent it waits for the answer (a handler future is
 //! dropped when its client hangs up).
 //!
-//! The acceptor takes every event waiting at that moment and stores them all in one
-//! transaction: each transaction costs the store a log write of its own, so batching is what
-//! lets accepting keep up with the HTTP edge. It then queues the new items in the order the
-//! inbox numbered them (being the only writer of the inbox, that order is per conversation the
-//! arrival order), and answers the batch once the group commit has synced it; meanwhile it goes
-//! on with the next batch. A redelivery is answered only after its original was queued and
-//! synced. Accepted items go to the [`Dispatcher`]: one turn at a time per conversation, in
+//! The acceptor takes every event waiting at that moment and stores them all in one durable
+//! write: each write costs the store a log write and a sync of its own, so batching is what
+//! lets accepting keep up with the HTTP edge (the events arriving meanwhile form the next
+//! batch). It then queues the new items in the order the inbox numbered them (being the only
+//! writer of the inbox, that order is per conversation the arrival order) and answers the
+//! batch. A redelivery is answered only after its original was stored and queued; if a write
+//! fails after the store kept part of it, what it kept is queued all the same. Accepted items go to the [`Dispatcher`]: one turn at a time per conversation, in
 //! inbox order, under a global limit on running turns. The backlog (items accepted and not yet
 //! finished) is bounded; when it is full, nothing is stored and the caller is told to retry
 //! later.
@@ -29,7 +29,7 @@ pub(crate) use dispatcher::{Dispatcher, RunTurn};
 pub(crate) use turn::{TurnRunner, TurnSettings};
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use antler_channel::InboundEvent;
@@ -91,6 +91,7 @@ pub(crate) struct Ingress {
 struct Inner {
     dispatcher: Dispatcher,
     backlog: Arc<AtomicUsize>,
+    queued: Arc<Queued>,
     backlog_limit: usize,
     dedupe_ttl: Duration,
     access: Arc<Access>,
@@ -137,6 +138,33 @@ struct Acceptor {
     dispatcher: Dispatcher,
     runner: TurnRunner,
     hub: EventHub,
+    queued: Arc<Queued>,
+}
+
+/// What has been queued to run: the backlog it holds and where the inbox stands.
+#[derive(Debug)]
+struct Queued {
+    /// Items accepted and not yet finished (and requests holding a slot for one).
+    backlog: Arc<AtomicUsize>,
+    /// One past the highest inbox seq queued so far.
+    next: AtomicU64,
+}
+
+impl Queued {
+    /// Notes that item `seq` was queued.
+    fn queued(&self, seq: u64) {
+        self.next.fetch_max(seq.saturating_add(1), Ordering::SeqCst);
+    }
+
+    /// Queues items found in the inbox (at start, or kept by a failed accept).
+    fn recover(&self, dispatcher: &Dispatcher, items: Vec<InboxItem>) {
+        self.backlog.fetch_add(items.len(), Ordering::SeqCst);
+        metrics::gauge!("antler_inbox_depth").increment(items.len() as f64);
+        for item in items {
+            self.queued(item.seq);
+            dispatcher.push(item.event.conversation.as_str(), item.seq);
+        }
+    }
 }
 
 /// Settings of the ingress.
@@ -176,6 +204,10 @@ impl Ingress {
             })
         };
         let dispatcher = Dispatcher::new(settings.max_concurrent_turns, run, tracker, stop.clone());
+        let queued = Arc::new(Queued {
+            backlog: Arc::clone(&backlog),
+            next: AtomicU64::new(0),
+        });
         let queue: Arc<dyn turn::QueueView> = Arc::new(dispatcher.clone());
         runner.attach_queue(Arc::downgrade(&queue));
         let (acceptor, requests) = mpsc::unbounded_channel();
@@ -186,6 +218,7 @@ impl Ingress {
                 dispatcher: dispatcher.clone(),
                 runner,
                 hub,
+                queued: Arc::clone(&queued),
             }
             .run(requests),
         );
@@ -193,6 +226,7 @@ impl Ingress {
             inner: Arc::new(Inner {
                 dispatcher,
                 backlog,
+                queued,
                 backlog_limit: settings.backlog_limit,
                 dedupe_ttl: settings.dedupe_ttl,
                 access: Arc::clone(&settings.access),
@@ -215,13 +249,7 @@ impl Ingress {
 
     /// Requeues what was accepted before a restart (pending or interrupted), in arrival order.
     pub(crate) fn recover(&self, items: Vec<InboxItem>) {
-        self.inner.backlog.fetch_add(items.len(), Ordering::SeqCst);
-        metrics::gauge!("antler_inbox_depth").increment(items.len() as f64);
-        for item in items {
-            self.inner
-                .dispatcher
-                .push(item.event.conversation.as_str(), item.seq);
-        }
+        self.inner.queued.recover(&self.inner.dispatcher, items);
     }
 
     /// Accepts one event: access check, dedupe + inbox, queue its turn, sync; then answers.
@@ -316,8 +344,8 @@ impl Ingress {
 }
 
 impl Acceptor {
-    /// Takes whatever is waiting, stores it in one transaction, queues the new items in inbox
-    /// order, and answers once synced; until every sender is gone. A panic while handling a
+    /// Takes whatever is waiting, stores it in one durable write, queues the new items in
+    /// inbox order and answers; until every sender is gone. A panic while handling a
     /// batch fails that batch's requests (their slots go back) and the acceptor goes on.
     async fn run(self, mut requests: mpsc::UnboundedReceiver<Request>) {
         let mut batch = Vec::new();
@@ -337,38 +365,48 @@ impl Acceptor {
     async fn accept_batch(&self, requests: Vec<Request>) {
         let (accepts, replies): (Vec<Accept>, Vec<Reply>) =
             requests.into_iter().map(|r| (r.accept, r.reply)).unzip();
-        let answers: Vec<_> = match self.store.accept_batch(accepts).await {
-            Ok(outcomes) => replies
-                .into_iter()
-                .zip(outcomes)
-                .map(|(mut reply, outcome)| {
+        // Durable when it returns, redeliveries included (their originals were stored by this
+        // or an earlier batch): no answer gets ahead of its data. Requests arriving meanwhile
+        // wait for the next batch, so one sync serves as many of them as are waiting.
+        match self.store.accept_batch(accepts).await {
+            Ok(outcomes) => {
+                for (mut reply, outcome) in replies.into_iter().zip(outcomes) {
                     let admission = self.admit(&mut reply, outcome);
-                    (reply.answer, Ok(admission))
-                })
-                .collect(),
+                    // A caller that stopped waiting is fine: its event is stored and queued.
+                    let _ = reply.answer.send(Ok(admission));
+                }
+            }
             Err(e) => {
                 tracing::error!(error = %e, "accepting failed");
-                replies
-                    .into_iter()
-                    .map(|r| (r.answer, Err(IngressError::Store(e.clone()))))
-                    .collect()
+                for reply in replies {
+                    let _ = reply.answer.send(Err(IngressError::Store(e.clone())));
+                }
+                self.queue_what_was_kept().await;
+            }
+        }
+    }
+
+    /// After a failed accept: the store may have kept part of the batch anyway (its sync
+    /// failed after the write). What it kept runs, so that a redelivery, answered as a
+    /// duplicate, gets its reply. The acceptor is the only writer of the inbox, so the items
+    /// past the last one queued are exactly those.
+    async fn queue_what_was_kept(&self) {
+        let inbox = match self.store.inbox().await {
+            Ok(inbox) => inbox,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot read the inbox; what it kept runs after a restart");
+                return;
             }
         };
-        // Durable before the answers, for redeliveries too: an original may still be waiting
-        // for its own sync, and an answer must not get ahead of its data. The next batch is
-        // stored meanwhile; the group commit syncs them together.
-        let store = Arc::clone(&self.store);
-        tokio::spawn(async move {
-            let synced = store.flush().await;
-            for (answer, admission) in answers {
-                let admission = match &synced {
-                    Ok(()) => admission,
-                    Err(e) => Err(IngressError::Store(e.clone())),
-                };
-                // A caller that stopped waiting is fine: its event is stored and queued.
-                let _ = answer.send(admission);
-            }
-        });
+        let from = self.queued.next.load(Ordering::SeqCst);
+        let kept: Vec<InboxItem> = inbox.into_iter().filter(|i| i.seq >= from).collect();
+        if !kept.is_empty() {
+            tracing::warn!(
+                kept = kept.len(),
+                "the store kept events it could not acknowledge; they run"
+            );
+            self.queued.recover(&self.dispatcher, kept);
+        }
     }
 
     /// Queues a new item (keeping its backlog slot) or names the original of a redelivery
@@ -395,6 +433,7 @@ impl Acceptor {
                     // Ahead of the queue: waiting behind the turn it stops would be useless.
                     self.runner.stop(item.event.conversation.as_str(), item.seq);
                 }
+                self.queued.queued(item.seq);
                 self.dispatcher
                     .push(item.event.conversation.as_str(), item.seq);
                 Admission {

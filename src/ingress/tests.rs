@@ -239,6 +239,37 @@ async fn a_store_error_that_retrying_cannot_mend_ends_the_attempt_at_once() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_a_failed_accept_kept_runs_and_its_redelivery_is_a_duplicate() {
+    let h = harness(3);
+    // The write happened, its sync failed: the sender is told to retry, but the store holds
+    // the event, which must not wait for a restart.
+    h.store.fail_after_next(
+        Call::AcceptBatch,
+        1,
+        &StoreError::unavailable("sync failed"),
+    );
+    let failed = h.ingress.accept(event("c", "m0", "message 0"), false).await;
+    assert!(matches!(failed, Err(IngressError::Store(_))), "{failed:?}");
+    h.until_sent(1).await;
+    assert_eq!(h.sent(), ["echo: message 0"]);
+    let again = h
+        .ingress
+        .accept(event("c", "m0", "message 0"), false)
+        .await
+        .unwrap();
+    assert!(!again.new, "the retry is a redelivery");
+    until("the backlog is empty", || h.ingress.backlog() == 0).await;
+    assert_eq!(h.sent().len(), 1, "answered once");
+    // And the next message runs as usual.
+    h.ingress
+        .accept(event("c", "m1", "message 1"), false)
+        .await
+        .unwrap();
+    h.until_sent(2).await;
+    assert_eq!(h.sent()[1], "echo: message 1");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreadable_thread_is_answered_and_never_written_over() {
     let h = harness(3);
     let first = h

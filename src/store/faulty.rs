@@ -19,10 +19,10 @@ use crate::agent::thread::ThreadState;
 /// The calls a fault can be injected into.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) enum Call {
+    AcceptBatch,
     StartTurn,
     FinishTurns,
     Thread,
-    Flush,
 }
 
 /// A store whose next writes fail as told.
@@ -30,6 +30,9 @@ pub(crate) enum Call {
 pub(crate) struct FaultyStore {
     inner: Arc<dyn Store>,
     faults: Mutex<HashMap<Call, VecDeque<StoreError>>>,
+    /// Failures reported after the call reached the store (the write happened, its sync
+    /// failed).
+    after: Mutex<HashMap<Call, VecDeque<StoreError>>>,
 }
 
 impl FaultyStore {
@@ -37,6 +40,7 @@ impl FaultyStore {
         Self {
             inner,
             faults: Mutex::default(),
+            after: Mutex::default(),
         }
     }
 
@@ -56,20 +60,46 @@ impl FaultyStore {
         self.fail_next(call, times, &StoreError::unavailable("injected fault"));
     }
 
-    fn fault(&self, call: Call) -> Result<(), StoreError> {
-        let queued = self
-            .faults
-            .lock()
-            .ok()
-            .and_then(|mut faults| faults.get_mut(&call)?.pop_front());
-        queued.map_or(Ok(()), Err)
+    /// Makes the next `times` calls of `call` reach the store and then fail with `error`, as
+    /// a write whose sync failed does.
+    pub(crate) fn fail_after_next(&self, call: Call, times: usize, error: &StoreError) {
+        if let Ok(mut after) = self.after.lock() {
+            after
+                .entry(call)
+                .or_default()
+                .extend(std::iter::repeat_n(error.clone(), times));
+        }
     }
+
+    fn fault(&self, call: Call) -> Result<(), StoreError> {
+        next_fault(&self.faults, call).map_or(Ok(()), Err)
+    }
+
+    /// The call's result, unless a failure after it was injected.
+    fn after<T>(&self, call: Call, result: Result<T, StoreError>) -> Result<T, StoreError> {
+        match next_fault(&self.after, call) {
+            Some(error) => Err(error),
+            None => result,
+        }
+    }
+}
+
+fn next_fault(
+    faults: &Mutex<HashMap<Call, VecDeque<StoreError>>>,
+    call: Call,
+) -> Option<StoreError> {
+    faults
+        .lock()
+        .ok()
+        .and_then(|mut faults| faults.get_mut(&call)?.pop_front())
 }
 
 #[async_trait::async_trait]
 impl InboxStore for FaultyStore {
     async fn accept_batch(&self, accepts: Vec<Accept>) -> Result<Vec<Accepted>, StoreError> {
-        self.inner.accept_batch(accepts).await
+        self.fault(Call::AcceptBatch)?;
+        let result = self.inner.accept_batch(accepts).await;
+        self.after(Call::AcceptBatch, result)
     }
     async fn inbox(&self) -> Result<Vec<InboxItem>, StoreError> {
         self.inner.inbox().await
@@ -244,10 +274,6 @@ impl MaintenanceStore for FaultyStore {
     async fn stats(&self) -> Result<StoreStats, StoreError> {
         self.inner.stats().await
     }
-    async fn flush(&self) -> Result<(), StoreError> {
-        self.fault(Call::Flush)?;
-        self.inner.flush().await
-    }
 }
 
 #[async_trait::async_trait]
@@ -271,16 +297,18 @@ mod tests {
     #[tokio::test]
     async fn injected_faults_fail_the_next_calls_then_pass_through() {
         let store = FaultyStore::new(Arc::new(MemStore::new()));
-        store.unavailable_next(Call::Flush, 2);
-        store.fail_next(Call::Flush, 1, &StoreError::backend("corrupt"));
+        store.unavailable_next(Call::StartTurn, 2);
+        store.fail_next(Call::StartTurn, 1, &StoreError::backend("corrupt"));
         for _ in 0..2 {
-            let error = store.flush().await.unwrap_err();
+            let error = store.start_turn(0).await.unwrap_err();
             assert!(error.is_retryable(), "{error}");
         }
-        let error = store.flush().await.unwrap_err();
+        let error = store.start_turn(0).await.unwrap_err();
         assert!(!error.is_retryable(), "{error}");
-        store.flush().await.unwrap();
-        // Other writes were never affected.
+        // Passed through again: the store itself answers (there is no item 0).
+        let error = store.start_turn(0).await.unwrap_err();
+        assert!(matches!(error, StoreError::Missing { .. }), "{error:?}");
+        // Other calls were never affected.
         assert!(store.inbox().await.unwrap().is_empty());
     }
 }

@@ -477,9 +477,6 @@ impl MaintenanceStore for MemStore {
                 .count(),
         })
     }
-    async fn flush(&self) -> Result<(), StoreError> {
-        Ok(())
-    }
 }
 
 #[async_trait::async_trait]

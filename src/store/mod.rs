@@ -3,8 +3,9 @@
 //!
 //! Each method that changes more than one collection is one transaction, so a crash leaves
 //! the state before or the state after, never half (docs/architecture.md, "Crash safety").
-//! Methods documented as *durable* return only after the change is on disk (written and
-//! `fdatasync`ed); concurrent callers share one sync (group commit, see `group_commit`).
+//! Every write is durable when it returns: the change is on disk (written and `fdatasync`ed
+//! by sled; committed by a database). How a backend makes that cheap is its own detail (sled:
+//! concurrent writers share one sync, see `group_commit`).
 //!
 //! Keys made of several parts are tuple-encoded (`keys`), never joined with a separator, so no
 //! two different tuples can meet in one key.
@@ -303,15 +304,15 @@ pub(crate) struct StoreStats {
     pub(crate) outbox_pending: usize,
 }
 
-/// Durable state. See the module doc for the transaction and flush rules.
 /// The inbox: accepting events (with dedupe), turns starting, ending and giving back their attempt, and the running turn's draft.
 #[async_trait::async_trait]
 pub(crate) trait InboxStore: Send + Sync + std::fmt::Debug {
     /// For each event in order: dedupe key + conversation + inbox item, all in one
     /// transaction (a later event sees what an earlier one wrote, so a redelivery inside the
-    /// batch is recognised). *Not durable by itself*: the caller queues the items and then
-    /// calls [`MaintenanceStore::flush`] before acknowledging. One transaction for many events is what
-    /// makes accepting cheap: each transaction costs the store a log write of its own.
+    /// batch is recognised). *Durable.* One transaction and one sync for many events is what
+    /// makes accepting cheap. On an error nothing of the batch may be acknowledged; what the
+    /// store kept anyway (its sync failed after the write) is in the inbox, in order, and a
+    /// redelivery of it is a duplicate.
     async fn accept_batch(&self, accepts: Vec<Accept>) -> Result<Vec<Accepted>, StoreError>;
     /// [`InboxStore::accept_batch`] of one event.
     #[allow(dead_code, reason = "the contract's; only tests use it in this build")]
@@ -485,15 +486,13 @@ pub(crate) trait SubagentStore: Send + Sync + std::fmt::Debug {
     ) -> Result<usize, StoreError>;
 }
 
-/// Keeping the store small and observable, and making writes durable.
+/// Keeping the store small and observable.
 #[async_trait::async_trait]
 pub(crate) trait MaintenanceStore: Send + Sync + std::fmt::Debug {
     /// Forgets expired dedupe keys (`retain_ms` is also the dedupe TTL) and finished outbox
     /// items older than `retain_ms`; returns how many outbox items and dedupe generations went.
     async fn sweep(&self, now_ms: u64, retain_ms: u64) -> Result<usize, StoreError>;
     async fn stats(&self) -> Result<StoreStats, StoreError>;
-    /// Flushes everything written so far. *Durable.*
-    async fn flush(&self) -> Result<(), StoreError>;
 }
 
 /// The lease on the store's work: which process runs turns, deliveries and subagents from

@@ -656,6 +656,8 @@ impl InboxStore for SledStore {
             .filter(|o| matches!(o, Accepted::New(_)))
             .count();
         self.inbox_len.fetch_add(new, Ordering::SeqCst);
+        // Every batch waiting for a sync at this moment shares it.
+        self.commit.flush().await?;
         Ok(outcomes)
     }
     async fn inbox(&self) -> Result<Vec<InboxItem>, StoreError> {
@@ -811,9 +813,7 @@ impl OutboxStore for SledStore {
         let item = self.update_outbox(seq, |item| {
             rules::delivery_failed(item, error, give_up, now_ms);
         })?;
-        if give_up {
-            self.commit.flush().await?;
-        }
+        self.commit.flush().await?;
         Ok(item)
     }
     async fn part_delivered(
@@ -958,6 +958,9 @@ impl MemoryQueueStore for SledStore {
         let swapped =
             self.memory_queue
                 .compare_and_swap(key, Some(&current), None as Option<&[u8]>)?;
+        if swapped.is_ok() {
+            self.commit.flush().await?;
+        }
         Ok(swapped.is_ok())
     }
     async fn apply_memory_update(
@@ -1144,6 +1147,9 @@ impl MaintenanceStore for SledStore {
             }
         }
         removed += self.sweep_subagents(rules::subagent_cutoff(now_ms, retain_ms))?;
+        if removed > 0 {
+            self.commit.flush().await?;
+        }
         Ok(removed)
     }
     async fn stats(&self) -> Result<StoreStats, StoreError> {
@@ -1152,9 +1158,6 @@ impl MaintenanceStore for SledStore {
             inbox: self.inbox_len.load(Ordering::SeqCst),
             outbox_pending: self.outbox_pending.load(Ordering::SeqCst),
         })
-    }
-    async fn flush(&self) -> Result<(), StoreError> {
-        self.commit.flush().await
     }
 }
 

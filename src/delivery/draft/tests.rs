@@ -1,4 +1,4 @@
-use crate::store::{Accept, Accepted, InboxStore, MaintenanceStore, MemStore, ThreadChoice};
+use crate::store::{Accept, Accepted, InboxStore, MemStore, ThreadChoice};
 use antler_channel::EditRate;
 
 use super::*;
@@ -41,14 +41,13 @@ async fn settle() {
     }
 }
 
-/// Waits, without letting paused time move, until the draft's id is in the store and synced.
-/// Saving is real I/O: a test sleeping meanwhile would let tokio jump its paused clock ahead.
+/// Waits, without letting paused time move, until the draft's id is in the store. Saving
+/// happens on another task: a test sleeping meanwhile would let tokio jump its paused clock
+/// ahead.
 async fn saved(store: &MemStore) -> Receipt {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     loop {
         if let Some(draft) = store.inbox().await.unwrap().remove(0).draft {
-            // A sync asked for now ends after the one the writer waits for (group commit).
-            store.flush().await.unwrap();
             settle().await;
             return draft;
         }
