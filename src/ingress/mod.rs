@@ -21,8 +21,6 @@ pub(crate) mod access;
 pub(crate) mod attachments;
 pub(crate) mod commands;
 mod dispatcher;
-mod memory_command;
-mod tasks_command;
 mod turn;
 
 pub(crate) use dispatcher::{Dispatcher, RunTurn};

@@ -28,7 +28,7 @@ use crate::agent::memory::MemoryUpdate;
 use crate::agent::memory::identity::MemoryIdentities;
 use crate::agent::message::ChatMessage;
 use crate::agent::middleware::RunEnding;
-use crate::agent::middleware::todo::{self, PlanMode, TodoConfig};
+use crate::agent::middleware::todo::TodoConfig;
 use crate::agent::runtime::{CheckpointError, RunLimits, RunObserver, Runtime, ToolProgress};
 use crate::agent::thread::{RunningTurn, ThreadState};
 use crate::delivery::{Delivery, Draft};
@@ -441,35 +441,17 @@ impl TurnRunner {
             draft: None,
             files: Vec::new(),
         };
-        if !config.plan_command {
-            let fixed = if config.enabled {
-                "Plan mode is always on here; it cannot be switched per conversation."
-            } else {
-                "Plan mode is off here; it cannot be switched per conversation."
-            };
+        if let Some(fixed) = commands::plan::fixed(config) {
             return answer(None, fixed);
         }
         let mut thread = match self.load_thread(item).await {
             Ok(thread) => thread,
             Err(unreadable) => return unreadable,
         };
-        let on = match switch {
-            PlanSwitch::Toggle => !config.plan_mode(&thread),
-            PlanSwitch::On => true,
-            PlanSwitch::Off => false,
-            PlanSwitch::Invalid => {
-                return answer(None, "Use /plan (switch), /plan on or /plan off.");
-            }
-        };
-        thread.extensions.set(&PlanMode { on });
-        thread.updated_at_ms = crate::now_ms();
-        let text = if on {
-            "📋 Plan mode is on for this conversation: for work of several steps the assistant \
-             keeps a todo list, shown in /status. /plan off turns it off."
-        } else {
-            "Plan mode is off for this conversation. /plan on turns it on."
-        };
-        answer(Some(thread), text)
+        match commands::plan::switch(config, switch, &mut thread, crate::now_ms()) {
+            Ok(text) => answer(Some(thread), text),
+            Err(usage) => answer(None, usage),
+        }
     }
 
     /// The item's thread, loaded (with retries) or new; when it cannot be read, the answer
@@ -833,17 +815,17 @@ impl TurnRunner {
     async fn command(&self, item: &InboxItem, command: Command) -> String {
         match command {
             Command::Help => commands::help().to_owned(),
-            Command::New => format!("New conversation started (thread {}).", item.thread_id),
-            Command::Unknown(name) => format!("Unknown command /{name}.\n{}", commands::help()),
+            Command::New => commands::new::answer(&item.thread_id),
+            Command::Unknown(name) => commands::help::unknown(&name),
             Command::Status => self.status(item).await,
             Command::Tasks => {
-                super::tasks_command::answer(self.inner.store.as_ref(), &item.thread_id).await
+                commands::tasks::answer(self.inner.store.as_ref(), &item.thread_id).await
             }
             Command::Memory(action) => {
-                super::memory_command::answer(
+                commands::memory::answer(
                     self.inner.store.as_ref(),
                     &self.inner.memory_identities,
-                    super::memory_command::Asker {
+                    commands::memory::Asker {
                         channel: &item.event.channel,
                         user_id: &item.event.user.id,
                         in_group: item.event.group,
@@ -854,18 +836,14 @@ impl TurnRunner {
             }
             // `plan` answers `/plan` itself, since it writes the thread; were it ever routed
             // here, the user would learn how to use it rather than nothing.
-            Command::Plan(_) => "Use /plan (switch), /plan on or /plan off.".to_owned(),
+            Command::Plan(_) => commands::plan::USAGE.to_owned(),
             Command::Stop => {
                 let stopped = self
                     .inner
                     .stops
                     .lock()
                     .is_ok_and(|mut stops| stops.remove(&item.seq));
-                if stopped {
-                    "⏹ Stopped the answer that was being written.".to_owned()
-                } else {
-                    "Nothing was running in this conversation.".to_owned()
-                }
+                commands::stop::answer(stopped).to_owned()
             }
         }
     }
@@ -879,47 +857,14 @@ impl TurnRunner {
             .and_then(std::sync::Weak::upgrade)
             .map_or(0, |q| q.waiting(item.event.conversation.as_str()));
         let backlog = inner.store.stats().await.map(|s| s.inbox).unwrap_or(0);
-        let mut out = format!("Thread: {}", item.thread_id);
-        if let Some(thread) = &thread {
-            if let Some(title) = &thread.title {
-                out.push_str(&format!(" — {title}"));
-            }
-            let failed: usize = thread.failed.iter().map(ExactSizeIterator::len).sum();
-            out.push_str(&format!(
-                "\nTurns: {} · messages: {}",
-                thread.turns,
-                thread.messages.len()
-            ));
-            if failed > 0 {
-                out.push_str(&format!(
-                    " ({failed} in failed turns, hidden from the model)"
-                ));
-            }
-            out.push_str(&format!(
-                "\nTokens: {} prompt + {} completion = {} total",
-                thread.usage.prompt_tokens,
-                thread.usage.completion_tokens,
-                thread.usage.total_tokens
-            ));
-        }
-        let plan_mode = thread
-            .as_ref()
-            .map_or(inner.todo.enabled, |thread| inner.todo.plan_mode(thread));
-        if inner.todo.in_chain() {
-            out.push_str(if plan_mode {
-                "\nPlan mode: on"
-            } else {
-                "\nPlan mode: off"
-            });
-        }
-        if let Some(list) = thread.as_ref().and_then(todo::status_list) {
-            out.push_str(&format!("\nTodos:\n{list}"));
-        }
-        out.push_str(&format!(
-            "\nModel: {}\nQueue: {waiting} waiting in this conversation, {backlog} in the inbox",
-            inner.runtime.model_name()
-        ));
-        out
+        commands::status::answer(&commands::status::Facts {
+            thread_id: &item.thread_id,
+            thread: thread.as_ref(),
+            todo: &inner.todo,
+            model: inner.runtime.model_name(),
+            waiting,
+            backlog,
+        })
     }
 }
 

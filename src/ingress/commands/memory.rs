@@ -15,7 +15,52 @@ use crate::agent::memory::identity::MemoryIdentities;
 use crate::memory::edit::{self, EditError};
 use crate::store::{MemoryQueueStore, MemoryStore};
 
-use super::commands::MemoryAction;
+use super::CommandInfo;
+
+/// `/memory` in `/help` and the command menus.
+pub(crate) const INFO: CommandInfo = CommandInfo {
+    name: "memory",
+    aliases: &[],
+    help: "what I remember about you (/memory forget <n>, /memory clear)",
+    menu: "What I remember about you; forget a fact or everything",
+};
+
+/// What `/memory` asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum MemoryAction {
+    /// `/memory`: show it.
+    Show,
+    /// `/memory forget <n>`: remove fact `n` as `/memory` numbers them.
+    Forget(usize),
+    /// `/memory clear`: asks for the confirmation.
+    Clear,
+    /// `/memory clear confirm`: forget everything. The confirmation is a word of the command,
+    /// not a state kept between messages, so nothing expires or leaks between users.
+    ClearConfirmed,
+    /// Anything else after `/memory`: answered with how to use it.
+    Invalid,
+}
+
+/// The words after `/memory`. Extra words after a complete form make it invalid, so a typo
+/// such as `/memory clear confirm all` does not clear.
+pub(super) fn parse<'a>(words: &mut impl Iterator<Item = &'a str>) -> MemoryAction {
+    let first = words.next().map(str::to_ascii_lowercase);
+    let second = words.next().map(str::to_ascii_lowercase);
+    if words.next().is_some() {
+        return MemoryAction::Invalid;
+    }
+    match (first.as_deref(), second.as_deref()) {
+        (None | Some("show"), None) => MemoryAction::Show,
+        (Some("forget"), Some(n)) => n
+            .parse::<usize>()
+            .ok()
+            .filter(|&n| n > 0)
+            .map_or(MemoryAction::Invalid, MemoryAction::Forget),
+        (Some("clear"), None) => MemoryAction::Clear,
+        (Some("clear"), Some("confirm")) => MemoryAction::ClearConfirmed,
+        _ => MemoryAction::Invalid,
+    }
+}
 
 /// How `/memory` is used, for a form it does not know.
 const USAGE: &str = "Use /memory to see what I remember about you, /memory forget <n> to \

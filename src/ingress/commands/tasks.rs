@@ -5,6 +5,16 @@ use crate::agent::subagents::{SubagentRecord, SubagentStatus};
 use crate::memory::edit::escape_markdown;
 use crate::store::SubagentStore;
 
+use super::CommandInfo;
+
+/// `/tasks` in `/help` and the command menus.
+pub(crate) const INFO: CommandInfo = CommandInfo {
+    name: "tasks",
+    aliases: &[],
+    help: "the tasks this conversation delegated, with their status",
+    menu: "The tasks this conversation delegated, with their status",
+};
+
 /// Tasks listed at most.
 const LISTED: usize = 10;
 

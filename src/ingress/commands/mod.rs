@@ -1,8 +1,22 @@
 //! Chat commands, the same on every channel: `/help`, `/new`, `/status`, `/stop`, `/plan`,
-//! `/memory`, `/tasks`.
+//! `/memory`, `/tasks`; one file each, with its name and description ([`CommandInfo`]), how
+//! its words are read and its answer. `/help` and the platforms' command menus are made from
+//! [`COMMANDS`]; the turn runner gathers what an answer needs and calls the command's file.
 //!
 //! A command is a message whose first token starts with `/`, matched case-insensitively, with
 //! a Telegram-style `@botname` suffix ignored (`/status@opsbot_bot`).
+
+pub(crate) mod help;
+pub(crate) mod memory;
+pub(crate) mod new;
+pub(crate) mod plan;
+pub(crate) mod status;
+pub(crate) mod stop;
+pub(crate) mod tasks;
+
+pub(crate) use help::help;
+pub(crate) use memory::MemoryAction;
+pub(crate) use plan::PlanSwitch;
 
 /// A recognised command.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -22,41 +36,14 @@ pub(crate) enum Command {
     Unknown(String),
 }
 
-/// What `/plan` asks for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum PlanSwitch {
-    /// `/plan`: the other way round.
-    Toggle,
-    /// `/plan on`
-    On,
-    /// `/plan off`
-    Off,
-    /// `/plan <something else>`: answered with how to use it.
-    Invalid,
-}
-
-/// What `/memory` asks for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum MemoryAction {
-    /// `/memory`: show it.
-    Show,
-    /// `/memory forget <n>`: remove fact `n` as `/memory` numbers them.
-    Forget(usize),
-    /// `/memory clear`: asks for the confirmation.
-    Clear,
-    /// `/memory clear confirm`: forget everything. The confirmation is a word of the command,
-    /// not a state kept between messages, so nothing expires or leaks between users.
-    ClearConfirmed,
-    /// Anything else after `/memory`: answered with how to use it.
-    Invalid,
-}
-
 /// One chat command, as `/help` and the platforms' command menus show it: the one list both
 /// are made from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct CommandInfo {
     /// What follows the `/`.
     pub(crate) name: &'static str,
+    /// Other names it answers to (not in menus).
+    pub(crate) aliases: &'static [&'static str],
     /// Its line in `/help`, after `/name — `.
     pub(crate) help: &'static str,
     /// Its entry in a command menu (Telegram's `setMyCommands`, Discord's and Slack's commands):
@@ -64,57 +51,16 @@ pub(crate) struct CommandInfo {
     pub(crate) menu: &'static str,
 }
 
-/// Every chat command (not their aliases), in the order `/help` lists them.
+/// Every chat command, in the order `/help` lists them.
 pub(crate) const COMMANDS: &[CommandInfo] = &[
-    CommandInfo {
-        name: "help",
-        help: "this list",
-        menu: "List the commands",
-    },
-    CommandInfo {
-        name: "new",
-        help: "start a fresh conversation (the old one is kept)",
-        menu: "Start a fresh conversation (the old one is kept)",
-    },
-    CommandInfo {
-        name: "status",
-        help: "the current thread, model, token usage and queue",
-        menu: "The current thread, model, token usage and queue",
-    },
-    CommandInfo {
-        name: "stop",
-        help: "stop the answer being written",
-        menu: "Stop the answer being written",
-    },
-    CommandInfo {
-        name: "plan",
-        help: "plan mode on or off for this conversation (/plan on, /plan off)",
-        menu: "Plan mode on or off for this conversation",
-    },
-    CommandInfo {
-        name: "memory",
-        help: "what I remember about you (/memory forget <n>, /memory clear)",
-        menu: "What I remember about you; forget a fact or everything",
-    },
-    CommandInfo {
-        name: "tasks",
-        help: "the tasks this conversation delegated, with their status",
-        menu: "The tasks this conversation delegated, with their status",
-    },
+    help::INFO,
+    new::INFO,
+    status::INFO,
+    stop::INFO,
+    plan::INFO,
+    memory::INFO,
+    tasks::INFO,
 ];
-
-/// The commands, for `/help` and the unknown-command reply, made from [`COMMANDS`].
-pub(crate) fn help() -> &'static str {
-    static HELP: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
-        let mut text = "Commands:\n".to_owned();
-        for command in COMMANDS {
-            text.push_str(&format!("/{} — {}\n", command.name, command.help));
-        }
-        text.push_str("Anything else is a message for the assistant.");
-        text
-    });
-    &HELP
-}
 
 /// The text after `/new`, etc. is ignored; `None` for ordinary messages.
 pub(crate) fn parse(text: &str) -> Option<Command> {
@@ -130,42 +76,22 @@ pub(crate) fn parse(text: &str) -> Option<Command> {
         // "/", "/ path", "/etc/hosts" are text, not commands.
         return None;
     }
-    Some(match name.as_str() {
-        "help" | "start" => Command::Help,
-        "new" | "reset" => Command::New,
+    let Some(info) = COMMANDS
+        .iter()
+        .find(|info| info.name == name || info.aliases.contains(&name.as_str()))
+    else {
+        return Some(Command::Unknown(name));
+    };
+    Some(match info.name {
+        "help" => Command::Help,
+        "new" => Command::New,
         "status" => Command::Status,
-        "stop" | "cancel" => Command::Stop,
-        "plan" => Command::Plan(match words.next().map(str::to_ascii_lowercase).as_deref() {
-            None => PlanSwitch::Toggle,
-            Some("on") => PlanSwitch::On,
-            Some("off") => PlanSwitch::Off,
-            Some(_) => PlanSwitch::Invalid,
-        }),
-        "memory" => Command::Memory(memory_action(&mut words)),
+        "stop" => Command::Stop,
+        "plan" => Command::Plan(plan::parse(&mut words)),
+        "memory" => Command::Memory(memory::parse(&mut words)),
         "tasks" => Command::Tasks,
         _ => Command::Unknown(name),
     })
-}
-
-/// The words after `/memory`. Extra words after a complete form make it invalid, so a typo
-/// such as `/memory clear confirm all` does not clear.
-fn memory_action<'a>(words: &mut impl Iterator<Item = &'a str>) -> MemoryAction {
-    let first = words.next().map(str::to_ascii_lowercase);
-    let second = words.next().map(str::to_ascii_lowercase);
-    if words.next().is_some() {
-        return MemoryAction::Invalid;
-    }
-    match (first.as_deref(), second.as_deref()) {
-        (None | Some("show"), None) => MemoryAction::Show,
-        (Some("forget"), Some(n)) => n
-            .parse::<usize>()
-            .ok()
-            .filter(|&n| n > 0)
-            .map_or(MemoryAction::Invalid, MemoryAction::Forget),
-        (Some("clear"), None) => MemoryAction::Clear,
-        (Some("clear"), Some("confirm")) => MemoryAction::ClearConfirmed,
-        _ => MemoryAction::Invalid,
-    }
 }
 
 #[cfg(test)]
@@ -231,6 +157,13 @@ mod tests {
             Some(Command::Plan(PlanSwitch::Invalid))
         );
         assert!(help().contains("/plan — "));
+    }
+
+    #[test]
+    fn aliases_name_the_same_commands() {
+        assert_eq!(parse("/start"), Some(Command::Help));
+        assert_eq!(parse("/reset"), Some(Command::New));
+        assert_eq!(parse("/cancel"), Some(Command::Stop));
     }
 
     #[test]
