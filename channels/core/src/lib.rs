@@ -18,7 +18,7 @@ pub mod render;
 pub mod verify;
 
 pub use addressing::{Addressing, addressed};
-pub use outbound::{header_secs, mask_secrets};
+pub use outbound::{header_secs, mask_secrets, read_bounded};
 
 pub use event::{
     AttachmentRef, AttachmentSource, ConversationKey, InboundEvent, OutboundFile, OutboundMessage,

@@ -1,7 +1,12 @@
 //! What every platform client does with the platform's answers: secrets masked out of the texts
-//! that reach errors and logs, and the wait a rate-limited answer asks for, read from a header.
+//! that reach errors and logs, the wait a rate-limited answer asks for, read from a header, and
+//! downloads bounded in size.
 
 use std::time::Duration;
+
+use futures_util::{Stream, StreamExt};
+
+use crate::ChannelError;
 
 /// `text` with each non-empty secret replaced by `***`: for any text made from a request or
 /// an answer (an error, a log line) before it leaves the client.
@@ -23,9 +28,59 @@ pub fn header_secs(headers: &http::HeaderMap, name: &str) -> Option<Duration> {
         .map(Duration::from_secs)
 }
 
+/// A download of at most `max_bytes`, read from `chunks` (a body's chunks as they arrive). A
+/// larger one is [`ChannelError::TooLarge`]: known before reading from the size the platform
+/// `declared` (a `Content-Length`, Telegram's file size), else once the chunks pass the limit,
+/// without reading the rest. A chunk that fails becomes `read_error`'s error.
+pub async fn read_bounded<S, B, E>(
+    chunks: S,
+    declared: Option<u64>,
+    max_bytes: u64,
+    read_error: impl Fn(E) -> ChannelError,
+) -> Result<Vec<u8>, ChannelError>
+where
+    S: Stream<Item = Result<B, E>>,
+    B: AsRef<[u8]>,
+{
+    if declared.is_some_and(|len| len > max_bytes) {
+        return Err(ChannelError::TooLarge { limit: max_bytes });
+    }
+    let mut chunks = std::pin::pin!(chunks);
+    let mut bytes = Vec::new();
+    while let Some(chunk) = chunks.next().await {
+        let chunk = chunk.map_err(&read_error)?;
+        let chunk = chunk.as_ref();
+        if (bytes.len() + chunk.len()) as u64 > max_bytes {
+            return Err(ChannelError::TooLarge { limit: max_bytes });
+        }
+        bytes.extend_from_slice(chunk);
+    }
+    Ok(bytes)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn chunks(parts: &[&'static [u8]]) -> impl Stream<Item = Result<&'static [u8], String>> {
+        futures_util::stream::iter(parts.iter().map(|p| Ok(*p)).collect::<Vec<_>>())
+    }
+
+    #[tokio::test]
+    async fn a_download_is_read_up_to_its_limit_and_refused_past_it() {
+        let error = |e: String| ChannelError::Transient(e);
+        let read = read_bounded(chunks(&[b"ab", b"cd"]), Some(4), 4, error).await;
+        assert_eq!(read.unwrap(), b"abcd");
+        // Declared too large: refused before a byte is read.
+        let declared = read_bounded(chunks(&[b"ab"]), Some(5), 4, error).await;
+        assert!(matches!(declared, Err(ChannelError::TooLarge { limit: 4 })));
+        // Not declared (or declared wrongly): refused when the chunks pass the limit.
+        let read = read_bounded(chunks(&[b"abc", b"de", b"never read"]), Some(1), 4, error).await;
+        assert!(matches!(read, Err(ChannelError::TooLarge { limit: 4 })));
+        let failing = futures_util::stream::iter(vec![Ok(&b"a"[..]), Err("reset".to_owned())]);
+        let read = read_bounded(failing, None, 4, error).await;
+        assert!(matches!(read, Err(ChannelError::Transient(ref e)) if e == "reset"));
+    }
 
     #[test]
     fn every_secret_is_masked_and_an_empty_one_masks_nothing() {

@@ -336,7 +336,7 @@ impl FeishuApi {
         let mut refreshed = false;
         loop {
             let token = self.tenant_token().await?;
-            let mut response = self
+            let response = self
                 .http
                 .get(&url)
                 .query(&[("type", kind)])
@@ -350,21 +350,14 @@ impl FeishuApi {
                 .and_then(|v| v.to_str().ok())
                 .is_some_and(|v| v.starts_with("application/json"));
             if response.status().is_success() && !json {
-                if response.content_length().is_some_and(|len| len > max_bytes) {
-                    return Err(ChannelError::TooLarge { limit: max_bytes });
-                }
-                let mut bytes = Vec::new();
-                while let Some(chunk) = response
-                    .chunk()
-                    .await
-                    .map_err(|e| self.transport(e, &token))?
-                {
-                    if (bytes.len() + chunk.len()) as u64 > max_bytes {
-                        return Err(ChannelError::TooLarge { limit: max_bytes });
-                    }
-                    bytes.extend_from_slice(&chunk);
-                }
-                return Ok(bytes);
+                let declared = response.content_length();
+                return antler_channel::read_bounded(
+                    response.bytes_stream(),
+                    declared,
+                    max_bytes,
+                    |e| self.transport(e, &token),
+                )
+                .await;
             }
             // An error (or a JSON answer where a file was expected): Feishu's code says which.
             match self.judge(response, &token).await {

@@ -187,7 +187,7 @@ impl SlackApi {
                 url.host_str().unwrap_or("a URL without a host")
             )));
         }
-        let mut response = self
+        let response = self
             .http
             .get(url)
             .bearer_auth(self.token.token_value.0.as_str())
@@ -210,17 +210,11 @@ impl SlackApi {
                 "Slack answered HTTP {status} for a file"
             )));
         }
-        if response.content_length().is_some_and(|len| len > max_bytes) {
-            return Err(ChannelError::TooLarge { limit: max_bytes });
-        }
-        let mut bytes = Vec::new();
-        while let Some(chunk) = response.chunk().await.map_err(|e| self.transport(&e))? {
-            if (bytes.len() + chunk.len()) as u64 > max_bytes {
-                return Err(ChannelError::TooLarge { limit: max_bytes });
-            }
-            bytes.extend_from_slice(&chunk);
-        }
-        Ok(bytes)
+        let declared = response.content_length();
+        antler_channel::read_bounded(response.bytes_stream(), declared, max_bytes, |e| {
+            self.transport(&e)
+        })
+        .await
     }
 
     /// Slack's file host over https, or the configured API's own scheme, host and port.

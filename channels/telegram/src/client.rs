@@ -3,7 +3,6 @@
 //! and reqwest's errors name the URL).
 
 use antler_channel::ChannelError;
-use futures_util::StreamExt;
 use teloxide_core::Bot;
 use teloxide_core::errors::{ApiError, RequestError};
 use teloxide_core::net::Download;
@@ -133,21 +132,12 @@ impl TelegramApi {
             .get_file(FileId(file_id.to_owned()))
             .await
             .map_err(|e| self.error(e))?;
-        if u64::from(file.meta.size) > max_bytes {
-            return Err(ChannelError::TooLarge { limit: max_bytes });
-        }
-        let mut stream = self.bot.download_file_stream(&file.path);
-        let mut bytes = Vec::new();
-        while let Some(chunk) = stream.next().await {
-            let chunk = chunk.map_err(|e| {
-                ChannelError::Transient(self.mask(&format!("downloading a file failed: {e}")))
-            })?;
-            if (bytes.len() + chunk.len()) as u64 > max_bytes {
-                return Err(ChannelError::TooLarge { limit: max_bytes });
-            }
-            bytes.extend_from_slice(&chunk);
-        }
-        Ok(bytes)
+        let declared = Some(u64::from(file.meta.size));
+        let chunks = self.bot.download_file_stream(&file.path);
+        antler_channel::read_bounded(chunks, declared, max_bytes, |e| {
+            ChannelError::Transient(self.mask(&format!("downloading a file failed: {e}")))
+        })
+        .await
     }
 
     /// Sends one message (`sendMessage`) and returns its id. `html` selects Telegram's HTML
