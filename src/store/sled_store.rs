@@ -102,6 +102,16 @@ fn decode<T: DeserializeOwned>(what: &'static str, bytes: &[u8]) -> Result<T, St
     })
 }
 
+/// Runs `work` (a whole scan, a sweep) on the blocking pool: a scan of a large tree must not
+/// hold up the async workers that answer webhooks.
+async fn off_the_workers<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T, StoreError> + Send + 'static,
+) -> Result<T, StoreError> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| StoreError::backend(format!("a store scan failed: {e}")))?
+}
+
 /// Aborts a transaction with a store error.
 fn abort<T>(e: StoreError) -> Result<T, ConflictableTransactionError<StoreError>> {
     Err(ConflictableTransactionError::Abort(e))
@@ -402,6 +412,46 @@ impl SledStore {
         self.commit.syncs()
     }
 
+    /// [`MaintenanceStore::sweep`]'s walk, on the blocking pool; not yet synced.
+    fn sweep_now(&self, now_ms: u64, retain_ms: u64) -> Result<usize, StoreError> {
+        let mut removed = 0;
+        // Dedupe generations whose every key has expired: keys of a generation were accepted
+        // before `start + length` with a TTL of `length`, so they expire before
+        // `start + 2 length`.
+        for name in self.db.tree_names() {
+            let Some((start, length)) = parse_generation(&name) else {
+                continue;
+            };
+            if start.saturating_add(length.saturating_mul(2)) <= now_ms {
+                if let Ok(mut cached) = self.dedupe_generations.lock() {
+                    // Never leave a dropped tree in the cache.
+                    *cached = None;
+                }
+                if self.db.drop_tree(&name)? {
+                    removed += 1;
+                }
+            }
+        }
+        // Finished outbox items past retention. Keys follow the arrival order of the messages
+        // they answer, which is close to creation order: the walk stops at the first item
+        // created after the cutoff, so an item behind a slower one is swept a little later,
+        // never early.
+        let cutoff = now_ms.saturating_sub(retain_ms);
+        for entry in self.outbox.iter() {
+            let (key, value) = entry?;
+            let item: OutboxItem = decode("outbox item", &value)?;
+            if item.created_at_ms > cutoff {
+                break;
+            }
+            if rules::outbox_expired(&item, cutoff) {
+                self.outbox.remove(&key)?;
+                removed += 1;
+            }
+        }
+        removed += self.sweep_subagents(rules::subagent_cutoff(now_ms, retain_ms))?;
+        Ok(removed)
+    }
+
     /// Removes finished subagent records that ended before `cutoff`, with their index
     /// entries. Ids sort in creation order, so the walk stops at the first record created
     /// after the cutoff.
@@ -661,7 +711,8 @@ impl InboxStore for SledStore {
         Ok(outcomes)
     }
     async fn inbox(&self) -> Result<Vec<InboxItem>, StoreError> {
-        Self::scan(&self.inbox, "inbox item")
+        let inbox = self.inbox.clone();
+        off_the_workers(move || Self::scan(&inbox, "inbox item")).await
     }
     async fn start_turn(&self, seq: u64) -> Result<InboxItem, StoreError> {
         let (_, item) = update_record(&self.inbox, "inbox item", seq, rules::start_turn)?;
@@ -783,11 +834,15 @@ impl ThreadStore for SledStore {
 #[async_trait::async_trait]
 impl OutboxStore for SledStore {
     async fn outbox_pending(&self) -> Result<Vec<OutboxItem>, StoreError> {
-        let all: Vec<OutboxItem> = Self::scan(&self.outbox, "outbox item")?;
-        Ok(all
-            .into_iter()
-            .filter(|i| i.status == OutboxStatus::Pending)
-            .collect())
+        let outbox = self.outbox.clone();
+        off_the_workers(move || {
+            let all: Vec<OutboxItem> = Self::scan(&outbox, "outbox item")?;
+            Ok(all
+                .into_iter()
+                .filter(|i| i.status == OutboxStatus::Pending)
+                .collect())
+        })
+        .await
     }
     async fn outbox_item(&self, seq: u64) -> Result<Option<OutboxItem>, StoreError> {
         Self::get(&self.outbox, "outbox item", &seq_key(seq))
@@ -882,13 +937,21 @@ impl MemoryStore for SledStore {
         };
         // Transactions cannot scan, so the queue is scanned first and each entry checked
         // again inside the transaction (it may have been replaced meanwhile).
-        let mut candidates = Vec::new();
-        for entry in &self.memory_queue {
-            let (key, value) = entry?;
-            if owned(&value) {
-                candidates.push(key);
+        let queue = self.memory_queue.clone();
+        let owners = queued_for.to_vec();
+        let candidates = off_the_workers(move || {
+            let mut candidates = Vec::new();
+            for entry in &queue {
+                let (key, value) = entry?;
+                let owned = decode::<MemoryUpdate>("memory update", &value)
+                    .is_ok_and(|u| owners.contains(&u.user_id));
+                if owned {
+                    candidates.push(key);
+                }
             }
-        }
+            Ok(candidates)
+        })
+        .await?;
         let cleared = (&self.memory, &self.memory_queue)
             .transaction(|(memory, queue)| {
                 let document = memory.remove(user_key.as_bytes())?.is_some();
@@ -943,8 +1006,12 @@ impl MemoryQueueStore for SledStore {
         now_ms: u64,
         limit: usize,
     ) -> Result<Vec<MemoryUpdate>, StoreError> {
-        let queued: Vec<MemoryUpdate> = Self::scan(&self.memory_queue, "memory update")?;
-        Ok(rules::due_updates(queued, now_ms, limit))
+        let queue = self.memory_queue.clone();
+        off_the_workers(move || {
+            let queued: Vec<MemoryUpdate> = Self::scan(&queue, "memory update")?;
+            Ok(rules::due_updates(queued, now_ms, limit))
+        })
+        .await
     }
     async fn remove_memory_update(&self, processed: &MemoryUpdate) -> Result<bool, StoreError> {
         let key = memory_queue_key(processed);
@@ -1096,7 +1163,9 @@ impl SubagentStore for SledStore {
         reason: &str,
         now_ms: u64,
     ) -> Result<usize, StoreError> {
-        let records: Vec<SubagentRecord> = Self::scan(&self.subagents, "subagent")?;
+        let subagents = self.subagents.clone();
+        let records: Vec<SubagentRecord> =
+            off_the_workers(move || Self::scan(&subagents, "subagent")).await?;
         let mut failed = 0;
         for record in records.into_iter().filter(|r| !r.status.is_terminal()) {
             let change = SubagentChange::failed(SubagentStatus::Failed, reason, now_ms);
@@ -1112,41 +1181,8 @@ impl SubagentStore for SledStore {
 #[async_trait::async_trait]
 impl MaintenanceStore for SledStore {
     async fn sweep(&self, now_ms: u64, retain_ms: u64) -> Result<usize, StoreError> {
-        let mut removed = 0;
-        // Dedupe generations whose every key has expired: keys of a generation were accepted
-        // before `start + length` with a TTL of `length`, so they expire before
-        // `start + 2 length`.
-        for name in self.db.tree_names() {
-            let Some((start, length)) = parse_generation(&name) else {
-                continue;
-            };
-            if start.saturating_add(length.saturating_mul(2)) <= now_ms {
-                if let Ok(mut cached) = self.dedupe_generations.lock() {
-                    // Never leave a dropped tree in the cache.
-                    *cached = None;
-                }
-                if self.db.drop_tree(&name)? {
-                    removed += 1;
-                }
-            }
-        }
-        // Finished outbox items past retention. Keys follow the arrival order of the messages
-        // they answer, which is close to creation order: the walk stops at the first item
-        // created after the cutoff, so an item behind a slower one is swept a little later,
-        // never early.
-        let cutoff = now_ms.saturating_sub(retain_ms);
-        for entry in self.outbox.iter() {
-            let (key, value) = entry?;
-            let item: OutboxItem = decode("outbox item", &value)?;
-            if item.created_at_ms > cutoff {
-                break;
-            }
-            if rules::outbox_expired(&item, cutoff) {
-                self.outbox.remove(&key)?;
-                removed += 1;
-            }
-        }
-        removed += self.sweep_subagents(rules::subagent_cutoff(now_ms, retain_ms))?;
+        let store = self.clone();
+        let removed = off_the_workers(move || store.sweep_now(now_ms, retain_ms)).await?;
         if removed > 0 {
             self.commit.flush().await?;
         }
