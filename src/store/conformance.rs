@@ -12,8 +12,8 @@ use std::sync::Arc;
 use antler_channel::{ConversationKey, OutboundMessage, Receipt};
 
 use super::{
-    Accept, Accepted, Claimed, ClearedMemory, FinishTurn, InboxItem, InboxStatus, OutboxStatus,
-    Store, StoreError, ThreadChoice,
+    Accept, Accepted, Claimed, ClearedMemory, FinishTurn, InboxItem, InboxStatus, InboxStore,
+    OutboxStatus, Store, StoreError, ThreadChoice,
 };
 use crate::agent::memory::{MemoryDocument, MemoryUpdate};
 use crate::agent::message::{ChatMessage, TokenUsage};
@@ -67,14 +67,16 @@ macro_rules! conformance {
 }
 pub(crate) use conformance;
 
-async fn accept_new(store: &Arc<dyn Store>, request: Accept) -> InboxItem {
+/// Accepts a message that must be new.
+pub(crate) async fn accept_new<S: InboxStore + ?Sized>(store: &S, request: Accept) -> InboxItem {
     match store.accept(request).await.unwrap() {
         Accepted::New(item) => item,
         other => panic!("expected a new message, got {other:?}"),
     }
 }
 
-fn accept(event_id: &str, thread: ThreadChoice, now_ms: u64) -> Accept {
+/// An event of conversation `c1` with a TTL of 1 s.
+pub(crate) fn accept(event_id: &str, thread: ThreadChoice, now_ms: u64) -> Accept {
     Accept {
         dedupe_ttl_ms: 1_000,
         event: event("c1", event_id, "hi"),
@@ -100,7 +102,7 @@ pub(crate) async fn accept_stores_once_and_recognises_redelivery_until_expiry(
 ) {
     let store = backend.open();
     let InboxItem { seq, thread_id, .. } =
-        accept_new(&store, accept("m1", ThreadChoice::Current, 10)).await;
+        accept_new(&*store, accept("m1", ThreadChoice::Current, 10)).await;
     let again = store
         .accept(accept("m1", ThreadChoice::Current, 20))
         .await
@@ -152,10 +154,10 @@ pub(crate) async fn fresh_thread_starts_the_next_generation(backend: &dyn Backen
     let store = backend.open();
     let InboxItem {
         thread_id: first, ..
-    } = accept_new(&store, accept("m1", ThreadChoice::Current, 1)).await;
+    } = accept_new(&*store, accept("m1", ThreadChoice::Current, 1)).await;
     let InboxItem {
         thread_id: second, ..
-    } = accept_new(&store, accept("m2", ThreadChoice::Fresh, 2)).await;
+    } = accept_new(&*store, accept("m2", ThreadChoice::Fresh, 2)).await;
     assert_ne!(first, second);
     let record = store.conversation("api:c1").await.unwrap().unwrap();
     assert_eq!(record.generation, 1);
@@ -176,7 +178,7 @@ pub(crate) async fn finish_turn_writes_thread_outbox_and_removes_the_inbox_item_
 ) {
     let store = backend.open();
     let InboxItem { seq, thread_id, .. } =
-        accept_new(&store, accept("m1", ThreadChoice::Current, 1)).await;
+        accept_new(&*store, accept("m1", ThreadChoice::Current, 1)).await;
     let started = store.start_turn(seq).await.unwrap();
     assert_eq!(
         (started.status, started.attempts),
@@ -239,7 +241,7 @@ pub(crate) async fn finish_turn_writes_thread_outbox_and_removes_the_inbox_item_
 pub(crate) async fn delivery_records_receipts_and_failures(backend: &dyn Backend) {
     let store = backend.open();
     let InboxItem { seq, thread_id, .. } =
-        accept_new(&store, accept("m1", ThreadChoice::Current, 1)).await;
+        accept_new(&*store, accept("m1", ThreadChoice::Current, 1)).await;
     let items = store
         .finish_turn(FinishTurn {
             inbox_seq: seq,
@@ -292,7 +294,7 @@ pub(crate) async fn a_saved_draft_survives_a_reopen_and_goes_to_the_first_reply(
     let (seq, thread_id) = {
         let store = backend.open();
         let InboxItem { seq, thread_id, .. } =
-            accept_new(&store, accept("m1", ThreadChoice::Current, 1)).await;
+            accept_new(&*store, accept("m1", ThreadChoice::Current, 1)).await;
         store.save_draft(seq, &draft).await.unwrap();
         (seq, thread_id)
     };
@@ -320,9 +322,9 @@ pub(crate) async fn state_survives_reopening(backend: &dyn Backend) {
     let thread_id = {
         let store = backend.open();
         let InboxItem { thread_id, .. } =
-            accept_new(&store, accept("m1", ThreadChoice::Current, 1)).await;
+            accept_new(&*store, accept("m1", ThreadChoice::Current, 1)).await;
         let InboxItem { seq, .. } =
-            accept_new(&store, accept("m2", ThreadChoice::Current, 1)).await;
+            accept_new(&*store, accept("m2", ThreadChoice::Current, 1)).await;
         store
             .finish_turn(FinishTurn {
                 inbox_seq: seq,
@@ -347,7 +349,7 @@ pub(crate) async fn state_survives_reopening(backend: &dyn Backend) {
     let stats = store.stats().await.unwrap();
     assert_eq!((stats.inbox, stats.outbox_pending), (1, 1));
     // A new event in the same conversation joins its thread.
-    let next = accept_new(&store, accept("m3", ThreadChoice::Current, 2)).await;
+    let next = accept_new(&*store, accept("m3", ThreadChoice::Current, 2)).await;
     assert_eq!(next.thread_id, thread_id);
 }
 
@@ -818,7 +820,8 @@ pub(crate) async fn memory_keys_page_in_key_order(backend: &dyn Backend) {
     );
 }
 
-fn accept_in(conversation: &str, event_id: &str, now_ms: u64, ttl_ms: u64) -> Accept {
+/// An event of `conversation` with a TTL of `ttl_ms`.
+pub(crate) fn accept_in(conversation: &str, event_id: &str, now_ms: u64, ttl_ms: u64) -> Accept {
     Accept {
         dedupe_ttl_ms: ttl_ms,
         event: event(conversation, event_id, "hi"),
@@ -847,7 +850,7 @@ pub(crate) async fn dedupe_keys_of_different_conversations_never_collide(backend
 
 pub(crate) async fn a_released_turn_gives_its_attempt_back(backend: &dyn Backend) {
     let store = backend.open();
-    let InboxItem { seq, .. } = accept_new(&store, accept("m1", ThreadChoice::Current, 1)).await;
+    let InboxItem { seq, .. } = accept_new(&*store, accept("m1", ThreadChoice::Current, 1)).await;
     assert_eq!(store.start_turn(seq).await.unwrap().attempts, 1);
     store.release_turn(seq).await.unwrap();
     let item = &store.inbox().await.unwrap()[0];
@@ -858,7 +861,7 @@ pub(crate) async fn a_released_turn_gives_its_attempt_back(backend: &dyn Backend
 pub(crate) async fn checkpoints_append_messages_and_keep_failed_spans(backend: &dyn Backend) {
     let store = backend.open();
     let InboxItem { thread_id, .. } =
-        accept_new(&store, accept("m1", ThreadChoice::Current, 1)).await;
+        accept_new(&*store, accept("m1", ThreadChoice::Current, 1)).await;
     let mut thread = store.thread(&thread_id).await.unwrap().unwrap();
     for turn in 0..20 {
         thread
@@ -883,7 +886,7 @@ pub(crate) async fn counts_follow_accepts_and_finished_turns(backend: &dyn Backe
     let store = backend.open();
     let mut seqs = Vec::new();
     for n in 0..3 {
-        let item = accept_new(&store, accept(&format!("m{n}"), ThreadChoice::Current, 1)).await;
+        let item = accept_new(&*store, accept(&format!("m{n}"), ThreadChoice::Current, 1)).await;
         seqs.push(item.seq);
     }
     // A redelivery adds nothing.

@@ -29,10 +29,10 @@ pub(crate) enum Call {
 #[derive(Debug)]
 pub(crate) struct FaultyStore {
     inner: Arc<dyn Store>,
-    faults: Mutex<HashMap<Call, VecDeque<StoreError>>>,
+    faults: Faults,
     /// Failures reported after the call reached the store (the write happened, its sync
     /// failed).
-    after: Mutex<HashMap<Call, VecDeque<StoreError>>>,
+    after: Faults,
 }
 
 impl FaultyStore {
@@ -47,12 +47,7 @@ impl FaultyStore {
     /// Makes the next `times` calls of `call` fail with `error` (after any failures already
     /// queued for it), without reaching the store.
     pub(crate) fn fail_next(&self, call: Call, times: usize, error: &StoreError) {
-        if let Ok(mut faults) = self.faults.lock() {
-            faults
-                .entry(call)
-                .or_default()
-                .extend(std::iter::repeat_n(error.clone(), times));
-        }
+        queue_faults(&self.faults, call, times, error);
     }
 
     /// Makes the next `times` calls of `call` fail as an unavailable disk does.
@@ -63,12 +58,7 @@ impl FaultyStore {
     /// Makes the next `times` calls of `call` reach the store and then fail with `error`, as
     /// a write whose sync failed does.
     pub(crate) fn fail_after_next(&self, call: Call, times: usize, error: &StoreError) {
-        if let Ok(mut after) = self.after.lock() {
-            after
-                .entry(call)
-                .or_default()
-                .extend(std::iter::repeat_n(error.clone(), times));
-        }
+        queue_faults(&self.after, call, times, error);
     }
 
     fn fault(&self, call: Call) -> Result<(), StoreError> {
@@ -84,10 +74,19 @@ impl FaultyStore {
     }
 }
 
-fn next_fault(
-    faults: &Mutex<HashMap<Call, VecDeque<StoreError>>>,
-    call: Call,
-) -> Option<StoreError> {
+/// Failures waiting for their calls.
+type Faults = Mutex<HashMap<Call, VecDeque<StoreError>>>;
+
+fn queue_faults(faults: &Faults, call: Call, times: usize, error: &StoreError) {
+    if let Ok(mut faults) = faults.lock() {
+        faults
+            .entry(call)
+            .or_default()
+            .extend(std::iter::repeat_n(error.clone(), times));
+    }
+}
+
+fn next_fault(faults: &Faults, call: Call) -> Option<StoreError> {
     faults
         .lock()
         .ok()

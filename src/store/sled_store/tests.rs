@@ -4,9 +4,8 @@ use antler_channel::{ConversationKey, OutboundMessage};
 
 use super::*;
 use crate::agent::message::ChatMessage;
-use crate::store::conformance::{Backend, conformance};
+use crate::store::conformance::{Backend, accept, accept_in, accept_new, conformance};
 use crate::store::{Store, ThreadChoice, outbox_seq};
-use crate::test_support::event;
 
 const CACHE: u64 = 8 * 1024 * 1024;
 
@@ -26,32 +25,6 @@ impl Backend for SledBackend {
 }
 
 conformance!(SledBackend::new());
-
-/// Accepts a message that must be new.
-async fn accept_new(store: &SledStore, request: Accept) -> InboxItem {
-    match store.accept(request).await.unwrap() {
-        Accepted::New(item) => item,
-        other => panic!("expected a new message, got {other:?}"),
-    }
-}
-
-fn accept(event_id: &str, thread: ThreadChoice, now_ms: u64) -> Accept {
-    Accept {
-        dedupe_ttl_ms: 1_000,
-        event: event("c1", event_id, "hi"),
-        thread,
-        now_ms,
-    }
-}
-
-fn accept_in(conversation: &str, event_id: &str, now_ms: u64, ttl_ms: u64) -> Accept {
-    Accept {
-        dedupe_ttl_ms: ttl_ms,
-        event: event(conversation, event_id, "hi"),
-        thread: ThreadChoice::Current,
-        now_ms,
-    }
-}
 
 #[tokio::test]
 async fn keys_stay_known_until_they_expire_when_the_ttl_changes() {
