@@ -38,7 +38,7 @@ use antler_channel::{
     AttachmentRef, AttachmentSource, Channel, ChannelError, FileContent, InboundEvent,
     OutboundFile, OutboundMessage, Parsed, Part, Receipt, UserRef, WebhookRequest,
 };
-use axum::extract::{Path, Request, State};
+use axum::extract::{Request, State};
 use axum::http::StatusCode;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
@@ -51,6 +51,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::AppState;
 use super::error::ApiError;
+use super::extract::ApiPath;
 use super::guard::{ApiAuth, Principal};
 use crate::agent::input::ThreadFolders;
 use crate::agent::message::ChatMessage;
@@ -791,7 +792,7 @@ async fn readable_thread(
 pub(crate) async fn get_thread(
     State(state): State<AppState>,
     Extension(principal): Extension<Arc<Principal>>,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
 ) -> Result<Response, ApiError> {
     let thread = readable_thread(&state, &principal, &id).await?;
     Ok(Json(thread_view(&thread)).into_response())
@@ -823,7 +824,7 @@ fn no_file(name: &str) -> ApiError {
 pub(crate) async fn get_file(
     State(state): State<AppState>,
     Extension(principal): Extension<Arc<Principal>>,
-    Path((id, name)): Path<(String, String)>,
+    ApiPath((id, name)): ApiPath<(String, String)>,
 ) -> Result<Response, ApiError> {
     readable_thread(&state, &principal, &id).await?;
     let folders = ThreadFolders::new(&state.data_root, &id).map_err(|_| no_file(&name))?;
@@ -876,7 +877,7 @@ pub(crate) async fn get_file(
 pub(crate) async fn thread_events(
     State(state): State<AppState>,
     Extension(principal): Extension<Arc<Principal>>,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
 ) -> Result<Response, ApiError> {
     readable_thread(&state, &principal, &id).await?;
     let permit = stream_permit(&state)?;

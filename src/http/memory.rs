@@ -20,19 +20,16 @@
 //! [`Store::update_memory`]: crate::store::Store::update_memory
 //! [`Store::clear_memory`]: crate::store::Store::clear_memory
 
-use std::sync::Arc;
-
-use axum::extract::rejection::{PathRejection, QueryRejection};
-use axum::extract::{Path, Query, Request, State};
+use axum::Json;
+use axum::extract::{Request, State};
 use axum::response::{IntoResponse, Response};
-use axum::{Extension, Json};
 use serde::Deserialize;
 use serde_json::json;
 
 use super::AppState;
 use super::api::read_body;
 use super::error::ApiError;
-use super::guard::Principal;
+use super::extract::{Admin, AdminApi, ApiPath, ApiQuery};
 use crate::agent::memory::MemoryDocument;
 use crate::memory::edit;
 
@@ -49,13 +46,15 @@ pub(crate) struct Page {
     limit: Option<usize>,
 }
 
-fn admin_only(principal: &Principal) -> Result<(), ApiError> {
-    principal
-        .require_admin("the memory API needs an admin token; users see their memory with /memory")
+/// The memory API, admin only.
+pub(crate) struct MemoryApi;
+
+impl AdminApi for MemoryApi {
+    const HINT: &'static str =
+        "the memory API needs an admin token; users see their memory with /memory";
 }
 
-fn user_key(path: Result<Path<String>, PathRejection>) -> Result<String, ApiError> {
-    let Path(key) = path.map_err(|e| ApiError::BadRequest(e.body_text()))?;
+fn user_key(key: String) -> Result<String, ApiError> {
     edit::check_user_key(&key).map_err(|e| ApiError::BadRequest(e.to_string()))?;
     Ok(key)
 }
@@ -63,11 +62,9 @@ fn user_key(path: Result<Path<String>, PathRejection>) -> Result<String, ApiErro
 /// `GET /api/v1/memory`
 pub(crate) async fn list(
     State(state): State<AppState>,
-    Extension(principal): Extension<Arc<Principal>>,
-    page: Result<Query<Page>, QueryRejection>,
+    _: Admin<MemoryApi>,
+    ApiQuery(page): ApiQuery<Page>,
 ) -> Result<Response, ApiError> {
-    admin_only(&principal)?;
-    let Query(page) = page.map_err(|e| ApiError::BadRequest(e.body_text()))?;
     let limit = page.limit.unwrap_or(DEFAULT_PAGE);
     if !(1..=MAX_PAGE).contains(&limit) {
         return Err(ApiError::BadRequest(format!(
@@ -91,11 +88,10 @@ pub(crate) async fn list(
 /// `GET /api/v1/memory/{user_key}`
 pub(crate) async fn get(
     State(state): State<AppState>,
-    Extension(principal): Extension<Arc<Principal>>,
-    path: Result<Path<String>, PathRejection>,
+    _: Admin<MemoryApi>,
+    ApiPath(key): ApiPath<String>,
 ) -> Result<Response, ApiError> {
-    admin_only(&principal)?;
-    let key = user_key(path)?;
+    let key = user_key(key)?;
     match state.store.memory(&key).await? {
         Some(doc) => Ok(Json(doc).into_response()),
         None => Err(ApiError::NotFound(format!("no memory for `{key}`"))),
@@ -105,12 +101,11 @@ pub(crate) async fn get(
 /// `PUT /api/v1/memory/{user_key}`
 pub(crate) async fn put(
     State(state): State<AppState>,
-    Extension(principal): Extension<Arc<Principal>>,
-    path: Result<Path<String>, PathRejection>,
+    _: Admin<MemoryApi>,
+    ApiPath(key): ApiPath<String>,
     request: Request,
 ) -> Result<Response, ApiError> {
-    admin_only(&principal)?;
-    let key = user_key(path)?;
+    let key = user_key(key)?;
     let body = read_body(&state, "api", request).await?;
     let doc: MemoryDocument = serde_json::from_slice(&body)
         .map_err(|e| ApiError::BadRequest(format!("the body is not a memory document: {e}")))?;
@@ -130,11 +125,10 @@ pub(crate) async fn put(
 /// `DELETE /api/v1/memory/{user_key}`
 pub(crate) async fn delete(
     State(state): State<AppState>,
-    Extension(principal): Extension<Arc<Principal>>,
-    path: Result<Path<String>, PathRejection>,
+    _: Admin<MemoryApi>,
+    ApiPath(key): ApiPath<String>,
 ) -> Result<Response, ApiError> {
-    admin_only(&principal)?;
-    let key = user_key(path)?;
+    let key = user_key(key)?;
     let cleared = state
         .store
         .clear_memory(&key, &state.memory_identities.names_of(&key))
@@ -154,12 +148,10 @@ pub(crate) async fn delete(
 /// `DELETE /api/v1/memory/{user_key}/facts/{fact_id}`
 pub(crate) async fn delete_fact(
     State(state): State<AppState>,
-    Extension(principal): Extension<Arc<Principal>>,
-    path: Result<Path<(String, String)>, PathRejection>,
+    _: Admin<MemoryApi>,
+    ApiPath((key, fact_id)): ApiPath<(String, String)>,
 ) -> Result<Response, ApiError> {
-    admin_only(&principal)?;
-    let Path((key, fact_id)) = path.map_err(|e| ApiError::BadRequest(e.body_text()))?;
-    edit::check_user_key(&key).map_err(|e| ApiError::BadRequest(e.to_string()))?;
+    let key = user_key(key)?;
     let mut removed = None;
     state
         .store

@@ -3,6 +3,7 @@
 
 pub(crate) mod api;
 mod error;
+mod extract;
 pub(crate) mod guard;
 mod memory;
 mod ops;

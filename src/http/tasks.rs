@@ -14,31 +14,29 @@
 //! Admin only, as the memory API: a prompt and a result may hold anything of the
 //! conversation that delegated them. Users see their conversation's tasks with `/tasks`.
 
-use std::sync::Arc;
-
-use axum::extract::rejection::{PathRejection, QueryRejection};
-use axum::extract::{Path, Query, State};
+use axum::Json;
+use axum::extract::State;
 use axum::response::{IntoResponse, Response};
-use axum::{Extension, Json};
 use serde::Deserialize;
 
 use super::AppState;
 use super::error::ApiError;
-use super::guard::Principal;
+use super::extract::{Admin, AdminApi, ApiPath, ApiQuery};
 use crate::agent::subagents::SubagentRecord;
 use crate::agent::subagents::executor::CancelOutcome;
 
 /// The longest task id accepted.
 const MAX_ID_CHARS: usize = 64;
 
-fn admin_only(principal: &Principal) -> Result<(), ApiError> {
-    principal.require_admin(
-        "the task API needs an admin token; users see their conversation's tasks with /tasks",
-    )
+/// The task API, admin only.
+pub(crate) struct TaskApi;
+
+impl AdminApi for TaskApi {
+    const HINT: &'static str =
+        "the task API needs an admin token; users see their conversation's tasks with /tasks";
 }
 
-fn task_id(path: Result<Path<String>, PathRejection>) -> Result<String, ApiError> {
-    let Path(id) = path.map_err(|e| ApiError::BadRequest(e.body_text()))?;
+fn task_id(id: String) -> Result<String, ApiError> {
     let well_formed = id.starts_with("task_")
         && id.len() <= MAX_ID_CHARS
         && id.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
@@ -79,11 +77,9 @@ pub(crate) struct ByThread {
 /// `GET /api/v1/tasks?thread={id}`
 pub(crate) async fn list(
     State(state): State<AppState>,
-    Extension(principal): Extension<Arc<Principal>>,
-    query: Result<Query<ByThread>, QueryRejection>,
+    _: Admin<TaskApi>,
+    ApiQuery(ByThread { thread }): ApiQuery<ByThread>,
 ) -> Result<Response, ApiError> {
-    admin_only(&principal)?;
-    let Query(ByThread { thread }) = query.map_err(|e| ApiError::BadRequest(e.body_text()))?;
     if thread.is_empty() || thread.len() > 256 {
         return Err(ApiError::BadRequest(
             "`thread` must be a thread id (1 to 256 characters)".to_owned(),
@@ -97,11 +93,10 @@ pub(crate) async fn list(
 /// `GET /api/v1/tasks/{id}`
 pub(crate) async fn get(
     State(state): State<AppState>,
-    Extension(principal): Extension<Arc<Principal>>,
-    path: Result<Path<String>, PathRejection>,
+    _: Admin<TaskApi>,
+    ApiPath(id): ApiPath<String>,
 ) -> Result<Response, ApiError> {
-    admin_only(&principal)?;
-    let id = task_id(path)?;
+    let id = task_id(id)?;
     let record = state
         .store
         .subagent(&id)
@@ -113,11 +108,10 @@ pub(crate) async fn get(
 /// `POST /api/v1/tasks/{id}/cancel`
 pub(crate) async fn cancel(
     State(state): State<AppState>,
-    Extension(principal): Extension<Arc<Principal>>,
-    path: Result<Path<String>, PathRejection>,
+    _: Admin<TaskApi>,
+    ApiPath(id): ApiPath<String>,
 ) -> Result<Response, ApiError> {
-    admin_only(&principal)?;
-    let id = task_id(path)?;
+    let id = task_id(id)?;
     let Some(executor) = &state.subagents else {
         // Subagents are off: nothing runs, so a stored task has ended (the start marks
         // the ones a restart interrupted).

@@ -560,7 +560,9 @@ async fn new_messages_get_503_while_shutting_down() {
     mock.hold();
     let dir = tempfile::tempdir().unwrap();
     let store = dir.path().join("store");
-    let mut app = TestApp::start(&mock, &store, "").await;
+    // The grace period runs from the stop until the model is released below; on a loaded
+    // machine the checks in between can take seconds, so it is generous.
+    let mut app = TestApp::start(&mock, &store, "[server]\nshutdown_grace_secs = 60").await;
     let accepted = app
         .post(&json!({"conversation": "drain", "user": "u", "text": "finish me"}))
         .await;
