@@ -55,13 +55,15 @@ use crate::delivery::{Delivery, ReplyFiles};
 use crate::events::EventHub;
 use crate::http::guard::{ApiAuth, HostPolicy};
 use crate::http::serve::{ServeLimits, serve as serve_http};
-use crate::http::{AppContext, api::ApiChannel, ops_router, router};
+use crate::http::{AppContext, AppState, api::ApiChannel, ops_router, router};
 use crate::ingress::access::Access;
 use crate::ingress::{Ingress, IngressSettings, TurnRunner, TurnSettings};
 use crate::memory::queue::{MemoryWorker, WorkerSettings};
 use crate::retry::{Backoff, RetryPolicy};
 use crate::sandbox::{self, Backend, Detection, Sandbox};
-use crate::store::{Claimed, SledStore, Store, StoreDocuments, StoreError, StoreRegistry};
+use crate::store::{
+    Claimed, InboxItem, OutboxItem, SledStore, Store, StoreDocuments, StoreError, StoreRegistry,
+};
 
 /// How often expired dedupe keys and old outbox records are swept, at most (a short dedupe
 /// TTL is swept more often: twice per TTL).
@@ -704,11 +706,7 @@ where
     let delivery = Delivery::new(
         store.clone(),
         channels,
-        RetryPolicy {
-            max_attempts: config.delivery.max_attempts,
-            backoff_base: Duration::from_millis(config.delivery.backoff_base_ms),
-            backoff_max: Duration::from_secs(config.delivery.backoff_max_secs),
-        },
+        delivery_retry(&config),
         ReplyFiles {
             data_root: config.store.path.clone(),
             max_bytes: config.agent.max_attachment_bytes,
@@ -716,44 +714,8 @@ where
         deliveries.clone(),
         delivery_stop.clone(),
     );
-    // The store's work is this process's from here; what the last owner left unfinished is
-    // unfinished for good only now that its lease is gone.
-    let owner = format!(
-        "antler-{}-{}",
-        std::process::id(),
-        uuid::Uuid::now_v7().simple()
-    );
-    let now = crate::now_ms();
-    match store
-        .claim(&owner, now, now + LEASE.as_millis() as u64)
-        .await?
-    {
-        Claimed::Expired { owner: previous } => {
-            tracing::info!(
-                previous,
-                "the last antler on this store stopped unexpectedly"
-            );
-        }
-        Claimed::First | Claimed::Released { .. } | Claimed::Held => {}
-    }
-    let lease_keeper = tokio::spawn(keep_lease(
-        Arc::clone(&store),
-        owner.clone(),
-        stops.lease.clone(),
-        stops.lease_lost.clone(),
-    ));
-    // Resume what the last process left: interrupted subagents fail, replies go, turns run.
-    let failed = store.fail_unfinished_subagents(INTERRUPTED, now).await?;
-    let inbox = store.inbox().await?;
-    let outbox = store.outbox_pending().await?;
-    if !inbox.is_empty() || !outbox.is_empty() || failed > 0 {
-        tracing::info!(
-            inbox = inbox.len(),
-            outbox = outbox.len(),
-            subagents_failed = failed,
-            "resuming after restart"
-        );
-    }
+    let (owner, lease_keeper) = claim_lease(&store, &stops).await?;
+    let Resumed { inbox, outbox } = resume(store.as_ref()).await?;
     // Replies left in the outbox go first; the runner then owns the delivery handle.
     delivery.enqueue(outbox);
     let runner = TurnRunner::new(
@@ -761,26 +723,11 @@ where
         runtime,
         hub.clone(),
         delivery,
-        &TurnSettings {
-            max_attempts: config.agent.max_turn_attempts,
-            turn_timeout: Duration::from_secs(config.agent.turn_timeout_secs),
-            max_attachment_bytes: config.agent.max_attachment_bytes,
-            todo: config.agent.middleware.todo.clone(),
-            memory_identities: MemoryIdentities::from_config(&config.memory),
-        },
+        &turn_settings(&config),
         turn_cancel.clone(),
     );
     let access = Access::from_config(&config.channels);
-    // The API channel is left out: its tokens already decide who reaches it.
-    for name in config.channels.enabled_platforms() {
-        if access.is_open(name) {
-            tracing::warn!(
-                channel = name,
-                "channels.{name}.allowed_users and allowed_chats are both empty: anyone who \
-                 can reach the bot may talk to it"
-            );
-        }
-    }
+    warn_open_channels(&config, &access);
     let ingress = Ingress::new(
         Arc::clone(&store),
         runner,
@@ -803,23 +750,7 @@ where
             intake_stop.clone(),
         ))
     });
-    let discord_gateway = if config.channels.discord.enabled && config.channels.discord.gateway {
-        let discord = &config.channels.discord;
-        let gateway = antler_discord::DiscordGateway::start(
-            &exposed(&discord.bot_token),
-            &discord.api_url,
-            crate::now_ms,
-        )
-        .await
-        .map_err(|e| AppError::Channel(format!("channels.discord.gateway: {e}")))?;
-        Some(tokio::spawn(crate::poll::read_discord_gateway(
-            gateway,
-            ingress.clone(),
-            intake_stop.clone(),
-        )))
-    } else {
-        None
-    };
+    let discord_gateway = discord_gateway(&config, &ingress, &intake_stop).await?;
 
     // Memory updates queued by turns (also by the last process) are learned in the background.
     let memory_stop = stops.memory.clone();
@@ -864,39 +795,9 @@ where
         memory_identities: MemoryIdentities::from_config(&config.memory),
         subagents: subagents.clone(),
     });
-    let limits = ServeLimits {
-        max_connections: server.max_connections,
-        header_read_timeout: Duration::from_secs(server.header_read_timeout_secs),
-    };
     let grace = Duration::from_secs(server.shutdown_grace_secs);
-    let mut listeners = Vec::new();
-    if let Some(address) = server.ops_listen {
-        let ops = TcpListener::bind(address).await.map_err(|e| {
-            AppError::Bind(format!("server.ops_listen: cannot bind {address}: {e}"))
-        })?;
-        tracing::info!(address = %ops.local_addr()?, "ops endpoints are served here");
-        listeners.push(tokio::spawn(serve_http(
-            ops,
-            ops_router(state.clone()),
-            limits,
-            http_stop.clone(),
-            grace,
-        )));
-    }
-    let app = router(
-        state,
-        config.channels.api.enabled,
-        server.ops_listen.is_some(),
-        &webhooks,
-    );
     let local = listener.local_addr()?;
-    listeners.push(tokio::spawn(serve_http(
-        listener,
-        app,
-        limits,
-        http_stop.clone(),
-        grace,
-    )));
+    let listeners = serve_listeners(&config, state, &webhooks, listener, &http_stop).await?;
     tracing::info!(address = %local, startup_ms = started.elapsed().as_millis() as u64, "antler is serving");
 
     let lease_lost = stops.lease_lost.clone();
@@ -926,6 +827,168 @@ where
     }
     .drain()
     .await
+}
+
+/// The Discord Gateway's reader when `channels.discord.gateway` is on: @mentions and DMs
+/// into the ingress, until `stop`.
+async fn discord_gateway(
+    config: &Config,
+    ingress: &Ingress,
+    stop: &CancellationToken,
+) -> Result<Option<tokio::task::JoinHandle<()>>, AppError> {
+    let discord = &config.channels.discord;
+    if !(discord.enabled && discord.gateway) {
+        return Ok(None);
+    }
+    let gateway = antler_discord::DiscordGateway::start(
+        &exposed(&discord.bot_token),
+        &discord.api_url,
+        crate::now_ms,
+    )
+    .await
+    .map_err(|e| AppError::Channel(format!("channels.discord.gateway: {e}")))?;
+    Ok(Some(tokio::spawn(crate::poll::read_discord_gateway(
+        gateway,
+        ingress.clone(),
+        stop.clone(),
+    ))))
+}
+
+/// Serves the app on `listener` and, with `server.ops_listen`, the ops endpoints on their own
+/// address, until `stop` (each draining for `server.shutdown_grace_secs`).
+async fn serve_listeners(
+    config: &Config,
+    state: AppState,
+    webhooks: &[Arc<dyn Channel>],
+    listener: TcpListener,
+    stop: &CancellationToken,
+) -> Result<Vec<tokio::task::JoinHandle<()>>, AppError> {
+    let server = &config.server;
+    let limits = ServeLimits {
+        max_connections: server.max_connections,
+        header_read_timeout: Duration::from_secs(server.header_read_timeout_secs),
+    };
+    let grace = Duration::from_secs(server.shutdown_grace_secs);
+    let mut listeners = Vec::new();
+    if let Some(address) = server.ops_listen {
+        let ops = TcpListener::bind(address).await.map_err(|e| {
+            AppError::Bind(format!("server.ops_listen: cannot bind {address}: {e}"))
+        })?;
+        tracing::info!(address = %ops.local_addr()?, "ops endpoints are served here");
+        listeners.push(tokio::spawn(serve_http(
+            ops,
+            ops_router(state.clone()),
+            limits,
+            stop.clone(),
+            grace,
+        )));
+    }
+    let app = router(
+        state,
+        config.channels.api.enabled,
+        server.ops_listen.is_some(),
+        webhooks,
+    );
+    listeners.push(tokio::spawn(serve_http(
+        listener,
+        app,
+        limits,
+        stop.clone(),
+        grace,
+    )));
+    Ok(listeners)
+}
+
+/// How delivery tries again, from `[delivery]`.
+fn delivery_retry(config: &Config) -> RetryPolicy {
+    RetryPolicy {
+        max_attempts: config.delivery.max_attempts,
+        backoff_base: Duration::from_millis(config.delivery.backoff_base_ms),
+        backoff_max: Duration::from_secs(config.delivery.backoff_max_secs),
+    }
+}
+
+fn turn_settings(config: &Config) -> TurnSettings {
+    TurnSettings {
+        max_attempts: config.agent.max_turn_attempts,
+        turn_timeout: Duration::from_secs(config.agent.turn_timeout_secs),
+        max_attachment_bytes: config.agent.max_attachment_bytes,
+        todo: config.agent.middleware.todo.clone(),
+        memory_identities: MemoryIdentities::from_config(&config.memory),
+    }
+}
+
+/// Warns for each enabled platform anyone may talk to. The API channel is left out: its
+/// tokens already decide who reaches it.
+fn warn_open_channels(config: &Config, access: &Access) {
+    for name in config.channels.enabled_platforms() {
+        if access.is_open(name) {
+            tracing::warn!(
+                channel = name,
+                "channels.{name}.allowed_users and allowed_chats are both empty: anyone who \
+                 can reach the bot may talk to it"
+            );
+        }
+    }
+}
+
+/// Claims the store's lease for this process (`antler-<pid>-<id>`) and starts renewing it:
+/// the store's work is this process's from here. Returns the owner's name and the renewer.
+async fn claim_lease(
+    store: &Arc<dyn Store>,
+    stops: &Stops,
+) -> Result<(String, tokio::task::JoinHandle<()>), AppError> {
+    let owner = format!(
+        "antler-{}-{}",
+        std::process::id(),
+        uuid::Uuid::now_v7().simple()
+    );
+    let now = crate::now_ms();
+    match store
+        .claim(&owner, now, now + LEASE.as_millis() as u64)
+        .await?
+    {
+        Claimed::Expired { owner: previous } => {
+            tracing::info!(
+                previous,
+                "the last antler on this store stopped unexpectedly"
+            );
+        }
+        Claimed::First | Claimed::Released { .. } | Claimed::Held => {}
+    }
+    let keeper = tokio::spawn(keep_lease(
+        Arc::clone(store),
+        owner.clone(),
+        stops.lease.clone(),
+        stops.lease_lost.clone(),
+    ));
+    Ok((owner, keeper))
+}
+
+/// What the last process left to do.
+struct Resumed {
+    inbox: Vec<InboxItem>,
+    outbox: Vec<OutboxItem>,
+}
+
+/// Resumes what the last process left, once its lease is gone: interrupted subagents fail
+/// (what they left unfinished is unfinished for good), and the inbox and the replies still to
+/// deliver are read to be queued again.
+async fn resume(store: &dyn Store) -> Result<Resumed, AppError> {
+    let failed = store
+        .fail_unfinished_subagents(INTERRUPTED, crate::now_ms())
+        .await?;
+    let inbox = store.inbox().await?;
+    let outbox = store.outbox_pending().await?;
+    if !inbox.is_empty() || !outbox.is_empty() || failed > 0 {
+        tracing::info!(
+            inbox = inbox.len(),
+            outbox = outbox.len(),
+            subagents_failed = failed,
+            "resuming after restart"
+        );
+    }
+    Ok(Resumed { inbox, outbox })
 }
 
 /// Renews the store's lease every [`LEASE_RENEW_EVERY`] until `stop`. If another owner took
