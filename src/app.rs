@@ -16,7 +16,7 @@ use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
+use tokio_util::task::{AbortOnDropHandle, TaskTracker};
 
 use crate::agent::memory::identity::MemoryIdentities;
 use crate::agent::middleware::clarification::ClarificationMiddleware;
@@ -636,6 +636,10 @@ where
             .await
             .map_err(|e| AppError::Store(e.to_string()))??,
     );
+    // Before anything else starts (the shell's proxy socket in the store's folder, MCP
+    // servers): a second process must not get that far.
+    let stops = Stops::default();
+    let (owner, lease_keeper) = claim_lease(&store, &stops).await?;
     // The sandbox's probe (most of the start-up time) runs while MCP servers start; after the
     // store opened, which sets its folder's permissions, since the probe runs in that folder.
     let find_shell = async {
@@ -649,7 +653,6 @@ where
     let model_health = ModelHealth::default();
     let client = model_client(&config, &config.model.model, model_health.clone())?;
     let memory_model: Arc<dyn ChatModel> = Arc::new(client.clone());
-    let stops = Stops::default();
     // Cancelled when running turns must stop (and their subagents with them).
     let turn_cancel = stops.turns.clone();
     let sandbox = shell.as_ref().and_then(|d| d.sandbox.as_ref());
@@ -714,7 +717,6 @@ where
         deliveries.clone(),
         delivery_stop.clone(),
     );
-    let (owner, lease_keeper) = claim_lease(&store, &stops).await?;
     let Resumed { inbox, outbox } = resume(store.as_ref()).await?;
     // Replies left in the outbox go first; the runner then owns the delivery handle.
     delivery.enqueue(outbox);
@@ -933,11 +935,12 @@ fn warn_open_channels(config: &Config, access: &Access) {
 }
 
 /// Claims the store's lease for this process (`antler-<pid>-<id>`) and starts renewing it:
-/// the store's work is this process's from here. Returns the owner's name and the renewer.
+/// the store's work is this process's from here. Returns the owner's name and the renewer,
+/// which stops when dropped: a start that fails later lets go of the store.
 async fn claim_lease(
     store: &Arc<dyn Store>,
     stops: &Stops,
-) -> Result<(String, tokio::task::JoinHandle<()>), AppError> {
+) -> Result<(String, AbortOnDropHandle<()>), AppError> {
     let owner = format!(
         "antler-{}-{}",
         std::process::id(),
@@ -956,12 +959,12 @@ async fn claim_lease(
         }
         Claimed::First | Claimed::Released { .. } | Claimed::Held => {}
     }
-    let keeper = tokio::spawn(keep_lease(
+    let keeper = AbortOnDropHandle::new(tokio::spawn(keep_lease(
         Arc::clone(store),
         owner.clone(),
         stops.lease.clone(),
         stops.lease_lost.clone(),
-    ));
+    )));
     Ok((owner, keeper))
 }
 
@@ -1149,6 +1152,27 @@ mod tests {
         assert!(
             matches!(&claimed, Claimed::Released { owner } if owner.starts_with("antler-")),
             "{claimed:?}"
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_start_that_fails_after_claiming_the_lease_lets_go_of_the_store() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = Config::default();
+        config.store.path = dir.path().join("store");
+        // Found after the lease was claimed.
+        config.model.base_url = "not a url".to_owned();
+        config.agent.tools.bash.enabled = false;
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let error = serve(config, listener, async {}).await.unwrap_err();
+        assert!(error.to_string().contains("model"), "{error}");
+        // Nothing goes on renewing the lease, so nothing holds the store.
+        let store =
+            SledStore::open(&dir.path().join("store"), 1 << 20).expect("the store is free again");
+        let claimed = store.claim("next", 0, 1).await.unwrap();
+        assert!(
+            matches!(&claimed, Claimed::Expired { owner } if owner.starts_with("antler-")),
+            "a failed start never released it: {claimed:?}"
         );
     }
 

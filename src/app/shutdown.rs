@@ -19,7 +19,7 @@ use std::time::Duration;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
+use tokio_util::task::{AbortOnDropHandle, TaskTracker};
 
 use super::{AppError, INTERRUPT_WAIT};
 use crate::agent::subagents::executor::SubagentExecutor;
@@ -61,7 +61,7 @@ pub(super) struct Shutdown {
     /// Tasks that end with intake (sweeper, Telegram poller, Discord gateway reader); awaited
     /// rather than aborted, so they let go of the store.
     pub(super) intake_tasks: Vec<JoinHandle<()>>,
-    pub(super) lease_keeper: JoinHandle<()>,
+    pub(super) lease_keeper: AbortOnDropHandle<()>,
     pub(super) owner: String,
     pub(super) store: Arc<dyn Store>,
 }
