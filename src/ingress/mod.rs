@@ -88,7 +88,6 @@ pub(crate) struct Ingress {
 #[derive(Debug)]
 struct Inner {
     dispatcher: Dispatcher,
-    backlog: Arc<AtomicUsize>,
     queued: Arc<Queued>,
     backlog_limit: usize,
     dedupe_ttl: Duration,
@@ -223,7 +222,6 @@ impl Ingress {
         Self {
             inner: Arc::new(Inner {
                 dispatcher,
-                backlog,
                 queued,
                 backlog_limit: settings.backlog_limit,
                 dedupe_ttl: settings.dedupe_ttl,
@@ -237,7 +235,7 @@ impl Ingress {
 
     /// Items accepted and not yet finished.
     pub(crate) fn backlog(&self) -> usize {
-        self.inner.backlog.load(Ordering::SeqCst)
+        self.inner.queued.backlog.load(Ordering::SeqCst)
     }
 
     /// Turns running now.
@@ -302,9 +300,9 @@ impl Ingress {
     /// Hands an event that passed the access check to the acceptor and waits for its answer.
     async fn admit(&self, event: InboundEvent, subscribe: bool) -> Result<Admission, IngressError> {
         let inner = &self.inner;
-        let reserved = inner.backlog.fetch_add(1, Ordering::SeqCst);
+        let reserved = inner.queued.backlog.fetch_add(1, Ordering::SeqCst);
         let slot = Slot {
-            backlog: Arc::clone(&inner.backlog),
+            backlog: Arc::clone(&inner.queued.backlog),
             kept: false,
         };
         if reserved >= inner.backlog_limit {
