@@ -22,10 +22,6 @@ use crate::agent::thread::ThreadState;
 /// the store's retention is shorter.
 pub(crate) const SUBAGENT_RETAIN_MS: u64 = 7 * 24 * 3600 * 1000;
 
-/// How often a compare-and-swap of a memory document reads and tries again when other
-/// writers keep changing the document; past that, something is writing it in a loop.
-pub(crate) const MEMORY_CAS_ATTEMPTS: usize = 64;
-
 /// A new thread's id: time-ordered (UUIDv7), so ids sort in creation order.
 fn new_thread_id() -> String {
     uuid::Uuid::now_v7().simple().to_string()

@@ -27,7 +27,7 @@ use sled::Transactional;
 use sled::transaction::{ConflictableTransactionError, TransactionError, TransactionalTree};
 
 use super::group_commit::{GroupCommit, SyncFiles};
-use super::rules::{self, DedupeEntry, MEMORY_CAS_ATTEMPTS};
+use super::rules::{self, DedupeEntry};
 use super::{
     Accept, Accepted, ClearedMemory, ConversationRecord, FinishTurn, InboxItem, InboxStore,
     MaintenanceStore, MemoryQueueStore, MemoryStore, OutboxItem, OutboxStatus, OutboxStore,
@@ -43,6 +43,9 @@ const SCHEMA_KEY: &[u8] = b"schema_version";
 const LEASE_KEY: &[u8] = b"lease";
 const OUTBOX_TREE: &str = "outbox2";
 const DEDUPE_PREFIX: &str = "dedupe.";
+/// How often a compare-and-swap (a memory document, the lease) reads and tries again when
+/// other writers keep changing the record; past that, something is writing it in a loop.
+const CAS_ATTEMPTS: usize = 64;
 
 /// The sled-backed store.
 #[derive(Clone)]
@@ -902,7 +905,7 @@ impl MemoryStore for SledStore {
         change: &mut (dyn FnMut(Option<MemoryDocument>) -> Option<MemoryDocument> + Send),
     ) -> Result<Option<MemoryDocument>, StoreError> {
         let key = user_key.as_bytes();
-        for _ in 0..MEMORY_CAS_ATTEMPTS {
+        for _ in 0..CAS_ATTEMPTS {
             let current = self.memory.get(key)?;
             let stored = current
                 .as_ref()
@@ -923,7 +926,7 @@ impl MemoryStore for SledStore {
             }
         }
         Err(StoreError::Conflict(format!(
-            "the memory document kept changing during {MEMORY_CAS_ATTEMPTS} attempts to update it"
+            "the memory document kept changing during {CAS_ATTEMPTS} attempts to update it"
         )))
     }
     async fn clear_memory(
@@ -1204,7 +1207,7 @@ impl SledStore {
         &self,
         change: impl Fn(Option<&Lease>) -> Result<(Option<Lease>, T), StoreError>,
     ) -> Result<T, StoreError> {
-        for _ in 0..MEMORY_CAS_ATTEMPTS {
+        for _ in 0..CAS_ATTEMPTS {
             let current = self.meta.get(LEASE_KEY)?;
             let lease: Option<Lease> = current
                 .as_ref()
