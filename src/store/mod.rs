@@ -12,6 +12,7 @@
 
 mod group_commit;
 mod keys;
+mod records;
 mod rules;
 mod sled_store;
 
@@ -39,7 +40,7 @@ use crate::agent::thread::ThreadState;
 
 /// The store layout version this build writes. Bump it when a stored type changes
 /// incompatibly, and teach `SledStore::open` to migrate.
-pub(crate) const SCHEMA_VERSION: u32 = 2;
+pub(crate) const SCHEMA_VERSION: u32 = 3;
 
 /// The cause an error of a backend keeps (shared, so an error can answer several waiters).
 pub(crate) type Cause = Arc<dyn std::error::Error + Send + Sync>;

@@ -1,20 +1,24 @@
-//! The [`Store`] on sled: one tree per collection, JSON values, big-endian sequence keys so
-//! scans come back in arrival order, tuple-encoded keys (`keys`) where a key has several parts.
+//! The [`Store`] on sled: one tree per collection, big-endian sequence keys so scans come
+//! back in arrival order, tuple-encoded keys (`keys`) where a key has several parts. The
+//! records written with every message are the store's own (`records`: a format byte, then
+//! postcard); the rest are JSON.
 //!
 //! | tree | key | value |
 //! |---|---|---|
-//! | `meta` | `schema_version` | layout version (u32) |
+//! | `meta` | `schema_version`, `lease` | layout version (u32), [`Lease`] |
 //! | `conversations` | conversation key | [`ConversationRecord`] |
 //! | `threads` | thread id | thread metadata ([`ThreadState`] without messages) |
-//! | `messages` | (thread id) + index | one [`ChatMessage`] |
-//! | `inbox` | seq | [`InboxItem`] |
-//! | `outbox2` | [`super::outbox_seq`] | [`OutboxItem`] |
-//! | `dedupe.<start>.<length>` | (conversation, event id) | `DedupeEntry` |
+//! | `messages` | (thread id) + index | one [`ChatMessage`] record |
+//! | `inbox` | seq | an [`InboxItem`] record |
+//! | `outbox2` | [`super::outbox_seq`] | an [`OutboxItem`] record |
+//! | `dedupe.<start>.<length>` | (conversation, event id) | a `DedupeEntry` record |
 //! | `memory`, `memory_queue` | user key, (user key, thread id) | their records |
 //! | `subagents` | task id (sorts in creation order) | [`SubagentRecord`] |
 //! | `subagent_calls` | (thread id, turn, call id) | task id |
 
 mod migrate;
+#[cfg(test)]
+mod schema2;
 
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -27,6 +31,7 @@ use sled::Transactional;
 use sled::transaction::{ConflictableTransactionError, TransactionError, TransactionalTree};
 
 use super::group_commit::{GroupCommit, SyncFiles};
+use super::records::Record;
 use super::rules::{self, DedupeEntry};
 use super::{
     Accept, Accepted, ClearedMemory, ConversationRecord, FinishTurn, InboxItem, InboxStore,
@@ -127,6 +132,12 @@ fn tx_encode<T: Serialize>(
     encode(what, value).map_err(ConflictableTransactionError::Abort)
 }
 
+fn tx_record<T: Record>(value: &T) -> Result<Vec<u8>, ConflictableTransactionError<StoreError>> {
+    value
+        .to_record()
+        .map_err(ConflictableTransactionError::Abort)
+}
+
 fn tx_decode<T: DeserializeOwned>(
     what: &'static str,
     bytes: &[u8],
@@ -181,7 +192,7 @@ impl ThreadWrite {
         for (index, message) in thread.messages.iter().enumerate().skip(from) {
             messages.push((
                 keys::with_index(&thread.id, index as u64),
-                encode("message", message)?,
+                message.to_record()?,
             ));
         }
         Ok(Self {
@@ -224,7 +235,7 @@ impl FinishWrite {
         let items = rules::outbox_items(finish)?;
         let encoded = items
             .iter()
-            .map(|item| encode("outbox item", item).map(|bytes| (seq_key(item.seq), bytes)))
+            .map(|item| item.to_record().map(|bytes| (seq_key(item.seq), bytes)))
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Self {
             inbox_seq: finish.inbox_seq,
@@ -370,6 +381,10 @@ impl SledStore {
                 migrate::v1_to_v2(&db)?;
                 tracing::info!(path, "store migrated to schema version 2");
             }
+            if found < 3 {
+                let records = migrate::v2_to_v3(&db)?;
+                tracing::info!(path, records, "store migrated to schema version 3");
+            }
         }
         meta.insert(SCHEMA_KEY, &SCHEMA_VERSION.to_be_bytes())?;
         let commit = GroupCommit::start(db.clone(), files)?;
@@ -392,7 +407,7 @@ impl SledStore {
         };
         // Counted once here; every later change keeps the counts in step.
         store.inbox_len.store(store.inbox.len(), Ordering::SeqCst);
-        let pending = Self::scan::<OutboxItem>(&store.outbox, "outbox item")?
+        let pending = Self::scan_records::<OutboxItem>(&store.outbox)?
             .iter()
             .filter(|item| item.status == OutboxStatus::Pending)
             .count();
@@ -442,7 +457,7 @@ impl SledStore {
         let cutoff = now_ms.saturating_sub(retain_ms);
         for entry in self.outbox.iter() {
             let (key, value) = entry?;
-            let item: OutboxItem = decode("outbox item", &value)?;
+            let item = OutboxItem::from_record(&value)?;
             if item.created_at_ms > cutoff {
                 break;
             }
@@ -493,6 +508,13 @@ impl SledStore {
         tree.iter()
             .values()
             .map(|value| decode(what, &value?))
+            .collect()
+    }
+
+    fn scan_records<T: Record>(tree: &sled::Tree) -> Result<Vec<T>, StoreError> {
+        tree.iter()
+            .values()
+            .map(|value| T::from_record(&value?))
             .collect()
     }
 
@@ -560,7 +582,7 @@ impl SledStore {
         seq: u64,
         change: impl Fn(&mut OutboxItem),
     ) -> Result<OutboxItem, StoreError> {
-        let (old, item) = update_record(&self.outbox, "outbox item", seq, change)?;
+        let (old, item) = update_record(&self.outbox, seq, change)?;
         let was_pending = old.is_some_and(|old| old.status == OutboxStatus::Pending);
         if was_pending && item.status != OutboxStatus::Pending {
             self.outbox_pending.fetch_sub(1, Ordering::SeqCst);
@@ -588,7 +610,8 @@ fn accept_one(
 ) -> Result<Accepted, ConflictableTransactionError<StoreError>> {
     for generation in [trees.dedupe, trees.previous] {
         if let Some(bytes) = generation.get(key)? {
-            let seen: DedupeEntry = tx_decode("dedupe entry", &bytes)?;
+            let seen =
+                DedupeEntry::from_record(&bytes).map_err(ConflictableTransactionError::Abort)?;
             if let Some(duplicate) = seen.duplicate_at(accept.now_ms) {
                 return Ok(duplicate);
             }
@@ -600,46 +623,43 @@ fn accept_one(
         .map(|b| tx_decode("conversation", &b))
         .transpose()?;
     let (record, fresh) = rules::next_conversation(current, accept);
+    // The conversation changes only when it starts a thread: a message into the current
+    // thread writes its inbox item and its dedupe key, nothing else.
     if let Some(thread) = fresh {
         trees
             .threads
             .insert(thread.id.as_bytes(), tx_encode("thread", &thread)?)?;
+        trees
+            .conversations
+            .insert(conversation.as_bytes(), tx_encode("conversation", &record)?)?;
     }
-    trees
-        .conversations
-        .insert(conversation.as_bytes(), tx_encode("conversation", &record)?)?;
     let seq = trees.inbox.generate_id()?;
     let item = rules::inbox_item(seq, accept, &record.thread_id);
-    trees
-        .inbox
-        .insert(&seq_key(seq), tx_encode("inbox item", &item)?)?;
+    trees.inbox.insert(&seq_key(seq), tx_record(&item)?)?;
     let entry = DedupeEntry::of(accept, &record.thread_id, seq);
-    trees
-        .dedupe
-        .insert(key, tx_encode("dedupe entry", &entry)?)?;
+    trees.dedupe.insert(key, tx_record(&entry)?)?;
     Ok(Accepted::New(item))
 }
 
 /// Reads, changes and writes back the record at `seq`: the record before and after.
-fn update_record<T: Serialize + DeserializeOwned>(
+fn update_record<T: Record>(
     tree: &sled::Tree,
-    what: &'static str,
     seq: u64,
     change: impl Fn(&mut T),
 ) -> Result<(Option<T>, T), StoreError> {
     let mut updated = None;
     let old = tree.fetch_and_update(seq_key(seq), |old| {
-        let mut record: T = decode(what, old?).ok()?;
+        let mut record = T::from_record(old?).ok()?;
         change(&mut record);
-        let bytes = encode(what, &record).ok()?;
+        let bytes = record.to_record().ok()?;
         updated = Some(record);
         Some(bytes)
     })?;
     let record = updated.ok_or_else(|| StoreError::Missing {
-        what,
+        what: T::WHAT,
         key: seq.to_string(),
     })?;
-    let old = old.and_then(|bytes| decode(what, &bytes).ok());
+    let old = old.and_then(|bytes| T::from_record(&bytes).ok());
     Ok((old, record))
 }
 
@@ -664,7 +684,7 @@ impl InboxStore for SledStore {
             let mut older = None;
             for (_, _, tree) in &generations.older {
                 if let Some(bytes) = tree.get(&key)? {
-                    let seen: DedupeEntry = decode("dedupe entry", &bytes)?;
+                    let seen = DedupeEntry::from_record(&bytes)?;
                     if let Some(duplicate) = seen.duplicate_at(accept.now_ms) {
                         older = Some(duplicate);
                         break;
@@ -715,15 +735,15 @@ impl InboxStore for SledStore {
     }
     async fn inbox(&self) -> Result<Vec<InboxItem>, StoreError> {
         let inbox = self.inbox.clone();
-        off_the_workers(move || Self::scan(&inbox, "inbox item")).await
+        off_the_workers(move || Self::scan_records(&inbox)).await
     }
     async fn start_turn(&self, seq: u64) -> Result<InboxItem, StoreError> {
-        let (_, item) = update_record(&self.inbox, "inbox item", seq, rules::start_turn)?;
+        let (_, item) = update_record(&self.inbox, seq, rules::start_turn)?;
         self.commit.flush().await?;
         Ok(item)
     }
     async fn release_turn(&self, seq: u64) -> Result<(), StoreError> {
-        update_record(&self.inbox, "inbox item", seq, rules::release_turn)?;
+        update_record(&self.inbox, seq, rules::release_turn)?;
         self.commit.flush().await
     }
     async fn finish_turns(
@@ -768,7 +788,7 @@ impl InboxStore for SledStore {
         Ok(items)
     }
     async fn save_draft(&self, seq: u64, draft: &Receipt) -> Result<(), StoreError> {
-        update_record(&self.inbox, "inbox item", seq, |item: &mut InboxItem| {
+        update_record(&self.inbox, seq, |item: &mut InboxItem| {
             item.draft = Some(draft.clone());
         })?;
         self.commit.flush().await
@@ -803,7 +823,7 @@ impl ThreadStore for SledStore {
                 .messages
                 .scan_prefix(keys::tuple(&[id.as_bytes()]))
                 .values()
-                .map(|value| decode::<ChatMessage>("message", &value?))
+                .map(|value| ChatMessage::from_record(&value?))
                 .collect::<Result<_, _>>()?;
             if self.threads.get(id.as_bytes())?.as_ref() == Some(&before) {
                 return Ok(Some(Self::thread_of(&before, messages)?));
@@ -828,7 +848,7 @@ impl ThreadStore for SledStore {
         };
         let messages = values
             .iter()
-            .map(|value| decode::<ChatMessage>("message", value))
+            .map(|value| ChatMessage::from_record(value))
             .collect::<Result<_, _>>()?;
         Self::thread_of(&meta, messages).map(Some)
     }
@@ -839,7 +859,7 @@ impl OutboxStore for SledStore {
     async fn outbox_pending(&self) -> Result<Vec<OutboxItem>, StoreError> {
         let outbox = self.outbox.clone();
         off_the_workers(move || {
-            let all: Vec<OutboxItem> = Self::scan(&outbox, "outbox item")?;
+            let all: Vec<OutboxItem> = Self::scan_records(&outbox)?;
             Ok(all
                 .into_iter()
                 .filter(|i| i.status == OutboxStatus::Pending)
@@ -848,7 +868,10 @@ impl OutboxStore for SledStore {
         .await
     }
     async fn outbox_item(&self, seq: u64) -> Result<Option<OutboxItem>, StoreError> {
-        Self::get(&self.outbox, "outbox item", &seq_key(seq))
+        self.outbox
+            .get(seq_key(seq))?
+            .map(|bytes| OutboxItem::from_record(&bytes))
+            .transpose()
     }
     async fn replies(&self, inbox_seq: u64) -> Result<Vec<OutboxItem>, StoreError> {
         let Some(first) = outbox_seq(inbox_seq, 0) else {
@@ -858,7 +881,7 @@ impl OutboxStore for SledStore {
         self.outbox
             .range(seq_key(first)..seq_key(end))
             .values()
-            .map(|value| decode("outbox item", &value?))
+            .map(|value| OutboxItem::from_record(&value?))
             .collect()
     }
     async fn delivery_failed(

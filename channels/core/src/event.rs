@@ -41,6 +41,13 @@ impl ConversationKey {
     }
 }
 
+impl From<String> for ConversationKey {
+    /// A whole key as [`ConversationKey::as_str`] gave it (read back from a store).
+    fn from(key: String) -> Self {
+        Self(key)
+    }
+}
+
 impl fmt::Display for ConversationKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)

@@ -1,6 +1,7 @@
-//! Schema 1 → 2, run on open. Every step can run again after a crash halfway, with the same
-//! result, and the schema version is written only after the last one.
+//! Older layouts, migrated on open. Every step can run again after a crash halfway, with the
+//! same result, and the schema version is written only after the last one.
 //!
+//! Schema 1 → 2:
 //! - Threads were stored whole, messages inside; now the metadata stays in `threads` and each
 //!   message is its own record in `messages`. A checkpoint's `checkpoint_of` becomes
 //!   `running` (the turn's start is its last user message).
@@ -9,17 +10,27 @@
 //!   so the split is exact. Generation trees get their length in the name.
 //! - Outbox items were keyed by a counter; now by the inbox item they answer, recovered from
 //!   their idempotency key (`<thread>:<inbox seq>:<index>`).
+//!
+//! Schema 2 → 3: the records written with every message (inbox items, dedupe entries, outbox
+//! items, thread messages) were the domain types' JSON; now they are the store's own records
+//! (`store::records`). A record already converted starts with its format byte and is left as
+//! it is.
 
 use serde::Deserialize;
+use serde::de::DeserializeOwned;
+use sled::Transactional;
 
 use super::{
     DEDUPE_PREFIX, DedupeEntry, OUTBOX_TREE, decode, encode, from_tx, generation_name, keys,
-    seq_key,
+    parse_generation, seq_key,
 };
 use crate::agent::message::ChatMessage;
 use crate::agent::thread::{RunningTurn, ThreadState};
-use crate::store::{OutboxItem, StoreError, outbox_seq};
-use sled::Transactional;
+use crate::store::records::{self, Record};
+use crate::store::{InboxItem, OutboxItem, StoreError, outbox_seq};
+
+/// Records converted per write while migrating: a large store is not held in memory whole.
+const CONVERT_BATCH: usize = 1024;
 
 /// The parts of a schema-1 thread record that schema 2 keeps elsewhere.
 #[derive(Deserialize)]
@@ -153,4 +164,43 @@ fn rekey_outbox(db: &sled::Db) -> Result<(), StoreError> {
     target.apply_batch(batch)?;
     db.drop_tree("outbox")?;
     Ok(())
+}
+
+/// Migrates a schema-2 database in place; returns how many records it converted.
+pub(super) fn v2_to_v3(db: &sled::Db) -> Result<usize, StoreError> {
+    let mut converted = convert::<InboxItem>(&db.open_tree("inbox")?)?;
+    converted += convert::<OutboxItem>(&db.open_tree(OUTBOX_TREE)?)?;
+    converted += convert::<ChatMessage>(&db.open_tree("messages")?)?;
+    for name in db.tree_names() {
+        if parse_generation(&name).is_some() {
+            converted += convert::<DedupeEntry>(&db.open_tree(&name)?)?;
+        }
+    }
+    db.flush()?;
+    Ok(converted)
+}
+
+/// Rewrites every JSON record of `tree` as a `T` record.
+pub(super) fn convert<T: Record + DeserializeOwned>(
+    tree: &sled::Tree,
+) -> Result<usize, StoreError> {
+    let mut converted = 0;
+    let mut batch = sled::Batch::default();
+    let mut in_batch = 0;
+    for entry in tree.iter() {
+        let (key, bytes) = entry?;
+        if records::is_current::<T>(&bytes) {
+            continue;
+        }
+        let value: T = decode(T::WHAT, &bytes)?;
+        batch.insert(key, value.to_record()?);
+        in_batch += 1;
+        if in_batch == CONVERT_BATCH {
+            tree.apply_batch(std::mem::take(&mut batch))?;
+            converted += in_batch;
+            in_batch = 0;
+        }
+    }
+    tree.apply_batch(batch)?;
+    Ok(converted + in_batch)
 }

@@ -5,7 +5,7 @@ use antler_channel::{ConversationKey, OutboundMessage};
 use super::*;
 use crate::agent::message::ChatMessage;
 use crate::store::conformance::{Backend, accept, accept_in, accept_new, conformance};
-use crate::store::{Store, ThreadChoice, outbox_seq};
+use crate::store::{InboxStatus, Store, ThreadChoice, outbox_seq};
 
 const CACHE: u64 = 8 * 1024 * 1024;
 
@@ -353,4 +353,145 @@ fn io_errors_are_worth_retrying_and_corruption_is_not() {
         "the cause is kept"
     );
     assert!(corrupt.to_string().contains("corrupt"), "{corrupt}");
+}
+
+/// Where the schema-2 store antler wrote is kept (`schema2` says what it holds).
+fn schema_2_fixture() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/store-schema2")
+}
+
+/// A copy of the schema-2 store, to open (opening migrates it in place).
+fn copy_of_schema_2_store() -> (tempfile::TempDir, std::path::PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store");
+    let mut folders = vec![(schema_2_fixture(), path.clone())];
+    while let Some((from, to)) = folders.pop() {
+        std::fs::create_dir_all(&to).unwrap();
+        for entry in std::fs::read_dir(&from).unwrap() {
+            let entry = entry.unwrap();
+            let target = to.join(entry.file_name());
+            if entry.file_type().unwrap().is_dir() {
+                folders.push((entry.path(), target));
+            } else {
+                std::fs::copy(entry.path(), target).unwrap();
+            }
+        }
+    }
+    (dir, path)
+}
+
+/// Every record of the trees the migration converts, as stored.
+fn hot_records(store: &SledStore) -> Vec<(Vec<u8>, Vec<u8>, bool)> {
+    let mut trees = vec![
+        store.inbox.clone(),
+        store.outbox.clone(),
+        store.messages.clone(),
+    ];
+    for name in store.db.tree_names() {
+        if parse_generation(&name).is_some() {
+            trees.push(store.db.open_tree(name).unwrap());
+        }
+    }
+    let mut all = Vec::new();
+    for tree in trees {
+        for entry in tree.iter() {
+            let (key, value) = entry.unwrap();
+            let current = value.first() == Some(&1);
+            all.push((key.to_vec(), value.to_vec(), current));
+        }
+    }
+    all
+}
+
+/// Reads everything `schema2` put into the store, as it was written.
+async fn assert_holds_the_schema_2_contents(store: &SledStore) {
+    use super::schema2;
+    let [finished, running, waiting] = schema2::events();
+    let inbox = store.inbox().await.unwrap();
+    assert_eq!(inbox.len(), 2, "{inbox:?}");
+    assert_eq!(inbox[0].event, running);
+    assert_eq!(
+        (inbox[0].status, inbox[0].attempts, inbox[0].draft.clone()),
+        (InboxStatus::Running, 1, Some(schema2::draft()))
+    );
+    assert_eq!(inbox[1].event, waiting);
+    assert_eq!(
+        (inbox[1].status, inbox[1].attempts, inbox[1].draft.clone()),
+        (InboxStatus::Pending, 0, None)
+    );
+    assert_eq!(inbox[1].accepted_at_ms, schema2::NOW_MS);
+
+    // The finished message is still recognised, and names its inbox item.
+    let mut redelivery = schema2::accept_of(finished);
+    redelivery.now_ms += 1;
+    let Accepted::Duplicate {
+        thread_id,
+        seq: Some(seq),
+    } = store.accept(redelivery).await.unwrap()
+    else {
+        panic!("the finished message's dedupe key was lost");
+    };
+    assert_eq!(thread_id, inbox[0].thread_id);
+
+    let thread = store.thread(&thread_id).await.unwrap().unwrap();
+    assert_eq!(thread.messages, schema2::turn_messages());
+    assert_eq!(thread.title.as_deref(), Some("Deploy eu"));
+
+    let replies = store.replies(seq).await.unwrap();
+    let written = schema2::replies(&thread_id, seq);
+    assert_eq!(replies.len(), 2);
+    assert_eq!(replies[0].message, written[0]);
+    assert_eq!(replies[0].status, OutboxStatus::Sent);
+    assert_eq!(replies[0].parts, schema2::receipts());
+    assert_eq!(replies[0].receipt.as_ref(), Some(&schema2::receipts()[0]));
+    assert_eq!(replies[1].message, written[1]);
+    assert_eq!(
+        (replies[1].status, replies[1].attempts),
+        (OutboxStatus::Pending, 1)
+    );
+    assert_eq!(
+        replies[1].last_error.as_deref(),
+        Some(schema2::DELIVERY_ERROR)
+    );
+    assert_eq!(store.outbox_pending().await.unwrap(), [replies[1].clone()]);
+    let stats = store.stats().await.unwrap();
+    assert_eq!((stats.inbox, stats.outbox_pending), (2, 1));
+}
+
+#[tokio::test]
+async fn a_schema_2_store_written_by_antler_is_migrated_on_open() {
+    let (_dir, path) = copy_of_schema_2_store();
+    let store = SledStore::open(&path, CACHE).unwrap();
+    assert_holds_the_schema_2_contents(&store).await;
+    let migrated = hot_records(&store);
+    assert!(
+        migrated.len() >= 2 + 2 + 5 + 3,
+        "inbox, outbox, messages and dedupe keys: {}",
+        migrated.len()
+    );
+    assert!(
+        migrated.iter().all(|(_, _, current)| *current),
+        "every record is in the store's own format"
+    );
+    drop(store);
+
+    // Opening again finds schema 3 and changes nothing.
+    let store = SledStore::open(&path, CACHE).unwrap();
+    assert_eq!(hot_records(&store), migrated);
+    assert_holds_the_schema_2_contents(&store).await;
+}
+
+#[tokio::test]
+async fn a_migration_cut_short_finishes_on_the_next_open() {
+    let (_dir, path) = copy_of_schema_2_store();
+    {
+        // The crash: the inbox was converted, nothing else, the schema version still 2.
+        let db = sled::Config::new().path(&path).open().unwrap();
+        let converted = migrate::convert::<InboxItem>(&db.open_tree("inbox").unwrap()).unwrap();
+        assert_eq!(converted, 2);
+        db.flush().unwrap();
+    }
+    let store = SledStore::open(&path, CACHE).unwrap();
+    assert_holds_the_schema_2_contents(&store).await;
+    assert!(hot_records(&store).iter().all(|(_, _, current)| *current));
 }
