@@ -49,8 +49,8 @@ use crate::agent::tools::egress::Egress;
 use crate::agent::tools::mcp::McpServers;
 use crate::agent::tools::web_fetch::WebFetch;
 use crate::agent::tools::{Tool, ToolRegistry};
-use crate::config::Config;
 use crate::config::TelegramMode;
+use crate::config::{Config, StoreConfig};
 use crate::delivery::{Delivery, ReplyFiles};
 use crate::events::EventHub;
 use crate::http::guard::{ApiAuth, HostPolicy};
@@ -629,13 +629,7 @@ where
     // environment or open files through /proc, nor trace it.
     let _ = rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable);
     let metrics = metrics_handle();
-    let path = config.store.path.clone();
-    let cache = config.store.cache_capacity_bytes;
-    let store: Arc<dyn Store> = Arc::new(
-        tokio::task::spawn_blocking(move || SledStore::open(&path, cache))
-            .await
-            .map_err(|e| AppError::Store(e.to_string()))??,
-    );
+    let store = open_store(&config.store).await?;
     // Before anything else starts (the shell's proxy socket in the store's folder, MCP
     // servers): a second process must not get that far.
     let stops = Stops::default();
@@ -932,6 +926,17 @@ fn warn_open_channels(config: &Config, access: &Access) {
             );
         }
     }
+}
+
+/// Opens the store `[store]` names (opening migrates an older layout, so it runs on the
+/// blocking pool).
+async fn open_store(settings: &StoreConfig) -> Result<Arc<dyn Store>, AppError> {
+    let path = settings.path.clone();
+    let cache = settings.cache_capacity_bytes;
+    let store = tokio::task::spawn_blocking(move || SledStore::open(&path, cache))
+        .await
+        .map_err(|e| AppError::Store(e.to_string()))??;
+    Ok(Arc::new(store))
 }
 
 /// Claims the store's lease for this process (`antler-<pid>-<id>`) and starts renewing it:
