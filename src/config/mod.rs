@@ -14,6 +14,7 @@
 //! example `"${OPENAI_API_KEY:-}"` with the variable unset) counts as absent.
 
 mod env;
+pub(crate) mod settings;
 mod validate;
 pub(crate) use crate::secret::mask_url;
 
