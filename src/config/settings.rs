@@ -14,9 +14,9 @@
 //! `agent.tool_timeouts`) is one setting; an error about one of its elements names the
 //! element (`server.allowed_hosts[1]`, `agent.tool_timeouts.bash`).
 
-/// What a key means when it is left out.
+/// What a key means when it is left out: its default.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Default {
+pub(crate) enum Absent {
     /// The key's value, written as TOML.
     Value(&'static str),
     /// The key is unset; the text says what that means.
@@ -37,7 +37,7 @@ pub(crate) struct Setting {
     /// The dotted key, e.g. `agent.middleware.summarization.trigger_tokens`.
     pub(crate) key: &'static str,
     /// What it means when left out.
-    pub(crate) default: Default,
+    pub(crate) default: Absent,
     /// What it does, in one line.
     pub(crate) doc: &'static str,
 }
@@ -45,7 +45,7 @@ pub(crate) struct Setting {
 const fn value(key: &'static str, toml: &'static str, doc: &'static str) -> Setting {
     Setting {
         key,
-        default: Default::Value(toml),
+        default: Absent::Value(toml),
         doc,
     }
 }
@@ -53,7 +53,7 @@ const fn value(key: &'static str, toml: &'static str, doc: &'static str) -> Sett
 const fn unset(key: &'static str, meaning: &'static str, doc: &'static str) -> Setting {
     Setting {
         key,
-        default: Default::Unset(meaning),
+        default: Absent::Unset(meaning),
         doc,
     }
 }
@@ -61,7 +61,7 @@ const fn unset(key: &'static str, meaning: &'static str, doc: &'static str) -> S
 const fn required(key: &'static str, doc: &'static str) -> Setting {
     Setting {
         key,
-        default: Default::Required,
+        default: Absent::Required,
         doc,
     }
 }
@@ -69,7 +69,7 @@ const fn required(key: &'static str, doc: &'static str) -> Setting {
 const fn tables(key: &'static str, doc: &'static str) -> Setting {
     Setting {
         key,
-        default: Default::Tables,
+        default: Absent::Tables,
         doc,
     }
 }
@@ -383,12 +383,12 @@ pub(crate) fn find(key: &str) -> Option<Found> {
             return Some(Found::Setting(setting));
         }
         if pattern.len() < concrete.len() {
-            if let Default::Value(value) = setting.default
+            if let Absent::Value(value) = setting.default
                 && (value.starts_with('[') || value.starts_with('{'))
             {
                 return Some(Found::Within(setting));
             }
-            if setting.default == Default::Tables && concrete.len() == pattern.len() + 1 {
+            if setting.default == Absent::Tables && concrete.len() == pattern.len() + 1 {
                 table = true;
             }
         } else {
@@ -431,3 +431,6 @@ fn segment_matches(pattern: &str, concrete: &str) -> bool {
         _ => pattern == concrete,
     }
 }
+
+#[cfg(test)]
+mod tests;
