@@ -7,6 +7,7 @@ use super::{Absent, Found, SETTINGS, Setting, find, is_declared};
 use crate::config::Config;
 
 const EXAMPLE: &str = include_str!("../../../config/antler.example.toml");
+const LOCAL: &str = include_str!("../../../config/antler.toml");
 const README: &str = include_str!("../../../README.md");
 const VALIDATE: &str = include_str!("../validate.rs");
 
@@ -92,7 +93,7 @@ fn declared_defaults_are_what_the_structs_produce() {
         defaults,
         "an empty file is the defaults"
     );
-    let example = uncommented_example();
+    let example = uncommented(EXAMPLE);
     for setting in SETTINGS {
         let Absent::Value(text) = setting.default else {
             continue;
@@ -236,23 +237,19 @@ fn probe(pattern: &str) -> toml::Table {
 // The example file
 // ---------------------------------------------------------------------------------------------
 
-/// The example with its commented-out TOML switched on: comment lines that are a table header
-/// (`# [[mcp.servers]]`) or a `key = value` line. Prose comments stay comments.
-fn uncommented_example() -> toml::Table {
+/// A config file with its commented-out TOML switched on: comment lines that are a table
+/// header (`# [[mcp.servers]]`) or a `key = value` line. Prose comments stay comments.
+fn uncommented(file: &str) -> toml::Table {
     let code =
         regex::Regex::new(r"^# ?((\[\[?[A-Za-z0-9_.<>-]+\]\]?)|([A-Za-z0-9_]+ = .*))$").unwrap();
-    let text: String = EXAMPLE
+    let text: String = file
         .lines()
         .map(|line| match code.captures(line) {
             Some(found) => format!("{}\n", &found[1]),
             None => format!("{line}\n"),
         })
         .collect();
-    toml::from_str(&text).unwrap_or_else(|err| panic!("the uncommented example: {err}"))
-}
-
-fn live_example() -> toml::Table {
-    toml::from_str(EXAMPLE).unwrap()
+    toml::from_str(&text).unwrap_or_else(|err| panic!("the file, uncommented: {err}"))
 }
 
 /// Every key a document writes, by declared pattern (`mcp.servers[].name`), with the first value
@@ -295,44 +292,52 @@ fn walk(table: &toml::Table, prefix: &str, out: &mut BTreeMap<String, toml::Valu
     }
 }
 
-/// The rule: every key is in the example; a key with a default outside table entries is
-/// written live, at its default; keys without a default (optional ones, and the keys of
-/// entries, which are illustrations) may be commented out. Nothing else is in it.
+/// The rule: every declared key is in the example, and nothing else. A key with a default is
+/// written live, at its default, except in the entries of table arrays and named tables, which
+/// are illustrations and may be commented out with any value. A key without a default (an
+/// optional or required one) may be commented out, or written with an example value.
 #[test]
 fn the_example_shows_every_declared_key_and_no_other() {
-    let written = written_keys(&uncommented_example());
-    let live = written_keys(&live_example());
+    let written = written_keys(&uncommented(EXAMPLE));
+    let live = written_keys(&toml::from_str(EXAMPLE).unwrap());
+    let mut problems = Vec::new();
     for key in written.keys() {
-        assert!(
-            is_declared(key),
-            "the example writes `{key}`, which is not declared"
-        );
+        if !is_declared(key) {
+            problems.push(format!("the example writes `{key}`, which is not declared"));
+        }
     }
     for setting in SETTINGS {
-        assert!(
-            written.contains_key(setting.key),
-            "the example does not show `{}`",
-            setting.key
-        );
-    }
-    for setting in SETTINGS {
+        if !written.contains_key(setting.key) {
+            problems.push(format!("the example does not show `{}`", setting.key));
+        }
         let Absent::Value(text) = setting.default else {
             continue;
         };
         if in_entry(setting.key) {
             continue;
         }
-        let shown = live.get(setting.key).unwrap_or_else(|| {
-            panic!(
+        match live.get(setting.key) {
+            None => problems.push(format!(
                 "the example comments `{}` out; a key with a default is written at it",
                 setting.key
-            )
-        });
-        assert_eq!(
-            shown,
-            &toml_value(text),
-            "the example writes `{}` at another value than its default",
-            setting.key
+            )),
+            Some(shown) if *shown != toml_value(text) => problems.push(format!(
+                "the example writes `{}` = {shown}, not its default {text}",
+                setting.key
+            )),
+            Some(_) => {}
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+/// The local default config names declared keys only, commented-out ones included.
+#[test]
+fn the_local_config_names_declared_keys_only() {
+    for key in written_keys(&uncommented(LOCAL)).keys() {
+        assert!(
+            is_declared(key),
+            "config/antler.toml writes `{key}`, which is not declared"
         );
     }
 }
