@@ -63,6 +63,7 @@ fn config_of(table: toml::Table) -> Result<Config, String> {
 
 #[test]
 fn keys_are_unique_and_well_formed() {
+    let shape = regex::Regex::new(r"^[a-z_]+(\.[a-z_]+|\[\]|\.<name>)*\.[a-z_]+$").unwrap();
     let mut seen = BTreeSet::new();
     for setting in SETTINGS {
         assert!(
@@ -70,7 +71,6 @@ fn keys_are_unique_and_well_formed() {
             "{} is declared twice",
             setting.key
         );
-        let shape = regex::Regex::new(r"^[a-z_]+(\.[a-z_]+|\[\]|\.<name>)*\.[a-z_]+$").unwrap();
         assert!(
             shape.is_match(setting.key),
             "{} is not a dotted key",
