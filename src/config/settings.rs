@@ -2,8 +2,8 @@
 //!
 //! The typed structs (and their `Default` impls) stay the deserializer; this table is what the
 //! rest holds itself to. Validation names keys only through [`key!`], which refuses, when the
-//! crate is built, a key this table does not declare. The tests hold the structs' defaults, the fields
-//! serde accepts, `config/antler.example.toml` and the README's key table to this table.
+//! crate is built, a key this table does not declare. The tests hold the structs' defaults, the
+//! fields serde accepts, `config/antler.example.toml` and the README's key table to this table.
 //!
 //! Keys are written as in error messages, with two placeholders:
 //! - `[]` stands for an entry of a table array: `mcp.servers[].name` is `name` in any
@@ -349,87 +349,6 @@ pub(crate) fn element(key: &str, index: usize) -> String {
 /// `entry("agent.tool_timeouts", "bash")` is `agent.tool_timeouts.bash`.
 pub(crate) fn entry(key: &str, name: &str) -> String {
     format!("{key}.{name}")
-}
-
-/// How a concrete key (as an error names it) relates to the declaration.
-#[cfg(test)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Found {
-    /// It is this setting (`mcp.servers[3].name` is `mcp.servers[].name`).
-    Setting(&'static Setting),
-    /// It is an element or an entry of this array- or table-valued setting
-    /// (`server.allowed_hosts[1]`, `agent.tool_timeouts.bash`).
-    Within(&'static Setting),
-    /// It is a table that holds settings (`server`, `subagents.types.bash`, `mcp.servers[0]`).
-    Table,
-}
-
-/// Where a concrete key is in the declaration; `None` when it is nowhere.
-#[cfg(test)]
-pub(crate) fn find(key: &str) -> Option<Found> {
-    let concrete = segments(key);
-    let mut table = false;
-    for setting in SETTINGS {
-        let pattern = segments(setting.key);
-        let common = pattern.len().min(concrete.len());
-        if !pattern[..common]
-            .iter()
-            .zip(&concrete[..common])
-            .all(|(pattern, concrete)| segment_matches(pattern, concrete))
-        {
-            continue;
-        }
-        if pattern.len() == concrete.len() {
-            return Some(Found::Setting(setting));
-        }
-        if pattern.len() < concrete.len() {
-            if let Absent::Value(value) = setting.default
-                && (value.starts_with('[') || value.starts_with('{'))
-            {
-                return Some(Found::Within(setting));
-            }
-            if setting.default == Absent::Tables && concrete.len() == pattern.len() + 1 {
-                table = true;
-            }
-        } else {
-            table = true;
-        }
-    }
-    table.then_some(Found::Table)
-}
-
-/// The steps of a dotted key: `mcp.servers[2].name` is `mcp`, `servers`, `[2]`, `name`.
-#[cfg(test)]
-fn segments(key: &str) -> Vec<&str> {
-    let mut out = Vec::new();
-    for part in key.split('.') {
-        match part.find('[') {
-            Some(start) => {
-                if start > 0 {
-                    out.push(&part[..start]);
-                }
-                out.extend(part[start..].split_inclusive(']'));
-            }
-            None => out.push(part),
-        }
-    }
-    out
-}
-
-#[cfg(test)]
-fn segment_matches(pattern: &str, concrete: &str) -> bool {
-    match pattern {
-        "[]" => {
-            concrete.len() > 2
-                && concrete.starts_with('[')
-                && concrete.ends_with(']')
-                && concrete[1..concrete.len() - 1]
-                    .bytes()
-                    .all(|b| b.is_ascii_digit())
-        }
-        "<name>" => !concrete.starts_with('['),
-        _ => pattern == concrete,
-    }
 }
 
 #[cfg(test)]

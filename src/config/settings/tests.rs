@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::{Absent, Found, SETTINGS, Setting, find, is_declared};
+use super::{Absent, SETTINGS, Setting, is_declared};
 use crate::config::Config;
 
 const EXAMPLE: &str = include_str!("../../../config/antler.example.toml");
@@ -11,7 +11,7 @@ const LOCAL: &str = include_str!("../../../config/antler.toml");
 const README: &str = include_str!("../../../README.md");
 const VALIDATE: &str = include_str!("../validate.rs");
 
-fn setting(key: &str) -> &'static Setting {
+fn declared_setting(key: &str) -> &'static Setting {
     SETTINGS
         .iter()
         .find(|setting| setting.key == key)
@@ -80,6 +80,31 @@ fn keys_are_unique_and_well_formed() {
         assert!(is_declared(setting.key));
         if let Absent::Value(text) = setting.default {
             toml_value(text);
+        }
+        // An entry's key follows its table array or table of tables; only entries have
+        // required keys.
+        if let Some((collection, _)) = setting
+            .key
+            .split_once("[]")
+            .or_else(|| setting.key.split_once(".<name>"))
+        {
+            assert_eq!(
+                declared_setting(collection).default,
+                Absent::Tables,
+                "{}: `{collection}` is not declared as tables",
+                setting.key
+            );
+        } else {
+            assert_ne!(setting.default, Absent::Required, "{}", setting.key);
+        }
+        if setting.default == Absent::Tables {
+            assert!(
+                SETTINGS
+                    .iter()
+                    .any(|entry| entry.key.starts_with(setting.key) && in_entry(entry.key)),
+                "{} declares no key of its entries",
+                setting.key
+            );
         }
     }
     assert!(!is_declared("server.no_such_key"));
@@ -557,6 +582,87 @@ fn the_readme_names_no_undeclared_key() {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Concrete keys
+// ---------------------------------------------------------------------------------------------
+
+/// How a concrete key (as an error names it) relates to the declaration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Found {
+    /// It is this setting (`mcp.servers[3].name` is `mcp.servers[].name`).
+    Setting(&'static Setting),
+    /// It is an element or an entry of this array- or table-valued setting
+    /// (`server.allowed_hosts[1]`, `agent.tool_timeouts.bash`).
+    Within(&'static Setting),
+    /// It is a table that holds settings (`server`, `subagents.types.bash`, `mcp.servers[0]`).
+    Table,
+}
+
+/// Where a concrete key is in the declaration; `None` when it is nowhere.
+fn find(key: &str) -> Option<Found> {
+    let concrete = segments(key);
+    let mut table = false;
+    for setting in SETTINGS {
+        let pattern = segments(setting.key);
+        let common = pattern.len().min(concrete.len());
+        if !pattern[..common]
+            .iter()
+            .zip(&concrete[..common])
+            .all(|(pattern, concrete)| segment_matches(pattern, concrete))
+        {
+            continue;
+        }
+        if pattern.len() == concrete.len() {
+            return Some(Found::Setting(setting));
+        }
+        if pattern.len() < concrete.len() {
+            if let Absent::Value(value) = setting.default
+                && (value.starts_with('[') || value.starts_with('{'))
+            {
+                return Some(Found::Within(setting));
+            }
+            if setting.default == Absent::Tables && concrete.len() == pattern.len() + 1 {
+                table = true;
+            }
+        } else {
+            table = true;
+        }
+    }
+    table.then_some(Found::Table)
+}
+
+/// The steps of a dotted key: `mcp.servers[2].name` is `mcp`, `servers`, `[2]`, `name`.
+fn segments(key: &str) -> Vec<&str> {
+    let mut out = Vec::new();
+    for part in key.split('.') {
+        match part.find('[') {
+            Some(start) => {
+                if start > 0 {
+                    out.push(&part[..start]);
+                }
+                out.extend(part[start..].split_inclusive(']'));
+            }
+            None => out.push(part),
+        }
+    }
+    out
+}
+
+fn segment_matches(pattern: &str, concrete: &str) -> bool {
+    match pattern {
+        "[]" => {
+            concrete.len() > 2
+                && concrete.starts_with('[')
+                && concrete.ends_with(']')
+                && concrete[1..concrete.len() - 1]
+                    .bytes()
+                    .all(|b| b.is_ascii_digit())
+        }
+        "<name>" => !concrete.starts_with('['),
+        _ => pattern == concrete,
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
 // Validation
 // ---------------------------------------------------------------------------------------------
 
@@ -787,27 +893,29 @@ fn validation_writes_keys_only_through_the_declaration() {
 fn find_places_concrete_keys() {
     assert_eq!(
         find("server.listen"),
-        Some(Found::Setting(setting("server.listen")))
+        Some(Found::Setting(declared_setting("server.listen")))
     );
     assert_eq!(
         find("mcp.servers[3].name"),
-        Some(Found::Setting(setting("mcp.servers[].name")))
+        Some(Found::Setting(declared_setting("mcp.servers[].name")))
     );
     assert_eq!(
         find("subagents.types.bash.max_turns"),
-        Some(Found::Setting(setting("subagents.types.<name>.max_turns")))
+        Some(Found::Setting(declared_setting(
+            "subagents.types.<name>.max_turns"
+        )))
     );
     assert_eq!(
         find("server.allowed_hosts[1]"),
-        Some(Found::Within(setting("server.allowed_hosts")))
+        Some(Found::Within(declared_setting("server.allowed_hosts")))
     );
     assert_eq!(
         find("agent.tool_timeouts.bash"),
-        Some(Found::Within(setting("agent.tool_timeouts")))
+        Some(Found::Within(declared_setting("agent.tool_timeouts")))
     );
     assert_eq!(
         find("mcp.servers[0].headers.X-Team"),
-        Some(Found::Within(setting("mcp.servers[].headers")))
+        Some(Found::Within(declared_setting("mcp.servers[].headers")))
     );
     assert_eq!(find("server"), Some(Found::Table));
     assert_eq!(find("mcp.servers[0]"), Some(Found::Table));
