@@ -30,9 +30,6 @@ pub(crate) enum Absent {
 
 /// One configuration key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-// The defaults and docs are read by the tests that hold the structs, the example file and the
-// README to this table; the program itself reads only the keys (at compile time).
-#[cfg_attr(not(test), allow(dead_code))]
 pub(crate) struct Setting {
     /// The dotted key, e.g. `agent.middleware.summarization.trigger_tokens`.
     pub(crate) key: &'static str,
