@@ -1,4 +1,5 @@
-//! Range and cross-field checks; every issue is collected.
+//! Range and cross-field checks; every issue is collected. Every key an issue names comes from
+//! the declaration in `settings.rs` through `key!`, so an undeclared key does not build.
 
 use std::collections::HashMap;
 use std::net::{Ipv6Addr, SocketAddr};
