@@ -14,6 +14,7 @@
 //! example `"${OPENAI_API_KEY:-}"` with the variable unset) counts as absent.
 
 mod env;
+pub(crate) mod settings;
 mod validate;
 pub(crate) use crate::secret::mask_url;
 
@@ -891,9 +892,11 @@ impl Config {
         let mut warnings = Vec::new();
         if bash.sandbox == crate::sandbox::SandboxMode::None {
             warnings.push((
-                "agent.tools.bash.sandbox = \"none\": shell commands see the file system as \
-                 antler's user does (the store, the config)"
-                    .to_owned(),
+                format!(
+                    "{} = \"none\": shell commands see the file system as antler's user does \
+                     (the store, the config)",
+                    settings::key!("agent.tools.bash.sandbox")
+                ),
                 "set it to \"auto\" unless this host is itself a throwaway sandbox".to_owned(),
             ));
         }

@@ -1,9 +1,11 @@
-//! Range and cross-field checks; every issue is collected.
+//! Range and cross-field checks; every issue is collected. Every key an issue names comes from
+//! the declaration in `settings.rs` through `key!`, so an undeclared key does not build.
 
 use std::collections::HashMap;
 use std::net::{Ipv6Addr, SocketAddr};
 
 use super::TelegramMode;
+use super::settings::{at, element, entry, key, named};
 use super::{Config, ConfigIssue, Secret};
 use crate::agent::middleware::sandbox_audit::{MAX_COMMAND_CHARS_LIMIT, SandboxAuditConfig};
 use crate::agent::subagents::config::BUILTIN_TYPES;
@@ -66,40 +68,47 @@ impl Issues {
 fn server(config: &Config, v: &mut Issues) {
     let server = &config.server;
     if let Some(url) = &server.public_url {
-        v.url("server.public_url", url);
+        v.url(key!("server.public_url"), url);
     }
-    v.at_least("server.body_limit_bytes", server.body_limit_bytes, 1);
-    v.at_least("server.max_connections", server.max_connections, 1);
+    v.at_least(key!("server.body_limit_bytes"), server.body_limit_bytes, 1);
+    v.at_least(key!("server.max_connections"), server.max_connections, 1);
     v.at_least(
-        "server.header_read_timeout_secs",
+        key!("server.header_read_timeout_secs"),
         server.header_read_timeout_secs,
         1,
     );
     v.at_least(
-        "server.body_read_timeout_secs",
+        key!("server.body_read_timeout_secs"),
         server.body_read_timeout_secs,
         1,
     );
-    v.at_least("server.max_streams", server.max_streams, 1);
+    v.at_least(key!("server.max_streams"), server.max_streams, 1);
     for (index, host) in server.allowed_hosts.iter().enumerate() {
         if let Err(problem) = check_allowed_host(host) {
-            v.push(&format!("server.allowed_hosts[{index}]"), problem);
+            v.push(&element(key!("server.allowed_hosts"), index), problem);
         }
     }
     if let Some(ops) = server.ops_listen
         && listeners_clash(ops, server.listen)
     {
         v.push(
-            "server.ops_listen",
-            "must differ from server.listen (another port, or another address that is not a wildcard)",
+            key!("server.ops_listen"),
+            format!(
+                "must differ from {} (another port, or another address that is not a wildcard)",
+                key!("server.listen")
+            ),
         );
     }
     if config.store.path.as_os_str().is_empty() {
-        v.push("store.path", "must not be empty");
+        v.push(key!("store.path"), "must not be empty");
     }
-    v.at_least("store.dedupe_ttl_secs", config.store.dedupe_ttl_secs, 1);
     v.at_least(
-        "store.cache_capacity_bytes",
+        key!("store.dedupe_ttl_secs"),
+        config.store.dedupe_ttl_secs,
+        1,
+    );
+    v.at_least(
+        key!("store.cache_capacity_bytes"),
         config.store.cache_capacity_bytes,
         MIN_CACHE_CAPACITY_BYTES,
     );
@@ -187,32 +196,40 @@ pub(crate) fn is_valid_user(user: &str) -> bool {
 
 fn model(config: &Config, v: &mut Issues) {
     let model = &config.model;
-    v.url("model.base_url", &model.base_url);
+    v.url(key!("model.base_url"), &model.base_url);
     if model.model.trim().is_empty() {
-        v.push("model.model", "must not be empty");
+        v.push(key!("model.model"), "must not be empty");
     }
-    v.at_least("model.connect_timeout_secs", model.connect_timeout_secs, 1);
     v.at_least(
-        "model.first_byte_timeout_secs",
+        key!("model.connect_timeout_secs"),
+        model.connect_timeout_secs,
+        1,
+    );
+    v.at_least(
+        key!("model.first_byte_timeout_secs"),
         model.first_byte_timeout_secs,
         1,
     );
-    v.at_least("model.idle_timeout_secs", model.idle_timeout_secs, 1);
-    v.at_least("model.request_timeout_secs", model.request_timeout_secs, 1);
+    v.at_least(key!("model.idle_timeout_secs"), model.idle_timeout_secs, 1);
+    v.at_least(
+        key!("model.request_timeout_secs"),
+        model.request_timeout_secs,
+        1,
+    );
     if let Some(temperature) = model.temperature
         && !(0.0..=2.0).contains(&temperature)
     {
         v.push(
-            "model.temperature",
+            key!("model.temperature"),
             format!("must be between 0 and 2 (got {temperature})"),
         );
     }
     if let Some(max_tokens) = model.max_tokens {
-        v.at_least("model.max_tokens", max_tokens, 1);
+        v.at_least(key!("model.max_tokens"), max_tokens, 1);
     }
     if model.context_tokens != 0 && model.context_tokens < 1024 {
         v.push(
-            "model.context_tokens",
+            key!("model.context_tokens"),
             format!(
                 "must be 0 (no bound) or at least 1024 (got {})",
                 model.context_tokens
@@ -225,30 +242,34 @@ fn agent(config: &Config, v: &mut Issues) {
     let agent = &config.agent;
     if !(1..=200).contains(&agent.max_iterations) {
         v.push(
-            "agent.max_iterations",
+            key!("agent.max_iterations"),
             format!("must be between 1 and 200 (got {})", agent.max_iterations),
         );
     }
-    v.at_least("agent.max_concurrent_turns", agent.max_concurrent_turns, 1);
-    v.at_least("agent.backlog", agent.backlog, 1);
-    v.at_least("agent.turn_timeout_secs", agent.turn_timeout_secs, 1);
-    v.at_least("agent.max_turn_attempts", agent.max_turn_attempts, 1);
+    v.at_least(
+        key!("agent.max_concurrent_turns"),
+        agent.max_concurrent_turns,
+        1,
+    );
+    v.at_least(key!("agent.backlog"), agent.backlog, 1);
+    v.at_least(key!("agent.turn_timeout_secs"), agent.turn_timeout_secs, 1);
+    v.at_least(key!("agent.max_turn_attempts"), agent.max_turn_attempts, 1);
     if !(1..=64).contains(&agent.max_parallel_tools) {
         v.push(
-            "agent.max_parallel_tools",
+            key!("agent.max_parallel_tools"),
             format!(
                 "must be between 1 and 64 (got {})",
                 agent.max_parallel_tools
             ),
         );
     }
-    v.at_least("agent.tool_timeout_secs", agent.tool_timeout_secs, 1);
+    v.at_least(key!("agent.tool_timeout_secs"), agent.tool_timeout_secs, 1);
     for (tool, secs) in &agent.tool_timeouts {
-        v.at_least(&format!("agent.tool_timeouts.{tool}"), *secs, 1);
+        v.at_least(&entry(key!("agent.tool_timeouts"), tool), *secs, 1);
     }
     if !(1..=MAX_ATTACHMENT_BYTES).contains(&agent.max_attachment_bytes) {
         v.push(
-            "agent.max_attachment_bytes",
+            key!("agent.max_attachment_bytes"),
             format!(
                 "must be between 1 and {MAX_ATTACHMENT_BYTES} (1 GiB) (got {})",
                 agent.max_attachment_bytes
@@ -259,7 +280,7 @@ fn agent(config: &Config, v: &mut Issues) {
     let bash = &agent.tools.bash;
     if !(1..=MAX_OUTPUT_BYTES_LIMIT).contains(&bash.max_output_bytes) {
         v.push(
-            "agent.tools.bash.max_output_bytes",
+            key!("agent.tools.bash.max_output_bytes"),
             format!(
                 "must be between 1 and {MAX_OUTPUT_BYTES_LIMIT} (got {})",
                 bash.max_output_bytes
@@ -269,28 +290,28 @@ fn agent(config: &Config, v: &mut Issues) {
     sandbox_audit(&agent.middleware.sandbox_audit, v);
 
     v.at_least(
-        "agent.middleware.tool_output_budget.quota_mb",
+        key!("agent.middleware.tool_output_budget.quota_mb"),
         agent.middleware.tool_output_budget.quota_mb,
         1,
     );
 
     let title = &agent.middleware.title;
-    v.at_least("agent.middleware.title.max_words", title.max_words, 1);
-    v.at_least("agent.middleware.title.max_chars", title.max_chars, 8);
+    v.at_least(key!("agent.middleware.title.max_words"), title.max_words, 1);
+    v.at_least(key!("agent.middleware.title.max_chars"), title.max_chars, 8);
 
     let summarization = &agent.middleware.summarization;
     v.at_least(
-        "agent.middleware.summarization.trigger_tokens",
+        key!("agent.middleware.summarization.trigger_tokens"),
         summarization.trigger_tokens,
         1000,
     );
     v.at_least(
-        "agent.middleware.summarization.keep_messages",
+        key!("agent.middleware.summarization.keep_messages"),
         summarization.keep_messages,
         1,
     );
     v.at_least(
-        "agent.middleware.summarization.trim_tokens_to_summarize",
+        key!("agent.middleware.summarization.trim_tokens_to_summarize"),
         summarization.trim_tokens_to_summarize,
         100,
     );
@@ -300,10 +321,11 @@ fn agent(config: &Config, v: &mut Issues) {
         && summarization.trigger_tokens >= context_tokens
     {
         v.push(
-            "agent.middleware.summarization.trigger_tokens",
+            key!("agent.middleware.summarization.trigger_tokens"),
             format!(
-                "must be below model.context_tokens ({} >= {context_tokens}), or older \
-                 messages are dropped before they are summarized",
+                "must be below {} ({} >= {context_tokens}), or older messages are dropped \
+                 before they are summarized",
+                key!("model.context_tokens"),
                 summarization.trigger_tokens
             ),
         );
@@ -312,13 +334,13 @@ fn agent(config: &Config, v: &mut Issues) {
     let images = &agent.middleware.view_image;
     if !(1..=20).contains(&images.max_images) {
         v.push(
-            "agent.middleware.view_image.max_images",
+            key!("agent.middleware.view_image.max_images"),
             format!("must be between 1 and 20 (got {})", images.max_images),
         );
     }
     if !(1..=MAX_IMAGE_BYTES).contains(&images.max_image_bytes) {
         v.push(
-            "agent.middleware.view_image.max_image_bytes",
+            key!("agent.middleware.view_image.max_image_bytes"),
             format!(
                 "must be between 1 and {MAX_IMAGE_BYTES} (20 MiB) (got {})",
                 images.max_image_bytes
@@ -329,7 +351,7 @@ fn agent(config: &Config, v: &mut Issues) {
     let subagents = &agent.middleware.subagent_limit;
     if !(1..=4).contains(&subagents.max_per_response) {
         v.push(
-            "agent.middleware.subagent_limit.max_per_response",
+            key!("agent.middleware.subagent_limit.max_per_response"),
             format!(
                 "must be between 1 and 4 (got {})",
                 subagents.max_per_response
@@ -338,38 +360,42 @@ fn agent(config: &Config, v: &mut Issues) {
     }
     if !(1..=50).contains(&subagents.max_per_run) {
         v.push(
-            "agent.middleware.subagent_limit.max_per_run",
+            key!("agent.middleware.subagent_limit.max_per_run"),
             format!("must be between 1 and 50 (got {})", subagents.max_per_run),
         );
     }
     if subagents.tool_name.trim().is_empty() {
         v.push(
-            "agent.middleware.subagent_limit.tool_name",
+            key!("agent.middleware.subagent_limit.tool_name"),
             "must not be empty",
         );
     }
     let web_fetch = &agent.tools.web_fetch;
-    v.at_least("agent.tools.web_fetch.max_bytes", web_fetch.max_bytes, 1);
     v.at_least(
-        "agent.tools.web_fetch.timeout_secs",
+        key!("agent.tools.web_fetch.max_bytes"),
+        web_fetch.max_bytes,
+        1,
+    );
+    v.at_least(
+        key!("agent.tools.web_fetch.timeout_secs"),
         web_fetch.timeout_secs,
         1,
     );
     v.at_least(
-        "agent.middleware.deferred_tools.max_tools",
+        key!("agent.middleware.deferred_tools.max_tools"),
         agent.middleware.deferred_tools.max_tools,
         1,
     );
 
     let loops = &agent.middleware.loop_detection;
     v.at_least(
-        "agent.middleware.loop_detection.warn_threshold",
+        key!("agent.middleware.loop_detection.warn_threshold"),
         loops.warn_threshold,
         1,
     );
     if loops.hard_limit <= loops.warn_threshold {
         v.push(
-            "agent.middleware.loop_detection.hard_limit",
+            key!("agent.middleware.loop_detection.hard_limit"),
             format!(
                 "must be greater than warn_threshold ({} <= {})",
                 loops.hard_limit, loops.warn_threshold
@@ -378,7 +404,7 @@ fn agent(config: &Config, v: &mut Issues) {
     }
     if loops.window < loops.hard_limit {
         v.push(
-            "agent.middleware.loop_detection.window",
+            key!("agent.middleware.loop_detection.window"),
             format!(
                 "must be at least hard_limit ({} < {})",
                 loops.window, loops.hard_limit
@@ -386,7 +412,7 @@ fn agent(config: &Config, v: &mut Issues) {
         );
     }
     v.at_least(
-        "agent.middleware.loop_detection.max_threads",
+        key!("agent.middleware.loop_detection.max_threads"),
         loops.max_threads,
         1,
     );
@@ -396,19 +422,19 @@ fn memory(config: &Config, v: &mut Issues) {
     let memory = &config.memory;
     if memory.debounce_seconds > 3600 {
         v.push(
-            "memory.debounce_seconds",
+            key!("memory.debounce_seconds"),
             format!("must be at most 3600 (got {})", memory.debounce_seconds),
         );
     }
     if !(1..=1000).contains(&memory.max_facts) {
         v.push(
-            "memory.max_facts",
+            key!("memory.max_facts"),
             format!("must be between 1 and 1000 (got {})", memory.max_facts),
         );
     }
     if !(0.0..=1.0).contains(&memory.fact_confidence_threshold) {
         v.push(
-            "memory.fact_confidence_threshold",
+            key!("memory.fact_confidence_threshold"),
             format!(
                 "must be between 0 and 1 (got {})",
                 memory.fact_confidence_threshold
@@ -417,18 +443,21 @@ fn memory(config: &Config, v: &mut Issues) {
     }
     if !(100..=32_000).contains(&memory.max_injection_tokens) {
         v.push(
-            "memory.max_injection_tokens",
+            key!("memory.max_injection_tokens"),
             format!(
                 "must be between 100 and 32000 (got {})",
                 memory.max_injection_tokens
             ),
         );
     }
-    v.at_least("memory.shutdown_flush_secs", memory.shutdown_flush_secs, 1);
+    v.at_least(
+        key!("memory.shutdown_flush_secs"),
+        memory.shutdown_flush_secs,
+        1,
+    );
     let mut owner: HashMap<&str, usize> = HashMap::new();
     let mut names = std::collections::HashSet::new();
     for (index, person) in memory.identities.iter().enumerate() {
-        let key = |field: &str| format!("memory.identities[{index}].{field}");
         let name_ok = !person.name.is_empty()
             && person.name.len() <= MAX_USER_CHARS
             && person
@@ -437,14 +466,20 @@ fn memory(config: &Config, v: &mut Issues) {
                 .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
         if !name_ok {
             v.push(
-                &key("name"),
+                &at(key!("memory.identities[].name"), index),
                 format!("must be 1 to {MAX_USER_CHARS} letters, digits, `_`, `-` or `.`"),
             );
         } else if !names.insert(person.name.as_str()) {
-            v.push(&key("name"), "is used by an earlier identity");
+            v.push(
+                &at(key!("memory.identities[].name"), index),
+                "is used by an earlier identity",
+            );
         }
         if person.ids.is_empty() {
-            v.push(&key("ids"), "must list at least one `<channel>:<user id>`");
+            v.push(
+                &at(key!("memory.identities[].ids"), index),
+                "must list at least one `<channel>:<user id>`",
+            );
         }
         for id in &person.ids {
             let known = id.split_once(':').is_some_and(|(channel, user)| {
@@ -452,14 +487,17 @@ fn memory(config: &Config, v: &mut Issues) {
             });
             if !known {
                 v.push(
-                    &key("ids"),
+                    &at(key!("memory.identities[].ids"), index),
                     format!("`{id}` is not `<channel>:<user id>` with a known channel"),
                 );
             } else if let Some(earlier) = owner.insert(id.as_str(), index) {
                 if earlier != index {
                     v.push(
-                        &key("ids"),
-                        format!("`{id}` is already linked by memory.identities[{earlier}]"),
+                        &at(key!("memory.identities[].ids"), index),
+                        format!(
+                            "`{id}` is already linked by {}",
+                            element(key!("memory.identities"), earlier)
+                        ),
                     );
                 }
             }
@@ -471,7 +509,7 @@ fn subagents(config: &Config, v: &mut Issues) {
     let subagents = &config.subagents;
     if !(1..=16).contains(&subagents.max_concurrent) {
         v.push(
-            "subagents.max_concurrent",
+            key!("subagents.max_concurrent"),
             format!(
                 "must be between 1 and 16 (got {})",
                 subagents.max_concurrent
@@ -486,9 +524,12 @@ fn subagents(config: &Config, v: &mut Issues) {
             );
         }
     };
-    seconds(v, "subagents.timeout_seconds", subagents.timeout_seconds);
+    seconds(
+        v,
+        key!("subagents.timeout_seconds"),
+        subagents.timeout_seconds,
+    );
     for (name, kind) in &subagents.types {
-        let key = |field: &str| format!("subagents.types.{name}.{field}");
         let name_ok = !name.is_empty()
             && name.len() <= 64
             && name
@@ -496,7 +537,7 @@ fn subagents(config: &Config, v: &mut Issues) {
                 .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '_' | '-'));
         if !name_ok {
             v.push(
-                &format!("subagents.types.{name}"),
+                &entry(key!("subagents.types"), name),
                 "a type's name must be 1 to 64 lowercase letters, digits, `_` or `-`",
             );
         }
@@ -504,35 +545,45 @@ fn subagents(config: &Config, v: &mut Issues) {
         let blank = |text: &Option<String>| text.as_ref().is_some_and(|t| t.trim().is_empty());
         if (!builtin && kind.description.is_none()) || blank(&kind.description) {
             v.push(
-                &key("description"),
+                &named(key!("subagents.types.<name>.description"), name),
                 "must say what the type is for (the lead agent chooses by it)",
             );
         }
         if blank(&kind.system_prompt) {
-            v.push(&key("system_prompt"), "must not be empty");
+            v.push(
+                &named(key!("subagents.types.<name>.system_prompt"), name),
+                "must not be empty",
+            );
         }
         if blank(&kind.model) {
             v.push(
-                &key("model"),
-                "must not be empty (leave it out to use `model.model`)",
+                &named(key!("subagents.types.<name>.model"), name),
+                format!(
+                    "must not be empty (leave it out to use `{}`)",
+                    key!("model.model")
+                ),
             );
         }
         if kind.tools.as_ref().is_some_and(Vec::is_empty) {
             v.push(
-                &key("tools"),
+                &named(key!("subagents.types.<name>.tools"), name),
                 "must name at least one tool (leave it out for all)",
             );
         }
         if let Some(turns) = kind.max_turns {
             if !(1..=500).contains(&turns) {
                 v.push(
-                    &key("max_turns"),
+                    &named(key!("subagents.types.<name>.max_turns"), name),
                     format!("must be between 1 and 500 (got {turns})"),
                 );
             }
         }
         if let Some(timeout) = kind.timeout_seconds {
-            seconds(v, &key("timeout_seconds"), timeout);
+            seconds(
+                v,
+                &named(key!("subagents.types.<name>.timeout_seconds"), name),
+                timeout,
+            );
         }
     }
 }
@@ -543,54 +594,62 @@ const KNOWN_PLATFORMS: &[&str] = &["telegram", "slack", "discord", "feishu"];
 fn mcp(config: &Config, v: &mut Issues) {
     let mut seen = std::collections::HashSet::new();
     for (index, server) in config.mcp.servers.iter().enumerate() {
-        let key = |field: &str| format!("mcp.servers[{index}].{field}");
         if !crate::agent::tools::mcp::is_valid_server_name(&server.name) {
             v.push(
-                &key("name"),
+                &at(key!("mcp.servers[].name"), index),
                 format!(
                     "must be 1 to {} letters, digits, `_` or `-`, without `__`",
                     crate::agent::tools::mcp::MAX_SERVER_NAME
                 ),
             );
         } else if !seen.insert(server.name.as_str()) {
-            v.push(&key("name"), "is used by an earlier server");
+            v.push(
+                &at(key!("mcp.servers[].name"), index),
+                "is used by an earlier server",
+            );
         }
         match (&server.command, &server.url) {
             (Some(_), Some(_)) => v.push(
-                &key("url"),
+                &at(key!("mcp.servers[].url"), index),
                 "set either command (stdio) or url (streamable HTTP), not both",
             ),
             (None, None) => v.push(
-                &key("command"),
+                &at(key!("mcp.servers[].command"), index),
                 "set command (stdio) or url (streamable HTTP)",
             ),
             (Some(command), None) => {
                 if command.trim().is_empty() {
-                    v.push(&key("command"), "must not be empty");
+                    v.push(
+                        &at(key!("mcp.servers[].command"), index),
+                        "must not be empty",
+                    );
                 }
                 if !server.headers.is_empty() || server.bearer_token.is_some() {
                     v.push(
-                        &key("headers"),
+                        &at(key!("mcp.servers[].headers"), index),
                         "headers and bearer_token are for url servers",
                     );
                 }
             }
             (None, Some(url)) => {
-                v.url(&key("url"), url);
+                v.url(&at(key!("mcp.servers[].url"), index), url);
                 if !server.args.is_empty() || !server.env.is_empty() {
-                    v.push(&key("args"), "args and env are for command servers");
+                    v.push(
+                        &at(key!("mcp.servers[].args"), index),
+                        "args and env are for command servers",
+                    );
                 }
             }
         }
         for (name, value) in &server.headers {
             if reqwest::header::HeaderName::from_bytes(name.as_bytes()).is_err() {
                 v.push(
-                    &key("headers"),
+                    &at(key!("mcp.servers[].headers"), index),
                     "has a name that is not a valid HTTP header name",
                 );
             } else if reqwest::header::HeaderValue::from_str(value.expose()).is_err() {
                 v.push(
-                    &key(&format!("headers.{name}")),
+                    &entry(&at(key!("mcp.servers[].headers"), index), name),
                     "is not a valid HTTP header value",
                 );
             }
@@ -598,21 +657,28 @@ fn mcp(config: &Config, v: &mut Issues) {
         for name in server.env.keys() {
             if name.is_empty() || name.contains(['=', '\0']) {
                 v.push(
-                    &key("env"),
+                    &at(key!("mcp.servers[].env"), index),
                     "has a variable name that is empty or holds `=`",
                 );
             }
         }
-        v.at_least(&key("timeout_secs"), server.timeout_secs, 1);
-        v.at_least(&key("connect_timeout_secs"), server.connect_timeout_secs, 1);
+        v.at_least(
+            &at(key!("mcp.servers[].timeout_secs"), index),
+            server.timeout_secs,
+            1,
+        );
+        v.at_least(
+            &at(key!("mcp.servers[].connect_timeout_secs"), index),
+            server.connect_timeout_secs,
+            1,
+        );
     }
 }
 
 fn sandbox_audit(audit: &SandboxAuditConfig, v: &mut Issues) {
-    const KEY: &str = "agent.middleware.sandbox_audit";
     if !(1..=MAX_COMMAND_CHARS_LIMIT).contains(&audit.max_command_chars) {
         v.push(
-            &format!("{KEY}.max_command_chars"),
+            key!("agent.middleware.sandbox_audit.max_command_chars"),
             format!(
                 "must be between 1 and {MAX_COMMAND_CHARS_LIMIT} (got {})",
                 audit.max_command_chars
@@ -620,15 +686,18 @@ fn sandbox_audit(audit: &SandboxAuditConfig, v: &mut Issues) {
         );
     }
     if audit.enabled && audit.tools.is_empty() {
-        v.push(&format!("{KEY}.tools"), "must name at least one tool");
+        v.push(
+            key!("agent.middleware.sandbox_audit.tools"),
+            "must name at least one tool",
+        );
     }
-    for (list, rules) in [("block", &audit.block), ("warn", &audit.warn)] {
+    for (list, rules) in [
+        (key!("agent.middleware.sandbox_audit.block"), &audit.block),
+        (key!("agent.middleware.sandbox_audit.warn"), &audit.warn),
+    ] {
         for (index, rule) in rules.iter().enumerate() {
             if let Err(problem) = rule.check() {
-                v.push(
-                    &format!("{KEY}.{list}[{index}].{}", problem.key),
-                    problem.problem,
-                );
+                v.push(&entry(&element(list, index), problem.key), problem.problem);
             }
         }
     }
@@ -636,71 +705,81 @@ fn sandbox_audit(audit: &SandboxAuditConfig, v: &mut Issues) {
 
 fn delivery(config: &Config, v: &mut Issues) {
     let delivery = &config.delivery;
-    v.at_least("delivery.max_attempts", delivery.max_attempts, 1);
-    v.at_least("delivery.backoff_base_ms", delivery.backoff_base_ms, 1);
-    v.at_least("delivery.backoff_max_secs", delivery.backoff_max_secs, 1);
+    v.at_least(key!("delivery.max_attempts"), delivery.max_attempts, 1);
+    v.at_least(
+        key!("delivery.backoff_base_ms"),
+        delivery.backoff_base_ms,
+        1,
+    );
+    v.at_least(
+        key!("delivery.backoff_max_secs"),
+        delivery.backoff_max_secs,
+        1,
+    );
 }
 
 fn channels(config: &Config, v: &mut Issues) {
     let channels = &config.channels;
     api_tokens(config, v);
     api_access(config, v);
-    for (name, lists) in [
+    for (key, ids) in [
         (
-            "telegram",
-            [
-                &channels.telegram.allowed_users,
-                &channels.telegram.allowed_chats,
-                &channels.telegram.admins,
-            ],
+            key!("channels.telegram.allowed_users"),
+            &channels.telegram.allowed_users,
         ),
         (
-            "slack",
-            [
-                &channels.slack.allowed_users,
-                &channels.slack.allowed_chats,
-                &channels.slack.admins,
-            ],
+            key!("channels.telegram.allowed_chats"),
+            &channels.telegram.allowed_chats,
+        ),
+        (key!("channels.telegram.admins"), &channels.telegram.admins),
+        (
+            key!("channels.slack.allowed_users"),
+            &channels.slack.allowed_users,
         ),
         (
-            "discord",
-            [
-                &channels.discord.allowed_users,
-                &channels.discord.allowed_chats,
-                &channels.discord.admins,
-            ],
+            key!("channels.slack.allowed_chats"),
+            &channels.slack.allowed_chats,
+        ),
+        (key!("channels.slack.admins"), &channels.slack.admins),
+        (
+            key!("channels.discord.allowed_users"),
+            &channels.discord.allowed_users,
         ),
         (
-            "feishu",
-            [
-                &channels.feishu.allowed_users,
-                &channels.feishu.allowed_chats,
-                &channels.feishu.admins,
-            ],
+            key!("channels.discord.allowed_chats"),
+            &channels.discord.allowed_chats,
         ),
+        (key!("channels.discord.admins"), &channels.discord.admins),
+        (
+            key!("channels.feishu.allowed_users"),
+            &channels.feishu.allowed_users,
+        ),
+        (
+            key!("channels.feishu.allowed_chats"),
+            &channels.feishu.allowed_chats,
+        ),
+        (key!("channels.feishu.admins"), &channels.feishu.admins),
     ] {
-        for (key, ids) in ["allowed_users", "allowed_chats", "admins"]
-            .into_iter()
-            .zip(lists)
-        {
-            id_list(v, &format!("channels.{name}.{key}"), ids, |id| {
-                (!id.chars().any(char::is_control))
-                    .then_some(())
-                    .ok_or_else(|| "must not contain control characters".to_owned())
-            });
-        }
+        id_list(v, key, ids, |id| {
+            (!id.chars().any(char::is_control))
+                .then_some(())
+                .ok_or_else(|| "must not contain control characters".to_owned())
+        });
     }
 
     let telegram = &channels.telegram;
-    v.url("channels.telegram.api_url", &telegram.api_url);
+    v.url(key!("channels.telegram.api_url"), &telegram.api_url);
     platform(
         v,
-        "telegram",
+        key!("channels.telegram.enabled"),
         telegram.enabled,
         &[
-            ("bot_token", secret(&telegram.bot_token)),
             (
-                "webhook_secret",
+                key!("channels.telegram.bot_token"),
+                secret(&telegram.bot_token),
+            ),
+            (
+                key!("channels.telegram.webhook_secret"),
                 secret(&telegram.webhook_secret) || telegram.mode == TelegramMode::Polling,
             ),
         ],
@@ -711,7 +790,7 @@ fn channels(config: &Config, v: &mut Issues) {
         });
         if !well_formed {
             v.push(
-                "channels.telegram.bot_token",
+                key!("channels.telegram.bot_token"),
                 "must look like <bot id>:<secret>, as @BotFather gives it",
             );
         }
@@ -725,28 +804,31 @@ fn channels(config: &Config, v: &mut Issues) {
                 .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
         if !well_formed {
             v.push(
-                "channels.telegram.webhook_secret",
+                key!("channels.telegram.webhook_secret"),
                 "must be 1 to 256 characters of A-Z, a-z, 0-9, _ and -",
             );
         }
     }
 
     let slack = &channels.slack;
-    v.url("channels.slack.api_url", &slack.api_url);
+    v.url(key!("channels.slack.api_url"), &slack.api_url);
     platform(
         v,
-        "slack",
+        key!("channels.slack.enabled"),
         slack.enabled,
         &[
-            ("bot_token", secret(&slack.bot_token)),
-            ("signing_secret", secret(&slack.signing_secret)),
+            (key!("channels.slack.bot_token"), secret(&slack.bot_token)),
+            (
+                key!("channels.slack.signing_secret"),
+                secret(&slack.signing_secret),
+            ),
         ],
     );
     if let Some(token) = &slack.bot_token
         && !token.expose().starts_with("xoxb-")
     {
         v.push(
-            "channels.slack.bot_token",
+            key!("channels.slack.bot_token"),
             "must be the app's bot token (xoxb-...), from OAuth & Permissions",
         );
     }
@@ -756,13 +838,13 @@ fn channels(config: &Config, v: &mut Issues) {
             && team.bytes().all(|b| b.is_ascii_alphanumeric()))
     {
         v.push(
-            "channels.slack.team_id",
+            key!("channels.slack.team_id"),
             "must be a workspace id such as T0123ABCD",
         );
     }
     id_list(
         v,
-        "channels.slack.allowed_bots",
+        key!("channels.slack.allowed_bots"),
         &slack.allowed_bots,
         |id| {
             (id.starts_with('B') && id.len() > 1 && id.bytes().all(|b| b.is_ascii_alphanumeric()))
@@ -779,18 +861,18 @@ fn channels(config: &Config, v: &mut Issues) {
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_'))
     {
         v.push(
-            "channels.slack.command",
+            key!("channels.slack.command"),
             "must be a slash and 1 to 31 lower-case letters, digits, - or _, e.g. /antler",
         );
     }
 
     let discord = &channels.discord;
-    v.url("channels.discord.api_url", &discord.api_url);
+    v.url(key!("channels.discord.api_url"), &discord.api_url);
     if let Some(key) = &discord.public_key
         && !(key.len() == 64 && key.bytes().all(|b| b.is_ascii_hexdigit()))
     {
         v.push(
-            "channels.discord.public_key",
+            key!("channels.discord.public_key"),
             "must be 64 hexadecimal characters",
         );
     }
@@ -798,46 +880,61 @@ fn channels(config: &Config, v: &mut Issues) {
         && !is_snowflake(id)
     {
         v.push(
-            "channels.discord.application_id",
+            key!("channels.discord.application_id"),
             "must be the application's numeric id (Developer Portal → General Information)",
         );
     }
     for (i, guild) in discord.allowed_guilds.iter().enumerate() {
         if !is_snowflake(guild) {
             v.push(
-                &format!("channels.discord.allowed_guilds[{i}]"),
+                &element(key!("channels.discord.allowed_guilds"), i),
                 "must be a server (guild) id: digits only",
             );
         }
     }
     platform(
         v,
-        "discord",
+        key!("channels.discord.enabled"),
         discord.enabled,
         &[
-            ("application_id", discord.application_id.is_some()),
-            ("public_key", discord.public_key.is_some()),
-            ("bot_token", secret(&discord.bot_token)),
+            (
+                key!("channels.discord.application_id"),
+                discord.application_id.is_some(),
+            ),
+            (
+                key!("channels.discord.public_key"),
+                discord.public_key.is_some(),
+            ),
+            (
+                key!("channels.discord.bot_token"),
+                secret(&discord.bot_token),
+            ),
         ],
     );
 
     let feishu = &channels.feishu;
-    v.url("channels.feishu.api_url", &feishu.api_url);
+    v.url(key!("channels.feishu.api_url"), &feishu.api_url);
     platform(
         v,
-        "feishu",
+        key!("channels.feishu.enabled"),
         feishu.enabled,
         &[
-            ("app_id", feishu.app_id.is_some()),
-            ("app_secret", secret(&feishu.app_secret)),
-            ("verification_token", secret(&feishu.verification_token)),
+            (key!("channels.feishu.app_id"), feishu.app_id.is_some()),
+            (
+                key!("channels.feishu.app_secret"),
+                secret(&feishu.app_secret),
+            ),
+            (
+                key!("channels.feishu.verification_token"),
+                secret(&feishu.verification_token),
+            ),
         ],
     );
     if let Some(app_id) = &feishu.app_id
         && !(app_id.starts_with("cli_") && app_id.len() > 4)
     {
         v.push(
-            "channels.feishu.app_id",
+            key!("channels.feishu.app_id"),
             "must be the app's id (cli_...), from the app's Credentials & Basic Info page",
         );
     }
@@ -850,14 +947,17 @@ fn api_tokens(config: &Config, v: &mut Issues) {
     let exposed = !config.server.listen.ip().is_loopback();
     if api.enabled && exposed && api.token.is_none() && api.tokens.is_empty() {
         v.push(
-            "channels.api.token",
-            "required when server.listen is not a loopback address",
+            key!("channels.api.token"),
+            format!(
+                "required when {} is not a loopback address",
+                key!("server.listen")
+            ),
         );
     }
 
     let mut users: HashMap<&str, usize> = HashMap::new();
     for (index, entry) in api.tokens.iter().enumerate() {
-        let key = format!("channels.api.tokens[{index}].user");
+        let key = at(key!("channels.api.tokens[].user"), index);
         if !is_valid_user(&entry.user) {
             v.push(
                 &key,
@@ -868,7 +968,10 @@ fn api_tokens(config: &Config, v: &mut Issues) {
         } else if let Some(first) = users.get(entry.user.as_str()) {
             v.push(
                 &key,
-                format!("duplicate user (the same as channels.api.tokens[{first}].user)"),
+                format!(
+                    "duplicate user (the same as {})",
+                    at(key!("channels.api.tokens[].user"), *first)
+                ),
             );
         } else {
             users.insert(&entry.user, index);
@@ -878,17 +981,17 @@ fn api_tokens(config: &Config, v: &mut Issues) {
     // Every configured token, in the order they are reported.
     let mut tokens: Vec<(String, &str)> = Vec::new();
     if let Some(token) = &api.token {
-        tokens.push(("channels.api.token".to_owned(), token.expose()));
+        tokens.push((key!("channels.api.token").to_owned(), token.expose()));
     }
     for (index, entry) in api.tokens.iter().enumerate() {
         tokens.push((
-            format!("channels.api.tokens[{index}].token"),
+            at(key!("channels.api.tokens[].token"), index),
             entry.token.expose(),
         ));
     }
     let api_token_count = tokens.len();
     if let Some(token) = &config.server.metrics_token {
-        tokens.push(("server.metrics_token".to_owned(), token.expose()));
+        tokens.push((key!("server.metrics_token").to_owned(), token.expose()));
     }
 
     for (position, (key, token)) in tokens.iter().enumerate() {
@@ -903,7 +1006,8 @@ fn api_tokens(config: &Config, v: &mut Issues) {
             v.push(
                 key,
                 format!(
-                    "must be at least {MIN_TOKEN_CHARS} characters when server.listen is not a loopback address"
+                    "must be at least {MIN_TOKEN_CHARS} characters when {} is not a loopback address",
+                    key!("server.listen")
                 ),
             );
         }
@@ -927,14 +1031,22 @@ fn api_access(config: &Config, v: &mut Issues) {
             ))
         }
     };
-    id_list(v, "channels.api.allowed_users", &api.allowed_users, user_id);
-    id_list(v, "channels.api.admins", &api.admins, user_id);
+    id_list(
+        v,
+        key!("channels.api.allowed_users"),
+        &api.allowed_users,
+        user_id,
+    );
+    id_list(v, key!("channels.api.admins"), &api.admins, user_id);
     if !api.admins.is_empty() && api.token.is_none() && api.tokens.is_empty() {
         // Without tokens anyone on the host names any user, an admin among them.
         v.push(
-            "channels.api.admins",
-            "needs API tokens (channels.api.token or [[channels.api.tokens]]): without them \
-             anyone can send as any user",
+            key!("channels.api.admins"),
+            format!(
+                "needs API tokens ({} or [[{}]]): without them anyone can send as any user",
+                key!("channels.api.token"),
+                key!("channels.api.tokens"),
+            ),
         );
     }
 }
@@ -961,18 +1073,20 @@ fn secret(value: &Option<Secret>) -> bool {
 }
 
 /// Required keys of an enabled platform, then whether this build has its adapter.
-fn platform(v: &mut Issues, name: &str, enabled: bool, required: &[(&str, bool)]) {
+fn platform(v: &mut Issues, enabled_key: &str, enabled: bool, required: &[(&str, bool)]) {
     if !enabled {
         return;
     }
     for (key, present) in required {
         if !present {
-            v.push(&format!("channels.{name}.{key}"), "required when enabled");
+            v.push(key, "required when enabled");
         }
     }
+    // `channels.<name>.enabled`
+    let name = enabled_key.split('.').nth(1).unwrap_or_default();
     if !AVAILABLE_PLATFORMS.contains(&name) {
         v.push(
-            &format!("channels.{name}.enabled"),
+            enabled_key,
             format!("the {name} channel is not available in this build yet"),
         );
     }
