@@ -231,23 +231,22 @@ impl MockDiscord {
         .await
     }
 
-    /// Refuses the next message request on `route` (a path regex) as Discord does: HTTP 429,
-    /// `Retry-After` in whole seconds, the bucket spent (`X-RateLimit-Remaining: 0`,
+    /// Refuses the next request on `route` (a path regex) as Discord does: HTTP 429 with
+    /// `Retry-After` (`header_secs`), the bucket spent (`X-RateLimit-Remaining: 0`,
     /// `X-RateLimit-Reset-After`), scope `user`, and the body's float `retry_after`
-    /// (protocols.md §3.4).
-    pub async fn rate_limit_next(&self, route: &str, retry_after_secs: u64) {
-        let secs = retry_after_secs.to_string();
+    /// (`body_secs`) (protocols.md §3.4).
+    pub async fn rate_limit_next(&self, route: &str, header_secs: u64, body_secs: f64) {
         Mock::given(path_regex(route))
             .respond_with(
                 ResponseTemplate::new(429)
-                    .insert_header("Retry-After", secs.as_str())
+                    .insert_header("Retry-After", header_secs.to_string().as_str())
                     .insert_header("X-RateLimit-Limit", "5")
                     .insert_header("X-RateLimit-Remaining", "0")
-                    .insert_header("X-RateLimit-Reset-After", secs.as_str())
+                    .insert_header("X-RateLimit-Reset-After", body_secs.to_string().as_str())
                     .insert_header("X-RateLimit-Scope", "user")
                     .set_body_json(json!({
                         "message": "You are being rate limited.",
-                        "retry_after": retry_after_secs as f64, "global": false
+                        "retry_after": body_secs, "global": false
                     })),
             )
             .up_to_n_times(1)
@@ -298,8 +297,13 @@ impl MockApi for MockDiscord {
     }
 
     async fn rate_limit_next_message(&self, retry_after_secs: u64) {
-        self.rate_limit_next(r"^/api/v10/(webhooks|channels)/", retry_after_secs)
-            .await;
+        // The deferred response is what a reply's first part edits.
+        self.rate_limit_next(
+            r"/messages/@original$",
+            retry_after_secs,
+            retry_after_secs as f64,
+        )
+        .await;
     }
 }
 

@@ -302,10 +302,11 @@ impl MockFeishu {
         .await
     }
 
-    /// Refuses the next reply, chat message or patch as Feishu does: HTTP 429,
-    /// `x-ogw-ratelimit-reset` in seconds, code 99991400 (protocols.md §4.5).
+    /// Refuses the next reply or chat message as Feishu does: HTTP 429, `x-ogw-ratelimit-reset`
+    /// in seconds, code 99991400 (protocols.md §4.5).
     pub async fn rate_limit_next_message(&self, retry_after_secs: u64) {
-        Mock::given(path_regex(r"^/open-apis/im/v1/messages(/[^/]+(/reply)?)?$"))
+        Mock::given(method("POST"))
+            .and(path_regex(r"^/open-apis/im/v1/messages(/[^/]+/reply)?$"))
             .respond_with(
                 ResponseTemplate::new(429)
                     .insert_header("x-ogw-ratelimit-limit", "5")

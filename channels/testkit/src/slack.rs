@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use wiremock::matchers::{method, path, path_regex};
+use wiremock::matchers::{method, path};
 use wiremock::{Mock, MockServer, ResponseTemplate};
 
 use crate::conformance::{Expect, Fixture, MockApi, Platform, Vector, Written};
@@ -243,11 +243,11 @@ impl MockSlack {
             .collect()
     }
 
-    /// Refuses the next `chat.postMessage` or `chat.update` as Slack does: HTTP 429 with
-    /// `Retry-After` in seconds and `{"ok":false,"error":"ratelimited"}` (protocols.md §2.5).
+    /// Refuses the next `chat.postMessage` as Slack does: HTTP 429 with `Retry-After` in
+    /// seconds and `{"ok":false,"error":"ratelimited"}` (protocols.md §2.5).
     pub async fn rate_limit_next_post(&self, retry_after_secs: u64) {
         Mock::given(method("POST"))
-            .and(path_regex(r"^/api/chat\.(postMessage|update)$"))
+            .and(path("/api/chat.postMessage"))
             .respond_with(
                 ResponseTemplate::new(429)
                     .insert_header("Retry-After", retry_after_secs.to_string().as_str())

@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use wiremock::matchers::{body_partial_json, method, path, path_regex};
+use wiremock::matchers::{body_partial_json, method, path};
 use wiremock::{Mock, MockServer, ResponseTemplate};
 
 use crate::conformance::{Expect, Fixture, MockApi, Platform, Vector, Written};
@@ -117,9 +117,12 @@ impl MockTelegram {
     }
 
     /// A Bot API for long polling as well: `getWebhookInfo` reports `webhook`; `getUpdates`
-    /// returns `update` until it is confirmed (asked with an offset past `confirmed_by - 1`),
+    /// returns the private-text update until it is confirmed (asked with an offset past it),
     /// then nothing.
-    pub async fn start_polling(webhook: &str, update: &Value, confirmed_by: u64) -> Self {
+    pub async fn start_polling(webhook: &str) -> Self {
+        let update: Value =
+            serde_json::from_str(&fixture("tg_private_text")).expect("the update is JSON");
+        let confirmed_by = update["update_id"].as_u64().expect("an update id") + 1;
         let api = Self::start().await;
         Mock::given(method("POST"))
             .and(path(format!("/bot{TOKEN}/GetWebhookInfo")))
@@ -175,6 +178,16 @@ impl MockTelegram {
         )
     }
 
+    /// The `[channels.telegram]` config for a bot that polls this API.
+    #[must_use]
+    pub fn polling_config(&self) -> String {
+        format!(
+            "[channels.telegram]\nenabled = true\nmode = \"polling\"\nbot_token = \"{TOKEN}\"\n\
+             api_url = \"{}\"\n",
+            self.server.uri()
+        )
+    }
+
     /// The bodies of every call of `method` (`SendMessage`, `EditMessageText`…), in order.
     pub async fn calls(&self, method: &str) -> Vec<Value> {
         let suffix = format!("/{method}");
@@ -205,7 +218,7 @@ impl MockTelegram {
     /// "description":"Too Many Requests: retry after N","parameters":{"retry_after":N}}`).
     pub async fn rate_limit_next_send(&self, retry_after_secs: u64) {
         Mock::given(method("POST"))
-            .and(path_regex(r"^/bot[^/]+/(SendMessage|EditMessageText)$"))
+            .and(path(format!("/bot{TOKEN}/SendMessage")))
             .respond_with(ResponseTemplate::new(429).set_body_json(json!({
                 "ok": false, "error_code": 429,
                 "description": format!("Too Many Requests: retry after {retry_after_secs}"),
