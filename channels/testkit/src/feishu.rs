@@ -32,6 +32,12 @@ pub const NONCE: &str = "fixturenonce0001";
 pub const TENANT_TOKEN: &str = "t-TENANT-token-0001";
 /// The bot's open_id, as the group fixture mentions it.
 pub const BOT_OPEN_ID: &str = "ou_b07b07b07b07b07b07b07b07b07b07b0";
+/// The sender of the message fixtures.
+pub const ADA: &str = "ou_7d8a6e6df7621556ce0d21922b676706";
+/// The group mention fixture's message.
+pub const GROUP_MESSAGE: &str = "om_dc13264520392913993dd051dba21dcf";
+/// The p2p fixture's message.
+pub const P2P_MESSAGE: &str = "om_11112222333344445555666677778888";
 /// The id the mock gives every message it creates.
 pub const REPLY_ID: &str = "om_reply000000000000000000000001";
 /// The header with the signing time.
