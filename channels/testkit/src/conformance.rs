@@ -27,6 +27,8 @@ use antler_channel::{
     Channel, ChannelError, InboundEvent, OutboundMessage, Parsed, Part, Receipt, WebhookRequest,
 };
 
+use crate::Call;
+
 /// What a recorded payload parses to.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Expect {
@@ -79,17 +81,31 @@ pub trait MockApi: Send + Sync + Sized {
     /// Starts it, knowing the bot and accepting every message.
     async fn start() -> Self;
 
+    /// The server it runs on.
+    fn server(&self) -> &wiremock::MockServer;
+
     /// The base URL a channel is configured with (`api_url`).
-    fn api_url(&self) -> String;
+    fn api_url(&self) -> String {
+        self.server().uri()
+    }
+
+    /// What `call` wrote, if it sent or edited a message.
+    fn written_by(call: &Call) -> Option<Written>;
 
     /// Every request that wrote a message (sent or edited it), in order, refused ones included.
-    async fn written(&self) -> Vec<Written>;
+    async fn written(&self) -> Vec<Written> {
+        crate::calls_of(self.server())
+            .await
+            .iter()
+            .filter_map(Self::written_by)
+            .collect()
+    }
 
-    /// The id the API gives each message it creates.
+    /// The id the API gives the message a reply's first part creates.
     fn message_id(&self) -> String;
 
-    /// Makes the next message request fail with the platform's own 429, naming `retry_after`
-    /// (whole seconds) where the platform documents it.
+    /// Makes the next message a reply sends fail with the platform's own 429, naming
+    /// `retry_after_secs` (whole seconds) as the platform documents it.
     async fn rate_limit_next_message(&self, retry_after_secs: u64);
 }
 

@@ -15,6 +15,7 @@ use sha2::{Digest, Sha256};
 use wiremock::matchers::{method, path_regex};
 use wiremock::{Mock, MockServer, ResponseTemplate};
 
+use crate::Call;
 use crate::conformance::{Expect, Fixture, MockApi, Platform, Vector, Written};
 
 /// The application id.
@@ -276,20 +277,18 @@ impl MockApi for MockDiscord {
         Self::start().await
     }
 
-    fn api_url(&self) -> String {
-        self.server.uri()
+    fn server(&self) -> &MockServer {
+        &self.server
     }
 
-    async fn written(&self) -> Vec<Written> {
-        crate::calls_of(&self.server)
-            .await
-            .into_iter()
-            .filter(|c| c.path.contains("/messages") || c.path.starts_with("/api/v10/webhooks/"))
-            .map(|c| Written {
-                edit: c.method == "PATCH",
-                text: c.body["content"].as_str().unwrap_or_default().to_owned(),
-            })
-            .collect()
+    /// Edits of the deferred response and of messages, follow-ups and bot messages.
+    fn written_by(call: &Call) -> Option<Written> {
+        let message =
+            call.path.contains("/messages") || call.path.starts_with("/api/v10/webhooks/");
+        message.then(|| Written {
+            edit: call.method == "PATCH",
+            text: call.body["content"].as_str().unwrap_or_default().to_owned(),
+        })
     }
 
     fn message_id(&self) -> String {

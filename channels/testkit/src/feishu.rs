@@ -16,6 +16,7 @@ use sha2::{Digest, Sha256};
 use wiremock::matchers::{method, path, path_regex};
 use wiremock::{Mock, MockServer, ResponseTemplate};
 
+use crate::Call;
 use crate::conformance::{Expect, Fixture, MockApi, Platform, Vector, Written};
 
 /// The app's id.
@@ -337,20 +338,17 @@ impl MockApi for MockFeishu {
         Self::start().await
     }
 
-    fn api_url(&self) -> String {
-        self.server.uri()
+    fn server(&self) -> &MockServer {
+        &self.server
     }
 
-    async fn written(&self) -> Vec<Written> {
-        crate::calls_of(&self.server)
-            .await
-            .into_iter()
-            .filter(|c| c.path.starts_with("/open-apis/im/v1/messages") && c.method != "GET")
-            .map(|c| Written {
-                edit: c.method == "PATCH",
-                text: markup(&c.body),
-            })
-            .collect()
+    /// Replies, chat messages and card patches.
+    fn written_by(call: &Call) -> Option<Written> {
+        let message = call.path.starts_with("/open-apis/im/v1/messages") && call.method != "GET";
+        message.then(|| Written {
+            edit: call.method == "PATCH",
+            text: markup(&call.body),
+        })
     }
 
     fn message_id(&self) -> String {

@@ -11,6 +11,7 @@ use serde_json::{Value, json};
 use wiremock::matchers::{method, path};
 use wiremock::{Mock, MockServer, ResponseTemplate};
 
+use crate::Call;
 use crate::conformance::{Expect, Fixture, MockApi, Platform, Vector, Written};
 
 /// The bot token.
@@ -266,24 +267,22 @@ impl MockApi for MockSlack {
         Self::start().await
     }
 
+    fn server(&self) -> &MockServer {
+        &self.server
+    }
+
     fn api_url(&self) -> String {
         Self::api_url(self)
     }
 
-    async fn written(&self) -> Vec<Written> {
-        crate::calls_of(&self.server)
-            .await
-            .into_iter()
-            .filter_map(|call| {
-                let edit = match call.path.as_str() {
-                    "/api/chat.postMessage" => false,
-                    "/api/chat.update" => true,
-                    _ => return None,
-                };
-                let text = call.body["text"].as_str().unwrap_or_default().to_owned();
-                Some(Written { edit, text })
-            })
-            .collect()
+    fn written_by(call: &Call) -> Option<Written> {
+        let edit = match call.path.as_str() {
+            "/api/chat.postMessage" => false,
+            "/api/chat.update" => true,
+            _ => return None,
+        };
+        let text = call.body["text"].as_str().unwrap_or_default().to_owned();
+        Some(Written { edit, text })
     }
 
     fn message_id(&self) -> String {

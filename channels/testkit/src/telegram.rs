@@ -11,6 +11,7 @@ use serde_json::{Value, json};
 use wiremock::matchers::{body_partial_json, method, path};
 use wiremock::{Mock, MockServer, ResponseTemplate};
 
+use crate::Call;
 use crate::conformance::{Expect, Fixture, MockApi, Platform, Vector, Written};
 
 /// The bot token (`<bot id>:<secret>`).
@@ -237,24 +238,18 @@ impl MockApi for MockTelegram {
         Self::start().await
     }
 
-    fn api_url(&self) -> String {
-        self.server.uri()
+    fn server(&self) -> &MockServer {
+        &self.server
     }
 
-    async fn written(&self) -> Vec<Written> {
-        crate::calls_of(&self.server)
-            .await
-            .into_iter()
-            .filter_map(|call| {
-                let edit = match call.path.rsplit('/').next() {
-                    Some("SendMessage") => false,
-                    Some("EditMessageText") => true,
-                    _ => return None,
-                };
-                let text = call.body["text"].as_str().unwrap_or_default().to_owned();
-                Some(Written { edit, text })
-            })
-            .collect()
+    fn written_by(call: &Call) -> Option<Written> {
+        let edit = match call.path.rsplit('/').next() {
+            Some("SendMessage") => false,
+            Some("EditMessageText") => true,
+            _ => return None,
+        };
+        let text = call.body["text"].as_str().unwrap_or_default().to_owned();
+        Some(Written { edit, text })
     }
 
     fn message_id(&self) -> String {
