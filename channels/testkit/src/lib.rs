@@ -9,7 +9,9 @@
 //! - the platforms' request signers (Telegram's secret header, Slack's v0 HMAC, Discord's
 //!   Ed25519, Feishu's encryption and signature), so a test sends what the platform sends;
 //! - the channel [`conformance`] list: one set of cases every platform crate runs against its
-//!   own channel with [`conformance_tests!`].
+//!   own channel with [`conformance_tests!`];
+//! - the mock OpenAI-compatible model ([`mock_model::MockModel`]) the end-to-end tests and the
+//!   pipeline benchmark run antler against.
 //!
 //! Nothing here reaches the internet: every server binds 127.0.0.1.
 // A failed setup must fail the test at once and loudly, as in test code.
@@ -23,6 +25,7 @@
 pub mod conformance;
 pub mod discord;
 pub mod feishu;
+pub mod mock_model;
 pub mod slack;
 pub mod telegram;
 

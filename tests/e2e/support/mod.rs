@@ -1,4 +1,4 @@
-//! Shared end-to-end test support: the mock model (`mock_model`), configs, and a running
+//! Shared end-to-end test support: the mock model (`antler_testkit::mock_model`), configs, and a running
 //! antler (in-process through `antler::serve`, or the real binary) reached over real HTTP.
 #![allow(dead_code, unreachable_pub)]
 
@@ -13,9 +13,7 @@ use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-pub mod mock_model;
-
-pub use antler_testkit::{DEADLINE, wait_until};
+pub use antler_testkit::{DEADLINE, mock_model, wait_until};
 pub use mock_model::{
     Behaviour, MEMORY_PROMPT, MODEL_NAME, MockModel, REASONING_MARK, SUBAGENT_PROMPT, Step,
     unwrap_user_text,
