@@ -74,6 +74,22 @@ pub struct Written {
     pub text: String,
 }
 
+impl Written {
+    /// What `call` wrote when its path ends with `/<send>` or `/<edit>` (an API of one method
+    /// a path, JSON bodies with the text in `text`, as Telegram's and Slack's are).
+    #[must_use]
+    pub fn by_method(call: &Call, send: &str, edit: &str) -> Option<Self> {
+        let method = call.path.rsplit('/').next()?;
+        let edit = match method {
+            m if m == edit => true,
+            m if m == send => false,
+            _ => return None,
+        };
+        let text = call.body["text"].as_str().unwrap_or_default().to_owned();
+        Some(Self { edit, text })
+    }
+}
+
 /// A platform's mock API: started on 127.0.0.1 with the platform module's test credentials,
 /// answering as the real API documents and recording every request.
 #[async_trait::async_trait]

@@ -276,13 +276,7 @@ impl MockApi for MockSlack {
     }
 
     fn written_by(call: &Call) -> Option<Written> {
-        let edit = match call.path.as_str() {
-            "/api/chat.postMessage" => false,
-            "/api/chat.update" => true,
-            _ => return None,
-        };
-        let text = call.body["text"].as_str().unwrap_or_default().to_owned();
-        Some(Written { edit, text })
+        Written::by_method(call, "chat.postMessage", "chat.update")
     }
 
     fn message_id(&self) -> String {

@@ -243,13 +243,7 @@ impl MockApi for MockTelegram {
     }
 
     fn written_by(call: &Call) -> Option<Written> {
-        let edit = match call.path.rsplit('/').next() {
-            Some("SendMessage") => false,
-            Some("EditMessageText") => true,
-            _ => return None,
-        };
-        let text = call.body["text"].as_str().unwrap_or_default().to_owned();
-        Some(Written { edit, text })
+        Written::by_method(call, "SendMessage", "EditMessageText")
     }
 
     fn message_id(&self) -> String {
