@@ -10,6 +10,7 @@
 //!   Ed25519, Feishu's encryption and signature), so a test sends what the platform sends;
 //! - the channel [`conformance`] list: one set of cases every platform crate runs against its
 //!   own channel with [`conformance_tests!`];
+//! - a [`RecordingChannel`] for the gateway's own tests;
 //! - the mock OpenAI-compatible model ([`mock_model::MockModel`]) the end-to-end tests and the
 //!   pipeline benchmark run antler against.
 //!
@@ -26,6 +27,7 @@ pub mod conformance;
 pub mod discord;
 pub mod feishu;
 pub mod mock_model;
+mod recording;
 pub mod slack;
 pub mod telegram;
 
@@ -33,6 +35,7 @@ use std::future::Future;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 pub use conformance::{Conformance, Expect, Fixture, MockApi, Platform, Vector};
+pub use recording::RecordingChannel;
 
 /// The generous deadline for anything a test waits for.
 pub const DEADLINE: Duration = Duration::from_secs(30);
