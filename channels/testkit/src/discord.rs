@@ -225,9 +225,8 @@ impl MockDiscord {
 
     /// Waits until the deferred response of `token` was edited; its edits.
     pub async fn wait_for_edit(&self, token: &str) -> Vec<Value> {
-        crate::wait_until("the deferred response edited", || async {
-            let edits = self.edits_of_original(token).await;
-            (!edits.is_empty()).then_some(edits)
+        crate::wait_for_at_least("the deferred response edited", 1, || {
+            self.edits_of_original(token)
         })
         .await
     }

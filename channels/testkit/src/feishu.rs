@@ -302,11 +302,7 @@ impl MockFeishu {
 
     /// Waits until at least `n` replies were sent; they.
     pub async fn wait_for_replies(&self, n: usize) -> Vec<(String, Value)> {
-        crate::wait_until(&format!("{n} replies sent to Feishu"), || async {
-            let replies = self.replies().await;
-            (replies.len() >= n).then_some(replies)
-        })
-        .await
+        crate::wait_for_at_least(&format!("{n} replies sent to Feishu"), n, || self.replies()).await
     }
 
     /// Refuses the next reply or chat message as Feishu does: HTTP 429, `x-ogw-ratelimit-reset`

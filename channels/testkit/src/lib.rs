@@ -58,6 +58,22 @@ where
     }
 }
 
+/// Waits until `list` holds at least `n` items (for at most [`DEADLINE`]); they.
+pub async fn wait_for_at_least<T, F, Fut>(what: &str, n: usize, mut list: F) -> Vec<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Vec<T>>,
+{
+    wait_until(what, || {
+        let items = list();
+        async move {
+            let items = items.await;
+            (items.len() >= n).then_some(items)
+        }
+    })
+    .await
+}
+
 /// Now, in Unix seconds.
 #[must_use]
 pub fn now_secs() -> u64 {
@@ -151,6 +167,18 @@ pub async fn calls_of(server: &wiremock::MockServer) -> Vec<Call> {
                 raw: request.body,
             }
         })
+        .collect()
+}
+
+/// The JSON bodies of the requests `server` received whose path ends with `/<method>`, in
+/// order (an API of one method a path: Telegram's, Slack's).
+pub async fn bodies_of(server: &wiremock::MockServer, method: &str) -> Vec<serde_json::Value> {
+    let suffix = format!("/{method}");
+    calls_of(server)
+        .await
+        .into_iter()
+        .filter(|c| c.path.ends_with(&suffix))
+        .map(|c| c.body)
         .collect()
 }
 

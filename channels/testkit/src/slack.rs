@@ -202,13 +202,7 @@ impl MockSlack {
 
     /// The bodies of every call of `method_name` (`chat.postMessage`…), in order.
     pub async fn calls(&self, method_name: &str) -> Vec<Value> {
-        let suffix = format!("/{method_name}");
-        crate::calls_of(&self.server)
-            .await
-            .into_iter()
-            .filter(|c| c.path.ends_with(&suffix))
-            .map(|c| c.body)
-            .collect()
+        crate::bodies_of(&self.server, method_name).await
     }
 
     /// The bodies of every `chat.postMessage`, in order.
@@ -218,9 +212,8 @@ impl MockSlack {
 
     /// Waits until at least `n` messages were posted; their bodies.
     pub async fn wait_for_posts(&self, n: usize) -> Vec<Value> {
-        crate::wait_until(&format!("{n} messages posted to Slack"), || async {
-            let posted = self.posted().await;
-            (posted.len() >= n).then_some(posted)
+        crate::wait_for_at_least(&format!("{n} messages posted to Slack"), n, || {
+            self.posted()
         })
         .await
     }

@@ -191,13 +191,7 @@ impl MockTelegram {
 
     /// The bodies of every call of `method` (`SendMessage`, `EditMessageText`…), in order.
     pub async fn calls(&self, method: &str) -> Vec<Value> {
-        let suffix = format!("/{method}");
-        crate::calls_of(&self.server)
-            .await
-            .into_iter()
-            .filter(|c| c.path.ends_with(&suffix))
-            .map(|c| c.body)
-            .collect()
+        crate::bodies_of(&self.server, method).await
     }
 
     /// The bodies of every `SendMessage`, in order.
@@ -207,11 +201,7 @@ impl MockTelegram {
 
     /// Waits until at least `n` messages were sent; their bodies.
     pub async fn wait_for_sends(&self, n: usize) -> Vec<Value> {
-        crate::wait_until(&format!("{n} messages sent to Telegram"), || async {
-            let sent = self.sent().await;
-            (sent.len() >= n).then_some(sent)
-        })
-        .await
+        crate::wait_for_at_least(&format!("{n} messages sent to Telegram"), n, || self.sent()).await
     }
 
     /// Refuses the next `SendMessage` as Telegram does when flooded: HTTP 429 with
