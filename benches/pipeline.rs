@@ -1,5 +1,5 @@
 //! End-to-end pipeline benchmark: the real `antler serve` binary against the end-to-end tests'
-//! mock model (`tests/e2e/support/mock_model.rs`: echoes, streamed in small chunks).
+//! mock model (`antler_testkit::mock_model`: echoes, streamed in small chunks).
 //!
 //! `cargo bench --bench pipeline -- [--quick] [--runs R] [--messages N] [--concurrency C]
 //! [--threads T] [--queued Q] [--queued-concurrency QC] [--thread-turns L] [--startups S]
@@ -60,9 +60,6 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-#[path = "../tests/e2e/support/mock_model.rs"]
-mod mock_model;
-
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -77,7 +74,7 @@ use axum::response::IntoResponse;
 use axum::routing::post;
 use serde_json::{Value, json};
 
-use mock_model::{Behaviour, MODEL_NAME, MockModel};
+use antler_testkit::mock_model::{self, Behaviour, MODEL_NAME, MockModel};
 
 /// MB as in the targets (10^6 bytes), in MiB.
 const MB_IN_MIB: f64 = 1e6 / 1_048_576.0;

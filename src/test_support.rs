@@ -1,12 +1,8 @@
-//! What several modules' unit tests share: an inbound event builder and a channel that records
-//! what it was asked to send, failing first as scripted.
+//! What several modules' unit tests share: an inbound event builder, and the testkit's channel
+//! that records what it was asked to send, failing first as scripted.
 
-use std::sync::Mutex;
-
-use antler_channel::{
-    Channel, ChannelError, ConversationKey, EditRate, FileContent, InboundEvent, Limits,
-    OutboundFile, OutboundMessage, Parsed, Part, Receipt, UserRef, WebhookRequest,
-};
+use antler_channel::{ConversationKey, InboundEvent, UserRef};
+pub(crate) use antler_testkit::RecordingChannel;
 
 /// An API-channel message from user `u1` in `conversation`.
 pub(crate) fn event(conversation: &str, event_id: &str, text: &str) -> InboundEvent {
@@ -31,120 +27,5 @@ pub(crate) fn event(conversation: &str, event_id: &str, text: &str) -> InboundEv
         unsupported: None,
         interactive: false,
         reply_context: None,
-    }
-}
-
-/// The `api` channel as a recorder: each send or edit takes the next scripted failure, if any,
-/// else succeeds and is recorded. With a `separator`, a reply's parts are its pieces between
-/// separators.
-#[derive(Debug, Default)]
-pub(crate) struct RecordingChannel {
-    pub(crate) failures: Mutex<Vec<ChannelError>>,
-    pub(crate) sent: Mutex<Vec<String>>,
-    /// (message id, new text) of each edit.
-    pub(crate) edits: Mutex<Vec<(String, String)>>,
-    pub(crate) separator: Option<&'static str>,
-    /// Its edit pace; `Some` turns live drafts on.
-    pub(crate) edit_rate: Option<EditRate>,
-    /// It sends files itself: each is recorded in `sent` as `file:<name>`.
-    pub(crate) sends_files: bool,
-}
-
-impl RecordingChannel {
-    /// The texts sent so far, in order.
-    pub(crate) fn sent(&self) -> Vec<String> {
-        self.sent.lock().map(|s| s.clone()).unwrap_or_default()
-    }
-
-    /// The edits so far, in order.
-    pub(crate) fn edits(&self) -> Vec<(String, String)> {
-        self.edits.lock().map(|e| e.clone()).unwrap_or_default()
-    }
-
-    fn next_failure(&self) -> Option<ChannelError> {
-        let mut failures = self.failures.lock().unwrap();
-        (!failures.is_empty()).then(|| failures.remove(0))
-    }
-}
-
-#[async_trait::async_trait]
-impl Channel for RecordingChannel {
-    fn name(&self) -> &'static str {
-        "api"
-    }
-
-    fn verify(&self, _: &WebhookRequest<'_>) -> Result<(), ChannelError> {
-        Ok(())
-    }
-
-    fn parse(&self, _: &WebhookRequest<'_>) -> Result<Parsed, ChannelError> {
-        Ok(Parsed::Ignore)
-    }
-
-    fn limits(&self) -> Limits {
-        Limits {
-            message: None,
-            edits: self.edit_rate,
-        }
-    }
-
-    fn render(&self, markdown: &str) -> Result<Vec<String>, ChannelError> {
-        Ok(match self.separator {
-            Some(separator) => markdown.split(separator).map(str::to_owned).collect(),
-            None => vec![markdown.to_owned()],
-        })
-    }
-
-    async fn send(&self, _: &OutboundMessage, part: Part<'_>) -> Result<Receipt, ChannelError> {
-        if let Some(failure) = self.next_failure() {
-            return Err(failure);
-        }
-        self.sent.lock().unwrap().push(part.body.to_owned());
-        Ok(Receipt {
-            platform_message_id: format!("pm-{}", part.body),
-        })
-    }
-
-    fn capabilities(&self) -> antler_channel::Capabilities {
-        antler_channel::Capabilities {
-            files: self.sends_files,
-            ..antler_channel::Capabilities::default()
-        }
-    }
-
-    async fn send_file(
-        &self,
-        _: &OutboundMessage,
-        file: &OutboundFile,
-        content: FileContent,
-    ) -> Result<Receipt, ChannelError> {
-        if let Some(failure) = self.next_failure() {
-            return Err(failure);
-        }
-        let mut bytes = String::new();
-        std::io::Read::read_to_string(&mut { content.file }, &mut bytes).unwrap();
-        self.sent
-            .lock()
-            .unwrap()
-            .push(format!("file:{}={bytes}", file.name));
-        Ok(Receipt {
-            platform_message_id: format!("pm-file-{}", file.name),
-        })
-    }
-
-    async fn edit(
-        &self,
-        _: &OutboundMessage,
-        sent: &Receipt,
-        part: Part<'_>,
-    ) -> Result<(), ChannelError> {
-        if let Some(failure) = self.next_failure() {
-            return Err(failure);
-        }
-        self.edits
-            .lock()
-            .unwrap()
-            .push((sent.platform_message_id.clone(), part.body.to_owned()));
-        Ok(())
     }
 }

@@ -1,5 +1,5 @@
 //! End-to-end tests: antler served in-process (`antler::serve`) or as the real binary, reached
-//! over real HTTP on 127.0.0.1, against the mock model in `support/mock_model.rs`. One test
+//! over real HTTP on 127.0.0.1, against the mock model in `antler_testkit::mock_model`. One test
 //! binary, so the support code is compiled once.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 

@@ -2,137 +2,30 @@
 //! with the mock model, answers out to a mock Bot API (teloxide capitalises method names:
 //! `/bot<token>/SendMessage`).
 
+use antler_testkit::telegram::{MockTelegram, SECRET, fixture, post};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
-use wiremock::matchers::{method, path};
-use wiremock::{Mock, MockServer, ResponseTemplate};
 
 use crate::support::mock_model::{Behaviour, MockModel};
-use crate::support::{ChildRig, Client, TestApp, wait_until};
-
-const TOKEN: &str = "7000000001:TEST-token";
-const SECRET: &str = "hook-secret_1";
-
-fn fixture(name: &str) -> String {
-    let path = format!(
-        "{}/channels/telegram/tests/fixtures/{name}.json",
-        env!("CARGO_MANIFEST_DIR")
-    );
-    std::fs::read_to_string(path).unwrap()
-}
-
-/// A Bot API that knows the bot and accepts every message.
-async fn bot_api() -> MockServer {
-    let server = MockServer::start().await;
-    Mock::given(method("POST"))
-        .and(path(format!("/bot{TOKEN}/GetMe")))
-        .respond_with(ResponseTemplate::new(200).set_body_json(json!({
-            "ok": true,
-            "result": {"id": 7000000001u64, "is_bot": true, "first_name": "OpsBot",
-                       "username": "opsbot_bot", "can_join_groups": true,
-                       "can_read_all_group_messages": false, "supports_inline_queries": false,
-                       "has_main_web_app": false}
-        })))
-        .mount(&server)
-        .await;
-    Mock::given(method("POST"))
-        .and(path(format!("/bot{TOKEN}/SendMessage")))
-        .respond_with(ResponseTemplate::new(200).set_body_json(json!({
-            "ok": true,
-            "result": {"message_id": 700, "date": 1, "chat": {"id": 1, "type": "private", "first_name": "A"},
-                       "text": "ok"}
-        })))
-        .mount(&server)
-        .await;
-    Mock::given(method("POST"))
-        .and(path(format!("/bot{TOKEN}/EditMessageText")))
-        .respond_with(ResponseTemplate::new(200).set_body_json(json!({
-            "ok": true,
-            "result": {"message_id": 700, "date": 1, "chat": {"id": 1, "type": "private", "first_name": "A"},
-                       "text": "ok"}
-        })))
-        .mount(&server)
-        .await;
-    Mock::given(method("POST"))
-        .and(path(format!("/bot{TOKEN}/SendChatAction")))
-        .respond_with(ResponseTemplate::new(200).set_body_json(json!({"ok": true, "result": true})))
-        .mount(&server)
-        .await;
-    server
-}
-
-async fn app(model: &MockModel, api: &MockServer) -> TestApp {
-    TestApp::spawn(
-        model,
-        &format!(
-            "[channels.telegram]\nenabled = true\nbot_token = \"{TOKEN}\"\n\
-             webhook_secret = \"{SECRET}\"\napi_url = \"{}\"\n",
-            api.uri()
-        ),
-    )
-    .await
-}
-
-async fn post(client: &Client, body: &str, secret: Option<&str>) -> StatusCode {
-    let mut request = client
-        .http
-        .post(format!("{}/webhooks/telegram", client.base))
-        .header("content-type", "application/json")
-        .body(body.to_owned());
-    if let Some(secret) = secret {
-        request = request.header("X-Telegram-Bot-Api-Secret-Token", secret);
-    }
-    request.send().await.unwrap().status()
-}
-
-/// The bodies of every SendMessage the Bot API got.
-async fn sent(api: &MockServer) -> Vec<Value> {
-    calls(api, "SendMessage").await
-}
-
-/// The bodies of every call of `method` the Bot API got, in order.
-async fn calls(api: &MockServer, method: &str) -> Vec<Value> {
-    let suffix = format!("/{method}");
-    api.received_requests()
-        .await
-        .unwrap_or_default()
-        .iter()
-        .filter(|r| r.url.path().ends_with(&suffix))
-        .map(|r| serde_json::from_slice(&r.body).unwrap())
-        .collect()
-}
-
-async fn wait_for_sends(api: &MockServer, n: usize) -> Vec<Value> {
-    wait_until(&format!("{n} messages sent to Telegram"), || async {
-        let sent = sent(api).await;
-        (sent.len() >= n).then_some(sent)
-    })
-    .await
-}
+use crate::support::{ChildRig, TestApp, wait_until};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_private_message_is_answered_once_even_when_delivered_twice() {
     let model = MockModel::start(Behaviour::Echo).await;
-    let api = bot_api().await;
-    let app = app(&model, &api).await;
+    let api = MockTelegram::start().await;
+    let app = TestApp::spawn(&model, &api.config("")).await;
     let update = fixture("tg_private_text");
-    assert_eq!(
-        post(&app.client, &update, Some(SECRET)).await,
-        StatusCode::OK
-    );
-    assert_eq!(
-        post(&app.client, &update, Some(SECRET)).await,
-        StatusCode::OK
-    );
+    assert_eq!(post(&app.base, &update, Some(SECRET)).await, StatusCode::OK);
+    assert_eq!(post(&app.base, &update, Some(SECRET)).await, StatusCode::OK);
 
-    let sent = wait_for_sends(&api, 1).await;
+    let sent = api.wait_for_sends(1).await;
     assert_eq!(sent[0]["chat_id"], 5_550_001_001u64);
     assert_eq!(sent[0]["text"], "echo: status payments-api");
     assert_eq!(sent[0]["parse_mode"], "HTML");
     assert_eq!(sent[0].get("reply_parameters"), None);
     app.wait_idle().await;
     assert_eq!(
-        self::sent(&api).await.len(),
+        api.sent().await.len(),
         1,
         "the redelivery is not answered again"
     );
@@ -143,29 +36,29 @@ async fn a_private_message_is_answered_once_even_when_delivered_twice() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wrong_or_missing_secret_is_refused_and_nothing_runs() {
     let model = MockModel::start(Behaviour::Echo).await;
-    let api = bot_api().await;
-    let app = app(&model, &api).await;
+    let api = MockTelegram::start().await;
+    let app = TestApp::spawn(&model, &api.config("")).await;
     let update = fixture("tg_private_text");
     assert_eq!(
-        post(&app.client, &update, None).await,
+        post(&app.base, &update, None).await,
         StatusCode::UNAUTHORIZED
     );
     assert_eq!(
-        post(&app.client, &update, Some("hook-secret_2")).await,
+        post(&app.base, &update, Some("hook-secret_2")).await,
         StatusCode::UNAUTHORIZED
     );
     // Refused before anything was stored: there is no turn to wait for.
     app.wait_idle().await;
     assert_eq!(model.count(), 0);
-    assert!(sent(&api).await.is_empty());
+    assert!(api.sent().await.is_empty());
     app.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn in_groups_only_mentions_are_answered_as_replies_and_topics_stay_in_their_topic() {
     let model = MockModel::start(Behaviour::Echo).await;
-    let api = bot_api().await;
-    let app = app(&model, &api).await;
+    let api = MockTelegram::start().await;
+    let app = TestApp::spawn(&model, &api.config("")).await;
 
     // Not addressed: acknowledged, and nothing runs.
     let plain = fixture("tg_group_mention")
@@ -175,25 +68,22 @@ async fn in_groups_only_mentions_are_answered_as_replies_and_topics_stay_in_thei
             "{\"offset\": 3, \"length\": 11, \"type\": \"mention\"}",
             "{\"offset\": 0, \"length\": 7, \"type\": \"bold\"}",
         );
-    assert_eq!(
-        post(&app.client, &plain, Some(SECRET)).await,
-        StatusCode::OK
-    );
+    assert_eq!(post(&app.base, &plain, Some(SECRET)).await, StatusCode::OK);
 
     assert_eq!(
-        post(&app.client, &fixture("tg_group_mention"), Some(SECRET)).await,
+        post(&app.base, &fixture("tg_group_mention"), Some(SECRET)).await,
         StatusCode::OK
     );
-    let sent = wait_for_sends(&api, 1).await;
+    let sent = api.wait_for_sends(1).await;
     assert_eq!(sent[0]["chat_id"], -1_002_200_330_044i64);
     assert_eq!(sent[0]["text"], "echo: 🚀 restart web-api");
     assert_eq!(sent[0]["reply_parameters"]["message_id"], 88);
 
     assert_eq!(
-        post(&app.client, &fixture("tg_forum_topic"), Some(SECRET)).await,
+        post(&app.base, &fixture("tg_forum_topic"), Some(SECRET)).await,
         StatusCode::OK
     );
-    let sent = wait_for_sends(&api, 2).await;
+    let sent = api.wait_for_sends(2).await;
     assert_eq!(sent[1]["chat_id"], -1_003_300_440_055i64);
     assert_eq!(sent[1]["message_thread_id"], 400);
     assert_eq!(sent[1]["text"], "echo: tail logs worker");
@@ -210,32 +100,22 @@ async fn in_groups_only_mentions_are_answered_as_replies_and_topics_stay_in_thei
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rate_limit_from_telegram_delays_the_answer_and_it_still_arrives_once() {
     let model = MockModel::start(Behaviour::Echo).await;
-    let api = bot_api().await;
+    let api = MockTelegram::start().await;
     // The first SendMessage is refused with Telegram's 429; the next one goes through.
-    Mock::given(method("POST"))
-        .and(path(format!("/bot{TOKEN}/SendMessage")))
-        .respond_with(ResponseTemplate::new(429).set_body_json(json!({
-            "ok": false, "error_code": 429,
-            "description": "Too Many Requests: retry after 1",
-            "parameters": {"retry_after": 1}
-        })))
-        .up_to_n_times(1)
-        .with_priority(1)
-        .mount(&api)
-        .await;
-    let app = app(&model, &api).await;
+    api.rate_limit_next_send(1).await;
+    let app = TestApp::spawn(&model, &api.config("")).await;
     assert_eq!(
-        post(&app.client, &fixture("tg_private_text"), Some(SECRET)).await,
+        post(&app.base, &fixture("tg_private_text"), Some(SECRET)).await,
         StatusCode::OK
     );
-    let sent = wait_for_sends(&api, 2).await;
+    let sent = api.wait_for_sends(2).await;
     assert_eq!(
         sent[0]["text"], sent[1]["text"],
         "the refused message went again"
     );
     app.wait_idle().await;
     assert_eq!(
-        self::sent(&api).await.len(),
+        api.sent().await.len(),
         2,
         "delivered once after the refusal"
     );
@@ -245,8 +125,8 @@ async fn a_rate_limit_from_telegram_delays_the_answer_and_it_still_arrives_once(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_long_markdown_answer_arrives_as_several_valid_messages() {
     let model = MockModel::start(Behaviour::Echo).await;
-    let api = bot_api().await;
-    let app = app(&model, &api).await;
+    let api = MockTelegram::start().await;
+    let app = TestApp::spawn(&model, &api.config("")).await;
     let mut text = String::new();
     for i in 0..45 {
         text.push_str(&format!(
@@ -260,12 +140,9 @@ async fn a_long_markdown_answer_arrives_as_several_valid_messages() {
         "\"text\": \"status payments-api\"",
         &format!("\"text\": {}", serde_json::to_string(&text).unwrap()),
     );
-    assert_eq!(
-        post(&app.client, &update, Some(SECRET)).await,
-        StatusCode::OK
-    );
+    assert_eq!(post(&app.base, &update, Some(SECRET)).await, StatusCode::OK);
     app.wait_idle().await;
-    let sent = wait_for_sends(&api, 3).await;
+    let sent = api.wait_for_sends(3).await;
     let mut words = 0;
     for body in &sent {
         let html = body["text"].as_str().unwrap();
@@ -297,33 +174,22 @@ async fn a_long_markdown_answer_arrives_as_several_valid_messages() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_user_outside_the_allowlist_gets_one_refusal_with_their_id_and_no_model_call() {
     let model = MockModel::start(Behaviour::Echo).await;
-    let api = bot_api().await;
-    let app = TestApp::spawn(
-        &model,
-        &format!(
-            "[channels.telegram]\nenabled = true\nbot_token = \"{TOKEN}\"\n\
-             webhook_secret = \"{SECRET}\"\napi_url = \"{}\"\nallowed_users = [\"42\"]\n",
-            api.uri()
-        ),
-    )
-    .await;
+    let api = MockTelegram::start().await;
+    let app = TestApp::spawn(&model, &api.config("allowed_users = [\"42\"]\n")).await;
     assert_eq!(
-        post(&app.client, &fixture("tg_private_text"), Some(SECRET)).await,
+        post(&app.base, &fixture("tg_private_text"), Some(SECRET)).await,
         StatusCode::OK
     );
     let second = fixture("tg_private_text").replace("730100001", "730100002");
-    assert_eq!(
-        post(&app.client, &second, Some(SECRET)).await,
-        StatusCode::OK
-    );
-    let sent = wait_for_sends(&api, 1).await;
+    assert_eq!(post(&app.base, &second, Some(SECRET)).await, StatusCode::OK);
+    let sent = api.wait_for_sends(1).await;
     let refusal = sent[0]["text"].as_str().unwrap();
     assert!(
         refusal.contains("not allowed") && refusal.contains("5550001001"),
         "{refusal}"
     );
     app.wait_idle().await;
-    assert_eq!(self::sent(&api).await.len(), 1, "one refusal an hour");
+    assert_eq!(api.sent().await.len(), 1, "one refusal an hour");
     assert_eq!(model.count(), 0);
     app.shutdown().await;
 }
@@ -332,10 +198,10 @@ async fn a_user_outside_the_allowlist_gets_one_refusal_with_their_id_and_no_mode
 async fn the_bot_shows_it_is_typing_while_the_turn_runs() {
     let model = MockModel::start(Behaviour::Echo).await;
     model.hold();
-    let api = bot_api().await;
-    let app = app(&model, &api).await;
+    let api = MockTelegram::start().await;
+    let app = TestApp::spawn(&model, &api.config("")).await;
     assert_eq!(
-        post(&app.client, &fixture("tg_forum_topic"), Some(SECRET)).await,
+        post(&app.base, &fixture("tg_forum_topic"), Some(SECRET)).await,
         StatusCode::OK
     );
     // While the model holds the answer, the topic shows "typing…".
@@ -352,7 +218,7 @@ async fn the_bot_shows_it_is_typing_while_the_turn_runs() {
     assert_eq!(action["action"], "typing");
     assert_eq!(action["message_thread_id"], 400);
     model.release();
-    wait_for_sends(&api, 1).await;
+    api.wait_for_sends(1).await;
     app.shutdown().await;
 }
 
@@ -364,23 +230,23 @@ async fn a_slow_answer_streams_into_one_draft_that_ends_as_the_answer() {
         every: std::time::Duration::from_millis(700),
     })
     .await;
-    let api = bot_api().await;
-    let app = app(&model, &api).await;
+    let api = MockTelegram::start().await;
+    let app = TestApp::spawn(&model, &api.config("")).await;
     assert_eq!(
-        post(&app.client, &fixture("tg_private_text"), Some(SECRET)).await,
+        post(&app.base, &fixture("tg_private_text"), Some(SECRET)).await,
         StatusCode::OK
     );
-    wait_for_sends(&api, 1).await;
+    api.wait_for_sends(1).await;
     // Idle: the answer was delivered, and the draft writer stopped before it was.
     app.wait_idle().await;
-    let sent = sent(&api).await;
+    let sent = api.sent().await;
     assert_eq!(sent.len(), 1, "one message, the draft: {sent:?}");
     let draft = sent[0]["text"].as_str().unwrap();
     assert!(
         !draft.is_empty() && "echo: status payments-api".starts_with(draft),
         "the draft holds the start of the answer: {draft}"
     );
-    let edits = calls(&api, "EditMessageText").await;
+    let edits = api.calls("EditMessageText").await;
     assert!(
         edits.len() >= 2,
         "edited while writing, then finished: {edits:?}"
@@ -397,61 +263,14 @@ async fn a_slow_answer_streams_into_one_draft_that_ends_as_the_answer() {
     app.shutdown().await;
 }
 
-/// A Bot API for polling: the private-text update until it is confirmed (an offset past it),
-/// then nothing; `webhook` is what getWebhookInfo reports.
-async fn polling_api(webhook: &str) -> MockServer {
-    use wiremock::matchers::body_partial_json;
-
-    let server = bot_api().await;
-    Mock::given(method("POST"))
-        .and(path(format!("/bot{TOKEN}/GetWebhookInfo")))
-        .respond_with(ResponseTemplate::new(200).set_body_json(json!({
-            "ok": true,
-            "result": {"url": webhook, "has_custom_certificate": false, "pending_update_count": 0}
-        })))
-        .mount(&server)
-        .await;
-    Mock::given(method("POST"))
-        .and(path(format!("/bot{TOKEN}/GetUpdates")))
-        .and(body_partial_json(json!({"offset": 730100002})))
-        .respond_with(
-            ResponseTemplate::new(200)
-                .set_body_json(json!({"ok": true, "result": []}))
-                .set_delay(std::time::Duration::from_millis(200)),
-        )
-        .with_priority(1)
-        .mount(&server)
-        .await;
-    let update: Value = serde_json::from_str(&fixture("tg_private_text")).unwrap();
-    Mock::given(method("POST"))
-        .and(path(format!("/bot{TOKEN}/GetUpdates")))
-        .respond_with(
-            ResponseTemplate::new(200)
-                .set_body_json(json!({"ok": true, "result": [update]}))
-                .set_delay(std::time::Duration::from_millis(50)),
-        )
-        .with_priority(5)
-        .mount(&server)
-        .await;
-    server
-}
-
-fn polling_config(api: &MockServer) -> String {
-    format!(
-        "[channels.telegram]\nenabled = true\nmode = \"polling\"\nbot_token = \"{TOKEN}\"\n\
-         api_url = \"{}\"\n",
-        api.uri()
-    )
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn polling_answers_updates_and_a_restart_does_not_answer_them_again() {
     let model = MockModel::start(Behaviour::Echo).await;
-    let api = polling_api("").await;
+    let api = MockTelegram::start_polling("").await;
     let dir = tempfile::tempdir().unwrap();
     let store = dir.path().join("store");
-    let app = TestApp::start(&model, &store, &polling_config(&api)).await;
-    let sent = wait_for_sends(&api, 1).await;
+    let app = TestApp::start(&model, &store, &api.polling_config()).await;
+    let sent = api.wait_for_sends(1).await;
     assert_eq!(sent[0]["text"], "echo: status payments-api");
     // The update is confirmed by the next call, with an offset past it.
     wait_until("the update confirmed", || async {
@@ -473,14 +292,14 @@ async fn polling_answers_updates_and_a_restart_does_not_answer_them_again() {
     // A restart asks without an offset; this mock sends the same update again, as Telegram
     // does for one it never saw confirmed: recognised, not answered twice.
     let polls_before = api.received_requests().await.unwrap_or_default().len();
-    let again = TestApp::start(&model, &store, &polling_config(&api)).await;
+    let again = TestApp::start(&model, &store, &api.polling_config()).await;
     wait_until("the restarted poller asked Telegram", || async {
         (api.received_requests().await.unwrap_or_default().len() > polls_before + 2).then_some(())
     })
     .await;
     again.wait_idle().await;
     assert_eq!(
-        sent_count(&api).await,
+        api.sent().await.len(),
         1,
         "answered once across the restart"
     );
@@ -488,19 +307,15 @@ async fn polling_answers_updates_and_a_restart_does_not_answer_them_again() {
     again.shutdown().await;
 }
 
-async fn sent_count(api: &MockServer) -> usize {
-    sent(api).await.len()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn polling_refuses_to_start_while_a_webhook_is_set() {
     let model = MockModel::start(Behaviour::Echo).await;
-    let api = polling_api("https://bot.example.com/webhooks/telegram").await;
+    let api = MockTelegram::start_polling("https://bot.example.com/webhooks/telegram").await;
     let dir = tempfile::tempdir().unwrap();
     let config = crate::support::config(
         &model.base_url(),
         &dir.path().join("store"),
-        &polling_config(&api),
+        &api.polling_config(),
     );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let error = antler::serve(config, listener, async {})
@@ -519,19 +334,12 @@ async fn kill_9_after_the_ack_and_a_restart_answer_exactly_once() {
     let model = MockModel::start(Behaviour::Echo).await;
     // The model never answers while the first process lives: the turn stays in flight.
     model.hold();
-    let api = bot_api().await;
-    let rig = ChildRig::new(
-        &model,
-        &format!(
-            "[channels.telegram]\nenabled = true\nbot_token = \"{TOKEN}\"\n\
-             webhook_secret = \"{SECRET}\"\napi_url = \"{}\"\n",
-            api.uri()
-        ),
-    );
+    let api = MockTelegram::start().await;
+    let rig = ChildRig::new(&model, &api.config(""));
     let mut first = rig.serve().await;
     let update = fixture("tg_private_text");
     assert_eq!(
-        post(&first.client, &update, Some(SECRET)).await,
+        post(&first.base, &update, Some(SECRET)).await,
         StatusCode::OK
     );
     model.wait_for_requests(1).await;
@@ -539,14 +347,14 @@ async fn kill_9_after_the_ack_and_a_restart_answer_exactly_once() {
 
     model.release();
     let second = rig.serve().await;
-    wait_for_sends(&api, 1).await;
+    api.wait_for_sends(1).await;
     // Telegram delivers the update again (it saw no answer before the crash): recognised.
     assert_eq!(
-        post(&second.client, &update, Some(SECRET)).await,
+        post(&second.base, &update, Some(SECRET)).await,
         StatusCode::OK
     );
     second.client.wait_idle().await;
-    let sent = sent(&api).await;
+    let sent = api.sent().await;
     assert_eq!(sent.len(), 1, "{sent:?}\n{}", second.log_text());
     assert_eq!(sent[0]["text"], "echo: status payments-api");
     assert_eq!(
@@ -564,28 +372,21 @@ async fn kill_9_with_a_draft_in_flight_leaves_no_second_draft() {
         every: std::time::Duration::from_millis(500),
     })
     .await;
-    let api = bot_api().await;
-    let rig = ChildRig::new(
-        &model,
-        &format!(
-            "[channels.telegram]\nenabled = true\nbot_token = \"{TOKEN}\"\n\
-             webhook_secret = \"{SECRET}\"\napi_url = \"{}\"\n",
-            api.uri()
-        ),
-    );
+    let api = MockTelegram::start().await;
+    let rig = ChildRig::new(&model, &api.config(""));
     let mut first = rig.serve().await;
     let update = fixture("tg_private_text");
     assert_eq!(
-        post(&first.client, &update, Some(SECRET)).await,
+        post(&first.base, &update, Some(SECRET)).await,
         StatusCode::OK
     );
     // The draft exists and was edited once: its id was saved before that edit.
     wait_until("the draft edited once", || async {
-        (!calls(&api, "EditMessageText").await.is_empty()).then_some(())
+        (!api.calls("EditMessageText").await.is_empty()).then_some(())
     })
     .await;
     first.kill().await;
-    assert_eq!(sent(&api).await.len(), 1);
+    assert_eq!(api.sent().await.len(), 1);
 
     model.set_behaviour(Behaviour::Trickle {
         pieces: 4,
@@ -593,7 +394,7 @@ async fn kill_9_with_a_draft_in_flight_leaves_no_second_draft() {
     });
     let second = rig.serve().await;
     wait_until("the answer in the draft", || async {
-        calls(&api, "EditMessageText")
+        api.calls("EditMessageText")
             .await
             .last()
             .is_some_and(|edit| edit["text"] == "echo: status payments-api")
@@ -601,14 +402,14 @@ async fn kill_9_with_a_draft_in_flight_leaves_no_second_draft() {
     })
     .await;
     second.client.wait_idle().await;
-    let sent = sent(&api).await;
+    let sent = api.sent().await;
     assert_eq!(
         sent.len(),
         1,
         "the re-run wrote into the old draft: {sent:?}\n{}",
         second.log_text()
     );
-    for edit in calls(&api, "EditMessageText").await {
+    for edit in api.calls("EditMessageText").await {
         assert_eq!(edit["message_id"], 700);
     }
 }
@@ -642,32 +443,19 @@ async fn a_presented_file_swapped_for_a_link_is_never_uploaded() {
         Step::text("Here is the report."),
     ]))
     .await;
-    let api = bot_api().await;
-    Mock::given(method("POST"))
-        .and(path(format!("/bot{TOKEN}/SendDocument")))
-        .respond_with(ResponseTemplate::new(200).set_body_json(json!({
-            "ok": true,
-            "result": {"message_id": 701, "date": 1, "chat": {"id": 1, "type": "private", "first_name": "A"},
-                       "document": {"file_id": "f", "file_unique_id": "u", "file_name": "report.txt"}}
-        })))
-        .mount(&api)
-        .await;
+    let api = MockTelegram::start().await;
+    api.accept_documents().await;
     let app = TestApp::start(
         &model,
         &dir.path().join("store"),
-        &format!(
-            "[channels.telegram]\nenabled = true\nbot_token = \"{TOKEN}\"\n\
-             webhook_secret = \"{SECRET}\"\napi_url = \"{}\"\nadmins = [\"5550001001\"]\n\
-             [agent.tools.bash]\nsandbox = \"none\"\n",
-            api.uri()
-        ),
+        &api.config("admins = [\"5550001001\"]\n[agent.tools.bash]\nsandbox = \"none\"\n"),
     )
     .await;
     assert_eq!(
-        post(&app.client, &fixture("tg_private_text"), Some(SECRET)).await,
+        post(&app.base, &fixture("tg_private_text"), Some(SECRET)).await,
         StatusCode::OK
     );
-    let sent = wait_for_sends(&api, 2).await;
+    let sent = api.wait_for_sends(2).await;
     app.wait_idle().await;
     let bash_result = model.requests()[3].messages().last().cloned().unwrap();
     assert!(

@@ -360,7 +360,7 @@ impl Channel for DiscordChannel {
 
 #[cfg(test)]
 mod tests {
-    use ed25519_dalek::{Signer, SigningKey};
+    use ed25519_dalek::SigningKey;
 
     use super::*;
     use antler_channel::{ConversationKey, InboundEvent, ReplyContext};
@@ -395,11 +395,7 @@ mod tests {
     }
 
     fn fixture(name: &str) -> Vec<u8> {
-        std::fs::read(format!(
-            "{}/tests/fixtures/{name}",
-            env!("CARGO_MANIFEST_DIR")
-        ))
-        .unwrap()
+        antler_testkit::fixture_bytes("discord", name)
     }
 
     fn parse(channel: &DiscordChannel, body: &[u8]) -> Parsed {
@@ -504,12 +500,9 @@ mod tests {
         let channel =
             DiscordChannel::new(&settings("http://127.0.0.1:9", &public), wall_clock_ms).unwrap();
         let body = fixture("discord_slash_dm.json");
-        let now = (wall_clock_ms() / 1000).to_string();
-        let sign = |ts: &str, body: &[u8]| {
-            let mut message = ts.as_bytes().to_vec();
-            message.extend_from_slice(body);
-            hex::encode(key.sign(&message).to_bytes())
-        };
+        let now = wall_clock_ms() / 1000;
+        let signed_by =
+            |key: &SigningKey, at: u64| antler_testkit::discord::signed_headers(key, at, &body);
         let verify = |headers: &http::HeaderMap| {
             channel.verify(&WebhookRequest {
                 route: "interactions",
@@ -517,26 +510,25 @@ mod tests {
                 body: &body,
             })
         };
-        assert_eq!(verify(&signed(&now, &sign(&now, &body))), Ok(()));
-        // Signed by another key (the vectors'): refused.
+        assert_eq!(verify(&signed_by(&key, now)), Ok(()));
+        // Signed by another key: refused.
         let other = SigningKey::from_bytes(&[8; 32]);
-        let mut message = now.as_bytes().to_vec();
-        message.extend_from_slice(&body);
-        let forged = hex::encode(other.sign(&message).to_bytes());
         assert_eq!(
-            verify(&signed(&now, &forged)),
+            verify(&signed_by(&other, now)),
             Err(ChannelError::Unauthorized)
         );
-        let mut missing = signed(&now, &sign(&now, &body));
+        let mut missing = signed_by(&key, now);
         missing.remove(SIGNATURE_HEADER);
         assert_eq!(verify(&missing), Err(ChannelError::Unauthorized));
-        let mut missing = signed(&now, &sign(&now, &body));
+        let mut missing = signed_by(&key, now);
         missing.remove(TIMESTAMP_HEADER);
         assert_eq!(verify(&missing), Err(ChannelError::Unauthorized));
-        assert_eq!(verify(&signed(&now, "zz")), Err(ChannelError::Unauthorized));
-        let stale = (wall_clock_ms() / 1000 - 3600).to_string();
         assert_eq!(
-            verify(&signed(&stale, &sign(&stale, &body))),
+            verify(&signed(&now.to_string(), "zz")),
+            Err(ChannelError::Unauthorized)
+        );
+        assert_eq!(
+            verify(&signed_by(&key, now - 3600)),
             Err(ChannelError::Unauthorized)
         );
     }
@@ -745,18 +737,6 @@ mod tests {
         }
     }
 
-    fn message_json(id: &str) -> serde_json::Value {
-        serde_json::json!({
-            "id": id, "channel_id": "1100000000000000050",
-            "author": {"id": "1300000000000000001", "username": "antler", "discriminator": "0",
-                       "global_name": null, "avatar": null, "bot": true},
-            "content": "x", "timestamp": "2026-01-01T00:00:00.000000+00:00",
-            "edited_timestamp": null, "tts": false, "mention_everyone": false,
-            "mentions": [], "mention_roles": [], "attachments": [], "embeds": [],
-            "pinned": false, "type": 0
-        })
-    }
-
     #[tokio::test]
     async fn parts_edit_the_original_then_follow_up_and_after_15_minutes_post_as_the_bot() {
         use wiremock::matchers::{body_partial_json, header, method, path, query_param};
@@ -771,7 +751,8 @@ mod tests {
                 serde_json::json!({"allowed_mentions": {"parse": []}}),
             ))
             .respond_with(
-                ResponseTemplate::new(200).set_body_json(message_json("1500000000000000001")),
+                ResponseTemplate::new(200)
+                    .set_body_json(antler_testkit::discord::message("1500000000000000001")),
             )
             .expect(2)
             .mount(&server)
@@ -780,7 +761,8 @@ mod tests {
             .and(path(&webhook))
             .and(query_param("wait", "true"))
             .respond_with(
-                ResponseTemplate::new(200).set_body_json(message_json("1500000000000000002")),
+                ResponseTemplate::new(200)
+                    .set_body_json(antler_testkit::discord::message("1500000000000000002")),
             )
             .expect(1)
             .mount(&server)
@@ -788,7 +770,8 @@ mod tests {
         Mock::given(method("PATCH"))
             .and(path(format!("{webhook}/messages/1500000000000000002")))
             .respond_with(
-                ResponseTemplate::new(200).set_body_json(message_json("1500000000000000002")),
+                ResponseTemplate::new(200)
+                    .set_body_json(antler_testkit::discord::message("1500000000000000002")),
             )
             .expect(1)
             .mount(&server)
@@ -797,7 +780,8 @@ mod tests {
             .and(path("/api/v10/channels/1100000000000000050/messages"))
             .and(header("authorization", format!("Bot {BOT_TOKEN}").as_str()))
             .respond_with(
-                ResponseTemplate::new(200).set_body_json(message_json("1500000000000000003")),
+                ResponseTemplate::new(200)
+                    .set_body_json(antler_testkit::discord::message("1500000000000000003")),
             )
             .expect(1)
             .mount(&server)
@@ -919,7 +903,7 @@ mod tests {
                 ResponseTemplate::new(200)
                     .insert_header("x-ratelimit-remaining", "0")
                     .insert_header("x-ratelimit-reset-after", "30")
-                    .set_body_json(message_json("1500000000000000001")),
+                    .set_body_json(antler_testkit::discord::message("1500000000000000001")),
             )
             .mount(&server)
             .await;

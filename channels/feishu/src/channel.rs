@@ -472,7 +472,7 @@ impl Channel for FeishuChannel {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::crypto::tests::encrypt;
+    use antler_testkit::feishu::{MockFeishu, REPLY_ID};
 
     const VERIFICATION_TOKEN: &str = "vTok3nFixture0001";
     const ENCRYPT_KEY: &str = "fixture-encrypt-key-0001";
@@ -511,11 +511,7 @@ mod tests {
     }
 
     fn fixture(name: &str) -> Vec<u8> {
-        std::fs::read(format!(
-            "{}/tests/fixtures/{name}",
-            env!("CARGO_MANIFEST_DIR")
-        ))
-        .unwrap()
+        antler_testkit::fixture_bytes("feishu", name)
     }
 
     fn request<'a>(headers: &'a http::HeaderMap, body: &'a [u8]) -> WebhookRequest<'a> {
@@ -926,13 +922,10 @@ mod tests {
     }
 
     /// A request as Feishu would send it now: encrypted with `key`, signed at `timestamp`.
-    fn sealed(plain: &serde_json::Value, key: &str, timestamp: &str) -> (Vec<u8>, http::HeaderMap) {
-        let body = serde_json::to_vec(&json!({
-            "encrypt": encrypt(&serde_json::to_vec(plain).unwrap(), key, [9; 16])
-        }))
-        .unwrap();
-        let signature = crypto::signature(timestamp, "n0nce", key, &body);
-        (body, signed_headers(timestamp, "n0nce", &signature))
+    fn sealed(plain: &serde_json::Value, key: &str, timestamp: u64) -> (Vec<u8>, http::HeaderMap) {
+        let body = antler_testkit::feishu::sealed_body(&serde_json::to_vec(plain).unwrap(), key);
+        let headers = antler_testkit::feishu::signed_headers(key, timestamp, "n0nce", &body);
+        (body, headers)
     }
 
     #[test]
@@ -940,7 +933,7 @@ mod tests {
         let channel = channel_with(Some(ENCRYPT_KEY), vector_clock_ms);
         let plain: serde_json::Value =
             serde_json::from_slice(&fixture("feishu_im_p2p_thread_reply.json")).unwrap();
-        let (body, headers) = sealed(&plain, ENCRYPT_KEY, "1767225650");
+        let (body, headers) = sealed(&plain, ENCRYPT_KEY, 1_767_225_650);
         assert_eq!(channel.verify(&request(&headers, &body)), Ok(()));
         assert_eq!(
             event(channel.parse(&request(&headers, &body)).unwrap()).text,
@@ -950,13 +943,13 @@ mod tests {
         // Signed and encrypted right, but with a wrong Verification Token inside.
         let mut wrong = plain.clone();
         wrong["header"]["token"] = "not-the-token".into();
-        let (body, headers) = sealed(&wrong, ENCRYPT_KEY, "1767225650");
+        let (body, headers) = sealed(&wrong, ENCRYPT_KEY, 1_767_225_650);
         assert_eq!(
             channel.verify(&request(&headers, &body)),
             Err(ChannelError::Unauthorized)
         );
         let challenge = json!({"challenge": "c", "token": "nope", "type": "url_verification"});
-        let (body, headers) = sealed(&challenge, ENCRYPT_KEY, "1767225650");
+        let (body, headers) = sealed(&challenge, ENCRYPT_KEY, 1_767_225_650);
         assert_eq!(
             channel.verify(&request(&headers, &body)),
             Err(ChannelError::Unauthorized)
@@ -970,7 +963,7 @@ mod tests {
             channel.verify(&request(&plain_headers, &plain_body)),
             Err(ChannelError::Unauthorized)
         );
-        let (body, headers) = sealed(&plain, ENCRYPT_KEY, "1767225650");
+        let (body, headers) = sealed(&plain, ENCRYPT_KEY, 1_767_225_650);
         assert_eq!(
             self::channel().verify(&request(&headers, &body)),
             Err(ChannelError::Unauthorized)
@@ -1073,43 +1066,12 @@ mod tests {
 
     // ---- sending ----
 
-    async fn mock_api() -> wiremock::MockServer {
+    /// The testkit's Open Platform, serving one image of the user's message too.
+    async fn mock_api() -> MockFeishu {
         use wiremock::matchers::{method, path};
-        use wiremock::{Mock, MockServer, ResponseTemplate};
+        use wiremock::{Mock, ResponseTemplate};
 
-        let server = MockServer::start().await;
-        Mock::given(method("POST"))
-            .and(path("/open-apis/auth/v3/tenant_access_token/internal"))
-            .respond_with(ResponseTemplate::new(200).set_body_json(
-                json!({"code": 0, "tenant_access_token": "t-TOKEN", "expire": 7200}),
-            ))
-            .mount(&server)
-            .await;
-        let sent = json!({"code": 0, "msg": "success", "data": {"message_id": "om_bot1"}});
-        Mock::given(method("POST"))
-            .and(path("/open-apis/im/v1/messages/om_user1/reply"))
-            .respond_with(ResponseTemplate::new(200).set_body_json(sent.clone()))
-            .mount(&server)
-            .await;
-        Mock::given(method("POST"))
-            .and(path("/open-apis/im/v1/messages"))
-            .respond_with(ResponseTemplate::new(200).set_body_json(sent))
-            .mount(&server)
-            .await;
-        Mock::given(method("PATCH"))
-            .and(path("/open-apis/im/v1/messages/om_bot1"))
-            .respond_with(
-                ResponseTemplate::new(200).set_body_json(json!({"code": 0, "msg": "success"})),
-            )
-            .mount(&server)
-            .await;
-        Mock::given(method("GET"))
-            .and(path("/open-apis/bot/v3/info"))
-            .respond_with(ResponseTemplate::new(200).set_body_json(json!({
-                "code": 0, "msg": "ok", "bot": {"open_id": BOT, "app_name": "OpsBot"}
-            })))
-            .mount(&server)
-            .await;
+        let server = MockFeishu::start().await;
         Mock::given(method("GET"))
             .and(path(
                 "/open-apis/im/v1/messages/om_user1/resources/img_v3_a",
@@ -1177,7 +1139,7 @@ mod tests {
             body: &parts[0],
         };
         let receipt = channel.send(&message, part).await.unwrap();
-        assert_eq!(receipt.platform_message_id, "om_bot1");
+        assert_eq!(receipt.platform_message_id, REPLY_ID);
         channel
             .edit(
                 &message,
@@ -1207,7 +1169,10 @@ mod tests {
         let (method, path, patch) = &sent[1];
         assert_eq!(
             (method.as_str(), path.as_str()),
-            ("PATCH", "/open-apis/im/v1/messages/om_bot1")
+            (
+                "PATCH",
+                format!("/open-apis/im/v1/messages/{REPLY_ID}").as_str()
+            )
         );
         let card: Value = serde_json::from_str(patch["content"].as_str().unwrap()).unwrap();
         assert_eq!(card["config"]["update_multi"], true);
@@ -1264,7 +1229,7 @@ mod tests {
             )
             .await
             .unwrap();
-        assert_eq!(receipt.platform_message_id, "om_bot1");
+        assert_eq!(receipt.platform_message_id, REPLY_ID);
         let requests = server.received_requests().await.unwrap();
         let last = requests.last().unwrap();
         assert_eq!(last.url.path(), "/open-apis/im/v1/messages");

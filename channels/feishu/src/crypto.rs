@@ -41,21 +41,10 @@ pub(crate) fn signature(timestamp: &str, nonce: &str, encrypt_key: &str, body: &
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
-    use cbc::cipher::BlockEncryptMut;
+mod tests {
+    use antler_testkit::feishu::encrypt;
 
     use super::*;
-
-    /// What Feishu does: the test-side encryptor.
-    pub(crate) fn encrypt(plain: &[u8], encrypt_key: &str, iv: [u8; 16]) -> String {
-        let key = aes_key(encrypt_key);
-        let ciphertext = cbc::Encryptor::<aes::Aes256>::new_from_slices(&key, &iv)
-            .unwrap()
-            .encrypt_padded_vec_mut::<Pkcs7>(plain);
-        let mut raw = iv.to_vec();
-        raw.extend_from_slice(&ciphertext);
-        base64::engine::general_purpose::STANDARD.encode(raw)
-    }
 
     #[test]
     fn round_trip_and_garbage() {

@@ -411,6 +411,8 @@ impl Channel for SlackChannel {
 
 #[cfg(test)]
 mod tests {
+    use antler_testkit::slack::MockSlack;
+
     use super::*;
 
     const TOKEN: &str = "xoxb-1000-2000-SECRETtoken";
@@ -441,11 +443,7 @@ mod tests {
     }
 
     fn fixture(name: &str) -> Vec<u8> {
-        std::fs::read(format!(
-            "{}/tests/fixtures/{name}",
-            env!("CARGO_MANIFEST_DIR")
-        ))
-        .unwrap()
+        antler_testkit::fixture_bytes("slack", name)
     }
 
     fn parse(channel: &SlackChannel, route: &str, body: &[u8]) -> Parsed {
@@ -771,11 +769,7 @@ mod tests {
     }
 
     fn sign(timestamp: &str, body: &[u8]) -> String {
-        let mac = verify::hmac_sha256_hex(
-            SECRET.as_bytes(),
-            &[b"v0:", timestamp.as_bytes(), b":", body],
-        );
-        format!("v0={mac}")
+        antler_testkit::slack::signature(SECRET, timestamp, body)
     }
 
     #[test]
@@ -907,20 +901,8 @@ mod tests {
 
     #[tokio::test]
     async fn the_learned_identity_covers_envelopes_without_authorizations() {
-        use wiremock::matchers::{method, path};
-        use wiremock::{Mock, MockServer, ResponseTemplate};
-
-        let server = MockServer::start().await;
-        Mock::given(method("GET"))
-            .and(path("/api/auth.test"))
-            .respond_with(ResponseTemplate::new(200).set_body_json(serde_json::json!({
-                "ok": true, "url": "https://acme-ops.slack.com/", "team": "Acme Ops",
-                "user": "antler", "team_id": "T0OPS00001", "user_id": "U0BOT00001",
-                "bot_id": "B0BOT00001"
-            })))
-            .mount(&server)
-            .await;
-        let channel = SlackChannel::new(&settings(&format!("{}/api", server.uri())), || 0).unwrap();
+        let server = MockSlack::start().await;
+        let channel = SlackChannel::new(&settings(&server.api_url()), || 0).unwrap();
         assert_eq!(channel.identity(), None);
         let without_authorizations = |name: &str, edit: &dyn Fn(&mut serde_json::Value)| {
             let mut json: serde_json::Value = serde_json::from_slice(&fixture(name)).unwrap();
@@ -960,31 +942,25 @@ mod tests {
 
     #[tokio::test]
     async fn replies_go_to_the_conversations_thread_and_edits_replace_them() {
+        use antler_testkit::slack::POSTED_TS;
         use wiremock::matchers::{body_partial_json, method, path};
-        use wiremock::{Mock, MockServer, ResponseTemplate};
+        use wiremock::{Mock, ResponseTemplate};
 
-        let server = MockServer::start().await;
-        Mock::given(method("POST"))
-            .and(path("/api/chat.postMessage"))
-            .respond_with(ResponseTemplate::new(200).set_body_json(serde_json::json!({
-                "ok": true, "channel": "C0SRE00001", "ts": "1767225610.000900",
-                "message": {"ts": "1767225610.000900", "text": "x"}
-            })))
-            .mount(&server)
-            .await;
+        let server = MockSlack::start().await;
         Mock::given(method("POST"))
             .and(path("/api/chat.update"))
             .and(body_partial_json(serde_json::json!({
-                "channel": "C0SRE00001", "ts": "1767225610.000900", "text": "*done*"
+                "channel": "C0SRE00001", "ts": POSTED_TS, "text": "*done*"
             })))
             .respond_with(ResponseTemplate::new(200).set_body_json(serde_json::json!({
-                "ok": true, "channel": "C0SRE00001", "ts": "1767225610.000900",
+                "ok": true, "channel": "C0SRE00001", "ts": POSTED_TS,
                 "message": {"text": "*done*"}
             })))
             .expect(1)
+            .with_priority(1)
             .mount(&server)
             .await;
-        let channel = SlackChannel::new(&settings(&format!("{}/api", server.uri())), || 0).unwrap();
+        let channel = SlackChannel::new(&settings(&server.api_url()), || 0).unwrap();
         let message = |conversation: &str| OutboundMessage {
             idempotency_key: "k".into(),
             conversation: ConversationKey::new("slack", conversation.split(':')),
@@ -1006,7 +982,7 @@ mod tests {
             )
             .await
             .unwrap();
-        assert_eq!(receipt.platform_message_id, "1767225610.000900");
+        assert_eq!(receipt.platform_message_id, POSTED_TS);
         channel
             .send(
                 &message("T0OPS00001:D0ADA00001"),

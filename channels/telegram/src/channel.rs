@@ -339,6 +339,8 @@ impl Channel for TelegramChannel {
 
 #[cfg(test)]
 mod tests {
+    use antler_testkit::telegram::MockTelegram;
+
     use super::*;
 
     fn channel() -> TelegramChannel {
@@ -366,11 +368,7 @@ mod tests {
     }
 
     fn fixture(name: &str) -> Vec<u8> {
-        std::fs::read(format!(
-            "{}/tests/fixtures/{name}.json",
-            env!("CARGO_MANIFEST_DIR")
-        ))
-        .unwrap()
+        antler_testkit::fixture_bytes("telegram", &format!("{name}.json"))
     }
 
     #[test]
@@ -428,13 +426,13 @@ mod tests {
         ));
     }
 
-    /// A mock Bot API that records every SendMessage body and answers with increasing ids;
-    /// bodies whose text contains `REFUSE` are refused as unparsable HTML.
-    async fn mock_api() -> wiremock::MockServer {
+    /// The testkit's Bot API, refusing as unparsable HTML the messages whose text contains
+    /// `REFUSE`.
+    async fn mock_api() -> MockTelegram {
         use wiremock::matchers::{body_string_contains, method, path_regex};
         use wiremock::{Mock, ResponseTemplate};
 
-        let server = wiremock::MockServer::start().await;
+        let server = MockTelegram::start().await;
         Mock::given(method("POST"))
             .and(path_regex("/bot[^/]+/SendMessage"))
             .and(body_string_contains("REFUSE"))
@@ -444,16 +442,6 @@ mod tests {
                 "description": "Bad Request: can't parse entities: Unsupported start tag \"x\" at byte offset 0"
             })))
             .with_priority(1)
-            .mount(&server)
-            .await;
-        Mock::given(method("POST"))
-            .and(path_regex("/bot[^/]+/SendMessage"))
-            .respond_with(ResponseTemplate::new(200).set_body_json(serde_json::json!({
-                "ok": true,
-                "result": {"message_id": 700, "date": 1, "chat": {"id": -100, "type": "supergroup", "title": "g"},
-                           "text": "ok"}
-            })))
-            .with_priority(5)
             .mount(&server)
             .await;
         server
@@ -492,31 +480,10 @@ mod tests {
         receipts
     }
 
-    async fn sent(server: &wiremock::MockServer) -> Vec<serde_json::Value> {
-        server
-            .received_requests()
-            .await
-            .unwrap_or_default()
-            .iter()
-            .map(|r| serde_json::from_slice(&r.body).unwrap())
-            .collect()
-    }
-
     #[tokio::test]
     async fn a_file_is_uploaded_as_a_document_in_its_topic() {
-        use wiremock::matchers::{method, path_regex};
-        use wiremock::{Mock, ResponseTemplate};
-
-        let server = wiremock::MockServer::start().await;
-        Mock::given(method("POST"))
-            .and(path_regex("/bot[^/]+/SendDocument"))
-            .respond_with(ResponseTemplate::new(200).set_body_json(serde_json::json!({
-                "ok": true,
-                "result": {"message_id": 701, "date": 1, "chat": {"id": -100, "type": "supergroup", "title": "g"},
-                           "document": {"file_id": "f", "file_unique_id": "u", "file_name": "report.csv"}}
-            })))
-            .mount(&server)
-            .await;
+        let server = MockTelegram::start().await;
+        server.accept_documents().await;
         let channel = channel_at(&server.uri());
         assert!(channel.capabilities().files);
         let dir = std::env::temp_dir().join(format!("antler-tg-{}", std::process::id()));
@@ -569,7 +536,7 @@ mod tests {
         assert!(markdown.len() > 10_000);
         let receipts = send_all(&channel, &answer("-1003300440055:400", &markdown)).await;
         assert_eq!(receipts[0].platform_message_id, "700");
-        let bodies = sent(&server).await;
+        let bodies = server.sent().await;
         assert!(bodies.len() >= 3, "{} messages", bodies.len());
         for (index, body) in bodies.iter().enumerate() {
             let text = body["text"].as_str().unwrap();
@@ -592,7 +559,7 @@ mod tests {
         let server = mock_api().await;
         let channel = channel_at(&server.uri());
         send_all(&channel, &answer("5550001001", "**REFUSE** this & that")).await;
-        let bodies = sent(&server).await;
+        let bodies = server.sent().await;
         assert_eq!(bodies.len(), 2);
         assert_eq!(bodies[0]["text"], "<b>REFUSE</b> this &amp; that");
         assert_eq!(bodies[1]["text"], "REFUSE this & that");
@@ -609,7 +576,7 @@ mod tests {
         use wiremock::matchers::{body_string_contains, method, path_regex};
         use wiremock::{Mock, ResponseTemplate};
 
-        let server = wiremock::MockServer::start().await;
+        let server = MockTelegram::start().await;
         let refuse = |needle: &str, description: &str| {
             Mock::given(method("POST"))
                 .and(path_regex("/bot[^/]+/EditMessageText"))
@@ -629,16 +596,6 @@ mod tests {
         )
         .mount(&server)
         .await;
-        Mock::given(method("POST"))
-            .and(path_regex("/bot[^/]+/EditMessageText"))
-            .respond_with(ResponseTemplate::new(200).set_body_json(serde_json::json!({
-                "ok": true,
-                "result": {"message_id": 5, "date": 1, "chat": {"id": 5550001001i64, "type": "private", "first_name": "A"},
-                           "text": "ok"}
-            })))
-            .with_priority(5)
-            .mount(&server)
-            .await;
         let channel = channel_at(&server.uri());
         let message = answer("5550001001", "");
         let sent_id = Receipt {
@@ -653,7 +610,7 @@ mod tests {
             .edit(&message, &sent_id, part("<b>REFUSE</b> &amp;"))
             .await
             .unwrap();
-        let bodies = sent(&server).await;
+        let bodies = server.calls("EditMessageText").await;
         assert_eq!(bodies.len(), 3);
         assert_eq!(bodies[0]["message_id"], 5);
         assert_eq!(bodies[0]["chat_id"], 5_550_001_001i64);

@@ -264,9 +264,7 @@ mod tests {
     }
 
     fn fixture(name: &str) -> Update {
-        let path = format!("{}/tests/fixtures/{name}.json", env!("CARGO_MANIFEST_DIR"));
-        let text = std::fs::read_to_string(&path).unwrap();
-        serde_json::from_str(&text).unwrap()
+        serde_json::from_str(&antler_testkit::telegram::fixture(name)).unwrap()
     }
 
     fn incoming(name: &str) -> Incoming {
@@ -389,11 +387,7 @@ mod tests {
 
     #[test]
     fn bots_edits_channel_posts_and_service_messages_are_ignored() {
-        let text = std::fs::read_to_string(format!(
-            "{}/tests/fixtures/tg_private_text.json",
-            env!("CARGO_MANIFEST_DIR")
-        ))
-        .unwrap();
+        let text = antler_testkit::telegram::fixture("tg_private_text");
         let from_bot: Update =
             serde_json::from_str(&text.replacen("\"is_bot\": false", "\"is_bot\": true", 1))
                 .unwrap();

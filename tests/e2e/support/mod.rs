@@ -1,8 +1,7 @@
-//! Shared end-to-end test support: the mock model (`mock_model`), configs, and a running
+//! Shared end-to-end test support: the mock model (`antler_testkit::mock_model`), configs, and a running
 //! antler (in-process through `antler::serve`, or the real binary) reached over real HTTP.
 #![allow(dead_code, unreachable_pub)]
 
-use std::future::Future;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -14,37 +13,11 @@ use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-/// The generous deadline for anything a test waits for.
-pub const DEADLINE: Duration = Duration::from_secs(30);
-
-pub mod mock_model;
-
+pub use antler_testkit::{DEADLINE, mock_model, wait_until};
 pub use mock_model::{
     Behaviour, MEMORY_PROMPT, MODEL_NAME, MockModel, REASONING_MARK, SUBAGENT_PROMPT, Step,
     unwrap_user_text,
 };
-
-// ---------------------------------------------------------------------------------------------
-// Waiting
-// ---------------------------------------------------------------------------------------------
-
-/// Polls `check` until it gives a value, for at most [`DEADLINE`]; panics naming `what`.
-pub async fn wait_until<T, F, Fut>(what: &str, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let start = Instant::now();
-    loop {
-        if let Some(value) = check().await {
-            return value;
-        }
-        if start.elapsed() > DEADLINE {
-            panic!("timed out after {DEADLINE:?} waiting until {what}");
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
 
 // ---------------------------------------------------------------------------------------------
 // Configuration

@@ -1,10 +1,8 @@
 //! A mock OpenAI-compatible chat-completions server on 127.0.0.1, shared by the end-to-end
-//! tests and the pipeline benchmark (which includes this file with `#[path]`), so both measure
-//! and test against the same model. It records every request (unless started with
+//! tests and the pipeline benchmark, so both measure and test against the same model. It records every request (unless started with
 //! [`MockModel::start_unrecorded`]), can hold requests until released, and answers by
 //! [`Behaviour`]: echo, slow, tool calls, rate limits, server errors, loops, long streams,
 //! errors inside streams, reasoning.
-#![allow(dead_code, unreachable_pub)]
 
 use std::collections::HashMap;
 use std::net::SocketAddr;

@@ -1,0 +1,303 @@
+//! Telegram: the webhook's secret header and a mock Bot API.
+//!
+//! teloxide posts JSON to `/bot<token>/<Method>` with the method name capitalised
+//! (`/bot<token>/SendMessage`). Every answer is `{"ok": true, "result": …}`; a failure is
+//! `{"ok": false, "error_code": N, "description": "…", "parameters"?: {…}}` with the same
+//! HTTP status (protocols.md §1.3).
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use wiremock::matchers::{body_partial_json, method, path};
+use wiremock::{Mock, MockServer, ResponseTemplate};
+
+use crate::Call;
+use crate::conformance::{Expect, Fixture, MockApi, Platform, Vector, Written};
+
+/// The bot token (`<bot id>:<secret>`).
+pub const TOKEN: &str = "7000000001:TEST-token";
+/// The webhook secret.
+pub const SECRET: &str = "hook-secret_1";
+/// The bot's username, as `getMe` tells it (the group fixtures mention it).
+pub const USERNAME: &str = "opsbot_bot";
+/// The header Telegram sends the webhook secret in (`setWebhook`'s `secret_token`).
+pub const SECRET_HEADER: &str = "x-telegram-bot-api-secret-token";
+/// The id the mock Bot API gives every message it creates.
+pub const MESSAGE_ID: i64 = 700;
+
+/// The recorded update `name` (without `.json`).
+#[must_use]
+pub fn fixture(name: &str) -> String {
+    crate::fixture_text("telegram", &format!("{name}.json"))
+}
+
+/// The headers a webhook delivery carries: the secret, which is all Telegram signs with.
+#[must_use]
+pub fn secret_headers(secret: &str) -> http::HeaderMap {
+    crate::headers([
+        (SECRET_HEADER, secret),
+        ("content-type", "application/json"),
+    ])
+}
+
+/// Posts `update` to `<base>/webhooks/telegram` as Telegram does, with `secret` when given.
+pub async fn post(base: &str, update: &str, secret: Option<&str>) -> reqwest::StatusCode {
+    let headers = match secret {
+        Some(secret) => secret_headers(secret),
+        None => crate::headers([("content-type", "application/json")]),
+    };
+    crate::post_webhook(
+        &reqwest::Client::new(),
+        &format!("{base}/webhooks/telegram"),
+        update.to_owned(),
+        &headers,
+    )
+    .await
+    .status
+}
+
+/// A sent message as the Bot API returns it.
+fn message(extra: Value) -> Value {
+    let mut message = json!({
+        "message_id": MESSAGE_ID, "date": 1,
+        "chat": {"id": 1, "type": "private", "first_name": "A"}
+    });
+    if let (Some(message), Some(extra)) = (message.as_object_mut(), extra.as_object()) {
+        message.extend(extra.clone());
+    }
+    json!({"ok": true, "result": message})
+}
+
+/// A mock Bot API on 127.0.0.1 for [`TOKEN`]: knows the bot (`getMe`), accepts every message,
+/// edit and chat action, and records every request. Mount more on it (it derefs to the
+/// [`MockServer`]) for what a test needs besides.
+#[derive(Debug)]
+pub struct MockTelegram {
+    server: MockServer,
+}
+
+impl std::ops::Deref for MockTelegram {
+    type Target = MockServer;
+
+    fn deref(&self) -> &MockServer {
+        &self.server
+    }
+}
+
+impl MockTelegram {
+    /// The Bot API, knowing the bot and accepting everything.
+    pub async fn start() -> Self {
+        let server = MockServer::start().await;
+        let route =
+            |name: &str| Mock::given(method("POST")).and(path(format!("/bot{TOKEN}/{name}")));
+        route("GetMe")
+            .respond_with(ResponseTemplate::new(200).set_body_json(json!({
+                "ok": true,
+                "result": {"id": 7000000001u64, "is_bot": true, "first_name": "OpsBot",
+                           "username": USERNAME, "can_join_groups": true,
+                           "can_read_all_group_messages": false, "supports_inline_queries": false,
+                           "has_main_web_app": false}
+            })))
+            .mount(&server)
+            .await;
+        for name in ["SendMessage", "EditMessageText"] {
+            route(name)
+                .respond_with(
+                    ResponseTemplate::new(200).set_body_json(message(json!({"text": "ok"}))),
+                )
+                .mount(&server)
+                .await;
+        }
+        route("SendChatAction")
+            .respond_with(
+                ResponseTemplate::new(200).set_body_json(json!({"ok": true, "result": true})),
+            )
+            .mount(&server)
+            .await;
+        Self { server }
+    }
+
+    /// A Bot API for long polling as well: `getWebhookInfo` reports `webhook`; `getUpdates`
+    /// returns the private-text update until it is confirmed (asked with an offset past it),
+    /// then nothing.
+    pub async fn start_polling(webhook: &str) -> Self {
+        let update: Value =
+            serde_json::from_str(&fixture("tg_private_text")).expect("the update is JSON");
+        let confirmed_by = update["update_id"].as_u64().expect("an update id") + 1;
+        let api = Self::start().await;
+        Mock::given(method("POST"))
+            .and(path(format!("/bot{TOKEN}/GetWebhookInfo")))
+            .respond_with(ResponseTemplate::new(200).set_body_json(json!({
+                "ok": true,
+                "result": {"url": webhook, "has_custom_certificate": false, "pending_update_count": 0}
+            })))
+            .mount(&api.server)
+            .await;
+        Mock::given(method("POST"))
+            .and(path(format!("/bot{TOKEN}/GetUpdates")))
+            .and(body_partial_json(json!({"offset": confirmed_by})))
+            .respond_with(
+                ResponseTemplate::new(200)
+                    .set_body_json(json!({"ok": true, "result": []}))
+                    .set_delay(Duration::from_millis(200)),
+            )
+            .with_priority(1)
+            .mount(&api.server)
+            .await;
+        Mock::given(method("POST"))
+            .and(path(format!("/bot{TOKEN}/GetUpdates")))
+            .respond_with(
+                ResponseTemplate::new(200)
+                    .set_body_json(json!({"ok": true, "result": [update]}))
+                    .set_delay(Duration::from_millis(50)),
+            )
+            .with_priority(5)
+            .mount(&api.server)
+            .await;
+        api
+    }
+
+    /// Accepts uploads (`sendDocument`) too.
+    pub async fn accept_documents(&self) {
+        Mock::given(method("POST"))
+            .and(path(format!("/bot{TOKEN}/SendDocument")))
+            .respond_with(ResponseTemplate::new(200).set_body_json(message(json!({
+                "message_id": MESSAGE_ID + 1,
+                "document": {"file_id": "f", "file_unique_id": "u", "file_name": "report.txt"}
+            }))))
+            .mount(&self.server)
+            .await;
+    }
+
+    /// The `[channels.telegram]` config for a webhook bot at this API, with `more` lines.
+    #[must_use]
+    pub fn config(&self, more: &str) -> String {
+        format!(
+            "[channels.telegram]\nenabled = true\nbot_token = \"{TOKEN}\"\n\
+             webhook_secret = \"{SECRET}\"\napi_url = \"{}\"\n{more}",
+            self.server.uri()
+        )
+    }
+
+    /// The `[channels.telegram]` config for a bot that polls this API.
+    #[must_use]
+    pub fn polling_config(&self) -> String {
+        format!(
+            "[channels.telegram]\nenabled = true\nmode = \"polling\"\nbot_token = \"{TOKEN}\"\n\
+             api_url = \"{}\"\n",
+            self.server.uri()
+        )
+    }
+
+    /// The bodies of every call of `method` (`SendMessage`, `EditMessageText`…), in order.
+    pub async fn calls(&self, method: &str) -> Vec<Value> {
+        crate::bodies_of(&self.server, method).await
+    }
+
+    /// The bodies of every `SendMessage`, in order.
+    pub async fn sent(&self) -> Vec<Value> {
+        self.calls("SendMessage").await
+    }
+
+    /// Waits until at least `n` messages were sent; their bodies.
+    pub async fn wait_for_sends(&self, n: usize) -> Vec<Value> {
+        crate::wait_for_at_least(&format!("{n} messages sent to Telegram"), n, || self.sent()).await
+    }
+
+    /// Refuses the next `SendMessage` as Telegram does when flooded: HTTP 429 with
+    /// `parameters.retry_after` in seconds (protocols.md §1.3: `{"ok":false,"error_code":429,
+    /// "description":"Too Many Requests: retry after N","parameters":{"retry_after":N}}`).
+    pub async fn rate_limit_next_send(&self, retry_after_secs: u64) {
+        Mock::given(method("POST"))
+            .and(path(format!("/bot{TOKEN}/SendMessage")))
+            .respond_with(ResponseTemplate::new(429).set_body_json(json!({
+                "ok": false, "error_code": 429,
+                "description": format!("Too Many Requests: retry after {retry_after_secs}"),
+                "parameters": {"retry_after": retry_after_secs}
+            })))
+            .up_to_n_times(1)
+            .with_priority(1)
+            .mount(&self.server)
+            .await;
+    }
+}
+
+#[async_trait::async_trait]
+impl MockApi for MockTelegram {
+    async fn start() -> Self {
+        Self::start().await
+    }
+
+    fn server(&self) -> &MockServer {
+        &self.server
+    }
+
+    fn written_by(call: &Call) -> Option<Written> {
+        Written::by_method(call, "SendMessage", "EditMessageText")
+    }
+
+    fn message_id(&self) -> String {
+        MESSAGE_ID.to_string()
+    }
+
+    async fn rate_limit_next_message(&self, retry_after_secs: u64) {
+        self.rate_limit_next_send(retry_after_secs).await;
+    }
+}
+
+/// Telegram's protocol facts for the conformance list.
+#[derive(Debug)]
+pub struct Telegram;
+
+impl Platform for Telegram {
+    type Mock = MockTelegram;
+
+    const NAME: &'static str = "telegram";
+
+    /// A delivery carries no time: the secret token is the same on every request, so Telegram
+    /// has no replay window to check (protocols.md §1.1: `secret_token` is sent as is).
+    const REPLAY_WINDOW: Option<Duration> = None;
+
+    fn sign(_body: &[u8], _at_secs: u64) -> http::HeaderMap {
+        secret_headers(SECRET)
+    }
+
+    /// Nothing signs the body, so tampering that can be caught is tampering with the secret.
+    fn tamper(_body: &mut Vec<u8>, headers: &mut http::HeaderMap) {
+        let mut secret = SECRET.as_bytes().to_vec();
+        crate::conformance::flip_a_letter(&mut secret);
+        let secret = String::from_utf8(secret).expect("ASCII");
+        headers.insert(SECRET_HEADER, secret.parse().expect("a header value"));
+    }
+
+    fn vectors() -> Vec<Vector> {
+        Vec::new()
+    }
+
+    fn fixtures() -> Vec<Fixture> {
+        [
+            "tg_private_text.json",
+            "tg_group_mention.json",
+            "tg_group_command.json",
+            "tg_reply_to_bot.json",
+            "tg_forum_topic.json",
+            "tg_photo_caption.json",
+            "tg_document.json",
+        ]
+        .into_iter()
+        .map(|name| Fixture {
+            route: "",
+            name,
+            expect: Expect::Events(1),
+        })
+        .collect()
+    }
+
+    fn answered() -> Fixture {
+        Fixture {
+            route: "",
+            name: "tg_group_mention.json",
+            expect: Expect::Events(1),
+        }
+    }
+}
