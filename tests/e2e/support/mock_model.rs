@@ -83,6 +83,9 @@ pub enum Behaviour {
     /// subagents as there are prompts ask at once (at most 10 s: they must run in parallel to
     /// get there sooner), then answers `found: <its task>`.
     Delegate(Vec<String>),
+    /// Answers antler's summary calls (recognised by their prompt, [`SUMMARY_PROMPT`]) with
+    /// HTTP 400, which is not retried; echoes every other request.
+    FailSummaries,
     /// Like [`Behaviour::Delegate`], but the lead and every subagent first call `tool` with
     /// `arguments` `repeats` times, one call per response (a request's assistant messages say
     /// how far it got; these are one-turn conversations): the same call from every run. The
@@ -97,6 +100,9 @@ pub enum Behaviour {
 
 /// The start of a built-in subagent's system prompt.
 pub const SUBAGENT_PROMPT: &str = "You are a subagent";
+
+/// Words of antler's summary prompt (src/agent/middleware/summarization.rs).
+pub const SUMMARY_PROMPT: &str = "Context Extraction Assistant";
 
 /// The start of the memory updater's system prompt.
 pub const MEMORY_PROMPT: &str = "You are a memory management system.";
@@ -637,6 +643,17 @@ async fn completions(State(state): State<Arc<MockState>>, body: Bytes) -> Respon
                 subagent(&state, &body, prompts.len(), stream).await
             } else {
                 delegate(&body, &prompts, stream)
+            }
+        }
+        Behaviour::FailSummaries => {
+            if last_user_text(&body).contains(SUMMARY_PROMPT) {
+                (
+                    StatusCode::BAD_REQUEST,
+                    axum::Json(json!({"error": {"message": "summaries are down"}})),
+                )
+                    .into_response()
+            } else {
+                echo(&body, stream)
             }
         }
         Behaviour::DelegateRepeating {
