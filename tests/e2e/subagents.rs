@@ -254,6 +254,35 @@ async fn a_lead_repeating_one_task_call_is_warned() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_task_tool_states_the_configured_limits() {
+    let mock = MockModel::start(Behaviour::Delegate(vec!["alpha facts".to_owned()])).await;
+    let overrides = format!(
+        "{}[agent.middleware.subagent_limit]\nmax_per_response = 2\nmax_per_run = 4\n",
+        config()
+    );
+    let mut app = TestApp::spawn(&mock, &overrides).await;
+    app.client.token = Some(TOKEN.to_owned());
+    app.ask("research", "look into alpha").await;
+    let lead = &mock.requests()[0];
+    let description = lead.body["tools"]
+        .as_array()
+        .and_then(|tools| {
+            tools
+                .iter()
+                .find(|t| t["function"]["name"] == "task")
+                .and_then(|t| t["function"]["description"].as_str())
+        })
+        .unwrap_or_default()
+        .to_owned();
+    assert!(
+        description.contains("at most 2 per response and 4 per run"),
+        "{description}"
+    );
+    assert!(!description.contains("at most 3"), "{description}");
+    app.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_operator_cancels_a_running_task_and_the_lead_goes_on() {
     let mock = MockModel::start(Behaviour::Delegate(vec!["slow job".to_owned()])).await;
     // The lead's first request passes; the subagent's waits.
