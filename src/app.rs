@@ -663,7 +663,10 @@ where
     )?;
     if let Some(executor) = &subagents {
         let shell = shell_policy(&config, &tools);
-        tools.register(Arc::new(TaskTool::new(executor.clone(), shell)));
+        // The tool states the caps subagent_limit enforces on its calls.
+        let limits = SubagentLimitMiddleware::from_config(&config.agent.middleware.subagent_limit)
+            .and_then(|limit| limit.limits_of(TASK_TOOL));
+        tools.register(Arc::new(TaskTool::new(executor.clone(), shell, limits)));
     }
     let runtime = Runtime::new(
         Arc::new(client.clone()),

@@ -3,14 +3,15 @@
 //!   the model request as an `image_url` content part (a `data:` URL) when
 //!   `[model] vision = true`, and not at all otherwise; the thread never stores the bytes;
 //! - summarization: a long history is compacted by a helper model call into one summary
-//!   message, while the stored thread keeps every message.
+//!   message, while the stored thread keeps every message; when that call fails the request
+//!   goes unsummarised, nothing stands in for the history, and the next model call tries again.
 
 use base64::Engine as _;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
 use crate::support::TestApp;
-use crate::support::mock_model::{Behaviour, MockModel, unwrap_user_text};
+use crate::support::mock_model::{Behaviour, MockModel, SUMMARY_PROMPT, unwrap_user_text};
 
 /// A PNG signature and the start of its header: enough for antler to know it is a PNG.
 const PNG: &[u8] = b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR\0\0\0\x01\0\0\0\x01\x08\x06\0\0\0";
@@ -139,6 +140,72 @@ async fn a_long_history_is_summarized_by_a_helper_call_and_the_thread_keeps_ever
     let thread_id = first.json["thread_id"].as_str().unwrap();
     let thread = app.wait_for_messages(thread_id, 4).await;
     assert_eq!(thread["messages"].as_array().map(Vec::len), Some(4));
+    app.wait_idle().await;
+    app.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_summary_call_leaves_the_history_unsummarised_and_is_tried_again() {
+    let mock = MockModel::start(Behaviour::FailSummaries).await;
+    let app = TestApp::spawn(
+        &mock,
+        "[agent.middleware.summarization]\ntrigger_tokens = 1000\nkeep_messages = 2\n",
+    )
+    .await;
+    let long = |tag: &str| format!("{tag}:{}", " word".repeat(600));
+    let is_summary_call =
+        |r: &crate::support::mock_model::Recorded| r.last_user_text().contains(SUMMARY_PROMPT);
+    let first = app.ask("long", &long("first")).await;
+    let thread_id = first.json["thread_id"].as_str().unwrap().to_owned();
+
+    // Over the threshold, the summary call fails: the turn's request holds the whole history.
+    for (turn, tag) in [(2, "second"), (3, "third")] {
+        let answer = app.ask("long", &long(tag)).await;
+        let reply = answer.json["reply"].as_str().unwrap_or_default();
+        assert!(
+            reply.starts_with(&format!("echo: {tag}:")),
+            "{}",
+            answer.text
+        );
+        let requests = mock.requests();
+        assert_eq!(
+            requests.iter().filter(|r| is_summary_call(r)).count(),
+            turn - 1,
+            "every model call over the threshold tries again"
+        );
+        let Some(last) = requests.last() else {
+            panic!("no requests")
+        };
+        assert!(!is_summary_call(last));
+        let messages = last.messages();
+        // The system prompt, every earlier question and answer, this question.
+        assert_eq!(messages.len(), 1 + 2 * (turn - 1) + 1, "{messages:#?}");
+        let first_question = unwrap_user_text(messages[1]["content"].as_str().unwrap());
+        assert!(first_question.starts_with("first:"), "{first_question}");
+        for message in &messages {
+            let text = message["content"].as_str().unwrap_or_default();
+            assert!(!text.contains("<conversation_summary>"), "{text}");
+            assert!(!text.contains("could not be summarized"), "{text}");
+        }
+    }
+    let thread = app.wait_for_messages(&thread_id, 6).await;
+    assert!(
+        !thread.to_string().contains("could not be summarized"),
+        "{thread}"
+    );
+
+    // Once the provider answers again, the history is summarized.
+    mock.set_behaviour(Behaviour::Echo);
+    app.ask("long", &long("fourth")).await;
+    let requests = mock.requests();
+    let Some(last) = requests.last() else {
+        panic!("no requests")
+    };
+    let summary = last.messages()[1]["content"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(summary.starts_with("<conversation_summary>"), "{summary}");
     app.wait_idle().await;
     app.shutdown().await;
 }

@@ -50,6 +50,25 @@ async fn a_clarifying_question_is_asked_and_the_answer_resumes_the_run() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_run_ending_in_a_question_gets_a_title() {
+    let mock = MockModel::start(Behaviour::Clarify).await;
+    let app = TestApp::spawn(&mock, "").await;
+    let asked = app.ask("deploy", "deploy the new build").await;
+    assert_eq!(
+        asked.json["reply"],
+        "🔀 Which cluster?\n\n1. prod\n2. staging"
+    );
+    let thread_id = asked.json["thread_id"].as_str().unwrap();
+    let thread = app.thread(thread_id).await;
+    // The tests' config has `use_model = false`: the question is the title.
+    assert_eq!(thread["title"], "deploy the new build", "{thread}");
+    // Answering the question keeps it.
+    app.ask("deploy", "2").await;
+    assert_eq!(app.thread(thread_id).await["title"], "deploy the new build");
+    app.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stop_ends_the_running_turn_at_once() {
     // The model would take a minute; /stop must not wait for it.
     let mock = MockModel::start(Behaviour::Slow(Duration::from_secs(60))).await;

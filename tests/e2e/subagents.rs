@@ -5,7 +5,7 @@
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
-use crate::support::{Behaviour, ChildRig, MockModel, SUBAGENT_PROMPT, TestApp, wait_until};
+use crate::support::{Behaviour, ChildRig, MockModel, SUBAGENT_PROMPT, Step, TestApp, wait_until};
 
 const TOKEN: &str = "subagents-admin-token";
 
@@ -146,6 +146,139 @@ async fn two_tasks_run_in_parallel_and_the_lead_answers_from_their_results() {
         app.get("/api/v1/tasks/..%2Fetc").await.status,
         StatusCode::BAD_REQUEST
     );
+    app.shutdown().await;
+}
+
+/// Whether `message` is loop detection's warning (src/agent/middleware/loop_detection.rs).
+fn is_loop_warning(message: &Value) -> bool {
+    message["role"] == "user"
+        && message["content"]
+            .as_str()
+            .is_some_and(|c| c.contains("[LOOP DETECTED]"))
+}
+
+fn is_subagent(request: &crate::support::mock_model::Recorded) -> bool {
+    request.messages()[0]["content"]
+        .as_str()
+        .is_some_and(|s| s.starts_with(SUBAGENT_PROMPT))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lead_and_two_parallel_subagents_calling_the_same_tool_keep_their_own_loop_counts() {
+    // Each run calls `current_time` the same way twice: below the warning threshold (3) in
+    // every run, above it (6) if the lead's and the subagents' calls were counted together.
+    let mock = MockModel::start(Behaviour::DelegateRepeating {
+        prompts: vec!["alpha facts".to_owned(), "beta facts".to_owned()],
+        tool: "current_time".to_owned(),
+        arguments: r#"{"utc_offset_minutes":0}"#.to_owned(),
+        repeats: 2,
+    })
+    .await;
+    let app = spawn(&mock).await;
+
+    let answer = app.ask("research", "compare alpha and beta").await;
+    assert_eq!(
+        answer.json["reply"],
+        "summary: Task succeeded. Result: found: alpha facts | Task succeeded. Result: found: beta facts",
+        "{}",
+        answer.text
+    );
+    assert_eq!(
+        mock.most_subagents_at_once(),
+        2,
+        "the two tasks ran at once"
+    );
+    let requests = mock.requests();
+    // The lead: 2 calls, the tasks, the summary; each subagent: 2 calls, its answer.
+    assert_eq!(requests.len(), 4 + 2 * 3, "{requests:#?}");
+    assert_eq!(requests.iter().filter(|r| is_subagent(r)).count(), 6);
+    for request in &requests {
+        assert!(
+            !request.messages().iter().any(is_loop_warning),
+            "request {} carries a loop warning: {:#?}",
+            request.index,
+            request.messages()
+        );
+    }
+    app.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lead_repeating_one_task_call_is_warned() {
+    // The lead asks for the same task three times, each in its own response (requests 0, 2
+    // and 4; the subagents answer 1, 3 and 5); its fourth request carries the warning.
+    let same_task = json!({
+        "description": "check the pods",
+        "prompt": "list the failing pods",
+        "subagent_type": "general-purpose",
+    });
+    let mut steps = Vec::new();
+    for _ in 0..3 {
+        steps.push(Step::call("task", same_task.clone()));
+        steps.push(Step::text("found: nothing failing"));
+    }
+    steps.push(Step::text("nothing is failing"));
+    let mock = MockModel::start(Behaviour::Script(steps)).await;
+    let app = spawn(&mock).await;
+
+    let answer = app.ask("loops", "are the pods healthy?").await;
+    assert_eq!(
+        answer.json["reply"], "nothing is failing",
+        "{}",
+        answer.text
+    );
+    let requests = mock.requests();
+    assert_eq!(requests.len(), 7);
+    let lead: Vec<_> = requests.iter().filter(|r| !is_subagent(r)).collect();
+    assert_eq!(lead.len(), 4);
+    for (n, request) in lead.iter().enumerate() {
+        let messages = request.messages();
+        let warnings = messages.iter().filter(|m| is_loop_warning(m)).count();
+        if n == 3 {
+            assert_eq!(
+                warnings, 1,
+                "the lead's 4th request is warned: {messages:#?}"
+            );
+            assert!(
+                messages.last().is_some_and(is_loop_warning),
+                "{messages:#?}"
+            );
+        } else {
+            assert_eq!(warnings, 0, "lead request {}: {messages:#?}", n + 1);
+        }
+    }
+    for request in requests.iter().filter(|r| is_subagent(r)) {
+        assert!(!request.messages().iter().any(is_loop_warning));
+    }
+    app.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_task_tool_states_the_configured_limits() {
+    let mock = MockModel::start(Behaviour::Delegate(vec!["alpha facts".to_owned()])).await;
+    let overrides = format!(
+        "{}[agent.middleware.subagent_limit]\nmax_per_response = 2\nmax_per_run = 4\n",
+        config()
+    );
+    let mut app = TestApp::spawn(&mock, &overrides).await;
+    app.client.token = Some(TOKEN.to_owned());
+    app.ask("research", "look into alpha").await;
+    let lead = &mock.requests()[0];
+    let description = lead.body["tools"]
+        .as_array()
+        .and_then(|tools| {
+            tools
+                .iter()
+                .find(|t| t["function"]["name"] == "task")
+                .and_then(|t| t["function"]["description"].as_str())
+        })
+        .unwrap_or_default()
+        .to_owned();
+    assert!(
+        description.contains("at most 2 per response and 4 per run"),
+        "{description}"
+    );
+    assert!(!description.contains("at most 3"), "{description}");
     app.shutdown().await;
 }
 

@@ -81,10 +81,26 @@ pub enum Behaviour {
     /// subagents as there are prompts ask at once (at most 10 s: they must run in parallel to
     /// get there sooner), then answers `found: <its task>`.
     Delegate(Vec<String>),
+    /// Answers antler's summary calls (recognised by their prompt, [`SUMMARY_PROMPT`]) with
+    /// HTTP 400, which is not retried; echoes every other request.
+    FailSummaries,
+    /// Like [`Behaviour::Delegate`], but the lead and every subagent first call `tool` with
+    /// `arguments` `repeats` times, one call per response (a request's assistant messages say
+    /// how far it got; these are one-turn conversations): the same call from every run. The
+    /// subagents' requests wait for each other as `Delegate`'s do, so their calls interleave.
+    DelegateRepeating {
+        prompts: Vec<String>,
+        tool: String,
+        arguments: String,
+        repeats: usize,
+    },
 }
 
 /// The start of a built-in subagent's system prompt.
 pub const SUBAGENT_PROMPT: &str = "You are a subagent";
+
+/// Words of antler's summary prompt (src/agent/middleware/summarization.rs).
+pub const SUMMARY_PROMPT: &str = "Context Extraction Assistant";
 
 /// The start of the memory updater's system prompt.
 pub const MEMORY_PROMPT: &str = "You are a memory management system.";
@@ -356,16 +372,19 @@ fn delegate(body: &Value, prompts: &[String], stream: bool) -> Response {
         .iter()
         .rposition(|m| m["role"] == "user")
         .map_or(0, |at| at + 1);
-    let results: Vec<&str> = messages
+    let answered = messages
         .get(turn_start..)
         .unwrap_or_default()
         .iter()
-        .filter(|m| m["role"] == "tool")
-        .filter_map(|m| m["content"].as_str())
-        .collect();
-    if !results.is_empty() {
-        return answer(&format!("summary: {}", results.join(" | ")), stream);
+        .any(|m| m["role"] == "tool");
+    if answered {
+        return task_summary(body, stream);
     }
+    task_calls(prompts, stream)
+}
+
+/// One `task` call per prompt (ids `call_task_<n>`), all in one response.
+fn task_calls(prompts: &[String], stream: bool) -> Response {
     let calls: Vec<(String, String)> = prompts
         .iter()
         .enumerate()
@@ -385,8 +404,36 @@ fn delegate(body: &Value, prompts: &[String], stream: bool) -> Response {
     tool_calls_to("task", &borrowed, stream)
 }
 
+/// `summary: <the results of this turn's task calls joined by " | ">`.
+fn task_summary(body: &Value, stream: bool) -> Response {
+    let messages = body["messages"].as_array().cloned().unwrap_or_default();
+    let turn_start = messages
+        .iter()
+        .rposition(|m| m["role"] == "user")
+        .map_or(0, |at| at + 1);
+    let results: Vec<&str> = messages
+        .get(turn_start..)
+        .unwrap_or_default()
+        .iter()
+        .filter(|m| {
+            m["role"] == "tool"
+                && m["tool_call_id"]
+                    .as_str()
+                    .is_some_and(|id| id.starts_with("call_task_"))
+        })
+        .filter_map(|m| m["content"].as_str())
+        .collect();
+    answer(&format!("summary: {}", results.join(" | ")), stream)
+}
+
 /// A subagent of a [`Behaviour::Delegate`]: waits for `expected` subagents to ask at once.
 async fn subagent(state: &MockState, body: &Value, expected: usize, stream: bool) -> Response {
+    wait_for_subagents(state, expected).await;
+    answer(&format!("found: {}", last_user_text(body)), stream)
+}
+
+/// Waits (at most 10 s) until `expected` subagents have asked at once, as [`subagent`] does.
+async fn wait_for_subagents(state: &MockState, expected: usize) {
     struct Asking<'a>(&'a AtomicUsize);
     impl Drop for Asking<'_> {
         fn drop(&mut self) {
@@ -404,7 +451,6 @@ async fn subagent(state: &MockState, body: &Value, expected: usize, stream: bool
     {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    answer(&format!("found: {}", last_user_text(body)), stream)
 }
 
 /// The next step of a [`Behaviour::TurnScript`] for this request.
@@ -595,6 +641,43 @@ async fn completions(State(state): State<Arc<MockState>>, body: Bytes) -> Respon
                 subagent(&state, &body, prompts.len(), stream).await
             } else {
                 delegate(&body, &prompts, stream)
+            }
+        }
+        Behaviour::FailSummaries => {
+            if last_user_text(&body).contains(SUMMARY_PROMPT) {
+                (
+                    StatusCode::BAD_REQUEST,
+                    axum::Json(json!({"error": {"message": "summaries are down"}})),
+                )
+                    .into_response()
+            } else {
+                echo(&body, stream)
+            }
+        }
+        Behaviour::DelegateRepeating {
+            prompts,
+            tool,
+            arguments,
+            repeats,
+        } => {
+            let system = body["messages"][0]["content"].as_str().unwrap_or_default();
+            let subagent_asks = system.starts_with(SUBAGENT_PROMPT);
+            let done = body["messages"]
+                .as_array()
+                .map_or(0, |m| m.iter().filter(|m| m["role"] == "assistant").count());
+            let who = if subagent_asks { "sub" } else { "lead" };
+            if done < repeats {
+                if subagent_asks {
+                    wait_for_subagents(&state, prompts.len()).await;
+                }
+                let id = format!("call_{who}_{index}_{done}");
+                tool_call(&id, &tool, &arguments, stream)
+            } else if subagent_asks {
+                subagent(&state, &body, prompts.len(), stream).await
+            } else if done == repeats {
+                task_calls(&prompts, stream)
+            } else {
+                task_summary(&body, stream)
             }
         }
         Behaviour::Script(steps) => {

@@ -1,6 +1,6 @@
 //! What hooks see of a run and how they steer it: [`RunContext`], the run-control decisions
-//! ([`RunControl`]), the side outputs a run carries out ([`RunOutputs`]) and helper model
-//! calls.
+//! ([`RunControl`]), the side outputs a run carries out ([`RunOutputs`]), what a middleware
+//! keeps for one run ([`RunState`]) and helper model calls.
 
 use crate::agent::input::{RunInput, ThreadFolders};
 use crate::agent::memory::MemoryUpdate;
@@ -79,6 +79,34 @@ pub(crate) struct RunOutputs {
     pub(crate) files: Vec<PresentedFile>,
 }
 
+/// What middlewares keep for one run only (a loop-detection window, a tool catalogue): one
+/// value per type, made on first use, dropped with the run.
+///
+/// Middleware instances are shared by every run of the lead and by the subagent runtimes,
+/// whose runs carry their parent's thread id. State a middleware kept by thread id would be
+/// shared by a lead's run and its subagents' runs, and by parallel subagents; kept here, it
+/// belongs to exactly one run, as DeerFlow's fresh middlewares per task do.
+#[derive(Debug, Default)]
+pub(crate) struct RunState(http::Extensions);
+
+impl RunState {
+    /// This run's `T`, made with `T::default()` on first use.
+    pub(crate) fn get_or_default<T>(&mut self) -> &mut T
+    where
+        T: Default + Clone + Send + Sync + 'static,
+    {
+        self.0.get_or_insert_default::<T>()
+    }
+
+    /// This run's `T`, if a hook made one.
+    pub(crate) fn get<T>(&self) -> Option<&T>
+    where
+        T: Send + Sync + 'static,
+    {
+        self.0.get::<T>()
+    }
+}
+
 /// Runtime facts a middleware may read and update during one run.
 pub(crate) struct RunContext<'a> {
     /// The thread, including the messages of this run so far.
@@ -103,6 +131,8 @@ pub(crate) struct RunContext<'a> {
     pub(crate) folders: Option<ThreadFolders>,
     /// The author's `<memory>` block, rendered once per run by the `memory` middleware.
     pub(crate) memory_block: Option<String>,
+    /// What middlewares keep for this run only.
+    pub(crate) state: RunState,
     pub(super) control: Option<RunControl>,
     model: &'a dyn ChatModel,
 }
@@ -138,6 +168,7 @@ impl<'a> RunContext<'a> {
             ending: None,
             folders: None,
             memory_block: None,
+            state: RunState::default(),
             control: None,
             model,
         }

@@ -21,12 +21,16 @@
 //! refusal. Unlike DeerFlow, there is no separate auto-promotion middleware (McpRouting) and
 //! deferral starts from a tool count rather than a switch, so a small setup loses nothing.
 //! It fails open: a lost promotion never stops a run. The deferred catalogue of a run is the
-//! tool list of its last `before_model` (kept per thread until `after_run`); tool calls a
-//! crash left unanswered run before the first model call of the resumed run, so there a
-//! `tool_search` asks to be repeated and other calls run as the model made them.
+//! tool list of its last `before_model`, kept in
+//! [`RunContext::state`](super::RunContext::state): the lead's run and each subagent task's
+//! run have their own, although they share this instance and the thread id, so one run
+//! ending or offering other tools never lifts another run's blocking. Tool calls a crash left
+//! unanswered run before the first model call of the resumed run, when it has no catalogue
+//! yet, so there a `tool_search` asks to be repeated and other calls run as the model made
+//! them.
 
-use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex};
+use std::collections::HashSet;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -49,8 +53,6 @@ const MAX_QUERY_CHARS: usize = 500;
 const MAX_DESCRIPTION_CHARS: usize = 1000;
 /// Names listed when nothing matches, at most.
 const MAX_LISTED: usize = 50;
-/// Runs whose catalogue is kept at once; more means runs ended without `after_run`.
-const MAX_CATALOGUES: usize = 4096;
 
 /// The built-in tools that are never deferred.
 pub(crate) const DEFAULT_CORE_TOOLS: [&str; 12] = [
@@ -110,13 +112,16 @@ struct Catalogue {
     deferred: Vec<Arc<ToolSpec>>,
 }
 
+/// A run's catalogue (in [`RunContext::state`](super::RunContext::state)); `None` before its
+/// first `before_model`.
+#[derive(Debug, Clone, Default)]
+struct RunCatalogue(Option<Arc<Catalogue>>);
+
 /// Hides non-core tools behind `tool_search` when there are many.
 #[derive(Debug)]
 pub(crate) struct DeferredToolsMiddleware {
     max_tools: usize,
     core: HashSet<String>,
-    /// By thread id; set in `before_model`, read by `tool_search`, dropped in `after_run`.
-    catalogues: Mutex<HashMap<String, Arc<Catalogue>>>,
 }
 
 #[derive(Deserialize)]
@@ -135,24 +140,12 @@ impl DeferredToolsMiddleware {
                 .cloned()
                 .chain([TOOL_NAME.to_owned()])
                 .collect(),
-            catalogues: Mutex::new(HashMap::new()),
         })
     }
 
-    fn catalogue(&self, thread: &str) -> Option<Arc<Catalogue>> {
-        self.catalogues
-            .lock()
-            .ok()
-            .and_then(|map| map.get(thread).cloned())
-    }
-
-    fn keep_catalogue(&self, thread: &str, catalogue: Catalogue) {
-        if let Ok(mut map) = self.catalogues.lock() {
-            if map.len() >= MAX_CATALOGUES && !map.contains_key(thread) {
-                map.clear();
-            }
-            map.insert(thread.to_owned(), Arc::new(catalogue));
-        }
+    /// The run's catalogue, once its first `before_model` made one.
+    fn catalogue(cx: &RunContext<'_>) -> Option<Arc<Catalogue>> {
+        cx.state.get::<RunCatalogue>().and_then(|run| run.0.clone())
     }
 
     /// Answers a `tool_search` call and promotes what it found.
@@ -165,7 +158,7 @@ impl DeferredToolsMiddleware {
         if query.is_empty() {
             return ToolOutput::error(format!("Error: `{TOOL_NAME}` needs a non-empty `query`."));
         }
-        let Some(catalogue) = self.catalogue(&cx.thread.id) else {
+        let Some(catalogue) = Self::catalogue(cx) else {
             return ToolOutput::error(format!(
                 "Error: `{TOOL_NAME}` is not available right now; try again in your next step."
             ));
@@ -403,7 +396,7 @@ impl Middleware for DeferredToolsMiddleware {
                 .tools
                 .retain(|t| self.core.contains(&t.name) || promoted.contains(&t.name));
         }
-        self.keep_catalogue(&cx.thread.id, Catalogue { hash, deferred });
+        *cx.state.get_or_default() = RunCatalogue(Some(Arc::new(Catalogue { hash, deferred })));
         Ok(())
     }
 
@@ -419,7 +412,7 @@ impl Middleware for DeferredToolsMiddleware {
         if call.name == TOOL_NAME {
             return Ok(ToolDecision::Skip(self.search(cx, call)));
         }
-        let Some(catalogue) = self.catalogue(&cx.thread.id) else {
+        let Some(catalogue) = Self::catalogue(cx) else {
             return Ok(ToolDecision::Run);
         };
         if !catalogue.deferred.iter().any(|s| s.name == call.name)
@@ -432,13 +425,6 @@ impl Middleware for DeferredToolsMiddleware {
              `select:{}`); the tools it finds can be called from the next step on.",
             call.name, call.name
         ))))
-    }
-
-    async fn after_run(&self, cx: &mut RunContext<'_>) -> Result<(), MiddlewareError> {
-        if let Ok(mut map) = self.catalogues.lock() {
-            map.remove(&cx.thread.id);
-        }
-        Ok(())
     }
 }
 
@@ -701,6 +687,36 @@ mod tests {
             .unwrap();
         assert_eq!(decision, ToolDecision::Run);
         assert!(thread.extensions.get::<PromotedTools>().is_none());
+    }
+
+    #[tokio::test]
+    async fn each_run_keeps_its_own_catalogue_on_a_shared_thread() {
+        // A lead and its subagent tasks run under one thread id with the same middleware.
+        let m = middleware(3);
+        let mut a_thread = thread();
+        let mut b_thread = thread();
+        let mut a = test_context(&mut a_thread);
+        let mut b = test_context(&mut b_thread);
+        m.before_model(&mut a, &mut request()).await.unwrap();
+        m.before_model(&mut b, &mut request()).await.unwrap();
+        // Run a ends (a subagent finished) while run b goes on.
+        m.after_run(&mut a).await.unwrap();
+        let ToolDecision::Skip(out) = decide(&m, &mut b, &call("mcp__calc__add", json!({}))).await
+        else {
+            panic!("a deferred tool that was not found stays blocked");
+        };
+        assert!(out.is_error, "{}", out.content);
+        // A run whose request offers only the core tools defers nothing; the other run's
+        // catalogue is unchanged by it.
+        let mut small = request();
+        small.tools.truncate(3);
+        let mut c_thread = thread();
+        let mut c = test_context(&mut c_thread);
+        m.before_model(&mut c, &mut small).await.unwrap();
+        assert!(matches!(
+            decide(&m, &mut b, &call("mcp__gh__create_issue", json!({}))).await,
+            ToolDecision::Skip(_)
+        ));
     }
 
     #[test]

@@ -6,10 +6,10 @@
 //!   list of `name:canonical_args` (arguments parsed as JSON and re-serialized with sorted
 //!   keys; the trimmed raw text when they are not JSON), first 12 hex chars. The order of the
 //!   calls within one response does not matter.
-//! - Per thread (`ThreadState::id`) the last `window` (20) hashes are kept. When the new hash
-//!   occurs `warn_threshold` (3) times in the window, a warning is queued for that thread —
-//!   once per hash while it stays in the window (DeerFlow's behaviour: the 4th repeat does not
-//!   warn again; a hash that left the window may warn again later).
+//! - Per run the last `window` (20) hashes are kept. When the new hash occurs `warn_threshold`
+//!   (3) times in the window, a warning is queued for that run — once per hash while it stays
+//!   in the window (DeerFlow's behaviour: the 4th repeat does not warn again; a hash that left
+//!   the window may warn again later).
 //! - The queued warning ([`WARNING`]) is injected by the *next* `before_model` as a user
 //!   message appended at the very end of the request, after the tool results, then cleared.
 //!   Injecting it in the same step would place a user message between an assistant's tool
@@ -17,8 +17,12 @@
 //! - When the hash occurs `hard_limit` (5) or more times, all tool calls are stripped, the
 //!   finish reason becomes `Stop`, [`FORCED_STOP`] is appended to the content and the run is
 //!   stopped (`RunControl::Stop`) with the reason `loop_capped`.
-//! - At most `max_threads` (100) threads are tracked; the least recently used is forgotten.
-//! - The window covers one run: `before_run` empties the thread's window. DeerFlow keeps it
+//! - The window belongs to one run: the lead's run and each subagent task's run keep their own
+//!   (in [`RunContext::state`](super::RunContext::state)), although subagents run under their
+//!   parent's thread id with this same middleware instance. So a subagent starting does not
+//!   empty the lead's window (a lead repeating one `task` call is caught), parallel subagents
+//!   do not pool their calls, and nothing is left behind when a run ends. DeerFlow builds
+//!   fresh middlewares per subagent task to the same end. DeerFlow keeps the lead's window
 //!   across runs, so a user who asks for the same check in five separate turns (one identical
 //!   tool call each) is stopped as a loop on the fifth (its issue #2511); here each turn starts
 //!   clean, and only a model repeating itself within one run is a loop.
@@ -29,8 +33,7 @@
 //! warning is appended after everything earlier middlewares added or repaired
 //! (dangling_tool_call has already completed the tool results it lands after). It fails open.
 
-use std::collections::{HashMap, HashSet, VecDeque};
-use std::sync::Mutex;
+use std::collections::{HashSet, VecDeque};
 
 use md5::{Digest, Md5};
 use serde::{Deserialize, Serialize};
@@ -59,9 +62,10 @@ pub(crate) struct LoopDetectionConfig {
     pub(crate) warn_threshold: usize,
     /// Repeats that strip the tool calls and force a text answer.
     pub(crate) hard_limit: usize,
-    /// How many recent tool-call sets per thread are remembered.
+    /// How many recent tool-call sets of a run are remembered.
     pub(crate) window: usize,
-    /// How many threads are tracked at once (least recently used are forgotten).
+    /// No longer used (each run keeps its own window, dropped with the run); still accepted
+    /// so existing config files load.
     pub(crate) max_threads: usize,
 }
 
@@ -77,50 +81,15 @@ impl Default for LoopDetectionConfig {
     }
 }
 
-/// What one thread's recent tool calls look like.
-#[derive(Debug, Default)]
-struct ThreadLoops {
+/// One run's recent tool calls.
+#[derive(Debug, Clone, Default)]
+struct RunWindow {
     /// The most recent tool-call set hashes, oldest first, at most `window`.
     recent: VecDeque<String>,
     /// Hashes already warned about while they were in the window.
     warned: HashSet<String>,
     /// A warning waiting for the next model call.
     pending_warning: bool,
-    /// When this thread was last used (a tick of [`LoopState::clock`]).
-    last_used: u64,
-}
-
-/// All tracked threads.
-#[derive(Debug, Default)]
-struct LoopState {
-    threads: HashMap<String, ThreadLoops>,
-    clock: u64,
-}
-
-impl LoopState {
-    /// The thread's entry, created if needed and marked as most recently used; evicts the
-    /// least recently used threads beyond `max_threads`.
-    fn touch(&mut self, thread_id: &str, max_threads: usize) -> Option<&mut ThreadLoops> {
-        self.clock += 1;
-        if !self.threads.contains_key(thread_id) {
-            while self.threads.len() >= max_threads {
-                let Some(oldest) = self
-                    .threads
-                    .iter()
-                    .min_by_key(|(_, t)| t.last_used)
-                    .map(|(id, _)| id.clone())
-                else {
-                    break;
-                };
-                self.threads.remove(&oldest);
-            }
-            self.threads
-                .insert(thread_id.to_owned(), ThreadLoops::default());
-        }
-        let entry = self.threads.get_mut(thread_id)?;
-        entry.last_used = self.clock;
-        Some(entry)
-    }
 }
 
 /// What `after_model` decided for one response.
@@ -131,14 +100,12 @@ enum Verdict {
     Stop,
 }
 
-/// Detects repeated tool-call sets per thread.
+/// Detects repeated tool-call sets within a run.
 #[derive(Debug)]
 pub(crate) struct LoopDetectionMiddleware {
     warn_threshold: usize,
     hard_limit: usize,
     window: usize,
-    max_threads: usize,
-    state: Mutex<LoopState>,
 }
 
 impl LoopDetectionMiddleware {
@@ -150,62 +117,36 @@ impl LoopDetectionMiddleware {
             warn_threshold,
             hard_limit: cfg.hard_limit.max(warn_threshold),
             window: cfg.window.max(1),
-            max_threads: cfg.max_threads.max(1),
-            state: Mutex::new(LoopState::default()),
         })
     }
 
-    /// Records one tool-call set for a thread and says what to do about it.
-    fn record(&self, thread_id: &str, hash: String) -> Result<(Verdict, usize), MiddlewareError> {
-        let mut state = self
-            .state
-            .lock()
-            .map_err(|_| MiddlewareError("loop detection state is poisoned".into()))?;
-        let Some(thread) = state.touch(thread_id, self.max_threads) else {
-            return Ok((Verdict::Pass, 0));
-        };
-        thread.recent.push_back(hash.clone());
-        while thread.recent.len() > self.window {
-            let Some(old) = thread.recent.pop_front() else {
+    /// Records one tool-call set in the run's window and says what to do about it.
+    fn record(&self, run: &mut RunWindow, hash: String) -> (Verdict, usize) {
+        run.recent.push_back(hash.clone());
+        while run.recent.len() > self.window {
+            let Some(old) = run.recent.pop_front() else {
                 break;
             };
-            if !thread.recent.contains(&old) {
-                thread.warned.remove(&old);
+            if !run.recent.contains(&old) {
+                run.warned.remove(&old);
             }
         }
-        let count = thread.recent.iter().filter(|h| **h == hash).count();
+        let count = run.recent.iter().filter(|h| **h == hash).count();
         let verdict = if count >= self.hard_limit {
             Verdict::Stop
-        } else if count >= self.warn_threshold && thread.warned.insert(hash) {
-            thread.pending_warning = true;
+        } else if count >= self.warn_threshold && run.warned.insert(hash) {
+            run.pending_warning = true;
             Verdict::Warn
         } else {
             Verdict::Pass
         };
-        Ok((verdict, count))
+        (verdict, count)
     }
+}
 
-    /// Forgets the thread's window: a new run starts.
-    fn start_run(&self, thread_id: &str) -> Result<(), MiddlewareError> {
-        let mut state = self
-            .state
-            .lock()
-            .map_err(|_| MiddlewareError("loop detection state is poisoned".into()))?;
-        state.threads.remove(thread_id);
-        Ok(())
-    }
-
-    /// Takes the thread's pending warning, if any.
-    fn take_warning(&self, thread_id: &str) -> Result<bool, MiddlewareError> {
-        let mut state = self
-            .state
-            .lock()
-            .map_err(|_| MiddlewareError("loop detection state is poisoned".into()))?;
-        Ok(state
-            .threads
-            .get_mut(thread_id)
-            .is_some_and(|t| std::mem::take(&mut t.pending_warning)))
-    }
+/// Takes the run's pending warning, if any.
+fn take_warning(cx: &mut RunContext<'_>) -> bool {
+    std::mem::take(&mut cx.state.get_or_default::<RunWindow>().pending_warning)
 }
 
 #[async_trait::async_trait]
@@ -214,16 +155,12 @@ impl Middleware for LoopDetectionMiddleware {
         "loop_detection"
     }
 
-    async fn before_run(&self, cx: &mut RunContext<'_>) -> Result<(), MiddlewareError> {
-        self.start_run(&cx.thread.id)
-    }
-
     async fn before_model(
         &self,
         cx: &mut RunContext<'_>,
         request: &mut ModelRequest,
     ) -> Result<(), MiddlewareError> {
-        if self.take_warning(&cx.thread.id)? {
+        if take_warning(cx) {
             // At the end: after the last assistant message's tool results, never between.
             request.messages.push(ChatMessage::user(WARNING));
         }
@@ -239,7 +176,7 @@ impl Middleware for LoopDetectionMiddleware {
             return Ok(());
         }
         let hash = tool_calls_hash(&response.tool_calls);
-        let (verdict, count) = self.record(&cx.thread.id, hash.clone())?;
+        let (verdict, count) = self.record(cx.state.get_or_default(), hash.clone());
         match verdict {
             Verdict::Pass => {}
             Verdict::Warn => {
@@ -518,7 +455,7 @@ mod tests {
             let mut r = response(shell("c"));
             m.after_model(&mut cx, &mut r).await.unwrap();
             assert_eq!(r.tool_calls.len(), 1, "repeat {i} must not strip");
-            if m.take_warning("t1").unwrap() {
+            if take_warning(&mut cx) {
                 warned_at.push(i);
             }
         }
@@ -558,11 +495,11 @@ mod tests {
         m.after_model(&mut cx, &mut response(vec![b.clone(), a2]))
             .await
             .unwrap();
-        assert!(!m.take_warning("t1").unwrap());
+        assert!(!take_warning(&mut cx));
         m.after_model(&mut cx, &mut response(vec![b, a]))
             .await
             .unwrap();
-        assert!(m.take_warning("t1").unwrap());
+        assert!(take_warning(&mut cx));
     }
 
     #[tokio::test]
@@ -575,7 +512,7 @@ mod tests {
             m.after_model(&mut cx, &mut r).await.unwrap();
             assert_eq!(r.tool_calls.len(), 1);
         }
-        assert!(!m.take_warning("t1").unwrap());
+        assert!(!take_warning(&mut cx));
         assert_eq!(cx.control(), None);
     }
 
@@ -598,17 +535,17 @@ mod tests {
         m.after_model(&mut cx, &mut response(shell("c")))
             .await
             .unwrap();
-        assert!(!m.take_warning("t1").unwrap());
+        assert!(!take_warning(&mut cx));
         // The 4th pushes the 2nd out: still 2.
         m.after_model(&mut cx, &mut response(shell("c")))
             .await
             .unwrap();
-        assert!(!m.take_warning("t1").unwrap());
+        assert!(!take_warning(&mut cx));
         // The 5th is the 3rd in the window.
         m.after_model(&mut cx, &mut response(shell("c")))
             .await
             .unwrap();
-        assert!(m.take_warning("t1").unwrap());
+        assert!(take_warning(&mut cx));
         assert_eq!(cx.control(), None);
     }
 
@@ -625,7 +562,7 @@ mod tests {
                 .await
                 .unwrap();
         }
-        assert!(m.take_warning("t1").unwrap());
+        assert!(take_warning(&mut cx));
         for i in 0..4 {
             let calls = vec![call("c", "read", &format!(r#"{{"path":"/f{i}"}}"#))];
             m.after_model(&mut cx, &mut response(calls)).await.unwrap();
@@ -635,51 +572,33 @@ mod tests {
                 .await
                 .unwrap();
         }
-        assert!(m.take_warning("t1").unwrap());
+        assert!(take_warning(&mut cx));
     }
 
     #[tokio::test]
-    async fn threads_are_tracked_separately_and_lru_evicts() {
-        let m = middleware(LoopDetectionConfig {
-            max_threads: 2,
-            ..LoopDetectionConfig::default()
-        });
+    async fn runs_are_tracked_separately() {
+        let m = middleware(LoopDetectionConfig::default());
         let mut a = thread("a");
         let mut b = thread("b");
-        let mut c = thread("c");
-        let tracked = |m: &LoopDetectionMiddleware| {
-            let state = m.state.lock().unwrap();
-            let mut ids: Vec<String> = state.threads.keys().cloned().collect();
-            ids.sort();
-            ids
-        };
-        // a and b each make the same call twice: a thread's count is its own.
+        let mut a = test_context(&mut a);
+        let mut b = test_context(&mut b);
+        // a and b each make the same call twice: a run's count is its own.
         for _ in 0..2 {
-            m.after_model(&mut test_context(&mut a), &mut response(shell("x")))
+            m.after_model(&mut a, &mut response(shell("x")))
                 .await
                 .unwrap();
-            m.after_model(&mut test_context(&mut b), &mut response(shell("x")))
+            m.after_model(&mut b, &mut response(shell("x")))
                 .await
                 .unwrap();
         }
-        assert!(!m.take_warning("a").unwrap());
-        assert!(!m.take_warning("b").unwrap());
-        // a's third call warns and makes a the most recently used thread.
-        m.after_model(&mut test_context(&mut a), &mut response(shell("x")))
+        assert!(!take_warning(&mut a));
+        assert!(!take_warning(&mut b));
+        // a's third call warns a, not b.
+        m.after_model(&mut a, &mut response(shell("x")))
             .await
             .unwrap();
-        assert!(m.take_warning("a").unwrap());
-        // A third thread evicts the least recently used one: b.
-        m.after_model(&mut test_context(&mut c), &mut response(shell("x")))
-            .await
-            .unwrap();
-        assert_eq!(tracked(&m), vec!["a", "c"]);
-        // b starts over: its third call is its first now (and evicts a, now the oldest).
-        m.after_model(&mut test_context(&mut b), &mut response(shell("x")))
-            .await
-            .unwrap();
-        assert!(!m.take_warning("b").unwrap());
-        assert_eq!(tracked(&m), vec!["b", "c"]);
+        assert!(take_warning(&mut a));
+        assert!(!take_warning(&mut b));
     }
 
     #[tokio::test]
@@ -695,7 +614,7 @@ mod tests {
             assert_eq!(r.content, "plain answer");
         }
         assert_eq!(cx.control(), None);
-        assert!(m.state.lock().unwrap().threads.is_empty());
+        assert!(cx.state.get::<RunWindow>().is_none());
     }
 
     #[test]
@@ -715,6 +634,5 @@ mod tests {
         let m = middleware(odd);
         assert_eq!(m.hard_limit, 4);
         assert_eq!(m.window, 1);
-        assert_eq!(m.max_threads, 1);
     }
 }

@@ -57,6 +57,15 @@ impl Default for SubagentLimitConfig {
     }
 }
 
+/// The caps [`SubagentLimitMiddleware`] enforces, as the `task` tool states them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct SubagentLimits {
+    /// Calls of one response that may start a task.
+    pub(crate) per_response: usize,
+    /// Calls of one run that may start a task.
+    pub(crate) per_run: usize,
+}
+
 /// Caps the subagent calls of a response and of a run.
 #[derive(Debug, Clone)]
 pub(crate) struct SubagentLimitMiddleware {
@@ -72,6 +81,14 @@ impl SubagentLimitMiddleware {
             max_per_response: cfg.max_per_response.max(1),
             max_per_run: cfg.max_per_run.max(1),
             tool_name: cfg.tool_name.clone(),
+        })
+    }
+
+    /// The caps, when they apply to the calls of `tool` (the configured `tool_name`).
+    pub(crate) fn limits_of(&self, tool: &str) -> Option<SubagentLimits> {
+        (self.tool_name == tool).then_some(SubagentLimits {
+            per_response: self.max_per_response,
+            per_run: self.max_per_run,
         })
     }
 

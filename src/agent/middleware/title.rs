@@ -1,20 +1,30 @@
-//! title (chain position 11): gives a new thread a short title after its first exchange.
+//! title (chain position 11): gives a new thread a short title after its first model answer.
 //!
-//! In `after_run`, when a run ended with an answer, the thread has no title yet, and it holds
-//! exactly one user message outside failed turns, it asks the model for a title with a helper
-//! call, as DeerFlow does: the question and the answer (each cut to 500 characters) and
-//! "Generate a concise title (max 6 words) …". The reply is cleaned (`<think>` blocks, quotes
-//! and anything after the first line removed) and held to `max_words` words and `max_chars`
-//! characters (cut on a character boundary, "…" appended when anything was cut). When the call
-//! fails, times out (15 s) or returns nothing usable, or `use_model` is off, the question
-//! itself, cut the same way, is the title. An empty question gives "New conversation". An
-//! existing title is never replaced.
+//! The thread's first turn (no earlier exchange in its context; failed turns do not count) is
+//! titled when its run ends, however it ends, once the model has answered at least once: with
+//! an answer, with a clarification question, stopped (a forced loop stop, the user's `/stop`
+//! after a model answer), with todo reminders in between, or even failed or timed out after
+//! an answer, as DeerFlow titles in `after_model` after the first AI message. The
+//! title comes from a helper call, as DeerFlow does: the question and the answer (the turn's
+//! last non-empty assistant text, else the question the run asks, each cut to 500 characters)
+//! and "Generate a concise title (max 6 words) …". The reply is cleaned (`<think>` blocks,
+//! quotes and anything after the first line removed) and held to `max_words` words and
+//! `max_chars` characters (cut on a character boundary, "…" appended when anything was cut).
+//! When the call fails, times out (15 s) or returns nothing usable, or `use_model` is off, the
+//! question itself, cut the same way, is the title. A first run the user stopped before the
+//! model answered gets that fallback title too (DeerFlow's interrupted path); a first run that
+//! failed or timed out before any answer gets none, and leaves the context, so the next turn
+//! is the first again. An empty question gives "New conversation". An existing title is never
+//! replaced.
+//!
+//! Which turn is the first is decided in `before_run` and kept in the run's state: later in
+//! the run the thread may hold more user messages of the same turn (todo reminders).
 //!
 //! Placement: `after_run` hooks run in reverse chain order, after the later middlewares
 //! (memory, loop_detection) have seen the run end. Titling after the run rather than after
-//! the model call means the title describes the question *and* the answer the user got; the
-//! helper call's tokens count towards the thread. It fails open: a missing title must never
-//! stop a run.
+//! the model call means the title describes the question *and* the answer the user got, and
+//! adds no wait before the first tool call; the helper call's tokens count towards the
+//! thread. It fails open: a missing title must never stop a run.
 
 use std::time::Duration;
 
@@ -23,6 +33,7 @@ use serde::{Deserialize, Serialize};
 use super::{Middleware, MiddlewareError, RunContext, RunEnding};
 use crate::agent::message::ChatMessage;
 use crate::agent::model::ModelRequest;
+use crate::agent::thread::ThreadState;
 
 /// The title of a thread whose first message is empty.
 pub(crate) const EMPTY_TITLE: &str = "New conversation";
@@ -62,7 +73,39 @@ impl Default for TitleConfig {
     }
 }
 
-/// Titles a thread after its first answered exchange.
+/// Where the run's turn starts when it is the thread's first turn (`None`: a later turn), as
+/// `before_run` found it.
+#[derive(Debug, Clone, Default)]
+struct FirstTurn(Option<usize>);
+
+/// The index of the current turn's user message when nothing before it counts (failed turns
+/// do not): the thread's first turn.
+fn first_turn(thread: &ThreadState) -> Option<usize> {
+    let start = thread.turn_start()?;
+    let earlier = (0..start).any(|index| !thread.is_failed(index));
+    (!earlier).then_some(start)
+}
+
+/// What the turn starting at `start` answered: its last non-empty assistant text, else the
+/// question the run asks the user, else nothing.
+fn answer_of(thread: &ThreadState, start: usize) -> String {
+    thread
+        .messages
+        .get(start + 1..)
+        .unwrap_or_default()
+        .iter()
+        .rev()
+        .find_map(|m| match m {
+            ChatMessage::Assistant { content, .. } if !content.trim().is_empty() => {
+                Some(content.clone())
+            }
+            _ => None,
+        })
+        .or_else(|| thread.pending_question.as_ref().map(|q| q.question.clone()))
+        .unwrap_or_default()
+}
+
+/// Titles a thread after its first model answer.
 #[derive(Debug, Clone)]
 pub(crate) struct TitleMiddleware {
     use_model: bool,
@@ -122,27 +165,36 @@ impl Middleware for TitleMiddleware {
         "title"
     }
 
+    async fn before_run(&self, cx: &mut RunContext<'_>) -> Result<(), MiddlewareError> {
+        if cx.thread.title.is_none() {
+            *cx.state.get_or_default() = FirstTurn(first_turn(cx.thread));
+        }
+        Ok(())
+    }
+
     async fn after_run(&self, cx: &mut RunContext<'_>) -> Result<(), MiddlewareError> {
-        if cx.thread.title.is_some() || cx.ending != Some(RunEnding::Answered) {
+        if cx.thread.title.is_some() {
             return Ok(());
         }
-        // Failed turns do not count: a thread whose first turn failed is titled after the
-        // first exchange that was answered.
-        let (question, answer) = {
-            let mut users = cx.thread.context().filter_map(|m| match m {
-                ChatMessage::User { content, .. } => Some(content.as_str()),
-                _ => None,
-            });
-            let (Some(first), None) = (users.next(), users.next()) else {
-                return Ok(());
-            };
-            let answer = match cx.thread.messages.last() {
-                Some(ChatMessage::Assistant { content, .. }) => content.clone(),
-                _ => String::new(),
-            };
-            (first.to_owned(), answer)
+        // A run cut short before `before_run` has not changed the thread since it started.
+        let start = match cx.state.get::<FirstTurn>() {
+            Some(FirstTurn(start)) => *start,
+            None => first_turn(cx.thread),
         };
-        let title = if self.use_model && !question.trim().is_empty() {
+        let Some(start) = start else {
+            return Ok(());
+        };
+        let answered = cx.model_calls > 0 || cx.ending == Some(RunEnding::Answered);
+        let stopped = cx.ending == Some(RunEnding::Stopped);
+        if !answered && !stopped {
+            return Ok(());
+        }
+        let question = match cx.thread.messages.get(start) {
+            Some(ChatMessage::User { content, .. }) => content.clone(),
+            _ => return Ok(()),
+        };
+        let title = if answered && self.use_model && !question.trim().is_empty() {
+            let answer = answer_of(cx.thread, start);
             self.model_title(cx, &question, &answer).await
         } else {
             None
@@ -406,6 +458,138 @@ mod tests {
         thread.failed = vec![0..2];
         title_after(&mut thread, RunEnding::Answered, None).await;
         assert_eq!(thread.title.as_deref(), Some("Why is the build red?"));
+    }
+
+    /// A first run as the runtime drives it: `before_run` on the thread holding the question,
+    /// then the run's messages, `model_calls` model answers and its ending, then `after_run`
+    /// with a model that answers the title call with `reply` (or fails when there is none).
+    async fn first_run(
+        then: Vec<ChatMessage>,
+        model_calls: u32,
+        ending: RunEnding,
+        reply: Option<&str>,
+    ) -> (ThreadState, Vec<ModelRequest>) {
+        let mut thread = thread_with(vec![ChatMessage::user("Why is the build red today?")]);
+        let script = reply.map(ScriptedModel::text).into_iter().collect();
+        let model = ScriptedModel::new(script);
+        let input = RunInput::text("test", "user", "hi");
+        let m = middleware();
+        {
+            let mut cx = RunContext::new(&mut thread, &input, &model);
+            m.before_run(&mut cx).await.unwrap();
+            cx.thread.messages.extend(then);
+            cx.model_calls = model_calls;
+            if ending == RunEnding::Interrupted {
+                cx.thread.pending_question = Some(crate::agent::thread::PendingQuestion {
+                    question: "Which pipeline?".to_owned(),
+                    options: Vec::new(),
+                });
+            }
+            cx.ending = Some(ending);
+            m.after_run(&mut cx).await.unwrap();
+        }
+        let requests = model.requests();
+        (thread, requests)
+    }
+
+    fn clarification_call() -> ChatMessage {
+        ChatMessage::assistant_calls(
+            "",
+            vec![crate::agent::message::ToolCall {
+                id: "c1".into(),
+                name: "ask_clarification".into(),
+                arguments: r#"{"question":"Which pipeline?"}"#.into(),
+            }],
+        )
+    }
+
+    #[tokio::test]
+    async fn a_first_run_ending_in_a_question_is_titled() {
+        let (thread, requests) = first_run(
+            vec![clarification_call()],
+            1,
+            RunEnding::Interrupted,
+            Some("Red build pipeline"),
+        )
+        .await;
+        assert_eq!(thread.title.as_deref(), Some("Red build pipeline"));
+        let prompt = requests[0].messages[0].text();
+        assert!(
+            prompt.contains("User: Why is the build red today?"),
+            "{prompt}"
+        );
+        assert!(prompt.contains("Assistant: Which pipeline?"), "{prompt}");
+    }
+
+    #[tokio::test]
+    async fn a_first_run_stopped_after_an_answer_is_titled() {
+        // loop_detection's forced stop after five identical rounds.
+        let (thread, _) = first_run(
+            vec![ChatMessage::assistant(
+                "[FORCED STOP] Repeated tool calls were stopped.",
+            )],
+            5,
+            RunEnding::Stopped,
+            Some("Red build loop"),
+        )
+        .await;
+        assert_eq!(thread.title.as_deref(), Some("Red build loop"));
+    }
+
+    #[tokio::test]
+    async fn a_first_run_with_a_todo_reminder_is_titled() {
+        // The todo middleware sent the model back with a reminder: a second user message.
+        let (thread, requests) = first_run(
+            vec![
+                ChatMessage::assistant("Looking into it."),
+                ChatMessage::user("<system-reminder>You have open todo items.</system-reminder>"),
+                ChatMessage::assistant("A flaky test; all items done."),
+            ],
+            2,
+            RunEnding::Answered,
+            Some("Flaky build test"),
+        )
+        .await;
+        assert_eq!(thread.title.as_deref(), Some("Flaky build test"));
+        let prompt = requests[0].messages[0].text();
+        assert!(
+            prompt.contains("User: Why is the build red today?"),
+            "{prompt}"
+        );
+        assert!(
+            prompt.contains("Assistant: A flaky test; all items done."),
+            "{prompt}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_first_run_stopped_before_an_answer_gets_the_fallback_title() {
+        let (thread, requests) = first_run(
+            vec![ChatMessage::assistant("[stopped]")],
+            0,
+            RunEnding::Stopped,
+            Some("unused"),
+        )
+        .await;
+        assert_eq!(thread.title.as_deref(), Some("Why is the build red today?"));
+        assert!(requests.is_empty(), "no model call for the fallback");
+    }
+
+    #[tokio::test]
+    async fn a_first_run_that_failed_after_an_answer_is_titled_and_one_without_is_not() {
+        let (thread, _) = first_run(
+            vec![ChatMessage::assistant("Checking.")],
+            1,
+            RunEnding::Failed,
+            Some("Red build"),
+        )
+        .await;
+        assert_eq!(thread.title.as_deref(), Some("Red build"));
+        for ending in [RunEnding::Failed, RunEnding::TimedOut] {
+            let (thread, requests) = first_run(Vec::new(), 0, ending, Some("unused")).await;
+            assert_eq!(thread.title, None, "{ending:?}");
+            assert!(requests.is_empty());
+        }
     }
 
     #[test]

@@ -7,7 +7,9 @@
 //! through the call's progress notes (a live reply edits them in place). The `bash` type runs
 //! shell commands: users who may not run the shell themselves are neither offered it (their
 //! requests' `task` spec leaves it out) nor allowed it.
-//! `subagent_limit` decides how many calls of one response and run may start tasks.
+//! `subagent_limit` decides how many calls of one response and run may start tasks; the
+//! tool's description states its configured caps (none when it is off), so the model is told
+//! the limits it will meet.
 
 use std::sync::Arc;
 
@@ -16,6 +18,7 @@ use serde::Deserialize;
 use super::executor::{ParentCall, SubagentExecutor, TaskError, TaskRequest};
 use super::registry::{SubagentRecord, SubagentStatus};
 use crate::agent::input::{Author, Role};
+use crate::agent::middleware::subagent_limit::SubagentLimits;
 use crate::agent::model::ToolSpec;
 use crate::agent::tools::ToolOutput;
 use crate::agent::tools::{Tool, ToolContext, ToolError, parse_arguments};
@@ -36,15 +39,24 @@ pub(crate) type ShellPolicy = Arc<dyn Fn(Role) -> bool + Send + Sync>;
 pub(crate) struct TaskTool {
     executor: SubagentExecutor,
     shell_allowed: ShellPolicy,
+    /// The caps `subagent_limit` enforces on this tool's calls, stated in its description.
+    limits: Option<SubagentLimits>,
     /// The spec for users who may not run the shell, made once; `None` when no type runs it.
     without_shell: Option<Arc<ToolSpec>>,
 }
 
 impl TaskTool {
-    pub(crate) fn new(executor: SubagentExecutor, shell_allowed: ShellPolicy) -> Self {
+    /// The tool over `executor`; `limits` are the caps `subagent_limit` enforces on its calls
+    /// (`None` when it is off).
+    pub(crate) fn new(
+        executor: SubagentExecutor,
+        shell_allowed: ShellPolicy,
+        limits: Option<SubagentLimits>,
+    ) -> Self {
         let mut tool = Self {
             executor,
             shell_allowed,
+            limits,
             without_shell: None,
         };
         if tool.executor.types().any(|t| t.needs_shell) {
@@ -80,15 +92,21 @@ impl TaskTool {
                 format!("\n- `{}`: {}{shell}", t.name, t.description)
             })
             .collect();
+        let limits = self.limits.map_or_else(String::new, |limits| {
+            format!(
+                " (at most {} per response and {} per run; calls beyond that are not run)",
+                limits.per_response, limits.per_run
+            )
+        });
         ToolSpec {
             name: TASK_TOOL.into(),
             description: format!(
                 "Delegate one task to a subagent, which works on it in its own context with its \
                  own tools and returns its final answer; this call waits for it. Use it for \
                  work of several steps that does not need this conversation, and call it \
-                 several times in one response to run independent tasks in parallel (at most 3 \
-                 per response). The subagent sees only `prompt`: say everything it needs, \
-                 including what to return. Subagent types:{listed}"
+                 several times in one response to run independent tasks in parallel{limits}. \
+                 The subagent sees only `prompt`: say everything it needs, including what to \
+                 return. Subagent types:{listed}"
             ),
             parameters: serde_json::json!({
                 "type": "object",

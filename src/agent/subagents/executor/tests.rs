@@ -491,9 +491,13 @@ async fn a_subagent_never_gets_task_or_clarification() {
 /// The lead's side: a runtime whose `task` tool delegates to `executor`.
 fn lead(model: Arc<dyn ChatModel>, executor: SubagentExecutor, shell: ShellPolicy) -> Runtime {
     let mut tools = ToolRegistry::default();
-    tools.register(Arc::new(TaskTool::new(executor, shell)));
-    let limit: Arc<dyn Middleware> =
-        Arc::new(SubagentLimitMiddleware::from_config(&SubagentLimitConfig::default()).unwrap());
+    let limit = SubagentLimitMiddleware::from_config(&SubagentLimitConfig::default()).unwrap();
+    tools.register(Arc::new(TaskTool::new(
+        executor,
+        shell,
+        limit.limits_of(task_tool::TASK_TOOL),
+    )));
+    let limit: Arc<dyn Middleware> = Arc::new(limit);
     let token_usage: Arc<dyn Middleware> = Arc::new(TokenUsageMiddleware);
     Runtime::new(
         model,
@@ -611,7 +615,7 @@ async fn the_bash_type_is_refused_to_users_who_may_not_run_the_shell() {
     let Setup {
         executor, registry, ..
     } = setup(worker.clone(), Duration::from_secs(900), 3);
-    let tool = TaskTool::new(executor, Arc::new(|role| role == Role::Admin));
+    let tool = TaskTool::new(executor, Arc::new(|role| role == Role::Admin), None);
     let arguments = serde_json::json!({"description": "build", "prompt": "cargo build", "subagent_type": "bash"});
     let cx = crate::agent::tools::tests::context();
     let refused = tool
@@ -645,7 +649,7 @@ async fn the_bash_type_is_refused_to_users_who_may_not_run_the_shell() {
 async fn progress_shows_a_line_as_a_task_starts_works_and_ends() {
     let worker = WorkerModel::slow(Duration::ZERO);
     let Setup { executor, .. } = setup(worker, Duration::from_secs(900), 3);
-    let tool = TaskTool::new(executor, Arc::new(|_| true));
+    let tool = TaskTool::new(executor, Arc::new(|_| true), None);
     let lines = Arc::new(Mutex::new(Vec::new()));
     let seen = Arc::clone(&lines);
     let cx = ToolContext {
@@ -658,6 +662,37 @@ async fn progress_shows_a_line_as_a_task_starts_works_and_ends() {
     assert_eq!(lines.first().map(String::as_str), Some("⏳ check the logs"));
     let last = lines.last().unwrap();
     assert!(last.starts_with("✅ check the logs · "), "{last}");
+}
+
+#[tokio::test]
+async fn the_task_tools_text_states_the_configured_limits() {
+    let worker = WorkerModel::slow(Duration::ZERO);
+    let Setup { executor, .. } = setup(worker, Duration::from_secs(900), 3);
+    let limits = SubagentLimitMiddleware::from_config(&SubagentLimitConfig {
+        max_per_response: 2,
+        max_per_run: 5,
+        ..SubagentLimitConfig::default()
+    })
+    .unwrap()
+    .limits_of(task_tool::TASK_TOOL);
+    let tool = TaskTool::new(executor.clone(), Arc::new(|_| true), limits);
+    let text = tool.spec().description;
+    assert!(
+        text.contains(
+            "in parallel (at most 2 per response and 5 per run; calls beyond that are not run)."
+        ),
+        "{text}"
+    );
+    assert!(!text.contains("at most 3"), "{text}");
+    // Without subagent_limit there is no cap to state.
+    let text = TaskTool::new(executor, Arc::new(|_| true), None)
+        .spec()
+        .description;
+    assert!(
+        text.contains("in parallel. The subagent sees only"),
+        "{text}"
+    );
+    assert!(!text.contains("per response"), "{text}");
 }
 
 /// Records the thread's last message at each checkpoint.
