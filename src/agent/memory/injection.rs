@@ -99,11 +99,20 @@ pub(crate) fn render(doc: &MemoryDocument, max_tokens: usize) -> Option<String> 
     Some(format!("{OPEN}{}\n{CLOSE}", parts.join("\n\n")))
 }
 
-/// `<`, `>` and `&` as HTML entities, so the text cannot close the prompt's blocks.
+/// `text` with `&`, `<` and `>` as entities: quoted inside a tag block of a prompt (the
+/// memory block, the updater's and the summarizer's quoted conversation), it cannot close the
+/// block or open another (DeerFlow's `html.escape(text, quote=False)`).
 pub(crate) fn escape(text: &str) -> String {
-    text.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
+    let mut escaped = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '&' => escaped.push_str("&amp;"),
+            '<' => escaped.push_str("&lt;"),
+            '>' => escaped.push_str("&gt;"),
+            c => escaped.push(c),
+        }
+    }
+    escaped
 }
 
 #[cfg(test)]

@@ -60,6 +60,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::{Middleware, MiddlewareError, RunContext};
+use crate::agent::memory::injection::escape;
 use crate::agent::message::{ChatMessage, ContentPart};
 use crate::agent::model::ModelRequest;
 use crate::agent::thread::{Extension, ThreadState};
@@ -507,21 +508,6 @@ fn head_tail(text: &str) -> String {
         "{head} […{} characters left out…] {tail}",
         chars - PROMPT_HEAD_CHARS - PROMPT_TAIL_CHARS
     )
-}
-
-/// `text` with `&`, `<` and `>` as entities: quoted inside a tag block of a prompt, it cannot
-/// close the block or open another (DeerFlow's `html.escape(text, quote=False)`).
-fn escape(text: &str) -> String {
-    let mut escaped = String::with_capacity(text.len());
-    for c in text.chars() {
-        match c {
-            '&' => escaped.push_str("&amp;"),
-            '<' => escaped.push_str("&lt;"),
-            '>' => escaped.push_str("&gt;"),
-            c => escaped.push(c),
-        }
-    }
-    escaped
 }
 
 /// At most `max` characters of `text`.
