@@ -445,7 +445,7 @@ impl Runtime {
                 tools: self.tools.specs_for(&cx.input.author),
             };
             self.chain.before_model(cx, &mut request).await?;
-            self.finalize(&mut request, last_call, &cx.thread.id);
+            self.finalize(cx, &mut request, last_call);
 
             shown.begin_round();
             let sink = |text: &str| shown.stream(text, observer);
@@ -526,23 +526,49 @@ impl Runtime {
     }
 
     /// Makes the request valid whatever the hooks did: tool-call pairing repaired, the
-    /// oldest whole exchanges left out when it is too long, no tools on the last call.
-    fn finalize(&self, request: &mut ModelRequest, last_call: bool, thread_id: &str) {
+    /// oldest whole exchanges left out when it is too long, no tools on the last call; then
+    /// the run's hidden context goes in just before the turn's user message. There, after
+    /// the stored history, it leaves the request's prefix (system prompt and history) the
+    /// same from run to run and user to user, so providers' prompt caches keep hitting.
+    fn finalize(&self, cx: &RunContext<'_>, request: &mut ModelRequest, last_call: bool) {
         dangling_tool_call::repair(&mut request.messages);
         if last_call {
             request.tools.clear();
         }
+        let hidden = cx.hidden_context_message();
         if self.settings.context_tokens > 0 {
-            let dropped = fit_context(request, self.settings.context_tokens);
+            let budget = self
+                .settings
+                .context_tokens
+                .saturating_sub(hidden.as_ref().map_or(0, estimate_tokens));
+            let dropped = fit_context(request, budget);
             if dropped > 0 {
                 tracing::debug!(
-                    thread = thread_id,
+                    thread = %cx.thread.id,
                     messages = dropped,
                     "left the oldest exchanges out of the request"
                 );
                 metrics::counter!("antler_context_trimmed_messages_total")
                     .increment(dropped as u64);
             }
+        }
+        if let Some(hidden) = hidden {
+            let at = cx
+                .turn_position(request)
+                .or_else(|| {
+                    request
+                        .messages
+                        .iter()
+                        .rposition(|m| matches!(m, ChatMessage::User { .. }))
+                })
+                .unwrap_or_else(|| {
+                    request
+                        .messages
+                        .iter()
+                        .take_while(|m| matches!(m, ChatMessage::System { .. }))
+                        .count()
+                });
+            request.messages.insert(at, hidden);
         }
     }
 

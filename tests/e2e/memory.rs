@@ -1,6 +1,7 @@
 //! Long-term memory end to end, through the API channel and the mock model: what user A says
 //! is learned by the updater call (debounce 0), the next thread's request for A carries the
-//! fact in `<memory>`, and nothing of it ever reaches a request made for user B.
+//! fact in `<memory>` (in a hidden user-role message, never the system prompt), and nothing
+//! of it ever reaches a request made for user B.
 
 use serde_json::{Value, json};
 
@@ -24,6 +25,17 @@ fn system_text(request: &Recorded) -> String {
         .and_then(|m| m["content"].as_str())
         .unwrap_or_default()
         .to_owned()
+}
+
+/// The hidden context message of a chat request: the user-role message just before the
+/// turn's own.
+fn context_text(request: &Recorded) -> Option<String> {
+    let messages = request.messages();
+    let last_user = messages.iter().rposition(|m| m["role"] == "user")?;
+    let before = messages.get(last_user.checked_sub(1)?)?;
+    (before["role"] == "user")
+        .then(|| before["content"].as_str().unwrap_or_default().to_owned())
+        .filter(|text| text.starts_with("<context>"))
 }
 
 async fn say(app: &TestApp, user: &str, conversation: &str, text: &str) -> Value {
@@ -55,7 +67,7 @@ async fn a_fact_learned_from_one_user_reaches_their_next_thread_and_no_one_else(
 
     // Ada's next thread carries the fact once the worker stored it (a poll later).
     let mut attempt = 0;
-    let system = wait_until("ada's next thread carries the fact", || {
+    let (context, ada_system) = wait_until("ada's next thread carries the fact", || {
         attempt += 1;
         let conversation = format!("ada-next-{attempt}");
         let app = &app;
@@ -67,19 +79,22 @@ async fn a_fact_learned_from_one_user_reaches_their_next_thread_and_no_one_else(
                 .iter()
                 .rev()
                 .find(|r| !is_updater(r) && r.last_user_text().contains("what do I like?"))?;
-            let system = system_text(request);
-            system.contains(FACT).then_some(system)
+            let context = context_text(request)?;
+            context
+                .contains(FACT)
+                .then(|| (context, system_text(request)))
         }
     })
     .await;
     assert!(
-        system.contains("<memory>") && system.contains("</memory>"),
-        "{system}"
+        context.contains("<memory>") && context.contains("</memory>"),
+        "{context}"
     );
     assert!(
-        system.contains(&format!("- [preference | 0.90] {FACT}")),
-        "{system}"
+        context.contains(&format!("- [preference | 0.90] {FACT}")),
+        "{context}"
     );
+    assert!(!ada_system.contains(FACT), "{ada_system}");
 
     // Bob talks after the fact is learned: his request has no memory block, and no request
     // made for him (chat or updater) holds Ada's fact.
@@ -105,7 +120,12 @@ async fn a_fact_learned_from_one_user_reaches_their_next_thread_and_no_one_else(
             "ada's memory leaked into bob's request: {body}"
         );
         if !is_updater(request) {
-            assert!(!system_text(request).contains("<memory>"), "{body}");
+            // The system prompt is byte-identical for both users.
+            assert_eq!(system_text(request), ada_system);
+            assert!(
+                !context_text(request).is_some_and(|c| c.contains("<memory>")),
+                "{body}"
+            );
         }
     }
     app.shutdown().await;

@@ -129,8 +129,10 @@ pub(crate) struct RunContext<'a> {
     pub(crate) ending: Option<RunEnding>,
     /// The thread's folders (the same the tools get), when the runtime has them.
     pub(crate) folders: Option<ThreadFolders>,
-    /// The author's `<memory>` block, rendered once per run by the `memory` middleware.
-    pub(crate) memory_block: Option<String>,
+    /// Blocks of the run's hidden context message (the author's `<memory>`, the current
+    /// time): sent to the model as one user-role message just before the turn's user
+    /// message, in every request of the run, never stored. Hooks add blocks in `before_run`.
+    pub(crate) hidden_context: Vec<String>,
     /// What middlewares keep for this run only.
     pub(crate) state: RunState,
     pub(super) control: Option<RunControl>,
@@ -167,11 +169,50 @@ impl<'a> RunContext<'a> {
             outputs: RunOutputs::default(),
             ending: None,
             folders: None,
-            memory_block: None,
+            hidden_context: Vec::new(),
             state: RunState::default(),
             control: None,
             model,
         }
+    }
+
+    /// Where this turn's user message is in `request`: the user message equal to the
+    /// thread's turn message, else the last one containing the user's words (a sanitizing
+    /// hook may have wrapped it), else none.
+    pub(crate) fn turn_position(&self, request: &ModelRequest) -> Option<usize> {
+        let is_user_with = |m: &ChatMessage, f: &dyn Fn(&str) -> bool| matches!(m, ChatMessage::User { content, .. } if f(content));
+        let turn_text = self
+            .thread
+            .turn_start()
+            .and_then(|i| self.thread.messages.get(i))
+            .map(ChatMessage::text);
+        let exact = turn_text.and_then(|text| {
+            request
+                .messages
+                .iter()
+                .rposition(|m| is_user_with(m, &|content| content == text))
+        });
+        let words = self.input.text.trim();
+        exact.or_else(|| {
+            (!words.is_empty())
+                .then(|| {
+                    request
+                        .messages
+                        .iter()
+                        .rposition(|m| is_user_with(m, &|content| content.contains(words)))
+                })
+                .flatten()
+        })
+    }
+
+    /// The run's hidden context message, when a hook added blocks.
+    pub(crate) fn hidden_context_message(&self) -> Option<ChatMessage> {
+        (!self.hidden_context.is_empty()).then(|| {
+            ChatMessage::user(format!(
+                "<context>\n{}\n</context>",
+                self.hidden_context.join("\n\n")
+            ))
+        })
     }
 
     /// Sends the model back once more with `message` added (a reminder), capped per run.
@@ -275,5 +316,50 @@ mod tests {
             })
         );
         assert_eq!(cx.control(), None);
+    }
+
+    #[test]
+    fn the_turn_message_is_found_exactly_or_by_its_words() {
+        let mut thread = ThreadState::new("t".into(), "c".into(), 0, 0);
+        thread.messages.push(ChatMessage::user("earlier"));
+        thread.messages.push(ChatMessage::user("hi"));
+        let cx = test_context(&mut thread);
+        let request = |messages: Vec<ChatMessage>| ModelRequest {
+            messages,
+            tools: Vec::new(),
+        };
+        let exact = request(vec![
+            ChatMessage::system("s"),
+            ChatMessage::user("hi"),
+            ChatMessage::user("a reminder"),
+        ]);
+        assert_eq!(cx.turn_position(&exact), Some(1));
+        // A sanitizing hook wrapped it: found by the user's words.
+        let wrapped = request(vec![
+            ChatMessage::user("earlier"),
+            ChatMessage::user("<user_message>\nhi\n</user_message>"),
+            ChatMessage::user("a reminder"),
+        ]);
+        assert_eq!(cx.turn_position(&wrapped), Some(1));
+        assert_eq!(
+            cx.turn_position(&request(vec![ChatMessage::user("other")])),
+            None
+        );
+    }
+
+    #[test]
+    fn hidden_context_blocks_make_one_user_message() {
+        let mut thread = ThreadState::new("t".into(), "c".into(), 0, 0);
+        let mut cx = test_context(&mut thread);
+        assert_eq!(cx.hidden_context_message(), None);
+        cx.hidden_context
+            .push("<current_time>now</current_time>".into());
+        cx.hidden_context.push("<memory>\nfacts\n</memory>".into());
+        assert_eq!(
+            cx.hidden_context_message(),
+            Some(ChatMessage::user(
+                "<context>\n<current_time>now</current_time>\n\n<memory>\nfacts\n</memory>\n</context>"
+            ))
+        );
     }
 }

@@ -4,10 +4,10 @@
 //! - `before_run` reads the author's document from the store once and renders the
 //!   `<memory>` block (`memory::injection`) into the run context; no store read happens per
 //!   model call.
-//! - `before_model` appends that block to the system prompt of each request (to the
-//!   request only, never to the stored thread). Appending rather than adding a second
-//!   system message keeps providers that accept one system message working; the block
-//!   stays the same for the whole run, so prompt caches keep hitting.
+//! - The block goes into the run's hidden context (`RunContext::hidden_context`), which the
+//!   runtime sends as a user-role message just before the turn's user message in each
+//!   request (never stored). User-derived text never gets system authority, and the system
+//!   prompt stays byte-identical across users, so providers' prompt caches keep hitting.
 //! - `after_run`, on answered runs only, puts the filtered conversation
 //!   (`memory::conversation`) on the run outputs; the turn runner writes it into the store's
 //!   queue in the same transaction as the turn's end, keyed by (author, thread) and due after
@@ -17,24 +17,22 @@
 //! `[[memory.identities]]` links the id). In a group chat the block is the author's, and what
 //! is queued is the author's own message and the answer to it, never other members' words.
 //!
-//! Placement: late in `before_model` so that `input_sanitization` (earlier) does not
-//! neutralise the trusted block and `summarization` never compacts it (it is never stored);
-//! before `view_image`, whose images go after the text context.
+//! Placement: the runtime inserts the hidden context after every `before_model` hook, so
+//! `input_sanitization` never neutralises the trusted block and `summarization` never
+//! compacts it (it is never stored).
 //!
 //! Config: the top-level `[memory]` table (`enabled`, `injection_enabled`,
 //! `max_injection_tokens`, `debounce_seconds`); there is no `[agent.middleware.memory]`.
 //!
 //! Where it differs from DeerFlow: DeerFlow adds the block as a hidden human message after
-//! the date message, once per conversation; here it is part of the system prompt and is
-//! rendered afresh for each run, so facts learned between two runs of a thread show up. It
-//! fails open: a store error means a run without memory, not a failed run.
+//! the date message, once per conversation; here it is a hidden user-role message too, but
+//! rendered afresh for each run, so facts learned between two runs of a thread show up.
 
 use std::sync::Arc;
 
 use crate::agent::memory::identity::MemoryIdentities;
 use crate::agent::memory::{MemoryConfig, MemoryDocuments, MemoryUpdate, conversation, injection};
 use crate::agent::message::ChatMessage;
-use crate::agent::model::ModelRequest;
 
 use super::{Middleware, MiddlewareError, RunContext, RunEnding};
 
@@ -84,26 +82,8 @@ impl Middleware for MemoryMiddleware {
             .document(&key)
             .await
             .map_err(|e| MiddlewareError(format!("cannot read the memory document: {e}")))?;
-        cx.memory_block = doc.and_then(|doc| injection::render(&doc, max_tokens));
-        Ok(())
-    }
-
-    async fn before_model(
-        &self,
-        cx: &mut RunContext<'_>,
-        request: &mut ModelRequest,
-    ) -> Result<(), MiddlewareError> {
-        let Some(block) = &cx.memory_block else {
-            return Ok(());
-        };
-        match request.messages.first_mut() {
-            Some(ChatMessage::System { content }) => {
-                content.push_str("\n\n");
-                content.push_str(block);
-            }
-            _ => request
-                .messages
-                .insert(0, ChatMessage::system(block.clone())),
+        if let Some(block) = doc.and_then(|doc| injection::render(&doc, max_tokens)) {
+            cx.hidden_context.push(block);
         }
         Ok(())
     }
@@ -180,27 +160,13 @@ mod tests {
         docs
     }
 
-    fn request() -> ModelRequest {
-        ModelRequest {
-            messages: vec![
-                ChatMessage::system("you are antler"),
-                ChatMessage::user("hi"),
-            ],
-            tools: Vec::new(),
-        }
-    }
-
-    async fn sent(middleware: &MemoryMiddleware, input: &RunInput) -> ModelRequest {
+    /// The hidden context blocks a run of `input` gets.
+    async fn blocks(middleware: &MemoryMiddleware, input: &RunInput) -> Vec<String> {
         let model = ScriptedModel::new(Vec::new());
         let mut thread = ThreadState::new("t1".into(), "c".into(), 0, 0);
         let mut cx = RunContext::new(&mut thread, input, &model);
         middleware.before_run(&mut cx).await.unwrap();
-        let mut request = request();
-        middleware
-            .before_model(&mut cx, &mut request)
-            .await
-            .unwrap();
-        request
+        cx.hidden_context
     }
 
     #[tokio::test]
@@ -214,45 +180,18 @@ mod tests {
         };
         let middleware = MemoryMiddleware::from_config(&config, store_with_ada()).unwrap();
 
-        let ada = sent(&middleware, &RunInput::text("api", "ada", "hi")).await;
-        assert_eq!(ada.messages.len(), 2);
-        let system = ada.messages[0].text();
-        assert!(
-            system.starts_with("you are antler\n\n<memory>\n"),
-            "{system}"
-        );
-        assert!(system.contains("likes green tea") && !system.contains("bob"));
+        let ada = blocks(&middleware, &RunInput::text("api", "ada", "hi")).await;
+        assert_eq!(ada.len(), 1);
+        assert!(ada[0].starts_with("<memory>\n"), "{}", ada[0]);
+        assert!(ada[0].contains("likes green tea") && !ada[0].contains("bob"));
 
-        let eve = sent(&middleware, &RunInput::text("api", "eve", "hi")).await;
-        assert_eq!(eve.messages, request().messages);
+        let eve = blocks(&middleware, &RunInput::text("api", "eve", "hi")).await;
+        assert!(eve.is_empty());
 
         // A linked id reads the person's memory.
-        let bob = sent(&middleware, &RunInput::text("telegram", "7", "hi")).await;
-        assert!(bob.messages[0].text().contains("is bob the builder"));
-        assert!(!bob.messages[0].text().contains("green tea"));
-    }
-
-    #[tokio::test]
-    async fn the_document_is_read_once_per_run() {
-        let store = store_with_ada();
-        let middleware =
-            MemoryMiddleware::from_config(&MemoryConfig::default(), store.clone()).unwrap();
-        let input = RunInput::text("api", "ada", "hi");
-        let model = ScriptedModel::new(Vec::new());
-        let mut thread = ThreadState::new("t1".into(), "c".into(), 0, 0);
-        let mut cx = RunContext::new(&mut thread, &input, &model);
-        middleware.before_run(&mut cx).await.unwrap();
-        // A change after before_run is not seen by this run's model calls: they use the block
-        // read once.
-        store.put("api:ada", doc_with("now likes coffee"));
-        for _ in 0..3 {
-            let mut request = request();
-            middleware
-                .before_model(&mut cx, &mut request)
-                .await
-                .unwrap();
-            assert!(request.messages[0].text().contains("likes green tea"));
-        }
+        let bob = blocks(&middleware, &RunInput::text("telegram", "7", "hi")).await;
+        assert!(bob[0].contains("is bob the builder"));
+        assert!(!bob[0].contains("green tea"));
     }
 
     #[tokio::test]
@@ -274,7 +213,7 @@ mod tests {
         thread.messages.push(ChatMessage::assistant("Noted."));
         let mut cx = RunContext::new(&mut thread, &input, &model);
         middleware.before_run(&mut cx).await.unwrap();
-        assert_eq!(cx.memory_block, None, "injection is off");
+        assert!(cx.hidden_context.is_empty(), "injection is off");
 
         cx.ending = Some(RunEnding::Failed);
         middleware.after_run(&mut cx).await.unwrap();

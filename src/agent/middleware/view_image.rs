@@ -289,12 +289,10 @@ impl Middleware for ViewImageMiddleware {
     ) -> Result<(), MiddlewareError> {
         let uploads = self.upload_parts(cx).await;
         if !uploads.is_empty() {
-            let turn_text = cx
-                .thread
-                .turn_start()
-                .and_then(|i| cx.thread.messages.get(i))
-                .map(|m| m.text().to_owned());
-            match current_message(request, turn_text.as_deref(), &cx.input.text) {
+            match cx
+                .turn_position(request)
+                .and_then(|i| request.messages.get_mut(i))
+            {
                 Some(ChatMessage::User { parts, .. }) => parts.extend(uploads),
                 _ => request.messages.push(ChatMessage::User {
                     content: "The images the user sent with their message:".to_owned(),
@@ -356,34 +354,6 @@ impl Middleware for ViewImageMiddleware {
             "{path} is shown to you with your next step."
         ))))
     }
-}
-
-/// The request's user message the current message's images belong to: the one equal to the
-/// turn's stored text, else the last one containing the user's words.
-fn current_message<'a>(
-    request: &'a mut ModelRequest,
-    turn_text: Option<&str>,
-    words: &str,
-) -> Option<&'a mut ChatMessage> {
-    let is_user_with = |m: &ChatMessage, f: &dyn Fn(&str) -> bool| matches!(m, ChatMessage::User { content, .. } if f(content));
-    let exact = turn_text.and_then(|text| {
-        request
-            .messages
-            .iter()
-            .rposition(|m| is_user_with(m, &|content| content == text))
-    });
-    let words = words.trim();
-    let position = exact.or_else(|| {
-        (!words.is_empty())
-            .then(|| {
-                request
-                    .messages
-                    .iter()
-                    .rposition(|m| is_user_with(m, &|content| content.contains(words)))
-            })
-            .flatten()
-    })?;
-    request.messages.get_mut(position)
 }
 
 /// Whether a file may be an image by its declared media type or its extension; its bytes
@@ -666,20 +636,5 @@ mod tests {
         };
         mw.before_model(&mut cx, &mut again).await.unwrap();
         assert_eq!(again.messages.len(), 1);
-    }
-
-    #[test]
-    fn a_wrapped_message_is_found_by_its_words() {
-        let mut request = ModelRequest {
-            messages: vec![
-                ChatMessage::user("describe it"),
-                ChatMessage::user("--- BEGIN USER INPUT ---\ndescribe it\n--- END USER INPUT ---"),
-                ChatMessage::user("a reminder"),
-            ],
-            tools: Vec::new(),
-        };
-        let found = current_message(&mut request, Some("not in the request"), "describe it");
-        assert!(found.is_some_and(|m| m.text().starts_with("--- BEGIN")));
-        assert!(current_message(&mut request, None, "").is_none());
     }
 }
