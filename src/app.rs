@@ -27,6 +27,7 @@ use crate::agent::middleware::input_sanitization::InputSanitizationMiddleware;
 use crate::agent::middleware::loop_detection::LoopDetectionMiddleware;
 use crate::agent::middleware::memory::MemoryMiddleware;
 use crate::agent::middleware::sandbox_audit::SandboxAuditMiddleware;
+use crate::agent::middleware::skills::SkillsMiddleware;
 use crate::agent::middleware::subagent_limit::SubagentLimitMiddleware;
 use crate::agent::middleware::summarization::SummarizationMiddleware;
 use crate::agent::middleware::thread_data::ThreadDataMiddleware;
@@ -39,6 +40,7 @@ use crate::agent::middleware::view_image::ViewImageMiddleware;
 use crate::agent::middleware::{ChainError, Middleware, MiddlewareChain};
 use crate::agent::model::{ChatModel, ModelError, ModelHealth, OpenAiClient, OpenAiConfig};
 use crate::agent::runtime::{Runtime, RuntimeSettings};
+use crate::agent::skills::{self, Catalogue};
 use crate::agent::subagents::SUBAGENT_CHAIN;
 use crate::agent::subagents::executor::{
     INTERRUPTED, PARENT_MARGIN, SubagentExecutor, SubagentKind,
@@ -63,6 +65,7 @@ use crate::retry::{Backoff, RetryPolicy};
 use crate::sandbox::{self, Backend, Detection, Sandbox};
 use crate::store::{
     Claimed, InboxItem, OutboxItem, SledStore, Store, StoreDocuments, StoreError, StoreRegistry,
+    StoreSkillSwitches,
 };
 
 /// How often expired dedupe keys and old outbox records are swept, at most (a short dedupe
@@ -131,7 +134,11 @@ fn metrics_handle() -> PrometheusHandle {
         .clone()
 }
 
-fn middleware_chain(config: &Config, store: &Arc<dyn Store>) -> Result<MiddlewareChain, AppError> {
+fn middleware_chain(
+    config: &Config,
+    store: &Arc<dyn Store>,
+    skills: &Arc<Catalogue>,
+) -> Result<MiddlewareChain, AppError> {
     let cfg = &config.agent.middleware;
     let mut items: Vec<Arc<dyn Middleware>> = Vec::new();
     if let Some(m) =
@@ -160,6 +167,10 @@ fn middleware_chain(config: &Config, store: &Arc<dyn Store>) -> Result<Middlewar
         items.push(Arc::new(m));
     }
     if let Some(m) = SummarizationMiddleware::from_config(&cfg.summarization) {
+        items.push(Arc::new(m));
+    }
+    let switches = Arc::new(StoreSkillSwitches(store.clone()));
+    if let Some(m) = SkillsMiddleware::from_config(&config.skills, Arc::clone(skills), switches) {
         items.push(Arc::new(m));
     }
     if let Some(m) = TodoMiddleware::from_config(&cfg.todo) {
@@ -651,7 +662,8 @@ where
     let turn_cancel = stops.turns.clone();
     let sandbox = shell.as_ref().and_then(|d| d.sandbox.as_ref());
     let mut tools = tool_registry(&config, extra_tools, &mcp, sandbox);
-    let chain = middleware_chain(&config, &store)?;
+    let skills = load_skills(&config).await;
+    let chain = middleware_chain(&config, &store, &skills)?;
     let subagents = subagent_executor(
         &config,
         &store,
@@ -907,6 +919,23 @@ fn delivery_retry(config: &Config) -> RetryPolicy {
     }
 }
 
+/// The skills of `[skills]`, read once at start; each one left out is logged with its file and
+/// the reason (`check-config` and `doctor` list them too), and antler serves without it.
+async fn load_skills(config: &Config) -> Arc<Catalogue> {
+    let cfg = config.skills.clone();
+    let catalogue = tokio::task::spawn_blocking(move || skills::load(&cfg))
+        .await
+        .unwrap_or_default();
+    for invalid in &catalogue.invalid {
+        tracing::warn!(file = %invalid.file.display(), reason = %invalid.reason, "skill left out");
+    }
+    tracing::info!(
+        skills = ?catalogue.skills.keys().collect::<Vec<_>>(),
+        "skills loaded"
+    );
+    Arc::new(catalogue)
+}
+
 fn turn_settings(config: &Config) -> TurnSettings {
     TurnSettings {
         max_attempts: config.agent.max_turn_attempts,
@@ -1082,7 +1111,7 @@ mod tests {
     fn the_default_chain_and_registry_hold_the_shell_and_its_guards_in_order() {
         let config = Config::default();
         let store: Arc<dyn Store> = Arc::new(crate::store::MemStore::new());
-        let chain = middleware_chain(&config, &store).unwrap();
+        let chain = middleware_chain(&config, &store, &Arc::default()).unwrap();
         assert_eq!(
             chain.names(),
             config.middleware_names(),
@@ -1114,7 +1143,7 @@ mod tests {
         off.agent.middleware.input_sanitization.enabled = false;
         assert!(!registry(&off, Some(&sandbox)).contains("bash"));
         off.memory.enabled = false;
-        let names = middleware_chain(&off, &store).unwrap().names();
+        let names = middleware_chain(&off, &store, &Arc::default()).unwrap().names();
         assert!(!names.contains(&"memory"));
         assert_eq!(names, off.middleware_names());
         assert!(!names.contains(&"sandbox_audit") && !names.contains(&"input_sanitization"));

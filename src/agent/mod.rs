@@ -7,6 +7,7 @@ pub(crate) mod message;
 pub(crate) mod middleware;
 pub(crate) mod model;
 pub(crate) mod runtime;
+pub(crate) mod skills;
 pub(crate) mod subagents;
 pub(crate) mod thread;
 pub(crate) mod tokens;

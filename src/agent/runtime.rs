@@ -657,6 +657,7 @@ impl Runtime {
                 }),
                 turn: cx.thread.running.map_or(0, |r| r.inbox_seq),
                 trace_id: cx.input.trace_id.clone(),
+                skills: cx.skills.clone(),
             };
             let handle = running.spawn(
                 async move {

@@ -45,6 +45,7 @@ use crate::agent::middleware::token_usage::TokenUsageConfig;
 use crate::agent::middleware::tool_output_budget::ToolOutputBudgetConfig;
 use crate::agent::middleware::uploads::UploadsConfig;
 use crate::agent::middleware::view_image::ViewImageConfig;
+use crate::agent::skills::SkillsConfig;
 use crate::agent::subagents::config::SubagentsConfig;
 use crate::agent::tools::bash::BashConfig;
 use crate::agent::tools::mcp::McpServerConfig;
@@ -78,6 +79,8 @@ pub struct Config {
     pub(crate) memory: MemoryConfig,
     /// `[subagents]`: delegated tasks (the `task` tool).
     pub(crate) subagents: SubagentsConfig,
+    /// `[skills]`: instructions the model reads when a task needs them.
+    pub(crate) skills: SkillsConfig,
 }
 
 /// `[mcp]`
@@ -788,7 +791,10 @@ impl Config {
             path: path.to_path_buf(),
             source,
         })?;
-        Self::from_toml_str(&text, &|name| std::env::var(name).ok())
+        let mut config = Self::from_toml_str(&text, &|name| std::env::var(name).ok())?;
+        // Skills folders are found beside the config file, wherever antler was started.
+        config.skills.base = path.parent().map(Path::to_path_buf).unwrap_or_default();
+        Ok(config)
     }
 
     /// Parses and validates config text, looking environment variables up with `env`.
@@ -874,8 +880,13 @@ impl Config {
         }
         // `memory` is configured by the top-level `[memory]` table.
         if self.memory.enabled {
-            let at = memory_position(&names);
+            let at = position_of_middleware(&names, "memory");
             names.insert(at, "memory");
+        }
+        // So is `skills`, by `[skills]`.
+        if self.skills.enabled {
+            let at = position_of_middleware(&names, "skills");
+            names.insert(at, "skills");
         }
         names
     }
@@ -1463,12 +1474,12 @@ fn expected_range(expected: &str) -> String {
 
 /// Where `memory` goes in `names`: before the first middleware that comes after it in the
 /// chain order.
-fn memory_position(names: &[&str]) -> usize {
+fn position_of_middleware(names: &[&str], middleware: &str) -> usize {
     use crate::agent::middleware::CHAIN_ORDER;
     let rank = |name: &str| CHAIN_ORDER.iter().position(|(n, _)| *n == name);
-    let memory = rank("memory");
+    let own = rank(middleware);
     names
         .iter()
-        .position(|name| rank(name) > memory)
+        .position(|name| rank(name) > own)
         .unwrap_or(names.len())
 }

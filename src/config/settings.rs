@@ -267,6 +267,9 @@ pub(crate) const SETTINGS: &[Setting] = &[
     tables("memory.identities", "Ids on several platforms that are one person, sharing one memory."),
     required("memory.identities[].name", "The person's name; their memory is `person:<name>`."),
     required("memory.identities[].ids", "Their ids, each `<channel>:<user id>`."),
+    // [skills]
+    value("skills.enabled", "true", "Whether skills are listed to the model and readable at `/mnt/skills`."),
+    unset("skills.paths", "`skills/public` and `skills/custom` in the config file's folder", "Folders holding skill folders (relative ones from the config file's folder)."),
     // [subagents]
     value("subagents.enabled", "true", "Whether the `task` tool is offered."),
     value("subagents.max_concurrent", "3", "Tasks running at once across antler, 1 to 16."),

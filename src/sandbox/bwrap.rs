@@ -90,6 +90,7 @@ mod tests {
             outputs: PathBuf::from("/data/threads/t1/outputs"),
             uploads: PathBuf::from("/data/threads/t1/uploads"),
             tmp: PathBuf::from("/data/threads/t1/tmp"),
+            skills: Vec::new(),
         };
         let sandbox = Sandbox::new(
             Backend::Bwrap,
@@ -152,6 +153,7 @@ mod tests {
                 outputs: PathBuf::from("/o"),
                 uploads: PathBuf::from("/u"),
                 tmp: PathBuf::from("/t"),
+                skills: Vec::new(),
             },
             "true",
             Duration::from_secs(1),

@@ -165,6 +165,7 @@ async fn probe_in(
         outputs: dir.join("outputs"),
         uploads: dir.join("uploads"),
         tmp: dir.join("tmp"),
+        skills: Vec::new(),
     };
     for folder in [
         &folders.workspace,

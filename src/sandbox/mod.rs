@@ -156,6 +156,8 @@ pub(crate) struct Folders {
     pub(crate) uploads: PathBuf,
     /// Writable scratch space (`TMPDIR`) where there is no private `/tmp`.
     pub(crate) tmp: PathBuf,
+    /// Read-only: the run's skill folders, at their host paths.
+    pub(crate) skills: Vec<PathBuf>,
 }
 
 /// What the launcher is told to do: serialized into its argument list.
@@ -337,6 +339,7 @@ impl Sandbox {
         read_only.extend(existing(DEVICES_RO));
         read_only.push(PathBuf::from("/proc"));
         read_only.push(folders.uploads.clone());
+        read_only.extend(folders.skills.iter().cloned());
         let list_only = folders
             .workspace
             .parent()
@@ -512,6 +515,7 @@ mod tests {
             outputs: thread.join("outputs"),
             uploads: thread.join("uploads"),
             tmp: thread.join("tmp"),
+            skills: Vec::new(),
         };
         for folder in [
             &folders.workspace,

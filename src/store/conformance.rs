@@ -13,7 +13,7 @@ use antler_channel::{ConversationKey, OutboundMessage, Receipt};
 
 use super::{
     Accept, Accepted, Claimed, ClearedMemory, FinishTurn, InboxItem, InboxStatus, InboxStore,
-    OutboxStatus, Store, StoreError, ThreadChoice,
+    OutboxStatus, SkillStore, Store, StoreError, ThreadChoice,
 };
 use crate::agent::memory::{MemoryDocument, MemoryUpdate};
 use crate::agent::message::{ChatMessage, TokenUsage};
@@ -54,7 +54,8 @@ macro_rules! conformance {
             checkpoints_append_messages_and_keep_failed_spans,
             counts_follow_accepts_and_finished_turns,
             a_batch_is_accepted_in_order_and_sees_its_own_redeliveries,
-            a_thread_read_while_turns_commit_is_consistent);
+            a_thread_read_while_turns_commit_is_consistent,
+            skill_switches_are_kept_and_survive_reopening);
     };
     (@cases $backend:expr; $($case:ident),* $(,)?) => {
         $(
@@ -317,6 +318,25 @@ pub(crate) async fn a_saved_draft_survives_a_reopen_and_goes_to_the_first_reply(
     assert_eq!(items[1].draft, None, "only the first reply replaces it");
     let stored = store.outbox_item(items[0].seq).await.unwrap().unwrap();
     assert_eq!(stored.draft, Some(draft));
+}
+
+pub(crate) async fn skill_switches_are_kept_and_survive_reopening(backend: &dyn Backend) {
+    {
+        let store = backend.open();
+        assert!(store.skill_switches().await.unwrap().is_empty());
+        store.set_skill_switch("postmortem", false).await.unwrap();
+        store.set_skill_switch("incident-summary", false).await.unwrap();
+        store.set_skill_switch("incident-summary", true).await.unwrap();
+    }
+    let store = backend.open();
+    let switches = store.skill_switches().await.unwrap();
+    assert_eq!(
+        switches.into_iter().collect::<Vec<_>>(),
+        [
+            ("incident-summary".to_owned(), true),
+            ("postmortem".to_owned(), false)
+        ]
+    );
 }
 
 pub(crate) async fn state_survives_reopening(backend: &dyn Backend) {

@@ -2,7 +2,7 @@
 //! of chosen methods fail with a chosen error, then passes them through again. Fault
 //! injection lives here, not in a backend, so every backend is tested the same way.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
 use antler_channel::Receipt;
@@ -10,7 +10,7 @@ use antler_channel::Receipt;
 use super::{
     Accept, Accepted, Claimed, ClearedMemory, ConversationRecord, FinishTurn, InboxItem,
     InboxStore, LeaseStore, MaintenanceStore, MemoryQueueStore, MemoryStore, OutboxItem,
-    OutboxStore, Store, StoreError, StoreStats, SubagentStore, ThreadStore,
+    OutboxStore, SkillStore, Store, StoreError, StoreStats, SubagentStore, ThreadStore,
 };
 use crate::agent::memory::{MemoryDocument, MemoryUpdate};
 use crate::agent::subagents::{SubagentChange, SubagentRecord, Transition};
@@ -309,5 +309,15 @@ mod tests {
         assert!(matches!(error, StoreError::Missing { .. }), "{error:?}");
         // Other calls were never affected.
         assert!(store.inbox().await.unwrap().is_empty());
+    }
+}
+
+#[async_trait::async_trait]
+impl SkillStore for FaultyStore {
+    async fn skill_switches(&self) -> Result<BTreeMap<String, bool>, StoreError> {
+        self.inner.skill_switches().await
+    }
+    async fn set_skill_switch(&self, name: &str, on: bool) -> Result<(), StoreError> {
+        self.inner.set_skill_switch(name, on).await
     }
 }

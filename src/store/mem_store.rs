@@ -13,7 +13,8 @@ use super::rules::{self, DedupeEntry};
 use super::{
     Accept, Accepted, Claimed, ClearedMemory, ConversationRecord, FinishTurn, InboxItem,
     InboxStore, Lease, LeaseStore, MAX_REPLIES_PER_ITEM, MaintenanceStore, MemoryQueueStore,
-    MemoryStore, OutboxItem, OutboxStatus, OutboxStore, StoreError, StoreStats, SubagentStore,
+    MemoryStore, OutboxItem, OutboxStatus, OutboxStore, SkillStore, StoreError, StoreStats,
+    SubagentStore,
     ThreadStore, outbox_seq,
 };
 use crate::agent::memory::{MemoryDocument, MemoryUpdate};
@@ -38,6 +39,8 @@ struct Collections {
     /// (thread id, turn, call id) → task id.
     subagent_calls: BTreeMap<(String, u64, String), String>,
     lease: Option<Lease>,
+    /// Skill name → on.
+    skills: BTreeMap<String, bool>,
 }
 
 /// The in-memory store.
@@ -497,6 +500,17 @@ impl LeaseStore for MemStore {
     async fn release(&self, owner: &str) -> Result<(), StoreError> {
         let mut data = self.data()?;
         data.lease = rules::release_lease(data.lease.as_ref(), owner);
+        Ok(())
+    }
+}
+
+#[async_trait::async_trait]
+impl SkillStore for MemStore {
+    async fn skill_switches(&self) -> Result<BTreeMap<String, bool>, StoreError> {
+        Ok(self.data()?.skills.clone())
+    }
+    async fn set_skill_switch(&self, name: &str, on: bool) -> Result<(), StoreError> {
+        self.data()?.skills.insert(name.to_owned(), on);
         Ok(())
     }
 }

@@ -1,5 +1,6 @@
 //! Durable state behind one trait: conversations, threads, the inbox, the dedupe set, the
-//! outbox, memory documents, the memory update queue and the subagent registry.
+//! outbox, memory documents, the memory update queue, the subagent registry and the skill
+//! switches.
 //!
 //! Each method that changes more than one collection is one transaction, so a crash leaves
 //! the state before or the state after, never half (docs/architecture.md, "Crash safety").
@@ -27,12 +28,14 @@ mod mem_store;
 pub(crate) use mem_store::MemStore;
 pub(crate) use sled_store::SledStore;
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use antler_channel::{InboundEvent, OutboundMessage, Receipt};
 use serde::{Deserialize, Serialize};
 
 use crate::agent::memory::{MemoryDocument, MemoryDocuments, MemoryUpdate};
+use crate::agent::skills::SkillSwitches;
 use crate::agent::subagents::{
     RegistryError, SubagentChange, SubagentRecord, SubagentRegistry, Transition,
 };
@@ -513,6 +516,16 @@ pub(crate) trait LeaseStore: Send + Sync + std::fmt::Debug {
     async fn release(&self, owner: &str) -> Result<(), StoreError>;
 }
 
+/// Which skills an admin turned on or off (`/skills`, the skills API). One store serves one
+/// deployment, so the switches are the deployment's; a skill without a switch is on.
+#[async_trait::async_trait]
+pub(crate) trait SkillStore: Send + Sync + std::fmt::Debug {
+    /// Every switch set so far, by skill name (`true`: on).
+    async fn skill_switches(&self) -> Result<BTreeMap<String, bool>, StoreError>;
+    /// Turns the skill `name` on or off. *Durable.*
+    async fn set_skill_switch(&self, name: &str, on: bool) -> Result<(), StoreError>;
+}
+
 /// The whole store, one value for the wiring; each consumer takes only the part it uses.
 pub(crate) trait Store:
     InboxStore
@@ -522,6 +535,7 @@ pub(crate) trait Store:
     + SubagentStore
     + MaintenanceStore
     + LeaseStore
+    + SkillStore
     + std::fmt::Debug
 {
 }
@@ -534,6 +548,7 @@ impl<T> Store for T where
         + SubagentStore
         + MaintenanceStore
         + LeaseStore
+        + SkillStore
         + std::fmt::Debug
 {
 }
@@ -578,6 +593,17 @@ impl SubagentRegistry for StoreRegistry {
 
 fn registry_error(e: StoreError) -> RegistryError {
     RegistryError(e.to_string())
+}
+
+/// The agent's [`SkillSwitches`], read from the store.
+#[derive(Debug, Clone)]
+pub(crate) struct StoreSkillSwitches(pub(crate) Arc<dyn SkillStore>);
+
+#[async_trait::async_trait]
+impl SkillSwitches for StoreSkillSwitches {
+    async fn switches(&self) -> Result<BTreeMap<String, bool>, String> {
+        self.0.skill_switches().await.map_err(|e| e.to_string())
+    }
 }
 
 /// The agent's [`MemoryDocuments`], read from the store.

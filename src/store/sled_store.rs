@@ -20,12 +20,13 @@ mod migrate;
 #[cfg(test)]
 mod schema2;
 
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use antler_channel::Receipt;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde::de::DeserializeOwned;
 use sled::Transactional;
 use sled::transaction::{ConflictableTransactionError, TransactionError, TransactionalTree};
@@ -36,7 +37,7 @@ use super::rules::{self, DedupeEntry};
 use super::{
     Accept, Accepted, ClearedMemory, ConversationRecord, FinishTurn, InboxItem, InboxStore,
     MaintenanceStore, MemoryQueueStore, MemoryStore, OutboxItem, OutboxStatus, OutboxStore,
-    SCHEMA_VERSION, StoreError, StoreStats, SubagentStore, ThreadStore, keys, outbox_seq,
+    SCHEMA_VERSION, SkillStore, StoreError, StoreStats, SubagentStore, ThreadStore, keys, outbox_seq,
 };
 use super::{Claimed, Lease, LeaseStore};
 use crate::agent::memory::{MemoryDocument, MemoryUpdate};
@@ -76,6 +77,8 @@ pub(crate) struct SledStore {
     subagents: sled::Tree,
     /// Which task a turn's tool call started, and a thread's tasks by prefix.
     subagent_calls: sled::Tree,
+    /// Skill name → `{"on": bool}`.
+    skills: sled::Tree,
     commit: GroupCommit,
     /// `meta`: the schema version and the lease.
     meta: sled::Tree,
@@ -401,6 +404,7 @@ impl SledStore {
             memory_queue: db.open_tree("memory_queue")?,
             subagents: db.open_tree("subagents")?,
             subagent_calls: db.open_tree("subagent_calls")?,
+            skills: db.open_tree("skills")?,
             meta,
             db,
             commit,
@@ -1270,6 +1274,30 @@ impl LeaseStore for SledStore {
     async fn release(&self, owner: &str) -> Result<(), StoreError> {
         self.change_lease(|current| Ok((rules::release_lease(current, owner), ())))
             .await
+    }
+}
+
+/// A skill's switch as stored: JSON, so a later field (who switched it, when) fits beside it.
+#[derive(Debug, Serialize, Deserialize)]
+struct SkillSwitch {
+    on: bool,
+}
+
+#[async_trait::async_trait]
+impl SkillStore for SledStore {
+    async fn skill_switches(&self) -> Result<BTreeMap<String, bool>, StoreError> {
+        let mut switches = BTreeMap::new();
+        for item in self.skills.iter() {
+            let (key, value) = item?;
+            let switch: SkillSwitch = decode("skill switch", &value)?;
+            switches.insert(String::from_utf8_lossy(&key).into_owned(), switch.on);
+        }
+        Ok(switches)
+    }
+    async fn set_skill_switch(&self, name: &str, on: bool) -> Result<(), StoreError> {
+        self.skills
+            .insert(name.as_bytes(), encode("skill switch", &SkillSwitch { on })?)?;
+        self.commit.flush().await
     }
 }
 

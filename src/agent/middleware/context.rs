@@ -6,6 +6,7 @@ use crate::agent::input::{RunInput, ThreadFolders};
 use crate::agent::memory::MemoryUpdate;
 use crate::agent::message::{ChatMessage, TokenUsage};
 use crate::agent::model::{ChatModel, ModelError, ModelRequest, ModelResponse};
+use crate::agent::skills::SkillMounts;
 use crate::agent::thread::{PendingQuestion, ThreadState};
 use crate::agent::tools::present_files::PresentedFile;
 
@@ -133,6 +134,9 @@ pub(crate) struct RunContext<'a> {
     /// time): sent to the model as one user-role message just before the turn's user
     /// message, in every request of the run, never stored. Hooks add blocks in `before_run`.
     pub(crate) hidden_context: Vec<String>,
+    /// The skills on for this run, mounted read-only at `/mnt/skills` for its tool calls; the
+    /// `skills` middleware sets them in `before_run` (none without it, as in a subagent's run).
+    pub(crate) skills: SkillMounts,
     /// What middlewares keep for this run only.
     pub(crate) state: RunState,
     pub(super) control: Option<RunControl>,
@@ -170,6 +174,7 @@ impl<'a> RunContext<'a> {
             ending: None,
             folders: None,
             hidden_context: Vec::new(),
+            skills: SkillMounts::default(),
             state: RunState::default(),
             control: None,
             model,

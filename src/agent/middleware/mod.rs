@@ -17,6 +17,7 @@ pub(crate) mod input_sanitization;
 pub(crate) mod loop_detection;
 pub(crate) mod memory;
 pub(crate) mod sandbox_audit;
+pub(crate) mod skills;
 pub(crate) mod subagent_limit;
 pub(crate) mod summarization;
 pub(crate) mod thread_data;
@@ -71,6 +72,10 @@ pub(crate) const CHAIN_ORDER: &[(&str, &str)] = &[
     (
         "summarization",
         "compacts history before per-request context is added",
+    ),
+    (
+        "skills",
+        "lists skills after compaction and narrows tools after the guardrail decided by role",
     ),
     ("todo", "plan reminders are added to the compacted history"),
     (

@@ -10,7 +10,9 @@
 //! - **Paths.** Virtual paths (`/mnt/user-data/{workspace,uploads,outputs}`) in the command
 //!   become the thread's host folders before it runs, and host folders in the output become
 //!   virtual paths again (both longest prefix first, [`ThreadFolders::to_host`] and
-//!   [`ThreadFolders::to_virtual`]). The working directory and `HOME` are the workspace.
+//!   [`ThreadFolders::to_virtual`]). The working directory and `HOME` are the workspace. The
+//!   run's skills work the same way: `/mnt/skills/<name>` becomes the skill's host folder,
+//!   which the sandbox mounts (bubblewrap) or allows (Landlock) read-only.
 //! - **Time and processes.** When the call's deadline passes, the run is stopped or the call
 //!   is dropped for any reason, antler closes the launcher's control pipe and the launcher
 //!   kills the command's whole tree (it is their subreaper, so a `setsid` or double-forked
@@ -43,6 +45,7 @@ use tokio::io::AsyncReadExt as _;
 use super::{Tool, ToolContext, ToolError, parse_arguments};
 use crate::agent::input::ThreadFolders;
 use crate::agent::model::ToolSpec;
+use crate::agent::skills::SkillMounts;
 use crate::sandbox::{
     Backend, Folders, SETUP_FAILED, SETUP_FAILED_PREFIX, Sandbox, SandboxLimits, SandboxMode,
 };
@@ -123,12 +126,13 @@ impl BashTool {
 }
 
 /// The thread's folders as the sandbox confines a command to them.
-fn sandbox_folders(folders: &ThreadFolders) -> Folders {
+fn sandbox_folders(folders: &ThreadFolders, skills: &SkillMounts) -> Folders {
     Folders {
         workspace: folders.workspace(),
         outputs: folders.outputs(),
         uploads: folders.uploads(),
         tmp: folders.tmp(),
+        skills: skills.folders(),
     }
 }
 
@@ -329,10 +333,10 @@ fn describe(status: std::process::ExitStatus) -> String {
 
 /// The model's view of a finished command: its output (virtual paths), a note when it was
 /// cut, and how it ended.
-fn render(finished: &Finished, folders: &ThreadFolders) -> String {
+fn render(finished: &Finished, folders: &ThreadFolders, skills: &SkillMounts) -> String {
     let text = String::from_utf8_lossy(&finished.kept);
     // A cut in the middle of a character shows as one replacement character at the end.
-    let mut out = folders.to_virtual(text.trim_end_matches('\n'));
+    let mut out = folders.to_virtual_with(text.trim_end_matches('\n'), skills);
     if out.is_empty() {
         out.push_str("(no output)");
     }
@@ -401,9 +405,9 @@ impl Tool for BashTool {
             .create()
             .await
             .map_err(|e| ToolError::Failed(format!("the workspace is not available: {e}")))?;
-        let folders = sandbox_folders(&cx.folders);
+        let folders = sandbox_folders(&cx.folders, &cx.skills);
         crate::sandbox::prepare_folders(&folders, &cx.folders.data_root());
-        let host_command = cx.folders.to_host(&command);
+        let host_command = cx.folders.to_host_with(&command, &cx.skills);
         let time_limit = cx
             .deadline
             .saturating_duration_since(tokio::time::Instant::now());
@@ -420,7 +424,7 @@ impl Tool for BashTool {
             .command(&spec, &env)
             .map_err(|e| ToolError::Failed(format!("cannot describe the command: {e}")))?;
         let finished = run(command, self.max_output_bytes).await?;
-        Ok(render(&finished, &cx.folders))
+        Ok(render(&finished, &cx.folders, &cx.skills))
     }
 }
 

@@ -25,6 +25,8 @@ use super::paths::{Area, PathAccess, Resolved, VIRTUAL_ROOT};
 use super::{Tool, ToolContext, ToolError, parse_arguments};
 use crate::agent::input::ThreadFolders;
 use crate::agent::model::ToolSpec;
+use crate::agent::skills::mounts::{SkillPath, SkillPathError};
+use crate::agent::skills::{SKILLS_ROOT, SkillMounts};
 use crate::beneath::{Dir, EntryKind, OpenedFile, Refused};
 
 /// The names of the file tools.
@@ -170,6 +172,32 @@ fn resolve(
     Ok((resolved, virtual_path))
 }
 
+/// Skills are the operator's: nothing writes beneath [`SKILLS_ROOT`].
+fn refuse_skill_write(path: &str) -> Result<(), ToolError> {
+    if SkillMounts::is_skill_path(path) {
+        return Err(ToolError::Failed(format!(
+            "{} is read-only: skills are the operator's; write to /mnt/user-data/workspace or \
+             /mnt/user-data/outputs",
+            path.trim()
+        )));
+    }
+    Ok(())
+}
+
+/// The model-facing text of a refused skill path.
+fn skill_error(error: SkillPathError) -> ToolError {
+    ToolError::Failed(error.to_string())
+}
+
+/// `ls` of a folder (or file) inside a skill.
+fn list_skill_folder(skills: &SkillMounts, resolved: &SkillPath) -> Result<String, ToolError> {
+    let virtual_path = &resolved.virtual_path;
+    let skill_dir = skills
+        .open(resolved)
+        .map_err(|e| refused(virtual_path, e))?;
+    list_in(&skill_dir, &resolved.relative, virtual_path)
+}
+
 /// The handle on `resolved`'s folder.
 fn area(folders: &ThreadFolders, resolved: &Resolved) -> Result<Dir, ToolError> {
     folders
@@ -209,6 +237,13 @@ impl Tool for Ls {
     ) -> Result<String, ToolError> {
         let LsArguments { path } = parse_arguments(arguments)?;
         let path = path.unwrap_or_else(|| Area::Workspace.virtual_path());
+        if SkillMounts::is_skill_path(&path) {
+            let skills = cx.skills.clone();
+            return match skills.resolve(&path).map_err(skill_error)? {
+                None => Ok(skills.listing()),
+                Some(resolved) => blocking(move || list_skill_folder(&skills, &resolved)).await,
+            };
+        }
         let folders = cx.folders.clone();
         if path.trim().trim_end_matches('/') == VIRTUAL_ROOT {
             return blocking(move || Ok(list_root(&folders))).await;
@@ -244,9 +279,12 @@ fn list_folder(
     virtual_path: &str,
 ) -> Result<String, ToolError> {
     let area = area(folders, resolved)?;
-    let entry = area
-        .stat(&resolved.relative)
-        .map_err(|e| refused(virtual_path, e))?;
+    list_in(&area, &resolved.relative, virtual_path)
+}
+
+/// `ls` of `relative` beneath `base`, shown as `virtual_path`.
+fn list_in(base: &Dir, relative: &Path, virtual_path: &str) -> Result<String, ToolError> {
+    let entry = base.stat(relative).map_err(|e| refused(virtual_path, e))?;
     match entry.kind {
         EntryKind::Folder => {}
         EntryKind::Link => return Err(refused(virtual_path, Refused::Link)),
@@ -254,8 +292,8 @@ fn list_folder(
             return Ok(format!("{virtual_path}  ({})", size_text(entry.size)));
         }
     }
-    let listed = area
-        .open_dir(&resolved.relative)
+    let listed = base
+        .open_dir(relative)
         .and_then(|dir| dir.entries())
         .map_err(|e| refused(virtual_path, e))?;
     let mut entries: Vec<(String, String)> = listed
@@ -342,6 +380,29 @@ impl Tool for ReadFile {
             return Err(ToolError::InvalidArguments(format!(
                 "end_line ({end}) is before start_line ({start})"
             )));
+        }
+        if SkillMounts::is_skill_path(&args.path) {
+            let skills = cx.skills.clone();
+            let resolved = skills
+                .resolve(&args.path)
+                .map_err(skill_error)?
+                .ok_or_else(|| {
+                    ToolError::Failed(format!("{SKILLS_ROOT} is a folder; list it with ls"))
+                })?;
+            return blocking(move || {
+                let virtual_path = resolved.virtual_path.clone();
+                let opened = skills
+                    .open(&resolved)
+                    .and_then(|dir| dir.open_file(&resolved.relative, u64::MAX))
+                    .map_err(|e| match e {
+                        Refused::Folder => ToolError::Failed(format!(
+                            "{virtual_path} is a folder; list it with ls"
+                        )),
+                        other => refused(&virtual_path, other),
+                    })?;
+                read_lines(opened, &virtual_path, start, end, MAX_READ_BYTES)
+            })
+            .await;
         }
         let (resolved, virtual_path) = resolve(&cx.folders, &args.path, PathAccess::Read)?;
         let folders = cx.folders.clone();
@@ -484,6 +545,7 @@ impl Tool for WriteFile {
                 MAX_WRITE_BYTES / 1024
             )));
         }
+        refuse_skill_write(&path)?;
         let (resolved, virtual_path) = resolve(&cx.folders, &path, PathAccess::Write)?;
         let folders = cx.folders.clone();
         blocking(move || {
@@ -534,6 +596,7 @@ impl Tool for StrReplace {
         if old.is_empty() {
             return Err(ToolError::InvalidArguments("`old` is empty".to_owned()));
         }
+        refuse_skill_write(&path)?;
         let (resolved, virtual_path) = resolve(&cx.folders, &path, PathAccess::Write)?;
         let folders = cx.folders.clone();
         blocking(move || {

@@ -26,6 +26,7 @@ use tokio_util::sync::CancellationToken;
 use super::input::{Author, ThreadFolders};
 use super::message::{TokenUsage, ToolCall};
 use super::model::ToolSpec;
+use super::skills::SkillMounts;
 
 /// The result of a tool call, as the model will see it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -97,6 +98,8 @@ pub(crate) struct ToolContext {
     pub(crate) turn: u64,
     /// The turn's trace id, for the logs of work the call starts.
     pub(crate) trace_id: String,
+    /// The skills on for the run, read-only at `/mnt/skills/<name>/`.
+    pub(crate) skills: SkillMounts,
 }
 
 impl std::fmt::Debug for ToolContext {
@@ -377,6 +380,7 @@ pub(crate) mod tests {
             progress: Arc::new(|_: &str| {}),
             turn: 1,
             trace_id: "trace-test".to_owned(),
+            skills: SkillMounts::default(),
         }
     }
 

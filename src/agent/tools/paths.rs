@@ -12,6 +12,7 @@
 use std::path::{Component, Path, PathBuf};
 
 use crate::agent::input::ThreadFolders;
+use crate::agent::skills::SkillMounts;
 use crate::beneath::{Dir, Refused};
 
 /// Where the model sees the thread's folders.
@@ -147,6 +148,12 @@ impl ThreadFolders {
     /// `text` with the thread's host folders replaced by their virtual paths (longest first),
     /// for anything shown to the model.
     pub(crate) fn to_virtual(&self, text: &str) -> String {
+        self.to_virtual_with(text, &SkillMounts::default())
+    }
+
+    /// [`ThreadFolders::to_virtual`], the skills' host folders becoming
+    /// `/mnt/skills/<name>` too.
+    pub(crate) fn to_virtual_with(&self, text: &str, skills: &SkillMounts) -> String {
         let mut pairs: Vec<(String, String)> = Area::ALL
             .into_iter()
             .map(|area| (self.area(area).display().to_string(), area.virtual_path()))
@@ -155,12 +162,19 @@ impl ThreadFolders {
             self.root_path().display().to_string(),
             VIRTUAL_ROOT.to_owned(),
         ));
+        pairs.extend(skills.virtual_pairs());
         replace_longest_first(text, pairs)
     }
 
     /// `text` (a shell command) with virtual paths replaced by the host folders (longest
     /// first).
+    #[cfg(test)]
     pub(crate) fn to_host(&self, text: &str) -> String {
+        self.to_host_with(text, &SkillMounts::default())
+    }
+
+    /// [`ThreadFolders::to_host`], `/mnt/skills/<name>` becoming the skills' host folders too.
+    pub(crate) fn to_host_with(&self, text: &str, skills: &SkillMounts) -> String {
         let mut pairs: Vec<(String, String)> = Area::ALL
             .into_iter()
             .map(|area| (area.virtual_path(), self.area(area).display().to_string()))
@@ -169,6 +183,7 @@ impl ThreadFolders {
             VIRTUAL_ROOT.to_owned(),
             self.root_path().display().to_string(),
         ));
+        pairs.extend(skills.host_pairs());
         replace_longest_first(text, pairs)
     }
 
