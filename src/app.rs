@@ -734,7 +734,7 @@ where
         runtime,
         hub.clone(),
         delivery,
-        &turn_settings(&config),
+        &turn_settings(&config, &skills),
         turn_cancel.clone(),
     );
     let access = Access::from_config(&config.channels);
@@ -805,6 +805,7 @@ where
         memory_max_facts: config.memory.max_facts,
         memory_identities: MemoryIdentities::from_config(&config.memory),
         subagents: subagents.clone(),
+        skills: Arc::clone(&skills),
     });
     let grace = Duration::from_secs(server.shutdown_grace_secs);
     let local = listener.local_addr()?;
@@ -936,8 +937,9 @@ async fn load_skills(config: &Config) -> Arc<Catalogue> {
     Arc::new(catalogue)
 }
 
-fn turn_settings(config: &Config) -> TurnSettings {
+fn turn_settings(config: &Config, skills: &Arc<Catalogue>) -> TurnSettings {
     TurnSettings {
+        skills: Arc::clone(skills),
         max_attempts: config.agent.max_turn_attempts,
         turn_timeout: Duration::from_secs(config.agent.turn_timeout_secs),
         max_attachment_bytes: config.agent.max_attachment_bytes,

@@ -3,7 +3,8 @@
 //! The configuration, the store, the listen address, the model endpoint and the API's access
 //! rules; each enabled platform's credentials (Telegram: the token through `getMe`, and the
 //! webhook Telegram delivers to; Slack: the token through `auth.test`; Discord: the bot token
-//! through `GET /users/@me`; Feishu: a tenant token and the bot's info). Nothing is changed,
+//! through `GET /users/@me`; Feishu: a tenant token and the bot's info); the skills found and
+//! those left out (with the file and the reason). Nothing is changed,
 //! except that a store is opened the way `antler serve` would open it (an older layout is
 //! migrated); a store another antler holds is reported, not touched.
 
@@ -13,6 +14,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use crate::agent::model::{ModelError, OpenAiClient, OpenAiConfig};
+use crate::agent::skills;
 use crate::agent::tools::mcp::McpServers;
 use antler_channel::ChannelError;
 
@@ -150,6 +152,7 @@ async fn check(config_path: &Path) -> Vec<Finding> {
     }
     findings.extend(check_mcp(&config).await);
     findings.extend(check_shell(&config).await);
+    findings.extend(check_skills(&config).await);
     let platforms = config.channels.enabled_platforms();
     findings.push(if platforms.is_empty() {
         Finding::note(
@@ -609,6 +612,66 @@ async fn check_telegram(config: &Config) -> Vec<Finding> {
                 setup::one_line(message)
             ),
             "check that the public URL reaches antler (proxy, TLS certificate, port)",
+        ));
+    }
+    findings
+}
+
+/// What `[skills]` finds, as `serve` would load it: the skills' names, and each one left out
+/// as `<file>: <reason>`. For `check-config` and `doctor`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SkillsReport {
+    /// Whether `[skills]` is on.
+    pub enabled: bool,
+    /// The folders searched.
+    pub folders: Vec<String>,
+    /// The skills loaded, by name.
+    pub loaded: Vec<String>,
+    /// The skills left out, each `<file>: <reason>`.
+    pub invalid: Vec<String>,
+}
+
+/// Loads the skills of `config` as `serve` does, and reports them.
+pub async fn skills_report(config: &Config) -> SkillsReport {
+    let cfg = config.skills.clone();
+    let folders = cfg
+        .folders()
+        .iter()
+        .map(|(folder, _)| folder.display().to_string())
+        .collect();
+    let catalogue = tokio::task::spawn_blocking(move || skills::load(&cfg))
+        .await
+        .unwrap_or_default();
+    SkillsReport {
+        enabled: config.skills.enabled,
+        folders,
+        loaded: catalogue.skills.keys().cloned().collect(),
+        invalid: catalogue.invalid.iter().map(ToString::to_string).collect(),
+    }
+}
+
+/// The skills: how many were loaded, and a warning for each one left out.
+async fn check_skills(config: &Config) -> Vec<Finding> {
+    let report = skills_report(config).await;
+    if !report.enabled {
+        return vec![Finding::note("skills", "disabled ([skills] enabled = false)")];
+    }
+    let mut findings = vec![if report.loaded.is_empty() {
+        Finding::note(
+            "skills",
+            format!("none found in {}", report.folders.join(", ")),
+        )
+    } else {
+        Finding::ok(
+            "skills",
+            format!("{} loaded: {}", report.loaded.len(), report.loaded.join(", ")),
+        )
+    }];
+    for invalid in report.invalid {
+        findings.push(Finding::warn(
+            "skills",
+            format!("left out: {invalid}"),
+            "correct the skill's SKILL.md (or remove its folder); antler serves without it",
         ));
     }
     findings

@@ -71,6 +71,19 @@ async fn run(command: &Command) -> anyhow::Result<ExitCode> {
                 for (problem, fix) in config.shell_warnings() {
                     say(format_args!("warning: {problem}; fix: {fix}"));
                 }
+                let skills = antler::doctor::skills_report(&config).await;
+                if skills.enabled {
+                    say(format_args!(
+                        "skills: {} loaded{}{}",
+                        skills.loaded.len(),
+                        if skills.loaded.is_empty() { "" } else { ": " },
+                        skills.loaded.join(", ")
+                    ));
+                }
+                // Never fatal: antler serves without a skill it cannot read.
+                for invalid in &skills.invalid {
+                    say(format_args!("warning: skill left out: {invalid}"));
+                }
             }
             Err(e) => {
                 complain(format_args!("{}: invalid\n{e}", path.display()));

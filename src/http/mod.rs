@@ -8,6 +8,7 @@ pub(crate) mod guard;
 mod memory;
 mod ops;
 pub(crate) mod serve;
+mod skills;
 mod tasks;
 pub(crate) mod webhook;
 
@@ -17,13 +18,14 @@ use std::time::Duration;
 use antler_channel::Channel;
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
-use axum::routing::{delete, get, post};
+use axum::routing::{delete, get, post, put};
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 use crate::agent::memory::identity::MemoryIdentities;
 use crate::agent::model::ModelHealth;
+use crate::agent::skills::Catalogue;
 use crate::agent::subagents::executor::SubagentExecutor;
 use crate::agent::tools::mcp::McpStatus;
 use crate::config::Secret;
@@ -69,6 +71,8 @@ pub(crate) struct AppContext {
     pub(crate) memory_identities: MemoryIdentities,
     /// The subagent executor (`None` when `[subagents]` is off), for cancelling tasks.
     pub(crate) subagents: Option<SubagentExecutor>,
+    /// The skills found at start, for the skills API.
+    pub(crate) skills: Arc<Catalogue>,
 }
 
 /// The main listener's routes. With `ops_elsewhere`, `/readyz` and `/metrics` are left to the
@@ -121,6 +125,8 @@ pub(crate) fn router(
             .route("/api/v1/tasks", get(tasks::list))
             .route("/api/v1/tasks/{id}", get(tasks::get))
             .route("/api/v1/tasks/{id}/cancel", post(tasks::cancel))
+            .route("/api/v1/skills", get(skills::list))
+            .route("/api/v1/skills/{name}", put(skills::put))
             .route_layer(axum::middleware::from_fn_with_state(
                 state.clone(),
                 guard::api_guard,

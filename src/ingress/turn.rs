@@ -30,6 +30,7 @@ use crate::agent::message::ChatMessage;
 use crate::agent::middleware::RunEnding;
 use crate::agent::middleware::todo::TodoConfig;
 use crate::agent::runtime::{CheckpointError, RunLimits, RunObserver, Runtime, ToolProgress};
+use crate::agent::skills::Catalogue;
 use crate::agent::thread::{RunningTurn, ThreadState};
 use crate::delivery::{Delivery, Draft};
 use crate::events::{EventHub, ThreadEvent, ToolState};
@@ -90,6 +91,8 @@ pub(crate) struct TurnSettings {
     pub(crate) todo: TodoConfig,
     /// `[[memory.identities]]`: whose memory `/memory` reads.
     pub(crate) memory_identities: MemoryIdentities,
+    /// The skills found at start, for `/skills`.
+    pub(crate) skills: Arc<Catalogue>,
 }
 
 #[derive(Debug)]
@@ -105,6 +108,8 @@ struct Inner {
     todo: TodoConfig,
     /// Whose memory `/memory` reads.
     memory_identities: MemoryIdentities,
+    /// The skills found at start, for `/skills`.
+    skills: Arc<Catalogue>,
     /// The running agent turn of each conversation, for `/stop`: its inbox seq and token.
     running: Mutex<HashMap<String, (u64, CancellationToken)>>,
     /// `/stop` items (inbox seqs) that stopped a turn when they arrived; each is removed
@@ -241,6 +246,7 @@ impl TurnRunner {
                 max_attachment_bytes: settings.max_attachment_bytes,
                 todo: settings.todo.clone(),
                 memory_identities: settings.memory_identities.clone(),
+                skills: Arc::clone(&settings.skills),
                 turn_timeout: settings.turn_timeout,
                 running: Mutex::default(),
                 stops: Mutex::default(),
@@ -820,6 +826,15 @@ impl TurnRunner {
             Command::Status => self.status(item).await,
             Command::Tasks => {
                 commands::tasks::answer(self.inner.store.as_ref(), &item.thread_id).await
+            }
+            Command::Skills(action) => {
+                commands::skills::answer(
+                    self.inner.store.as_ref(),
+                    &self.inner.skills,
+                    item.event.user.admin,
+                    action,
+                )
+                .await
             }
             Command::Memory(action) => {
                 commands::memory::answer(

@@ -1133,4 +1133,76 @@ mod tests {
         );
         assert!(!s.workspace().join("a.txt").exists());
     }
+
+    #[cfg(unix)]
+    #[tokio::test]
+    async fn skills_are_listed_and_read_at_mnt_skills_and_never_written() {
+        let mut s = setup().await;
+        let folder = s.dir.path().join("skills/ops");
+        std::fs::create_dir_all(folder.join("ref")).unwrap();
+        std::fs::write(folder.join("SKILL.md"), "---\nname: ops\n---\nDo ops.\n").unwrap();
+        std::fs::write(folder.join("ref/notes.md"), "one\ntwo\n").unwrap();
+        std::fs::write(s.dir.path().join("secret.txt"), "secret").unwrap();
+        // Planted after loading: refused when opened, like every link.
+        std::os::unix::fs::symlink(s.dir.path().join("secret.txt"), folder.join("leak")).unwrap();
+        s.cx.skills = SkillMounts::new(vec![crate::agent::skills::Skill {
+            name: "ops".to_owned(),
+            description: "Operations".to_owned(),
+            allowed_tools: None,
+            license: None,
+            folder: folder.clone(),
+        }]);
+        let root = s.call("ls", json!({"path": "/mnt/skills"})).await;
+        assert!(root.content.contains("ops/  (Operations)"), "{}", root.content);
+        let listed = s.call("ls", json!({"path": "/mnt/skills/ops"})).await;
+        assert!(
+            listed.content.contains("SKILL.md") && listed.content.contains("ref/"),
+            "{}",
+            listed.content
+        );
+        let read = s
+            .call("read_file", json!({"path": "/mnt/skills/ops/SKILL.md"}))
+            .await;
+        assert!(!read.is_error && read.content.contains("Do ops."), "{}", read.content);
+        let line = s
+            .call(
+                "read_file",
+                json!({"path": "/mnt/skills/ops/ref/notes.md", "start_line": 2}),
+            )
+            .await;
+        assert_eq!(line.content, "two\n");
+        for (path, why) in [
+            ("/mnt/skills/ops/leak", "symbolic link"),
+            ("/mnt/skills/ops/../../secret.txt", "outside the skill's folder"),
+            ("/mnt/skills/other/SKILL.md", "not a skill"),
+            ("/mnt/skills", "is a folder"),
+        ] {
+            let out = s.call("read_file", json!({"path": path})).await;
+            assert!(out.is_error && out.content.contains(why), "{path}: {}", out.content);
+        }
+        let write = s
+            .call(
+                "write_file",
+                json!({"path": "/mnt/skills/ops/SKILL.md", "content": "x"}),
+            )
+            .await;
+        assert!(write.is_error && write.content.contains("read-only"), "{}", write.content);
+        let edit = s
+            .call(
+                "str_replace",
+                json!({"path": "/mnt/skills/ops/SKILL.md", "old": "ops", "new": "x"}),
+            )
+            .await;
+        assert!(edit.is_error && edit.content.contains("read-only"), "{}", edit.content);
+        assert_eq!(
+            std::fs::read_to_string(folder.join("SKILL.md")).unwrap(),
+            "---\nname: ops\n---\nDo ops.\n"
+        );
+        // Without the skill on, nothing is there.
+        s.cx.skills = SkillMounts::default();
+        let off = s
+            .call("read_file", json!({"path": "/mnt/skills/ops/SKILL.md"}))
+            .await;
+        assert!(off.is_error && off.content.contains("not a skill"), "{}", off.content);
+    }
 }

@@ -1,5 +1,5 @@
 //! Chat commands, the same on every channel: `/help`, `/new`, `/status`, `/stop`, `/plan`,
-//! `/memory`, `/tasks`; one file each, with its name and description ([`CommandInfo`]), how
+//! `/memory`, `/tasks`, `/skills`; one file each, with its name and description ([`CommandInfo`]), how
 //! its words are read and its answer. `/help` and the platforms' command menus are made from
 //! [`COMMANDS`]; the turn runner gathers what an answer needs and calls the command's file.
 //!
@@ -10,6 +10,7 @@ pub(crate) mod help;
 pub(crate) mod memory;
 pub(crate) mod new;
 pub(crate) mod plan;
+pub(crate) mod skills;
 pub(crate) mod status;
 pub(crate) mod stop;
 pub(crate) mod tasks;
@@ -17,6 +18,7 @@ pub(crate) mod tasks;
 pub(crate) use help::help;
 pub(crate) use memory::MemoryAction;
 pub(crate) use plan::PlanSwitch;
+pub(crate) use skills::SkillsAction;
 
 /// A recognised command.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -32,6 +34,8 @@ pub(crate) enum Command {
     Memory(MemoryAction),
     /// The tasks this conversation delegated to subagents.
     Tasks,
+    /// The skills, and switching them (admins).
+    Skills(SkillsAction),
     /// Something that looks like a command but is not one of ours.
     Unknown(String),
 }
@@ -60,6 +64,7 @@ pub(crate) const COMMANDS: &[CommandInfo] = &[
     plan::INFO,
     memory::INFO,
     tasks::INFO,
+    skills::INFO,
 ];
 
 /// The text after `/new`, etc. is ignored; `None` for ordinary messages.
@@ -90,6 +95,7 @@ pub(crate) fn parse(text: &str) -> Option<Command> {
         "plan" => Command::Plan(plan::parse(&mut words)),
         "memory" => Command::Memory(memory::parse(&mut words)),
         "tasks" => Command::Tasks,
+        "skills" => Command::Skills(skills::parse(&mut words)),
         _ => Command::Unknown(name),
     })
 }
@@ -122,6 +128,7 @@ mod tests {
              /plan — plan mode on or off for this conversation (/plan on, /plan off)\n\
              /memory — what I remember about you (/memory forget <n>, /memory clear)\n\
              /tasks — the tasks this conversation delegated, with their status\n\
+             /skills — the assistant's skills (admins: /skills enable <name>, /skills disable <name>)\n\
              Anything else is a message for the assistant."
         );
         for CommandInfo { name, menu, .. } in COMMANDS {
