@@ -13,7 +13,7 @@ use antler_channel::{ConversationKey, OutboundMessage, Receipt};
 
 use super::{
     Accept, Accepted, Claimed, ClearedMemory, FinishTurn, InboxItem, InboxStatus, InboxStore,
-    OutboxStatus, SkillStore, Store, StoreError, ThreadChoice,
+    OutboxStatus, Store, StoreError, ThreadChoice,
 };
 use crate::agent::memory::{MemoryDocument, MemoryUpdate};
 use crate::agent::message::{ChatMessage, TokenUsage};

@@ -294,12 +294,12 @@ mod tests {
         }
     }
 
-    fn spec(name: &str) -> ToolSpec {
-        ToolSpec {
+    fn spec(name: &str) -> Arc<ToolSpec> {
+        Arc::new(ToolSpec {
             name: name.to_owned(),
             description: String::new(),
             parameters: serde_json::json!({}),
-        }
+        })
     }
 
     fn request() -> ModelRequest {
