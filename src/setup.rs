@@ -526,7 +526,7 @@ mod tests {
         let names: Vec<_> = telegram_menu().into_iter().map(|c| c.command).collect();
         assert_eq!(
             names,
-            ["help", "new", "status", "stop", "plan", "memory", "tasks"]
+            ["help", "new", "status", "stop", "plan", "memory", "tasks", "skills"]
         );
     }
 }

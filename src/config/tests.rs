@@ -823,7 +823,7 @@ fn summary_lists_the_essentials() {
          model: llama3.2 at http://127.0.0.1:11434/v1 (api key: not set)\n\
          api channel: enabled (admin token: not set)\n\
          platforms: none\n\
-         middleware: thread_data, uploads, input_sanitization, dangling_tool_call, guardrail, sandbox_audit, tool_output_budget, summarization, todo, token_usage, title, memory, deferred_tools, subagent_limit, loop_detection, clarification\n\
+         middleware: thread_data, uploads, input_sanitization, dangling_tool_call, guardrail, sandbox_audit, tool_output_budget, summarization, skills, todo, token_usage, title, memory, deferred_tools, subagent_limit, loop_detection, clarification\n\
          shell: sandbox auto, network off, limits 64 processes, 1024 MiB memory, 256 MiB files, 256 open files\n\
          subagents: 3 at once, 900s timeout, types: bash, general-purpose"
     );
@@ -843,7 +843,7 @@ fn summary_lists_the_essentials() {
     assert!(summary.contains("(api key: ***)"), "{summary}");
     assert!(
         summary.contains(
-            "middleware: thread_data, uploads, input_sanitization, dangling_tool_call, guardrail, sandbox_audit, tool_output_budget, summarization, todo, token_usage, memory, deferred_tools, subagent_limit, loop_detection, clarification"
+            "middleware: thread_data, uploads, input_sanitization, dangling_tool_call, guardrail, sandbox_audit, tool_output_budget, summarization, skills, todo, token_usage, memory, deferred_tools, subagent_limit, loop_detection, clarification"
         ),
         "{summary}"
     );
