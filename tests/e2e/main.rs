@@ -24,6 +24,7 @@ mod restart;
 mod sandbox;
 mod seams;
 mod shell;
+mod skills;
 mod slack;
 mod subagents;
 mod support;
