@@ -139,6 +139,34 @@ mod tests {
         );
     }
 
+    #[test]
+    fn skill_folders_are_bound_read_only_at_their_paths() {
+        let folders = Folders {
+            workspace: PathBuf::from("/w"),
+            outputs: PathBuf::from("/o"),
+            uploads: PathBuf::from("/u"),
+            tmp: PathBuf::from("/t"),
+            skills: vec![PathBuf::from("/etc/antler/skills/public/postmortem")],
+        };
+        let spec = Sandbox::new(
+            Backend::Bwrap,
+            false,
+            SandboxLimits::default(),
+            PathBuf::from("/a"),
+            None,
+        )
+        .spec(&folders, "true", Duration::from_secs(1));
+        let joined = args(&spec, Path::new("/a"), None).join(" ");
+        let skill = "/etc/antler/skills/public/postmortem";
+        assert!(
+            joined.contains(&format!("--ro-bind {skill} {skill}")),
+            "{joined}"
+        );
+        assert!(!joined.contains(&format!("--bind {skill}")), "{joined}");
+        assert!(spec.read_only.contains(&PathBuf::from(skill)));
+        assert!(!spec.read_write.contains(&PathBuf::from(skill)));
+    }
+
     fn args_with_network() -> Vec<String> {
         let spec = Sandbox::new(
             Backend::Bwrap,

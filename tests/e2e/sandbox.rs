@@ -448,3 +448,55 @@ async fn bwrap_with_the_network_reaches_out_only_through_the_proxy() {
 async fn landlock_with_the_network_reaches_out_only_through_the_proxy() {
     network_only_through_the_proxy("landlock").await;
 }
+
+/// A skill beside the config file (the default `skills/public`), read through the shell under
+/// `backend`: it is readable at `/mnt/skills/<name>`, and nothing the command does changes it.
+async fn skills_are_read_only(backend: &str) {
+    let mock = MockModel::start(bash("true")).await;
+    let rig = ChildRig::new(&mock, &overrides(backend));
+    let skill = rig.dir.path().join("skills/public/probe");
+    std::fs::create_dir_all(&skill).unwrap();
+    let text = "---\nname: probe\ndescription: A probe\n---\n# Probe body\n";
+    std::fs::write(skill.join("SKILL.md"), text).unwrap();
+    let child = rig.serve().await;
+    let client = Client {
+        token: Some(ADMIN_TOKEN.to_owned()),
+        ..child.client.clone()
+    };
+    let ready = client.get("/readyz").await;
+    if ready.json["shell"]["offered"] != Value::Bool(true) {
+        eprintln!(
+            "skipped: the {backend} sandbox is not available here: {}",
+            ready.json["shell"]["detail"]
+        );
+        return;
+    }
+    let out = run(
+        &client,
+        &mock,
+        "skill",
+        "cat /mnt/skills/probe/SKILL.md; echo x > /mnt/skills/probe/SKILL.md; \
+         touch /mnt/skills/probe/planted; rm -f /mnt/skills/probe/SKILL.md; \
+         ls -d /mnt/skills/probe; echo end",
+    )
+    .await;
+    assert!(out.contains("# Probe body"), "{out}");
+    assert!(out.contains("\n/mnt/skills/probe\n"), "host paths shown virtual: {out}");
+    assert!(out.contains("end"), "{out}");
+    assert!(
+        !out.contains(&rig.dir.path().display().to_string()),
+        "a host path leaked: {out}"
+    );
+    assert_eq!(std::fs::read_to_string(skill.join("SKILL.md")).unwrap(), text);
+    assert!(!skill.join("planted").exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bwrap_mounts_skills_read_only() {
+    skills_are_read_only("bwrap").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn landlock_allows_skills_read_only() {
+    skills_are_read_only("landlock").await;
+}
