@@ -124,7 +124,7 @@ pub const DISCORD_INTERACTIONS_PATH: &str = "/webhooks/discord/interactions";
 pub const DISCORD_MESSAGE_COMMAND: &str = "Ask antler";
 
 /// The application commands antler answers: `/ask prompt:…`, each chat command of the menu
-/// (`/plan` and `/memory` with their optional words as `args`), and the "Ask antler" message
+/// (`/plan`, `/memory` and `/skills` with their optional words as `args`), and the "Ask antler" message
 /// command.
 pub fn discord_commands() -> Vec<CommandSpec> {
     let option = |name: &str, description: &str, required: bool| OptionSpec {
@@ -146,6 +146,7 @@ pub fn discord_commands() -> Vec<CommandSpec> {
         options: match command.name {
             "plan" => vec![option("args", "on or off (nothing: switch)", false)],
             "memory" => vec![option("args", "forget <n>, clear, clear confirm", false)],
+            "skills" => vec![option("args", "enable <name>, disable <name> (admins)", false)],
             _ => Vec::new(),
         },
     }));
