@@ -1145,7 +1145,9 @@ mod tests {
         off.agent.middleware.input_sanitization.enabled = false;
         assert!(!registry(&off, Some(&sandbox)).contains("bash"));
         off.memory.enabled = false;
-        let names = middleware_chain(&off, &store, &Arc::default()).unwrap().names();
+        let names = middleware_chain(&off, &store, &Arc::default())
+            .unwrap()
+            .names();
         assert!(!names.contains(&"memory"));
         assert_eq!(names, off.middleware_names());
         assert!(!names.contains(&"sandbox_audit") && !names.contains(&"input_sanitization"));

@@ -654,7 +654,10 @@ pub async fn skills_report(config: &Config) -> SkillsReport {
 async fn check_skills(config: &Config) -> Vec<Finding> {
     let report = skills_report(config).await;
     if !report.enabled {
-        return vec![Finding::note("skills", "disabled ([skills] enabled = false)")];
+        return vec![Finding::note(
+            "skills",
+            "disabled ([skills] enabled = false)",
+        )];
     }
     let mut findings = vec![if report.loaded.is_empty() {
         Finding::note(
@@ -664,7 +667,11 @@ async fn check_skills(config: &Config) -> Vec<Finding> {
     } else {
         Finding::ok(
             "skills",
-            format!("{} loaded: {}", report.loaded.len(), report.loaded.join(", ")),
+            format!(
+                "{} loaded: {}",
+                report.loaded.len(),
+                report.loaded.join(", ")
+            ),
         )
     }];
     for invalid in report.invalid {

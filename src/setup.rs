@@ -146,7 +146,11 @@ pub fn discord_commands() -> Vec<CommandSpec> {
         options: match command.name {
             "plan" => vec![option("args", "on or off (nothing: switch)", false)],
             "memory" => vec![option("args", "forget <n>, clear, clear confirm", false)],
-            "skills" => vec![option("args", "enable <name>, disable <name> (admins)", false)],
+            "skills" => vec![option(
+                "args",
+                "enable <name>, disable <name> (admins)",
+                false,
+            )],
             _ => Vec::new(),
         },
     }));
@@ -527,7 +531,9 @@ mod tests {
         let names: Vec<_> = telegram_menu().into_iter().map(|c| c.command).collect();
         assert_eq!(
             names,
-            ["help", "new", "status", "stop", "plan", "memory", "tasks", "skills"]
+            [
+                "help", "new", "status", "stop", "plan", "memory", "tasks", "skills"
+            ]
         );
     }
 }

@@ -325,8 +325,14 @@ pub(crate) async fn skill_switches_are_kept_and_survive_reopening(backend: &dyn 
         let store = backend.open();
         assert!(store.skill_switches().await.unwrap().is_empty());
         store.set_skill_switch("postmortem", false).await.unwrap();
-        store.set_skill_switch("incident-summary", false).await.unwrap();
-        store.set_skill_switch("incident-summary", true).await.unwrap();
+        store
+            .set_skill_switch("incident-summary", false)
+            .await
+            .unwrap();
+        store
+            .set_skill_switch("incident-summary", true)
+            .await
+            .unwrap();
     }
     let store = backend.open();
     let switches = store.skill_switches().await.unwrap();

@@ -288,6 +288,16 @@ impl LeaseStore for FaultyStore {
     }
 }
 
+#[async_trait::async_trait]
+impl SkillStore for FaultyStore {
+    async fn skill_switches(&self) -> Result<BTreeMap<String, bool>, StoreError> {
+        self.inner.skill_switches().await
+    }
+    async fn set_skill_switch(&self, name: &str, on: bool) -> Result<(), StoreError> {
+        self.inner.set_skill_switch(name, on).await
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -309,15 +319,5 @@ mod tests {
         assert!(matches!(error, StoreError::Missing { .. }), "{error:?}");
         // Other calls were never affected.
         assert!(store.inbox().await.unwrap().is_empty());
-    }
-}
-
-#[async_trait::async_trait]
-impl SkillStore for FaultyStore {
-    async fn skill_switches(&self) -> Result<BTreeMap<String, bool>, StoreError> {
-        self.inner.skill_switches().await
-    }
-    async fn set_skill_switch(&self, name: &str, on: bool) -> Result<(), StoreError> {
-        self.inner.set_skill_switch(name, on).await
     }
 }

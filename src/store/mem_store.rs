@@ -14,8 +14,7 @@ use super::{
     Accept, Accepted, Claimed, ClearedMemory, ConversationRecord, FinishTurn, InboxItem,
     InboxStore, Lease, LeaseStore, MAX_REPLIES_PER_ITEM, MaintenanceStore, MemoryQueueStore,
     MemoryStore, OutboxItem, OutboxStatus, OutboxStore, SkillStore, StoreError, StoreStats,
-    SubagentStore,
-    ThreadStore, outbox_seq,
+    SubagentStore, ThreadStore, outbox_seq,
 };
 use crate::agent::memory::{MemoryDocument, MemoryUpdate};
 use crate::agent::subagents::{SubagentChange, SubagentRecord, SubagentStatus, Transition};

@@ -26,8 +26,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use antler_channel::Receipt;
-use serde::{Deserialize, Serialize};
 use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
 use sled::Transactional;
 use sled::transaction::{ConflictableTransactionError, TransactionError, TransactionalTree};
 
@@ -37,7 +37,8 @@ use super::rules::{self, DedupeEntry};
 use super::{
     Accept, Accepted, ClearedMemory, ConversationRecord, FinishTurn, InboxItem, InboxStore,
     MaintenanceStore, MemoryQueueStore, MemoryStore, OutboxItem, OutboxStatus, OutboxStore,
-    SCHEMA_VERSION, SkillStore, StoreError, StoreStats, SubagentStore, ThreadStore, keys, outbox_seq,
+    SCHEMA_VERSION, SkillStore, StoreError, StoreStats, SubagentStore, ThreadStore, keys,
+    outbox_seq,
 };
 use super::{Claimed, Lease, LeaseStore};
 use crate::agent::memory::{MemoryDocument, MemoryUpdate};
@@ -1295,8 +1296,10 @@ impl SkillStore for SledStore {
         Ok(switches)
     }
     async fn set_skill_switch(&self, name: &str, on: bool) -> Result<(), StoreError> {
-        self.skills
-            .insert(name.as_bytes(), encode("skill switch", &SkillSwitch { on })?)?;
+        self.skills.insert(
+            name.as_bytes(),
+            encode("skill switch", &SkillSwitch { on })?,
+        )?;
         self.commit.flush().await
     }
 }

@@ -481,13 +481,19 @@ async fn skills_are_read_only(backend: &str) {
     )
     .await;
     assert!(out.contains("# Probe body"), "{out}");
-    assert!(out.contains("\n/mnt/skills/probe\n"), "host paths shown virtual: {out}");
+    assert!(
+        out.contains("\n/mnt/skills/probe\n"),
+        "host paths shown virtual: {out}"
+    );
     assert!(out.contains("end"), "{out}");
     assert!(
         !out.contains(&rig.dir.path().display().to_string()),
         "a host path leaked: {out}"
     );
-    assert_eq!(std::fs::read_to_string(skill.join("SKILL.md")).unwrap(), text);
+    assert_eq!(
+        std::fs::read_to_string(skill.join("SKILL.md")).unwrap(),
+        text
+    );
     assert!(!skill.join("planted").exists());
 }
 

@@ -158,9 +158,21 @@ async fn a_skill_is_listed_readable_not_writable_and_holds_the_run_to_its_tools(
 
     let results = tool_results(requests.last().unwrap());
     assert_eq!(results.len(), 6, "{results:#?}");
-    assert!(results[0].contains("probe/  (Probe <things> & report)"), "{}", results[0]);
-    assert!(results[1].contains("read-only"), "not writable: {}", results[1]);
-    assert!(results[2].contains("# Probe\nRead notes.md"), "{}", results[2]);
+    assert!(
+        results[0].contains("probe/  (Probe <things> & report)"),
+        "{}",
+        results[0]
+    );
+    assert!(
+        results[1].contains("read-only"),
+        "not writable: {}",
+        results[1]
+    );
+    assert!(
+        results[2].contains("# Probe\nRead notes.md"),
+        "{}",
+        results[2]
+    );
     assert_eq!(results[3], "probe notes\n");
     assert!(
         results[4].starts_with("Refused: the skill `probe` allows only these tools")
@@ -169,8 +181,14 @@ async fn a_skill_is_listed_readable_not_writable_and_holds_the_run_to_its_tools(
         results[4]
     );
     assert!(!results[5].contains("Refused"), "{}", results[5]);
-    assert_eq!(std::fs::read_to_string(folder.path().join("probe/SKILL.md")).unwrap(), SKILL_MD);
-    assert!(!workspace_has(&app.store, "a.txt"), "the refused write did not run");
+    assert_eq!(
+        std::fs::read_to_string(folder.path().join("probe/SKILL.md")).unwrap(),
+        SKILL_MD
+    );
+    assert!(
+        !workspace_has(&app.store, "a.txt"),
+        "the refused write did not run"
+    );
 
     // Before the read every tool is offered; after it, only the skill's (and `ls` of skills).
     for request in &requests[..3] {
@@ -197,7 +215,10 @@ async fn skills_disable_takes_a_skill_out_of_the_next_request_and_enable_brings_
     let ana = as_token(&app, USER_TOKEN);
 
     let list = ask(&ana, "ana", "/skills").await;
-    assert!(list.contains("✅ probe — Probe \\<things\\> \\& report"), "{list}");
+    assert!(
+        list.contains("✅ probe — Probe \\<things\\> \\& report"),
+        "{list}"
+    );
     let refused = ask(&ana, "ana", "/skills disable probe").await;
     assert!(refused.starts_with("Only admins"), "{refused}");
     assert_eq!(
@@ -220,10 +241,17 @@ async fn skills_disable_takes_a_skill_out_of_the_next_request_and_enable_brings_
 
     let before = mock.requests().len();
     let reply = ask(&admin, "ops", "read the skill again").await;
-    assert!(reply.contains("not a skill"), "gone from the mount: {reply}");
+    assert!(
+        reply.contains("not a skill"),
+        "gone from the mount: {reply}"
+    );
     let requests = mock.requests();
     let next = &requests[before];
-    assert!(!system_text(next).contains("<skills>"), "{}", system_text(next));
+    assert!(
+        !system_text(next).contains("<skills>"),
+        "{}",
+        system_text(next)
+    );
 
     let on = call(
         &admin,
@@ -261,17 +289,31 @@ async fn the_shipped_skills_are_listed_to_the_model_and_readable() {
             "read_file",
             json!({"path": "/mnt/skills/incident-summary/reference/log-patterns.md"}),
         ),
-        step("read_file", json!({"path": "/mnt/skills/postmortem/SKILL.md"})),
+        step(
+            "read_file",
+            json!({"path": "/mnt/skills/postmortem/SKILL.md"}),
+        ),
     ]))
     .await;
     let app = TestApp::spawn(&mock, &overrides(&shipped)).await;
 
-    let reply = ask(&as_token(&app, USER_TOKEN), "ship", "the API is down, what happened?").await;
+    let reply = ask(
+        &as_token(&app, USER_TOKEN),
+        "ship",
+        "the API is down, what happened?",
+    )
+    .await;
     assert!(reply.starts_with("done: "), "{reply}");
     let requests = mock.requests();
     let system = system_text(&requests[0]);
-    assert!(system.contains("<skill name=\"incident-summary\">Read a service"), "{system}");
-    assert!(system.contains("<skill name=\"postmortem\">Write a blameless postmortem"), "{system}");
+    assert!(
+        system.contains("<skill name=\"incident-summary\">Read a service"),
+        "{system}"
+    );
+    assert!(
+        system.contains("<skill name=\"postmortem\">Write a blameless postmortem"),
+        "{system}"
+    );
     let results = tool_results(requests.last().unwrap());
     assert_eq!(results.len(), 3, "{results:#?}");
     assert!(results[0].contains("# Incident summary"), "{}", results[0]);

@@ -271,7 +271,11 @@ mod tests {
     fn middleware(off: &[&str]) -> SkillsMiddleware {
         let mut catalogue = Catalogue::default();
         for s in [
-            skill("alpha", "Does <b>alpha</b> & more", Some(&["bash", "mcp__logs__*"])),
+            skill(
+                "alpha",
+                "Does <b>alpha</b> & more",
+                Some(&["bash", "mcp__logs__*"]),
+            ),
             skill("beta", "Beta things", Some(&["bash", "web_fetch"])),
             skill("gamma", "No list", None),
         ] {
@@ -305,9 +309,16 @@ mod tests {
     fn request() -> ModelRequest {
         ModelRequest {
             messages: vec![ChatMessage::system("You are antler.")],
-            tools: ["bash", "read_file", "ls", "write_file", "mcp__logs__tail", "web_fetch"]
-                .map(spec)
-                .to_vec(),
+            tools: [
+                "bash",
+                "read_file",
+                "ls",
+                "write_file",
+                "mcp__logs__tail",
+                "web_fetch",
+            ]
+            .map(spec)
+            .to_vec(),
         }
     }
 
@@ -326,17 +337,28 @@ mod tests {
         let ChatMessage::System { content } = &req.messages[0] else {
             panic!("no system prompt")
         };
-        assert!(content.starts_with("You are antler.\n\n<skills>"), "{content}");
         assert!(
-            content.contains("<skill name=\"alpha\">Does &lt;b&gt;alpha&lt;/b&gt; &amp; more</skill>"),
+            content.starts_with("You are antler.\n\n<skills>"),
+            "{content}"
+        );
+        assert!(
+            content
+                .contains("<skill name=\"alpha\">Does &lt;b&gt;alpha&lt;/b&gt; &amp; more</skill>"),
             "{content}"
         );
         assert!(content.contains("<skill name=\"gamma\">"), "{content}");
-        assert!(!content.contains("beta"), "a disabled skill is not listed: {content}");
+        assert!(
+            !content.contains("beta"),
+            "a disabled skill is not listed: {content}"
+        );
         // Nothing is restricted before a skill is read.
         assert_eq!(tool_names(&req).len(), 6);
         assert_eq!(
-            cx.skills.skills().iter().map(|s| s.name.as_str()).collect::<Vec<_>>(),
+            cx.skills
+                .skills()
+                .iter()
+                .map(|s| s.name.as_str())
+                .collect::<Vec<_>>(),
             ["alpha", "gamma"]
         );
     }
@@ -363,7 +385,9 @@ mod tests {
                 .unwrap();
         }
         assert_eq!(
-            m.before_tool(&mut cx, &call("write_file", "{}"), None).await.unwrap(),
+            m.before_tool(&mut cx, &call("write_file", "{}"), None)
+                .await
+                .unwrap(),
             ToolDecision::Run
         );
         m.after_tool(
@@ -375,23 +399,41 @@ mod tests {
         .unwrap();
         let mut req = request();
         m.before_model(&mut cx, &mut req).await.unwrap();
-        assert_eq!(tool_names(&req), ["bash", "read_file", "ls", "mcp__logs__tail"]);
+        assert_eq!(
+            tool_names(&req),
+            ["bash", "read_file", "ls", "mcp__logs__tail"]
+        );
         let decide = |name: &'static str, arguments: &'static str| call(name, arguments);
         for (c, runs) in [
             (decide("bash", r#"{"command":"ls"}"#), true),
             (decide("mcp__logs__tail", "{}"), true),
-            (decide("read_file", r#"{"path":"/mnt/skills/gamma/SKILL.md"}"#), true),
+            (
+                decide("read_file", r#"{"path":"/mnt/skills/gamma/SKILL.md"}"#),
+                true,
+            ),
             (decide("ls", r#"{"path":"/mnt/skills"}"#), true),
-            (decide("read_file", r#"{"path":"/mnt/user-data/workspace/a"}"#), false),
+            (
+                decide("read_file", r#"{"path":"/mnt/user-data/workspace/a"}"#),
+                false,
+            ),
             (decide("write_file", r#"{"path":"a","content":"b"}"#), false),
             (decide("web_fetch", "{}"), false),
         ] {
             let decision = m.before_tool(&mut cx, &c, None).await.unwrap();
-            assert_eq!(decision == ToolDecision::Run, runs, "{}: {decision:?}", c.name);
+            assert_eq!(
+                decision == ToolDecision::Run,
+                runs,
+                "{}: {decision:?}",
+                c.name
+            );
             if let ToolDecision::Skip(output) = decision {
                 assert!(output.is_error);
                 assert!(output.content.contains("`alpha`"), "{}", output.content);
-                assert!(output.content.contains("bash, mcp__logs__*"), "{}", output.content);
+                assert!(
+                    output.content.contains("bash, mcp__logs__*"),
+                    "{}",
+                    output.content
+                );
             }
         }
         // A call an earlier hook refused is left as it is.
@@ -444,6 +486,9 @@ mod tests {
         assert!(cx.state.get::<Restriction>().is_some());
         let mut next = test_context(&mut thread);
         m.before_run(&mut next).await.unwrap();
-        assert!(next.state.get::<Restriction>().is_none(), "the state is the run's");
+        assert!(
+            next.state.get::<Restriction>().is_none(),
+            "the state is the run's"
+        );
     }
 }

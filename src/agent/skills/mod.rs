@@ -278,7 +278,9 @@ fn first_link(
     for entry in entries {
         *seen += 1;
         if *seen > MAX_FILES {
-            return Err(format!("the skill folder holds more than {MAX_FILES} entries"));
+            return Err(format!(
+                "the skill folder holds more than {MAX_FILES} entries"
+            ));
         }
         let path = here.join(&entry.name);
         match entry.kind {

@@ -141,7 +141,10 @@ impl SkillMounts {
 
     /// The skills' host folders (the sandbox mounts them read-only).
     pub(crate) fn folders(&self) -> Vec<PathBuf> {
-        self.skills.iter().map(|skill| skill.folder.clone()).collect()
+        self.skills
+            .iter()
+            .map(|skill| skill.folder.clone())
+            .collect()
     }
 
     /// `ls /mnt/skills`: the skills on, with their descriptions.
@@ -149,7 +152,10 @@ impl SkillMounts {
         if self.skills.is_empty() {
             return format!("{SKILLS_ROOT}/ is empty: no skill is on");
         }
-        let mut out = format!("{SKILLS_ROOT}/ ({} skills, read-only):\n", self.skills.len());
+        let mut out = format!(
+            "{SKILLS_ROOT}/ ({} skills, read-only):\n",
+            self.skills.len()
+        );
         for skill in self.skills.iter() {
             out.push_str(&format!("{}/  ({})\n", skill.name, skill.description));
         }

@@ -33,7 +33,11 @@ fn front_matter_is_read_with_both_forms_of_allowed_tools() {
     assert_eq!(skill.description, "Reads logs. Then summarises.");
     assert_eq!(
         skill.allowed_tools,
-        Some(vec!["read_file".into(), "bash".into(), "mcp__logs__*".into()])
+        Some(vec![
+            "read_file".into(),
+            "bash".into(),
+            "mcp__logs__*".into()
+        ])
     );
     assert_eq!(skill.license.as_deref(), Some("MIT"));
     let listed = parse(
@@ -41,7 +45,10 @@ fn front_matter_is_read_with_both_forms_of_allowed_tools() {
         "x",
     )
     .unwrap();
-    assert_eq!(listed.allowed_tools, Some(vec!["ls".into(), "read_file".into()]));
+    assert_eq!(
+        listed.allowed_tools,
+        Some(vec!["ls".into(), "read_file".into()])
+    );
     assert_eq!(
         parse(&skill_md("x", "d", ""), "x").unwrap().allowed_tools,
         None
@@ -56,19 +63,43 @@ fn invalid_front_matter_is_refused_with_the_reason() {
     let long = "d".repeat(MAX_DESCRIPTION_CHARS + 1);
     let many = format!("allowed-tools: {}\n", vec!["t"; 65].join(" "));
     let cases: Vec<(String, &str, &str)> = vec![
-        ("# no front matter\n".to_owned(), "x", "must start with YAML front matter"),
-        ("---\nname: x\ndescription: d\n".to_owned(), "x", "no closing"),
+        (
+            "# no front matter\n".to_owned(),
+            "x",
+            "must start with YAML front matter",
+        ),
+        (
+            "---\nname: x\ndescription: d\n".to_owned(),
+            "x",
+            "no closing",
+        ),
         ("---\nname: [x\n---\n".to_owned(), "x", "not valid YAML"),
-        (skill_md("x", "d", "").replace("name: x\n", ""), "x", "no `name`"),
+        (
+            skill_md("x", "d", "").replace("name: x\n", ""),
+            "x",
+            "no `name`",
+        ),
         ("---\nname: x\n---\n".to_owned(), "x", "no `description`"),
-        (skill_md("Bad_Name", "d", ""), "Bad_Name", "not a skill name"),
+        (
+            skill_md("Bad_Name", "d", ""),
+            "Bad_Name",
+            "not a skill name",
+        ),
         (skill_md("a--b", "d", ""), "a--b", "not a skill name"),
         (skill_md("-a", "d", ""), "-a", "not a skill name"),
         (skill_md(&"a".repeat(65), "d", ""), "a", "not a skill name"),
         (skill_md("other", "d", ""), "x", "not its folder's name"),
         (skill_md("x", &long, ""), "x", "longer than 1024"),
-        (skill_md("x", "d", "allowed-tools: \"rm -rf\" `x`\n"), "x", "not valid YAML"),
-        (skill_md("x", "d", "allowed-tools: [\"a b\"]\n"), "x", "not a tool name"),
+        (
+            skill_md("x", "d", "allowed-tools: \"rm -rf\" `x`\n"),
+            "x",
+            "not valid YAML",
+        ),
+        (
+            skill_md("x", "d", "allowed-tools: [\"a b\"]\n"),
+            "x",
+            "not a tool name",
+        ),
         (skill_md("x", "d", &many), "x", "more than 64 tools"),
     ];
     for (text, folder, reason) in cases {
@@ -149,7 +180,11 @@ fn loading_reports_invalid_skills_and_links_and_keeps_the_rest() {
     // A named folder that is missing is reported; the default ones may be missing.
     let missing = load(&config(&[&dir.path().join("nope")]));
     assert!(missing.skills.is_empty());
-    assert!(missing.invalid[0].reason.contains("cannot open"), "{:?}", missing.invalid);
+    assert!(
+        missing.invalid[0].reason.contains("cannot open"),
+        "{:?}",
+        missing.invalid
+    );
     let defaults = load(&SkillsConfig {
         base: dir.path().join("nothing-here"),
         ..SkillsConfig::default()
@@ -187,10 +222,9 @@ fn the_shipped_skills_are_valid() {
     );
     let incident = &catalogue.skills["incident-summary"];
     assert!(
-        incident
-            .allowed_tools
-            .as_ref()
-            .is_some_and(|t| t.contains(&"mcp__*".to_owned()) && t.contains(&"read_file".to_owned())),
+        incident.allowed_tools.as_ref().is_some_and(
+            |t| t.contains(&"mcp__*".to_owned()) && t.contains(&"read_file".to_owned())
+        ),
         "{incident:?}"
     );
     let postmortem = &catalogue.skills["postmortem"];

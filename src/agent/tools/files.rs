@@ -1153,7 +1153,11 @@ mod tests {
             folder: folder.clone(),
         }]);
         let root = s.call("ls", json!({"path": "/mnt/skills"})).await;
-        assert!(root.content.contains("ops/  (Operations)"), "{}", root.content);
+        assert!(
+            root.content.contains("ops/  (Operations)"),
+            "{}",
+            root.content
+        );
         let listed = s.call("ls", json!({"path": "/mnt/skills/ops"})).await;
         assert!(
             listed.content.contains("SKILL.md") && listed.content.contains("ref/"),
@@ -1163,7 +1167,11 @@ mod tests {
         let read = s
             .call("read_file", json!({"path": "/mnt/skills/ops/SKILL.md"}))
             .await;
-        assert!(!read.is_error && read.content.contains("Do ops."), "{}", read.content);
+        assert!(
+            !read.is_error && read.content.contains("Do ops."),
+            "{}",
+            read.content
+        );
         let line = s
             .call(
                 "read_file",
@@ -1173,12 +1181,19 @@ mod tests {
         assert_eq!(line.content, "two\n");
         for (path, why) in [
             ("/mnt/skills/ops/leak", "symbolic link"),
-            ("/mnt/skills/ops/../../secret.txt", "outside the skill's folder"),
+            (
+                "/mnt/skills/ops/../../secret.txt",
+                "outside the skill's folder",
+            ),
             ("/mnt/skills/other/SKILL.md", "not a skill"),
             ("/mnt/skills", "is a folder"),
         ] {
             let out = s.call("read_file", json!({"path": path})).await;
-            assert!(out.is_error && out.content.contains(why), "{path}: {}", out.content);
+            assert!(
+                out.is_error && out.content.contains(why),
+                "{path}: {}",
+                out.content
+            );
         }
         let write = s
             .call(
@@ -1186,14 +1201,22 @@ mod tests {
                 json!({"path": "/mnt/skills/ops/SKILL.md", "content": "x"}),
             )
             .await;
-        assert!(write.is_error && write.content.contains("read-only"), "{}", write.content);
+        assert!(
+            write.is_error && write.content.contains("read-only"),
+            "{}",
+            write.content
+        );
         let edit = s
             .call(
                 "str_replace",
                 json!({"path": "/mnt/skills/ops/SKILL.md", "old": "ops", "new": "x"}),
             )
             .await;
-        assert!(edit.is_error && edit.content.contains("read-only"), "{}", edit.content);
+        assert!(
+            edit.is_error && edit.content.contains("read-only"),
+            "{}",
+            edit.content
+        );
         assert_eq!(
             std::fs::read_to_string(folder.join("SKILL.md")).unwrap(),
             "---\nname: ops\n---\nDo ops.\n"
@@ -1203,6 +1226,10 @@ mod tests {
         let off = s
             .call("read_file", json!({"path": "/mnt/skills/ops/SKILL.md"}))
             .await;
-        assert!(off.is_error && off.content.contains("not a skill"), "{}", off.content);
+        assert!(
+            off.is_error && off.content.contains("not a skill"),
+            "{}",
+            off.content
+        );
     }
 }

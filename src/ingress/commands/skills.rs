@@ -40,7 +40,8 @@ const USAGE: &str = "Use /skills to list the skills; admins can use /skills enab
 /skills disable <name>.";
 
 /// The answer to a store failure; the cause goes to the log.
-const UNAVAILABLE: &str = "Sorry, I can't reach the skill settings right now; try again in a moment.";
+const UNAVAILABLE: &str =
+    "Sorry, I can't reach the skill settings right now; try again in a moment.";
 
 /// The longest description shown in the list.
 const MAX_SHOWN_DESCRIPTION: usize = 200;
@@ -94,10 +95,7 @@ async fn list(store: &dyn SkillStore, catalogue: &Catalogue) -> Result<String, S
     let switches = store.skill_switches().await?;
     let on = |name: &str| switches.get(name).copied().unwrap_or(true);
     let enabled = catalogue.skills.keys().filter(|name| on(name)).count();
-    let mut out = format!(
-        "Skills ({enabled} of {} on):\n",
-        catalogue.skills.len()
-    );
+    let mut out = format!("Skills ({enabled} of {} on):\n", catalogue.skills.len());
     for skill in catalogue.skills.values() {
         out.push_str(&format!(
             "{} {}{} — {}\n",
@@ -209,7 +207,10 @@ mod tests {
         assert!(store.skill_switches().await.unwrap().is_empty());
         let done = answer(&store, &catalogue, true, off("postmortem")).await;
         assert!(done.contains("is off"), "{done}");
-        assert_eq!(store.skill_switches().await.unwrap().get("postmortem"), Some(&false));
+        assert_eq!(
+            store.skill_switches().await.unwrap().get("postmortem"),
+            Some(&false)
+        );
         let list = answer(&store, &catalogue, false, SkillsAction::List).await;
         assert!(list.contains("⛔ postmortem (off)"), "{list}");
         assert!(list.starts_with("Skills (1 of 2 on):"), "{list}");
