@@ -321,3 +321,64 @@ async fn the_shipped_skills_are_listed_to_the_model_and_readable() {
     assert!(results[2].contains("# Postmortem"), "{}", results[2]);
     app.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_config_and_doctor_list_the_skills_and_why_one_was_left_out() {
+    let mock = MockModel::start(Behaviour::Echo).await;
+    let dir = crate::support::searchable_tempdir();
+    let config = dir.path().join("antler.toml");
+    std::fs::write(
+        &config,
+        crate::support::config_text(&mock.base_url(), &dir.path().join("store"), ""),
+    )
+    .unwrap();
+    // Beside the config file, where antler looks by default.
+    let good = dir.path().join("skills/public/good");
+    std::fs::create_dir_all(&good).unwrap();
+    std::fs::write(
+        good.join("SKILL.md"),
+        "---\nname: good\ndescription: Fine\n---\n",
+    )
+    .unwrap();
+    let bad = dir.path().join("skills/custom/bad");
+    std::fs::create_dir_all(&bad).unwrap();
+    std::fs::write(
+        bad.join("SKILL.md"),
+        "---\nname: Bad\ndescription: x\n---\n",
+    )
+    .unwrap();
+    let config = config.display().to_string();
+
+    let (code, stdout, stderr) =
+        crate::support::run_binary(&["check-config", "--config", &config]).await;
+    assert_eq!(
+        code,
+        Some(0),
+        "a bad skill is never fatal: {stdout}{stderr}"
+    );
+    assert!(stdout.contains("skills: 1 loaded: good"), "{stdout}");
+    assert!(
+        stdout.contains("warning: skill left out: ")
+            && stdout.contains("skills/custom/bad/SKILL.md: the name `Bad` is not a skill name"),
+        "{stdout}"
+    );
+
+    let (_, stdout, _) = crate::support::run_binary(&["doctor", "--config", &config]).await;
+    assert!(stdout.contains("1 loaded: good"), "{stdout}");
+    assert!(
+        stdout.contains("left out: ") && stdout.contains("skills/custom/bad/SKILL.md"),
+        "{stdout}"
+    );
+
+    // The repository's own config finds the skills antler ships.
+    let repository = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("config/antler.toml");
+    let (code, stdout, stderr) =
+        crate::support::run_binary(&["check-config", "--config", repository.to_str().unwrap()])
+            .await;
+    assert_eq!(code, Some(0), "{stdout}{stderr}");
+    assert!(
+        stdout.contains("skills: 2 loaded: incident-summary, postmortem"),
+        "{stdout}"
+    );
+    assert!(!stdout.contains("skill left out"), "{stdout}");
+}
