@@ -1825,3 +1825,27 @@ fn subagents_default_to_three_at_once_and_bad_types_name_their_key() {
         "subagents.max_concurent: unknown key (expected one of: enabled, max_concurrent, timeout_seconds, types)",
     );
 }
+
+#[test]
+fn skills_are_on_by_default_and_their_folders_are_checked() {
+    let config = parse("").unwrap();
+    assert!(config.skills.enabled);
+    assert!(config.skills.paths.is_empty());
+    assert_issue(
+        "[skills]\npaths = [\"a\", \"\"]\n",
+        "skills.paths[1]: must not be empty",
+    );
+    assert_issue(
+        "[skills]\npaths = [\"a\", \"a\"]\n",
+        "skills.paths[1]: is listed twice",
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("antler.toml");
+    std::fs::write(&path, "[skills]\npaths = [\"mine\"]\n").unwrap();
+    let loaded = Config::load(&path).unwrap();
+    assert_eq!(
+        loaded.skills.folders(),
+        [(dir.path().join("mine"), true)],
+        "relative to the config file's folder"
+    );
+}

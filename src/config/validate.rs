@@ -41,7 +41,20 @@ pub(crate) fn validate(config: &Config) -> Vec<ConfigIssue> {
     mcp(config, &mut v);
     memory(config, &mut v);
     subagents(config, &mut v);
+    skills(config, &mut v);
     v.0
+}
+
+/// `[skills]`: the folders must be named (a missing or invalid skill is reported at start,
+/// never a config error).
+fn skills(config: &Config, v: &mut Issues) {
+    for (index, path) in config.skills.paths.iter().enumerate() {
+        if path.as_os_str().is_empty() {
+            v.push(&element(key!("skills.paths"), index), "must not be empty");
+        } else if config.skills.paths[..index].contains(path) {
+            v.push(&element(key!("skills.paths"), index), "is listed twice");
+        }
+    }
 }
 
 #[derive(Default)]
