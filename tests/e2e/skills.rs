@@ -159,7 +159,7 @@ async fn a_skill_is_listed_readable_not_writable_and_holds_the_run_to_its_tools(
     let results = tool_results(requests.last().unwrap());
     assert_eq!(results.len(), 6, "{results:#?}");
     assert!(
-        results[0].contains("probe/  (Probe <things> & report)"),
+        results[0].contains("probe/  (Probe &lt;things&gt; &amp; report)"),
         "{}",
         results[0]
     );

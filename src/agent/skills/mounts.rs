@@ -11,6 +11,7 @@ use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
 
 use super::Skill;
+use crate::agent::memory::injection::escape;
 use crate::beneath::{Dir, Refused};
 
 /// Where the model sees the skills.
@@ -157,7 +158,12 @@ impl SkillMounts {
             self.skills.len()
         );
         for skill in self.skills.iter() {
-            out.push_str(&format!("{}/  ({})\n", skill.name, skill.description));
+            // The operator's text, escaped as in the system prompt's list.
+            out.push_str(&format!(
+                "{}/  ({})\n",
+                skill.name,
+                escape(&skill.description)
+            ));
         }
         out
     }
