@@ -598,7 +598,9 @@ async fn telegram_set_webhook_points_at_the_public_url_and_sets_the_menu_only_wh
     assert!(stdout.contains("allowed updates: message\n"), "{stdout}");
     assert!(stdout.contains("pending updates: dropped\n"), "{stdout}");
     assert!(
-        stdout.contains("commands: set (/help, /new, /status, /stop, /plan, /memory, /tasks)"),
+        stdout.contains(
+            "commands: set (/help, /new, /status, /stop, /plan, /memory, /tasks, /skills)"
+        ),
         "{stdout}"
     );
     assert_no_secrets(&stdout);
@@ -624,7 +626,9 @@ async fn telegram_set_webhook_points_at_the_public_url_and_sets_the_menu_only_wh
         .collect();
     assert_eq!(
         names,
-        ["help", "new", "status", "stop", "plan", "memory", "tasks"]
+        [
+            "help", "new", "status", "stop", "plan", "memory", "tasks", "skills"
+        ]
     );
 
     // The second run finds Telegram's menu equal to antler's and leaves it.
