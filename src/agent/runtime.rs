@@ -16,6 +16,13 @@
 //! - **Endings**: the run ends answered, interrupted, stopped, failed or timed out, and
 //!   `after_run` hooks see every ending. The answer is all the text the user was shown,
 //!   across rounds, not only the last round's.
+//! - **Context**: every run is told the current date and time (`agent.timezone`), fixed when
+//!   it starts, as the first block of its hidden context (see `finalize`), so every request
+//!   of a run sends the same bytes and the cacheable prefix stays the same across runs.
+//! - **Answers that are not**: a final response with no text and no tool calls is sent back
+//!   once with a reminder, then ends with a note; the tool calls of a response the
+//!   provider's content filter stopped are not run. A run with a token budget (a subagent
+//!   task's) that used it up ends before its next round (`token_budget`).
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -46,6 +53,21 @@ pub(crate) const NO_ANSWER_PREFIX: &str = "I stopped after";
 
 /// How long `after_run` hooks may take after the run itself ended.
 const AFTER_RUN_LIMIT: Duration = Duration::from_secs(30);
+
+/// The stop reason of a run that used up its token budget.
+pub(crate) const TOKEN_BUDGET: &str = "token_budget";
+
+/// The stop reason of a run whose model gave no answer, even when reminded.
+pub(crate) const EMPTY_ANSWER: &str = "empty_answer";
+
+/// The reminder that sends a model back once after an empty final response.
+const EMPTY_ANSWER_REMINDER: &str = "<system-reminder>\nYour last response had no text and \
+no tool calls, so the user saw nothing. Write your final answer to the user now.\n\
+</system-reminder>";
+
+/// What the user is told when the model gave no answer twice.
+const EMPTY_ANSWER_NOTE: &str = "⚠️ The model finished without writing an answer. Send your \
+message again, perhaps worded differently.";
 
 /// Something a tool did, for channels that show it ("running `bash`…").
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -199,6 +221,11 @@ pub(crate) struct RuntimeSettings {
     pub(crate) context_tokens: usize,
     /// Where threads keep their folders (the store's directory).
     pub(crate) data_root: PathBuf,
+    /// The time zone of the current time each run is told (`agent.timezone`).
+    pub(crate) timezone: jiff::tz::TimeZone,
+    /// Tokens one run may use, model and helper calls (a subagent task's budget); `None`
+    /// for no budget.
+    pub(crate) token_budget: Option<u64>,
 }
 
 /// The agent: a model, tools, a middleware chain and its settings.
@@ -337,6 +364,9 @@ impl Runtime {
         let mut cx = RunContext::new(thread, input, self.model.as_ref());
         cx.answering = answering;
         cx.folders = ThreadFolders::new(&self.settings.data_root, &cx.thread.id).ok();
+        // First, before any hook's block: fixed for the run, so its requests stay identical.
+        cx.hidden_context
+            .push(current_time(jiff::Timestamp::now(), &self.settings.timezone));
         let shown = Shown::default();
         let deadline = Instant::now() + limits.timeout;
         tracing::debug!(thread = %cx.thread.id, user = %cx.user_id, "run starts");
@@ -429,6 +459,9 @@ impl Runtime {
     ) -> Result<Finish, RunError> {
         self.chain.before_run(cx).await?;
         let mut continues = 0;
+        let mut nudged = false;
+        // The model's own count, so the budget holds also without the token_usage middleware.
+        let mut model_tokens = 0_u64;
         let unanswered = unanswered_calls(&cx.thread.messages);
         if !unanswered.is_empty() {
             tracing::info!(thread = %cx.thread.id, calls = unanswered.len(), "running the tool calls a crash left unanswered");
@@ -451,7 +484,28 @@ impl Runtime {
             let sink = |text: &str| shown.stream(text, observer);
             let mut response = self.model.complete(&request, Some(&sink)).await?;
             cx.model_calls += 1;
+            model_tokens += response.usage.map_or(0, |u| u.total_tokens);
             self.chain.after_model(cx, &mut response).await?;
+
+            if response.finish_reason == FinishReason::ContentFilter
+                && !response.tool_calls.is_empty()
+            {
+                // What the filter stopped is not a decision to act on.
+                tracing::warn!(
+                    thread = %cx.thread.id,
+                    calls = response.tool_calls.len(),
+                    "the provider's content filter stopped a response; its tool calls are not run"
+                );
+                metrics::counter!("antler_model_content_filtered_total").increment(1);
+                response.tool_calls.clear();
+            }
+            if let Some(budget) = self.settings.token_budget {
+                let used = model_tokens.max(cx.run_usage.total_tokens);
+                if used >= budget && !response.tool_calls.is_empty() {
+                    tracing::info!(thread = %cx.thread.id, used, budget, "the run used up its token budget");
+                    cx.stop(TOKEN_BUDGET);
+                }
+            }
 
             let control = cx.take_control();
             let ends_here = matches!(
@@ -473,6 +527,28 @@ impl Runtime {
                 }
             }
             let calls = std::mem::take(&mut response.tool_calls);
+            if calls.is_empty()
+                && control.is_none()
+                && response.content.trim().is_empty()
+                && response.finish_reason != FinishReason::ContentFilter
+            {
+                if !nudged && !last_call {
+                    // Nothing to show and nothing to run: one more try, reminded.
+                    nudged = true;
+                    tracing::info!(thread = %cx.thread.id, "an empty final response; the model is reminded once");
+                    metrics::counter!("antler_empty_answers_total", "action" => "retry")
+                        .increment(1);
+                    cx.thread
+                        .messages
+                        .push(ChatMessage::user(EMPTY_ANSWER_REMINDER));
+                    continue;
+                }
+                tracing::warn!(thread = %cx.thread.id, "the model gave no answer");
+                metrics::counter!("antler_empty_answers_total", "action" => "reported")
+                    .increment(1);
+                cx.stop_reason.get_or_insert_with(|| EMPTY_ANSWER.to_owned());
+                response.content = EMPTY_ANSWER_NOTE.to_owned();
+            }
             let note = if calls.is_empty() {
                 finish_note(&response.finish_reason)
             } else {
@@ -782,6 +858,18 @@ fn finish_note(reason: &FinishReason) -> Option<&'static str> {
         }
         _ => None,
     }
+}
+
+/// The `<current_time>` block of a run that starts at `now`, in `zone`:
+/// `Friday, 2026-12-04 21:05 (Europe/Berlin, UTC+01:00)`.
+pub(crate) fn current_time(now: jiff::Timestamp, zone: &jiff::tz::TimeZone) -> String {
+    let local = now.to_zoned(zone.clone());
+    let name = zone.iana_name().unwrap_or("UTC");
+    format!(
+        "<current_time>{} ({name}, UTC{})</current_time>",
+        local.strftime("%A, %Y-%m-%d %H:%M"),
+        local.strftime("%:z")
+    )
 }
 
 /// `first` and `second` as paragraphs, either may be empty.

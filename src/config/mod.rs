@@ -269,7 +269,8 @@ pub struct AgentConfig {
     pub max_concurrent_turns: usize,
     /// Turns waiting for a slot before new messages are refused.
     pub backlog: usize,
-    /// The time limit of one turn.
+    /// The time limit of one turn; with subagents, at least what one task of the slowest type
+    /// needs (see `effective_turn_timeout`).
     pub turn_timeout_secs: u64,
     /// How often a turn is attempted (after crashes or transient failures) before giving up.
     pub max_turn_attempts: u32,
@@ -282,6 +283,8 @@ pub struct AgentConfig {
     /// The largest file a message may bring, in bytes, on any channel (a file is held in
     /// memory while it is fetched), `1..=1 GiB`.
     pub max_attachment_bytes: u64,
+    /// The IANA time zone of the current time every run is told (`Europe/Berlin`).
+    pub timezone: String,
     /// `[agent.middleware.*]`
     pub middleware: MiddlewareConfig,
     /// `[agent.tools.*]`
@@ -300,9 +303,19 @@ impl Default for AgentConfig {
             tool_timeout_secs: 120,
             tool_timeouts: std::collections::BTreeMap::new(),
             max_attachment_bytes: 20 * 1024 * 1024,
+            timezone: "UTC".to_owned(),
             middleware: MiddlewareConfig::default(),
             tools: ToolsConfig::default(),
         }
+    }
+}
+
+impl AgentConfig {
+    /// The time zone `timezone` names, from the system's tz database, else from the copy
+    /// built into antler (a container without `/usr/share/zoneinfo`).
+    pub(crate) fn time_zone(&self) -> Result<jiff::tz::TimeZone, jiff::Error> {
+        jiff::tz::TimeZone::get(&self.timezone)
+            .or_else(|_| jiff::tz::TimeZoneDatabase::bundled().get(&self.timezone))
     }
 }
 
@@ -782,6 +795,15 @@ fn display_issues(issues: &[ConfigIssue]) -> String {
 }
 
 impl Config {
+    /// The time limit of one turn: `agent.turn_timeout_secs`, grown to what one task of the
+    /// slowest subagent type needs, so a type's timeout is never cut short by the turn's.
+    pub(crate) fn turn_timeout(&self) -> std::time::Duration {
+        let configured = std::time::Duration::from_secs(self.agent.turn_timeout_secs);
+        self.subagents
+            .turn_time_needed()
+            .map_or(configured, |needed| configured.max(needed))
+    }
+
     /// Reads, expands (with the process environment), parses and validates a config file.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io {

@@ -117,6 +117,7 @@ pub(crate) const SETTINGS: &[Setting] = &[
     value("agent.max_parallel_tools", "4", "Tool calls of one model response that run at once, 1 to 64."),
     value("agent.tool_timeout_secs", "120", "The time limit of one tool call, in seconds."),
     value("agent.tool_timeouts", "{}", "Time limits of particular tools, in seconds, by name (`{ bash = 600 }`)."),
+    value("agent.timezone", r#""UTC""#, "The IANA time zone of the current time each run is told."),
     // [agent.middleware.*]
     value("agent.middleware.thread_data.enabled", "true", "Tells the model where the thread's files are; offers `present_files`."),
     value("agent.middleware.uploads.enabled", "true", "Lists the files that came with a message to the model."),
@@ -271,6 +272,7 @@ pub(crate) const SETTINGS: &[Setting] = &[
     value("subagents.enabled", "true", "Whether the `task` tool is offered."),
     value("subagents.max_concurrent", "3", "Tasks running at once across antler, 1 to 16."),
     value("subagents.timeout_seconds", "900", "How long a task may run unless its type says otherwise, in seconds."),
+    value("subagents.token_budget", "1000000", "Tokens a task may use unless its type says otherwise; 0 for no budget."),
     tables("subagents.types", "Changes to the built-in subagent types, and custom types."),
     unset("subagents.types.<name>.description", "the built-in type's (a custom type needs one)", "What the lead agent is told the type is for."),
     unset("subagents.types.<name>.system_prompt", "the built-in type's, or a general one", "The subagent's system prompt."),
@@ -279,6 +281,7 @@ pub(crate) const SETTINGS: &[Setting] = &[
     unset("subagents.types.<name>.model", "model.model", "The model it uses."),
     unset("subagents.types.<name>.max_turns", "150 (general-purpose), 60 (bash), 50 (custom)", "Model calls it may make."),
     unset("subagents.types.<name>.timeout_seconds", "subagents.timeout_seconds", "How long it may run, in seconds."),
+    unset("subagents.types.<name>.token_budget", "subagents.token_budget", "Tokens one task may use; 0 for no budget."),
 ];
 
 /// Whether [`SETTINGS`] declares `key` (written as declared, placeholders included).

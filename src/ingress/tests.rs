@@ -108,6 +108,8 @@ pub(crate) fn harness_with(max_attempts: u32, access: Access) -> Harness {
             max_parallel_tools: 4,
             context_tokens: 0,
             data_root: std::env::temp_dir().join("antler-ingress-tests"),
+            timezone: jiff::tz::TimeZone::UTC,
+            token_budget: None,
         },
     );
     let runner = TurnRunner::new(

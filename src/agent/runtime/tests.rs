@@ -18,6 +18,8 @@ fn settings(max_model_calls: u32) -> RuntimeSettings {
         max_parallel_tools: 4,
         context_tokens: 0,
         data_root: std::env::temp_dir().join("antler-runtime-tests"),
+        timezone: jiff::tz::TimeZone::UTC,
+        token_budget: None,
     }
 }
 
@@ -841,6 +843,8 @@ async fn file_tools_run_under_the_guardrail_and_the_output_budget() {
     let dir = tempfile::tempdir().unwrap();
     let settings = RuntimeSettings {
         data_root: dir.path().to_path_buf(),
+        timezone: jiff::tz::TimeZone::UTC,
+        token_budget: None,
         ..settings(5)
     };
     let chain = || -> Vec<Arc<dyn Middleware>> {

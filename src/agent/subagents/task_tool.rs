@@ -15,6 +15,7 @@ use std::sync::Arc;
 
 use serde::Deserialize;
 
+use super::config::TASK_CALL_MARGIN;
 use super::executor::{ParentCall, SubagentExecutor, TaskError, TaskRequest};
 use super::registry::{SubagentRecord, SubagentStatus};
 use crate::agent::input::{Author, Role};
@@ -205,7 +206,10 @@ impl Tool for TaskTool {
                 call_id: cx.call_id.clone(),
                 author: cx.author.clone(),
                 trace_id: cx.trace_id.clone(),
-                deadline: cx.deadline,
+                // The type's own limit: a quicker type's call does not wait for the slowest.
+                deadline: cx
+                    .deadline
+                    .min(tokio::time::Instant::now() + kind.timeout + TASK_CALL_MARGIN),
                 progress: Arc::clone(&cx.progress),
             },
         };
@@ -265,7 +269,17 @@ pub(crate) fn answer(record: &SubagentRecord) -> ToolOutput {
             ToolOutput::ok(text)
         }
         SubagentStatus::Failed => ToolOutput::error(format!("Task failed. Error: {error}")),
-        SubagentStatus::TimedOut => ToolOutput::error(format!("Task timed out. Error: {error}")),
+        SubagentStatus::TimedOut => {
+            let capped = record
+                .stop_reason
+                .as_ref()
+                .map_or_else(String::new, |reason| format!(" ({reason})"));
+            let partial = record
+                .result
+                .as_ref()
+                .map_or_else(String::new, |result| format!(" Partial result: {result}"));
+            ToolOutput::error(format!("Task timed out{capped}. Error: {error}{partial}"))
+        }
         SubagentStatus::Cancelled => ToolOutput::error(match &record.error {
             Some(reason) => format!("Task cancelled: {reason}."),
             None => "Task cancelled by user.".to_owned(),

@@ -167,6 +167,8 @@ fn settings() -> RuntimeSettings {
         max_parallel_tools: 8,
         context_tokens: 0,
         data_root: std::env::temp_dir().join("antler-subagent-tests"),
+        timezone: jiff::tz::TimeZone::UTC,
+        token_budget: None,
     }
 }
 
