@@ -1822,6 +1822,47 @@ fn subagents_default_to_three_at_once_and_bad_types_name_their_key() {
     );
     assert_issue(
         "[subagents]\nmax_concurent = 3\n",
-        "subagents.max_concurent: unknown key (expected one of: enabled, max_concurrent, timeout_seconds, types)",
+        "subagents.max_concurent: unknown key (expected one of: enabled, max_concurrent, timeout_seconds, token_budget, types)",
+    );
+}
+
+#[test]
+fn the_turn_grows_to_fit_the_slowest_subagent_type_and_a_lower_task_limit_is_refused() {
+    let config = parse("").unwrap();
+    assert_eq!(config.subagents.token_budget, 1_000_000);
+    // 900 s of the slowest type, 60 s for its call's wait and record, 120 s for the lead.
+    assert_eq!(config.turn_timeout(), std::time::Duration::from_secs(1080));
+    let custom = parse(
+        "[agent]\nturn_timeout_secs = 600\n[subagents.types.slow]\ndescription = \"x\"\ntimeout_seconds = 3000\n",
+    )
+    .unwrap();
+    assert_eq!(custom.turn_timeout(), std::time::Duration::from_secs(3180));
+    let off = parse("[subagents]\nenabled = false\n").unwrap();
+    assert_eq!(off.turn_timeout(), std::time::Duration::from_secs(600));
+    let longer = parse("[agent]\nturn_timeout_secs = 4000\n").unwrap();
+    assert_eq!(longer.turn_timeout(), std::time::Duration::from_secs(4000));
+
+    assert_issue(
+        "[agent]\ntool_timeouts = { task = 600 }\n",
+        "agent.tool_timeouts.task: must be at least 960 seconds: the slowest subagent type's \
+         timeout_seconds and 60 s for the task's wait and record (or leave it out)",
+    );
+    assert!(parse("[agent]\ntool_timeouts = { task = 960 }\n").is_ok());
+}
+
+#[test]
+fn the_time_zone_is_an_iana_name() {
+    let config = parse("[agent]\ntimezone = \"Europe/Berlin\"\n").unwrap();
+    assert_eq!(
+        config.agent.time_zone().unwrap().iana_name(),
+        Some("Europe/Berlin")
+    );
+    assert_eq!(parse("").unwrap().agent.timezone, "UTC");
+    let found = issues("[agent]\ntimezone = \"Mars/Olympus\"\n");
+    assert!(
+        found
+            .iter()
+            .any(|issue| issue.starts_with("agent.timezone: `Mars/Olympus` is not a known IANA time zone")),
+        "{found:?}"
     );
 }

@@ -144,7 +144,8 @@ async fn tool_results_go_back_to_the_model_each_checkpointed() {
     };
     assert_eq!(tool_call_id, "c1");
     assert!(thread.messages[3].text().contains("no tool named `nope`"));
-    assert_eq!(model.requests()[1].messages.len(), 1 + 4);
+    // The system prompt, the run's hidden context, then the thread's four messages.
+    assert_eq!(model.requests()[1].messages.len(), 2 + 4);
     // One checkpoint per result, not one per round.
     assert_eq!(*recorder.checkpoints.lock().unwrap(), vec![3, 4]);
     // Only the call that ran reports progress; the unknown tool is an immediate error.
@@ -825,7 +826,8 @@ async fn finalization_repairs_what_a_hook_broke() {
     let runtime = runtime_with(model.clone(), vec![Arc::new(DropResults)], settings(5));
     run(&runtime, &mut thread(), "time?").await;
     let request = model.requests().pop().unwrap();
-    let ChatMessage::Tool { tool_call_id, .. } = &request.messages[3] else {
+    // System, hidden context, user, assistant, the repaired result.
+    let ChatMessage::Tool { tool_call_id, .. } = &request.messages[4] else {
         panic!("the call got a placeholder result: {:?}", request.messages)
     };
     assert_eq!(tool_call_id, "c1");
