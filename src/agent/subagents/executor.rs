@@ -528,7 +528,7 @@ fn conclude(
             ..SubagentChange::failed(
                 SubagentStatus::TimedOut,
                 format!(
-                    "it used {} tokens, its budget is {} (subagents.token_budget)",
+                    "it used {} tokens, over its budget of {} (subagents.token_budget)",
                     outcome.usage.total_tokens,
                     budget.unwrap_or_default()
                 ),

@@ -277,7 +277,7 @@ pub(crate) fn answer(record: &SubagentRecord) -> ToolOutput {
             let partial = record
                 .result
                 .as_ref()
-                .map_or_else(String::new, |result| format!(" Partial result: {result}"));
+                .map_or_else(String::new, |result| format!("\n\nPartial result: {result}"));
             ToolOutput::error(format!("Task timed out{capped}. Error: {error}{partial}"))
         }
         SubagentStatus::Cancelled => ToolOutput::error(match &record.error {

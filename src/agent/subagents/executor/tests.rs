@@ -1,3 +1,4 @@
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use super::*;
@@ -780,5 +781,168 @@ async fn users_who_may_not_run_the_shell_are_not_offered_the_bash_type() {
     assert_eq!(
         offered_types(Role::Admin).await,
         serde_json::json!(["bash", "general-purpose"])
+    );
+}
+
+/// The lead as the app builds it for `config`: the `task` call's limit and the turn's time
+/// follow the subagent types (`longest_call`, `turn_time_needed`).
+fn configured_lead(
+    lead_model: Arc<dyn ChatModel>,
+    worker: Arc<dyn ChatModel>,
+    config: &SubagentsConfig,
+) -> (Runtime, RunLimits) {
+    let kinds = config
+        .types()
+        .into_iter()
+        .map(|spec| SubagentKind::new(spec, Arc::clone(&worker), base_tools(), chain(), settings()))
+        .collect();
+    let executor = SubagentExecutor::new(
+        Arc::new(MemoryRegistry::default()),
+        kinds,
+        3,
+        CancellationToken::new(),
+    );
+    let mut tools = ToolRegistry::default();
+    tools.register(Arc::new(TaskTool::new(executor, Arc::new(|_| true), None)));
+    let tools = tools.with_timeouts(
+        Duration::from_secs(120),
+        HashMap::from([(
+            task_tool::TASK_TOOL.to_owned(),
+            config.longest_call().unwrap(),
+        )]),
+    );
+    let runtime = Runtime::new(lead_model, tools, chain(), settings());
+    // agent.turn_timeout_secs at its default, 600 s, grown as Config::turn_timeout does.
+    let turn = Duration::from_secs(600).max(config.turn_time_needed().unwrap());
+    let limits = RunLimits {
+        timeout: turn,
+        cancel: CancellationToken::new(),
+    };
+    (runtime, limits)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_900_second_subagent_timeout_is_honoured_not_cut_to_the_turns_600() {
+    let config = SubagentsConfig::default();
+    assert_eq!(config.timeout_seconds, 900);
+    // 880 s of work: more than a 600 s turn has, within the type's 900 s.
+    let worker = WorkerModel::slow(Duration::from_secs(880));
+    let lead_model = Arc::new(ScriptedModel::new(vec![
+        calls(&[task_call("c1", "long job")]),
+        ScriptedModel::text("done"),
+    ]));
+    let (runtime, limits) = configured_lead(lead_model.clone(), worker, &config);
+    assert_eq!(limits.timeout, Duration::from_secs(1080));
+    let mut thread = ThreadState::new("t1".into(), "api:c".into(), 0, 0);
+    let started = Instant::now();
+    let outcome = runtime
+        .run(
+            &mut thread,
+            &RunInput::text("api", "u1", "go"),
+            &Unobserved,
+            &limits,
+        )
+        .await;
+    assert_eq!(outcome.ending, RunEnding::Answered, "{}", outcome.answer);
+    assert_eq!(started.elapsed(), Duration::from_secs(880));
+    let result = lead_model.requests()[1].messages.last().unwrap().text().to_owned();
+    assert_eq!(result, "Task succeeded. Result: result of long job");
+
+    // Past 900 s the type's own timeout ends it, at 900 s exactly.
+    let worker = WorkerModel::slow(Duration::from_secs(5000));
+    let lead_model = Arc::new(ScriptedModel::new(vec![
+        calls(&[task_call("c1", "endless job")]),
+        ScriptedModel::text("it timed out"),
+    ]));
+    let (runtime, limits) = configured_lead(lead_model.clone(), worker, &config);
+    let mut thread = ThreadState::new("t2".into(), "api:c".into(), 0, 0);
+    let started = Instant::now();
+    let outcome = runtime
+        .run(
+            &mut thread,
+            &RunInput::text("api", "u1", "go"),
+            &Unobserved,
+            &limits,
+        )
+        .await;
+    assert_eq!(outcome.answer, "it timed out");
+    assert_eq!(started.elapsed(), Duration::from_secs(900));
+    let result = lead_model.requests()[1].messages.last().unwrap().text().to_owned();
+    assert_eq!(
+        result,
+        "Task timed out. Error: it did not finish within 900 seconds"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_task_started_too_late_for_its_whole_timeout_says_its_turn_ran_out() {
+    let model = WorkerModel::slow(Duration::from_secs(600));
+    let Setup { executor, .. } = setup(model, Duration::from_secs(900), 3);
+    let mut asked = request("call_1", "slow");
+    asked.parent.deadline = Instant::now() + Duration::from_secs(100);
+    let record = executor
+        .run(asked, &CancellationToken::new())
+        .await
+        .unwrap();
+    assert_eq!(record.status, SubagentStatus::TimedOut);
+    assert_eq!(
+        record.error.as_deref(),
+        Some(
+            "it did not finish within 85 seconds, all the time its parent's turn had left \
+             (agent.turn_timeout_secs)"
+        )
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_task_over_its_token_budget_ends_timed_out_with_its_partial_result() {
+    let step = |id: &str| {
+        let mut response = ScriptedModel::calls(&[(id, "read_file", "{}")]).unwrap();
+        response.content = format!("read part {id}");
+        response.usage = Some(TokenUsage {
+            prompt_tokens: 10,
+            completion_tokens: 5,
+            total_tokens: 15,
+        });
+        Ok(response)
+    };
+    let worker = Arc::new(ScriptedModel::new(vec![step("r1"), step("r2"), step("r3")]));
+    let config = SubagentsConfig {
+        token_budget: 20,
+        ..SubagentsConfig::default()
+    };
+    let kinds = config
+        .types()
+        .into_iter()
+        .map(|spec| {
+            let model: Arc<dyn ChatModel> = worker.clone();
+            SubagentKind::new(spec, model, base_tools(), chain(), settings())
+        })
+        .collect();
+    let registry = Arc::new(MemoryRegistry::default());
+    let executor = SubagentExecutor::new(
+        Arc::clone(&registry) as Arc<dyn SubagentRegistry>,
+        kinds,
+        3,
+        CancellationToken::new(),
+    );
+    let record = executor
+        .run(request("call_1", "read everything"), &CancellationToken::new())
+        .await
+        .unwrap();
+    assert_eq!(record.status, SubagentStatus::TimedOut);
+    assert_eq!(record.stop_reason.as_deref(), Some("token_budget"));
+    assert_eq!(record.usage.total_tokens, 30);
+    assert_eq!(
+        record.result.as_deref(),
+        Some("read part r1\n\nread part r2")
+    );
+    assert_eq!(worker.requests().len(), 2, "no round after the budget");
+    let told = task_tool::answer(&record);
+    assert!(told.is_error);
+    assert_eq!(
+        told.content,
+        "Task timed out (token_budget). Error: it used 30 tokens, over its budget of 20 \
+         (subagents.token_budget)\n\nPartial result: read part r1\n\nread part r2"
     );
 }
