@@ -141,7 +141,8 @@ pub struct Recorded {
     pub at: Instant,
     /// The JSON body.
     pub body: Value,
-    /// The conversation key: the first user message of the request.
+    /// The conversation key: the first user message of the request (antler's hidden
+    /// `<context>` message left out).
     pub conversation: String,
     /// Requests in flight (this one included) when it arrived.
     pub in_flight: usize,
@@ -342,10 +343,15 @@ fn last_user_text(body: &Value) -> String {
         .unwrap_or_default()
 }
 
+/// The first user message that is not antler's hidden `<context>` (the current time, memory).
 fn first_user_text(body: &Value) -> String {
     body["messages"]
         .as_array()
-        .and_then(|m| m.iter().find(|m| m["role"] == "user"))
+        .and_then(|m| {
+            m.iter().find(|m| {
+                m["role"] == "user" && !text_of(&m["content"]).starts_with("<context>")
+            })
+        })
         .map(|m| unwrap_user_text(&text_of(&m["content"])))
         .unwrap_or_default()
 }
