@@ -907,7 +907,7 @@ fn delivery_retry(config: &Config) -> RetryPolicy {
 fn turn_settings(config: &Config) -> TurnSettings {
     TurnSettings {
         max_attempts: config.agent.max_turn_attempts,
-        turn_timeout: config.turn_timeout(),
+        turn_timeout: Duration::from_secs(config.agent.turn_timeout_secs),
         max_attachment_bytes: config.agent.max_attachment_bytes,
         todo: config.agent.middleware.todo.clone(),
         memory_identities: MemoryIdentities::from_config(&config.memory),

@@ -9,7 +9,9 @@
 //!   call a run may make, so a run ends with an answer rather than with a dangling call.
 //! - **Tools** of one response run concurrently, at most `max_parallel_tools` at a time, each
 //!   in its own task with its time limit; results are appended in call order, and the thread
-//!   is checkpointed after each one. A checkpoint that fails fails the run: going on would
+//!   is checkpointed after each one. A call's limit ends at the turn's deadline too, except for
+//!   a call that starts lasting work (a subagent task: `Tool::checkpoint_first`): it gets its
+//!   whole limit, and the turn's deadline moves to after it, with [`ANSWER_TIME`] to answer. A checkpoint that fails fails the run: going on would
 //!   risk running the same tools twice after a crash.
 //! - **Control**: hooks may send the model back (`Continue`, capped per run), end the run
 //!   with a question (`Interrupt`; the user's next message answers it) or `Stop` it.
@@ -53,6 +55,10 @@ pub(crate) const NO_ANSWER_PREFIX: &str = "I stopped after";
 
 /// How long `after_run` hooks may take after the run itself ended.
 const AFTER_RUN_LIMIT: Duration = Duration::from_secs(30);
+
+/// What a turn keeps after a lasting tool call's limit (a subagent task's) for the model to
+/// answer from its result.
+pub(crate) const ANSWER_TIME: Duration = Duration::from_secs(120);
 
 /// The stop reason of a run that used up its token budget.
 pub(crate) const TOKEN_BUDGET: &str = "token_budget";
@@ -368,13 +374,14 @@ impl Runtime {
         cx.hidden_context
             .push(current_time(jiff::Timestamp::now(), &self.settings.timezone));
         let shown = Shown::default();
-        let deadline = Instant::now() + limits.timeout;
+        let started = Instant::now();
+        let deadline = TurnDeadline::new(started + limits.timeout);
         tracing::debug!(thread = %cx.thread.id, user = %cx.user_id, "run starts");
         let result = tokio::select! {
             biased;
             () = limits.cancel.cancelled() => Err(CutShort::Cancelled),
-            () = tokio::time::sleep_until(deadline) => Err(CutShort::TimedOut),
-            result = self.drive(&mut cx, observer, &shown, &limits.cancel, deadline) => Ok(result),
+            () = deadline.passed() => Err(CutShort::TimedOut),
+            result = self.drive(&mut cx, observer, &shown, &limits.cancel, &deadline) => Ok(result),
         };
         let (ending, mut answer, mut error) = match result {
             Ok(Ok(Finish::Answered)) => (RunEnding::Answered, shown.completed(), None),
@@ -410,11 +417,13 @@ impl Runtime {
                 (RunEnding::Stopped, join(text, notice), None)
             }
             Err(CutShort::TimedOut) => {
-                tracing::warn!(thread = %cx.thread.id, timeout = ?limits.timeout, "run timed out");
+                // The configured time, or more when lasting work made the turn grow.
+                let allowed = deadline.get().saturating_duration_since(started);
+                tracing::warn!(thread = %cx.thread.id, timeout = ?allowed, "run timed out");
                 let notice = format!(
                     "⚠️ Sorry, this took longer than {} seconds and was stopped. Send it again \
                      to retry, perhaps asking for less at once.",
-                    limits.timeout.as_secs()
+                    allowed.as_secs()
                 );
                 (RunEnding::TimedOut, join(shown.everything(), &notice), None)
             }
@@ -455,7 +464,7 @@ impl Runtime {
         observer: &dyn RunObserver,
         shown: &Shown,
         cancel: &CancellationToken,
-        deadline: Instant,
+        deadline: &TurnDeadline,
     ) -> Result<Finish, RunError> {
         self.chain.before_run(cx).await?;
         let mut continues = 0;
@@ -657,7 +666,7 @@ impl Runtime {
         calls: &[ToolCall],
         observer: &dyn RunObserver,
         cancel: &CancellationToken,
-        deadline: Instant,
+        deadline: &TurnDeadline,
     ) -> Result<(), RunError> {
         let mut slots: Vec<Option<ToolOutput>> = Vec::with_capacity(calls.len());
         let mut approved = Vec::new();
@@ -717,12 +726,14 @@ impl Runtime {
             let events = events.clone();
             let notes = events.clone();
             let (call_id, name) = (call.id.clone(), call.name.clone());
+            let turn = deadline.clone();
+            let lasting = self.tools.checkpoint_first(&call.name);
             let base = ToolContext {
                 thread_id: cx.thread.id.clone(),
                 call_id: call.id.clone(),
                 author: cx.input.author.clone(),
                 folders: folders.clone(),
-                deadline,
+                deadline: deadline.get(),
                 cancel: calls_cancel.clone(),
                 progress: Arc::new(move |text: &str| {
                     let _ = notes.send(ToolProgress::Note {
@@ -742,11 +753,16 @@ impl Runtime {
                         call_id: call.id.clone(),
                         name: call.name.clone(),
                     });
-                    let started = Instant::now();
-                    let cx = ToolContext {
-                        deadline: base.deadline.min(started + registry.timeout(&call.name)),
-                        ..base
+                    let limit = Instant::now() + registry.timeout(&call.name);
+                    let deadline = if lasting {
+                        // Lasting work (a subagent task) gets its whole limit: the turn grows
+                        // to fit it and the model's answer after it.
+                        turn.extend_to(limit + ANSWER_TIME);
+                        limit
+                    } else {
+                        turn.get().min(limit)
                     };
+                    let cx = ToolContext { deadline, ..base };
                     registry.call(&call, &cx).await
                 }
                 .in_current_span(),
@@ -857,6 +873,45 @@ fn finish_note(reason: &FinishReason) -> Option<&'static str> {
             Some("_(The model provider's content filter withheld the rest of this answer.)_")
         }
         _ => None,
+    }
+}
+
+/// When a turn must end: its timeout from the start, moved later while a lasting tool call
+/// (a subagent task) needs more. Shared by the run loop and the calls it runs.
+#[derive(Debug, Clone)]
+struct TurnDeadline(Arc<Mutex<Instant>>);
+
+impl TurnDeadline {
+    fn new(at: Instant) -> Self {
+        Self(Arc::new(Mutex::new(at)))
+    }
+
+    fn get(&self) -> Instant {
+        // A poisoned lock still holds a valid instant.
+        *self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Moves the deadline to `at` if that is later; never earlier.
+    fn extend_to(&self, at: Instant) {
+        let mut current = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if at > *current {
+            tracing::info!(
+                by_secs = at.saturating_duration_since(*current).as_secs(),
+                "the turn's time grows to fit a lasting tool call"
+            );
+            *current = at;
+        }
+    }
+
+    /// Resolves once the deadline, as it stands then, has passed.
+    async fn passed(&self) {
+        loop {
+            let at = self.get();
+            tokio::time::sleep_until(at).await;
+            if self.get() <= Instant::now() {
+                return;
+            }
+        }
     }
 }
 

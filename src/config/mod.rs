@@ -269,8 +269,7 @@ pub struct AgentConfig {
     pub max_concurrent_turns: usize,
     /// Turns waiting for a slot before new messages are refused.
     pub backlog: usize,
-    /// The time limit of one turn; with subagents, at least what one task of the slowest type
-    /// needs (see `effective_turn_timeout`).
+    /// The time limit of one turn; a subagent task's call makes it grow to fit the task.
     pub turn_timeout_secs: u64,
     /// How often a turn is attempted (after crashes or transient failures) before giving up.
     pub max_turn_attempts: u32,
@@ -795,15 +794,6 @@ fn display_issues(issues: &[ConfigIssue]) -> String {
 }
 
 impl Config {
-    /// The time limit of one turn: `agent.turn_timeout_secs`, grown to what one task of the
-    /// slowest subagent type needs, so a type's timeout is never cut short by the turn's.
-    pub(crate) fn turn_timeout(&self) -> std::time::Duration {
-        let configured = std::time::Duration::from_secs(self.agent.turn_timeout_secs);
-        self.subagents
-            .turn_time_needed()
-            .map_or(configured, |needed| configured.max(needed))
-    }
-
     /// Reads, expands (with the process environment), parses and validates a config file.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io {

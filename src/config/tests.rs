@@ -1827,20 +1827,24 @@ fn subagents_default_to_three_at_once_and_bad_types_name_their_key() {
 }
 
 #[test]
-fn the_turn_grows_to_fit_the_slowest_subagent_type_and_a_lower_task_limit_is_refused() {
+fn the_task_calls_limit_follows_the_slowest_subagent_type_and_a_lower_one_is_refused() {
     let config = parse("").unwrap();
     assert_eq!(config.subagents.token_budget, 1_000_000);
-    // 900 s of the slowest type, 60 s for its call's wait and record, 120 s for the lead.
-    assert_eq!(config.turn_timeout(), std::time::Duration::from_secs(1080));
+    // 900 s of the slowest type and 60 s for its call's wait and record.
+    assert_eq!(
+        config.subagents.longest_call(),
+        Some(std::time::Duration::from_secs(960))
+    );
     let custom = parse(
-        "[agent]\nturn_timeout_secs = 600\n[subagents.types.slow]\ndescription = \"x\"\ntimeout_seconds = 3000\n",
+        "[subagents.types.slow]\ndescription = \"x\"\ntimeout_seconds = 3000\n",
     )
     .unwrap();
-    assert_eq!(custom.turn_timeout(), std::time::Duration::from_secs(3180));
+    assert_eq!(
+        custom.subagents.longest_call(),
+        Some(std::time::Duration::from_secs(3060))
+    );
     let off = parse("[subagents]\nenabled = false\n").unwrap();
-    assert_eq!(off.turn_timeout(), std::time::Duration::from_secs(600));
-    let longer = parse("[agent]\nturn_timeout_secs = 4000\n").unwrap();
-    assert_eq!(longer.turn_timeout(), std::time::Duration::from_secs(4000));
+    assert_eq!(off.subagents.longest_call(), None);
 
     assert_issue(
         "[agent]\ntool_timeouts = { task = 600 }\n",

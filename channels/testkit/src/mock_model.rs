@@ -159,6 +159,18 @@ impl Recorded {
             .unwrap_or_default()
     }
 
+    /// The request's messages without antler's hidden `<context>` message (the current
+    /// time, memory), which every request carries before the turn's message: the
+    /// conversation as the thread has it.
+    pub fn messages_without_context(&self) -> Vec<Value> {
+        self.messages()
+            .into_iter()
+            .filter(|m| {
+                !(m["role"] == "user" && text_of(&m["content"]).starts_with("<context>"))
+            })
+            .collect()
+    }
+
     /// The content of the last user message.
     pub fn last_user_text(&self) -> String {
         last_user_text(&self.body)

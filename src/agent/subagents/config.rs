@@ -7,8 +7,8 @@
 //! changes a built-in type (only the fields given) or defines a custom one.
 //!
 //! Budgets: each task runs for its type's `timeout_seconds` (the `task` call waits that long
-//! and [`TASK_CALL_MARGIN`] more, and the turn's timeout grows to fit the slowest type) and
-//! may use its type's `token_budget` tokens (1,000,000 by default, as DeerFlow's subagents).
+//! and [`TASK_CALL_MARGIN`] more, and the turn grows to fit the call: see `Runtime`) and may
+//! use its type's `token_budget` tokens (1,000,000 by default, as DeerFlow's subagents).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -134,9 +134,6 @@ fn names(entry: &str, tool: &str) -> bool {
 /// [`PARENT_MARGIN`]: super::executor::PARENT_MARGIN
 pub(crate) const TASK_CALL_MARGIN: Duration = Duration::from_secs(60);
 
-/// What a turn keeps after its slowest task for the lead to answer from it.
-pub(crate) const LEAD_ANSWER_TIME: Duration = Duration::from_secs(120);
-
 /// Tokens a task may use by default, as DeerFlow's subagents (with summarization).
 pub(crate) const DEFAULT_TOKEN_BUDGET: u64 = 1_000_000;
 
@@ -154,13 +151,6 @@ impl SubagentsConfig {
     pub(crate) fn longest_call(&self) -> Option<Duration> {
         let slowest = self.types().iter().map(|t| t.timeout).max()?;
         self.enabled.then_some(slowest + TASK_CALL_MARGIN)
-    }
-
-    /// The turn time one task of the slowest type needs: its call and
-    /// [`LEAD_ANSWER_TIME`]. A turn's timeout grows to it (`Config::turn_timeout`), so a
-    /// type's timeout is honoured as configured, not cut to what the turn had left.
-    pub(crate) fn turn_time_needed(&self) -> Option<Duration> {
-        self.longest_call().map(|call| call + LEAD_ANSWER_TIME)
     }
 
     /// The types the lead may delegate to: the built-ins (as configured) and the custom ones,

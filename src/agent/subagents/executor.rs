@@ -410,14 +410,14 @@ impl SubagentExecutor {
             .spec
             .timeout
             .min(latest_end.saturating_duration_since(Instant::now()));
-        // Only when the parent's turn began the task too late for its whole timeout; said in
-        // its error, so a cut is never silent.
+        // The call's deadline leaves the type's whole timeout unless the task waited long for
+        // a slot; then its error says so, so a cut is never silent.
         let cut_by_parent = timeout < kind.spec.timeout;
         if cut_by_parent {
             tracing::warn!(
                 timeout_secs = timeout.as_secs(),
                 type_timeout_secs = kind.spec.timeout.as_secs(),
-                "the parent's turn leaves the task less than its type's timeout"
+                "the parent's call leaves the task less than its type's timeout"
             );
         }
         let mut thread = ThreadState::new(
@@ -500,7 +500,7 @@ impl SubagentExecutor {
 }
 
 /// How a subagent's run ended, as a registry change. `timeout` is the time it had,
-/// `cut_by_parent` whether that was less than its type's timeout (its parent's turn had no
+/// `cut_by_parent` whether that was less than its type's timeout (its parent's call had no
 /// more), `budget` its token budget.
 fn conclude(
     outcome: &RunOutcome,
@@ -541,8 +541,8 @@ fn conclude(
             SubagentStatus::TimedOut,
             if cut_by_parent {
                 format!(
-                    "it did not finish within {} seconds, all the time its parent's turn had \
-                     left (agent.turn_timeout_secs)",
+                    "it did not finish within {} seconds, all the time its `task` call had left \
+                     after it waited for a free slot",
                     timeout.as_secs()
                 )
             } else {
