@@ -105,7 +105,7 @@ pub(crate) const SETTINGS: &[Setting] = &[
     unset("model.temperature", "the server's default", "Sampling temperature, 0 to 2."),
     unset("model.max_tokens", "the server's default", "The completion token limit."),
     value("model.context_tokens", "128000", "The most tokens a request may hold (estimated); 0: no bound."),
-    value("model.system_prompt", r#""You are antler, a helpful assistant answering in a chat. Be concise.""#, "The system prompt at the start of every thread."),
+    unset("model.system_prompt", "antler's built-in lead prompt (`DEFAULT_SYSTEM_PROMPT` in src/config/mod.rs)", "The system prompt at the start of every request; replaces the built-in one."),
     value("model.vision", "false", "Whether the model reads images (a message's images go with it; `view_image` is offered)."),
     // [agent]
     value("agent.max_iterations", "25", "Model calls per turn, 1 to 200."),

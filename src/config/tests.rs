@@ -1870,3 +1870,27 @@ fn the_time_zone_is_an_iana_name() {
         "{found:?}"
     );
 }
+
+#[test]
+fn the_default_lead_prompt_is_short_fixed_and_covers_files_questions_and_chat_style() {
+    let words = DEFAULT_SYSTEM_PROMPT.split_whitespace().count();
+    assert!(words <= 400, "{words} words");
+    for needed in [
+        "You are antler",
+        "/mnt/user-data/uploads",
+        "/mnt/user-data/outputs",
+        "present_files",
+        "ask_clarification",
+        "<current_time>",
+        "<user_message>",
+        "Markdown",
+    ] {
+        assert!(DEFAULT_SYSTEM_PROMPT.contains(needed), "{needed}");
+    }
+    // The same bytes for every run: nothing that could be a date or a time.
+    assert!(
+        !DEFAULT_SYSTEM_PROMPT.chars().any(|c| c.is_ascii_digit()),
+        "{DEFAULT_SYSTEM_PROMPT}"
+    );
+    assert!(!DEFAULT_SYSTEM_PROMPT.contains("  "), "no stray line-continuation spaces");
+}
