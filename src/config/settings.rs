@@ -164,6 +164,9 @@ pub(crate) const SETTINGS: &[Setting] = &[
     value("agent.middleware.loop_detection.hard_limit", "5", "Repeats that strip the tool calls and force a text answer."),
     value("agent.middleware.loop_detection.window", "20", "Recent tool-call sets remembered per thread."),
     value("agent.middleware.loop_detection.max_threads", "100", "No longer used (each run keeps its own window); accepted so older files still load."),
+    value("agent.middleware.loop_detection.tool_freq_warn", "30", "Calls of one tool in a run that add a warning."),
+    value("agent.middleware.loop_detection.tool_freq_hard_limit", "50", "Calls of one tool in a run that force a text answer."),
+    value("agent.middleware.loop_detection.tool_freq_overrides", "{}", "Both limits per tool (`{ bash = { warn = 100, hard_limit = 150 } }`)."),
     value("agent.middleware.deferred_tools.enabled", "true", "With many tools, offers the core ones plus `tool_search`."),
     value("agent.middleware.deferred_tools.max_tools", "20", "Above this many tools, the non-core ones are deferred."),
     value(
