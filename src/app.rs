@@ -40,9 +40,7 @@ use crate::agent::middleware::{ChainError, Middleware, MiddlewareChain};
 use crate::agent::model::{ChatModel, ModelError, ModelHealth, OpenAiClient, OpenAiConfig};
 use crate::agent::runtime::{Runtime, RuntimeSettings};
 use crate::agent::subagents::SUBAGENT_CHAIN;
-use crate::agent::subagents::executor::{
-    INTERRUPTED, SubagentExecutor, SubagentKind,
-};
+use crate::agent::subagents::executor::{INTERRUPTED, SubagentExecutor, SubagentKind};
 use crate::agent::subagents::task_tool::{ShellPolicy, TASK_TOOL, TaskTool};
 use crate::agent::tools::bash::bash_tool;
 use crate::agent::tools::egress::Egress;
@@ -542,10 +540,7 @@ fn runtime_settings(config: &Config) -> RuntimeSettings {
         context_tokens: config.model.context_tokens,
         data_root: config.store.path.clone(),
         // Validation refused a zone that is not there.
-        timezone: config
-            .agent
-            .time_zone()
-            .unwrap_or(jiff::tz::TimeZone::UTC),
+        timezone: config.agent.time_zone().unwrap_or(jiff::tz::TimeZone::UTC),
         token_budget: None,
     }
 }

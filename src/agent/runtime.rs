@@ -371,8 +371,10 @@ impl Runtime {
         cx.answering = answering;
         cx.folders = ThreadFolders::new(&self.settings.data_root, &cx.thread.id).ok();
         // First, before any hook's block: fixed for the run, so its requests stay identical.
-        cx.hidden_context
-            .push(current_time(jiff::Timestamp::now(), &self.settings.timezone));
+        cx.hidden_context.push(current_time(
+            jiff::Timestamp::now(),
+            &self.settings.timezone,
+        ));
         let shown = Shown::default();
         let started = Instant::now();
         let deadline = TurnDeadline::new(started + limits.timeout);
@@ -555,7 +557,8 @@ impl Runtime {
                 tracing::warn!(thread = %cx.thread.id, "the model gave no answer");
                 metrics::counter!("antler_empty_answers_total", "action" => "reported")
                     .increment(1);
-                cx.stop_reason.get_or_insert_with(|| EMPTY_ANSWER.to_owned());
+                cx.stop_reason
+                    .get_or_insert_with(|| EMPTY_ANSWER.to_owned());
                 response.content = EMPTY_ANSWER_NOTE.to_owned();
             }
             let note = if calls.is_empty() {
@@ -888,12 +891,18 @@ impl TurnDeadline {
 
     fn get(&self) -> Instant {
         // A poisoned lock still holds a valid instant.
-        *self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        *self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Moves the deadline to `at` if that is later; never earlier.
     fn extend_to(&self, at: Instant) {
-        let mut current = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut current = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         if at > *current {
             tracing::info!(
                 by_secs = at.saturating_duration_since(*current).as_secs(),

@@ -1835,10 +1835,8 @@ fn the_task_calls_limit_follows_the_slowest_subagent_type_and_a_lower_one_is_ref
         config.subagents.longest_call(),
         Some(std::time::Duration::from_secs(960))
     );
-    let custom = parse(
-        "[subagents.types.slow]\ndescription = \"x\"\ntimeout_seconds = 3000\n",
-    )
-    .unwrap();
+    let custom =
+        parse("[subagents.types.slow]\ndescription = \"x\"\ntimeout_seconds = 3000\n").unwrap();
     assert_eq!(
         custom.subagents.longest_call(),
         Some(std::time::Duration::from_secs(3060))
@@ -1864,9 +1862,8 @@ fn the_time_zone_is_an_iana_name() {
     assert_eq!(parse("").unwrap().agent.timezone, "UTC");
     let found = issues("[agent]\ntimezone = \"Mars/Olympus\"\n");
     assert!(
-        found
-            .iter()
-            .any(|issue| issue.starts_with("agent.timezone: `Mars/Olympus` is not a known IANA time zone")),
+        found.iter().any(|issue| issue
+            .starts_with("agent.timezone: `Mars/Olympus` is not a known IANA time zone")),
         "{found:?}"
     );
 }
@@ -1892,5 +1889,8 @@ fn the_default_lead_prompt_is_short_fixed_and_covers_files_questions_and_chat_st
         !DEFAULT_SYSTEM_PROMPT.chars().any(|c| c.is_ascii_digit()),
         "{DEFAULT_SYSTEM_PROMPT}"
     );
-    assert!(!DEFAULT_SYSTEM_PROMPT.contains("  "), "no stray line-continuation spaces");
+    assert!(
+        !DEFAULT_SYSTEM_PROMPT.contains("  "),
+        "no stray line-continuation spaces"
+    );
 }

@@ -482,12 +482,20 @@ async fn the_lead_and_its_subagents_are_told_the_date_in_the_configured_zone() {
     .await;
     app.client.token = Some(TOKEN.to_owned());
     let tokyo = jiff::tz::TimeZone::get("Asia/Tokyo").unwrap();
-    let day = || jiff::Timestamp::now().to_zoned(tokyo.clone()).strftime("%Y-%m-%d").to_string();
+    let day = || {
+        jiff::Timestamp::now()
+            .to_zoned(tokyo.clone())
+            .strftime("%Y-%m-%d")
+            .to_string()
+    };
     let before = day();
     let answer = app.ask("dated", "what happened today?").await;
     let after = day();
     assert!(
-        answer.json["reply"].as_str().unwrap().starts_with("summary: Task succeeded."),
+        answer.json["reply"]
+            .as_str()
+            .unwrap()
+            .starts_with("summary: Task succeeded."),
         "{}",
         answer.text
     );
@@ -503,7 +511,10 @@ async fn the_lead_and_its_subagents_are_told_the_date_in_the_configured_zone() {
             "{time} is not today in Tokyo ({before})"
         );
         assert!(time.ends_with("(Asia/Tokyo, UTC+09:00)"), "{time}");
-        let system = request.messages()[0]["content"].as_str().unwrap_or_default().to_owned();
+        let system = request.messages()[0]["content"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
         if system.starts_with(SUBAGENT_PROMPT) {
             subagent += 1;
         } else {
@@ -524,9 +535,7 @@ async fn the_lead_and_its_subagents_are_told_the_date_in_the_configured_zone() {
         .collect();
     assert_eq!(lead_times[0], lead_times[1]);
     // Never stored: the thread holds the people's and the model's messages only.
-    let thread = app
-        .thread(answer.json["thread_id"].as_str().unwrap())
-        .await;
+    let thread = app.thread(answer.json["thread_id"].as_str().unwrap()).await;
     assert!(!thread.to_string().contains("current_time"), "{thread}");
 }
 

@@ -165,9 +165,7 @@ impl Recorded {
     pub fn messages_without_context(&self) -> Vec<Value> {
         self.messages()
             .into_iter()
-            .filter(|m| {
-                !(m["role"] == "user" && text_of(&m["content"]).starts_with("<context>"))
-            })
+            .filter(|m| !(m["role"] == "user" && text_of(&m["content"]).starts_with("<context>")))
             .collect()
     }
 
@@ -360,9 +358,8 @@ fn first_user_text(body: &Value) -> String {
     body["messages"]
         .as_array()
         .and_then(|m| {
-            m.iter().find(|m| {
-                m["role"] == "user" && !text_of(&m["content"]).starts_with("<context>")
-            })
+            m.iter()
+                .find(|m| m["role"] == "user" && !text_of(&m["content"]).starts_with("<context>"))
         })
         .map(|m| unwrap_user_text(&text_of(&m["content"])))
         .unwrap_or_default()

@@ -240,7 +240,10 @@ impl LoopDetectionMiddleware {
 
 /// Takes the run's pending warning, if any.
 fn take_warning(cx: &mut RunContext<'_>) -> Option<String> {
-    cx.state.get_or_default::<RunWindow>().pending_warning.take()
+    cx.state
+        .get_or_default::<RunWindow>()
+        .pending_warning
+        .take()
 }
 
 #[async_trait::async_trait]
@@ -808,7 +811,9 @@ mod tests {
         );
         assert_eq!(
             read(r#"{"path": "/mnt/user-data/workspace/a.rs", "start_line": 51, "end_line": 100}"#),
-            read(r#"{"end_line": 200, "start_line": 120, "path": "/mnt/user-data/workspace/a.rs"}"#),
+            read(
+                r#"{"end_line": 200, "start_line": 120, "path": "/mnt/user-data/workspace/a.rs"}"#
+            ),
         );
         assert_ne!(
             whole,
@@ -817,7 +822,9 @@ mod tests {
         );
         assert_ne!(
             whole,
-            read(r#"{"path": "/mnt/user-data/workspace/a.rs", "start_line": 150, "end_line": 250}"#),
+            read(
+                r#"{"path": "/mnt/user-data/workspace/a.rs", "start_line": 150, "end_line": 250}"#
+            ),
             "a range across buckets differs"
         );
         assert_ne!(whole, read(r#"{"path": "/mnt/user-data/workspace/b.rs"}"#));
@@ -830,7 +837,10 @@ mod tests {
             bash(r#"{"command": "ls -la"}"#),
             bash(r#"{"command": " ls -la ", "description": "list again"}"#)
         );
-        assert_ne!(bash(r#"{"command": "ls -la"}"#), bash(r#"{"command": "ls"}"#));
+        assert_ne!(
+            bash(r#"{"command": "ls -la"}"#),
+            bash(r#"{"command": "ls"}"#)
+        );
         // Other tools: every argument counts.
         let write = |args: &str| tool_calls_hash(&[call("1", "write_file", args)]);
         assert_ne!(
@@ -870,7 +880,10 @@ mod tests {
                 .count()
         };
         // Warned once, in the request after the third call.
-        assert_eq!(sent.iter().map(frequency_warnings).collect::<Vec<_>>(), [0, 0, 0, 1, 0]);
+        assert_eq!(
+            sent.iter().map(frequency_warnings).collect::<Vec<_>>(),
+            [0, 0, 0, 1, 0]
+        );
         assert_eq!(sent.iter().map(warnings).sum::<usize>(), 0, "no repeats");
         let last = last.unwrap();
         assert!(last.tool_calls.is_empty(), "stopped at the fifth");

@@ -961,7 +961,9 @@ async fn every_request_of_a_run_carries_the_same_time_before_the_turns_message()
     ]));
     let mut thread = thread();
     thread.messages.push(ChatMessage::user("earlier"));
-    thread.messages.push(ChatMessage::assistant("earlier answer"));
+    thread
+        .messages
+        .push(ChatMessage::assistant("earlier answer"));
     run(&runtime(model.clone(), 5), &mut thread, "what day is it?").await;
     let requests = model.requests();
     assert_eq!(requests.len(), 2);
@@ -976,10 +978,20 @@ async fn every_request_of_a_run_carries_the_same_time_before_the_turns_message()
     let (at, first) = context(&requests[0]);
     // After the stored history, just before the turn's message: the prefix stays cacheable.
     assert_eq!(at, 3);
-    assert_eq!(requests[0].messages[at + 1], ChatMessage::user("what day is it?"));
-    assert_eq!(context(&requests[1]), (at, first), "the same bytes in every request");
+    assert_eq!(
+        requests[0].messages[at + 1],
+        ChatMessage::user("what day is it?")
+    );
+    assert_eq!(
+        context(&requests[1]),
+        (at, first),
+        "the same bytes in every request"
+    );
     assert!(
-        thread.messages.iter().all(|m| !m.text().contains("<current_time>")),
+        thread
+            .messages
+            .iter()
+            .all(|m| !m.text().contains("<current_time>")),
         "never stored"
     );
 }
@@ -1077,7 +1089,10 @@ async fn a_run_over_its_token_budget_stops_before_its_next_round() {
     assert_eq!(outcome.stop_reason.as_deref(), Some(TOKEN_BUDGET));
     // 60 tokens: goes on; 120: the second response's call is not run.
     assert_eq!(model.requests().len(), 2);
-    assert_eq!(outcome.answer, "step c1\n\nstep c2", "the partial result is kept");
+    assert_eq!(
+        outcome.answer, "step c1\n\nstep c2",
+        "the partial result is kept"
+    );
     let results = thread
         .messages
         .iter()

@@ -274,10 +274,9 @@ pub(crate) fn answer(record: &SubagentRecord) -> ToolOutput {
                 .stop_reason
                 .as_ref()
                 .map_or_else(String::new, |reason| format!(" ({reason})"));
-            let partial = record
-                .result
-                .as_ref()
-                .map_or_else(String::new, |result| format!("\n\nPartial result: {result}"));
+            let partial = record.result.as_ref().map_or_else(String::new, |result| {
+                format!("\n\nPartial result: {result}")
+            });
             ToolOutput::error(format!("Task timed out{capped}. Error: {error}{partial}"))
         }
         SubagentStatus::Cancelled => ToolOutput::error(match &record.error {

@@ -842,7 +842,12 @@ async fn a_900_second_subagent_timeout_is_honoured_not_cut_to_the_turns_600() {
         .await;
     assert_eq!(outcome.ending, RunEnding::Answered, "{}", outcome.answer);
     assert_eq!(started.elapsed(), Duration::from_secs(880));
-    let result = lead_model.requests()[1].messages.last().unwrap().text().to_owned();
+    let result = lead_model.requests()[1]
+        .messages
+        .last()
+        .unwrap()
+        .text()
+        .to_owned();
     assert_eq!(result, "Task succeeded. Result: result of long job");
 
     // Past 900 s the type's own timeout ends it, at 900 s exactly.
@@ -864,7 +869,12 @@ async fn a_900_second_subagent_timeout_is_honoured_not_cut_to_the_turns_600() {
         .await;
     assert_eq!(outcome.answer, "it timed out");
     assert_eq!(started.elapsed(), Duration::from_secs(900));
-    let result = lead_model.requests()[1].messages.last().unwrap().text().to_owned();
+    let result = lead_model.requests()[1]
+        .messages
+        .last()
+        .unwrap()
+        .text()
+        .to_owned();
     assert_eq!(
         result,
         "Task timed out. Error: it did not finish within 900 seconds"
@@ -924,7 +934,10 @@ async fn a_task_over_its_token_budget_ends_timed_out_with_its_partial_result() {
         CancellationToken::new(),
     );
     let record = executor
-        .run(request("call_1", "read everything"), &CancellationToken::new())
+        .run(
+            request("call_1", "read everything"),
+            &CancellationToken::new(),
+        )
         .await
         .unwrap();
     assert_eq!(record.status, SubagentStatus::TimedOut);
