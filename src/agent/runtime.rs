@@ -11,7 +11,8 @@
 //!   in its own task with its time limit; results are appended in call order, and the thread
 //!   is checkpointed after each one. A call's limit ends at the turn's deadline too, except for
 //!   a call that starts lasting work (a subagent task: `Tool::checkpoint_first`): it gets its
-//!   whole limit, and the turn's deadline moves to after it, with [`ANSWER_TIME`] to answer. A checkpoint that fails fails the run: going on would
+//!   whole limit (`Tool::call_limit`: a task's type decides), and the turn's deadline moves
+//!   to after it, with [`ANSWER_TIME`] to answer. A checkpoint that fails fails the run: going on would
 //!   risk running the same tools twice after a crash.
 //! - **Control**: hooks may send the model back (`Continue`, capped per run), end the run
 //!   with a question (`Interrupt`; the user's next message answers it) or `Stop` it.
@@ -756,7 +757,7 @@ impl Runtime {
                         call_id: call.id.clone(),
                         name: call.name.clone(),
                     });
-                    let limit = Instant::now() + registry.timeout(&call.name);
+                    let limit = Instant::now() + registry.call_timeout(&call);
                     let deadline = if lasting {
                         // Lasting work (a subagent task) gets its whole limit: the turn grows
                         // to fit it and the model's answer after it.

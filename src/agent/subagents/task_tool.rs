@@ -149,6 +149,14 @@ impl Tool for TaskTool {
         true
     }
 
+    /// The type's timeout and [`TASK_CALL_MARGIN`]: the turn grows only as far as this task
+    /// needs.
+    fn call_limit(&self, arguments: &str) -> Option<std::time::Duration> {
+        let name = serde_json::from_str::<serde_json::Value>(arguments).ok()?;
+        let kind = self.executor.kind(name.get("subagent_type")?.as_str()?)?;
+        Some(kind.timeout + TASK_CALL_MARGIN)
+    }
+
     async fn call(
         &self,
         arguments: serde_json::Value,

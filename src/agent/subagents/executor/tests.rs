@@ -956,3 +956,73 @@ async fn a_task_over_its_token_budget_ends_timed_out_with_its_partial_result() {
          (subagents.token_budget)\n\nPartial result: read part r1\n\nread part r2"
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn the_turn_grows_only_as_far_as_the_tasks_own_type_needs() {
+    let config: SubagentsConfig =
+        toml::from_str("[types.quick]\ndescription = \"quick\"\ntimeout_seconds = 200\n").unwrap();
+    let worker = WorkerModel::slow(Duration::from_secs(150));
+    let kinds = config
+        .types()
+        .into_iter()
+        .map(|spec| {
+            let model: Arc<dyn ChatModel> = worker.clone();
+            SubagentKind::new(spec, model, base_tools(), chain(), settings())
+        })
+        .collect();
+    let executor = SubagentExecutor::new(
+        Arc::new(MemoryRegistry::default()),
+        kinds,
+        3,
+        CancellationToken::new(),
+    );
+    let mut tools = ToolRegistry::default();
+    tools.register(Arc::new(TaskTool::new(executor, Arc::new(|_| true), None)));
+    tools.register(Arc::new(crate::agent::tools::tests::Sleeper));
+    let tools = tools.with_timeouts(
+        Duration::from_secs(5000),
+        HashMap::from([(
+            task_tool::TASK_TOOL.to_owned(),
+            config.longest_call().unwrap(),
+        )]),
+    );
+    let quick_task = serde_json::json!({
+        "description": "quick", "prompt": "quick job", "subagent_type": "quick"
+    })
+    .to_string();
+    let lead_model = Arc::new(ScriptedModel::new(vec![
+        ScriptedModel::calls(&[("c1", "task", &quick_task)]),
+        ScriptedModel::calls(&[("c2", "sleep", r#"{"seconds": 4000}"#)]),
+    ]));
+    let runtime = Runtime::new(lead_model.clone(), tools, chain(), settings());
+    let limits = RunLimits {
+        timeout: Duration::from_secs(100),
+        cancel: CancellationToken::new(),
+    };
+    let mut thread = ThreadState::new("t1".into(), "api:c".into(), 0, 0);
+    let started = Instant::now();
+    let outcome = runtime
+        .run(
+            &mut thread,
+            &RunInput::text("api", "u1", "go"),
+            &Unobserved,
+            &limits,
+        )
+        .await;
+    // The 150 s task finished in a 100 s turn; the turn then had until 200 + 60 + 120 s,
+    // not the slowest type's 900 + 60 + 120.
+    let result = lead_model.requests()[1]
+        .messages
+        .last()
+        .unwrap()
+        .text()
+        .to_owned();
+    assert_eq!(result, "Task succeeded. Result: result of quick job");
+    assert_eq!(outcome.ending, RunEnding::TimedOut);
+    assert_eq!(started.elapsed(), Duration::from_secs(380));
+    assert!(
+        outcome.answer.contains("longer than 380 seconds"),
+        "{}",
+        outcome.answer
+    );
+}
