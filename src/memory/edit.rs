@@ -293,6 +293,8 @@ mod tests {
             source: crate::agent::memory::schema::FactSource {
                 thread_id: "t1".to_owned(),
             },
+            about: None,
+            shareable: false,
         }
     }
 

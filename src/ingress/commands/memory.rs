@@ -191,6 +191,8 @@ mod tests {
             source: crate::agent::memory::schema::FactSource {
                 thread_id: "t1".to_owned(),
             },
+            about: None,
+            shareable: false,
         }
     }
 
@@ -292,6 +294,8 @@ mod tests {
                 user_id: "telegram:42".to_owned(),
                 thread_id: "t9".to_owned(),
                 messages: Vec::new(),
+                seen: 0,
+                from: 0,
                 enqueued_at_ms: 1,
                 due_at_ms: 2,
             })
