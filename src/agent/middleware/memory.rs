@@ -149,7 +149,7 @@ mod tests {
     use crate::agent::input::RunInput;
     use crate::agent::memory::MemoryDocument;
     use crate::agent::memory::config::IdentityLink;
-    use crate::agent::memory::schema::{Fact, FactSource};
+    use crate::agent::memory::schema::{About, Fact, FactSource};
     use crate::agent::model::scripted::ScriptedModel;
     use crate::agent::thread::ThreadState;
 
@@ -266,6 +266,95 @@ mod tests {
             ]
         );
         assert_eq!(update.due_at_ms - update.enqueued_at_ms, 5_000);
+    }
+
+    #[tokio::test]
+    async fn a_group_run_gets_only_what_the_group_may_hear() {
+        let docs = Arc::new(Docs::default());
+        let mut doc = doc_with("is expecting a baby");
+        doc.facts[0].about = Some(About::Personal);
+        let mut work = doc.facts[0].clone();
+        work.id = "fact_2".into();
+        work.content = "owns the payments service".into();
+        work.about = Some(About::Work);
+        doc.facts.push(work);
+        doc.user.personal_context.summary = "Lives with two cats.".into();
+        doc.user.work_context.summary = "Runs payments.".into();
+        docs.put("api:ada", doc);
+        let middleware = MemoryMiddleware::from_config(&MemoryConfig::default(), docs).unwrap();
+
+        let mut input = RunInput::text("api", "ada", "hi");
+        input.flags.group = true;
+        let group = blocks(&middleware, &input).await.join("");
+        assert!(group.contains("owns the payments service"), "{group}");
+        assert!(group.contains("Runs payments."), "{group}");
+        assert!(
+            !group.contains("baby") && !group.contains("cats"),
+            "{group}"
+        );
+
+        let direct = blocks(&middleware, &RunInput::text("api", "ada", "hi"))
+            .await
+            .join("");
+        assert!(
+            direct.contains("baby") && direct.contains("cats"),
+            "{direct}"
+        );
+    }
+
+    /// The update queued after an answered run of `text` on `thread`.
+    async fn queued_after(
+        middleware: &MemoryMiddleware,
+        thread: &mut ThreadState,
+        text: &str,
+    ) -> Option<MemoryUpdate> {
+        let input = RunInput::text("api", "ada", text);
+        let model = ScriptedModel::new(Vec::new());
+        thread.messages.push(ChatMessage::user(text));
+        thread
+            .messages
+            .push(ChatMessage::assistant(format!("re: {text}")));
+        let mut cx = RunContext::new(thread, &input, &model);
+        cx.ending = Some(RunEnding::Answered);
+        middleware.after_run(&mut cx).await.unwrap();
+        cx.outputs.memory_update.take()
+    }
+
+    #[tokio::test]
+    async fn the_second_update_of_a_thread_carries_only_what_is_new() {
+        let middleware =
+            MemoryMiddleware::from_config(&MemoryConfig::default(), store_with_ada()).unwrap();
+        let mut thread = ThreadState::new("t1".into(), "c".into(), 0, 0);
+        let first = queued_after(&middleware, &mut thread, "I like tea")
+            .await
+            .unwrap();
+        assert_eq!((first.seen, first.from, first.messages.len()), (0, 0, 2));
+
+        // An acknowledgement queues nothing and leaves the watermark.
+        assert_eq!(
+            queued_after(&middleware, &mut thread, "thanks 👍").await,
+            None
+        );
+
+        let second = queued_after(&middleware, &mut thread, "I live in Lyon")
+            .await
+            .unwrap();
+        let texts: Vec<&str> = second.messages.iter().map(ChatMessage::text).collect();
+        // The turn before the watermark comes as context; the acknowledgement rides along.
+        assert_eq!(
+            texts,
+            [
+                "I like tea",
+                "re: I like tea",
+                "thanks 👍",
+                "re: thanks 👍",
+                "I live in Lyon",
+                "re: I live in Lyon"
+            ]
+        );
+        assert_eq!((second.seen, second.from), (2, 2));
+        let marks: MemoryMarks = thread.extensions.get().unwrap();
+        assert_eq!(marks.0.get("api:ada"), Some(&6));
     }
 
     #[test]
