@@ -17,7 +17,9 @@
 //! [`SEEN_TAIL`] kept messages before it as context the updater has already read. The
 //! watermark moves with the turn's end in the same store transaction as the queued item, and
 //! a newer item that replaces an unread one takes the older one's messages over
-//! (`MemoryUpdate::take_unseen`), so every message reaches the updater once.
+//! (`MemoryUpdate::take_unseen`), so every message reaches the updater once. Nothing before
+//! the watermark is read again: a `/memory clear` stays cleared, and an item the worker gives
+//! up on (its model call kept failing) loses its messages.
 //!
 //! Two small text rules on the turn's user message (upload blocks removed, trimmed):
 //! - [`is_trivial`]: nothing but acknowledgements (`ok`, `thanks`, `got it`, `👍`, ...):
