@@ -27,7 +27,7 @@ use super::CommandInfo;
 pub(crate) const INFO: CommandInfo = CommandInfo {
     name: "memory",
     aliases: &[],
-    help: "what I remember about you (/memory forget <n>, /memory share <n>, /memory clear)",
+    help: "what I remember about you (/memory forget <n>, /memory clear)",
     menu: "What I remember about you; forget a fact or everything",
 };
 
