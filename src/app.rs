@@ -19,6 +19,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::{AbortOnDropHandle, TaskTracker};
 
 use crate::agent::memory::identity::MemoryIdentities;
+use crate::agent::memory::sharing::GroupPolicy;
 use crate::agent::middleware::clarification::ClarificationMiddleware;
 use crate::agent::middleware::dangling_tool_call::DanglingToolCallMiddleware;
 use crate::agent::middleware::deferred_tools::DeferredToolsMiddleware;
@@ -906,6 +907,7 @@ fn turn_settings(config: &Config) -> TurnSettings {
         max_attachment_bytes: config.agent.max_attachment_bytes,
         todo: config.agent.middleware.todo.clone(),
         memory_identities: MemoryIdentities::from_config(&config.memory),
+        memory_groups: GroupPolicy::from_config(&config.memory),
     }
 }
 

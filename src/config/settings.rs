@@ -268,6 +268,8 @@ pub(crate) const SETTINGS: &[Setting] = &[
     value("memory.injection_enabled", "true", "Whether the `<memory>` block goes with the author's requests."),
     value("memory.max_injection_tokens", "2000", "The `<memory>` block's size at most, in tokens, 100 to 32000."),
     value("memory.shutdown_flush_secs", "10", "How long shutdown processes queued updates, in seconds."),
+    value("memory.group_facts", "\"work\"", "Which of the author's facts group chats hear: `shareable`, `work` or `all`."),
+    value("memory.group_personal_context", "false", "Whether group chats hear the author's `personalContext` summary."),
     tables("memory.identities", "Ids on several platforms that are one person, sharing one memory."),
     required("memory.identities[].name", "The person's name; their memory is `person:<name>`."),
     required("memory.identities[].ids", "Their ids, each `<channel>:<user id>`."),

@@ -1725,6 +1725,8 @@ fn web_fetch_and_deferred_tools_are_configured_and_checked() {
 
 #[test]
 fn memory_defaults_and_identities_are_checked() {
+    use crate::agent::memory::config::GroupFacts;
+
     let config = parse("").unwrap();
     let memory = &config.memory;
     assert!(memory.enabled && memory.injection_enabled);
@@ -1732,6 +1734,14 @@ fn memory_defaults_and_identities_are_checked() {
     assert_eq!(memory.max_facts, 100);
     assert_eq!(memory.max_injection_tokens, 2000);
     assert!((memory.fact_confidence_threshold - 0.7).abs() < f64::EPSILON);
+    assert_eq!(memory.group_facts, GroupFacts::Work);
+    assert!(!memory.group_personal_context);
+    let shared = parse("[memory]\ngroup_facts = \"shareable\"\n").unwrap();
+    assert_eq!(shared.memory.group_facts, GroupFacts::Shareable);
+    let wrong = parse("[memory]\ngroup_facts = \"everyone\"\n")
+        .unwrap_err()
+        .to_string();
+    assert!(wrong.contains("group_facts"), "{wrong}");
 
     let linked =
         parse("[[memory.identities]]\nname = \"ada\"\nids = [\"telegram:42\", \"slack:T1:U9\"]\n")

@@ -123,6 +123,7 @@ pub(crate) fn harness_with(max_attempts: u32, access: Access) -> Harness {
             max_attachment_bytes: 1 << 20,
             todo: crate::agent::middleware::todo::TodoConfig::default(),
             memory_identities: crate::agent::memory::identity::MemoryIdentities::default(),
+            memory_groups: crate::agent::memory::sharing::GroupPolicy::default(),
         },
         turn_cancel.clone(),
     );

@@ -26,6 +26,7 @@ use super::dispatcher::Dispatcher;
 use crate::agent::input::{Attachment, Author, ChannelFlags, Role, RunInput};
 use crate::agent::memory::MemoryUpdate;
 use crate::agent::memory::identity::MemoryIdentities;
+use crate::agent::memory::sharing::GroupPolicy;
 use crate::agent::message::ChatMessage;
 use crate::agent::middleware::RunEnding;
 use crate::agent::middleware::todo::TodoConfig;
@@ -90,6 +91,8 @@ pub(crate) struct TurnSettings {
     pub(crate) todo: TodoConfig,
     /// `[[memory.identities]]`: whose memory `/memory` reads.
     pub(crate) memory_identities: MemoryIdentities,
+    /// What of it `/memory` shows in a group chat.
+    pub(crate) memory_groups: GroupPolicy,
 }
 
 #[derive(Debug)]
@@ -105,6 +108,8 @@ struct Inner {
     todo: TodoConfig,
     /// Whose memory `/memory` reads.
     memory_identities: MemoryIdentities,
+    /// What of it `/memory` shows in a group chat.
+    memory_groups: GroupPolicy,
     /// The running agent turn of each conversation, for `/stop`: its inbox seq and token.
     running: Mutex<HashMap<String, (u64, CancellationToken)>>,
     /// `/stop` items (inbox seqs) that stopped a turn when they arrived; each is removed
@@ -241,6 +246,7 @@ impl TurnRunner {
                 max_attachment_bytes: settings.max_attachment_bytes,
                 todo: settings.todo.clone(),
                 memory_identities: settings.memory_identities.clone(),
+                memory_groups: settings.memory_groups,
                 turn_timeout: settings.turn_timeout,
                 running: Mutex::default(),
                 stops: Mutex::default(),
@@ -825,6 +831,7 @@ impl TurnRunner {
                 commands::memory::answer(
                     self.inner.store.as_ref(),
                     &self.inner.memory_identities,
+                    &self.inner.memory_groups,
                     commands::memory::Asker {
                         channel: &item.event.channel,
                         user_id: &item.event.user.id,

@@ -71,10 +71,14 @@ pub enum Behaviour {
     /// once the script is over, echoes.
     Script(Vec<Step>),
     /// Answers antler's memory updater (recognised by its prompt, [`MEMORY_PROMPT`]) with
-    /// update JSON holding the fact `fact` (`{n}` in it replaced by the request's index) when
-    /// the conversation contains `trigger`, and no change otherwise; echoes every other
-    /// request.
+    /// update JSON holding the fact `fact` (`{n}` in it replaced by the request's index),
+    /// labelled to pass the write gate (`user`, `durable`, `descriptive`), when the
+    /// conversation contains `trigger`, and no change otherwise; echoes every other request.
     Memory { trigger: String, fact: String },
+    /// Answers antler's memory updater with the update JSON of the first `(trigger, update)`
+    /// whose trigger the request's new messages hold (those not marked `(seen)`), and no
+    /// change when none does; echoes every other request.
+    MemoryAnswers(Vec<(String, Value)>),
     /// The lead delegates: the first response of a turn calls `task` once per prompt, all in
     /// one response; once the results are in, it answers `summary: <results joined by " | ">`.
     /// A subagent (its system prompt starts with [`SUBAGENT_PROMPT`]) waits until as many
@@ -553,11 +557,30 @@ async fn completions(State(state): State<Arc<MockState>>, body: Bytes) -> Respon
             } else if last_user_text(&body).contains(&trigger) {
                 let fact = fact.replace("{n}", &index.to_string());
                 let update = json!({"newFacts": [
-                    {"content": fact, "category": "preference", "confidence": 0.9}
+                    {"content": fact, "category": "preference", "confidence": 0.9,
+                     "scope": "user", "durability": "durable", "authority": "descriptive"}
                 ]});
                 answer(&format!("```json\n{update}\n```"), stream)
             } else {
                 answer("{\"newFacts\": []}", stream)
+            }
+        }
+        Behaviour::MemoryAnswers(rules) => {
+            let updater = body["messages"][0]["content"]
+                .as_str()
+                .is_some_and(|s| s.starts_with(MEMORY_PROMPT));
+            if !updater {
+                return echo(&body, stream);
+            }
+            let conversation = last_user_text(&body);
+            let new: String = conversation
+                .lines()
+                .filter(|line| !line.starts_with("(seen) "))
+                .collect::<Vec<_>>()
+                .join("\n");
+            match rules.iter().find(|(trigger, _)| new.contains(trigger.as_str())) {
+                Some((_, update)) => answer(&update.to_string(), stream),
+                None => answer("{\"newFacts\": []}", stream),
             }
         }
         Behaviour::Slow(wait) => {
