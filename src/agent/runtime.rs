@@ -12,8 +12,8 @@
 //!   is checkpointed after each one. A call's limit ends at the turn's deadline too, except for
 //!   a call that starts lasting work (a subagent task: `Tool::checkpoint_first`): it gets its
 //!   whole limit (`Tool::call_limit`: a task's type decides), and the turn's deadline moves
-//!   to after it, with [`ANSWER_TIME`] to answer. A checkpoint that fails fails the run: going on would
-//!   risk running the same tools twice after a crash.
+//!   to after it, with [`ANSWER_TIME`] to answer. A checkpoint that fails fails the run:
+//!   going on would risk running the same tools twice after a crash.
 //! - **Control**: hooks may send the model back (`Continue`, capped per run), end the run
 //!   with a question (`Interrupt`; the user's next message answers it) or `Stop` it.
 //! - **Endings**: the run ends answered, interrupted, stopped, failed or timed out, and
