@@ -1870,6 +1870,12 @@ fn the_time_zone_is_an_iana_name() {
         Some("Europe/Berlin")
     );
     assert_eq!(parse("").unwrap().agent.timezone, "UTC");
+    // A container without /usr/share/zoneinfo still has the zones antler carries.
+    assert!(
+        jiff::tz::TimeZoneDatabase::bundled()
+            .get("Europe/Berlin")
+            .is_ok()
+    );
     let found = issues("[agent]\ntimezone = \"Mars/Olympus\"\n");
     assert!(
         found.iter().any(|issue| issue
