@@ -19,6 +19,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::{AbortOnDropHandle, TaskTracker};
 
 use crate::agent::memory::identity::MemoryIdentities;
+use crate::agent::memory::sharing::GroupPolicy;
 use crate::agent::middleware::clarification::ClarificationMiddleware;
 use crate::agent::middleware::dangling_tool_call::DanglingToolCallMiddleware;
 use crate::agent::middleware::deferred_tools::DeferredToolsMiddleware;
@@ -42,9 +43,7 @@ use crate::agent::model::{ChatModel, ModelError, ModelHealth, OpenAiClient, Open
 use crate::agent::runtime::{Runtime, RuntimeSettings};
 use crate::agent::skills::{self, Catalogue};
 use crate::agent::subagents::SUBAGENT_CHAIN;
-use crate::agent::subagents::executor::{
-    INTERRUPTED, PARENT_MARGIN, SubagentExecutor, SubagentKind,
-};
+use crate::agent::subagents::executor::{INTERRUPTED, SubagentExecutor, SubagentKind};
 use crate::agent::subagents::task_tool::{ShellPolicy, TASK_TOOL, TaskTool};
 use crate::agent::tools::bash::bash_tool;
 use crate::agent::tools::egress::Egress;
@@ -461,19 +460,10 @@ fn tool_registry(
         .iter()
         .map(|(name, secs)| (name.clone(), Duration::from_secs(*secs)))
         .collect();
-    if config.subagents.enabled {
-        // `task` waits for its subagent: the longest type's timeout and some slack, unless
-        // configured (the turn's own timeout bounds it anyway).
-        let longest = config
-            .subagents
-            .types()
-            .iter()
-            .map(|t| t.timeout)
-            .max()
-            .unwrap_or_default();
-        timeouts
-            .entry(TASK_TOOL.to_owned())
-            .or_insert(longest + PARENT_MARGIN + Duration::from_secs(60));
+    if let Some(longest) = config.subagents.longest_call() {
+        // `task` waits for its subagent: the slowest type's timeout and a margin, unless
+        // configured (validation refuses less); each call's own limit follows its type.
+        timeouts.entry(TASK_TOOL.to_owned()).or_insert(longest);
     }
     registry.with_timeouts(Duration::from_secs(agent.tool_timeout_secs), timeouts)
 }
@@ -561,6 +551,9 @@ fn runtime_settings(config: &Config) -> RuntimeSettings {
         max_parallel_tools: config.agent.max_parallel_tools,
         context_tokens: config.model.context_tokens,
         data_root: config.store.path.clone(),
+        // Validation refused a zone that is not there.
+        timezone: config.agent.time_zone().unwrap_or(jiff::tz::TimeZone::UTC),
+        token_budget: None,
     }
 }
 
@@ -945,6 +938,7 @@ fn turn_settings(config: &Config, skills: &Arc<Catalogue>) -> TurnSettings {
         max_attachment_bytes: config.agent.max_attachment_bytes,
         todo: config.agent.middleware.todo.clone(),
         memory_identities: MemoryIdentities::from_config(&config.memory),
+        memory_groups: GroupPolicy::from_config(&config.memory),
     }
 }
 

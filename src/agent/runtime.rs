@@ -9,13 +9,23 @@
 //!   call a run may make, so a run ends with an answer rather than with a dangling call.
 //! - **Tools** of one response run concurrently, at most `max_parallel_tools` at a time, each
 //!   in its own task with its time limit; results are appended in call order, and the thread
-//!   is checkpointed after each one. A checkpoint that fails fails the run: going on would
-//!   risk running the same tools twice after a crash.
+//!   is checkpointed after each one. A call's limit ends at the turn's deadline too, except for
+//!   a call that starts lasting work (a subagent task: `Tool::checkpoint_first`): it gets its
+//!   whole limit (`Tool::call_limit`: a task's type decides), and the turn's deadline moves
+//!   to after it, with [`ANSWER_TIME`] to answer. A checkpoint that fails fails the run:
+//!   going on would risk running the same tools twice after a crash.
 //! - **Control**: hooks may send the model back (`Continue`, capped per run), end the run
 //!   with a question (`Interrupt`; the user's next message answers it) or `Stop` it.
 //! - **Endings**: the run ends answered, interrupted, stopped, failed or timed out, and
 //!   `after_run` hooks see every ending. The answer is all the text the user was shown,
 //!   across rounds, not only the last round's.
+//! - **Context**: every run is told the current date and time (`agent.timezone`), fixed when
+//!   it starts, as the first block of its hidden context (see `finalize`), so every request
+//!   of a run sends the same bytes and the cacheable prefix stays the same across runs.
+//! - **Answers that are not**: a final response with no text and no tool calls is sent back
+//!   once with a reminder, then ends with a note; the tool calls of a response the
+//!   provider's content filter stopped are not run. A run with a token budget (a subagent
+//!   task's) that used it up ends before its next round (`token_budget`).
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -46,6 +56,25 @@ pub(crate) const NO_ANSWER_PREFIX: &str = "I stopped after";
 
 /// How long `after_run` hooks may take after the run itself ended.
 const AFTER_RUN_LIMIT: Duration = Duration::from_secs(30);
+
+/// What a turn keeps after a lasting tool call's limit (a subagent task's) for the model to
+/// answer from its result.
+pub(crate) const ANSWER_TIME: Duration = Duration::from_secs(120);
+
+/// The stop reason of a run that used up its token budget.
+pub(crate) const TOKEN_BUDGET: &str = "token_budget";
+
+/// The stop reason of a run whose model gave no answer, even when reminded.
+pub(crate) const EMPTY_ANSWER: &str = "empty_answer";
+
+/// The reminder that sends a model back once after an empty final response.
+const EMPTY_ANSWER_REMINDER: &str = "<system-reminder>\nYour last response had no text and \
+no tool calls, so the user saw nothing. Write your final answer to the user now.\n\
+</system-reminder>";
+
+/// What the user is told when the model gave no answer twice.
+const EMPTY_ANSWER_NOTE: &str = "⚠️ The model finished without writing an answer. Send your \
+message again, perhaps worded differently.";
 
 /// Something a tool did, for channels that show it ("running `bash`…").
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -199,6 +228,11 @@ pub(crate) struct RuntimeSettings {
     pub(crate) context_tokens: usize,
     /// Where threads keep their folders (the store's directory).
     pub(crate) data_root: PathBuf,
+    /// The time zone of the current time each run is told (`agent.timezone`).
+    pub(crate) timezone: jiff::tz::TimeZone,
+    /// Tokens one run may use, model and helper calls (a subagent task's budget); `None`
+    /// for no budget.
+    pub(crate) token_budget: Option<u64>,
 }
 
 /// The agent: a model, tools, a middleware chain and its settings.
@@ -337,14 +371,20 @@ impl Runtime {
         let mut cx = RunContext::new(thread, input, self.model.as_ref());
         cx.answering = answering;
         cx.folders = ThreadFolders::new(&self.settings.data_root, &cx.thread.id).ok();
+        // First, before any hook's block: fixed for the run, so its requests stay identical.
+        cx.hidden_context.push(current_time(
+            jiff::Timestamp::now(),
+            &self.settings.timezone,
+        ));
         let shown = Shown::default();
-        let deadline = Instant::now() + limits.timeout;
+        let started = Instant::now();
+        let deadline = TurnDeadline::new(started + limits.timeout);
         tracing::debug!(thread = %cx.thread.id, user = %cx.user_id, "run starts");
         let result = tokio::select! {
             biased;
             () = limits.cancel.cancelled() => Err(CutShort::Cancelled),
-            () = tokio::time::sleep_until(deadline) => Err(CutShort::TimedOut),
-            result = self.drive(&mut cx, observer, &shown, &limits.cancel, deadline) => Ok(result),
+            () = deadline.passed() => Err(CutShort::TimedOut),
+            result = self.drive(&mut cx, observer, &shown, &limits.cancel, &deadline) => Ok(result),
         };
         let (ending, mut answer, mut error) = match result {
             Ok(Ok(Finish::Answered)) => (RunEnding::Answered, shown.completed(), None),
@@ -380,11 +420,13 @@ impl Runtime {
                 (RunEnding::Stopped, join(text, notice), None)
             }
             Err(CutShort::TimedOut) => {
-                tracing::warn!(thread = %cx.thread.id, timeout = ?limits.timeout, "run timed out");
+                // The configured time, or more when lasting work made the turn grow.
+                let allowed = deadline.get().saturating_duration_since(started);
+                tracing::warn!(thread = %cx.thread.id, timeout = ?allowed, "run timed out");
                 let notice = format!(
                     "⚠️ Sorry, this took longer than {} seconds and was stopped. Send it again \
                      to retry, perhaps asking for less at once.",
-                    limits.timeout.as_secs()
+                    allowed.as_secs()
                 );
                 (RunEnding::TimedOut, join(shown.everything(), &notice), None)
             }
@@ -425,10 +467,13 @@ impl Runtime {
         observer: &dyn RunObserver,
         shown: &Shown,
         cancel: &CancellationToken,
-        deadline: Instant,
+        deadline: &TurnDeadline,
     ) -> Result<Finish, RunError> {
         self.chain.before_run(cx).await?;
         let mut continues = 0;
+        let mut nudged = false;
+        // The model's own count, so the budget holds also without the token_usage middleware.
+        let mut model_tokens = 0_u64;
         let unanswered = unanswered_calls(&cx.thread.messages);
         if !unanswered.is_empty() {
             tracing::info!(thread = %cx.thread.id, calls = unanswered.len(), "running the tool calls a crash left unanswered");
@@ -451,7 +496,28 @@ impl Runtime {
             let sink = |text: &str| shown.stream(text, observer);
             let mut response = self.model.complete(&request, Some(&sink)).await?;
             cx.model_calls += 1;
+            model_tokens += response.usage.map_or(0, |u| u.total_tokens);
             self.chain.after_model(cx, &mut response).await?;
+
+            if response.finish_reason == FinishReason::ContentFilter
+                && !response.tool_calls.is_empty()
+            {
+                // What the filter stopped is not a decision to act on.
+                tracing::warn!(
+                    thread = %cx.thread.id,
+                    calls = response.tool_calls.len(),
+                    "the provider's content filter stopped a response; its tool calls are not run"
+                );
+                metrics::counter!("antler_model_content_filtered_total").increment(1);
+                response.tool_calls.clear();
+            }
+            if let Some(budget) = self.settings.token_budget {
+                let used = model_tokens.max(cx.run_usage.total_tokens);
+                if used >= budget && !response.tool_calls.is_empty() {
+                    tracing::info!(thread = %cx.thread.id, used, budget, "the run used up its token budget");
+                    cx.stop(TOKEN_BUDGET);
+                }
+            }
 
             let control = cx.take_control();
             let ends_here = matches!(
@@ -473,6 +539,29 @@ impl Runtime {
                 }
             }
             let calls = std::mem::take(&mut response.tool_calls);
+            if calls.is_empty()
+                && control.is_none()
+                && response.content.trim().is_empty()
+                && response.finish_reason != FinishReason::ContentFilter
+            {
+                if !nudged && !last_call {
+                    // Nothing to show and nothing to run: one more try, reminded.
+                    nudged = true;
+                    tracing::info!(thread = %cx.thread.id, "an empty final response; the model is reminded once");
+                    metrics::counter!("antler_empty_answers_total", "action" => "retry")
+                        .increment(1);
+                    cx.thread
+                        .messages
+                        .push(ChatMessage::user(EMPTY_ANSWER_REMINDER));
+                    continue;
+                }
+                tracing::warn!(thread = %cx.thread.id, "the model gave no answer");
+                metrics::counter!("antler_empty_answers_total", "action" => "reported")
+                    .increment(1);
+                cx.stop_reason
+                    .get_or_insert_with(|| EMPTY_ANSWER.to_owned());
+                response.content = EMPTY_ANSWER_NOTE.to_owned();
+            }
             let note = if calls.is_empty() {
                 finish_note(&response.finish_reason)
             } else {
@@ -581,7 +670,7 @@ impl Runtime {
         calls: &[ToolCall],
         observer: &dyn RunObserver,
         cancel: &CancellationToken,
-        deadline: Instant,
+        deadline: &TurnDeadline,
     ) -> Result<(), RunError> {
         let mut slots: Vec<Option<ToolOutput>> = Vec::with_capacity(calls.len());
         let mut approved = Vec::new();
@@ -641,12 +730,14 @@ impl Runtime {
             let events = events.clone();
             let notes = events.clone();
             let (call_id, name) = (call.id.clone(), call.name.clone());
+            let turn = deadline.clone();
+            let lasting = self.tools.checkpoint_first(&call.name);
             let base = ToolContext {
                 thread_id: cx.thread.id.clone(),
                 call_id: call.id.clone(),
                 author: cx.input.author.clone(),
                 folders: folders.clone(),
-                deadline,
+                deadline: deadline.get(),
                 cancel: calls_cancel.clone(),
                 progress: Arc::new(move |text: &str| {
                     let _ = notes.send(ToolProgress::Note {
@@ -667,11 +758,16 @@ impl Runtime {
                         call_id: call.id.clone(),
                         name: call.name.clone(),
                     });
-                    let started = Instant::now();
-                    let cx = ToolContext {
-                        deadline: base.deadline.min(started + registry.timeout(&call.name)),
-                        ..base
+                    let limit = Instant::now() + registry.call_timeout(&call);
+                    let deadline = if lasting {
+                        // Lasting work (a subagent task) gets its whole limit: the turn grows
+                        // to fit it and the model's answer after it.
+                        turn.extend_to(limit + ANSWER_TIME);
+                        limit
+                    } else {
+                        turn.get().min(limit)
                     };
+                    let cx = ToolContext { deadline, ..base };
                     registry.call(&call, &cx).await
                 }
                 .in_current_span(),
@@ -783,6 +879,63 @@ fn finish_note(reason: &FinishReason) -> Option<&'static str> {
         }
         _ => None,
     }
+}
+
+/// When a turn must end: its timeout from the start, moved later while a lasting tool call
+/// (a subagent task) needs more. Shared by the run loop and the calls it runs.
+#[derive(Debug, Clone)]
+struct TurnDeadline(Arc<Mutex<Instant>>);
+
+impl TurnDeadline {
+    fn new(at: Instant) -> Self {
+        Self(Arc::new(Mutex::new(at)))
+    }
+
+    fn get(&self) -> Instant {
+        // A poisoned lock still holds a valid instant.
+        *self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Moves the deadline to `at` if that is later; never earlier.
+    fn extend_to(&self, at: Instant) {
+        let mut current = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if at > *current {
+            tracing::info!(
+                by_secs = at.saturating_duration_since(*current).as_secs(),
+                "the turn's time grows to fit a lasting tool call"
+            );
+            *current = at;
+        }
+    }
+
+    /// Resolves once the deadline, as it stands then, has passed.
+    async fn passed(&self) {
+        loop {
+            let at = self.get();
+            tokio::time::sleep_until(at).await;
+            if self.get() <= Instant::now() {
+                return;
+            }
+        }
+    }
+}
+
+/// The `<current_time>` block of a run that starts at `now`, in `zone`:
+/// `Friday, 2026-12-04 21:05 (Europe/Berlin, UTC+01:00)`.
+pub(crate) fn current_time(now: jiff::Timestamp, zone: &jiff::tz::TimeZone) -> String {
+    let local = now.to_zoned(zone.clone());
+    let name = zone.iana_name().unwrap_or("UTC");
+    format!(
+        "<current_time>{} ({name}, UTC{})</current_time>",
+        local.strftime("%A, %Y-%m-%d %H:%M"),
+        local.strftime("%:z")
+    )
 }
 
 /// `first` and `second` as paragraphs, either may be empty.

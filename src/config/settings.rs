@@ -105,7 +105,7 @@ pub(crate) const SETTINGS: &[Setting] = &[
     unset("model.temperature", "the server's default", "Sampling temperature, 0 to 2."),
     unset("model.max_tokens", "the server's default", "The completion token limit."),
     value("model.context_tokens", "128000", "The most tokens a request may hold (estimated); 0: no bound."),
-    value("model.system_prompt", r#""You are antler, a helpful assistant answering in a chat. Be concise.""#, "The system prompt at the start of every thread."),
+    unset("model.system_prompt", "antler's built-in lead prompt (`DEFAULT_SYSTEM_PROMPT` in src/config/mod.rs)", "The system prompt at the start of every request; replaces the built-in one."),
     value("model.vision", "false", "Whether the model reads images (a message's images go with it; `view_image` is offered)."),
     // [agent]
     value("agent.max_iterations", "25", "Model calls per turn, 1 to 200."),
@@ -117,6 +117,7 @@ pub(crate) const SETTINGS: &[Setting] = &[
     value("agent.max_parallel_tools", "4", "Tool calls of one model response that run at once, 1 to 64."),
     value("agent.tool_timeout_secs", "120", "The time limit of one tool call, in seconds."),
     value("agent.tool_timeouts", "{}", "Time limits of particular tools, in seconds, by name (`{ bash = 600 }`)."),
+    value("agent.timezone", r#""UTC""#, "The IANA time zone of the current time each run is told."),
     // [agent.middleware.*]
     value("agent.middleware.thread_data.enabled", "true", "Tells the model where the thread's files are; offers `present_files`."),
     value("agent.middleware.uploads.enabled", "true", "Lists the files that came with a message to the model."),
@@ -163,6 +164,9 @@ pub(crate) const SETTINGS: &[Setting] = &[
     value("agent.middleware.loop_detection.hard_limit", "5", "Repeats that strip the tool calls and force a text answer."),
     value("agent.middleware.loop_detection.window", "20", "Recent tool-call sets remembered per thread."),
     value("agent.middleware.loop_detection.max_threads", "100", "No longer used (each run keeps its own window); accepted so older files still load."),
+    value("agent.middleware.loop_detection.tool_freq_warn", "30", "Calls of one tool in a run that add a warning."),
+    value("agent.middleware.loop_detection.tool_freq_hard_limit", "50", "Calls of one tool in a run that force a text answer."),
+    value("agent.middleware.loop_detection.tool_freq_overrides", "{}", "Both limits per tool (`{ bash = { warn = 100, hard_limit = 150 } }`)."),
     value("agent.middleware.deferred_tools.enabled", "true", "With many tools, offers the core ones plus `tool_search`."),
     value("agent.middleware.deferred_tools.max_tools", "20", "Above this many tools, the non-core ones are deferred."),
     value(
@@ -264,6 +268,8 @@ pub(crate) const SETTINGS: &[Setting] = &[
     value("memory.injection_enabled", "true", "Whether the `<memory>` block goes with the author's requests."),
     value("memory.max_injection_tokens", "2000", "The `<memory>` block's size at most, in tokens, 100 to 32000."),
     value("memory.shutdown_flush_secs", "10", "How long shutdown processes queued updates, in seconds."),
+    value("memory.group_facts", "\"work\"", "Which of the author's facts group chats hear: `shareable`, `work` or `all`."),
+    value("memory.group_personal_context", "false", "Whether group chats hear the author's `personalContext` summary."),
     tables("memory.identities", "Ids on several platforms that are one person, sharing one memory."),
     required("memory.identities[].name", "The person's name; their memory is `person:<name>`."),
     required("memory.identities[].ids", "Their ids, each `<channel>:<user id>`."),
@@ -274,6 +280,7 @@ pub(crate) const SETTINGS: &[Setting] = &[
     value("subagents.enabled", "true", "Whether the `task` tool is offered."),
     value("subagents.max_concurrent", "3", "Tasks running at once across antler, 1 to 16."),
     value("subagents.timeout_seconds", "900", "How long a task may run unless its type says otherwise, in seconds."),
+    value("subagents.token_budget", "1000000", "Tokens a task may use unless its type says otherwise; 0 for no budget."),
     tables("subagents.types", "Changes to the built-in subagent types, and custom types."),
     unset("subagents.types.<name>.description", "the built-in type's (a custom type needs one)", "What the lead agent is told the type is for."),
     unset("subagents.types.<name>.system_prompt", "the built-in type's, or a general one", "The subagent's system prompt."),
@@ -282,6 +289,7 @@ pub(crate) const SETTINGS: &[Setting] = &[
     unset("subagents.types.<name>.model", "model.model", "The model it uses."),
     unset("subagents.types.<name>.max_turns", "150 (general-purpose), 60 (bash), 50 (custom)", "Model calls it may make."),
     unset("subagents.types.<name>.timeout_seconds", "subagents.timeout_seconds", "How long it may run, in seconds."),
+    unset("subagents.types.<name>.token_budget", "subagents.token_budget", "Tokens one task may use; 0 for no budget."),
 ];
 
 /// Whether [`SETTINGS`] declares `key` (written as declared, placeholders included).

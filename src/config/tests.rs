@@ -1725,6 +1725,8 @@ fn web_fetch_and_deferred_tools_are_configured_and_checked() {
 
 #[test]
 fn memory_defaults_and_identities_are_checked() {
+    use crate::agent::memory::config::GroupFacts;
+
     let config = parse("").unwrap();
     let memory = &config.memory;
     assert!(memory.enabled && memory.injection_enabled);
@@ -1732,6 +1734,14 @@ fn memory_defaults_and_identities_are_checked() {
     assert_eq!(memory.max_facts, 100);
     assert_eq!(memory.max_injection_tokens, 2000);
     assert!((memory.fact_confidence_threshold - 0.7).abs() < f64::EPSILON);
+    assert_eq!(memory.group_facts, GroupFacts::Work);
+    assert!(!memory.group_personal_context);
+    let shared = parse("[memory]\ngroup_facts = \"shareable\"\n").unwrap();
+    assert_eq!(shared.memory.group_facts, GroupFacts::Shareable);
+    let wrong = parse("[memory]\ngroup_facts = \"everyone\"\n")
+        .unwrap_err()
+        .to_string();
+    assert!(wrong.contains("group_facts"), "{wrong}");
 
     let linked =
         parse("[[memory.identities]]\nname = \"ada\"\nids = [\"telegram:42\", \"slack:T1:U9\"]\n")
@@ -1822,7 +1832,82 @@ fn subagents_default_to_three_at_once_and_bad_types_name_their_key() {
     );
     assert_issue(
         "[subagents]\nmax_concurent = 3\n",
-        "subagents.max_concurent: unknown key (expected one of: enabled, max_concurrent, timeout_seconds, types)",
+        "subagents.max_concurent: unknown key (expected one of: enabled, max_concurrent, timeout_seconds, token_budget, types)",
+    );
+}
+
+#[test]
+fn the_task_calls_limit_follows_the_slowest_subagent_type_and_a_lower_one_is_refused() {
+    let config = parse("").unwrap();
+    assert_eq!(config.subagents.token_budget, 1_000_000);
+    // 900 s of the slowest type and 60 s for its call's wait and record.
+    assert_eq!(
+        config.subagents.longest_call(),
+        Some(std::time::Duration::from_secs(960))
+    );
+    let custom =
+        parse("[subagents.types.slow]\ndescription = \"x\"\ntimeout_seconds = 3000\n").unwrap();
+    assert_eq!(
+        custom.subagents.longest_call(),
+        Some(std::time::Duration::from_secs(3060))
+    );
+    let off = parse("[subagents]\nenabled = false\n").unwrap();
+    assert_eq!(off.subagents.longest_call(), None);
+
+    assert_issue(
+        "[agent]\ntool_timeouts = { task = 600 }\n",
+        "agent.tool_timeouts.task: must be at least 960 seconds: the slowest subagent type's \
+         timeout_seconds and 60 s for the task's wait and record (or leave it out)",
+    );
+    assert!(parse("[agent]\ntool_timeouts = { task = 960 }\n").is_ok());
+}
+
+#[test]
+fn the_time_zone_is_an_iana_name() {
+    let config = parse("[agent]\ntimezone = \"Europe/Berlin\"\n").unwrap();
+    assert_eq!(
+        config.agent.time_zone().unwrap().iana_name(),
+        Some("Europe/Berlin")
+    );
+    assert_eq!(parse("").unwrap().agent.timezone, "UTC");
+    // A container without /usr/share/zoneinfo still has the zones antler carries.
+    assert!(
+        jiff::tz::TimeZoneDatabase::bundled()
+            .get("Europe/Berlin")
+            .is_ok()
+    );
+    let found = issues("[agent]\ntimezone = \"Mars/Olympus\"\n");
+    assert!(
+        found.iter().any(|issue| issue
+            .starts_with("agent.timezone: `Mars/Olympus` is not a known IANA time zone")),
+        "{found:?}"
+    );
+}
+
+#[test]
+fn the_default_lead_prompt_is_short_fixed_and_covers_files_questions_and_chat_style() {
+    let words = DEFAULT_SYSTEM_PROMPT.split_whitespace().count();
+    assert!(words <= 400, "{words} words");
+    for needed in [
+        "You are antler",
+        "/mnt/user-data/uploads",
+        "/mnt/user-data/outputs",
+        "present_files",
+        "ask_clarification",
+        "<current_time>",
+        "<user_message>",
+        "Markdown",
+    ] {
+        assert!(DEFAULT_SYSTEM_PROMPT.contains(needed), "{needed}");
+    }
+    // The same bytes for every run: nothing that could be a date or a time.
+    assert!(
+        !DEFAULT_SYSTEM_PROMPT.chars().any(|c| c.is_ascii_digit()),
+        "{DEFAULT_SYSTEM_PROMPT}"
+    );
+    assert!(
+        !DEFAULT_SYSTEM_PROMPT.contains("  "),
+        "no stray line-continuation spaces"
     );
 }
 

@@ -3,12 +3,14 @@
 
 use std::collections::HashMap;
 use std::net::{Ipv6Addr, SocketAddr};
+use std::time::Duration;
 
 use super::TelegramMode;
 use super::settings::{at, element, entry, key, named};
 use super::{Config, ConfigIssue, Secret};
 use crate::agent::middleware::sandbox_audit::{MAX_COMMAND_CHARS_LIMIT, SandboxAuditConfig};
-use crate::agent::subagents::config::BUILTIN_TYPES;
+use crate::agent::subagents::config::{BUILTIN_TYPES, TASK_CALL_MARGIN};
+use crate::agent::subagents::task_tool::TASK_TOOL;
 use crate::agent::tools::bash::MAX_OUTPUT_BYTES_LIMIT;
 
 /// The smallest sled page cache accepted (1 MiB).
@@ -279,6 +281,32 @@ fn agent(config: &Config, v: &mut Issues) {
     v.at_least(key!("agent.tool_timeout_secs"), agent.tool_timeout_secs, 1);
     for (tool, secs) in &agent.tool_timeouts {
         v.at_least(&entry(key!("agent.tool_timeouts"), tool), *secs, 1);
+    }
+    if let (Some(secs), Some(needed)) = (
+        agent.tool_timeouts.get(TASK_TOOL),
+        config.subagents.longest_call(),
+    ) {
+        // A lower limit would cut tasks short of their type's timeout without a word.
+        if Duration::from_secs(*secs) < needed {
+            v.push(
+                &entry(key!("agent.tool_timeouts"), TASK_TOOL),
+                format!(
+                    "must be at least {} seconds: the slowest subagent type's timeout_seconds \
+                     and {} s for the task's wait and record (or leave it out)",
+                    needed.as_secs(),
+                    TASK_CALL_MARGIN.as_secs()
+                ),
+            );
+        }
+    }
+    if let Err(e) = agent.time_zone() {
+        v.push(
+            key!("agent.timezone"),
+            format!(
+                "`{}` is not a known IANA time zone (such as `UTC` or `Europe/Berlin`): {e}",
+                agent.timezone
+            ),
+        );
     }
     if !(1..=MAX_ATTACHMENT_BYTES).contains(&agent.max_attachment_bytes) {
         v.push(

@@ -26,6 +26,7 @@ use super::dispatcher::Dispatcher;
 use crate::agent::input::{Attachment, Author, ChannelFlags, Role, RunInput};
 use crate::agent::memory::MemoryUpdate;
 use crate::agent::memory::identity::MemoryIdentities;
+use crate::agent::memory::sharing::GroupPolicy;
 use crate::agent::message::ChatMessage;
 use crate::agent::middleware::RunEnding;
 use crate::agent::middleware::todo::TodoConfig;
@@ -91,6 +92,8 @@ pub(crate) struct TurnSettings {
     pub(crate) todo: TodoConfig,
     /// `[[memory.identities]]`: whose memory `/memory` reads.
     pub(crate) memory_identities: MemoryIdentities,
+    /// What of it `/memory` shows in a group chat.
+    pub(crate) memory_groups: GroupPolicy,
     /// The skills found at start, for `/skills`.
     pub(crate) skills: Arc<Catalogue>,
 }
@@ -108,6 +111,8 @@ struct Inner {
     todo: TodoConfig,
     /// Whose memory `/memory` reads.
     memory_identities: MemoryIdentities,
+    /// What of it `/memory` shows in a group chat.
+    memory_groups: GroupPolicy,
     /// The skills found at start, for `/skills`.
     skills: Arc<Catalogue>,
     /// The running agent turn of each conversation, for `/stop`: its inbox seq and token.
@@ -246,6 +251,7 @@ impl TurnRunner {
                 max_attachment_bytes: settings.max_attachment_bytes,
                 todo: settings.todo.clone(),
                 memory_identities: settings.memory_identities.clone(),
+                memory_groups: settings.memory_groups,
                 skills: Arc::clone(&settings.skills),
                 turn_timeout: settings.turn_timeout,
                 running: Mutex::default(),
@@ -840,6 +846,7 @@ impl TurnRunner {
                 commands::memory::answer(
                     self.inner.store.as_ref(),
                     &self.inner.memory_identities,
+                    &self.inner.memory_groups,
                     commands::memory::Asker {
                         channel: &item.event.channel,
                         user_id: &item.event.user.id,

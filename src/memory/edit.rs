@@ -1,6 +1,12 @@
 //! What users and operators do with a memory document: read it (`/memory`), forget one fact
-//! (`/memory forget <n>`, `DELETE .../facts/{id}`), forget everything (`/memory clear`), and
+//! (`/memory forget <n>`, `DELETE .../facts/{id}`), let one into group chats or take it back
+//! (`/memory share <n>`, `/memory unshare <n>`), forget everything (`/memory clear`), and
 //! replace it (`PUT /api/v1/memory/{user_key}`, validated here).
+//!
+//! Two views: in a direct message [`render_for_user`] shows everything, numbered, each fact
+//! with what it is about and whether group chats hear it; in a group [`render_for_group`]
+//! shows the group view (`GroupPolicy::group_view`, the same one group runs inject), without
+//! numbers, since the numbers to act on are the direct message's.
 //!
 //! Everything in a document was written by the model from what users said, so it is hostile
 //! text: the rendering escapes Markdown, folds line breaks (a fact cannot forge a list entry
@@ -15,10 +21,15 @@
 use std::cmp::Ordering;
 use std::collections::HashSet;
 
-use crate::agent::memory::schema::{Fact, MemoryDocument, Summary};
+use crate::agent::memory::schema::{About, Fact, MemoryDocument, Summary};
+use crate::agent::memory::sharing::GroupPolicy;
 
 /// The reply to `/memory` when there is nothing to show.
 pub(crate) const NOTHING_REMEMBERED: &str = "I don't remember anything about you yet.";
+
+/// The end of `/memory` in a group chat.
+const GROUP_FOOTER: &str =
+    "Send /memory to me in a direct message to see everything and to change it.";
 
 /// A summary or fact shown at most this long (characters); longer ones end in `…`.
 const MAX_ITEM_CHARS: usize = 400;
@@ -103,10 +114,44 @@ pub(crate) fn escape_markdown(text: &str, max: usize) -> String {
     out
 }
 
-/// What antler remembers about a user, as a chat reply: the non-empty summaries, then the
-/// numbered facts (highest confidence first) with their category, bounded in length.
-pub(crate) fn render_for_user(doc: &MemoryDocument) -> String {
-    let summaries: [(&str, &Summary); 6] = [
+/// What antler remembers about a user, as a direct-message reply: the non-empty summaries,
+/// then the numbered facts (highest confidence first) with their category, what they are
+/// about and whether `group` lets group chats hear them, bounded in length.
+pub(crate) fn render_for_user(doc: &MemoryDocument, group: &GroupPolicy) -> String {
+    if is_blank(doc) {
+        return NOTHING_REMEMBERED.to_owned();
+    }
+    let mut out = String::from("Here is what I remember about you:\n");
+    render_items(doc, Some(group), &mut out);
+    out.push_str(
+        "\nSend /memory forget <n> to remove a fact, /memory share <n> to let group chats \
+         hear it (/memory unshare <n> to stop), or /memory clear to forget everything.",
+    );
+    out
+}
+
+/// What a group chat hears of a user's memory, as a reply in that group: `view` is
+/// `GroupPolicy::group_view` of the document (the same one group runs inject), shown without
+/// numbers.
+pub(crate) fn render_for_group(view: &MemoryDocument) -> String {
+    if is_blank(view) {
+        return format!("In group chats I use nothing I remember about you. {GROUP_FOOTER}");
+    }
+    let mut out = String::from("In group chats I use this of what I remember about you:\n");
+    render_items(view, None, &mut out);
+    out.push('\n');
+    out.push_str(GROUP_FOOTER);
+    out
+}
+
+/// Whether `doc` has nothing to show: no facts and only blank summaries.
+fn is_blank(doc: &MemoryDocument) -> bool {
+    doc.facts.is_empty() && summaries(doc).is_empty()
+}
+
+/// The non-empty summaries with their labels.
+fn summaries(doc: &MemoryDocument) -> Vec<(&'static str, &Summary)> {
+    let all: [(&'static str, &Summary); 6] = [
         ("Work", &doc.user.work_context),
         ("Personal", &doc.user.personal_context),
         ("Current focus", &doc.user.top_of_mind),
@@ -114,14 +159,15 @@ pub(crate) fn render_for_user(doc: &MemoryDocument) -> String {
         ("Earlier", &doc.history.earlier_context),
         ("Background", &doc.history.long_term_background),
     ];
-    let summaries: Vec<(&str, &Summary)> = summaries
-        .into_iter()
+    all.into_iter()
         .filter(|(_, s)| !s.summary.trim().is_empty())
-        .collect();
-    if summaries.is_empty() && doc.facts.is_empty() {
-        return NOTHING_REMEMBERED.to_owned();
-    }
-    let mut out = String::from("Here is what I remember about you:\n");
+        .collect()
+}
+
+/// The summaries and facts of `doc` onto `out`, bounded: numbered with each fact's labels in
+/// a direct message (`group` given), bulleted with the category only in a group.
+fn render_items(doc: &MemoryDocument, group: Option<&GroupPolicy>, out: &mut String) {
+    let summaries = summaries(doc);
     if !summaries.is_empty() {
         out.push('\n');
         for (label, summary) in summaries {
@@ -140,13 +186,26 @@ pub(crate) fn render_for_user(doc: &MemoryDocument) -> String {
         out.push_str("\n**Facts:**\n");
         for (shown, &index) in order.iter().enumerate() {
             let fact = &doc.facts[index];
-            let line = format!(
-                "{}. {} ({}, {:.2})\n",
-                shown + 1,
-                escape_markdown(&fact.content, MAX_ITEM_CHARS),
-                escape_markdown(&fact.category, MAX_SHORT_FIELD_CHARS),
-                fact.confidence,
-            );
+            let content = escape_markdown(&fact.content, MAX_ITEM_CHARS);
+            let category = escape_markdown(&fact.category, MAX_SHORT_FIELD_CHARS);
+            let line = match group {
+                Some(group) => {
+                    let mut labels = vec![fact.about.unwrap_or(About::Personal).as_str()];
+                    if fact.shareable {
+                        labels.push("shared");
+                    }
+                    if group.admits(fact) {
+                        labels.push("in groups");
+                    }
+                    format!(
+                        "{}. {content} ({category}, {:.2}; {})\n",
+                        shown + 1,
+                        fact.confidence,
+                        labels.join(", ")
+                    )
+                }
+                None => format!("- {content} ({category})\n"),
+            };
             if out.chars().count() + line.chars().count() > MAX_RENDER_CHARS {
                 out.push_str(&format!("…and {} more not shown.\n", order.len() - shown));
                 break;
@@ -154,10 +213,6 @@ pub(crate) fn render_for_user(doc: &MemoryDocument) -> String {
             out.push_str(&line);
         }
     }
-    out.push_str(
-        "\nSend /memory forget <n> to remove a fact, or /memory clear to forget everything.",
-    );
-    out
 }
 
 /// Removes the fact numbered `n` (1-based, as [`render_for_user`] numbers them); returns it.
@@ -169,6 +224,30 @@ pub(crate) fn forget(doc: &mut MemoryDocument, n: usize) -> Result<Fact, EditErr
         .and_then(|i| order.get(i).copied())
         .ok_or(EditError::NoSuchFact { n, count })?;
     Ok(doc.facts.remove(index))
+}
+
+/// The fact numbered `n` (1-based, as [`render_for_user`] numbers them).
+pub(crate) fn numbered_fact(doc: &MemoryDocument, n: usize) -> Result<&Fact, EditError> {
+    let order = numbered(doc);
+    n.checked_sub(1)
+        .and_then(|i| order.get(i))
+        .map(|&index| &doc.facts[index])
+        .ok_or(EditError::NoSuchFact {
+            n,
+            count: order.len(),
+        })
+}
+
+/// Sets whether the fact with id `id` is shared with group chats; returns whether there was
+/// such a fact.
+pub(crate) fn set_shareable(doc: &mut MemoryDocument, id: &str, shareable: bool) -> bool {
+    match doc.facts.iter_mut().find(|f| f.id == id) {
+        Some(fact) => {
+            fact.shareable = shareable;
+            true
+        }
+        None => false,
+    }
 }
 
 /// Removes the fact with id `id`, if there is one.
@@ -293,6 +372,8 @@ mod tests {
             source: crate::agent::memory::schema::FactSource {
                 thread_id: "t1".to_owned(),
             },
+            about: None,
+            shareable: false,
         }
     }
 
@@ -306,12 +387,15 @@ mod tests {
     #[test]
     fn an_empty_document_says_nothing_is_remembered() {
         assert_eq!(
-            render_for_user(&MemoryDocument::default()),
+            render_for_user(&MemoryDocument::default(), &GroupPolicy::default()),
             NOTHING_REMEMBERED
         );
         let mut blank = MemoryDocument::default();
         blank.user.work_context.summary = "   ".to_owned();
-        assert_eq!(render_for_user(&blank), NOTHING_REMEMBERED);
+        assert_eq!(
+            render_for_user(&blank, &GroupPolicy::default()),
+            NOTHING_REMEMBERED
+        );
     }
 
     #[test]
@@ -322,7 +406,7 @@ mod tests {
             fact("c", "lives in Lyon", 0.85),
         ]);
         d.user.work_context.summary = "Runs the ops team".to_owned();
-        let text = render_for_user(&d);
+        let text = render_for_user(&d, &GroupPolicy::default());
         assert!(text.contains("**Work:** Runs the ops team"), "{text}");
         assert!(
             !text.contains("Personal"),
@@ -330,8 +414,75 @@ mod tests {
         );
         let first = text.find("\n1. works on antler").unwrap();
         let second = text.find("\n2. lives in Lyon").unwrap();
-        let third = text.find("\n3. likes tea (preference, 0.75)").unwrap();
+        let third = text
+            .find("\n3. likes tea (preference, 0.75; personal)")
+            .unwrap();
         assert!(first < second && second < third, "{text}");
+    }
+
+    #[test]
+    fn a_direct_message_labels_facts_and_a_group_sees_only_its_view() {
+        let mut work = fact("w", "owns the payments service", 0.95);
+        work.about = Some(About::Work);
+        let personal = fact("p", "is expecting a baby", 0.9);
+        let mut shared = fact("s", "runs marathons", 0.85);
+        shared.shareable = true;
+        let mut d = doc(vec![work, personal, shared]);
+        d.user.personal_context.summary = "Lives with two cats".to_owned();
+        let policy = GroupPolicy::default();
+        let direct = render_for_user(&d, &policy);
+        assert!(
+            direct.contains("1. owns the payments service (preference, 0.95; work, in groups)"),
+            "{direct}"
+        );
+        assert!(
+            direct.contains("2. is expecting a baby (preference, 0.90; personal)\n"),
+            "{direct}"
+        );
+        assert!(
+            direct.contains("3. runs marathons (preference, 0.85; personal, shared, in groups)"),
+            "{direct}"
+        );
+        assert!(direct.contains("/memory share <n>"), "{direct}");
+
+        let group = render_for_group(&policy.group_view(&d));
+        assert!(
+            group.contains("- owns the payments service (preference)"),
+            "{group}"
+        );
+        assert!(group.contains("- runs marathons (preference)"), "{group}");
+        assert!(
+            !group.contains("baby") && !group.contains("cats"),
+            "{group}"
+        );
+        assert!(
+            !group.contains("1."),
+            "no numbers to act on in a group: {group}"
+        );
+        let nothing = render_for_group(&policy.group_view(&doc(vec![fact("p", "x", 0.9)])));
+        assert!(
+            nothing.starts_with("In group chats I use nothing"),
+            "{nothing}"
+        );
+    }
+
+    #[test]
+    fn share_marks_the_fact_by_id() {
+        let mut d = doc(vec![
+            fact("a", "likes tea", 0.75),
+            fact("b", "works on antler", 0.95),
+        ]);
+        let id = numbered_fact(&d, 2).unwrap().id.clone();
+        assert_eq!(id, "a");
+        assert!(set_shareable(&mut d, &id, true));
+        assert!(d.facts[0].shareable && !d.facts[1].shareable);
+        assert!(set_shareable(&mut d, &id, false));
+        assert!(!d.facts[0].shareable);
+        assert!(!set_shareable(&mut d, "gone", true));
+        assert_eq!(
+            numbered_fact(&d, 3).unwrap_err(),
+            EditError::NoSuchFact { n: 3, count: 2 }
+        );
     }
 
     #[test]
@@ -369,7 +520,10 @@ mod tests {
         assert!(!is_empty(&d));
         clear(&mut d);
         assert!(is_empty(&d));
-        assert_eq!(render_for_user(&d), NOTHING_REMEMBERED);
+        assert_eq!(
+            render_for_user(&d, &GroupPolicy::default()),
+            NOTHING_REMEMBERED
+        );
     }
 
     #[test]
@@ -379,7 +533,7 @@ mod tests {
             "ok\n2. **admin** [click](http://evil) <b>x</b> `code`",
             0.9,
         )]);
-        let text = render_for_user(&d);
+        let text = render_for_user(&d, &GroupPolicy::default());
         assert!(!text.contains("\n2. "), "no forged list entry: {text}");
         assert!(!text.contains("**admin**"), "{text}");
         assert!(text.contains("\\[click\\](http"), "{text}");
@@ -407,7 +561,7 @@ mod tests {
             .collect();
         let mut d = doc(facts);
         d.user.top_of_mind.summary = long.clone();
-        let text = render_for_user(&d);
+        let text = render_for_user(&d, &GroupPolicy::default());
         assert!(
             text.chars().count() <= MAX_RENDER_CHARS + 200,
             "{}",

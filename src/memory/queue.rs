@@ -199,16 +199,33 @@ impl MemoryWorker {
                     // (`/memory clear`, whose transaction dropped this item) gets nothing back.
                     let rules = self.settings.rules;
                     let now = OffsetDateTime::now_utc();
+                    // The change may run again on a newer document; the gate's verdict is
+                    // the same each time, so the last one is the one to count.
+                    let mut dropped = Vec::new();
                     let stored = self
                         .store
                         .apply_memory_update(item, &mut |doc| {
                             let mut doc = doc.unwrap_or_default();
-                            updater::apply(&mut doc, answer.clone(), &item.thread_id, rules, now);
+                            dropped = updater::apply(
+                                &mut doc,
+                                answer.clone(),
+                                &item.thread_id,
+                                rules,
+                                now,
+                            );
                             doc
                         })
                         .await;
                     return match stored {
                         Ok(Some(doc)) => {
+                            for reason in &dropped {
+                                metrics::counter!(
+                                    "antler_memory_facts_dropped_total",
+                                    "reason" => reason.as_str()
+                                )
+                                .increment(1);
+                                tracing::debug!(thread = %item.thread_id, reason = reason.as_str(), "memory fact dropped by the write gate");
+                            }
                             let facts = doc.facts.len();
                             tracing::debug!(thread = %item.thread_id, facts, tokens = usage.total_tokens, "memory updated");
                             Outcome::Processed
@@ -249,8 +266,8 @@ mod tests {
     use crate::agent::model::{ModelError, ModelResponse};
     use crate::store::{MemStore, Store};
 
-    const FACT: &str =
-        r#"{"newFacts":[{"content":"likes tea","category":"preference","confidence":0.9}]}"#;
+    const FACT: &str = r#"{"newFacts":[{"content":"likes tea","category":"preference","confidence":0.9,
+        "scope":"user","durability":"durable","authority":"descriptive"}]}"#;
 
     fn settings() -> WorkerSettings {
         WorkerSettings::from_config(&MemoryConfig::default())
@@ -261,6 +278,8 @@ mod tests {
             user_id: user.to_owned(),
             thread_id: thread.to_owned(),
             messages: vec![ChatMessage::user(text), ChatMessage::assistant("Noted.")],
+            seen: 0,
+            from: 0,
             enqueued_at_ms: at,
             due_at_ms: due,
         }

@@ -45,6 +45,7 @@ macro_rules! conformance {
             subagents_are_found_by_their_turns_call_listed_per_thread_and_swept_when_old,
             memory_documents_and_queue_newest_wins,
             memory_queue_keeps_one_entry_per_user_and_thread,
+            a_newer_update_takes_over_what_the_unread_one_held,
             an_update_applies_only_while_it_is_still_queued_as_read,
             update_memory_is_a_compare_and_swap,
             clear_memory_drops_the_document_and_that_users_queued_updates_only,
@@ -193,6 +194,8 @@ pub(crate) async fn finish_turn_writes_thread_outbox_and_removes_the_inbox_item_
         user_id: "api:u1".to_owned(),
         thread_id: thread_id.clone(),
         messages: thread.messages.clone(),
+        seen: 0,
+        from: 0,
         enqueued_at_ms: 5,
         due_at_ms: 30_005,
     };
@@ -587,6 +590,8 @@ pub(crate) async fn memory_documents_and_queue_newest_wins(backend: &dyn Backend
         user_id: "api:u1".to_owned(),
         thread_id: "t1".to_owned(),
         messages: vec![ChatMessage::user(format!("at {at}"))],
+        seen: 0,
+        from: 0,
         enqueued_at_ms: at,
         due_at_ms: at + 30,
     };
@@ -606,6 +611,8 @@ pub(crate) async fn memory_queue_keeps_one_entry_per_user_and_thread(backend: &d
         user_id: user.to_owned(),
         thread_id: thread.to_owned(),
         messages: vec![ChatMessage::user(format!("{user} in {thread}"))],
+        seen: 0,
+        from: 0,
         enqueued_at_ms: at,
         due_at_ms: at,
     };
@@ -636,11 +643,57 @@ pub(crate) async fn memory_queue_keeps_one_entry_per_user_and_thread(backend: &d
     assert_eq!(store.due_memory_updates(100, 10).await.unwrap().len(), 3);
 }
 
+pub(crate) async fn a_newer_update_takes_over_what_the_unread_one_held(backend: &dyn Backend) {
+    let store = backend.open();
+    let update = |from: usize, seen: usize, texts: &[&str], at: u64| MemoryUpdate {
+        user_id: "api:u1".to_owned(),
+        thread_id: "t1".to_owned(),
+        messages: texts.iter().map(|t| ChatMessage::user(*t)).collect(),
+        seen,
+        from,
+        enqueued_at_ms: at,
+        due_at_ms: at,
+    };
+    store
+        .queue_memory_update(update(2, 1, &["seen", "first"], 1))
+        .await
+        .unwrap();
+    // The newer one comes with a turn's end, as in production; the older was never read.
+    store
+        .finish_turn(FinishTurn {
+            inbox_seq: 999,
+            thread: None,
+            replies: Vec::new(),
+            memory_update: Some(update(4, 1, &["first", "second"], 2)),
+            draft: None,
+            now_ms: 2,
+        })
+        .await
+        .unwrap();
+    let due = store.due_memory_updates(100, 10).await.unwrap();
+    assert_eq!(due, vec![update(2, 1, &["seen", "first", "second"], 2)]);
+    // Once read and applied, a later one carries only its own messages.
+    store
+        .apply_memory_update(&due[0], &mut |doc| doc.unwrap_or_default())
+        .await
+        .unwrap();
+    store
+        .queue_memory_update(update(6, 1, &["second", "third"], 3))
+        .await
+        .unwrap();
+    assert_eq!(
+        store.due_memory_updates(100, 10).await.unwrap(),
+        vec![update(6, 1, &["second", "third"], 3)]
+    );
+}
+
 fn memory_update(user: &str, thread: &str, at: u64) -> MemoryUpdate {
     MemoryUpdate {
         user_id: user.to_owned(),
         thread_id: thread.to_owned(),
         messages: vec![ChatMessage::user(format!("at {at}"))],
+        seen: 0,
+        from: 0,
         enqueued_at_ms: at,
         due_at_ms: at + 30,
     }

@@ -144,6 +144,13 @@ impl Collections {
         Ok(item.clone())
     }
 
+    /// Queues `update`, taking over the unread messages of the one it replaces.
+    fn queue_memory_update(&mut self, update: &MemoryUpdate) {
+        let key = (update.user_id.clone(), update.thread_id.clone());
+        let next = rules::queued_update(self.memory_queue.get(&key), update);
+        self.memory_queue.insert(key, next);
+    }
+
     fn still_queued(&self, processed: &MemoryUpdate) -> Option<(String, String)> {
         let key = (processed.user_id.clone(), processed.thread_id.clone());
         self.memory_queue
@@ -184,8 +191,7 @@ impl InboxStore for MemStore {
                 data.save_thread(thread);
             }
             if let Some(update) = &finish.memory_update {
-                let key = (update.user_id.clone(), update.thread_id.clone());
-                data.memory_queue.insert(key, update.clone());
+                data.queue_memory_update(update);
             }
             for item in items {
                 data.outbox.insert(item.seq, item.clone());
@@ -325,8 +331,7 @@ impl MemoryStore for MemStore {
 #[async_trait::async_trait]
 impl MemoryQueueStore for MemStore {
     async fn queue_memory_update(&self, update: MemoryUpdate) -> Result<(), StoreError> {
-        let key = (update.user_id.clone(), update.thread_id.clone());
-        self.data()?.memory_queue.insert(key, update);
+        self.data()?.queue_memory_update(&update);
         Ok(())
     }
     async fn due_memory_updates(

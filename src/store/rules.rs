@@ -173,6 +173,16 @@ pub(crate) fn part_delivered(
     }
 }
 
+/// What the queue holds after `update` is queued where `queued` waited (same user and
+/// thread): `update`, with the messages of `queued` the updater has not read yet.
+pub(crate) fn queued_update(queued: Option<&MemoryUpdate>, update: &MemoryUpdate) -> MemoryUpdate {
+    let mut next = update.clone();
+    if let Some(queued) = queued {
+        next.take_unseen(queued);
+    }
+    next
+}
+
 /// Whether a queued memory update is still the one `processed` was read as (not replaced by
 /// a newer context of its user and thread).
 pub(crate) fn still_queued(queued: &MemoryUpdate, processed: &MemoryUpdate) -> bool {

@@ -225,11 +225,28 @@ fn memory_queue_key(update: &MemoryUpdate) -> Vec<u8> {
     keys::tuple(&[update.user_id.as_bytes(), update.thread_id.as_bytes()])
 }
 
+/// Queues `update` under `key` inside a transaction, taking over the unread messages of the
+/// update it replaces (`rules::queued_update`).
+fn queue_in_tx(
+    queue: &sled::transaction::TransactionalTree,
+    key: &[u8],
+    update: &MemoryUpdate,
+) -> Result<(), ConflictableTransactionError<StoreError>> {
+    let queued = match queue.get(key)? {
+        Some(bytes) => Some(tx_decode::<MemoryUpdate>("memory update", &bytes)?),
+        None => None,
+    };
+    let next = rules::queued_update(queued.as_ref(), update);
+    queue.insert(key, tx_encode("memory update", &next)?)?;
+    Ok(())
+}
+
 /// A finished turn, encoded for the finish transaction.
 struct FinishWrite {
     inbox_seq: u64,
     thread: Option<ThreadWrite>,
-    memory: Option<(Vec<u8>, Vec<u8>)>,
+    /// Encoded in the transaction: it takes over what an unread queued update held.
+    memory: Option<(Vec<u8>, MemoryUpdate)>,
     items: Vec<OutboxItem>,
     encoded: Vec<([u8; 8], Vec<u8>)>,
 }
@@ -247,8 +264,7 @@ impl FinishWrite {
             memory: finish
                 .memory_update
                 .as_ref()
-                .map(|m| Ok::<_, StoreError>((memory_queue_key(m), encode("memory update", m)?)))
-                .transpose()?,
+                .map(|m| (memory_queue_key(m), m.clone())),
             items,
             encoded,
         })
@@ -775,8 +791,8 @@ impl InboxStore for SledStore {
                     if let Some(thread) = &write.thread {
                         thread.apply(threads, messages)?;
                     }
-                    if let Some((key, bytes)) = &write.memory {
-                        memory_queue.insert(key.as_slice(), bytes.as_slice())?;
+                    if let Some((key, update)) = &write.memory {
+                        queue_in_tx(memory_queue, key, update)?;
                     }
                     for (key, bytes) in &write.encoded {
                         outbox.insert(key, bytes.as_slice())?;
@@ -1028,8 +1044,10 @@ impl MemoryStore for SledStore {
 #[async_trait::async_trait]
 impl MemoryQueueStore for SledStore {
     async fn queue_memory_update(&self, update: MemoryUpdate) -> Result<(), StoreError> {
+        let key = memory_queue_key(&update);
         self.memory_queue
-            .insert(memory_queue_key(&update), encode("memory update", &update)?)?;
+            .transaction(|queue| queue_in_tx(queue, &key, &update))
+            .map_err(from_tx)?;
         self.commit.flush().await
     }
     async fn due_memory_updates(

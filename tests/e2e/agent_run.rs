@@ -139,3 +139,38 @@ async fn a_scripted_model_uses_several_tools_in_one_run() {
     assert_eq!(file.text, "alpha\ngamma\n");
     app.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_empty_final_answer_is_asked_for_again_once_then_reported() {
+    // After a tool call the model answers nothing; reminded, it answers.
+    let mock = MockModel::start(Behaviour::Script(vec![
+        Step::call("current_time", json!({})),
+        Step::text(""),
+        Step::text("It is tea time."),
+    ]))
+    .await;
+    let app = TestApp::spawn(&mock, "").await;
+    let answer = app.ask("empty", "what time is it?").await;
+    assert_eq!(answer.json["reply"], "It is tea time.", "{}", answer.text);
+    let requests = mock.requests();
+    assert_eq!(requests.len(), 3);
+    let reminder = requests[2].messages().last().cloned().unwrap();
+    assert_eq!(reminder["role"], "user");
+    assert!(
+        reminder["content"]
+            .as_str()
+            .unwrap()
+            .starts_with("<system-reminder>"),
+        "{reminder}"
+    );
+
+    // Empty twice: one retry only, and the user is told, not sent an empty reply.
+    mock.set_behaviour(Behaviour::Script(vec![Step::text(" "), Step::text("")]));
+    let answer = app.ask("empty-twice", "and now?").await;
+    let reply = answer.json["reply"].as_str().unwrap();
+    assert!(
+        reply.starts_with("⚠️ The model finished without writing an answer."),
+        "{reply}"
+    );
+    assert_eq!(mock.requests().len(), 5);
+}

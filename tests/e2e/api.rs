@@ -482,7 +482,11 @@ async fn chat_commands() {
     assert_eq!(roles(&fresh), ["user", "assistant"]);
     assert_eq!(fresh["messages"][0]["content"], "second message");
     assert_eq!(
-        mock.requests().last().unwrap().messages().len(),
+        mock.requests()
+            .last()
+            .unwrap()
+            .messages_without_context()
+            .len(),
         2,
         "system + the new message only"
     );

@@ -123,7 +123,7 @@ async fn kill_9_after_a_checkpointed_tool_result_resumes_from_the_checkpoint() {
     );
     assert_eq!(mock.count(), 3, "only the interrupted model call ran again");
     let requests = mock.requests();
-    let resumed = requests[2].messages();
+    let resumed = requests[2].messages_without_context();
     assert_eq!(
         resumed.iter().filter(|m| m["role"] == "user").count(),
         1,

@@ -195,7 +195,7 @@ async fn a_message_that_crashes_antler_twice_is_given_up_and_kept_in_the_thread(
     assert_eq!(again.json["reply"], "echo: crash me");
     let last = mock.requests().pop().unwrap();
     let users = last
-        .messages()
+        .messages_without_context()
         .iter()
         .filter(|m| m["role"] == "user")
         .count();
@@ -542,7 +542,7 @@ async fn a_failed_turn_is_kept_marked_and_the_resend_reads_naturally() {
     assert_eq!(answered.json["reply"], "echo: Why is the build red?");
     let last = mock.requests().pop().unwrap();
     let users: Vec<Value> = last
-        .messages()
+        .messages_without_context()
         .into_iter()
         .filter(|m| m["role"] == "user")
         .collect();

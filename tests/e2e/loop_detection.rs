@@ -1,6 +1,7 @@
 //! Loop detection end to end: a model repeating the same tool calls is warned after the third
 //! repeat (in the next request, after the tool results) and stopped at the fifth, within one
-//! run; the same request in five separate turns is not a loop.
+//! run; the same request in five separate turns is not a loop; one tool called over and over
+//! with new arguments is warned and stopped at its per-tool limits.
 
 use crate::support::{Behaviour, MockModel, TestApp};
 use serde_json::Value;
@@ -160,5 +161,58 @@ async fn the_same_request_in_five_separate_turns_is_answered_normally() {
             .as_str()
             .is_some_and(|c| c.contains("[FORCED STOP]"))
     }));
+    app.shutdown().await;
+}
+
+/// The frequency layer: one tool called with different arguments each time is warned at its
+/// configured count and stopped at its limit, within one run; an override sets both per tool.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_tool_called_with_ever_new_arguments_is_warned_then_stopped() {
+    let offsets: Vec<(String, String)> = (1..=6)
+        .map(|n| {
+            (
+                "current_time".to_owned(),
+                format!(r#"{{"utc_offset_minutes":{}}}"#, n * 60),
+            )
+        })
+        .collect();
+    let mock = MockModel::start(Behaviour::TurnScript(offsets)).await;
+    let overrides = "[agent]\nmax_iterations = 10\n\
+        [agent.middleware.loop_detection]\ntool_freq_overrides = { current_time = { warn = 2, hard_limit = 4 } }\n";
+    let app = TestApp::spawn(&mock, overrides).await;
+
+    let answer = app.ask("freq", "the time in six zones, one by one").await;
+    let reply = answer.json["reply"].as_str().unwrap();
+    assert_eq!(
+        reply,
+        "[FORCED STOP] current_time was called 4 times in this run, over its limit; answering \
+         with what is known so far.",
+        "{}",
+        answer.text
+    );
+    let requests = mock.requests();
+    assert_eq!(requests.len(), 4, "stopped at the fourth call");
+    let frequency_warnings: Vec<usize> = requests
+        .iter()
+        .map(|r| {
+            r.messages()
+                .iter()
+                .filter(|m| {
+                    is_warning(m)
+                        && m["content"]
+                            .as_str()
+                            .is_some_and(|c| c.contains("called current_time 2 times"))
+                })
+                .count()
+        })
+        .collect();
+    assert_eq!(
+        frequency_warnings,
+        [0, 0, 1, 0],
+        "warned once, after the second call"
+    );
+    for (n, request) in requests.iter().enumerate() {
+        assert_tool_results_follow_calls(&request.messages(), n + 1);
+    }
     app.shutdown().await;
 }

@@ -15,6 +15,7 @@ mod loop_detection;
 mod mcp;
 mod memory;
 mod memory_api;
+mod memory_trust;
 mod model_failures;
 mod ordering;
 mod plan_mode;

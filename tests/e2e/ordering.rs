@@ -51,7 +51,11 @@ async fn quick_messages_are_answered_in_order_one_turn_at_a_time() {
     assert_eq!(order, texts);
     // Each turn sees the whole history before it: 1 + 2i + 1 messages.
     for (i, request) in requests.iter().enumerate() {
-        assert_eq!(request.messages().len(), 2 + 2 * i, "request {i}");
+        assert_eq!(
+            request.messages_without_context().len(),
+            2 + 2 * i,
+            "request {i}"
+        );
     }
     assert_eq!(
         mock.max_in_flight("one"),

@@ -120,7 +120,7 @@ async fn a_long_history_is_summarized_by_a_helper_call_and_the_thread_keeps_ever
     assert!(prompt.contains("[user]: first:"), "{prompt}");
     assert!(summary_call.body.get("tools").is_none_or(Value::is_null));
     // The turn's request: system prompt, the summary, then the kept messages.
-    let messages = requests[2].messages();
+    let messages = requests[2].messages_without_context();
     assert_eq!(messages[0]["role"], "system");
     let summary = messages[1]["content"].as_str().unwrap_or_default();
     assert!(summary.starts_with("<conversation_summary>"), "{summary}");
@@ -177,7 +177,7 @@ async fn a_failing_summary_call_leaves_the_history_unsummarised_and_is_tried_aga
             panic!("no requests")
         };
         assert!(!is_summary_call(last));
-        let messages = last.messages();
+        let messages = last.messages_without_context();
         // The system prompt, every earlier question and answer, this question.
         assert_eq!(messages.len(), 1 + 2 * (turn - 1) + 1, "{messages:#?}");
         let first_question = unwrap_user_text(messages[1]["content"].as_str().unwrap());

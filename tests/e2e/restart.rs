@@ -32,7 +32,7 @@ async fn history_survives_a_restart_and_the_thread_continues() {
     assert_eq!(thread["messages"].as_array().unwrap().len(), 4);
     assert_eq!(thread["turns"], 2);
     // The model saw the history from before the restart.
-    let last = mock.requests().last().unwrap().messages();
+    let last = mock.requests().last().unwrap().messages_without_context();
     assert_eq!(last.len(), 4, "system + 2 old + the new message: {last:?}");
     // (input_sanitization wraps users' text in the request only: the history above is as
     // written, and the old message is still recognised as the user's after the restart.)

@@ -32,7 +32,7 @@ async fn a_clarifying_question_is_asked_and_the_answer_resumes_the_run() {
     let answered = app.ask("deploy", "2").await;
     assert_eq!(answered.json["reply"], "echo: staging");
     let last = mock.requests().pop().unwrap();
-    let messages = last.messages();
+    let messages = last.messages_without_context();
     let roles: Vec<&str> = messages.iter().filter_map(|m| m["role"].as_str()).collect();
     assert_eq!(roles, ["system", "user", "assistant", "tool", "user"]);
     assert!(

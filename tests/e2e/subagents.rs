@@ -461,3 +461,125 @@ async fn after_a_sigkill_the_running_task_is_failed_once_and_its_logs_carry_the_
     );
     assert!(antler.log_text().contains("subagents_failed=1"));
 }
+
+/// The `<current_time>` block of a request's hidden context, if it has one.
+fn current_time_of(request: &crate::support::mock_model::Recorded) -> Option<String> {
+    request.messages().iter().find_map(|m| {
+        let content = m["content"].as_str()?;
+        let rest = content.strip_prefix("<context>\n<current_time>")?;
+        let (time, _) = rest.split_once("</current_time>")?;
+        (m["role"] == "user").then(|| time.to_owned())
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_lead_and_its_subagents_are_told_the_date_in_the_configured_zone() {
+    let mock = MockModel::start(Behaviour::Delegate(vec!["alpha facts".to_owned()])).await;
+    let mut app = TestApp::spawn(
+        &mock,
+        &format!("{}[agent]\ntimezone = \"Asia/Tokyo\"\n", config()),
+    )
+    .await;
+    app.client.token = Some(TOKEN.to_owned());
+    let tokyo = jiff::tz::TimeZone::get("Asia/Tokyo").unwrap();
+    let day = || {
+        jiff::Timestamp::now()
+            .to_zoned(tokyo.clone())
+            .strftime("%Y-%m-%d")
+            .to_string()
+    };
+    let before = day();
+    let answer = app.ask("dated", "what happened today?").await;
+    let after = day();
+    assert!(
+        answer.json["reply"]
+            .as_str()
+            .unwrap()
+            .starts_with("summary: Task succeeded."),
+        "{}",
+        answer.text
+    );
+
+    let requests = mock.requests();
+    assert_eq!(requests.len(), 3, "lead, subagent, lead");
+    let (mut lead, mut subagent) = (0, 0);
+    for request in &requests {
+        let time = current_time_of(request)
+            .unwrap_or_else(|| panic!("no current time in {:?}", request.messages()));
+        assert!(
+            time.contains(&before) || time.contains(&after),
+            "{time} is not today in Tokyo ({before})"
+        );
+        assert!(time.ends_with("(Asia/Tokyo, UTC+09:00)"), "{time}");
+        let system = request.messages()[0]["content"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        if system.starts_with(SUBAGENT_PROMPT) {
+            subagent += 1;
+        } else {
+            lead += 1;
+        }
+    }
+    assert_eq!((lead, subagent), (2, 1));
+    // Fixed when the run starts: the lead's two requests say the same.
+    let lead_times: Vec<String> = requests
+        .iter()
+        .filter(|r| {
+            !r.messages()[0]["content"]
+                .as_str()
+                .unwrap_or_default()
+                .starts_with(SUBAGENT_PROMPT)
+        })
+        .filter_map(current_time_of)
+        .collect();
+    assert_eq!(lead_times[0], lead_times[1]);
+    // Never stored: the thread holds the people's and the model's messages only.
+    let thread = app.thread(answer.json["thread_id"].as_str().unwrap()).await;
+    assert!(!thread.to_string().contains("current_time"), "{thread}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_over_its_token_budget_ends_timed_out_with_token_budget() {
+    // Each mock response costs 15 tokens: the subagent's second response crosses 20, so its
+    // second tool call is not run and the task ends there.
+    let mock = MockModel::start(Behaviour::DelegateRepeating {
+        prompts: vec!["count the files".to_owned()],
+        tool: "current_time".to_owned(),
+        arguments: "{}".to_owned(),
+        repeats: 2,
+    })
+    .await;
+    let mut app = TestApp::spawn(
+        &mock,
+        &format!("{}[subagents]\ntoken_budget = 20\n", config()),
+    )
+    .await;
+    app.client.token = Some(TOKEN.to_owned());
+    let answer = app.ask("budget", "delegate it").await;
+    let reply = answer.json["reply"].as_str().unwrap();
+    assert!(
+        reply.starts_with(
+            "summary: Task timed out (token_budget). Error: it used 30 tokens, over its budget of 20"
+        ),
+        "{reply}"
+    );
+    let thread_id = answer.json["thread_id"].as_str().unwrap();
+    let listed = tasks(&app, thread_id).await;
+    assert_eq!(listed.len(), 1);
+    let task = &listed[0];
+    assert_eq!(task["status"], "TIMED_OUT", "{task}");
+    assert_eq!(task["stop_reason"], "token_budget", "{task}");
+    assert_eq!(task["usage"]["total_tokens"], 30, "{task}");
+    let subagent_requests = mock
+        .requests()
+        .iter()
+        .filter(|r| {
+            r.messages()[0]["content"]
+                .as_str()
+                .unwrap_or_default()
+                .starts_with(SUBAGENT_PROMPT)
+        })
+        .count();
+    assert_eq!(subagent_requests, 2, "no round after the budget ran out");
+}

@@ -71,10 +71,14 @@ pub enum Behaviour {
     /// once the script is over, echoes.
     Script(Vec<Step>),
     /// Answers antler's memory updater (recognised by its prompt, [`MEMORY_PROMPT`]) with
-    /// update JSON holding the fact `fact` (`{n}` in it replaced by the request's index) when
-    /// the conversation contains `trigger`, and no change otherwise; echoes every other
-    /// request.
+    /// update JSON holding the fact `fact` (`{n}` in it replaced by the request's index),
+    /// labelled to pass the write gate (`user`, `durable`, `descriptive`), when the
+    /// conversation contains `trigger`, and no change otherwise; echoes every other request.
     Memory { trigger: String, fact: String },
+    /// Answers antler's memory updater with the update JSON of the first `(trigger, update)`
+    /// whose trigger the request's new messages hold (those not marked `(seen)`), and no
+    /// change when none does; echoes every other request.
+    MemoryAnswers(Vec<(String, Value)>),
     /// The lead delegates: the first response of a turn calls `task` once per prompt, all in
     /// one response; once the results are in, it answers `summary: <results joined by " | ">`.
     /// A subagent (its system prompt starts with [`SUBAGENT_PROMPT`]) waits until as many
@@ -141,7 +145,8 @@ pub struct Recorded {
     pub at: Instant,
     /// The JSON body.
     pub body: Value,
-    /// The conversation key: the first user message of the request.
+    /// The conversation key: the first user message of the request (antler's hidden
+    /// `<context>` message left out).
     pub conversation: String,
     /// Requests in flight (this one included) when it arrived.
     pub in_flight: usize,
@@ -156,6 +161,16 @@ impl Recorded {
             .as_array()
             .cloned()
             .unwrap_or_default()
+    }
+
+    /// The request's messages without antler's hidden `<context>` message (the current
+    /// time, memory), which every request carries before the turn's message: the
+    /// conversation as the thread has it.
+    pub fn messages_without_context(&self) -> Vec<Value> {
+        self.messages()
+            .into_iter()
+            .filter(|m| !(m["role"] == "user" && text_of(&m["content"]).starts_with("<context>")))
+            .collect()
     }
 
     /// The content of the last user message.
@@ -342,10 +357,14 @@ fn last_user_text(body: &Value) -> String {
         .unwrap_or_default()
 }
 
+/// The first user message that is not antler's hidden `<context>` (the current time, memory).
 fn first_user_text(body: &Value) -> String {
     body["messages"]
         .as_array()
-        .and_then(|m| m.iter().find(|m| m["role"] == "user"))
+        .and_then(|m| {
+            m.iter()
+                .find(|m| m["role"] == "user" && !text_of(&m["content"]).starts_with("<context>"))
+        })
         .map(|m| unwrap_user_text(&text_of(&m["content"])))
         .unwrap_or_default()
 }
@@ -538,11 +557,30 @@ async fn completions(State(state): State<Arc<MockState>>, body: Bytes) -> Respon
             } else if last_user_text(&body).contains(&trigger) {
                 let fact = fact.replace("{n}", &index.to_string());
                 let update = json!({"newFacts": [
-                    {"content": fact, "category": "preference", "confidence": 0.9}
+                    {"content": fact, "category": "preference", "confidence": 0.9,
+                     "scope": "user", "durability": "durable", "authority": "descriptive"}
                 ]});
                 answer(&format!("```json\n{update}\n```"), stream)
             } else {
                 answer("{\"newFacts\": []}", stream)
+            }
+        }
+        Behaviour::MemoryAnswers(rules) => {
+            let updater = body["messages"][0]["content"]
+                .as_str()
+                .is_some_and(|s| s.starts_with(MEMORY_PROMPT));
+            if !updater {
+                return echo(&body, stream);
+            }
+            let conversation = last_user_text(&body);
+            let new: String = conversation
+                .lines()
+                .filter(|line| !line.starts_with("(seen) "))
+                .collect::<Vec<_>>()
+                .join("\n");
+            match rules.iter().find(|(trigger, _)| new.contains(trigger.as_str())) {
+                Some((_, update)) => answer(&update.to_string(), stream),
+                None => answer("{\"newFacts\": []}", stream),
             }
         }
         Behaviour::Slow(wait) => {

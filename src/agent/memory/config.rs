@@ -21,6 +21,10 @@ pub(crate) struct MemoryConfig {
     pub(crate) max_injection_tokens: usize,
     /// How long shutdown waits for queued updates, in seconds.
     pub(crate) shutdown_flush_secs: u64,
+    /// Which facts of the author go into a group chat's run (and `/memory` there).
+    pub(crate) group_facts: GroupFacts,
+    /// Whether the `personalContext` summary goes into a group chat's run.
+    pub(crate) group_personal_context: bool,
     /// `[[memory.identities]]`: ids on several platforms that are one person.
     pub(crate) identities: Vec<IdentityLink>,
 }
@@ -35,9 +39,24 @@ impl Default for MemoryConfig {
             injection_enabled: true,
             max_injection_tokens: 2000,
             shutdown_flush_secs: 10,
+            group_facts: GroupFacts::Work,
+            group_personal_context: false,
             identities: Vec::new(),
         }
     }
+}
+
+/// `memory.group_facts`: which of the author's facts a group chat's run gets.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum GroupFacts {
+    /// Only those the author shared (`/memory share <n>`).
+    Shareable,
+    /// Those about the author's work, and those they shared.
+    #[default]
+    Work,
+    /// Every fact, personal ones too.
+    All,
 }
 
 /// One `[[memory.identities]]` entry.

@@ -129,6 +129,8 @@ mod tests {
             created_at: String::new(),
             updated_at: String::new(),
             source: FactSource::default(),
+            about: None,
+            shareable: false,
         }
     }
 

@@ -1,14 +1,16 @@
 //! The memory domain of the agent (DESIGN.md section 6; docs/architecture.md, "Memory"): what a
 //! user's memory document is (`schema`), whose memory a message is (`identity`), which part of
-//! a conversation may be remembered (`conversation`), and how a document goes into a model
-//! request (`injection`). The `memory` middleware uses it; the worker that updates documents
-//! is `crate::memory`, and the store keeps them behind [`MemoryDocuments`].
+//! a conversation may be remembered (`conversation`), what of it a group chat may hear
+//! (`sharing`), and how a document goes into a model request (`injection`). The `memory`
+//! middleware uses it; the worker that updates documents is `crate::memory`, and the store
+//! keeps them behind [`MemoryDocuments`].
 
 pub(crate) mod config;
 pub(crate) mod conversation;
 pub(crate) mod identity;
 pub(crate) mod injection;
 pub(crate) mod schema;
+pub(crate) mod sharing;
 
 pub(crate) use config::MemoryConfig;
 pub(crate) use schema::{MemoryDocument, MemoryUpdate};

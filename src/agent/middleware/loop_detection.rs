@@ -3,9 +3,12 @@
 //! Semantics after DeerFlow's LoopDetectionMiddleware (reference/deerflow.md section 5):
 //!
 //! - In `after_model`, a response with tool calls is reduced to one hash: MD5 over the sorted
-//!   list of `name:canonical_args` (arguments parsed as JSON and re-serialized with sorted
-//!   keys; the trimmed raw text when they are not JSON), first 12 hex chars. The order of the
-//!   calls within one response does not matter.
+//!   list of `name:key`, first 12 hex chars. The key holds what makes two calls the same:
+//!   for `read_file` the path and the 200-line buckets its range starts and ends in (reading
+//!   lines 1-50 and then 51-100 of one file is the same read), for `bash` the command, for
+//!   every other tool the arguments parsed as JSON and re-serialized with sorted keys (the
+//!   trimmed raw text when they are not JSON). The order of the calls within one response
+//!   does not matter.
 //! - Per run the last `window` (20) hashes are kept. When the new hash occurs `warn_threshold`
 //!   (3) times in the window, a warning is queued for that run — once per hash while it stays
 //!   in the window (DeerFlow's behaviour: the 4th repeat does not warn again; a hash that left
@@ -17,6 +20,11 @@
 //! - When the hash occurs `hard_limit` (5) or more times, all tool calls are stripped, the
 //!   finish reason becomes `Stop`, [`FORCED_STOP`] is appended to the content and the run is
 //!   stopped (`RunControl::Stop`) with the reason `loop_capped`.
+//! - Per tool, the calls of a run are counted too (DeerFlow's frequency layer): a model that
+//!   calls one tool `tool_freq_warn` (30) times in a run, whatever the arguments (reading
+//!   file after file), is warned once ([`frequency_warning`]), and at `tool_freq_hard_limit`
+//!   (50) stopped as above. `tool_freq_overrides` sets both per tool (`{ bash = { warn = 100,
+//!   hard_limit = 150 } }`) for tools a task legitimately calls often.
 //! - The window belongs to one run: the lead's run and each subagent task's run keep their own
 //!   (in [`RunContext::state`](super::RunContext::state)), although subagents run under their
 //!   parent's thread id with this same middleware instance. So a subagent starting does not
@@ -33,7 +41,7 @@
 //! warning is appended after everything earlier middlewares added or repaired
 //! (dangling_tool_call has already completed the tool results it lands after). It fails open.
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 
 use md5::{Digest, Md5};
 use serde::{Deserialize, Serialize};
@@ -48,6 +56,25 @@ pub(crate) const WARNING: &str = "[LOOP DETECTED] You are repeating the same too
 /// Appended to the answer when repeated tool calls were stripped.
 pub(crate) const FORCED_STOP: &str =
     "[FORCED STOP] Repeated tool calls were stopped; answering with what is known so far.";
+
+/// The warning injected when one tool was called `count` times in a run.
+pub(crate) fn frequency_warning(tool: &str, count: usize) -> String {
+    format!(
+        "[LOOP DETECTED] You have called {tool} {count} times in this run without an answer. \
+         Stop calling tools and answer with what you have, or say what is left undone."
+    )
+}
+
+/// Appended to the answer when a tool's calls passed its per-run limit.
+fn frequency_stop(tool: &str, count: usize) -> String {
+    format!(
+        "[FORCED STOP] {tool} was called {count} times in this run, over its limit; answering \
+         with what is known so far."
+    )
+}
+
+/// The lines of one `read_file` bucket: reads within the same 200 lines are the same read.
+const READ_BUCKET_LINES: u64 = 200;
 
 /// The run's stop reason after a forced stop.
 pub(crate) const STOP_REASON: &str = "loop_capped";
@@ -67,6 +94,22 @@ pub(crate) struct LoopDetectionConfig {
     /// No longer used (each run keeps its own window, dropped with the run); still accepted
     /// so existing config files load.
     pub(crate) max_threads: usize,
+    /// Calls of one tool in a run that add a warning.
+    pub(crate) tool_freq_warn: usize,
+    /// Calls of one tool in a run that strip the tool calls and force a text answer.
+    pub(crate) tool_freq_hard_limit: usize,
+    /// Both limits for particular tools, by name (`{ bash = { warn = 100, hard_limit = 150 } }`).
+    pub(crate) tool_freq_overrides: BTreeMap<String, ToolFrequencyLimits>,
+}
+
+/// One tool's per-run call limits (`tool_freq_overrides`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ToolFrequencyLimits {
+    /// Calls that add a warning.
+    pub(crate) warn: usize,
+    /// Calls that force a text answer.
+    pub(crate) hard_limit: usize,
 }
 
 impl Default for LoopDetectionConfig {
@@ -77,6 +120,9 @@ impl Default for LoopDetectionConfig {
             hard_limit: 5,
             window: 20,
             max_threads: 100,
+            tool_freq_warn: 30,
+            tool_freq_hard_limit: 50,
+            tool_freq_overrides: BTreeMap::new(),
         }
     }
 }
@@ -89,15 +135,23 @@ struct RunWindow {
     /// Hashes already warned about while they were in the window.
     warned: HashSet<String>,
     /// A warning waiting for the next model call.
-    pending_warning: bool,
+    pending_warning: Option<String>,
+    /// Calls of each tool in this run.
+    calls_by_tool: HashMap<String, usize>,
+    /// Tools already warned about for their frequency.
+    frequency_warned: HashSet<String>,
 }
 
 /// What `after_model` decided for one response.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 enum Verdict {
     Pass,
     Warn,
     Stop,
+    /// A tool was called too often: warned with this text.
+    WarnFrequency(String),
+    /// A tool was called too often: stopped with this note.
+    StopFrequency(String),
 }
 
 /// Detects repeated tool-call sets within a run.
@@ -106,6 +160,8 @@ pub(crate) struct LoopDetectionMiddleware {
     warn_threshold: usize,
     hard_limit: usize,
     window: usize,
+    frequency: ToolFrequencyLimits,
+    frequency_overrides: BTreeMap<String, ToolFrequencyLimits>,
 }
 
 impl LoopDetectionMiddleware {
@@ -113,11 +169,49 @@ impl LoopDetectionMiddleware {
     /// hard limit to at least the warn threshold.
     pub(crate) fn from_config(cfg: &LoopDetectionConfig) -> Option<Self> {
         let warn_threshold = cfg.warn_threshold.max(1);
+        let limits = |warn: usize, hard_limit: usize| {
+            let warn = warn.max(1);
+            ToolFrequencyLimits {
+                warn,
+                hard_limit: hard_limit.max(warn),
+            }
+        };
         cfg.enabled.then(|| Self {
             warn_threshold,
             hard_limit: cfg.hard_limit.max(warn_threshold),
             window: cfg.window.max(1),
+            frequency: limits(cfg.tool_freq_warn, cfg.tool_freq_hard_limit),
+            frequency_overrides: cfg
+                .tool_freq_overrides
+                .iter()
+                .map(|(tool, o)| (tool.clone(), limits(o.warn, o.hard_limit)))
+                .collect(),
         })
+    }
+
+    /// Counts one response's calls per tool; says whether a tool passed its limits. The
+    /// first tool over its hard limit stops; else the first newly over its warn limit warns.
+    fn record_frequency(&self, run: &mut RunWindow, calls: &[ToolCall]) -> Verdict {
+        let mut verdict = Verdict::Pass;
+        for call in calls {
+            let count = run.calls_by_tool.entry(call.name.clone()).or_insert(0);
+            *count += 1;
+            let count = *count;
+            let limits = self
+                .frequency_overrides
+                .get(&call.name)
+                .unwrap_or(&self.frequency);
+            if count >= limits.hard_limit {
+                return Verdict::StopFrequency(frequency_stop(&call.name, count));
+            }
+            if count >= limits.warn
+                && verdict == Verdict::Pass
+                && run.frequency_warned.insert(call.name.clone())
+            {
+                verdict = Verdict::WarnFrequency(frequency_warning(&call.name, count));
+            }
+        }
+        verdict
     }
 
     /// Records one tool-call set in the run's window and says what to do about it.
@@ -135,7 +229,7 @@ impl LoopDetectionMiddleware {
         let verdict = if count >= self.hard_limit {
             Verdict::Stop
         } else if count >= self.warn_threshold && run.warned.insert(hash) {
-            run.pending_warning = true;
+            run.pending_warning = Some(WARNING.to_owned());
             Verdict::Warn
         } else {
             Verdict::Pass
@@ -145,8 +239,11 @@ impl LoopDetectionMiddleware {
 }
 
 /// Takes the run's pending warning, if any.
-fn take_warning(cx: &mut RunContext<'_>) -> bool {
-    std::mem::take(&mut cx.state.get_or_default::<RunWindow>().pending_warning)
+fn take_warning(cx: &mut RunContext<'_>) -> Option<String> {
+    cx.state
+        .get_or_default::<RunWindow>()
+        .pending_warning
+        .take()
 }
 
 #[async_trait::async_trait]
@@ -160,9 +257,9 @@ impl Middleware for LoopDetectionMiddleware {
         cx: &mut RunContext<'_>,
         request: &mut ModelRequest,
     ) -> Result<(), MiddlewareError> {
-        if take_warning(cx) {
+        if let Some(warning) = take_warning(cx) {
             // At the end: after the last assistant message's tool results, never between.
-            request.messages.push(ChatMessage::user(WARNING));
+            request.messages.push(ChatMessage::user(warning));
         }
         Ok(())
     }
@@ -176,9 +273,35 @@ impl Middleware for LoopDetectionMiddleware {
             return Ok(());
         }
         let hash = tool_calls_hash(&response.tool_calls);
-        let (verdict, count) = self.record(cx.state.get_or_default(), hash.clone());
+        let run: &mut RunWindow = cx.state.get_or_default();
+        let (verdict, count) = self.record(run, hash.clone());
+        // The repeat layer decides first; the frequency layer when it lets the calls pass.
+        let verdict = match verdict {
+            Verdict::Pass => match self.record_frequency(run, &response.tool_calls) {
+                Verdict::WarnFrequency(warning) => {
+                    run.pending_warning = Some(warning.clone());
+                    Verdict::WarnFrequency(warning)
+                }
+                other => other,
+            },
+            other => {
+                self.record_frequency(run, &response.tool_calls);
+                other
+            }
+        };
         match verdict {
             Verdict::Pass => {}
+            Verdict::WarnFrequency(warning) => {
+                tracing::info!(thread = %cx.thread.id, %warning, "one tool called often: warning queued");
+                metrics::counter!("antler_loop_detection_total", "action" => "warn_frequency")
+                    .increment(1);
+            }
+            Verdict::StopFrequency(note) => {
+                tracing::warn!(thread = %cx.thread.id, %note, "one tool called too often: forced stop");
+                metrics::counter!("antler_loop_detection_total", "action" => "stop_frequency")
+                    .increment(1);
+                force_stop(cx, response, &note);
+            }
             Verdict::Warn => {
                 tracing::info!(thread = %cx.thread.id, %hash, count, "repeated tool calls: warning queued");
                 metrics::counter!("antler_loop_detection_total", "action" => "warn").increment(1);
@@ -186,30 +309,55 @@ impl Middleware for LoopDetectionMiddleware {
             Verdict::Stop => {
                 tracing::warn!(thread = %cx.thread.id, %hash, count, "repeated tool calls: forced stop");
                 metrics::counter!("antler_loop_detection_total", "action" => "stop").increment(1);
-                response.tool_calls.clear();
-                response.finish_reason = FinishReason::Stop;
-                if response.content.trim().is_empty() {
-                    response.content = FORCED_STOP.to_owned();
-                } else {
-                    response.content.push_str("\n\n");
-                    response.content.push_str(FORCED_STOP);
-                }
-                cx.stop(STOP_REASON);
+                force_stop(cx, response, FORCED_STOP);
             }
         }
         Ok(())
     }
 }
 
-/// The canonical form of one call: `name:args` with JSON arguments re-serialized with sorted
-/// keys, or the trimmed raw text when they are not JSON.
+/// Strips the response's tool calls, appends `note` to its text and stops the run.
+fn force_stop(cx: &mut RunContext<'_>, response: &mut ModelResponse, note: &str) {
+    response.tool_calls.clear();
+    response.finish_reason = FinishReason::Stop;
+    if response.content.trim().is_empty() {
+        response.content = note.to_owned();
+    } else {
+        response.content.push_str("\n\n");
+        response.content.push_str(note);
+    }
+    cx.stop(STOP_REASON);
+}
+
+/// The canonical form of one call, `name:key`: what makes two calls the same (module doc).
 fn normalize(call: &ToolCall) -> String {
-    let args = match serde_json::from_str::<serde_json::Value>(&call.arguments) {
-        Ok(value) => serde_json::to_string(&sort_keys(value))
+    let parsed = serde_json::from_str::<serde_json::Value>(&call.arguments).ok();
+    let salient = parsed.as_ref().and_then(|args| match call.name.as_str() {
+        "read_file" => read_key(args),
+        "bash" => args
+            .get("command")
+            .and_then(serde_json::Value::as_str)
+            .map(|command| command.trim().to_owned()),
+        _ => None,
+    });
+    let key = salient.unwrap_or_else(|| match parsed {
+        Some(value) => serde_json::to_string(&sort_keys(value))
             .unwrap_or_else(|_| call.arguments.trim().to_owned()),
-        Err(_) => call.arguments.trim().to_owned(),
-    };
-    format!("{}:{}", call.name, args)
+        None => call.arguments.trim().to_owned(),
+    });
+    format!("{}:{key}", call.name)
+}
+
+/// A `read_file` call's key: its path and the 200-line buckets of its range's first and
+/// last line (a missing start is line 1, a missing end the start).
+fn read_key(args: &serde_json::Value) -> Option<String> {
+    let path = args.get("path")?.as_str()?;
+    let line = |field: &str| args.get(field).and_then(serde_json::Value::as_u64);
+    let start = line("start_line").unwrap_or(1).max(1);
+    let end = line("end_line").unwrap_or(start).max(1);
+    let (first, last) = (start.min(end), start.max(end));
+    let bucket = |line: u64| (line - 1) / READ_BUCKET_LINES;
+    Some(format!("{path}:{}-{}", bucket(first), bucket(last)))
 }
 
 /// The value with every object's keys in sorted order (independent of whether serde_json's
@@ -455,7 +603,7 @@ mod tests {
             let mut r = response(shell("c"));
             m.after_model(&mut cx, &mut r).await.unwrap();
             assert_eq!(r.tool_calls.len(), 1, "repeat {i} must not strip");
-            if take_warning(&mut cx) {
+            if take_warning(&mut cx).is_some() {
                 warned_at.push(i);
             }
         }
@@ -495,11 +643,11 @@ mod tests {
         m.after_model(&mut cx, &mut response(vec![b.clone(), a2]))
             .await
             .unwrap();
-        assert!(!take_warning(&mut cx));
+        assert!(take_warning(&mut cx).is_none());
         m.after_model(&mut cx, &mut response(vec![b, a]))
             .await
             .unwrap();
-        assert!(take_warning(&mut cx));
+        assert!(take_warning(&mut cx).is_some());
     }
 
     #[tokio::test]
@@ -512,7 +660,7 @@ mod tests {
             m.after_model(&mut cx, &mut r).await.unwrap();
             assert_eq!(r.tool_calls.len(), 1);
         }
-        assert!(!take_warning(&mut cx));
+        assert!(take_warning(&mut cx).is_none());
         assert_eq!(cx.control(), None);
     }
 
@@ -535,17 +683,17 @@ mod tests {
         m.after_model(&mut cx, &mut response(shell("c")))
             .await
             .unwrap();
-        assert!(!take_warning(&mut cx));
+        assert!(take_warning(&mut cx).is_none());
         // The 4th pushes the 2nd out: still 2.
         m.after_model(&mut cx, &mut response(shell("c")))
             .await
             .unwrap();
-        assert!(!take_warning(&mut cx));
+        assert!(take_warning(&mut cx).is_none());
         // The 5th is the 3rd in the window.
         m.after_model(&mut cx, &mut response(shell("c")))
             .await
             .unwrap();
-        assert!(take_warning(&mut cx));
+        assert!(take_warning(&mut cx).is_some());
         assert_eq!(cx.control(), None);
     }
 
@@ -562,7 +710,7 @@ mod tests {
                 .await
                 .unwrap();
         }
-        assert!(take_warning(&mut cx));
+        assert!(take_warning(&mut cx).is_some());
         for i in 0..4 {
             let calls = vec![call("c", "read", &format!(r#"{{"path":"/f{i}"}}"#))];
             m.after_model(&mut cx, &mut response(calls)).await.unwrap();
@@ -572,7 +720,7 @@ mod tests {
                 .await
                 .unwrap();
         }
-        assert!(take_warning(&mut cx));
+        assert!(take_warning(&mut cx).is_some());
     }
 
     #[tokio::test]
@@ -591,14 +739,14 @@ mod tests {
                 .await
                 .unwrap();
         }
-        assert!(!take_warning(&mut a));
-        assert!(!take_warning(&mut b));
+        assert!(take_warning(&mut a).is_none());
+        assert!(take_warning(&mut b).is_none());
         // a's third call warns a, not b.
         m.after_model(&mut a, &mut response(shell("x")))
             .await
             .unwrap();
-        assert!(take_warning(&mut a));
-        assert!(!take_warning(&mut b));
+        assert!(take_warning(&mut a).is_some());
+        assert!(take_warning(&mut b).is_none());
     }
 
     #[tokio::test]
@@ -630,9 +778,160 @@ mod tests {
             window: 0,
             max_threads: 0,
             enabled: true,
+            tool_freq_warn: 0,
+            tool_freq_hard_limit: 0,
+            tool_freq_overrides: BTreeMap::from([(
+                "bash".to_owned(),
+                ToolFrequencyLimits {
+                    warn: 10,
+                    hard_limit: 5,
+                },
+            )]),
         };
         let m = middleware(odd);
         assert_eq!(m.hard_limit, 4);
         assert_eq!(m.window, 1);
+        assert_eq!(
+            m.frequency,
+            ToolFrequencyLimits {
+                warn: 1,
+                hard_limit: 1
+            }
+        );
+        assert_eq!(m.frequency_overrides["bash"].hard_limit, 10);
+    }
+
+    #[test]
+    fn reads_in_the_same_200_lines_of_a_file_are_the_same_call() {
+        let read = |args: &str| tool_calls_hash(&[call("1", "read_file", args)]);
+        let whole = read(r#"{"path": "/mnt/user-data/workspace/a.rs"}"#);
+        assert_eq!(
+            whole,
+            read(r#"{"path": "/mnt/user-data/workspace/a.rs", "start_line": 1, "end_line": 50}"#)
+        );
+        assert_eq!(
+            read(r#"{"path": "/mnt/user-data/workspace/a.rs", "start_line": 51, "end_line": 100}"#),
+            read(
+                r#"{"end_line": 200, "start_line": 120, "path": "/mnt/user-data/workspace/a.rs"}"#
+            ),
+        );
+        assert_ne!(
+            whole,
+            read(r#"{"path": "/mnt/user-data/workspace/a.rs", "start_line": 201}"#),
+            "the next 200 lines are a new read"
+        );
+        assert_ne!(
+            whole,
+            read(
+                r#"{"path": "/mnt/user-data/workspace/a.rs", "start_line": 150, "end_line": 250}"#
+            ),
+            "a range across buckets differs"
+        );
+        assert_ne!(whole, read(r#"{"path": "/mnt/user-data/workspace/b.rs"}"#));
+    }
+
+    #[test]
+    fn a_shell_call_is_its_command() {
+        let bash = |args: &str| tool_calls_hash(&[call("1", "bash", args)]);
+        assert_eq!(
+            bash(r#"{"command": "ls -la"}"#),
+            bash(r#"{"command": " ls -la ", "description": "list again"}"#)
+        );
+        assert_ne!(
+            bash(r#"{"command": "ls -la"}"#),
+            bash(r#"{"command": "ls"}"#)
+        );
+        // Other tools: every argument counts.
+        let write = |args: &str| tool_calls_hash(&[call("1", "write_file", args)]);
+        assert_ne!(
+            write(r#"{"path": "a", "content": "x"}"#),
+            write(r#"{"path": "a", "content": "y"}"#)
+        );
+    }
+
+    #[tokio::test]
+    async fn one_tool_called_often_is_warned_then_stopped_whatever_its_arguments() {
+        let m = middleware(LoopDetectionConfig {
+            tool_freq_warn: 3,
+            tool_freq_hard_limit: 5,
+            ..LoopDetectionConfig::default()
+        });
+        let mut thread = thread("t1");
+        let mut cx = test_context(&mut thread);
+        let read = |n: usize| {
+            vec![call(
+                &format!("c{n}"),
+                "read_file",
+                &format!(r#"{{"path": "/mnt/user-data/workspace/file{n}.txt"}}"#),
+            )]
+        };
+        let mut sent = Vec::new();
+        let mut last = None;
+        for n in 1..=5 {
+            let (request, response) = step(&m, &mut cx, read(n)).await;
+            sent.push(request);
+            last = Some(response);
+        }
+        let frequency_warnings = |request: &ModelRequest| {
+            request
+                .messages
+                .iter()
+                .filter(|m| m.text() == frequency_warning("read_file", 3))
+                .count()
+        };
+        // Warned once, in the request after the third call.
+        assert_eq!(
+            sent.iter().map(frequency_warnings).collect::<Vec<_>>(),
+            [0, 0, 0, 1, 0]
+        );
+        assert_eq!(sent.iter().map(warnings).sum::<usize>(), 0, "no repeats");
+        let last = last.unwrap();
+        assert!(last.tool_calls.is_empty(), "stopped at the fifth");
+        assert_eq!(last.content, frequency_stop("read_file", 5));
+        assert_eq!(
+            cx.take_control(),
+            Some(crate::agent::middleware::RunControl::Stop {
+                reason: STOP_REASON.into()
+            })
+        );
+    }
+
+    #[tokio::test]
+    async fn a_tools_override_replaces_the_frequency_limits() {
+        let m = middleware(LoopDetectionConfig {
+            tool_freq_warn: 2,
+            tool_freq_hard_limit: 3,
+            tool_freq_overrides: BTreeMap::from([(
+                "bash".to_owned(),
+                ToolFrequencyLimits {
+                    warn: 10,
+                    hard_limit: 20,
+                },
+            )]),
+            ..LoopDetectionConfig::default()
+        });
+        let mut thread = thread("t1");
+        let mut cx = test_context(&mut thread);
+        for n in 1..=6 {
+            let calls = vec![call(
+                &format!("c{n}"),
+                "bash",
+                &format!(r#"{{"command": "echo {n}"}}"#),
+            )];
+            let (_, response) = step(&m, &mut cx, calls).await;
+            assert_eq!(response.tool_calls.len(), 1, "call {n} runs");
+        }
+        assert_eq!(cx.control(), None);
+        let (_, response) = step(
+            &m,
+            &mut cx,
+            vec![
+                call("x1", "ls", "{}"),
+                call("x2", "ls", r#"{"path": "a"}"#),
+                call("x3", "ls", r#"{"path": "b"}"#),
+            ],
+        )
+        .await;
+        assert!(response.tool_calls.is_empty(), "ls keeps the global limits");
     }
 }

@@ -254,6 +254,8 @@ mod tests {
                 max_parallel_tools: 4,
                 context_tokens: 0,
                 data_root: std::env::temp_dir().join("antler-subagent-limit-tests"),
+                timezone: jiff::tz::TimeZone::UTC,
+                token_budget: None,
             },
         );
         let mut thread = ThreadState::new("t1".into(), "api:c".into(), 0, 0);

@@ -18,6 +18,8 @@ fn settings(max_model_calls: u32) -> RuntimeSettings {
         max_parallel_tools: 4,
         context_tokens: 0,
         data_root: std::env::temp_dir().join("antler-runtime-tests"),
+        timezone: jiff::tz::TimeZone::UTC,
+        token_budget: None,
     }
 }
 
@@ -142,7 +144,8 @@ async fn tool_results_go_back_to_the_model_each_checkpointed() {
     };
     assert_eq!(tool_call_id, "c1");
     assert!(thread.messages[3].text().contains("no tool named `nope`"));
-    assert_eq!(model.requests()[1].messages.len(), 1 + 4);
+    // The system prompt, the run's hidden context, then the thread's four messages.
+    assert_eq!(model.requests()[1].messages.len(), 2 + 4);
     // One checkpoint per result, not one per round.
     assert_eq!(*recorder.checkpoints.lock().unwrap(), vec![3, 4]);
     // Only the call that ran reports progress; the unknown tool is an immediate error.
@@ -823,7 +826,8 @@ async fn finalization_repairs_what_a_hook_broke() {
     let runtime = runtime_with(model.clone(), vec![Arc::new(DropResults)], settings(5));
     run(&runtime, &mut thread(), "time?").await;
     let request = model.requests().pop().unwrap();
-    let ChatMessage::Tool { tool_call_id, .. } = &request.messages[3] else {
+    // System, hidden context, user, assistant, the repaired result.
+    let ChatMessage::Tool { tool_call_id, .. } = &request.messages[4] else {
         panic!("the call got a placeholder result: {:?}", request.messages)
     };
     assert_eq!(tool_call_id, "c1");
@@ -841,6 +845,8 @@ async fn file_tools_run_under_the_guardrail_and_the_output_budget() {
     let dir = tempfile::tempdir().unwrap();
     let settings = RuntimeSettings {
         data_root: dir.path().to_path_buf(),
+        timezone: jiff::tz::TimeZone::UTC,
+        token_budget: None,
         ..settings(5)
     };
     let chain = || -> Vec<Arc<dyn Middleware>> {
@@ -931,4 +937,166 @@ async fn file_tools_run_under_the_guardrail_and_the_output_budget() {
         "{}",
         thread.messages[5].text()
     );
+}
+
+#[test]
+fn the_current_time_names_the_day_the_zone_and_its_offset() {
+    let now: jiff::Timestamp = "2026-12-04T20:05:00Z".parse().unwrap();
+    let berlin = jiff::tz::TimeZone::get("Europe/Berlin").unwrap();
+    assert_eq!(
+        current_time(now, &berlin),
+        "<current_time>Friday, 2026-12-04 21:05 (Europe/Berlin, UTC+01:00)</current_time>"
+    );
+    assert_eq!(
+        current_time(now, &jiff::tz::TimeZone::UTC),
+        "<current_time>Friday, 2026-12-04 20:05 (UTC, UTC+00:00)</current_time>"
+    );
+}
+
+#[tokio::test]
+async fn every_request_of_a_run_carries_the_same_time_before_the_turns_message() {
+    let model = Arc::new(ScriptedModel::new(vec![
+        ScriptedModel::calls(&[("c1", "current_time", "{}")]),
+        ScriptedModel::text("done"),
+    ]));
+    let mut thread = thread();
+    thread.messages.push(ChatMessage::user("earlier"));
+    thread
+        .messages
+        .push(ChatMessage::assistant("earlier answer"));
+    run(&runtime(model.clone(), 5), &mut thread, "what day is it?").await;
+    let requests = model.requests();
+    assert_eq!(requests.len(), 2);
+    let context = |request: &ModelRequest| {
+        let at = request
+            .messages
+            .iter()
+            .position(|m| m.text().starts_with("<context>\n<current_time>"))
+            .expect("the time is in the request");
+        (at, request.messages[at].clone())
+    };
+    let (at, first) = context(&requests[0]);
+    // After the stored history, just before the turn's message: the prefix stays cacheable.
+    assert_eq!(at, 3);
+    assert_eq!(
+        requests[0].messages[at + 1],
+        ChatMessage::user("what day is it?")
+    );
+    assert_eq!(
+        context(&requests[1]),
+        (at, first),
+        "the same bytes in every request"
+    );
+    assert!(
+        thread
+            .messages
+            .iter()
+            .all(|m| !m.text().contains("<current_time>")),
+        "never stored"
+    );
+}
+
+#[tokio::test]
+async fn an_empty_final_answer_is_retried_once_with_a_reminder() {
+    let model = Arc::new(ScriptedModel::new(vec![
+        ScriptedModel::text("   "),
+        ScriptedModel::text("here it is"),
+    ]));
+    let mut thread = thread();
+    let outcome = run(&runtime(model.clone(), 5), &mut thread, "hi").await;
+    assert_eq!(outcome.ending, RunEnding::Answered);
+    assert_eq!(outcome.answer, "here it is");
+    assert_eq!(outcome.stop_reason, None);
+    let second = &model.requests()[1];
+    assert_eq!(
+        second.messages.last().unwrap().text(),
+        EMPTY_ANSWER_REMINDER,
+        "the retry carries the reminder"
+    );
+}
+
+#[tokio::test]
+async fn an_answer_empty_twice_ends_with_a_note_not_an_empty_reply() {
+    let model = Arc::new(ScriptedModel::new(vec![
+        ScriptedModel::text(""),
+        ScriptedModel::text(""),
+        ScriptedModel::text("never asked"),
+    ]));
+    let mut thread = thread();
+    let outcome = run(&runtime(model.clone(), 5), &mut thread, "hi").await;
+    assert_eq!(outcome.ending, RunEnding::Answered);
+    assert_eq!(outcome.answer, EMPTY_ANSWER_NOTE);
+    assert_eq!(outcome.stop_reason.as_deref(), Some(EMPTY_ANSWER));
+    assert_eq!(model.requests().len(), 2, "one retry only");
+}
+
+#[tokio::test]
+async fn tool_calls_of_a_filtered_response_are_not_run() {
+    let mut filtered = ScriptedModel::calls(&[("c1", "sleep", r#"{"seconds": 1}"#)]).unwrap();
+    filtered.finish_reason = FinishReason::ContentFilter;
+    let model = Arc::new(ScriptedModel::new(vec![Ok(filtered)]));
+    let mut thread = thread();
+    let recorder = Recorder::default();
+    let outcome = runtime(model.clone(), 5)
+        .run(&mut thread, &input("hi"), &recorder, &limits())
+        .await;
+    assert_eq!(outcome.ending, RunEnding::Answered);
+    assert!(
+        outcome.answer.contains("content filter withheld"),
+        "{}",
+        outcome.answer
+    );
+    assert!(recorder.progress.lock().unwrap().is_empty(), "nothing ran");
+    assert_eq!(model.requests().len(), 1);
+    assert!(
+        thread
+            .messages
+            .iter()
+            .all(|m| !matches!(m, ChatMessage::Tool { .. })),
+        "{:?}",
+        thread.messages
+    );
+}
+
+#[tokio::test]
+async fn a_run_over_its_token_budget_stops_before_its_next_round() {
+    let with_usage = |id: &str| {
+        let mut response = ScriptedModel::calls(&[(id, "current_time", "{}")]).unwrap();
+        response.content = format!("step {id}");
+        response.usage = Some(TokenUsage {
+            prompt_tokens: 50,
+            completion_tokens: 10,
+            total_tokens: 60,
+        });
+        Ok(response)
+    };
+    let model = Arc::new(ScriptedModel::new(vec![
+        with_usage("c1"),
+        with_usage("c2"),
+        with_usage("c3"),
+    ]));
+    let budgeted = runtime_with(
+        model.clone(),
+        Vec::new(),
+        RuntimeSettings {
+            token_budget: Some(100),
+            ..settings(10)
+        },
+    );
+    let mut thread = thread();
+    let outcome = run(&budgeted, &mut thread, "work").await;
+    assert_eq!(outcome.ending, RunEnding::Stopped);
+    assert_eq!(outcome.stop_reason.as_deref(), Some(TOKEN_BUDGET));
+    // 60 tokens: goes on; 120: the second response's call is not run.
+    assert_eq!(model.requests().len(), 2);
+    assert_eq!(
+        outcome.answer, "step c1\n\nstep c2",
+        "the partial result is kept"
+    );
+    let results = thread
+        .messages
+        .iter()
+        .filter(|m| matches!(m, ChatMessage::Tool { .. }))
+        .count();
+    assert_eq!(results, 1);
 }

@@ -5,6 +5,10 @@
 //! `task`, `ask_clarification` and `present_files`; 150 turns) and `bash` (the shell and file
 //! tools; 60 turns; offered only to users who may run the shell). `[subagents.types.<name>]`
 //! changes a built-in type (only the fields given) or defines a custom one.
+//!
+//! Budgets: each task runs for its type's `timeout_seconds` (the `task` call waits that long
+//! and [`TASK_CALL_MARGIN`] more, and the turn grows to fit the call: see `Runtime`) and may
+//! use its type's `token_budget` tokens (1,000,000 by default, as DeerFlow's subagents).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -42,6 +46,9 @@ pub(crate) struct SubagentsConfig {
     pub(crate) max_concurrent: usize,
     /// How long a task may run unless its type says otherwise, in seconds.
     pub(crate) timeout_seconds: u64,
+    /// Tokens a task may use unless its type says otherwise (its model calls and helper
+    /// calls); 0 for no budget. As DeerFlow's subagent default.
+    pub(crate) token_budget: u64,
     /// `[subagents.types.<name>]`: changes to the built-in types, and custom types.
     pub(crate) types: BTreeMap<String, SubagentTypeConfig>,
 }
@@ -52,6 +59,7 @@ impl Default for SubagentsConfig {
             enabled: true,
             max_concurrent: 3,
             timeout_seconds: 900,
+            token_budget: DEFAULT_TOKEN_BUDGET,
             types: BTreeMap::new(),
         }
     }
@@ -76,6 +84,8 @@ pub(crate) struct SubagentTypeConfig {
     pub(crate) max_turns: Option<u32>,
     /// How long it may run, in seconds.
     pub(crate) timeout_seconds: Option<u64>,
+    /// Tokens one task may use; 0 for no budget.
+    pub(crate) token_budget: Option<u64>,
 }
 
 /// A subagent type, resolved from the built-ins and the configuration.
@@ -92,6 +102,8 @@ pub(crate) struct SubagentType {
     pub(crate) model: Option<String>,
     pub(crate) max_turns: u32,
     pub(crate) timeout: Duration,
+    /// Tokens one task may use; `None`: no budget.
+    pub(crate) token_budget: Option<u64>,
     /// Runs shell commands: offered only to users who may.
     pub(crate) needs_shell: bool,
 }
@@ -115,14 +127,37 @@ fn names(entry: &str, tool: &str) -> bool {
     }
 }
 
+/// How much longer than its type's timeout a `task` call may last: the wait for a slot, and
+/// the subagent's end recorded. The executor stops a task [`PARENT_MARGIN`] before its call's
+/// deadline, so a task that waited up to 45 s for a slot still gets its whole timeout.
+///
+/// [`PARENT_MARGIN`]: super::executor::PARENT_MARGIN
+pub(crate) const TASK_CALL_MARGIN: Duration = Duration::from_secs(60);
+
+/// Tokens a task may use by default, as DeerFlow's subagents (with summarization).
+pub(crate) const DEFAULT_TOKEN_BUDGET: u64 = 1_000_000;
+
+/// A configured budget: 0 is none.
+fn budget(tokens: u64) -> Option<u64> {
+    (tokens > 0).then_some(tokens)
+}
+
 /// The names of the built-in types.
 pub(crate) const BUILTIN_TYPES: &[&str] = &["general-purpose", "bash"];
 
 impl SubagentsConfig {
+    /// The longest a `task` call may take: the slowest type's timeout and
+    /// [`TASK_CALL_MARGIN`]; `None` when subagents are off.
+    pub(crate) fn longest_call(&self) -> Option<Duration> {
+        let slowest = self.types().iter().map(|t| t.timeout).max()?;
+        self.enabled.then_some(slowest + TASK_CALL_MARGIN)
+    }
+
     /// The types the lead may delegate to: the built-ins (as configured) and the custom ones,
     /// sorted by name. Call on a validated configuration.
     pub(crate) fn types(&self) -> Vec<SubagentType> {
         let default_timeout = Duration::from_secs(self.timeout_seconds);
+        let default_budget = budget(self.token_budget);
         let never: Vec<String> = NEVER_DELEGATED.iter().map(|&s| s.to_owned()).collect();
         let builtin = |name: &str| -> Option<SubagentType> {
             let (description, prompt, tools, max_turns) = match name {
@@ -151,6 +186,7 @@ impl SubagentsConfig {
                 model: None,
                 max_turns,
                 timeout: default_timeout,
+                token_budget: default_budget,
                 needs_shell: name == "bash",
             })
         };
@@ -169,6 +205,7 @@ impl SubagentsConfig {
                 model: None,
                 max_turns: 50,
                 timeout: default_timeout,
+                token_budget: default_budget,
                 needs_shell: false,
             });
             let mut disallowed = never.clone();
@@ -187,6 +224,7 @@ impl SubagentsConfig {
                 timeout: cfg
                     .timeout_seconds
                     .map_or(base.timeout, Duration::from_secs),
+                token_budget: cfg.token_budget.map_or(base.token_budget, budget),
                 ..base
             };
             types.insert(name.clone(), resolved);
@@ -207,6 +245,7 @@ mod tests {
         let general = &types[1];
         assert_eq!(general.max_turns, 150);
         assert_eq!(general.timeout, Duration::from_secs(900));
+        assert_eq!(general.token_budget, Some(1_000_000));
         assert!(general.allows("bash") && general.allows("mcp__git__log"));
         for never in NEVER_DELEGATED {
             assert!(!general.allows(never), "{never}");
@@ -223,8 +262,10 @@ mod tests {
         let config: SubagentsConfig = toml::from_str(
             r#"
             timeout_seconds = 300
+            token_budget = 50000
             [types.general-purpose]
             max_turns = 20
+            token_budget = 0
             [types.researcher]
             description = "Finds things on the web"
             tools = ["web_fetch", "mcp__search__*", "task"]
@@ -241,11 +282,13 @@ mod tests {
         let general = find("general-purpose");
         assert_eq!(general.max_turns, 20);
         assert_eq!(general.timeout, Duration::from_secs(300));
+        assert_eq!(general.token_budget, None, "0 is no budget");
         assert!(general.description.starts_with("A capable agent"));
         let researcher = find("researcher");
         assert_eq!(researcher.model.as_deref(), Some("small-model"));
         assert_eq!(researcher.timeout, Duration::from_secs(60));
         assert_eq!(researcher.max_turns, 50);
+        assert_eq!(researcher.token_budget, Some(50_000));
         assert!(researcher.allows("web_fetch") && researcher.allows("mcp__search__query"));
         assert!(!researcher.allows("bash"));
         assert!(!researcher.allows("task"), "listing task does not give it");

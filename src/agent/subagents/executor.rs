@@ -6,9 +6,14 @@
 //!   leave a record half written: dropping the caller cancels the task, which then records how
 //!   it ended.
 //! - **Limits**: a task waits for a slot, then runs for its type's timeout at most, and never
-//!   past its parent's deadline less [`PARENT_MARGIN`], so the lead still has time to answer
-//!   from what its subagents did. A timeout cancels the subagent's model and tool calls
-//!   cooperatively (the runtime's own deadline) and is recorded as TIMED_OUT.
+//!   past its parent call's deadline less [`PARENT_MARGIN`], so the lead still has time to
+//!   answer from what its subagents did. The call's deadline is the type's timeout and a
+//!   margin (`TASK_CALL_MARGIN`), and the turn's timeout grows to fit the slowest type, so
+//!   the type's timeout is what limits a task; when the parent's turn left less (a task
+//!   started late in a long turn), the error says so. A timeout cancels the subagent's model
+//!   and tool calls cooperatively (the runtime's own deadline) and is recorded as TIMED_OUT.
+//!   A task that used up its type's token budget ends before its next round, TIMED_OUT with
+//!   `stop_reason = "token_budget"` and what it wrote so far as its result.
 //! - **Cancellation**: the parent's cancellation (`/stop`, its run ending) and
 //!   [`SubagentExecutor::cancel`] (the operator's API) end a task as CANCELLED. A task cut
 //!   short because antler is shutting down is left RUNNING: the next start marks it FAILED
@@ -35,8 +40,8 @@ use crate::agent::input::{Author, ChannelFlags, RunInput};
 use crate::agent::middleware::{MiddlewareChain, RunEnding};
 use crate::agent::model::ChatModel;
 use crate::agent::runtime::{
-    CheckpointError, NO_ANSWER_PREFIX, RunLimits, RunObserver, RunOutcome, Runtime,
-    RuntimeSettings, ToolProgress,
+    CheckpointError, EMPTY_ANSWER, NO_ANSWER_PREFIX, RunLimits, RunObserver, RunOutcome, Runtime,
+    RuntimeSettings, TOKEN_BUDGET, ToolProgress,
 };
 use crate::agent::thread::ThreadState;
 use crate::agent::tools::{ProgressSink, ToolRegistry};
@@ -74,6 +79,7 @@ impl SubagentKind {
         let settings = RuntimeSettings {
             system_prompt: spec.system_prompt.clone(),
             max_model_calls: spec.max_turns,
+            token_budget: spec.token_budget,
             ..settings
         };
         let runtime =
@@ -404,6 +410,16 @@ impl SubagentExecutor {
             .spec
             .timeout
             .min(latest_end.saturating_duration_since(Instant::now()));
+        // The call's deadline leaves the type's whole timeout unless the task waited long for
+        // a slot; then its error says so, so a cut is never silent.
+        let cut_by_parent = timeout < kind.spec.timeout;
+        if cut_by_parent {
+            tracing::warn!(
+                timeout_secs = timeout.as_secs(),
+                type_timeout_secs = kind.spec.timeout.as_secs(),
+                "the parent's call leaves the task less than its type's timeout"
+            );
+        }
         let mut thread = ThreadState::new(
             parent.thread_id.clone(),
             format!("subagent:{}", record.id),
@@ -436,7 +452,7 @@ impl SubagentExecutor {
             tracing::info!("subagent interrupted by shutdown");
             return record;
         }
-        let change = conclude(&outcome, timeout);
+        let change = conclude(&outcome, timeout, cut_by_parent, kind.spec.token_budget);
         tracing::info!(
             status = change.status.as_str(),
             model_calls = outcome.model_calls,
@@ -483,12 +499,20 @@ impl SubagentExecutor {
     }
 }
 
-/// How a subagent's run ended, as a registry change.
-fn conclude(outcome: &RunOutcome, timeout: Duration) -> SubagentChange {
+/// How a subagent's run ended, as a registry change. `timeout` is the time it had,
+/// `cut_by_parent` whether that was less than its type's timeout (its parent's call had no
+/// more), `budget` its token budget.
+fn conclude(
+    outcome: &RunOutcome,
+    timeout: Duration,
+    cut_by_parent: bool,
+    budget: Option<u64>,
+) -> SubagentChange {
     let now = crate::now_ms();
     let stop_reason = match outcome.stop_reason.as_deref() {
         Some("iteration_limit") => Some("turn_capped".to_owned()),
         Some("loop_capped") => Some("loop_capped".to_owned()),
+        Some(TOKEN_BUDGET) => Some(TOKEN_BUDGET.to_owned()),
         _ => None,
     };
     let with_usage = |change: SubagentChange| SubagentChange {
@@ -496,10 +520,34 @@ fn conclude(outcome: &RunOutcome, timeout: Duration) -> SubagentChange {
         stop_reason: stop_reason.clone(),
         ..change
     };
+    if outcome.stop_reason.as_deref() == Some(TOKEN_BUDGET) {
+        // Ended like a timeout (as DeerFlow's), keeping what it wrote so far.
+        let partial = outcome.answer.trim();
+        return with_usage(SubagentChange {
+            result: (!partial.is_empty()).then(|| bounded(partial)),
+            ..SubagentChange::failed(
+                SubagentStatus::TimedOut,
+                format!(
+                    "it used {} tokens, over its budget of {} (subagents.token_budget)",
+                    outcome.usage.total_tokens,
+                    budget.unwrap_or_default()
+                ),
+                now,
+            )
+        });
+    }
     match outcome.ending {
         RunEnding::TimedOut => with_usage(SubagentChange::failed(
             SubagentStatus::TimedOut,
-            format!("it did not finish within {} seconds", timeout.as_secs()),
+            if cut_by_parent {
+                format!(
+                    "it did not finish within {} seconds, all the time its `task` call had left \
+                     after it waited for a free slot",
+                    timeout.as_secs()
+                )
+            } else {
+                format!("it did not finish within {} seconds", timeout.as_secs())
+            },
             now,
         )),
         RunEnding::Failed => with_usage(SubagentChange::failed(
@@ -515,7 +563,8 @@ fn conclude(outcome: &RunOutcome, timeout: Duration) -> SubagentChange {
         }
         RunEnding::Answered | RunEnding::Interrupted | RunEnding::Stopped => {
             let answer = outcome.answer.trim();
-            if answer.is_empty() || answer.starts_with(NO_ANSWER_PREFIX) {
+            let no_answer = outcome.stop_reason.as_deref() == Some(EMPTY_ANSWER);
+            if no_answer || answer.is_empty() || answer.starts_with(NO_ANSWER_PREFIX) {
                 let why = stop_reason.as_deref().map_or_else(
                     || "the subagent gave no answer".to_owned(),
                     |reason| format!("the subagent gave no answer ({reason})"),

@@ -15,6 +15,7 @@ use std::sync::Arc;
 
 use serde::Deserialize;
 
+use super::config::TASK_CALL_MARGIN;
 use super::executor::{ParentCall, SubagentExecutor, TaskError, TaskRequest};
 use super::registry::{SubagentRecord, SubagentStatus};
 use crate::agent::input::{Author, Role};
@@ -148,6 +149,14 @@ impl Tool for TaskTool {
         true
     }
 
+    /// The type's timeout and [`TASK_CALL_MARGIN`]: the turn grows only as far as this task
+    /// needs.
+    fn call_limit(&self, arguments: &str) -> Option<std::time::Duration> {
+        let name = serde_json::from_str::<serde_json::Value>(arguments).ok()?;
+        let kind = self.executor.kind(name.get("subagent_type")?.as_str()?)?;
+        Some(kind.timeout + TASK_CALL_MARGIN)
+    }
+
     async fn call(
         &self,
         arguments: serde_json::Value,
@@ -205,7 +214,10 @@ impl Tool for TaskTool {
                 call_id: cx.call_id.clone(),
                 author: cx.author.clone(),
                 trace_id: cx.trace_id.clone(),
-                deadline: cx.deadline,
+                // The type's own limit: a quicker type's call does not wait for the slowest.
+                deadline: cx
+                    .deadline
+                    .min(tokio::time::Instant::now() + kind.timeout + TASK_CALL_MARGIN),
                 progress: Arc::clone(&cx.progress),
             },
         };
@@ -265,7 +277,16 @@ pub(crate) fn answer(record: &SubagentRecord) -> ToolOutput {
             ToolOutput::ok(text)
         }
         SubagentStatus::Failed => ToolOutput::error(format!("Task failed. Error: {error}")),
-        SubagentStatus::TimedOut => ToolOutput::error(format!("Task timed out. Error: {error}")),
+        SubagentStatus::TimedOut => {
+            let capped = record
+                .stop_reason
+                .as_ref()
+                .map_or_else(String::new, |reason| format!(" ({reason})"));
+            let partial = record.result.as_ref().map_or_else(String::new, |result| {
+                format!("\n\nPartial result: {result}")
+            });
+            ToolOutput::error(format!("Task timed out{capped}. Error: {error}{partial}"))
+        }
         SubagentStatus::Cancelled => ToolOutput::error(match &record.error {
             Some(reason) => format!("Task cancelled: {reason}."),
             None => "Task cancelled by user.".to_owned(),

@@ -140,6 +140,12 @@ pub(crate) trait Tool: Send + Sync {
         false
     }
 
+    /// A shorter time limit for the call with these (raw) arguments than the tool's own (a
+    /// `task` call of a quick subagent type); `None`: the tool's.
+    fn call_limit(&self, _arguments: &str) -> Option<Duration> {
+        None
+    }
+
     /// [`Tool::call`] with everything the result carries: a tool whose result is more than
     /// text (a subagent's token usage, a failure reported in its own words) overrides this.
     async fn call_reporting(
@@ -257,6 +263,15 @@ impl ToolRegistry {
         self.default_timeout = default;
         self.timeouts = Arc::new(by_name);
         self
+    }
+
+    /// The time limit of `call`: its tool's, or less when the tool says so for its arguments.
+    pub(crate) fn call_timeout(&self, call: &ToolCall) -> Duration {
+        let limit = self.timeout(&call.name);
+        self.tools
+            .get(&call.name)
+            .and_then(|tool| tool.call_limit(&call.arguments))
+            .map_or(limit, |own| own.min(limit))
     }
 
     /// The time limit of the tool called `name`.

@@ -1,10 +1,15 @@
-//! `/memory`: what antler remembers about the message's author, and forgetting it.
+//! `/memory`: what antler remembers about the message's author, sharing a fact with group
+//! chats, and forgetting.
 //!
 //! The memory is always the author's (`MemoryIdentities::key` of the event's channel and user
-//! id), also in a group chat, where nobody can read or change another member's memory. What
-//! antler remembers about someone is theirs alone, so in a group chat it is never shown: there
-//! `/memory` and `/memory forget <n>` (whose answer quotes the fact) point to a direct message,
-//! and only `/memory clear`, which reveals nothing, works.
+//! id), also in a group chat, where nobody can read or change another member's memory. In a
+//! group chat `/memory` shows exactly what a group run of the author would inject: the group
+//! view (`GroupPolicy::group_view`, the one function both use), so what the bot says there
+//! never holds more than `/memory` shows there. Changing a fact (`forget`, `share`,
+//! `unshare`) takes the numbers of the direct message's listing, so in a group those point to
+//! a direct message; `/memory clear`, which reveals nothing, works anywhere.
+//! `/memory share <n>` lets fact `n` into group chats whatever it is about; `/memory unshare
+//! <n>` takes that back (a work fact stays in groups when `memory.group_facts` is `work`).
 //! `/memory forget <n>` resolves `n` on the document as it is read, then removes that fact by
 //! id with [`Store::update_memory`], so an updater writing at the same moment neither loses
 //! its changes nor shifts which fact goes. `/memory clear` only explains; `/memory clear
@@ -12,6 +17,7 @@
 //! ([`Store::clear_memory`]), so nothing learned before comes back.
 
 use crate::agent::memory::identity::MemoryIdentities;
+use crate::agent::memory::sharing::GroupPolicy;
 use crate::memory::edit::{self, EditError};
 use crate::store::{MemoryQueueStore, MemoryStore};
 
@@ -32,6 +38,9 @@ pub(crate) enum MemoryAction {
     Show,
     /// `/memory forget <n>`: remove fact `n` as `/memory` numbers them.
     Forget(usize),
+    /// `/memory share <n>` (true) or `/memory unshare <n>` (false): let fact `n` into group
+    /// chats, or no longer.
+    Share(usize, bool),
     /// `/memory clear`: asks for the confirmation.
     Clear,
     /// `/memory clear confirm`: forget everything. The confirmation is a word of the command,
@@ -49,13 +58,16 @@ pub(super) fn parse<'a>(words: &mut impl Iterator<Item = &'a str>) -> MemoryActi
     if words.next().is_some() {
         return MemoryAction::Invalid;
     }
+    let number = |n: &str| n.parse::<usize>().ok().filter(|&n| n > 0);
     match (first.as_deref(), second.as_deref()) {
         (None | Some("show"), None) => MemoryAction::Show,
-        (Some("forget"), Some(n)) => n
-            .parse::<usize>()
-            .ok()
-            .filter(|&n| n > 0)
-            .map_or(MemoryAction::Invalid, MemoryAction::Forget),
+        (Some("forget"), Some(n)) => number(n).map_or(MemoryAction::Invalid, MemoryAction::Forget),
+        (Some("share"), Some(n)) => {
+            number(n).map_or(MemoryAction::Invalid, |n| MemoryAction::Share(n, true))
+        }
+        (Some("unshare"), Some(n)) => {
+            number(n).map_or(MemoryAction::Invalid, |n| MemoryAction::Share(n, false))
+        }
         (Some("clear"), None) => MemoryAction::Clear,
         (Some("clear"), Some("confirm")) => MemoryAction::ClearConfirmed,
         _ => MemoryAction::Invalid,
@@ -64,10 +76,11 @@ pub(super) fn parse<'a>(words: &mut impl Iterator<Item = &'a str>) -> MemoryActi
 
 /// How `/memory` is used, for a form it does not know.
 const USAGE: &str = "Use /memory to see what I remember about you, /memory forget <n> to \
-remove fact n, or /memory clear to forget everything.";
+remove fact n, /memory share <n> or /memory unshare <n> to let group chats hear fact n or \
+not, or /memory clear to forget everything.";
 
-/// The answer to `/memory` or `/memory forget` in a group chat.
-const PRIVATE: &str = "What I remember about you is private: send /memory to me in a direct \
+/// The answer to `/memory forget`, `share` or `unshare` in a group chat.
+const PRIVATE: &str = "To change what I remember about you, send /memory to me in a direct \
 message.";
 
 /// The answer to a store failure; the cause goes to the log.
@@ -83,18 +96,23 @@ pub(crate) struct Asker<'a> {
     pub(crate) in_group: bool,
 }
 
-/// The reply to `/memory ...` from `asker`.
+/// The reply to `/memory ...` from `asker`; `group` decides what group chats hear.
 pub(crate) async fn answer(
     store: &dyn MemoryQueueStore,
     identities: &MemoryIdentities,
+    group: &GroupPolicy,
     asker: Asker<'_>,
     action: MemoryAction,
 ) -> String {
     let key = identities.key(asker.channel, asker.user_id);
     let reply = match action {
-        MemoryAction::Show | MemoryAction::Forget(_) if asker.in_group => Ok(PRIVATE.to_owned()),
-        MemoryAction::Show => show(store, &key).await,
+        MemoryAction::Forget(_) | MemoryAction::Share(..) if asker.in_group => {
+            Ok(PRIVATE.to_owned())
+        }
+        MemoryAction::Show if asker.in_group => show_in_group(store, group, &key).await,
+        MemoryAction::Show => show(store, group, &key).await,
         MemoryAction::Forget(n) => forget(store, &key, n).await,
+        MemoryAction::Share(n, shareable) => share(store, &key, n, shareable).await,
         MemoryAction::Clear => ask_to_confirm(store, &key).await,
         MemoryAction::ClearConfirmed => clear(store, identities, &key).await,
         MemoryAction::Invalid => Ok(USAGE.to_owned()),
@@ -105,10 +123,54 @@ pub(crate) async fn answer(
     })
 }
 
-async fn show(store: &dyn MemoryStore, key: &str) -> Result<String, crate::store::StoreError> {
+async fn show(
+    store: &dyn MemoryStore,
+    group: &GroupPolicy,
+    key: &str,
+) -> Result<String, crate::store::StoreError> {
     Ok(match store.memory(key).await? {
-        Some(doc) => edit::render_for_user(&doc),
+        Some(doc) => edit::render_for_user(&doc, group),
         None => edit::NOTHING_REMEMBERED.to_owned(),
+    })
+}
+
+/// `/memory` in a group: the group view, whether or not there is a document (so the reply
+/// does not tell the group whether private memory exists).
+async fn show_in_group(
+    store: &dyn MemoryStore,
+    group: &GroupPolicy,
+    key: &str,
+) -> Result<String, crate::store::StoreError> {
+    let doc = store.memory(key).await?.unwrap_or_default();
+    Ok(edit::render_for_group(&group.group_view(&doc)))
+}
+
+/// `/memory share <n>` / `unshare <n>`: resolves `n` on the document as read, then changes
+/// that fact by id (as `forget` does).
+async fn share(
+    store: &dyn MemoryQueueStore,
+    key: &str,
+    n: usize,
+    shareable: bool,
+) -> Result<String, crate::store::StoreError> {
+    let seen = store.memory(key).await?.unwrap_or_default();
+    let fact = match edit::numbered_fact(&seen, n) {
+        Ok(fact) => fact.clone(),
+        Err(e) => return Ok(format!("Nothing changed: {e}. Send /memory to see them.")),
+    };
+    let mut found = false;
+    store
+        .update_memory(key, &mut |doc| {
+            let mut doc = doc?;
+            found = edit::set_shareable(&mut doc, &fact.id, shareable);
+            Some(doc)
+        })
+        .await?;
+    let content = edit::escape_markdown(&fact.content, 200);
+    Ok(match (found, shareable) {
+        (false, _) => format!("Fact {n} (“{content}”) is gone."),
+        (true, true) => format!("Group chats may now hear fact {n}: “{content}”."),
+        (true, false) => format!("Fact {n} (“{content}”) is no longer shared with group chats."),
     })
 }
 
@@ -191,6 +253,8 @@ mod tests {
             source: crate::agent::memory::schema::FactSource {
                 thread_id: "t1".to_owned(),
             },
+            about: None,
+            shareable: false,
         }
     }
 
@@ -203,13 +267,15 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn in_a_group_nothing_remembered_is_shown() {
+    async fn in_a_group_only_the_group_view_is_shown_and_nothing_changes() {
         let store = seeded().await;
         let ids = linked();
+        let policy = GroupPolicy::default();
         let group = |action| {
             answer(
                 &store,
                 &ids,
+                &policy,
                 Asker {
                     channel: "telegram",
                     user_id: "42",
@@ -218,8 +284,17 @@ mod tests {
                 action,
             )
         };
-        assert_eq!(group(MemoryAction::Show).await, PRIVATE);
+        let shown = group(MemoryAction::Show).await;
+        assert!(
+            shown.contains("- deploys on Fridays"),
+            "the work fact: {shown}"
+        );
+        assert!(
+            !shown.contains("payments"),
+            "the personal fact stays private: {shown}"
+        );
         assert_eq!(group(MemoryAction::Forget(1)).await, PRIVATE);
+        assert_eq!(group(MemoryAction::Share(1, true)).await, PRIVATE);
         let doc = store.memory("person:ada").await.unwrap().unwrap();
         assert_eq!(doc.facts.len(), 2, "nothing forgotten");
         let ask = group(MemoryAction::Clear).await;
@@ -237,11 +312,10 @@ mod tests {
 
     async fn seeded() -> MemStore {
         let store = MemStore::new();
+        let mut work = fact("f1", "deploys on Fridays", 0.8);
+        work.about = Some(crate::agent::memory::schema::About::Work);
         let doc = MemoryDocument {
-            facts: vec![
-                fact("f1", "deploys on Fridays", 0.8),
-                fact("f2", "runs the payments team", 0.95),
-            ],
+            facts: vec![work, fact("f2", "runs the payments team", 0.95)],
             ..MemoryDocument::default()
         };
         store.put_memory("person:ada", &doc).await.unwrap();
@@ -252,24 +326,123 @@ mod tests {
     async fn show_answers_about_the_author_through_linked_identities_only() {
         let store = seeded().await;
         let ids = linked();
-        let ada = answer(&store, &ids, dm("telegram", "42"), MemoryAction::Show).await;
+        let ada = answer(
+            &store,
+            &ids,
+            &GroupPolicy::default(),
+            dm("telegram", "42"),
+            MemoryAction::Show,
+        )
+        .await;
         assert!(ada.contains("1. runs the payments team"), "{ada}");
-        let same = answer(&store, &ids, dm("api", "ada"), MemoryAction::Show).await;
+        let same = answer(
+            &store,
+            &ids,
+            &GroupPolicy::default(),
+            dm("api", "ada"),
+            MemoryAction::Show,
+        )
+        .await;
         assert_eq!(ada, same, "one person, one memory");
-        let bob = answer(&store, &ids, dm("telegram", "43"), MemoryAction::Show).await;
+        let bob = answer(
+            &store,
+            &ids,
+            &GroupPolicy::default(),
+            dm("telegram", "43"),
+            MemoryAction::Show,
+        )
+        .await;
         assert_eq!(bob, edit::NOTHING_REMEMBERED);
+    }
+
+    #[tokio::test]
+    async fn share_lets_a_fact_into_groups_and_unshare_takes_it_back() {
+        let store = seeded().await;
+        let ids = linked();
+        let policy = GroupPolicy::default();
+        let in_group = Asker {
+            channel: "telegram",
+            user_id: "42",
+            in_group: true,
+        };
+        let reply = answer(
+            &store,
+            &ids,
+            &policy,
+            dm("api", "ada"),
+            MemoryAction::Share(1, true),
+        )
+        .await;
+        assert_eq!(
+            reply,
+            "Group chats may now hear fact 1: “runs the payments team”."
+        );
+        let shown = answer(&store, &ids, &policy, in_group, MemoryAction::Show).await;
+        assert!(shown.contains("runs the payments team"), "{shown}");
+        let listed = answer(&store, &ids, &policy, dm("api", "ada"), MemoryAction::Show).await;
+        assert!(listed.contains("personal, shared, in groups"), "{listed}");
+
+        let reply = answer(
+            &store,
+            &ids,
+            &policy,
+            dm("api", "ada"),
+            MemoryAction::Share(1, false),
+        )
+        .await;
+        assert!(reply.contains("no longer shared"), "{reply}");
+        let in_group = Asker {
+            channel: "telegram",
+            user_id: "42",
+            in_group: true,
+        };
+        let shown = answer(&store, &ids, &policy, in_group, MemoryAction::Show).await;
+        assert!(!shown.contains("payments"), "{shown}");
+        let none = answer(
+            &store,
+            &ids,
+            &policy,
+            dm("api", "ada"),
+            MemoryAction::Share(9, true),
+        )
+        .await;
+        assert!(none.contains("there is no fact 9"), "{none}");
+    }
+
+    #[test]
+    fn share_and_unshare_parse_with_a_number() {
+        let parse_all = |text: &str| parse(&mut text.split_whitespace());
+        assert_eq!(parse_all("share 2"), MemoryAction::Share(2, true));
+        assert_eq!(parse_all("UNSHARE 1"), MemoryAction::Share(1, false));
+        assert_eq!(parse_all("share"), MemoryAction::Invalid);
+        assert_eq!(parse_all("share 0"), MemoryAction::Invalid);
+        assert_eq!(parse_all("share 1 2"), MemoryAction::Invalid);
     }
 
     #[tokio::test]
     async fn forget_removes_the_numbered_fact_and_says_which() {
         let store = seeded().await;
         let ids = linked();
-        let reply = answer(&store, &ids, dm("api", "ada"), MemoryAction::Forget(1)).await;
+        let reply = answer(
+            &store,
+            &ids,
+            &GroupPolicy::default(),
+            dm("api", "ada"),
+            MemoryAction::Forget(1),
+        )
+        .await;
         assert_eq!(reply, "Forgot fact 1: “runs the payments team”.");
         let doc = store.memory("person:ada").await.unwrap().unwrap();
         assert_eq!(doc.facts.len(), 1);
         assert_eq!(doc.facts[0].id, "f1");
-        let none = answer(&store, &ids, dm("api", "ada"), MemoryAction::Forget(2)).await;
+        let none = answer(
+            &store,
+            &ids,
+            &GroupPolicy::default(),
+            dm("api", "ada"),
+            MemoryAction::Forget(2),
+        )
+        .await;
         assert!(none.contains("there is no fact 2"), "{none}");
         assert_eq!(
             store
@@ -292,12 +465,21 @@ mod tests {
                 user_id: "telegram:42".to_owned(),
                 thread_id: "t9".to_owned(),
                 messages: Vec::new(),
+                seen: 0,
+                from: 0,
                 enqueued_at_ms: 1,
                 due_at_ms: 2,
             })
             .await
             .unwrap();
-        let ask = answer(&store, &ids, dm("telegram", "42"), MemoryAction::Clear).await;
+        let ask = answer(
+            &store,
+            &ids,
+            &GroupPolicy::default(),
+            dm("telegram", "42"),
+            MemoryAction::Clear,
+        )
+        .await;
         assert!(ask.contains("/memory clear confirm"), "{ask}");
         assert!(ask.contains("2 facts"), "{ask}");
         assert!(
@@ -305,13 +487,34 @@ mod tests {
             "not yet"
         );
 
-        let done = answer(&store, &ids, dm("api", "ada"), MemoryAction::ClearConfirmed).await;
+        let done = answer(
+            &store,
+            &ids,
+            &GroupPolicy::default(),
+            dm("api", "ada"),
+            MemoryAction::ClearConfirmed,
+        )
+        .await;
         assert!(done.starts_with("Done"), "{done}");
         assert!(store.memory("person:ada").await.unwrap().is_none());
         assert!(store.due_memory_updates(10, 10).await.unwrap().is_empty());
-        let again = answer(&store, &ids, dm("api", "ada"), MemoryAction::Clear).await;
+        let again = answer(
+            &store,
+            &ids,
+            &GroupPolicy::default(),
+            dm("api", "ada"),
+            MemoryAction::Clear,
+        )
+        .await;
         assert_eq!(again, edit::NOTHING_REMEMBERED);
-        let usage = answer(&store, &ids, dm("api", "ada"), MemoryAction::Invalid).await;
+        let usage = answer(
+            &store,
+            &ids,
+            &GroupPolicy::default(),
+            dm("api", "ada"),
+            MemoryAction::Invalid,
+        )
+        .await;
         assert_eq!(usage, USAGE);
     }
 }

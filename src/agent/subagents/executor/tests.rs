@@ -1,3 +1,4 @@
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use super::*;
@@ -167,6 +168,8 @@ fn settings() -> RuntimeSettings {
         max_parallel_tools: 8,
         context_tokens: 0,
         data_root: std::env::temp_dir().join("antler-subagent-tests"),
+        timezone: jiff::tz::TimeZone::UTC,
+        token_budget: None,
     }
 }
 
@@ -778,5 +781,248 @@ async fn users_who_may_not_run_the_shell_are_not_offered_the_bash_type() {
     assert_eq!(
         offered_types(Role::Admin).await,
         serde_json::json!(["bash", "general-purpose"])
+    );
+}
+
+/// The lead as the app builds it for `config`: the `task` call's limit follows the subagent
+/// types (`longest_call`), the turn has `agent.turn_timeout_secs`' default, 600 s.
+fn configured_lead(
+    lead_model: Arc<dyn ChatModel>,
+    worker: Arc<dyn ChatModel>,
+    config: &SubagentsConfig,
+) -> (Runtime, RunLimits) {
+    let kinds = config
+        .types()
+        .into_iter()
+        .map(|spec| SubagentKind::new(spec, Arc::clone(&worker), base_tools(), chain(), settings()))
+        .collect();
+    let executor = SubagentExecutor::new(
+        Arc::new(MemoryRegistry::default()),
+        kinds,
+        3,
+        CancellationToken::new(),
+    );
+    let mut tools = ToolRegistry::default();
+    tools.register(Arc::new(TaskTool::new(executor, Arc::new(|_| true), None)));
+    let tools = tools.with_timeouts(
+        Duration::from_secs(120),
+        HashMap::from([(
+            task_tool::TASK_TOOL.to_owned(),
+            config.longest_call().unwrap(),
+        )]),
+    );
+    let runtime = Runtime::new(lead_model, tools, chain(), settings());
+    let limits = RunLimits {
+        timeout: Duration::from_secs(600),
+        cancel: CancellationToken::new(),
+    };
+    (runtime, limits)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_900_second_subagent_timeout_is_honoured_not_cut_to_the_turns_600() {
+    let config = SubagentsConfig::default();
+    assert_eq!(config.timeout_seconds, 900);
+    // 880 s of work: more than a 600 s turn has, within the type's 900 s.
+    let worker = WorkerModel::slow(Duration::from_secs(880));
+    let lead_model = Arc::new(ScriptedModel::new(vec![
+        calls(&[task_call("c1", "long job")]),
+        ScriptedModel::text("done"),
+    ]));
+    let (runtime, limits) = configured_lead(lead_model.clone(), worker, &config);
+    let mut thread = ThreadState::new("t1".into(), "api:c".into(), 0, 0);
+    let started = Instant::now();
+    let outcome = runtime
+        .run(
+            &mut thread,
+            &RunInput::text("api", "u1", "go"),
+            &Unobserved,
+            &limits,
+        )
+        .await;
+    assert_eq!(outcome.ending, RunEnding::Answered, "{}", outcome.answer);
+    assert_eq!(started.elapsed(), Duration::from_secs(880));
+    let result = lead_model.requests()[1]
+        .messages
+        .last()
+        .unwrap()
+        .text()
+        .to_owned();
+    assert_eq!(result, "Task succeeded. Result: result of long job");
+
+    // Past 900 s the type's own timeout ends it, at 900 s exactly.
+    let worker = WorkerModel::slow(Duration::from_secs(5000));
+    let lead_model = Arc::new(ScriptedModel::new(vec![
+        calls(&[task_call("c1", "endless job")]),
+        ScriptedModel::text("it timed out"),
+    ]));
+    let (runtime, limits) = configured_lead(lead_model.clone(), worker, &config);
+    let mut thread = ThreadState::new("t2".into(), "api:c".into(), 0, 0);
+    let started = Instant::now();
+    let outcome = runtime
+        .run(
+            &mut thread,
+            &RunInput::text("api", "u1", "go"),
+            &Unobserved,
+            &limits,
+        )
+        .await;
+    assert_eq!(outcome.answer, "it timed out");
+    assert_eq!(started.elapsed(), Duration::from_secs(900));
+    let result = lead_model.requests()[1]
+        .messages
+        .last()
+        .unwrap()
+        .text()
+        .to_owned();
+    assert_eq!(
+        result,
+        "Task timed out. Error: it did not finish within 900 seconds"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_task_left_less_than_its_timeout_says_so() {
+    let model = WorkerModel::slow(Duration::from_secs(600));
+    let Setup { executor, .. } = setup(model, Duration::from_secs(900), 3);
+    let mut asked = request("call_1", "slow");
+    asked.parent.deadline = Instant::now() + Duration::from_secs(100);
+    let record = executor
+        .run(asked, &CancellationToken::new())
+        .await
+        .unwrap();
+    assert_eq!(record.status, SubagentStatus::TimedOut);
+    assert_eq!(
+        record.error.as_deref(),
+        Some(
+            "it did not finish within 85 seconds, all the time its `task` call had left after \
+             it waited for a free slot"
+        )
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_task_over_its_token_budget_ends_timed_out_with_its_partial_result() {
+    let step = |id: &str| {
+        let mut response = ScriptedModel::calls(&[(id, "read_file", "{}")]).unwrap();
+        response.content = format!("read part {id}");
+        response.usage = Some(TokenUsage {
+            prompt_tokens: 10,
+            completion_tokens: 5,
+            total_tokens: 15,
+        });
+        Ok(response)
+    };
+    let worker = Arc::new(ScriptedModel::new(vec![step("r1"), step("r2"), step("r3")]));
+    let config = SubagentsConfig {
+        token_budget: 20,
+        ..SubagentsConfig::default()
+    };
+    let kinds = config
+        .types()
+        .into_iter()
+        .map(|spec| {
+            let model: Arc<dyn ChatModel> = worker.clone();
+            SubagentKind::new(spec, model, base_tools(), chain(), settings())
+        })
+        .collect();
+    let registry = Arc::new(MemoryRegistry::default());
+    let executor = SubagentExecutor::new(
+        Arc::clone(&registry) as Arc<dyn SubagentRegistry>,
+        kinds,
+        3,
+        CancellationToken::new(),
+    );
+    let record = executor
+        .run(
+            request("call_1", "read everything"),
+            &CancellationToken::new(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(record.status, SubagentStatus::TimedOut);
+    assert_eq!(record.stop_reason.as_deref(), Some("token_budget"));
+    assert_eq!(record.usage.total_tokens, 30);
+    assert_eq!(
+        record.result.as_deref(),
+        Some("read part r1\n\nread part r2")
+    );
+    assert_eq!(worker.requests().len(), 2, "no round after the budget");
+    let told = task_tool::answer(&record);
+    assert!(told.is_error);
+    assert_eq!(
+        told.content,
+        "Task timed out (token_budget). Error: it used 30 tokens, over its budget of 20 \
+         (subagents.token_budget)\n\nPartial result: read part r1\n\nread part r2"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_turn_grows_only_as_far_as_the_tasks_own_type_needs() {
+    let config: SubagentsConfig =
+        toml::from_str("[types.quick]\ndescription = \"quick\"\ntimeout_seconds = 200\n").unwrap();
+    let worker = WorkerModel::slow(Duration::from_secs(150));
+    let kinds = config
+        .types()
+        .into_iter()
+        .map(|spec| {
+            let model: Arc<dyn ChatModel> = worker.clone();
+            SubagentKind::new(spec, model, base_tools(), chain(), settings())
+        })
+        .collect();
+    let executor = SubagentExecutor::new(
+        Arc::new(MemoryRegistry::default()),
+        kinds,
+        3,
+        CancellationToken::new(),
+    );
+    let mut tools = ToolRegistry::default();
+    tools.register(Arc::new(TaskTool::new(executor, Arc::new(|_| true), None)));
+    tools.register(Arc::new(crate::agent::tools::tests::Sleeper));
+    let tools = tools.with_timeouts(
+        Duration::from_secs(5000),
+        HashMap::from([(
+            task_tool::TASK_TOOL.to_owned(),
+            config.longest_call().unwrap(),
+        )]),
+    );
+    let quick_task = serde_json::json!({
+        "description": "quick", "prompt": "quick job", "subagent_type": "quick"
+    })
+    .to_string();
+    let lead_model = Arc::new(ScriptedModel::new(vec![
+        ScriptedModel::calls(&[("c1", "task", &quick_task)]),
+        ScriptedModel::calls(&[("c2", "sleep", r#"{"seconds": 4000}"#)]),
+    ]));
+    let runtime = Runtime::new(lead_model.clone(), tools, chain(), settings());
+    let limits = RunLimits {
+        timeout: Duration::from_secs(100),
+        cancel: CancellationToken::new(),
+    };
+    let mut thread = ThreadState::new("t1".into(), "api:c".into(), 0, 0);
+    let started = Instant::now();
+    let outcome = runtime
+        .run(
+            &mut thread,
+            &RunInput::text("api", "u1", "go"),
+            &Unobserved,
+            &limits,
+        )
+        .await;
+    // The 150 s task finished in a 100 s turn; the turn then had until 200 + 60 + 120 s,
+    // not the slowest type's 900 + 60 + 120.
+    let result = lead_model.requests()[1]
+        .messages
+        .last()
+        .unwrap()
+        .text()
+        .to_owned();
+    assert_eq!(result, "Task succeeded. Result: result of quick job");
+    assert_eq!(outcome.ending, RunEnding::TimedOut);
+    assert_eq!(started.elapsed(), Duration::from_secs(380));
+    assert!(
+        outcome.answer.contains("longer than 380 seconds"),
+        "{}",
+        outcome.answer
     );
 }
