@@ -276,3 +276,44 @@ async fn encrypted_and_signed_events_are_answered_and_forgeries_refused() {
     assert_eq!(model.count(), 1);
     app.shutdown().await;
 }
+
+/// Issue 24, finding 1: a group @mention that arrives while `bot/v3/info` fails (at start, or
+/// slow) used to be acknowledged and dropped. It is answered 503 instead, so Feishu delivers it
+/// again ("Feishu retries on non-200"), and is answered once the bot knows its open_id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_mention_before_the_bot_knows_itself_is_delivered_again_not_lost() {
+    let model = MockModel::start(Behaviour::Echo).await;
+    let api = MockFeishu::start().await;
+    api.set_bot_info_down(true);
+    let app = TestApp::spawn(&model, &api.config("")).await;
+    let mention = fixture("feishu_im_group_mention.json");
+    assert_eq!(
+        post(&app.base, &mention).await,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "not acknowledged while the bot's open_id is unknown"
+    );
+    // A private message needs no identity: answered at once.
+    assert_eq!(
+        post(&app.base, &fixture("feishu_im_p2p_thread_reply.json")).await,
+        StatusCode::OK
+    );
+    api.wait_for_replies(1).await;
+
+    api.set_bot_info_down(false);
+    // Feishu's redelivery, once antler's retry of bot/v3/info has succeeded.
+    wait_until("the redelivered mention is taken", || async {
+        (post(&app.base, &resent(&mention, "ev-redelivered")).await == StatusCode::OK).then_some(())
+    })
+    .await;
+    let replies = api.wait_for_replies(2).await;
+    assert!(
+        replies
+            .iter()
+            .any(|(path, body)| path.contains(GROUP_MESSAGE)
+                && shown(body) == "echo: restart web-api"),
+        "{replies:?}"
+    );
+    app.wait_idle().await;
+    assert_eq!(model.count(), 2, "the mention ran once");
+    app.shutdown().await;
+}

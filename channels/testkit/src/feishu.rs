@@ -7,6 +7,8 @@
 //! `{"code": 99991400, "msg": "request trigger frequency limit"}` and the seconds to wait in
 //! `x-ogw-ratelimit-reset` (§4.5).
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use aes::cipher::{BlockEncryptMut, KeyIvInit, block_padding::Pkcs7};
@@ -220,6 +222,24 @@ pub fn decode_entities(text: &str) -> String {
 #[derive(Debug)]
 pub struct MockFeishu {
     server: MockServer,
+    bot_info_down: Arc<AtomicBool>,
+}
+
+/// `bot/v3/info`: the bot, or HTTP 503 (an outage) while `down`.
+struct BotInfo {
+    down: Arc<AtomicBool>,
+}
+
+impl wiremock::Respond for BotInfo {
+    fn respond(&self, _: &wiremock::Request) -> ResponseTemplate {
+        if self.down.load(Ordering::SeqCst) {
+            return ResponseTemplate::new(503);
+        }
+        ResponseTemplate::new(200).set_body_json(json!({
+            "code": 0, "msg": "ok",
+            "bot": {"activate_status": 2, "app_name": "OpsBot", "open_id": BOT_OPEN_ID}
+        }))
+    }
 }
 
 impl std::ops::Deref for MockFeishu {
@@ -241,12 +261,12 @@ impl MockFeishu {
             })))
             .mount(&server)
             .await;
+        let bot_info_down = Arc::new(AtomicBool::new(false));
         Mock::given(method("GET"))
             .and(path("/open-apis/bot/v3/info"))
-            .respond_with(ResponseTemplate::new(200).set_body_json(json!({
-                "code": 0, "msg": "ok",
-                "bot": {"activate_status": 2, "app_name": "OpsBot", "open_id": BOT_OPEN_ID}
-            })))
+            .respond_with(BotInfo {
+                down: Arc::clone(&bot_info_down),
+            })
             .mount(&server)
             .await;
         let sent = json!({
@@ -271,7 +291,10 @@ impl MockFeishu {
             )
             .mount(&server)
             .await;
-        Self { server }
+        Self {
+            server,
+            bot_info_down,
+        }
     }
 
     /// The `[channels.feishu]` config for this API (plain events, no Encrypt Key), with `more`
@@ -303,6 +326,11 @@ impl MockFeishu {
     /// Waits until at least `n` replies were sent; they.
     pub async fn wait_for_replies(&self, n: usize) -> Vec<(String, Value)> {
         crate::wait_for_at_least(&format!("{n} replies sent to Feishu"), n, || self.replies()).await
+    }
+
+    /// Makes `bot/v3/info` fail with HTTP 503 (an outage) while `down`.
+    pub fn set_bot_info_down(&self, down: bool) {
+        self.bot_info_down.store(down, Ordering::SeqCst);
     }
 
     /// Refuses the next reply or chat message as Feishu does: HTTP 429, `x-ogw-ratelimit-reset`
