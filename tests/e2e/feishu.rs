@@ -5,8 +5,8 @@
 use std::time::{Duration, Instant};
 
 use antler_testkit::feishu::{
-    ADA, ENCRYPT_KEY, GROUP_MESSAGE, MockFeishu, P2P_MESSAGE, SIGNATURE_HEADER, TENANT_TOKEN,
-    fixture, p2p, post, post_raw, resent, sealed_body, shown, signed_headers,
+    ADA, CARD_BODY_LIMIT, ENCRYPT_KEY, GROUP_MESSAGE, MockFeishu, P2P_MESSAGE, SIGNATURE_HEADER,
+    TENANT_TOKEN, fixture, p2p, post, post_raw, resent, sealed_body, shown, signed_headers,
 };
 use antler_testkit::now_secs;
 use reqwest::StatusCode;
@@ -315,5 +315,44 @@ async fn a_group_mention_before_the_bot_knows_itself_is_delivered_again_not_lost
     );
     app.wait_idle().await;
     assert_eq!(model.count(), 2, "the mention ran once");
+    app.shutdown().await;
+}
+
+/// Issue 24, finding 2: Feishu limits the request body, not the Markdown: "卡片及富文本消息请求体最大
+/// 不能超过30KB" (error 230025, "The length of the message content reaches its limit"; card and
+/// post request bodies at most 30 KB). The card JSON is escaped into the `content` string, so
+/// every `"` of the answer is four bytes on the wire: an answer of 24,000 bytes with many quotes
+/// fits the Markdown limit but not the body, and used to be refused (and so lost).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quote_heavy_answer_is_split_by_the_size_of_the_request_body() {
+    let model = MockModel::start(Behaviour::Echo).await;
+    let api = MockFeishu::start().await;
+    let app = TestApp::spawn(&model, &api.config("")).await;
+    let quoted = "say \"a\" ".repeat(3_000);
+    let long = p2p("om_quoted", "text", &json!({"text": quoted}));
+    assert_eq!(post(&app.base, &long).await, StatusCode::OK);
+    app.wait_idle().await;
+    let writes: Vec<(String, Value)> = antler_testkit::calls_of(&api)
+        .await
+        .into_iter()
+        .filter(|c| c.path.starts_with("/open-apis/im/v1/messages") && c.method != "GET")
+        .map(|c| (c.path, c.body))
+        .collect();
+    let replies = api.replies().await;
+    assert!(replies.len() >= 2, "split in parts: {}", replies.len());
+    for (path, body) in &writes {
+        let size = body.to_string().len();
+        assert!(size <= CARD_BODY_LIMIT, "{path}: a body of {size} bytes");
+    }
+    let shown_text: String = replies
+        .iter()
+        .map(|(_, body)| shown(body))
+        .collect::<Vec<_>>()
+        .join(" ");
+    assert_eq!(
+        shown_text.matches("say \"a\"").count(),
+        3_000,
+        "the whole answer arrived"
+    );
     app.shutdown().await;
 }

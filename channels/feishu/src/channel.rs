@@ -13,19 +13,36 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
-use crate::client::{DEFAULT_API_URL, FeishuApi, FeishuIdentity};
+use crate::client::{self, DEFAULT_API_URL, FeishuApi, FeishuIdentity};
 use crate::crypto;
 use crate::normalize::{Context, MessageReceived, NAME, Normalized, normalize_message};
 
-/// The most Markdown one card holds, in UTF-8 bytes. Feishu refuses cards over 30 KB; the rest
-/// is room for the card around the text (about 100 bytes) and for JSON escaping of quotes,
-/// backslashes and line breaks in the card's content string, which adds a few percent to an
-/// ordinary answer.
+/// The most Markdown one card holds, in UTF-8 bytes, before the request body is measured
+/// ([`CARD_BODY_LIMIT`]): an ordinary answer fits a card at this size.
 const CARD_LIMIT: usize = 25_000;
 
 /// The most plain text one message holds, in UTF-8 bytes: Feishu allows 150 KB, but longer
-/// messages are hard to read, and this keeps even an all-escapes text far under the limit.
+/// messages are hard to read.
 const TEXT_LIMIT: usize = 30_000;
+
+/// The largest request body a card part may make, in bytes. Feishu's "Send message" and
+/// "Reply" pages, error 230025: "消息体长度超出限制。文本消息请求体最大不能超过150KB;卡片及富文本消息
+/// 请求体最大不能超过30KB" (the text message request body is at most 150 KB; card and rich-text
+/// message request bodies at most 30 KB). The limit is on the body as sent: the card's JSON is
+/// escaped once more into the `content` string, so a `"` of the answer is four bytes on the
+/// wire, a control character seven. 30,000 is under 30 KB however a KB is counted.
+const CARD_BODY_LIMIT: usize = 30_000;
+
+/// The largest request body a text part may make, in bytes (150 KB, as above).
+const TEXT_BODY_LIMIT: usize = 150_000;
+
+/// The smallest Markdown limit the body fitting shrinks to: even all control characters
+/// (seven bytes each on the wire) stay under [`CARD_BODY_LIMIT`] at this size.
+const MIN_PART_LIMIT: usize = 4_000;
+
+/// Stands for the chat id a measured body names: longer than any (chat ids are `oc_` and 32
+/// hex digits).
+const MEASURED_CHAT: &str = "oc_000000000000000000000000000000000000000000000000000000000000";
 
 /// How far a request's timestamp may be from now, in seconds, either side. Feishu documents no
 /// window; five minutes is what Slack uses, and Feishu's retries come with a fresh timestamp.
@@ -229,6 +246,21 @@ impl FeishuChannel {
         verify::timestamp_within(timestamp, now, MAX_AGE_SECS)
     }
 
+    /// The size in bytes of the largest request body that sends `part` (to a chat, with the
+    /// longest chat id, or as a reply; a card patch is smaller than either).
+    fn body_size(&self, part: &str) -> usize {
+        let (msg_type, content) = self.content(part);
+        let uuid = part_uuid("", 0);
+        [
+            client::send_body(MEASURED_CHAT, msg_type, &content, &uuid),
+            client::reply_body(msg_type, &content, &uuid),
+        ]
+        .iter()
+        .map(|body| body.to_string().len())
+        .max()
+        .unwrap_or(0)
+    }
+
     /// The card or text message a part is sent as: `(msg_type, content)`.
     fn content(&self, body: &str) -> (&'static str, String) {
         if self.cards {
@@ -373,14 +405,30 @@ impl Channel for FeishuChannel {
     }
 
     /// Card Markdown in chunks of at most 25,000 bytes, or plain text in chunks of 30,000
-    /// bytes without cards.
+    /// bytes without cards; smaller when a part's request body, as sent, would pass Feishu's
+    /// limit ([`CARD_BODY_LIMIT`], [`TEXT_BODY_LIMIT`]).
     fn render(&self, markdown: &str) -> Result<Vec<String>, ChannelError> {
-        let parts = match self.limits().message {
-            Some(limit) if self.cards => render::parts(markdown, &FeishuMarkdown, limit),
-            Some(limit) => render::parts(markdown, &PlainText, limit),
-            None => render::parts(markdown, &PlainText, Limit::Bytes(TEXT_LIMIT)),
+        let (renderer, mut limit, body_limit): (&dyn render::Renderer, _, _) = if self.cards {
+            (&FeishuMarkdown, CARD_LIMIT, CARD_BODY_LIMIT)
+        } else {
+            (&PlainText, TEXT_LIMIT, TEXT_BODY_LIMIT)
         };
-        parts.map_err(|e| ChannelError::Permanent(e.to_string()))
+        loop {
+            let parts = render::parts(markdown, renderer, Limit::Bytes(limit))
+                .map_err(|e| ChannelError::Permanent(e.to_string()))?;
+            let largest = parts
+                .iter()
+                .map(|part| self.body_size(part))
+                .max()
+                .unwrap_or(0);
+            if largest <= body_limit || limit <= MIN_PART_LIMIT {
+                return Ok(parts);
+            }
+            // Shrink by the overshoot and a tenth more: each round is at least 10% smaller, so
+            // this ends within about 20 rounds even from the worst start.
+            let scaled = limit.saturating_mul(body_limit) / largest;
+            limit = (scaled - scaled / 10).max(MIN_PART_LIMIT);
+        }
     }
 
     /// Replies to the user's message (every part, so they stay together under it); without
@@ -1085,6 +1133,55 @@ mod tests {
         assert_eq!(text.limits().message, Some(Limit::Bytes(TEXT_LIMIT)));
         assert_eq!(text.limits().edits, None);
         assert_eq!(text.render("**hi** & <you>").unwrap(), ["hi & <you>"]);
+    }
+
+    #[test]
+    fn parts_are_sized_by_the_request_body_as_sent_not_by_the_markdown() {
+        // Every `"` is `\"` in the card and `\\\"` in the body's `content` string: 24,000
+        // bytes of this Markdown fit one 25,000-byte part but make a body of about 42,000.
+        let quoted = "say \"a\" ".repeat(3_000);
+        let controls = "\u{1}".repeat(20_000);
+        for (name, cards, markdown, body_limit) in [
+            ("quotes in a card", true, &quoted, CARD_BODY_LIMIT),
+            (
+                "control characters in a card",
+                true,
+                &controls,
+                CARD_BODY_LIMIT,
+            ),
+            (
+                "control characters as text",
+                false,
+                &controls,
+                TEXT_BODY_LIMIT,
+            ),
+        ] {
+            let channel = FeishuChannel::new(
+                &FeishuSettings {
+                    cards,
+                    ..settings(None)
+                },
+                || 0,
+            )
+            .unwrap();
+            let parts = channel.render(markdown).unwrap();
+            for part in &parts {
+                let size = channel.body_size(part);
+                assert!(size <= body_limit, "{name}: a body of {size} bytes");
+                let (msg_type, content) = channel.content(part);
+                let sent = client::reply_body(msg_type, &content, &part_uuid("k", 9));
+                assert!(sent.to_string().len() <= size, "{name}: measured as sent");
+            }
+            let whole: String = parts.concat();
+            assert_eq!(
+                whole.matches(['"', '\u{1}']).count(),
+                markdown.matches(['"', '\u{1}']).count(),
+                "{name}: nothing lost in {} parts",
+                parts.len()
+            );
+        }
+        // An ordinary answer is still one part.
+        assert_eq!(channel().render(&"word ".repeat(4_000)).unwrap().len(), 1);
     }
 
     #[test]

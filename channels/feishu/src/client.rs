@@ -259,12 +259,7 @@ impl FeishuApi {
         content: &str,
         uuid: &str,
     ) -> Result<String, ChannelError> {
-        let body = json!({
-            "msg_type": msg_type,
-            "content": content,
-            "reply_in_thread": false,
-            "uuid": uuid,
-        });
+        let body = reply_body(msg_type, content, uuid);
         let url = format!(
             "{}/open-apis/im/v1/messages/{}/reply",
             self.api_url,
@@ -284,12 +279,7 @@ impl FeishuApi {
         content: &str,
         uuid: &str,
     ) -> Result<String, ChannelError> {
-        let body = json!({
-            "receive_id": chat_id,
-            "msg_type": msg_type,
-            "content": content,
-            "uuid": uuid,
-        });
+        let body = send_body(chat_id, msg_type, content, uuid);
         let answer = self
             .call(|token| {
                 self.http
@@ -462,6 +452,26 @@ impl FeishuApi {
         let error = error.without_url();
         ChannelError::Transient(self.mask(&format!("calling Feishu failed: {error}"), token))
     }
+}
+
+/// The body of a reply (`im/v1/messages/{id}/reply`).
+pub(crate) fn reply_body(msg_type: &str, content: &str, uuid: &str) -> Value {
+    json!({
+        "msg_type": msg_type,
+        "content": content,
+        "reply_in_thread": false,
+        "uuid": uuid,
+    })
+}
+
+/// The body of a message to a chat (`im/v1/messages?receive_id_type=chat_id`).
+pub(crate) fn send_body(chat_id: &str, msg_type: &str, content: &str, uuid: &str) -> Value {
+    json!({
+        "receive_id": chat_id,
+        "msg_type": msg_type,
+        "content": content,
+        "uuid": uuid,
+    })
 }
 
 fn token_refused() -> ChannelError {

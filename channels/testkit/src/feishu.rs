@@ -225,6 +225,38 @@ pub struct MockFeishu {
     bot_info_down: Arc<AtomicBool>,
 }
 
+/// The most a card or post message's request body may be, in bytes: Feishu's "Send message",
+/// "Reply" and "Update message card" pages, error 230025: "The length of the message content
+/// reaches its limit. 消息体长度超出限制。文本消息请求体最大不能超过150KB;卡片及富文本消息请求体
+/// 最大不能超过30KB" (text message request body at most 150 KB; card and rich-text (post) at
+/// most 30 KB). Read as KiB, the more lenient reading: antler aims under 30,000 bytes.
+pub const CARD_BODY_LIMIT: usize = 30 * 1024;
+
+/// The most a text message's request body may be, in bytes (the same error 230025).
+pub const TEXT_BODY_LIMIT: usize = 150 * 1024;
+
+/// A message write (send, reply, card patch) answered with `ok`, unless its request body, as
+/// sent, is over Feishu's limit for its `msg_type` (a patch is always a card): then HTTP 400,
+/// code 230025, as Feishu answers.
+struct Sized(ResponseTemplate);
+
+impl wiremock::Respond for Sized {
+    fn respond(&self, request: &wiremock::Request) -> ResponseTemplate {
+        let body: Value = serde_json::from_slice(&request.body).unwrap_or(Value::Null);
+        let limit = match body["msg_type"].as_str() {
+            Some("text") => TEXT_BODY_LIMIT,
+            _ => CARD_BODY_LIMIT,
+        };
+        if request.body.len() > limit {
+            return ResponseTemplate::new(400).set_body_json(json!({
+                "code": 230025,
+                "msg": "The length of the message content reaches its limit."
+            }));
+        }
+        self.0.clone()
+    }
+}
+
 /// `bot/v3/info`: the bot, or HTTP 503 (an outage) while `down`.
 struct BotInfo {
     down: Arc<AtomicBool>,
@@ -276,19 +308,21 @@ impl MockFeishu {
         });
         Mock::given(method("POST"))
             .and(path_regex("^/open-apis/im/v1/messages/[^/]+/reply$"))
-            .respond_with(ResponseTemplate::new(200).set_body_json(sent.clone()))
+            .respond_with(Sized(
+                ResponseTemplate::new(200).set_body_json(sent.clone()),
+            ))
             .mount(&server)
             .await;
         Mock::given(method("POST"))
             .and(path("/open-apis/im/v1/messages"))
-            .respond_with(ResponseTemplate::new(200).set_body_json(sent))
+            .respond_with(Sized(ResponseTemplate::new(200).set_body_json(sent)))
             .mount(&server)
             .await;
         Mock::given(method("PATCH"))
             .and(path_regex("^/open-apis/im/v1/messages/[^/]+$"))
-            .respond_with(
+            .respond_with(Sized(
                 ResponseTemplate::new(200).set_body_json(json!({"code": 0, "msg": "success"})),
-            )
+            ))
             .mount(&server)
             .await;
         Self {
