@@ -356,3 +356,29 @@ async fn a_quote_heavy_answer_is_split_by_the_size_of_the_request_body() {
     );
     app.shutdown().await;
 }
+
+/// Issue 24, finding 3: Feishu's per-chat limit (5 messages a second per chat, shared by its
+/// bots) answers HTTP 400 with code 230020, "This operation triggers the frequency limit". It
+/// is a rate limit, retried after a wait, not a permanent failure that loses the answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_per_chat_frequency_limit_230020_is_waited_out_and_the_answer_arrives() {
+    let model = MockModel::start(Behaviour::Echo).await;
+    let api = MockFeishu::start().await;
+    api.chat_rate_limit_next_message().await;
+    let app = TestApp::spawn(&model, &api.config("")).await;
+    assert_eq!(
+        post(&app.base, &fixture("feishu_im_group_mention.json")).await,
+        StatusCode::OK
+    );
+    let replies = api.wait_for_replies(2).await;
+    assert_eq!(replies[0].1, replies[1].1, "the same reply, tried again");
+    assert_eq!(shown(&replies[1].1), "echo: restart web-api");
+    app.wait_idle().await;
+    assert_eq!(
+        api.replies().await.len(),
+        2,
+        "one refused attempt, one reply"
+    );
+    assert_eq!(model.count(), 1);
+    app.shutdown().await;
+}

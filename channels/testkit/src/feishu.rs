@@ -367,6 +367,24 @@ impl MockFeishu {
         self.bot_info_down.store(down, Ordering::SeqCst);
     }
 
+    /// Refuses the next reply or chat message as Feishu refuses the sixth message a second to
+    /// one chat: HTTP 400, code 230020. The "Send message" and "Update message card" pages list
+    /// it: "400 | 230020 | This operation triggers the frequency limit. | 当前操作触发限频,请降低
+    /// 请求频率" (the operation triggers the frequency limit, lower the request rate), under
+    /// "向同一群组发送消息的限频为群内机器人共享 5 QPS" (5 QPS per group, shared by its bots).
+    /// No `x-ogw-ratelimit-*` headers: this limit is the message service's, not the gateway's.
+    pub async fn chat_rate_limit_next_message(&self) {
+        Mock::given(method("POST"))
+            .and(path_regex(r"^/open-apis/im/v1/messages(/[^/]+/reply)?$"))
+            .respond_with(ResponseTemplate::new(400).set_body_json(
+                json!({"code": 230020, "msg": "This operation triggers the frequency limit."}),
+            ))
+            .up_to_n_times(1)
+            .with_priority(1)
+            .mount(&self.server)
+            .await;
+    }
+
     /// Refuses the next reply or chat message as Feishu does: HTTP 429, `x-ogw-ratelimit-reset`
     /// in seconds, code 99991400 (protocols.md §4.5).
     pub async fn rate_limit_next_message(&self, retry_after_secs: u64) {
