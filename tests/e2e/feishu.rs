@@ -5,8 +5,9 @@
 use std::time::{Duration, Instant};
 
 use antler_testkit::feishu::{
-    ADA, CARD_BODY_LIMIT, ENCRYPT_KEY, GROUP_MESSAGE, MockFeishu, P2P_MESSAGE, SIGNATURE_HEADER,
-    TENANT_TOKEN, fixture, p2p, post, post_raw, resent, sealed_body, shown, signed_headers,
+    ADA, APP_ID, CARD_BODY_LIMIT, ENCRYPT_KEY, GROUP_MESSAGE, MockFeishu, P2P_MESSAGE,
+    SIGNATURE_HEADER, TENANT_TOKEN, VERIFICATION_TOKEN, fixture, p2p, post, post_raw, resent,
+    sealed_body, shown, signed_headers,
 };
 use antler_testkit::now_secs;
 use reqwest::StatusCode;
@@ -381,4 +382,39 @@ async fn the_per_chat_frequency_limit_230020_is_waited_out_and_the_answer_arrive
     );
     assert_eq!(model.count(), 1);
     app.shutdown().await;
+}
+
+/// Issue 24, finding 4: an app subscribed to the old schema 1.0 "message" event
+/// (`{"type": "event_callback", "event": {"type": "message", …}}`) got no answer and no word
+/// why (a debug line). antler reads 2.0 only, so the warning names the subscription to change.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_schema_1_0_message_is_acknowledged_with_a_warning_naming_the_subscription() {
+    let model = MockModel::start(Behaviour::Echo).await;
+    let api = MockFeishu::start().await;
+    let rig = ChildRig::new(&model, &api.config(""));
+    let app = rig.serve().await;
+    let old = json!({
+        "uuid": "41b5f371157e3d5341b38b20396e77a3", "token": VERIFICATION_TOKEN,
+        "ts": "1767225600.000", "type": "event_callback",
+        "event": {"type": "message", "app_id": APP_ID, "tenant_key": "2f3e4d5c6b7a8901",
+                  "open_chat_id": "oc_5ad11d72b830411d72b836c20b1c9d1f", "chat_type": "private",
+                  "msg_type": "text", "open_id": ADA, "open_message_id": "om_old0001",
+                  "is_mention": false, "text": "restart web-api",
+                  "text_without_at_bot": "restart web-api"}
+    });
+    assert_eq!(
+        post(&app.base, &old).await,
+        StatusCode::OK,
+        "acknowledged: Feishu's redeliveries would be 1.0 too"
+    );
+    let log = wait_until("the warning is logged", || async {
+        let log = app.log_text();
+        log.contains("im.message.receive_v1").then_some(log)
+    })
+    .await;
+    assert!(log.contains("WARN"), "{log}");
+    assert!(log.contains("schema 1.0"), "{log}");
+    app.client.wait_idle().await;
+    assert!(api.replies().await.is_empty());
+    assert_eq!(model.count(), 0);
 }

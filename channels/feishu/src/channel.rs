@@ -271,6 +271,28 @@ impl FeishuChannel {
     }
 }
 
+/// What a schema 1.0 event (`{"type": "event_callback", "event": {"type": …}}`, apps whose
+/// subscription predates 2.0) is to antler: nothing. A message in it is not answered, so the
+/// warning names the subscription to change; Feishu's redeliveries would be 1.0 too, so it is
+/// acknowledged rather than refused.
+fn old_schema(event: &Value) -> Parsed {
+    let kind = event
+        .pointer("/event/type")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    if kind == "message" {
+        tracing::warn!(
+            "a Feishu message arrived as a schema 1.0 event (\"message\"), which antler does \
+             not read; it is not answered. In the app's Events and Callbacks page, remove the \
+             old \"Receive messages\" (message) event and add \"Message received\" \
+             (im.message.receive_v1, schema 2.0)"
+        );
+    } else {
+        tracing::debug!(kind, "a Feishu schema 1.0 event antler does not handle");
+    }
+    Parsed::Ignore
+}
+
 /// A message card holding `markdown`; `update_multi` makes it editable for everyone who sees
 /// it (Feishu wants it both when sending and when patching).
 fn card(markdown: &str) -> Value {
@@ -363,6 +385,9 @@ impl Channel for FeishuChannel {
         if event.get("type").and_then(Value::as_str) == Some("url_verification") {
             let challenge = event.get("challenge").cloned().unwrap_or(Value::Null);
             return Ok(Parsed::Reply(json!({"challenge": challenge})));
+        }
+        if event.get("type").and_then(Value::as_str) == Some("event_callback") {
+            return Ok(old_schema(&event));
         }
         let schema = event.get("schema").and_then(Value::as_str);
         let event_type = event.pointer("/header/event_type").and_then(Value::as_str);
@@ -1182,6 +1207,31 @@ mod tests {
         }
         // An ordinary answer is still one part.
         assert_eq!(channel().render(&"word ".repeat(4_000)).unwrap().len(), 1);
+    }
+
+    #[test]
+    fn schema_1_0_events_verify_by_their_token_and_are_acknowledged_not_answered() {
+        // The 1.0 "message" event: the token at the top, the message flat in `event`.
+        let old = json!({
+            "uuid": "41b5f371157e3d5341b38b20396e77a3", "token": VERIFICATION_TOKEN,
+            "ts": "1767225600.000", "type": "event_callback",
+            "event": {"type": "message", "app_id": "cli_a1b2c3d4e5f60001",
+                      "tenant_key": TENANT, "open_chat_id": "oc_5ad11d72b830411d72b836c20b1c9d1f",
+                      "chat_type": "private", "msg_type": "text",
+                      "open_id": "ou_7d8a6e6df7621556ce0d21922b676706",
+                      "open_message_id": "om_old0001", "is_mention": false,
+                      "text": "restart web-api", "text_without_at_bot": "restart web-api"}
+        });
+        let body = serde_json::to_vec(&old).unwrap();
+        assert_eq!(parse(&channel(), &body), Parsed::Ignore);
+        let mut forged = old.clone();
+        forged["token"] = "not-the-token".into();
+        let headers = http::HeaderMap::new();
+        let forged = serde_json::to_vec(&forged).unwrap();
+        assert_eq!(
+            channel().verify(&request(&headers, &forged)),
+            Err(ChannelError::Unauthorized)
+        );
     }
 
     #[test]
