@@ -418,3 +418,43 @@ async fn a_schema_1_0_message_is_acknowledged_with_a_warning_naming_the_subscrip
     assert!(api.replies().await.is_empty());
     assert_eq!(model.count(), 0);
 }
+
+/// Issue 24, finding 5: Feishu documents no timestamp window, and retries a failed delivery
+/// for hours (the old event docs: after 5 s, 5 min, 1 h and 6 h). A validly signed retry six
+/// hours after signing used to be refused as stale (401), losing the message. The signature is
+/// still checked; dedupe on the message_id already stops a replay from running twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_validly_signed_event_hours_old_is_taken_and_a_forged_one_is_not() {
+    let model = MockModel::start(Behaviour::Echo).await;
+    let api = MockFeishu::start().await;
+    let app = TestApp::spawn(
+        &model,
+        &api.config(&format!("encrypt_key = \"{ENCRYPT_KEY}\"\n")),
+    )
+    .await;
+    let event = fixture("feishu_im_p2p_thread_reply.json");
+    let body = sealed_body(event.to_string().as_bytes(), ENCRYPT_KEY);
+    let six_hours_ago = now_secs() - 6 * 3600;
+    let mut forged = signed_headers(ENCRYPT_KEY, six_hours_ago, "n-old", &body);
+    forged.insert(SIGNATURE_HEADER, "0".repeat(64).parse().unwrap());
+    assert_eq!(
+        post_raw(&app.base, body.clone(), &forged).await.status,
+        StatusCode::UNAUTHORIZED
+    );
+    let headers = signed_headers(ENCRYPT_KEY, six_hours_ago, "n-old", &body);
+    assert_eq!(
+        post_raw(&app.base, body.clone(), &headers).await.status,
+        StatusCode::OK
+    );
+    // The same delivery again (a replay, or Feishu's next retry): answered once.
+    assert_eq!(
+        post_raw(&app.base, body, &headers).await.status,
+        StatusCode::OK
+    );
+    let replies = api.wait_for_replies(1).await;
+    assert_eq!(shown(&replies[0].1), "echo: and the error rate?");
+    app.wait_idle().await;
+    assert_eq!(api.replies().await.len(), 1);
+    assert_eq!(model.count(), 1);
+    app.shutdown().await;
+}
