@@ -364,8 +364,9 @@ where
                     platform,
                     error = %e,
                     retry_in = ?wait,
-                    "cannot learn who the bot is; mentions by name are not recognised until it \
-                     works. Check the platform's bot_token and api_url (`antler doctor`)"
+                    "cannot learn who the bot is; until it works, group messages that may \
+                     mention the bot are answered 503 for the platform to deliver again. Check \
+                     the platform's bot_token and api_url (`antler doctor`)"
                 ),
             }
             tokio::time::sleep(wait).await;

@@ -54,11 +54,26 @@ pub(crate) async fn poll_telegram(
             }
         };
         for update in updates {
-            if let Parsed::Events(events) = channel.parse_update(&update) {
-                for event in events {
-                    if !accept(&ingress, event, &stop).await {
-                        return;
+            match channel.parse_update(&update) {
+                Ok(Parsed::Events(events)) => {
+                    for event in events {
+                        if !accept(&ingress, event, &stop).await {
+                            return;
+                        }
                     }
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    // It may be for the bot, whose username is not known yet: not confirmed,
+                    // so the next getUpdates (after a wait) returns it again.
+                    let wait = backoff.next_wait();
+                    tracing::warn!(error = %e, retry_in = ?wait, "a polled telegram update waits for the bot's identity");
+                    metrics::counter!("antler_telegram_poll_deferred_total").increment(1);
+                    tokio::select! {
+                        () = stop.cancelled() => return,
+                        () = tokio::time::sleep(wait) => {}
+                    }
+                    break;
                 }
             }
             // Confirmed to Telegram by the next call.

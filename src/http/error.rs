@@ -37,6 +37,10 @@ pub(crate) enum ApiError {
     TooManyStreams,
     #[error("antler is shutting down; retry later")]
     ShuttingDown,
+    /// A platform's message that cannot be judged yet (the bot's identity is not known): the
+    /// platform delivers it again.
+    #[error("{0}; retry later")]
+    NotReady(String),
     #[error("internal error")]
     Internal(String),
 }
@@ -59,6 +63,7 @@ impl ApiError {
             Self::Overloaded => (StatusCode::SERVICE_UNAVAILABLE, "overloaded"),
             Self::TooManyStreams => (StatusCode::SERVICE_UNAVAILABLE, "too_many_streams"),
             Self::ShuttingDown => (StatusCode::SERVICE_UNAVAILABLE, "shutting_down"),
+            Self::NotReady(_) => (StatusCode::SERVICE_UNAVAILABLE, "not_ready"),
             Self::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
         }
     }

@@ -6,7 +6,9 @@
 //! acknowledged message is never lost; a failure to accept answers 5xx and the platform
 //! delivers again, which dedupe recognises. A protocol reply (a URL challenge, a PING) is
 //! answered at once; events with a reply (a Slack slash command, a Discord deferred
-//! interaction) are accepted first and then answered with the reply.
+//! interaction) are accepted first and then answered with the reply. A message the channel
+//! cannot judge yet (it may be for the bot, whose identity is not known:
+//! [`ChannelError::Transient`]) is answered 503, so the platform delivers it again.
 
 use std::sync::Arc;
 
@@ -102,6 +104,12 @@ fn rejected(channel: &'static str, error: ChannelError) -> ApiError {
     let (reason, answer) = match error {
         ChannelError::Unauthorized => ("unauthorized", ApiError::Unauthorized),
         ChannelError::Malformed(message) => ("malformed", ApiError::BadRequest(message)),
+        // Only a message that may be addressed to the bot, before the bot knows who it is:
+        // a 503 makes the platform deliver it again, instead of acknowledging and losing it.
+        ChannelError::Transient(message) => {
+            tracing::warn!(channel, %message, "a message waits for the bot's identity");
+            ("identity_unknown", ApiError::NotReady(message))
+        }
         ChannelError::TooLarge { limit } => (
             "file_too_large",
             ApiError::FileTooLarge(format!("a file is larger than {limit} bytes")),
@@ -123,7 +131,8 @@ mod tests {
     use crate::test_support::event;
 
     /// A channel whose body names what it parses into: `slash`, `events`, `challenge`,
-    /// `ignore`; `bad` is malformed and `forged` does not verify.
+    /// `ignore`; `early` waits for the bot's identity, `bad` is malformed and `forged` does not
+    /// verify.
     #[derive(Debug)]
     struct ScriptChannel;
 
@@ -149,6 +158,7 @@ mod tests {
                 b"events" => Parsed::Events(vec![event("c", "e1", "one"), event("c", "e2", "two")]),
                 b"challenge" => Parsed::Reply(json!({"challenge": "c1"})),
                 b"ignore" => Parsed::Ignore,
+                b"early" => return Err(ChannelError::Transient("who is the bot?".to_owned())),
                 _ => return Err(ChannelError::Malformed("not a script".to_owned())),
             })
         }
@@ -212,6 +222,13 @@ mod tests {
         assert_eq!((status, body.as_str()), (StatusCode::OK, ""));
         let (status, _) = call(&h.ingress, "forged").await;
         assert_eq!(status, StatusCode::UNAUTHORIZED);
+        let (status, body) = call(&h.ingress, "early").await;
+        assert_eq!(
+            status,
+            StatusCode::SERVICE_UNAVAILABLE,
+            "delivered again later"
+        );
+        assert!(body.contains("not_ready"), "{body}");
         let (status, body) = call(&h.ingress, "bad").await;
         assert_eq!(status, StatusCode::BAD_REQUEST);
         assert!(body.contains("not a script"), "{body}");

@@ -13,23 +13,36 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
-use crate::client::{DEFAULT_API_URL, FeishuApi, FeishuIdentity};
+use crate::client::{self, DEFAULT_API_URL, FeishuApi, FeishuIdentity};
 use crate::crypto;
 use crate::normalize::{Context, MessageReceived, NAME, Normalized, normalize_message};
 
-/// The most Markdown one card holds, in UTF-8 bytes. Feishu refuses cards over 30 KB; the rest
-/// is room for the card around the text (about 100 bytes) and for JSON escaping of quotes,
-/// backslashes and line breaks in the card's content string, which adds a few percent to an
-/// ordinary answer.
+/// The most Markdown one card holds, in UTF-8 bytes, before the request body is measured
+/// ([`CARD_BODY_LIMIT`]): an ordinary answer fits a card at this size.
 const CARD_LIMIT: usize = 25_000;
 
 /// The most plain text one message holds, in UTF-8 bytes: Feishu allows 150 KB, but longer
-/// messages are hard to read, and this keeps even an all-escapes text far under the limit.
+/// messages are hard to read.
 const TEXT_LIMIT: usize = 30_000;
 
-/// How far a request's timestamp may be from now, in seconds, either side. Feishu documents no
-/// window; five minutes is what Slack uses, and Feishu's retries come with a fresh timestamp.
-const MAX_AGE_SECS: i64 = 300;
+/// The largest request body a card part may make, in bytes. Feishu's "Send message" and
+/// "Reply" pages, error 230025: "消息体长度超出限制。文本消息请求体最大不能超过150KB;卡片及富文本消息
+/// 请求体最大不能超过30KB" (the text message request body is at most 150 KB; card and rich-text
+/// message request bodies at most 30 KB). The limit is on the body as sent: the card's JSON is
+/// escaped once more into the `content` string, so a `"` of the answer is four bytes on the
+/// wire, a control character seven. 30,000 is under 30 KB however a KB is counted.
+const CARD_BODY_LIMIT: usize = 30_000;
+
+/// The largest request body a text part may make, in bytes (150 KB, as above).
+const TEXT_BODY_LIMIT: usize = 150_000;
+
+/// The smallest Markdown limit the body fitting shrinks to: even all control characters
+/// (seven bytes each on the wire) stay under [`CARD_BODY_LIMIT`] at this size.
+const MIN_PART_LIMIT: usize = 4_000;
+
+/// Stands for the chat id a measured body names: longer than any (chat ids are `oc_` and 32
+/// hex digits).
+const MEASURED_CHAT: &str = "oc_000000000000000000000000000000000000000000000000000000000000";
 
 /// The header with the Unix time (seconds) a request was signed at.
 pub const TIMESTAMP_HEADER: &str = "x-lark-request-timestamp";
@@ -120,8 +133,8 @@ struct Sealed {
 }
 
 impl FeishuChannel {
-    /// The channel for `settings`; `now_ms` stamps received messages, judges the age of signed
-    /// requests and times the tenant token's renewal.
+    /// The channel for `settings`; `now_ms` stamps received messages and times the tenant
+    /// token's renewal.
     pub fn new(settings: &FeishuSettings, now_ms: fn() -> u64) -> Result<Self, ChannelError> {
         for (value, name) in [
             (&settings.app_id, "app_id"),
@@ -202,7 +215,9 @@ impl FeishuChannel {
         })
     }
 
-    /// The signature headers present, fresh, and matching the raw body.
+    /// The signature headers present and matching the raw body. Their timestamp is signed but
+    /// not judged by age: Feishu documents no window and retries a failed delivery for hours,
+    /// and a replay is one turn anyway (dedupe on the message_id).
     fn signature_matches(&self, key: &EncryptKey, request: &WebhookRequest<'_>) -> bool {
         let (Some(timestamp), Some(nonce), Some(signature)) = (
             verify::header(request.headers, TIMESTAMP_HEADER),
@@ -211,9 +226,6 @@ impl FeishuChannel {
         ) else {
             return false;
         };
-        if !self.fresh(timestamp) {
-            return false;
-        }
         let expected = crypto::signature(timestamp, nonce, &key.text, request.body);
         verify::constant_time_eq(
             signature.trim().to_ascii_lowercase().as_bytes(),
@@ -221,12 +233,19 @@ impl FeishuChannel {
         )
     }
 
-    fn fresh(&self, timestamp: &str) -> bool {
-        let Ok(timestamp) = timestamp.trim().parse::<i64>() else {
-            return false;
-        };
-        let now = i64::try_from((self.now_ms)() / 1000).unwrap_or(i64::MAX);
-        verify::timestamp_within(timestamp, now, MAX_AGE_SECS)
+    /// The size in bytes of the largest request body that sends `part` (to a chat, with the
+    /// longest chat id, or as a reply; a card patch is smaller than either).
+    fn body_size(&self, part: &str) -> usize {
+        let (msg_type, content) = self.content(part);
+        let uuid = part_uuid("", 0);
+        [
+            client::send_body(MEASURED_CHAT, msg_type, &content, &uuid),
+            client::reply_body(msg_type, &content, &uuid),
+        ]
+        .iter()
+        .map(|body| body.to_string().len())
+        .max()
+        .unwrap_or(0)
     }
 
     /// The card or text message a part is sent as: `(msg_type, content)`.
@@ -237,6 +256,28 @@ impl FeishuChannel {
             ("text", json!({"text": body}).to_string())
         }
     }
+}
+
+/// What a schema 1.0 event (`{"type": "event_callback", "event": {"type": …}}`, apps whose
+/// subscription predates 2.0) is to antler: nothing. A message in it is not answered, so the
+/// warning names the subscription to change; Feishu's redeliveries would be 1.0 too, so it is
+/// acknowledged rather than refused.
+fn old_schema(event: &Value) -> Parsed {
+    let kind = event
+        .pointer("/event/type")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    if kind == "message" {
+        tracing::warn!(
+            "a Feishu message arrived as a schema 1.0 event (\"message\"), which antler does \
+             not read; it is not answered. In the app's Events and Callbacks page, remove the \
+             old \"Receive messages\" (message) event and add \"Message received\" \
+             (im.message.receive_v1, schema 2.0)"
+        );
+    } else {
+        tracing::debug!(kind, "a Feishu schema 1.0 event antler does not handle");
+    }
+    Parsed::Ignore
 }
 
 /// A message card holding `markdown`; `update_multi` makes it editable for everyone who sees
@@ -279,23 +320,12 @@ impl Channel for FeishuChannel {
         &["events"]
     }
 
-    /// A timestamp header, if present, within 5 minutes of now. Presence of the signature
-    /// headers cannot be required here: Feishu may send its URL verification unsigned, which
-    /// only the (decrypted) body tells, so [`Channel::verify`] requires them for everything else.
-    fn verify_headers(&self, headers: &http::HeaderMap) -> Result<(), ChannelError> {
-        match verify::header(headers, TIMESTAMP_HEADER) {
-            Some(timestamp) if !self.fresh(timestamp) => Err(ChannelError::Unauthorized),
-            _ => Ok(()),
-        }
-    }
-
     /// With an Encrypt Key: the body decrypts with it, and then either it is a URL verification
     /// whose `token` is the Verification Token (decrypting already proved the sender knows the
-    /// key), or the signature headers are present, fresh and match
+    /// key), or the signature headers are present and match
     /// `SHA-256(timestamp + nonce + key + body)` (compared in constant time) and `header.token`
     /// is the Verification Token. Without one: the token alone.
     fn verify(&self, request: &WebhookRequest<'_>) -> Result<(), ChannelError> {
-        self.verify_headers(request.headers)?;
         let event = self.open(request.body)?;
         let url_verification =
             event.get("type").and_then(Value::as_str) == Some("url_verification");
@@ -332,6 +362,9 @@ impl Channel for FeishuChannel {
             let challenge = event.get("challenge").cloned().unwrap_or(Value::Null);
             return Ok(Parsed::Reply(json!({"challenge": challenge})));
         }
+        if event.get("type").and_then(Value::as_str) == Some("event_callback") {
+            return Ok(old_schema(&event));
+        }
         let schema = event.get("schema").and_then(Value::as_str);
         let event_type = event.pointer("/header/event_type").and_then(Value::as_str);
         if schema != Some("2.0") || event_type != Some("im.message.receive_v1") {
@@ -362,18 +395,41 @@ impl Channel for FeishuChannel {
                 tracing::debug!(reason, "Feishu message ignored");
                 Parsed::Ignore
             }
+            Normalized::AwaitingIdentity => {
+                return Err(ChannelError::Transient(
+                    "a Feishu group message with a mention arrived before the bot's open_id is \
+                     known (bot/v3/info); Feishu delivers it again"
+                        .to_owned(),
+                ));
+            }
         })
     }
 
     /// Card Markdown in chunks of at most 25,000 bytes, or plain text in chunks of 30,000
-    /// bytes without cards.
+    /// bytes without cards; smaller when a part's request body, as sent, would pass Feishu's
+    /// limit ([`CARD_BODY_LIMIT`], [`TEXT_BODY_LIMIT`]).
     fn render(&self, markdown: &str) -> Result<Vec<String>, ChannelError> {
-        let parts = match self.limits().message {
-            Some(limit) if self.cards => render::parts(markdown, &FeishuMarkdown, limit),
-            Some(limit) => render::parts(markdown, &PlainText, limit),
-            None => render::parts(markdown, &PlainText, Limit::Bytes(TEXT_LIMIT)),
+        let (renderer, mut limit, body_limit): (&dyn render::Renderer, _, _) = if self.cards {
+            (&FeishuMarkdown, CARD_LIMIT, CARD_BODY_LIMIT)
+        } else {
+            (&PlainText, TEXT_LIMIT, TEXT_BODY_LIMIT)
         };
-        parts.map_err(|e| ChannelError::Permanent(e.to_string()))
+        loop {
+            let parts = render::parts(markdown, renderer, Limit::Bytes(limit))
+                .map_err(|e| ChannelError::Permanent(e.to_string()))?;
+            let largest = parts
+                .iter()
+                .map(|part| self.body_size(part))
+                .max()
+                .unwrap_or(0);
+            if largest <= body_limit || limit <= MIN_PART_LIMIT {
+                return Ok(parts);
+            }
+            // Shrink by the overshoot and a tenth more: each round is at least 10% smaller, so
+            // this ends within about 20 rounds even from the worst start.
+            let scaled = limit.saturating_mul(body_limit) / largest;
+            limit = (scaled - scaled / 10).max(MIN_PART_LIMIT);
+        }
     }
 
     /// Replies to the user's message (every part, so they stay together under it); without
@@ -612,6 +668,37 @@ mod tests {
         assert_eq!(reply.reply_to.as_deref(), Some("om_reply0001"));
     }
 
+    #[test]
+    fn before_bot_info_a_group_mention_is_left_for_redelivery_not_dropped() {
+        let channel = FeishuChannel::new(&settings(None), vector_clock_ms).unwrap();
+        let headers = http::HeaderMap::new();
+        let parse = |body: &[u8]| {
+            let request = request(&headers, body);
+            channel.verify(&request).unwrap();
+            channel.parse(&request)
+        };
+        // Whom the mention names is unknown: not taken, so Feishu delivers it again.
+        assert!(matches!(
+            parse(&fixture("feishu_im_group_mention.json")),
+            Err(ChannelError::Transient(_))
+        ));
+        // A private message, a command and a group message naming nobody need no identity.
+        assert!(matches!(
+            parse(&fixture("feishu_im_p2p_thread_reply.json")),
+            Ok(Parsed::Events(_))
+        ));
+        let command = group(|m| {
+            m["content"] = json!({"text": "/status"}).to_string().into();
+            m["mentions"] = json!([]);
+        });
+        assert!(matches!(parse(&command), Ok(Parsed::Events(_))));
+        let plain = group(|m| {
+            m["content"] = json!({"text": "lunch?"}).to_string().into();
+            m["mentions"] = json!([]);
+        });
+        assert_eq!(parse(&plain), Ok(Parsed::Ignore));
+    }
+
     fn event_of(body: &[u8]) -> antler_channel::InboundEvent {
         event(parse(&channel(), body))
     }
@@ -663,12 +750,6 @@ mod tests {
             m["content"] = r#"{"text":"restart web-api"}"#.into();
         });
         assert_eq!(parse(&channel(), &plain), Parsed::Ignore);
-        // Before learn_identity no mention is known to be the bot's.
-        let unknown = FeishuChannel::new(&settings(None), vector_clock_ms).unwrap();
-        assert_eq!(
-            parse(&unknown, &fixture("feishu_im_group_mention.json")),
-            Parsed::Ignore
-        );
 
         let status = group(|m| {
             m["mentions"] = json!([]);
@@ -888,14 +969,13 @@ mod tests {
             channel.verify(&request(&none, &body)),
             Err(ChannelError::Unauthorized)
         );
-        // Stale: the same request a day later.
+        // The same request a day later (Feishu retries for hours, and documents no window):
+        // still Feishu's, by its signature.
         let later = channel_with(Some(ENCRYPT_KEY), || 1_767_312_000_000);
+        assert_eq!(later.verify_headers(&headers), Ok(()));
+        assert_eq!(later.verify(&request(&headers, &body)), Ok(()));
         assert_eq!(
-            later.verify_headers(&headers),
-            Err(ChannelError::Unauthorized)
-        );
-        assert_eq!(
-            later.verify(&request(&headers, &body)),
+            later.verify(&request(&headers, &tampered)),
             Err(ChannelError::Unauthorized)
         );
         // Another key cannot read it.
@@ -1053,6 +1133,80 @@ mod tests {
         assert_eq!(text.limits().message, Some(Limit::Bytes(TEXT_LIMIT)));
         assert_eq!(text.limits().edits, None);
         assert_eq!(text.render("**hi** & <you>").unwrap(), ["hi & <you>"]);
+    }
+
+    #[test]
+    fn parts_are_sized_by_the_request_body_as_sent_not_by_the_markdown() {
+        // Every `"` is `\"` in the card and `\\\"` in the body's `content` string: 24,000
+        // bytes of this Markdown fit one 25,000-byte part but make a body of about 42,000.
+        let quoted = "say \"a\" ".repeat(3_000);
+        let controls = "\u{1}".repeat(20_000);
+        for (name, cards, markdown, body_limit) in [
+            ("quotes in a card", true, &quoted, CARD_BODY_LIMIT),
+            (
+                "control characters in a card",
+                true,
+                &controls,
+                CARD_BODY_LIMIT,
+            ),
+            (
+                "control characters as text",
+                false,
+                &controls,
+                TEXT_BODY_LIMIT,
+            ),
+        ] {
+            let channel = FeishuChannel::new(
+                &FeishuSettings {
+                    cards,
+                    ..settings(None)
+                },
+                || 0,
+            )
+            .unwrap();
+            let parts = channel.render(markdown).unwrap();
+            for part in &parts {
+                let size = channel.body_size(part);
+                assert!(size <= body_limit, "{name}: a body of {size} bytes");
+                let (msg_type, content) = channel.content(part);
+                let sent = client::reply_body(msg_type, &content, &part_uuid("k", 9));
+                assert!(sent.to_string().len() <= size, "{name}: measured as sent");
+            }
+            let whole: String = parts.concat();
+            assert_eq!(
+                whole.matches(['"', '\u{1}']).count(),
+                markdown.matches(['"', '\u{1}']).count(),
+                "{name}: nothing lost in {} parts",
+                parts.len()
+            );
+        }
+        // An ordinary answer is still one part.
+        assert_eq!(channel().render(&"word ".repeat(4_000)).unwrap().len(), 1);
+    }
+
+    #[test]
+    fn schema_1_0_events_verify_by_their_token_and_are_acknowledged_not_answered() {
+        // The 1.0 "message" event: the token at the top, the message flat in `event`.
+        let old = json!({
+            "uuid": "41b5f371157e3d5341b38b20396e77a3", "token": VERIFICATION_TOKEN,
+            "ts": "1767225600.000", "type": "event_callback",
+            "event": {"type": "message", "app_id": "cli_a1b2c3d4e5f60001",
+                      "tenant_key": TENANT, "open_chat_id": "oc_5ad11d72b830411d72b836c20b1c9d1f",
+                      "chat_type": "private", "msg_type": "text",
+                      "open_id": "ou_7d8a6e6df7621556ce0d21922b676706",
+                      "open_message_id": "om_old0001", "is_mention": false,
+                      "text": "restart web-api", "text_without_at_bot": "restart web-api"}
+        });
+        let body = serde_json::to_vec(&old).unwrap();
+        assert_eq!(parse(&channel(), &body), Parsed::Ignore);
+        let mut forged = old.clone();
+        forged["token"] = "not-the-token".into();
+        let headers = http::HeaderMap::new();
+        let forged = serde_json::to_vec(&forged).unwrap();
+        assert_eq!(
+            channel().verify(&request(&headers, &forged)),
+            Err(ChannelError::Unauthorized)
+        );
     }
 
     #[test]
@@ -1261,7 +1415,11 @@ mod tests {
         let channel = live(&server, true);
         assert_eq!(channel.identity(), None);
         let body = fixture("feishu_im_group_mention.json");
-        assert_eq!(parse(&channel, &body), Parsed::Ignore);
+        let headers = http::HeaderMap::new();
+        assert!(matches!(
+            channel.parse(&request(&headers, &body)),
+            Err(ChannelError::Transient(_))
+        ));
         let me = channel.learn_identity().await.unwrap();
         assert_eq!(
             me,

@@ -19,8 +19,13 @@ pub const LARK_API_URL: &str = "https://open.larksuite.com";
 /// How long to wait after a rate limit that names no delay.
 const DEFAULT_RETRY_AFTER: Duration = Duration::from_secs(1);
 
-/// Feishu's code for "too many requests".
-const RATE_LIMITED: i64 = 99_991_400;
+/// Feishu's codes for "too many requests", whatever the HTTP status (429, or 400 from the
+/// message service): 99991400 "request trigger frequency limit" (the API gateway, "API
+/// frequency control" page, HTTP 429 with `x-ogw-ratelimit-reset`); 230020 "This operation
+/// triggers the frequency limit" (HTTP 400: messages to one chat, 5 a second shared by the
+/// chat's bots, and edits of one message, 5 a second; the "Send message", "Reply" and "Update
+/// message card" pages).
+const RATE_LIMITED: [i64; 2] = [99_991_400, 230_020];
 
 /// Feishu's codes for a tenant access token that is invalid or expired: the cached token is
 /// dropped and the call made once more with a new one.
@@ -195,7 +200,7 @@ impl FeishuApi {
                     refresh_at_ms: now.saturating_add(keep_ms),
                 })
             }
-            Some(TokenAnswer { code, msg, .. }) if code == RATE_LIMITED => {
+            Some(TokenAnswer { code, msg, .. }) if RATE_LIMITED.contains(&code) => {
                 tracing::debug!(msg = %self.mask(&msg, ""), "token request rate limited");
                 Err(ChannelError::RateLimited {
                     retry_after: retry_after(&headers),
@@ -259,12 +264,7 @@ impl FeishuApi {
         content: &str,
         uuid: &str,
     ) -> Result<String, ChannelError> {
-        let body = json!({
-            "msg_type": msg_type,
-            "content": content,
-            "reply_in_thread": false,
-            "uuid": uuid,
-        });
+        let body = reply_body(msg_type, content, uuid);
         let url = format!(
             "{}/open-apis/im/v1/messages/{}/reply",
             self.api_url,
@@ -284,12 +284,7 @@ impl FeishuApi {
         content: &str,
         uuid: &str,
     ) -> Result<String, ChannelError> {
-        let body = json!({
-            "receive_id": chat_id,
-            "msg_type": msg_type,
-            "content": content,
-            "uuid": uuid,
-        });
+        let body = send_body(chat_id, msg_type, content, uuid);
         let answer = self
             .call(|token| {
                 self.http
@@ -417,7 +412,7 @@ impl FeishuApi {
             if INVALID_TOKEN.contains(&answer.code) {
                 return Err(Failure::InvalidToken);
             }
-            if answer.code == RATE_LIMITED {
+            if RATE_LIMITED.contains(&answer.code) {
                 return Err(ChannelError::RateLimited {
                     retry_after: retry_after(&headers),
                 }
@@ -462,6 +457,26 @@ impl FeishuApi {
         let error = error.without_url();
         ChannelError::Transient(self.mask(&format!("calling Feishu failed: {error}"), token))
     }
+}
+
+/// The body of a reply (`im/v1/messages/{id}/reply`).
+pub(crate) fn reply_body(msg_type: &str, content: &str, uuid: &str) -> Value {
+    json!({
+        "msg_type": msg_type,
+        "content": content,
+        "reply_in_thread": false,
+        "uuid": uuid,
+    })
+}
+
+/// The body of a message to a chat (`im/v1/messages?receive_id_type=chat_id`).
+pub(crate) fn send_body(chat_id: &str, msg_type: &str, content: &str, uuid: &str) -> Value {
+    json!({
+        "receive_id": chat_id,
+        "msg_type": msg_type,
+        "content": content,
+        "uuid": uuid,
+    })
 }
 
 fn token_refused() -> ChannelError {
@@ -726,6 +741,14 @@ mod tests {
         .mount(&server)
         .await;
         answer(
+            "om_chat_busy",
+            ResponseTemplate::new(400).set_body_json(
+                json!({"code": 230020, "msg": "This operation triggers the frequency limit."}),
+            ),
+        )
+        .mount(&server)
+        .await;
+        answer(
             "om_gone",
             ResponseTemplate::new(400).set_body_json(json!({
                 "code": 230011, "msg": format!("The message was withdrawn. {TOKEN} {SECRET}")
@@ -758,6 +781,13 @@ mod tests {
         );
         assert_eq!(
             patch("om_busy200").await,
+            ChannelError::RateLimited {
+                retry_after: DEFAULT_RETRY_AFTER
+            }
+        );
+        // The per-chat (and per-message) limit comes as HTTP 400: still a rate limit.
+        assert_eq!(
+            patch("om_chat_busy").await,
             ChannelError::RateLimited {
                 retry_after: DEFAULT_RETRY_AFTER
             }

@@ -33,6 +33,9 @@ pub(crate) enum Normalized {
     Event(Box<InboundEvent>),
     /// Nothing to do; the reason is for the debug log.
     Ignored(&'static str),
+    /// A group message that mentions someone, before the bot's open_id is known: it may be for
+    /// the bot, so it is neither taken nor dropped (Feishu delivers it again).
+    AwaitingIdentity,
 }
 
 /// A schema 2.0 `im.message.receive_v1` delivery (the fields antler uses).
@@ -135,6 +138,9 @@ pub(crate) fn normalize_message(received: &MessageReceived, context: &Context<'_
     let content = read_content(message);
     let text = readable(&content.text, &message.mentions, bot);
     let group = message.chat_type != "p2p";
+    if group && bot.is_none() && !message.mentions.is_empty() && !text.starts_with('/') {
+        return Normalized::AwaitingIdentity;
+    }
     if group && !bot_mentioned && !text.starts_with('/') {
         return Normalized::Ignored(
             "a group message that neither mentions the bot nor is a command",

@@ -41,6 +41,10 @@ pub(crate) enum Normalized {
     Event(Box<InboundEvent>),
     /// Nothing to do; the reason is for the debug log.
     Ignored(&'static str),
+    /// A channel message that mentions someone, while the bot's user id is known from neither
+    /// the envelope nor `auth.test`: it may be for the bot, so it is not dropped (Slack
+    /// retries it).
+    AwaitingIdentity,
 }
 
 /// The fields of a file antler uses; `size` is not in slack-morphism's `SlackFile`.
@@ -161,6 +165,9 @@ fn channel_message(
         .is_some_and(|kind| kind.0 == "im");
     let ts = event.origin.ts.0.as_str();
     let thread_ts = event.origin.thread_ts.as_ref().map(|ts| ts.0.as_str());
+    if !dm && bot.is_none() && text.contains("<@") {
+        return Normalized::AwaitingIdentity;
+    }
     let follow_up = if dm || bot.is_some_and(|bot| mentions(text, bot)) {
         false
     } else if thread_ts.is_some_and(|root| root != ts) {
@@ -454,7 +461,51 @@ mod tests {
         match normalize_callback(&callback, &raw["event"], &context) {
             Normalized::Event(event) => Ok(*event),
             Normalized::Ignored(reason) => Err(reason),
+            Normalized::AwaitingIdentity => Err("awaiting the bot's identity"),
         }
+    }
+
+    #[test]
+    fn without_any_bot_identity_a_channel_mention_waits_and_the_rest_is_handled() {
+        // An envelope without `authorizations`, before auth.test answered.
+        let normalize = |event: serde_json::Value| {
+            let raw = serde_json::json!({
+                "type": "event_callback", "team_id": "T1", "api_app_id": "A1",
+                "event_id": "Ev1", "event_time": 1, "event": event,
+            });
+            let slack_morphism::events::SlackPushEvent::EventCallback(callback) =
+                serde_json::from_value(raw.clone()).unwrap()
+            else {
+                panic!("not a callback")
+            };
+            let context = Context {
+                bot_user_id: None,
+                team_id: None,
+                thread_follow_ups: false,
+                allowed_bots: &[],
+                received_at_ms: 0,
+            };
+            normalize_callback(&callback, &raw["event"], &context)
+        };
+        assert_eq!(
+            normalize(message(
+                serde_json::json!({"text": "<@U0BOT> restart web-api"})
+            )),
+            Normalized::AwaitingIdentity
+        );
+        assert!(matches!(
+            normalize(message(serde_json::json!({"channel_type": "im"}))),
+            Normalized::Event(_)
+        ));
+        assert_eq!(
+            normalize(message(serde_json::json!({}))),
+            Normalized::Ignored("a channel message that does not mention the bot")
+        );
+        let mention = serde_json::json!({
+            "type": "app_mention", "channel": "C1", "user": "U1",
+            "text": "<@U0BOT> hi", "ts": "2.0", "event_ts": "2.0"
+        });
+        assert!(matches!(normalize(mention), Normalized::Event(_)));
     }
 
     fn message(extra: serde_json::Value) -> serde_json::Value {

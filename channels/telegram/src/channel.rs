@@ -104,15 +104,24 @@ impl TelegramChannel {
     }
 
     /// What an update is for antler: the message when it addresses the bot, else nothing.
-    /// The webhook and the polling loop share it.
-    pub fn parse_update(&self, update: &Update) -> Parsed {
+    /// The webhook and the polling loop share it. A group message that may address the bot
+    /// before `getMe` told its username is [`ChannelError::Transient`]: not taken, so Telegram
+    /// delivers it again (the webhook answers 503; polling does not confirm it).
+    pub fn parse_update(&self, update: &Update) -> Result<Parsed, ChannelError> {
         let me = self.identity();
-        match normalize(update, &me, (self.now_ms)()) {
+        Ok(match normalize(update, &me, (self.now_ms)()) {
             Normalized::Message(incoming) if incoming.facts.addressed(&me) => {
                 Parsed::Events(vec![incoming.event])
             }
+            Normalized::Message(incoming) if incoming.facts.may_be_addressed(&me) => {
+                return Err(ChannelError::Transient(
+                    "a Telegram group message with a mention arrived before the bot's username \
+                     is known (getMe); Telegram delivers it again"
+                        .to_owned(),
+                ));
+            }
             Normalized::Message(_) | Normalized::Ignored(_) => Parsed::Ignore,
-        }
+        })
     }
 
     fn identity(&self) -> BotIdentity {
@@ -206,7 +215,7 @@ impl Channel for TelegramChannel {
     fn parse(&self, request: &WebhookRequest<'_>) -> Result<Parsed, ChannelError> {
         let update: Update = serde_json::from_slice(request.body)
             .map_err(|e| ChannelError::Malformed(format!("not a Telegram update: {e}")))?;
-        Ok(self.parse_update(&update))
+        self.parse_update(&update)
     }
 
     /// Telegram HTML in chunks of at most 4096 UTF-16 units.
@@ -424,6 +433,52 @@ mod tests {
             channel.parse(&request(&headers, b"{not json")),
             Err(ChannelError::Malformed(_))
         ));
+    }
+
+    #[test]
+    fn before_get_me_a_group_mention_is_left_for_redelivery_not_dropped() {
+        // The bot's id is the token's prefix, its username only comes with getMe.
+        let channel = TelegramChannel::new(
+            &TelegramSettings {
+                bot_token: "7000000001:TEST-token".into(),
+                webhook_secret: "s3cret_hook-1".into(),
+                api_url: "http://127.0.0.1:9".into(),
+            },
+            || 42,
+        )
+        .unwrap();
+        let headers = http::HeaderMap::new();
+        let parse = |body: &[u8]| channel.parse(&request(&headers, body));
+        // An @username mention and `/status@opsbot_bot` may be the bot's: not taken, so the
+        // webhook answers 503 and Telegram delivers them again.
+        for name in ["tg_group_mention", "tg_group_command"] {
+            let parsed = parse(&fixture(name));
+            assert!(
+                matches!(parsed, Err(ChannelError::Transient(_))),
+                "{name}: {parsed:?}"
+            );
+        }
+        // What needs no username is handled as always: private chats, replies to the bot (its
+        // id is known), a command naming no bot, a group message naming nobody.
+        let command = String::from_utf8(fixture("tg_group_command"))
+            .unwrap()
+            .replace("/status@opsbot_bot prod", "/status prod")
+            .replace("\"length\": 18", "\"length\": 7");
+        for (name, body) in [
+            ("private", fixture("tg_private_text")),
+            ("reply to the bot", fixture("tg_reply_to_bot")),
+            ("command for any bot", command.into_bytes()),
+        ] {
+            let parsed = parse(&body);
+            assert!(
+                matches!(&parsed, Ok(Parsed::Events(events)) if events.len() == 1),
+                "{name}: {parsed:?}"
+            );
+        }
+        let plain = String::from_utf8(fixture("tg_group_mention"))
+            .unwrap()
+            .replace("\"type\": \"mention\"", "\"type\": \"bold\"");
+        assert_eq!(parse(plain.as_bytes()), Ok(Parsed::Ignore));
     }
 
     /// The testkit's Bot API, refusing as unparsable HTML the messages whose text contains

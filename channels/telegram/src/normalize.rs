@@ -35,6 +35,8 @@ pub struct AddressFacts {
     pub command: bool,
     /// The bot the command names (`/status@opsbot_bot` names `opsbot_bot`).
     pub command_target: Option<String>,
+    /// It @mentions some username (perhaps the bot's, when its username is not known yet).
+    pub names_someone: bool,
 }
 
 impl AddressFacts {
@@ -48,6 +50,14 @@ impl AddressFacts {
             command_target: self.command_target.as_deref(),
             bot_username: &me.username,
         })
+    }
+
+    /// Whether a group message that is not addressed to `me` might be, had `getMe` told the
+    /// bot's username: it @mentions a username or names a command's bot.
+    pub fn may_be_addressed(&self, me: &BotIdentity) -> bool {
+        me.username.is_empty()
+            && !self.addressed(me)
+            && (self.names_someone || self.command_target.is_some())
     }
 }
 
@@ -126,6 +136,9 @@ pub fn normalize(update: &Update, me: &BotIdentity, received_at_ms: u64) -> Norm
         replies_to_bot,
         command: command.is_some(),
         command_target: command_target.map(str::to_owned),
+        names_someone: entities
+            .iter()
+            .any(|entity| matches!(entity.kind(), MessageEntityKind::Mention)),
     };
 
     let mut cuts: Vec<std::ops::Range<usize>> = mentions.iter().map(|m| m.range()).collect();

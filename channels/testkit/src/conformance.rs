@@ -133,7 +133,8 @@ pub trait Platform {
     /// The channel's name.
     const NAME: &'static str;
 
-    /// How old a signed request may be (`None`: nothing in the request says when it was sent).
+    /// How old a signed request may be (`None`: no limit, because nothing in the request says
+    /// when it was sent, or the platform documents none and retries for hours).
     const REPLAY_WINDOW: Option<Duration>;
 
     /// A recorded payload's body as the platform sends it (Feishu: encrypted).
@@ -386,13 +387,12 @@ pub async fn refuses_stale_requests<C: Conformance>() {
             }
             None => {
                 let (body, yesterday) = request_at::<C::Platform>(&fixture, now - 86_400);
-                let (_, today) = request_at::<C::Platform>(&fixture, now);
                 assert_eq!(
-                    yesterday, today,
-                    "{}: a platform without a replay window sends no time",
+                    verify(&channel, fixture.route, &yesterday, &body),
+                    Ok(()),
+                    "{}: signed a day ago",
                     fixture.name
                 );
-                assert_eq!(verify(&channel, fixture.route, &yesterday, &body), Ok(()));
             }
         }
     }

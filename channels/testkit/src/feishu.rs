@@ -7,6 +7,8 @@
 //! `{"code": 99991400, "msg": "request trigger frequency limit"}` and the seconds to wait in
 //! `x-ogw-ratelimit-reset` (§4.5).
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use aes::cipher::{BlockEncryptMut, KeyIvInit, block_padding::Pkcs7};
@@ -220,6 +222,56 @@ pub fn decode_entities(text: &str) -> String {
 #[derive(Debug)]
 pub struct MockFeishu {
     server: MockServer,
+    bot_info_down: Arc<AtomicBool>,
+}
+
+/// The most a card or post message's request body may be, in bytes: Feishu's "Send message",
+/// "Reply" and "Update message card" pages, error 230025: "The length of the message content
+/// reaches its limit. 消息体长度超出限制。文本消息请求体最大不能超过150KB;卡片及富文本消息请求体
+/// 最大不能超过30KB" (text message request body at most 150 KB; card and rich-text (post) at
+/// most 30 KB). Read as KiB, the more lenient reading: antler aims under 30,000 bytes.
+pub const CARD_BODY_LIMIT: usize = 30 * 1024;
+
+/// The most a text message's request body may be, in bytes (the same error 230025).
+pub const TEXT_BODY_LIMIT: usize = 150 * 1024;
+
+/// A message write (send, reply, card patch) answered with `ok`, unless its request body, as
+/// sent, is over Feishu's limit for its `msg_type` (a patch is always a card): then HTTP 400,
+/// code 230025, as Feishu answers.
+struct Sized(ResponseTemplate);
+
+impl wiremock::Respond for Sized {
+    fn respond(&self, request: &wiremock::Request) -> ResponseTemplate {
+        let body: Value = serde_json::from_slice(&request.body).unwrap_or(Value::Null);
+        let limit = match body["msg_type"].as_str() {
+            Some("text") => TEXT_BODY_LIMIT,
+            _ => CARD_BODY_LIMIT,
+        };
+        if request.body.len() > limit {
+            return ResponseTemplate::new(400).set_body_json(json!({
+                "code": 230025,
+                "msg": "The length of the message content reaches its limit."
+            }));
+        }
+        self.0.clone()
+    }
+}
+
+/// `bot/v3/info`: the bot, or HTTP 503 (an outage) while `down`.
+struct BotInfo {
+    down: Arc<AtomicBool>,
+}
+
+impl wiremock::Respond for BotInfo {
+    fn respond(&self, _: &wiremock::Request) -> ResponseTemplate {
+        if self.down.load(Ordering::SeqCst) {
+            return ResponseTemplate::new(503);
+        }
+        ResponseTemplate::new(200).set_body_json(json!({
+            "code": 0, "msg": "ok",
+            "bot": {"activate_status": 2, "app_name": "OpsBot", "open_id": BOT_OPEN_ID}
+        }))
+    }
 }
 
 impl std::ops::Deref for MockFeishu {
@@ -241,12 +293,12 @@ impl MockFeishu {
             })))
             .mount(&server)
             .await;
+        let bot_info_down = Arc::new(AtomicBool::new(false));
         Mock::given(method("GET"))
             .and(path("/open-apis/bot/v3/info"))
-            .respond_with(ResponseTemplate::new(200).set_body_json(json!({
-                "code": 0, "msg": "ok",
-                "bot": {"activate_status": 2, "app_name": "OpsBot", "open_id": BOT_OPEN_ID}
-            })))
+            .respond_with(BotInfo {
+                down: Arc::clone(&bot_info_down),
+            })
             .mount(&server)
             .await;
         let sent = json!({
@@ -256,22 +308,27 @@ impl MockFeishu {
         });
         Mock::given(method("POST"))
             .and(path_regex("^/open-apis/im/v1/messages/[^/]+/reply$"))
-            .respond_with(ResponseTemplate::new(200).set_body_json(sent.clone()))
+            .respond_with(Sized(
+                ResponseTemplate::new(200).set_body_json(sent.clone()),
+            ))
             .mount(&server)
             .await;
         Mock::given(method("POST"))
             .and(path("/open-apis/im/v1/messages"))
-            .respond_with(ResponseTemplate::new(200).set_body_json(sent))
+            .respond_with(Sized(ResponseTemplate::new(200).set_body_json(sent)))
             .mount(&server)
             .await;
         Mock::given(method("PATCH"))
             .and(path_regex("^/open-apis/im/v1/messages/[^/]+$"))
-            .respond_with(
+            .respond_with(Sized(
                 ResponseTemplate::new(200).set_body_json(json!({"code": 0, "msg": "success"})),
-            )
+            ))
             .mount(&server)
             .await;
-        Self { server }
+        Self {
+            server,
+            bot_info_down,
+        }
     }
 
     /// The `[channels.feishu]` config for this API (plain events, no Encrypt Key), with `more`
@@ -303,6 +360,29 @@ impl MockFeishu {
     /// Waits until at least `n` replies were sent; they.
     pub async fn wait_for_replies(&self, n: usize) -> Vec<(String, Value)> {
         crate::wait_for_at_least(&format!("{n} replies sent to Feishu"), n, || self.replies()).await
+    }
+
+    /// Makes `bot/v3/info` fail with HTTP 503 (an outage) while `down`.
+    pub fn set_bot_info_down(&self, down: bool) {
+        self.bot_info_down.store(down, Ordering::SeqCst);
+    }
+
+    /// Refuses the next reply or chat message as Feishu refuses the sixth message a second to
+    /// one chat: HTTP 400, code 230020. The "Send message" and "Update message card" pages list
+    /// it: "400 | 230020 | This operation triggers the frequency limit. | 当前操作触发限频,请降低
+    /// 请求频率" (the operation triggers the frequency limit, lower the request rate), under
+    /// "向同一群组发送消息的限频为群内机器人共享 5 QPS" (5 QPS per group, shared by its bots).
+    /// No `x-ogw-ratelimit-*` headers: this limit is the message service's, not the gateway's.
+    pub async fn chat_rate_limit_next_message(&self) {
+        Mock::given(method("POST"))
+            .and(path_regex(r"^/open-apis/im/v1/messages(/[^/]+/reply)?$"))
+            .respond_with(ResponseTemplate::new(400).set_body_json(
+                json!({"code": 230020, "msg": "This operation triggers the frequency limit."}),
+            ))
+            .up_to_n_times(1)
+            .with_priority(1)
+            .mount(&self.server)
+            .await;
     }
 
     /// Refuses the next reply or chat message as Feishu does: HTTP 429, `x-ogw-ratelimit-reset`
@@ -366,8 +446,9 @@ impl Platform for Feishu {
 
     const NAME: &'static str = "feishu";
 
-    /// Feishu documents no window; antler allows five minutes.
-    const REPLAY_WINDOW: Option<Duration> = Some(Duration::from_secs(300));
+    /// Feishu documents no window and retries for hours: a signed request of any age is
+    /// Feishu's (replays are deduplicated).
+    const REPLAY_WINDOW: Option<Duration> = None;
 
     fn seal(plain: &[u8]) -> Vec<u8> {
         sealed_body(plain, ENCRYPT_KEY)
