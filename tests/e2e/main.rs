@@ -29,3 +29,4 @@ mod slack;
 mod subagents;
 mod support;
 mod telegram;
+mod telegram_prod;

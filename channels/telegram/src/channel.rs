@@ -10,10 +10,10 @@ use antler_channel::{
     EditRate, FileContent, Limits, OutboundFile, OutboundMessage, Parsed, Part, Receipt,
     WebhookRequest, verify,
 };
-use teloxide_core::types::Update;
+use teloxide_core::types::{Update, UpdateKind};
 
 use crate::client::{SendFailure, Target, TelegramApi};
-use crate::normalize::{BotIdentity, Normalized, normalize};
+use crate::normalize::{BotIdentity, Normalized, UnreadableUpdate, normalize, read_update};
 
 /// The most a message may hold, in UTF-16 units (Telegram counts after parsing the markup;
 /// counting the markup too keeps every chunk under it).
@@ -104,15 +104,54 @@ impl TelegramChannel {
     }
 
     /// What an update is for antler: the message when it addresses the bot, else nothing.
-    /// The webhook and the polling loop share it.
+    /// The webhook and the polling loop share it. An update teloxide could not model and
+    /// kept as JSON (polling keeps it; see [`read_update`]) is read again from that JSON.
     pub fn parse_update(&self, update: &Update) -> Parsed {
+        if let UpdateKind::Error(raw) = &update.kind
+            && raw.as_object().is_some_and(|fields| !fields.is_empty())
+        {
+            return match read_update(raw) {
+                Ok(Some(read)) if !matches!(read.kind, UpdateKind::Error(_)) => {
+                    self.parse_read(&read)
+                }
+                Ok(_) => Parsed::Ignore,
+                Err(unreadable) => Self::unreadable(&unreadable),
+            };
+        }
+        self.parse_read(update)
+    }
+
+    /// [`TelegramChannel::parse_update`] for an update teloxide modelled.
+    fn parse_read(&self, update: &Update) -> Parsed {
         let me = self.identity();
         match normalize(update, &me, (self.now_ms)()) {
             Normalized::Message(incoming) if incoming.facts.addressed(&me) => {
                 Parsed::Events(vec![incoming.event])
             }
-            Normalized::Message(_) | Normalized::Ignored(_) => Parsed::Ignore,
+            Normalized::Message(_) => {
+                tracing::debug!(
+                    update_id = update.id.0,
+                    "telegram update not addressed to the bot"
+                );
+                Parsed::Ignore
+            }
+            Normalized::Ignored(why) => {
+                tracing::debug!(update_id = update.id.0, why, "telegram update ignored");
+                Parsed::Ignore
+            }
         }
+    }
+
+    /// An update nothing can be read from: acknowledged (Telegram would only send it again),
+    /// logged with its id and counted.
+    fn unreadable(unreadable: &UnreadableUpdate) -> Parsed {
+        tracing::warn!(
+            update_id = unreadable.update_id,
+            reason = %unreadable.reason,
+            "a telegram update could not be read and is dropped"
+        );
+        metrics::counter!("antler_telegram_unreadable_updates_total").increment(1);
+        Parsed::Ignore
     }
 
     fn identity(&self) -> BotIdentity {
@@ -203,10 +242,18 @@ impl Channel for TelegramChannel {
         self.verify_headers(request.headers)
     }
 
+    /// The update read by [`read_update`], so a message teloxide cannot fully model is still
+    /// read for what antler needs.
     fn parse(&self, request: &WebhookRequest<'_>) -> Result<Parsed, ChannelError> {
-        let update: Update = serde_json::from_slice(request.body)
+        let raw: serde_json::Value = serde_json::from_slice(request.body)
             .map_err(|e| ChannelError::Malformed(format!("not a Telegram update: {e}")))?;
-        Ok(self.parse_update(&update))
+        match read_update(&raw) {
+            Ok(Some(update)) => Ok(self.parse_read(&update)),
+            Ok(None) => Err(ChannelError::Malformed(
+                "not a Telegram update: no update_id".to_owned(),
+            )),
+            Err(unreadable) => Ok(Self::unreadable(&unreadable)),
+        }
     }
 
     /// Telegram HTML in chunks of at most 4096 UTF-16 units.

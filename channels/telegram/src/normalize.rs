@@ -8,8 +8,10 @@
 //! into byte ranges of the Rust string, which is what the stripping below slices by.
 
 use antler_channel::{AttachmentRef, AttachmentSource, ConversationKey, InboundEvent, UserRef};
+use serde_json::{Map, Value};
 use teloxide_core::types::{
-    Message, MessageEntityKind, MessageEntityRef, Update, UpdateKind, User,
+    Document, Message, MessageEntity, MessageEntityKind, MessageEntityRef, MessageKind, PhotoSize,
+    Update, UpdateKind, User,
 };
 
 /// The bot as Telegram knows it (from `getMe`).
@@ -71,6 +73,187 @@ pub enum Normalized {
     Message(Box<Incoming>),
     /// Nothing to do; the reason is for the debug log.
     Ignored(&'static str),
+}
+
+/// The update keys that carry a message.
+const MESSAGE_KEYS: [&str; 4] = [
+    "message",
+    "edited_message",
+    "channel_post",
+    "edited_channel_post",
+];
+
+/// The message fields antler reads; everything else in a message teloxide could not model is
+/// left out when it is read again ([`read_update`]).
+const READ_FIELDS: [&str; 16] = [
+    "message_id",
+    "message_thread_id",
+    "is_topic_message",
+    "date",
+    "chat",
+    "from",
+    "sender_chat",
+    "text",
+    "caption",
+    "media_group_id",
+    "forum_topic_created",
+    "migrate_to_chat_id",
+    "migrate_from_chat_id",
+    "photo",
+    "document",
+    "reply_to_message",
+];
+
+/// The fields of a chat or user antler reads.
+const PARTY_FIELDS: [&str; 8] = [
+    "id",
+    "type",
+    "is_bot",
+    "title",
+    "username",
+    "first_name",
+    "last_name",
+    "is_forum",
+];
+
+/// An update whose message even [`read_update`] cannot read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("Telegram update {update_id} carries a message antler cannot read: {reason}")]
+pub struct UnreadableUpdate {
+    /// The update's id.
+    pub update_id: u32,
+    /// What failed to parse.
+    pub reason: String,
+}
+
+/// Reads an update from its JSON. A message teloxide cannot fully model (a newer entity type,
+/// `external_reply`, an audio without `mime_type`, ...) comes out of it as an empty
+/// `MessageKind::Empty`, or a captioned one without its caption (paid media), or the whole
+/// update as [`UpdateKind::Error`]; such a message is read again from the fields antler needs (chat,
+/// sender, text or caption, the entities teloxide knows, photo or document, reply target,
+/// topic), the rest ignored. A caption whose media is left out is read as the text.
+///
+/// `Ok(None)`: not an update at all (no `update_id`).
+pub fn read_update(raw: &Value) -> Result<Option<Update>, UnreadableUpdate> {
+    let Ok(update) = update_from(raw) else {
+        return Ok(None);
+    };
+    let lost = match &update.kind {
+        UpdateKind::Error(_) => true,
+        UpdateKind::Message(message)
+        | UpdateKind::EditedMessage(message)
+        | UpdateKind::ChannelPost(message)
+        | UpdateKind::EditedChannelPost(message) => {
+            matches!(message.kind, MessageKind::Empty {})
+                || (message.text().is_none() && message.caption().is_none() && {
+                    let fields = MESSAGE_KEYS.iter().find_map(|key| raw.get(*key));
+                    fields.is_some_and(|m| m.get("text").is_some() || m.get("caption").is_some())
+                })
+        }
+        _ => false,
+    };
+    if !lost {
+        return Ok(Some(update));
+    }
+    let Some((key, message)) = MESSAGE_KEYS
+        .iter()
+        .find_map(|key| raw.get(*key).map(|message| (*key, message)))
+    else {
+        // An update kind antler does not ask for: nothing of it is read.
+        return Ok(Some(update));
+    };
+    let readable = readable(message, true);
+    if let Err(e) = serde_json::from_value::<Message>(readable.clone()) {
+        return Err(UnreadableUpdate {
+            update_id: update.id.0,
+            reason: e.to_string(),
+        });
+    }
+    let mut rebuilt = Map::new();
+    rebuilt.insert("update_id".to_owned(), Value::from(update.id.0));
+    rebuilt.insert(key.to_owned(), readable);
+    match update_from(&Value::Object(rebuilt)) {
+        Ok(update) if !matches!(update.kind, UpdateKind::Error(_)) => Ok(Some(update)),
+        Ok(_) | Err(_) => Err(UnreadableUpdate {
+            update_id: update.id.0,
+            reason: "the message's readable fields still do not parse".to_owned(),
+        }),
+    }
+}
+
+/// `raw` as teloxide's [`Update`]. Through text: teloxide's `UpdateKind` reads its key as a
+/// borrowed string, which a [`Value`] cannot lend, so `from_value` would make every update an
+/// error.
+fn update_from(raw: &Value) -> Result<Update, serde_json::Error> {
+    serde_json::from_str(&raw.to_string())
+}
+
+/// The fields of `message` antler reads, each kept only if teloxide can model it; with
+/// `reply`, the message it replies to as well (read the same way, or left out).
+fn readable(message: &Value, reply: bool) -> Value {
+    let mut out = Map::new();
+    let Some(fields) = message.as_object() else {
+        return Value::Object(out);
+    };
+    for name in READ_FIELDS {
+        let Some(value) = fields.get(name) else {
+            continue;
+        };
+        let kept = match name {
+            "chat" | "from" | "sender_chat" => Some(only(value, &PARTY_FIELDS)),
+            "photo" => serde_json::from_value::<Vec<PhotoSize>>(value.clone())
+                .is_ok()
+                .then(|| value.clone()),
+            "document" => serde_json::from_value::<Document>(value.clone())
+                .is_ok()
+                .then(|| value.clone()),
+            "reply_to_message" if reply => {
+                let replied = readable(value, false);
+                serde_json::from_value::<Message>(replied.clone())
+                    .is_ok()
+                    .then_some(replied)
+            }
+            "reply_to_message" => None,
+            _ => Some(value.clone()),
+        };
+        if let Some(kept) = kept {
+            out.insert(name.to_owned(), kept);
+        }
+    }
+    for name in ["entities", "caption_entities"] {
+        if let Some(Value::Array(entities)) = fields.get(name) {
+            let known: Vec<Value> = entities
+                .iter()
+                .filter(|entity| serde_json::from_value::<MessageEntity>((*entity).clone()).is_ok())
+                .cloned()
+                .collect();
+            out.insert(name.to_owned(), Value::Array(known));
+        }
+    }
+    let has_media = out.contains_key("photo") || out.contains_key("document");
+    if !has_media && !out.contains_key("text") {
+        // The media is not modelled; its caption is what the person wrote.
+        if let Some(caption) = out.remove("caption") {
+            out.insert("text".to_owned(), caption);
+            if let Some(entities) = out.remove("caption_entities") {
+                out.insert("entities".to_owned(), entities);
+            }
+        }
+    }
+    Value::Object(out)
+}
+
+/// `value` (an object) with only the `keys` it has.
+fn only(value: &Value, keys: &[&str]) -> Value {
+    let mut out = Map::new();
+    if let Some(fields) = value.as_object() {
+        for key in keys {
+            if let Some(field) = fields.get(*key) {
+                out.insert((*key).to_owned(), field.clone());
+            }
+        }
+    }
+    Value::Object(out)
 }
 
 /// Normalizes `update`, received at `received_at_ms`, for the bot `me`.
@@ -421,6 +604,74 @@ mod tests {
             normalize(&joined, &me(), 0),
             Normalized::Ignored(_)
         ));
+    }
+
+    /// Reads the fixture `name` through [`read_update`], as the webhook does.
+    fn read(name: &str) -> Incoming {
+        let raw: Value = serde_json::from_str(&antler_testkit::telegram::fixture(name)).unwrap();
+        let update = read_update(&raw).unwrap().unwrap();
+        match normalize(&update, &me(), 42) {
+            Normalized::Message(incoming) => *incoming,
+            Normalized::Ignored(why) => panic!("{name} ignored: {why}"),
+        }
+    }
+
+    #[test]
+    fn messages_teloxide_cannot_model_are_read_for_what_antler_needs() {
+        for name in [
+            "tg_external_reply",
+            "tg_new_entity",
+            "tg_paid_media_caption",
+            "tg_audio_no_mime",
+        ] {
+            assert!(
+                matches!(normalize(&fixture(name), &me(), 0), Normalized::Ignored(_)),
+                "{name}: teloxide models it now; the fixture no longer reproduces the gap"
+            );
+        }
+        let reply = read("tg_external_reply");
+        assert_eq!(reply.event.text, "why did this alert fire?");
+        assert_eq!(reply.event.event_id, "730100011");
+        assert!(reply.facts.private && !reply.facts.replies_to_bot);
+
+        // The newer entity is ignored; the mention it sits next to is still found and cut.
+        let entity = read("tg_new_entity");
+        assert!(entity.facts.mentions_bot && entity.facts.addressed(&me()));
+        assert_eq!(entity.event.text, "pause deploys until 2026-12-05 09:00");
+        assert_eq!(
+            entity.event.conversation.as_str(),
+            "telegram:-1002200330044"
+        );
+        assert_eq!(entity.event.user.id, "5550001002");
+
+        let paid = read("tg_paid_media_caption");
+        assert_eq!(paid.event.text, "summarize the dashboard I shared");
+        assert!(paid.event.attachments.is_empty());
+        let audio = read("tg_audio_no_mime");
+        assert_eq!(audio.event.text, "transcribe the on-call handover");
+    }
+
+    #[test]
+    fn a_reply_teloxide_cannot_model_is_read_too_and_unreadable_messages_say_so() {
+        let mut raw: Value =
+            serde_json::from_str(&antler_testkit::telegram::fixture("tg_reply_to_bot")).unwrap();
+        raw["message"]["reply_to_message"]["entities"] =
+            serde_json::json!([{"offset": 0, "length": 7, "type": "date_time", "unix_time": 1}]);
+        raw["message"]["paid_media"] = serde_json::json!({"star_count": 1, "paid_media": []});
+        let update = read_update(&raw).unwrap().unwrap();
+        let Normalized::Message(m) = normalize(&update, &me(), 0) else {
+            panic!("a message")
+        };
+        assert!(m.facts.replies_to_bot, "the reply target survives");
+
+        raw["message"]
+            .as_object_mut()
+            .unwrap()
+            .remove("chat")
+            .unwrap();
+        let error = read_update(&raw).unwrap_err();
+        assert_eq!(error.update_id, 730_100_004);
+        assert_eq!(read_update(&serde_json::json!({"no": "id"})), Ok(None));
     }
 
     #[test]

@@ -1,0 +1,69 @@
+//! Telegram in production (issue 24): updates and Bot API answers as the real platform sends
+//! them, beyond what teloxide models, each reproduced end to end against the mock Bot API.
+
+use antler_testkit::telegram::{MockTelegram, SECRET, fixture, post};
+use reqwest::StatusCode;
+
+use crate::support::TestApp;
+use crate::support::mock_model::{Behaviour, MockModel};
+
+/// Bot API: "external_reply: Information about the message that is being replied to, which may
+/// come from another chat or forum topic"; MessageEntity types grow with the API (`date_time`);
+/// `paid_media` and an `Audio` whose `mime_type` is "Optional" are real messages too. teloxide
+/// cannot model any of these and turns the whole message into an empty `UpdateKind::Error`;
+/// Telegram never redelivers an update answered 200, so each must still be read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_teloxide_cannot_model_are_still_read_and_answered() {
+    let model = MockModel::start(Behaviour::Echo).await;
+    let api = MockTelegram::start().await;
+    let app = TestApp::spawn(&model, &api.config("")).await;
+    for name in [
+        "tg_external_reply",
+        "tg_new_entity",
+        "tg_paid_media_caption",
+        "tg_audio_no_mime",
+    ] {
+        assert_eq!(
+            post(&app.base, &fixture(name), Some(SECRET)).await,
+            StatusCode::OK,
+            "{name}"
+        );
+    }
+    api.wait_for_sends(4).await;
+    app.wait_idle().await;
+    let mut texts: Vec<String> = api
+        .sent()
+        .await
+        .iter()
+        .map(|body| body["text"].as_str().unwrap_or_default().to_owned())
+        .collect();
+    texts.sort();
+    assert_eq!(
+        texts,
+        [
+            "echo: pause deploys until 2026-12-05 09:00",
+            "echo: summarize the dashboard I shared",
+            "echo: transcribe the on-call handover",
+            "echo: why did this alert fire?",
+        ]
+    );
+    assert_eq!(model.count(), 4);
+
+    // A message with no chat cannot be answered: acknowledged, logged and counted, not lost
+    // silently.
+    let unreadable = fixture("tg_private_text")
+        .replace("730100001", "730100077")
+        .replace("\"chat\"", "\"chat_was_here\"");
+    assert_eq!(
+        post(&app.base, &unreadable, Some(SECRET)).await,
+        StatusCode::OK
+    );
+    let metrics = app.get("/metrics").await.text;
+    assert!(
+        metrics
+            .lines()
+            .any(|line| line.starts_with("antler_telegram_unreadable_updates_total")),
+        "{metrics}"
+    );
+    app.shutdown().await;
+}
