@@ -54,17 +54,25 @@ pub(crate) async fn poll_telegram(
             }
         };
         for update in updates {
-            if let Parsed::Events(events) = channel.parse_update(&update) {
-                for event in events {
-                    if !accept(&ingress, event, &stop).await {
-                        return;
+            match channel.parse_json(&update) {
+                Ok(Parsed::Events(events)) => {
+                    for event in events {
+                        if !accept(&ingress, event, &stop).await {
+                            return;
+                        }
                     }
                 }
+                Ok(_) => {}
+                Err(e) => tracing::warn!(error = %e, "a polled telegram update is not one"),
             }
             // Confirmed to Telegram by the next call.
-            offset = i32::try_from(update.id.0)
-                .ok()
-                .map(|id| id.saturating_add(1));
+            if let Some(id) = update
+                .get("update_id")
+                .and_then(serde_json::Value::as_i64)
+                .and_then(|id| i32::try_from(id).ok())
+            {
+                offset = Some(id.saturating_add(1));
+            }
         }
     }
 }

@@ -67,3 +67,47 @@ async fn messages_teloxide_cannot_model_are_still_read_and_answered() {
     );
     app.shutdown().await;
 }
+
+/// Polling reads the same way: `getUpdates` hands over the updates' JSON, not teloxide's lossy
+/// model of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn polled_messages_teloxide_cannot_model_are_answered_too() {
+    let model = MockModel::start(Behaviour::Echo).await;
+    let api = MockTelegram::start_polling_update("", "tg_audio_no_mime").await;
+    let dir = tempfile::tempdir().unwrap();
+    let app = TestApp::start(&model, &dir.path().join("store"), &api.polling_config()).await;
+    let sent = api.wait_for_sends(1).await;
+    assert_eq!(sent[0]["text"], "echo: transcribe the on-call handover");
+    app.wait_idle().await;
+    app.shutdown().await;
+}
+
+/// Bot API: a failed request is `{"ok": false, "error_code": N, "description": "…"}`; Telegram
+/// answers its 5xx that way (502 Bad Gateway, 500 "Internal Server Error: restart", 503). They
+/// pass: the answer is tried again with delivery's backoff, not dropped after one attempt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_server_errors_from_telegram_are_retried_and_the_answer_arrives_once() {
+    let model = MockModel::start(Behaviour::Echo).await;
+    let api = MockTelegram::start().await;
+    api.server_error_next_sends(&[
+        (502, "Bad Gateway"),
+        (500, "Internal Server Error: restart"),
+        (503, "Service Unavailable"),
+    ])
+    .await;
+    let app = TestApp::spawn(&model, &api.config("")).await;
+    assert_eq!(
+        post(&app.base, &fixture("tg_private_text"), Some(SECRET)).await,
+        StatusCode::OK
+    );
+    let sent = api.wait_for_sends(4).await;
+    app.wait_idle().await;
+    assert!(
+        sent.iter()
+            .all(|body| body["text"] == "echo: status payments-api"),
+        "{sent:?}"
+    );
+    assert_eq!(api.sent().await.len(), 4, "three refused, one delivered");
+    assert_eq!(model.count(), 1);
+    app.shutdown().await;
+}

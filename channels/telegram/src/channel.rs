@@ -10,7 +10,7 @@ use antler_channel::{
     EditRate, FileContent, Limits, OutboundFile, OutboundMessage, Parsed, Part, Receipt,
     WebhookRequest, verify,
 };
-use teloxide_core::types::{Update, UpdateKind};
+use teloxide_core::types::Update;
 
 use crate::client::{SendFailure, Target, TelegramApi};
 use crate::normalize::{BotIdentity, Normalized, UnreadableUpdate, normalize, read_update};
@@ -103,26 +103,23 @@ impl TelegramChannel {
         Ok(me)
     }
 
-    /// What an update is for antler: the message when it addresses the bot, else nothing.
-    /// The webhook and the polling loop share it. An update teloxide could not model and
-    /// kept as JSON (polling keeps it; see [`read_update`]) is read again from that JSON.
-    pub fn parse_update(&self, update: &Update) -> Parsed {
-        if let UpdateKind::Error(raw) = &update.kind
-            && raw.as_object().is_some_and(|fields| !fields.is_empty())
-        {
-            return match read_update(raw) {
-                Ok(Some(read)) if !matches!(read.kind, UpdateKind::Error(_)) => {
-                    self.parse_read(&read)
-                }
-                Ok(_) => Parsed::Ignore,
-                Err(unreadable) => Self::unreadable(&unreadable),
-            };
+    /// What an update's JSON is for antler: the message when it addresses the bot, else
+    /// nothing. The webhook and the polling loop share it. The update is read by
+    /// [`read_update`], so a message teloxide cannot fully model is still read for what antler
+    /// needs; one nothing can be read from is acknowledged (Telegram would only send it
+    /// again), logged at warn with its id and counted.
+    pub fn parse_json(&self, raw: &serde_json::Value) -> Result<Parsed, ChannelError> {
+        match read_update(raw) {
+            Ok(Some(update)) => Ok(self.parse_update(&update)),
+            Ok(None) => Err(ChannelError::Malformed(
+                "not a Telegram update: no update_id".to_owned(),
+            )),
+            Err(unreadable) => Ok(Self::unreadable(&unreadable)),
         }
-        self.parse_read(update)
     }
 
-    /// [`TelegramChannel::parse_update`] for an update teloxide modelled.
-    fn parse_read(&self, update: &Update) -> Parsed {
+    /// [`TelegramChannel::parse_json`] once the update is read.
+    fn parse_update(&self, update: &Update) -> Parsed {
         let me = self.identity();
         match normalize(update, &me, (self.now_ms)()) {
             Normalized::Message(incoming) if incoming.facts.addressed(&me) => {
@@ -242,18 +239,11 @@ impl Channel for TelegramChannel {
         self.verify_headers(request.headers)
     }
 
-    /// The update read by [`read_update`], so a message teloxide cannot fully model is still
-    /// read for what antler needs.
+    /// See [`TelegramChannel::parse_json`].
     fn parse(&self, request: &WebhookRequest<'_>) -> Result<Parsed, ChannelError> {
         let raw: serde_json::Value = serde_json::from_slice(request.body)
             .map_err(|e| ChannelError::Malformed(format!("not a Telegram update: {e}")))?;
-        match read_update(&raw) {
-            Ok(Some(update)) => Ok(self.parse_read(&update)),
-            Ok(None) => Err(ChannelError::Malformed(
-                "not a Telegram update: no update_id".to_owned(),
-            )),
-            Err(unreadable) => Ok(Self::unreadable(&unreadable)),
-        }
+        self.parse_json(&raw)
     }
 
     /// Telegram HTML in chunks of at most 4096 UTF-16 units.

@@ -121,8 +121,12 @@ impl MockTelegram {
     /// returns the private-text update until it is confirmed (asked with an offset past it),
     /// then nothing.
     pub async fn start_polling(webhook: &str) -> Self {
-        let update: Value =
-            serde_json::from_str(&fixture("tg_private_text")).expect("the update is JSON");
+        Self::start_polling_update(webhook, "tg_private_text").await
+    }
+
+    /// [`MockTelegram::start_polling`] delivering the recorded update `name`.
+    pub async fn start_polling_update(webhook: &str, name: &str) -> Self {
+        let update: Value = serde_json::from_str(&fixture(name)).expect("the update is JSON");
         let confirmed_by = update["update_id"].as_u64().expect("an update id") + 1;
         let api = Self::start().await;
         Mock::given(method("POST"))
@@ -219,6 +223,25 @@ impl MockTelegram {
             .with_priority(1)
             .mount(&self.server)
             .await;
+    }
+
+    /// Answers the next `SendMessage`s, one each, with the Bot API's server errors as
+    /// `(status, description)`: Telegram answers these as JSON too
+    /// (`{"ok":false,"error_code":502,"description":"Bad Gateway"}`; `500` "Internal Server
+    /// Error: restart" while a bot's server restarts; `503`), with the same HTTP status
+    /// ("error_code: An Integer error code. Its value may be subject to change", core.telegram.org/bots/api#making-requests).
+    pub async fn server_error_next_sends(&self, errors: &[(u16, &str)]) {
+        for (status, description) in errors {
+            Mock::given(method("POST"))
+                .and(path(format!("/bot{TOKEN}/SendMessage")))
+                .respond_with(ResponseTemplate::new(*status).set_body_json(json!({
+                    "ok": false, "error_code": status, "description": description
+                })))
+                .up_to_n_times(1)
+                .with_priority(1)
+                .mount(&self.server)
+                .await;
+        }
     }
 }
 
