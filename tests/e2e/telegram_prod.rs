@@ -111,3 +111,46 @@ async fn json_server_errors_from_telegram_are_retried_and_the_answer_arrives_onc
     assert_eq!(model.count(), 1);
     app.shutdown().await;
 }
+
+/// Bot API, Message: "from: Sender of the message; may be empty for messages sent to channels.
+/// For backward compatibility, if the message was sent on behalf of a chat, the field contains
+/// a fake sender user in non-channel chats"; "sender_chat: Sender of the message when sent on
+/// behalf of a chat. For example, the supergroup itself for messages sent by its anonymous
+/// administrators or a linked channel for messages automatically forwarded to the channel's
+/// discussion group". The fake sender (GroupAnonymousBot, Channel_Bot) is a bot; the person
+/// behind it is not, and the allowlist names them by `sender_chat`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn anonymous_admins_and_people_posting_as_a_channel_are_answered() {
+    let model = MockModel::start(Behaviour::Echo).await;
+    let api = MockTelegram::start().await;
+    let config = api.config("allowed_users = [\"-1002200330044\", \"-1001999888777\"]\n");
+    let app = TestApp::spawn(&model, &config).await;
+    for name in ["tg_anonymous_admin", "tg_channel_sender"] {
+        assert_eq!(
+            post(&app.base, &fixture(name), Some(SECRET)).await,
+            StatusCode::OK,
+            "{name}"
+        );
+    }
+    // A linked channel's post, forwarded automatically to its discussion group, is nobody
+    // talking to the bot.
+    let forwarded = fixture("tg_channel_sender")
+        .replace("730100022", "730100023")
+        .replace("\"text\":", "\"is_automatic_forward\": true, \"text\":");
+    assert_eq!(
+        post(&app.base, &forwarded, Some(SECRET)).await,
+        StatusCode::OK
+    );
+    api.wait_for_sends(2).await;
+    app.wait_idle().await;
+    let mut texts: Vec<String> = api
+        .sent()
+        .await
+        .iter()
+        .map(|body| body["text"].as_str().unwrap_or_default().to_owned())
+        .collect();
+    texts.sort();
+    assert_eq!(texts, ["echo: freeze deploys", "echo: who is on call?"]);
+    assert_eq!(model.count(), 2);
+    app.shutdown().await;
+}

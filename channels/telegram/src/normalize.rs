@@ -85,7 +85,7 @@ const MESSAGE_KEYS: [&str; 4] = [
 
 /// The message fields antler reads; everything else in a message teloxide could not model is
 /// left out when it is read again ([`read_update`]).
-const READ_FIELDS: [&str; 16] = [
+const READ_FIELDS: [&str; 17] = [
     "message_id",
     "message_thread_id",
     "is_topic_message",
@@ -93,6 +93,7 @@ const READ_FIELDS: [&str; 16] = [
     "chat",
     "from",
     "sender_chat",
+    "is_automatic_forward",
     "text",
     "caption",
     "media_group_id",
@@ -266,12 +267,12 @@ pub fn normalize(update: &Update, me: &BotIdentity, received_at_ms: u64) -> Norm
         }
         _ => return Normalized::Ignored("not a message"),
     };
-    let Some(from) = message.from.as_ref() else {
-        return Normalized::Ignored("no author (sent on behalf of a chat)");
-    };
-    if from.is_bot {
-        return Normalized::Ignored("written by a bot");
+    if message.is_automatic_forward() {
+        return Normalized::Ignored("a linked channel's post forwarded to its discussion group");
     }
+    let Some(user) = author(message) else {
+        return Normalized::Ignored("written by a bot, or by no one");
+    };
     let (text, entities) = match (message.text(), message.caption()) {
         (Some(text), _) => (text, message.parse_entities().unwrap_or_default()),
         (None, Some(caption)) => (
@@ -333,12 +334,7 @@ pub fn normalize(update: &Update, me: &BotIdentity, received_at_ms: u64) -> Norm
         channel: "telegram".to_owned(),
         event_id: update.id.0.to_string(),
         conversation,
-        user: UserRef {
-            id: from.id.0.to_string(),
-            name: Some(display_name(from)),
-            admin: false,
-            aliases: Vec::new(),
-        },
+        user,
         text,
         reply_to: Some(message.id.0.to_string()),
         received_at_ms,
@@ -396,6 +392,32 @@ fn without(text: &str, mut cuts: Vec<std::ops::Range<usize>>) -> String {
         out.push_str(rest);
     }
     out.trim().to_owned()
+}
+
+/// Who wrote `message`: a person, or the chat a person wrote on behalf of (`sender_chat`: an
+/// anonymous group admin writes as the group, `from` then being the fake GroupAnonymousBot; a
+/// user posting as their channel writes as that channel, `from` being Channel_Bot). The chat is
+/// the author the access rules see. `None` for a bot's own message.
+fn author(message: &Message) -> Option<UserRef> {
+    if let Some(chat) = message.sender_chat.as_ref() {
+        let name = chat
+            .title()
+            .or(chat.username())
+            .map_or_else(|| chat.id.0.to_string(), str::to_owned);
+        return Some(UserRef {
+            id: chat.id.0.to_string(),
+            name: Some(name),
+            admin: false,
+            aliases: Vec::new(),
+        });
+    }
+    let from = message.from.as_ref().filter(|from| !from.is_bot)?;
+    Some(UserRef {
+        id: from.id.0.to_string(),
+        name: Some(display_name(from)),
+        admin: false,
+        aliases: Vec::new(),
+    })
 }
 
 /// The author's name as people see it.
@@ -576,7 +598,7 @@ mod tests {
                 .unwrap();
         assert_eq!(
             normalize(&from_bot, &me(), 0),
-            Normalized::Ignored("written by a bot")
+            Normalized::Ignored("written by a bot, or by no one")
         );
 
         let edited: Update =
@@ -672,6 +694,33 @@ mod tests {
         let error = read_update(&raw).unwrap_err();
         assert_eq!(error.update_id, 730_100_004);
         assert_eq!(read_update(&serde_json::json!({"no": "id"})), Ok(None));
+    }
+
+    #[test]
+    fn anonymous_admins_and_channel_senders_are_their_sender_chat() {
+        let admin = incoming("tg_anonymous_admin");
+        assert_eq!(admin.event.user.id, "-1002200330044");
+        assert_eq!(admin.event.user.name.as_deref(), Some("SRE on-call"));
+        assert_eq!(admin.event.text, "freeze deploys");
+        assert!(admin.facts.addressed(&me()));
+
+        let channel = incoming("tg_channel_sender");
+        assert_eq!(channel.event.user.id, "-1001999888777");
+        assert_eq!(channel.event.user.name.as_deref(), Some("Prod alerts"));
+        assert_eq!(
+            channel.event.conversation.as_str(),
+            "telegram:-1002200330044"
+        );
+
+        let forwarded: Update = serde_json::from_str(
+            &antler_testkit::telegram::fixture("tg_channel_sender")
+                .replace("\"text\":", "\"is_automatic_forward\": true, \"text\":"),
+        )
+        .unwrap();
+        assert!(matches!(
+            normalize(&forwarded, &me(), 0),
+            Normalized::Ignored(_)
+        ));
     }
 
     #[test]
