@@ -154,3 +154,40 @@ async fn anonymous_admins_and_people_posting_as_a_channel_are_answered() {
     assert_eq!(model.count(), 2);
     app.shutdown().await;
 }
+
+/// A forum topic closed or deleted while its question was answered: Telegram refuses
+/// `sendMessage` into it with 400 "Bad Request: TOPIC_CLOSED" or "Bad Request: message thread
+/// not found". The answer goes to the chat's General topic (no `message_thread_id`) with a note,
+/// not lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_to_a_closed_or_deleted_topic_goes_to_general_with_a_note() {
+    for refusal in [
+        "Bad Request: TOPIC_CLOSED",
+        "Bad Request: message thread not found",
+    ] {
+        let model = MockModel::start(Behaviour::Echo).await;
+        let api = MockTelegram::start().await;
+        api.refuse_topic(400, refusal).await;
+        let app = TestApp::spawn(&model, &api.config("")).await;
+        assert_eq!(
+            post(&app.base, &fixture("tg_forum_topic"), Some(SECRET)).await,
+            StatusCode::OK
+        );
+        let sent = api.wait_for_sends(2).await;
+        app.wait_idle().await;
+        let sent_now = api.sent().await;
+        assert_eq!(
+            sent_now.len(),
+            2,
+            "{refusal}: refused once, then sent: {sent:?}"
+        );
+        assert_eq!(sent[0]["message_thread_id"], 400);
+        let general = &sent[1];
+        assert_eq!(general["chat_id"], -1_003_300_440_055i64);
+        assert_eq!(general.get("message_thread_id"), None, "{general}");
+        let text = general["text"].as_str().unwrap();
+        assert!(text.contains("echo: tail logs worker"), "{text}");
+        assert!(text.contains("topic"), "a note says why it is here: {text}");
+        app.shutdown().await;
+    }
+}

@@ -151,6 +151,15 @@ impl TelegramChannel {
         Parsed::Ignore
     }
 
+    /// Sends one chunk of HTML to `target`, again as the same words without markup when
+    /// Telegram cannot parse it.
+    async fn send_html(&self, target: &Target, body: &str) -> Result<i32, SendFailure> {
+        match self.api.send_text(target, body, true).await {
+            Err(SendFailure::Markup) => self.api.send_text(target, &plain(body), false).await,
+            sent => sent,
+        }
+    }
+
     fn identity(&self) -> BotIdentity {
         self.me
             .read()
@@ -193,7 +202,24 @@ fn markup_refused(failure: SendFailure) -> ChannelError {
         SendFailure::Markup => {
             ChannelError::Permanent("Telegram refused the message's markup".to_owned())
         }
+        SendFailure::TopicGone => {
+            ChannelError::Permanent("Telegram refused the chat's General topic too".to_owned())
+        }
         SendFailure::Other(e) => e,
+    }
+}
+
+/// What opens an answer moved to the General topic because its own topic is closed or gone.
+const TOPIC_GONE_NOTE: &str =
+    "<i>This answers a message in a topic that is now closed or deleted.</i>\n\n";
+
+/// The note and `body` when they fit in one message, else `body` alone.
+fn with_topic_note(body: &str) -> String {
+    let units = |text: &str| text.encode_utf16().count();
+    if units(TOPIC_GONE_NOTE) + units(body) <= MESSAGE_LIMIT {
+        format!("{TOPIC_GONE_NOTE}{body}")
+    } else {
+        body.to_owned()
     }
 }
 
@@ -265,15 +291,25 @@ impl Channel for TelegramChannel {
             // Only the first part is a reply; the rest follow it.
             target.reply_to = None;
         }
-        let id = match self.api.send_text(&target, part.body, true).await {
-            Ok(id) => id,
-            Err(SendFailure::Markup) => self
-                .api
-                .send_text(&target, &plain(part.body), false)
-                .await
-                .map_err(markup_refused)?,
-            Err(SendFailure::Other(e)) => return Err(e),
-        };
+        let id = match self.send_html(&target, part.body).await {
+            Err(SendFailure::TopicGone) => {
+                // The topic is closed or deleted: the General topic takes the answer, with a
+                // note on its first part saying where it belongs.
+                let general = Target {
+                    topic: None,
+                    reply_to: None,
+                    ..target
+                };
+                let body = if part.index == 0 {
+                    with_topic_note(part.body)
+                } else {
+                    part.body.to_owned()
+                };
+                self.send_html(&general, &body).await
+            }
+            sent => sent,
+        }
+        .map_err(markup_refused)?;
         Ok(Receipt {
             platform_message_id: id.to_string(),
         })
@@ -296,10 +332,35 @@ impl Channel for TelegramChannel {
         let mut target = target(message)?;
         // The text before it already answered the user's message.
         target.reply_to = None;
-        let id = self
+        // A second handle on the file, for the General topic if the topic is gone.
+        let again = content.file.try_clone().ok();
+        let size = content.size;
+        let id = match self
             .api
             .send_document(&target, content, file.file_name())
-            .await?;
+            .await
+        {
+            Err(SendFailure::TopicGone) => {
+                let mut handle = again.ok_or_else(|| {
+                    ChannelError::Transient("the file could not be opened again".to_owned())
+                })?;
+                std::io::Seek::rewind(&mut handle)
+                    .map_err(|e| ChannelError::Transient(format!("rewinding the file: {e}")))?;
+                let general = Target {
+                    topic: None,
+                    ..target
+                };
+                self.api
+                    .send_document(
+                        &general,
+                        FileContent { file: handle, size },
+                        file.file_name(),
+                    )
+                    .await
+            }
+            sent => sent,
+        }
+        .map_err(markup_refused)?;
         Ok(Receipt {
             platform_message_id: id.to_string(),
         })
@@ -330,7 +391,7 @@ impl Channel for TelegramChannel {
                 .edit_text(chat_id, message_id, &plain(part.body), false)
                 .await
                 .map_err(markup_refused),
-            Err(SendFailure::Other(e)) => Err(e),
+            Err(failure) => Err(markup_refused(failure)),
         }
     }
 
@@ -556,6 +617,53 @@ mod tests {
         let error = channel.send_file(&message, &file, huge).await.unwrap_err();
         assert!(matches!(error, ChannelError::Permanent(_)), "{error:?}");
         assert_eq!(server.received_requests().await.unwrap().len(), 1);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Telegram refuses uploads into a deleted topic ("Bad Request: message thread not found")
+    /// as it refuses messages: the file goes to the General topic.
+    #[tokio::test]
+    async fn a_file_for_a_deleted_topic_goes_to_general() {
+        use wiremock::matchers::{body_string_contains, method, path_regex};
+        use wiremock::{Mock, ResponseTemplate};
+
+        let server = MockTelegram::start().await;
+        Mock::given(method("POST"))
+            .and(path_regex("/bot[^/]+/SendDocument"))
+            .and(body_string_contains("name=\"message_thread_id\""))
+            .respond_with(ResponseTemplate::new(400).set_body_json(serde_json::json!({
+                "ok": false, "error_code": 400,
+                "description": "Bad Request: message thread not found"
+            })))
+            .with_priority(1)
+            .mount(&server)
+            .await;
+        server.accept_documents().await;
+        let channel = channel_at(&server.uri());
+        let dir = std::env::temp_dir().join(format!("antler-tg-gone-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("report.csv");
+        std::fs::write(&path, "host,uptime\napi,99.9\n").unwrap();
+        let content = FileContent {
+            file: std::fs::File::open(&path).unwrap(),
+            size: 21,
+        };
+        let file = OutboundFile {
+            name: "report.csv".into(),
+            media_type: "text/csv".into(),
+            size: 21,
+        };
+        let message = answer("-1003300440055:400", "Here it is.");
+        let receipt = channel.send_file(&message, &file, content).await.unwrap();
+        assert_eq!(receipt.platform_message_id, "701");
+        let requests = server.received_requests().await.unwrap();
+        assert_eq!(requests.len(), 2);
+        let general = String::from_utf8_lossy(&requests[1].body);
+        assert!(!general.contains("message_thread_id"), "{general}");
+        assert!(
+            general.contains("api,99.9"),
+            "the whole file again: {general}"
+        );
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -55,6 +55,9 @@ pub struct Target {
 pub enum SendFailure {
     /// Telegram could not parse the HTML.
     Markup,
+    /// The forum topic is closed or deleted ("Bad Request: TOPIC_CLOSED", "Bad Request:
+    /// message thread not found"): the chat's General topic still takes it.
+    TopicGone,
     /// Anything else.
     Other(ChannelError),
 }
@@ -140,6 +143,13 @@ pub(crate) enum CallError {
     },
     /// The request could not be built.
     Build(String),
+}
+
+/// Whether Telegram's `description` says a forum topic is closed or gone.
+fn topic_gone(description: &str) -> bool {
+    ["TOPIC_CLOSED", "TOPIC_DELETED", "message thread not found"]
+        .iter()
+        .any(|needle| description.contains(needle))
 }
 
 /// The most of a non-JSON error body an error message quotes.
@@ -326,18 +336,31 @@ impl TelegramApi {
             Err(CallError::Request(RequestError::Api(ApiError::CantParseEntities(_)))) if html => {
                 Err(SendFailure::Markup)
             }
-            Err(e) => Err(SendFailure::Other(self.call_error(e))),
+            Err(e) => Err(self.send_failure(target, e)),
+        }
+    }
+
+    /// A failed send into `target`: a refused forum topic is [`SendFailure::TopicGone`].
+    fn send_failure(&self, target: &Target, error: CallError) -> SendFailure {
+        match &error {
+            CallError::Request(RequestError::Api(ApiError::Unknown(description)))
+                if target.topic.is_some() && topic_gone(description) =>
+            {
+                SendFailure::TopicGone
+            }
+            _ => SendFailure::Other(self.call_error(error)),
         }
     }
 
     /// Uploads `content` (streamed, exactly its size) as a document named `name`
-    /// (`sendDocument`, multipart) in the target's chat and topic, and returns the message's id.
+    /// (`sendDocument`, multipart) in the target's chat and topic, and returns the message's id;
+    /// a refused topic is [`SendFailure::TopicGone`].
     pub async fn send_document(
         &self,
         target: &Target,
         content: antler_channel::FileContent,
         name: &str,
-    ) -> Result<i32, ChannelError> {
+    ) -> Result<i32, SendFailure> {
         let reader =
             tokio::io::AsyncReadExt::take(tokio::fs::File::from_std(content.file), content.size);
         let body = reqwest::Body::wrap_stream(tokio_util::io::ReaderStream::new(reader));
@@ -353,12 +376,12 @@ impl TelegramApi {
             .http
             .post(
                 self.method_url("SendDocument")
-                    .map_err(|e| self.call_error(e))?,
+                    .map_err(|e| SendFailure::Other(self.call_error(e)))?,
             )
             .multipart(form);
         match self.answer::<Sent>(request).await {
             Ok(sent) => Ok(sent.message_id),
-            Err(e) => Err(self.call_error(e)),
+            Err(e) => Err(self.send_failure(target, e)),
         }
     }
 
@@ -920,7 +943,7 @@ mod tests {
             .unwrap_err();
         std::fs::remove_file(&path).unwrap();
         assert!(
-            matches!(uploaded, ChannelError::Transient(_)),
+            matches!(uploaded, SendFailure::Other(ChannelError::Transient(_))),
             "{uploaded:?}"
         );
         assert!(

@@ -243,6 +243,21 @@ impl MockTelegram {
                 .await;
         }
     }
+
+    /// Refuses every message and upload into forum topic `topic` as Telegram does once the
+    /// topic is closed (`description` "Bad Request: TOPIC_CLOSED") or deleted ("Bad Request:
+    /// message thread not found"): HTTP 400.
+    pub async fn refuse_topic(&self, topic: i32, description: &str) {
+        Mock::given(method("POST"))
+            .and(path(format!("/bot{TOKEN}/SendMessage")))
+            .and(body_partial_json(json!({"message_thread_id": topic})))
+            .respond_with(ResponseTemplate::new(400).set_body_json(json!({
+                "ok": false, "error_code": 400, "description": description
+            })))
+            .with_priority(1)
+            .mount(&self.server)
+            .await;
+    }
 }
 
 #[async_trait::async_trait]
