@@ -191,3 +191,34 @@ async fn an_answer_to_a_closed_or_deleted_topic_goes_to_general_with_a_note() {
         app.shutdown().await;
     }
 }
+
+/// Bot API, Formatting options: bold, italic and strikethrough "can contain and can be part of
+/// any other entities, except pre and code"; "blockquote [...] entities can't be nested"; "All
+/// other entities can't contain each other" (so no `code` inside a link). The mock refuses
+/// those nestings as Telegram does; the answer must arrive as HTML in one message, not as the
+/// plain-text fallback after a refusal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answers_never_nest_what_telegram_html_forbids() {
+    let model = MockModel::start(Behaviour::Echo).await;
+    let api = MockTelegram::start().await;
+    let app = TestApp::spawn(&model, &api.config("")).await;
+    let markdown = "**run `make deploy`** then [`docs`](https://example.com/d) ~~`old`~~\\n\\n> quoted\\n>\\n> > nested **`x`**";
+    let update = fixture("tg_private_text").replace(
+        "\"text\": \"status payments-api\"",
+        &format!("\"text\": \"{markdown}\""),
+    );
+    assert_eq!(post(&app.base, &update, Some(SECRET)).await, StatusCode::OK);
+    api.wait_for_sends(1).await;
+    app.wait_idle().await;
+    let sent = api.sent().await;
+    assert_eq!(sent.len(), 1, "refused once and sent again plain: {sent:?}");
+    assert_eq!(sent[0]["parse_mode"], "HTML");
+    let html = sent[0]["text"].as_str().unwrap();
+    assert!(!antler_testkit::telegram::refused_nesting(html), "{html}");
+    assert!(
+        html.contains("make deploy") && html.contains("<blockquote>"),
+        "{html}"
+    );
+    assert!(html.contains("nested"), "{html}");
+    app.shutdown().await;
+}
