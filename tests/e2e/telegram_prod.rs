@@ -222,3 +222,37 @@ async fn answers_never_nest_what_telegram_html_forbids() {
     assert!(html.contains("nested"), "{html}");
     app.shutdown().await;
 }
+
+/// A sticker, a voice note or a location in a private chat has nothing antler can read yet;
+/// the person is told so (as on Feishu) rather than left waiting, and nothing runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn private_stickers_voice_notes_and_locations_get_a_cant_read_notice() {
+    let model = MockModel::start(Behaviour::Echo).await;
+    let api = MockTelegram::start().await;
+    let app = TestApp::spawn(&model, &api.config("")).await;
+    for name in ["tg_sticker", "tg_voice", "tg_location"] {
+        assert_eq!(
+            post(&app.base, &fixture(name), Some(SECRET)).await,
+            StatusCode::OK,
+            "{name}"
+        );
+    }
+    api.wait_for_sends(3).await;
+    app.wait_idle().await;
+    let mut texts: Vec<String> = api
+        .sent()
+        .await
+        .iter()
+        .map(|body| body["text"].as_str().unwrap_or_default().to_owned())
+        .collect();
+    texts.sort();
+    assert_eq!(texts.len(), 3);
+    for (text, kind) in texts.iter().zip(["location", "sticker", "voice message"]) {
+        assert!(
+            text.contains("can't read") && text.contains(kind),
+            "{kind}: {text}"
+        );
+    }
+    assert_eq!(model.count(), 0);
+    app.shutdown().await;
+}

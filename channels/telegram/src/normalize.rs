@@ -10,8 +10,8 @@
 use antler_channel::{AttachmentRef, AttachmentSource, ConversationKey, InboundEvent, UserRef};
 use serde_json::{Map, Value};
 use teloxide_core::types::{
-    Document, Message, MessageEntity, MessageEntityKind, MessageEntityRef, MessageKind, PhotoSize,
-    Update, UpdateKind, User,
+    Document, MediaKind, Message, MessageEntity, MessageEntityKind, MessageEntityRef, MessageKind,
+    PhotoSize, Update, UpdateKind, User,
 };
 
 /// The bot as Telegram knows it (from `getMe`).
@@ -282,9 +282,14 @@ pub fn normalize(update: &Update, me: &BotIdentity, received_at_ms: u64) -> Norm
         (None, None) => ("", Vec::new()),
     };
     let attachments = attachments(message);
-    if text.trim().is_empty() && attachments.is_empty() {
-        return Normalized::Ignored("no text or file (a service message, a sticker, ...)");
-    }
+    let unsupported = if text.trim().is_empty() && attachments.is_empty() {
+        match unsupported(message) {
+            Some(kind) => Some(kind.to_owned()),
+            None => return Normalized::Ignored("no text or file (a service message, ...)"),
+        }
+    } else {
+        None
+    };
 
     let mentions: Vec<&MessageEntityRef<'_>> = entities
         .iter()
@@ -345,7 +350,7 @@ pub fn normalize(update: &Update, me: &BotIdentity, received_at_ms: u64) -> Norm
         chat: Some(chat_id.to_string()),
         refused: false,
         follow_up: false,
-        unsupported: None,
+        unsupported,
     };
     Normalized::Message(Box::new(Incoming {
         event,
@@ -392,6 +397,26 @@ fn without(text: &str, mut cuts: Vec<std::ops::Range<usize>>) -> String {
         out.push_str(rest);
     }
     out.trim().to_owned()
+}
+
+/// A message someone wrote that antler cannot read yet, named as they would call it: the turn
+/// tells them so instead of leaving them waiting. `None` for service messages and the rest.
+fn unsupported(message: &Message) -> Option<&'static str> {
+    let MessageKind::Common(common) = &message.kind else {
+        return None;
+    };
+    Some(match common.media_kind {
+        MediaKind::Sticker(_) => "sticker",
+        MediaKind::Voice(_) => "voice message",
+        MediaKind::VideoNote(_) => "video message",
+        MediaKind::Video(_) => "video",
+        MediaKind::Audio(_) => "audio",
+        MediaKind::Animation(_) => "GIF",
+        MediaKind::Location(_) | MediaKind::Venue(_) => "location",
+        MediaKind::Contact(_) => "contact",
+        MediaKind::Poll(_) => "poll",
+        _ => return None,
+    })
 }
 
 /// Who wrote `message`: a person, or the chat a person wrote on behalf of (`sender_chat`: an
@@ -721,6 +746,21 @@ mod tests {
             normalize(&forwarded, &me(), 0),
             Normalized::Ignored(_)
         ));
+    }
+
+    #[test]
+    fn stickers_voice_notes_and_locations_are_named_not_dropped() {
+        for (name, kind) in [
+            ("tg_sticker", "sticker"),
+            ("tg_voice", "voice message"),
+            ("tg_location", "location"),
+        ] {
+            let m = incoming(name);
+            assert_eq!(m.event.unsupported.as_deref(), Some(kind), "{name}");
+            assert!(m.event.text.is_empty() && m.event.attachments.is_empty());
+            assert!(m.facts.addressed(&me()), "{name}: a private chat");
+        }
+        assert_eq!(incoming("tg_private_text").event.unsupported, None);
     }
 
     #[test]
