@@ -256,3 +256,30 @@ async fn private_stickers_voice_notes_and_locations_get_a_cant_read_notice() {
     assert_eq!(model.count(), 0);
     app.shutdown().await;
 }
+
+/// A group upgraded to a supergroup while its question was answered: Telegram refuses the old
+/// id with `parameters.migrate_to_chat_id`; the answer goes to the new id instead of being
+/// dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_to_a_group_that_became_a_supergroup_goes_to_the_new_id() {
+    let model = MockModel::start(Behaviour::Echo).await;
+    let api = MockTelegram::start().await;
+    api.migrate_group(-4_004_004_004, -1_004_004_004_004).await;
+    let app = TestApp::spawn(&model, &api.config("")).await;
+    let update = fixture("tg_group_mention")
+        .replace("-1002200330044", "-4004004004")
+        .replace("\"supergroup\"", "\"group\"");
+    assert_eq!(post(&app.base, &update, Some(SECRET)).await, StatusCode::OK);
+    let sent = api.wait_for_sends(2).await;
+    app.wait_idle().await;
+    assert_eq!(api.sent().await.len(), 2, "{sent:?}");
+    assert_eq!(sent[0]["chat_id"], -4_004_004_004i64);
+    assert_eq!(sent[1]["chat_id"], -1_004_004_004_004i64);
+    assert_eq!(sent[1]["text"], "echo: 🚀 restart web-api");
+    assert_eq!(
+        sent[1].get("reply_parameters"),
+        None,
+        "the old message ids do not exist in the new chat"
+    );
+    app.shutdown().await;
+}

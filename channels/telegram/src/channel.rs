@@ -205,6 +205,9 @@ fn markup_refused(failure: SendFailure) -> ChannelError {
         SendFailure::TopicGone => {
             ChannelError::Permanent("Telegram refused the chat's General topic too".to_owned())
         }
+        SendFailure::Migrated(chat) => ChannelError::Permanent(format!(
+            "the group became supergroup {chat}; messages must go there"
+        )),
         SendFailure::Other(e) => e,
     }
 }
@@ -291,28 +294,40 @@ impl Channel for TelegramChannel {
             // Only the first part is a reply; the rest follow it.
             target.reply_to = None;
         }
-        let id = match self.send_html(&target, part.body).await {
-            Err(SendFailure::TopicGone) => {
-                // The topic is closed or deleted: the General topic takes the answer, with a
-                // note on its first part saying where it belongs.
-                let general = Target {
-                    topic: None,
-                    reply_to: None,
-                    ..target
-                };
-                let body = if part.index == 0 {
-                    with_topic_note(part.body)
-                } else {
-                    part.body.to_owned()
-                };
-                self.send_html(&general, &body).await
+        let mut body = std::borrow::Cow::Borrowed(part.body);
+        // A refused topic, then a migrated group: at most one detour each.
+        for _ in 0..3 {
+            match self.send_html(&target, &body).await {
+                Err(SendFailure::TopicGone) if target.topic.is_some() => {
+                    // The topic is closed or deleted: the General topic takes the answer, with
+                    // a note on its first part saying where it belongs.
+                    target.topic = None;
+                    target.reply_to = None;
+                    if part.index == 0 {
+                        body = std::borrow::Cow::Owned(with_topic_note(part.body));
+                    }
+                }
+                Err(SendFailure::Migrated(chat)) if chat != target.chat_id => {
+                    // The group became a supergroup; its old message ids do not exist there.
+                    tracing::info!(
+                        from = target.chat_id,
+                        to = chat,
+                        "telegram group became a supergroup; answering there"
+                    );
+                    target.chat_id = chat;
+                    target.reply_to = None;
+                }
+                sent => {
+                    let id = sent.map_err(markup_refused)?;
+                    return Ok(Receipt {
+                        platform_message_id: id.to_string(),
+                    });
+                }
             }
-            sent => sent,
         }
-        .map_err(markup_refused)?;
-        Ok(Receipt {
-            platform_message_id: id.to_string(),
-        })
+        Err(ChannelError::Permanent(
+            "Telegram refused the message in its topic, its chat and where they moved".to_owned(),
+        ))
     }
 
     /// Uploads a reply's file as a document (`sendDocument`) after the reply's text, in its

@@ -58,6 +58,8 @@ pub enum SendFailure {
     /// The forum topic is closed or deleted ("Bad Request: TOPIC_CLOSED", "Bad Request:
     /// message thread not found"): the chat's General topic still takes it.
     TopicGone,
+    /// The group became a supergroup with this id (`parameters.migrate_to_chat_id`).
+    Migrated(i64),
     /// Anything else.
     Other(ChannelError),
 }
@@ -340,13 +342,17 @@ impl TelegramApi {
         }
     }
 
-    /// A failed send into `target`: a refused forum topic is [`SendFailure::TopicGone`].
+    /// A failed send into `target`: a refused forum topic is [`SendFailure::TopicGone`], a group
+    /// that became a supergroup [`SendFailure::Migrated`].
     fn send_failure(&self, target: &Target, error: CallError) -> SendFailure {
         match &error {
             CallError::Request(RequestError::Api(ApiError::Unknown(description)))
                 if target.topic.is_some() && topic_gone(description) =>
             {
                 SendFailure::TopicGone
+            }
+            CallError::Request(RequestError::MigrateToChatId(chat)) if chat.0 != target.chat_id => {
+                SendFailure::Migrated(chat.0)
             }
             _ => SendFailure::Other(self.call_error(error)),
         }

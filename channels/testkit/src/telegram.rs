@@ -321,6 +321,24 @@ impl MockTelegram {
             .mount(&self.server)
             .await;
     }
+
+    /// Refuses every message to `chat_id` as Telegram does once the group became a supergroup:
+    /// HTTP 400, "Bad Request: group chat was upgraded to a supergroup chat", with
+    /// `parameters.migrate_to_chat_id` (Bot API, ResponseParameters: "migrate_to_chat_id: The
+    /// group has been migrated to a supergroup with the specified identifier").
+    pub async fn migrate_group(&self, chat_id: i64, to: i64) {
+        Mock::given(method("POST"))
+            .and(path(format!("/bot{TOKEN}/SendMessage")))
+            .and(body_partial_json(json!({"chat_id": chat_id})))
+            .respond_with(ResponseTemplate::new(400).set_body_json(json!({
+                "ok": false, "error_code": 400,
+                "description": "Bad Request: group chat was upgraded to a supergroup chat",
+                "parameters": {"migrate_to_chat_id": to}
+            })))
+            .with_priority(1)
+            .mount(&self.server)
+            .await;
+    }
 }
 
 #[async_trait::async_trait]
