@@ -10,7 +10,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use antler_channel::Parsed;
+use antler_channel::{ChannelError, Parsed};
 use antler_telegram::TelegramChannel;
 use tokio_util::sync::CancellationToken;
 
@@ -54,7 +54,7 @@ pub(crate) async fn poll_telegram(
             }
         };
         for update in updates {
-            match channel.parse_update(&update) {
+            match channel.parse_json(&update) {
                 Ok(Parsed::Events(events)) => {
                     for event in events {
                         if !accept(&ingress, event, &stop).await {
@@ -63,7 +63,7 @@ pub(crate) async fn poll_telegram(
                     }
                 }
                 Ok(_) => {}
-                Err(e) => {
+                Err(ChannelError::Transient(e)) => {
                     // It may be for the bot, whose username is not known yet: not confirmed,
                     // so the next getUpdates (after a wait) returns it again.
                     let wait = backoff.next_wait();
@@ -75,11 +75,16 @@ pub(crate) async fn poll_telegram(
                     }
                     break;
                 }
+                Err(e) => tracing::warn!(error = %e, "a polled telegram update is not one"),
             }
             // Confirmed to Telegram by the next call.
-            offset = i32::try_from(update.id.0)
-                .ok()
-                .map(|id| id.saturating_add(1));
+            if let Some(id) = update
+                .get("update_id")
+                .and_then(serde_json::Value::as_i64)
+                .and_then(|id| i32::try_from(id).ok())
+            {
+                offset = Some(id.saturating_add(1));
+            }
         }
     }
 }

@@ -30,3 +30,4 @@ mod slack;
 mod subagents;
 mod support;
 mod telegram;
+mod telegram_prod;

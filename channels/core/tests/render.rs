@@ -688,3 +688,19 @@ fn discord_chunks_fit_2000_characters_and_close_their_code_blocks() {
         assert!(!chunk.ends_with('\\'), "an escape split: {chunk:?}");
     }
 }
+
+/// Bot API, Formatting options: bold, italic and strikethrough "can contain and can be part of
+/// any other entities, except pre and code"; "blockquote [...] entities can't be nested"; "All
+/// other entities can't contain each other".
+#[test]
+fn telegram_html_never_nests_what_the_bot_api_refuses() {
+    assert_eq!(
+        html("**run `make` now** [`docs`](https://e.com) ~~`old`~~ `free`"),
+        "<b>run make now</b> <a href=\"https://e.com\">docs</a> <s>old</s> <code>free</code>"
+    );
+    assert_eq!(html("# The `x` flag"), "<b>The x flag</b>");
+    assert_eq!(
+        html("> outer\n>\n> > inner <b>\n\n> again"),
+        "<blockquote>outer\ninner &lt;b&gt;</blockquote>\n\n<blockquote>again</blockquote>"
+    );
+}

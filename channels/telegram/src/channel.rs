@@ -13,7 +13,7 @@ use antler_channel::{
 use teloxide_core::types::Update;
 
 use crate::client::{SendFailure, Target, TelegramApi};
-use crate::normalize::{BotIdentity, Normalized, normalize};
+use crate::normalize::{BotIdentity, Normalized, UnreadableUpdate, normalize, read_update};
 
 /// The most a message may hold, in UTF-16 units (Telegram counts after parsing the markup;
 /// counting the markup too keeps every chunk under it).
@@ -103,11 +103,26 @@ impl TelegramChannel {
         Ok(me)
     }
 
-    /// What an update is for antler: the message when it addresses the bot, else nothing.
-    /// The webhook and the polling loop share it. A group message that may address the bot
-    /// before `getMe` told its username is [`ChannelError::Transient`]: not taken, so Telegram
-    /// delivers it again (the webhook answers 503; polling does not confirm it).
-    pub fn parse_update(&self, update: &Update) -> Result<Parsed, ChannelError> {
+    /// What an update's JSON is for antler: the message when it addresses the bot, else
+    /// nothing. The webhook and the polling loop share it. The update is read by
+    /// [`read_update`], so a message teloxide cannot fully model is still read for what antler
+    /// needs; one nothing can be read from is acknowledged (Telegram would only send it
+    /// again), logged at warn with its id and counted.
+    pub fn parse_json(&self, raw: &serde_json::Value) -> Result<Parsed, ChannelError> {
+        match read_update(raw) {
+            Ok(Some(update)) => self.parse_update(&update),
+            Ok(None) => Err(ChannelError::Malformed(
+                "not a Telegram update: no update_id".to_owned(),
+            )),
+            Err(unreadable) => Ok(Self::unreadable(&unreadable)),
+        }
+    }
+
+    /// [`TelegramChannel::parse_json`] once the update is read. A group message that may
+    /// address the bot before `getMe` told its username is [`ChannelError::Transient`]: not
+    /// taken, so Telegram delivers it again (the webhook answers 503; polling does not
+    /// confirm it).
+    fn parse_update(&self, update: &Update) -> Result<Parsed, ChannelError> {
         let me = self.identity();
         Ok(match normalize(update, &me, (self.now_ms)()) {
             Normalized::Message(incoming) if incoming.facts.addressed(&me) => {
@@ -120,8 +135,39 @@ impl TelegramChannel {
                         .to_owned(),
                 ));
             }
-            Normalized::Message(_) | Normalized::Ignored(_) => Parsed::Ignore,
+            Normalized::Message(_) => {
+                tracing::debug!(
+                    update_id = update.id.0,
+                    "telegram update not addressed to the bot"
+                );
+                Parsed::Ignore
+            }
+            Normalized::Ignored(why) => {
+                tracing::debug!(update_id = update.id.0, why, "telegram update ignored");
+                Parsed::Ignore
+            }
         })
+    }
+
+    /// An update nothing can be read from: acknowledged (Telegram would only send it again),
+    /// logged with its id and counted.
+    fn unreadable(unreadable: &UnreadableUpdate) -> Parsed {
+        tracing::warn!(
+            update_id = unreadable.update_id,
+            reason = %unreadable.reason,
+            "a telegram update could not be read and is dropped"
+        );
+        metrics::counter!("antler_telegram_unreadable_updates_total").increment(1);
+        Parsed::Ignore
+    }
+
+    /// Sends one chunk of HTML to `target`, again as the same words without markup when
+    /// Telegram cannot parse it.
+    async fn send_html(&self, target: &Target, body: &str) -> Result<i32, SendFailure> {
+        match self.api.send_text(target, body, true).await {
+            Err(SendFailure::Markup) => self.api.send_text(target, &plain(body), false).await,
+            sent => sent,
+        }
     }
 
     fn identity(&self) -> BotIdentity {
@@ -166,7 +212,27 @@ fn markup_refused(failure: SendFailure) -> ChannelError {
         SendFailure::Markup => {
             ChannelError::Permanent("Telegram refused the message's markup".to_owned())
         }
+        SendFailure::TopicGone => {
+            ChannelError::Permanent("Telegram refused the chat's General topic too".to_owned())
+        }
+        SendFailure::Migrated(chat) => ChannelError::Permanent(format!(
+            "the group became supergroup {chat}; messages must go there"
+        )),
         SendFailure::Other(e) => e,
+    }
+}
+
+/// What opens an answer moved to the General topic because its own topic is closed or gone.
+const TOPIC_GONE_NOTE: &str =
+    "<i>This answers a message in a topic that is now closed or deleted.</i>\n\n";
+
+/// The note and `body` when they fit in one message, else `body` alone.
+fn with_topic_note(body: &str) -> String {
+    let units = |text: &str| text.encode_utf16().count();
+    if units(TOPIC_GONE_NOTE) + units(body) <= MESSAGE_LIMIT {
+        format!("{TOPIC_GONE_NOTE}{body}")
+    } else {
+        body.to_owned()
     }
 }
 
@@ -212,10 +278,11 @@ impl Channel for TelegramChannel {
         self.verify_headers(request.headers)
     }
 
+    /// See [`TelegramChannel::parse_json`].
     fn parse(&self, request: &WebhookRequest<'_>) -> Result<Parsed, ChannelError> {
-        let update: Update = serde_json::from_slice(request.body)
+        let raw: serde_json::Value = serde_json::from_slice(request.body)
             .map_err(|e| ChannelError::Malformed(format!("not a Telegram update: {e}")))?;
-        self.parse_update(&update)
+        self.parse_json(&raw)
     }
 
     /// Telegram HTML in chunks of at most 4096 UTF-16 units.
@@ -237,18 +304,40 @@ impl Channel for TelegramChannel {
             // Only the first part is a reply; the rest follow it.
             target.reply_to = None;
         }
-        let id = match self.api.send_text(&target, part.body, true).await {
-            Ok(id) => id,
-            Err(SendFailure::Markup) => self
-                .api
-                .send_text(&target, &plain(part.body), false)
-                .await
-                .map_err(markup_refused)?,
-            Err(SendFailure::Other(e)) => return Err(e),
-        };
-        Ok(Receipt {
-            platform_message_id: id.to_string(),
-        })
+        let mut body = std::borrow::Cow::Borrowed(part.body);
+        // A refused topic, then a migrated group: at most one detour each.
+        for _ in 0..3 {
+            match self.send_html(&target, &body).await {
+                Err(SendFailure::TopicGone) if target.topic.is_some() => {
+                    // The topic is closed or deleted: the General topic takes the answer, with
+                    // a note on its first part saying where it belongs.
+                    target.topic = None;
+                    target.reply_to = None;
+                    if part.index == 0 {
+                        body = std::borrow::Cow::Owned(with_topic_note(part.body));
+                    }
+                }
+                Err(SendFailure::Migrated(chat)) if chat != target.chat_id => {
+                    // The group became a supergroup; its old message ids do not exist there.
+                    tracing::info!(
+                        from = target.chat_id,
+                        to = chat,
+                        "telegram group became a supergroup; answering there"
+                    );
+                    target.chat_id = chat;
+                    target.reply_to = None;
+                }
+                sent => {
+                    let id = sent.map_err(markup_refused)?;
+                    return Ok(Receipt {
+                        platform_message_id: id.to_string(),
+                    });
+                }
+            }
+        }
+        Err(ChannelError::Permanent(
+            "Telegram refused the message in its topic, its chat and where they moved".to_owned(),
+        ))
     }
 
     /// Uploads a reply's file as a document (`sendDocument`) after the reply's text, in its
@@ -268,10 +357,35 @@ impl Channel for TelegramChannel {
         let mut target = target(message)?;
         // The text before it already answered the user's message.
         target.reply_to = None;
-        let id = self
+        // A second handle on the file, for the General topic if the topic is gone.
+        let again = content.file.try_clone().ok();
+        let size = content.size;
+        let id = match self
             .api
             .send_document(&target, content, file.file_name())
-            .await?;
+            .await
+        {
+            Err(SendFailure::TopicGone) => {
+                let mut handle = again.ok_or_else(|| {
+                    ChannelError::Transient("the file could not be opened again".to_owned())
+                })?;
+                std::io::Seek::rewind(&mut handle)
+                    .map_err(|e| ChannelError::Transient(format!("rewinding the file: {e}")))?;
+                let general = Target {
+                    topic: None,
+                    ..target
+                };
+                self.api
+                    .send_document(
+                        &general,
+                        FileContent { file: handle, size },
+                        file.file_name(),
+                    )
+                    .await
+            }
+            sent => sent,
+        }
+        .map_err(markup_refused)?;
         Ok(Receipt {
             platform_message_id: id.to_string(),
         })
@@ -302,7 +416,7 @@ impl Channel for TelegramChannel {
                 .edit_text(chat_id, message_id, &plain(part.body), false)
                 .await
                 .map_err(markup_refused),
-            Err(SendFailure::Other(e)) => Err(e),
+            Err(failure) => Err(markup_refused(failure)),
         }
     }
 
@@ -574,6 +688,53 @@ mod tests {
         let error = channel.send_file(&message, &file, huge).await.unwrap_err();
         assert!(matches!(error, ChannelError::Permanent(_)), "{error:?}");
         assert_eq!(server.received_requests().await.unwrap().len(), 1);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Telegram refuses uploads into a deleted topic ("Bad Request: message thread not found")
+    /// as it refuses messages: the file goes to the General topic.
+    #[tokio::test]
+    async fn a_file_for_a_deleted_topic_goes_to_general() {
+        use wiremock::matchers::{body_string_contains, method, path_regex};
+        use wiremock::{Mock, ResponseTemplate};
+
+        let server = MockTelegram::start().await;
+        Mock::given(method("POST"))
+            .and(path_regex("/bot[^/]+/SendDocument"))
+            .and(body_string_contains("name=\"message_thread_id\""))
+            .respond_with(ResponseTemplate::new(400).set_body_json(serde_json::json!({
+                "ok": false, "error_code": 400,
+                "description": "Bad Request: message thread not found"
+            })))
+            .with_priority(1)
+            .mount(&server)
+            .await;
+        server.accept_documents().await;
+        let channel = channel_at(&server.uri());
+        let dir = std::env::temp_dir().join(format!("antler-tg-gone-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("report.csv");
+        std::fs::write(&path, "host,uptime\napi,99.9\n").unwrap();
+        let content = FileContent {
+            file: std::fs::File::open(&path).unwrap(),
+            size: 21,
+        };
+        let file = OutboundFile {
+            name: "report.csv".into(),
+            media_type: "text/csv".into(),
+            size: 21,
+        };
+        let message = answer("-1003300440055:400", "Here it is.");
+        let receipt = channel.send_file(&message, &file, content).await.unwrap();
+        assert_eq!(receipt.platform_message_id, "701");
+        let requests = server.received_requests().await.unwrap();
+        assert_eq!(requests.len(), 2);
+        let general = String::from_utf8_lossy(&requests[1].body);
+        assert!(!general.contains("message_thread_id"), "{general}");
+        assert!(
+            general.contains("api,99.9"),
+            "the whole file again: {general}"
+        );
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -1,19 +1,30 @@
-//! The Bot API calls antler makes, through teloxide's `Bot`, with every failure mapped to a
-//! [`ChannelError`] whose text never holds the bot token (it is part of every request URL,
-//! and reqwest's errors name the URL).
+//! The Bot API calls antler makes, with every failure mapped to a [`ChannelError`] whose text
+//! never holds the bot token (it is part of every request URL, and reqwest's errors name the
+//! URL).
+//!
+//! Requests are built with teloxide's payloads. The calls that answer people (send, edit,
+//! typing, upload) and `getUpdates` are sent by [`TelegramApi::call`] rather than teloxide's
+//! request layer, which sleeps 10 s inside every call answered 5xx and then reads a JSON 5xx
+//! (`{"ok":false,"error_code":502,...}`) as a permanent API error: here a 5xx, JSON or not, is
+//! [`ChannelError::Transient`] at once, and delivery's backoff decides when to try again.
+//! Setup calls (`setWebhook`, `getMe`, ...) still go through teloxide.
+
+use std::sync::Arc;
 
 use antler_channel::ChannelError;
+use serde::de::DeserializeOwned;
+use serde_json::Value;
 use teloxide_core::Bot;
 use teloxide_core::errors::{ApiError, RequestError};
 use teloxide_core::net::Download;
 use teloxide_core::payloads::{
     DeleteWebhookSetters, EditMessageTextSetters, GetUpdatesSetters, SendChatActionSetters,
-    SendDocumentSetters, SendMessageSetters, SetWebhookSetters,
+    SendMessageSetters, SetWebhookSetters,
 };
-use teloxide_core::requests::{Request, Requester};
+use teloxide_core::requests::{HasPayload, Payload, Request, Requester};
 use teloxide_core::types::{
-    AllowedUpdate, BotCommand, ChatAction, ChatId, FileId, InputFile, MessageId, ParseMode,
-    ReplyParameters, ThreadId,
+    AllowedUpdate, BotCommand, ChatAction, ChatId, FileId, MessageId, ParseMode, ReplyParameters,
+    Seconds, ThreadId,
 };
 
 use crate::normalize::BotIdentity;
@@ -44,6 +55,11 @@ pub struct Target {
 pub enum SendFailure {
     /// Telegram could not parse the HTML.
     Markup,
+    /// The forum topic is closed or deleted ("Bad Request: TOPIC_CLOSED", "Bad Request:
+    /// message thread not found"): the chat's General topic still takes it.
+    TopicGone,
+    /// The group became a supergroup with this id (`parameters.migrate_to_chat_id`).
+    Migrated(i64),
     /// Anything else.
     Other(ChannelError),
 }
@@ -92,7 +108,54 @@ pub struct MenuCommand {
 #[derive(Clone)]
 pub struct TelegramApi {
     bot: Bot,
+    /// The HTTP client `bot` uses too (teloxide's timeouts), for [`TelegramApi::call`].
+    http: reqwest::Client,
 }
+
+/// A Bot API answer: `{"ok": true, "result": …}` or `{"ok": false, "error_code": N,
+/// "description": "…", "parameters"?: {"retry_after"?: N, "migrate_to_chat_id"?: N}}`.
+#[derive(serde::Deserialize)]
+struct Answer<R> {
+    ok: bool,
+    result: Option<R>,
+    #[serde(default)]
+    description: String,
+    error_code: Option<u16>,
+    parameters: Option<Value>,
+}
+
+/// A message the Bot API created: only its id is read, so a field teloxide cannot model never
+/// turns a sent message into an error (and a second send).
+#[derive(serde::Deserialize)]
+struct Sent {
+    message_id: i32,
+}
+
+/// Why a call [`TelegramApi::call`] made failed.
+#[derive(Debug)]
+pub(crate) enum CallError {
+    /// What teloxide's request layer would have answered (refusals, rate limits, network).
+    Request(RequestError),
+    /// The Bot API answered 5xx, as JSON or not: Telegram is restarting or overloaded.
+    Server {
+        /// The HTTP status.
+        status: u16,
+        /// Telegram's description, or the start of the body.
+        description: String,
+    },
+    /// The request could not be built.
+    Build(String),
+}
+
+/// Whether Telegram's `description` says a forum topic is closed or gone.
+fn topic_gone(description: &str) -> bool {
+    ["TOPIC_CLOSED", "TOPIC_DELETED", "message thread not found"]
+        .iter()
+        .any(|needle| description.contains(needle))
+}
+
+/// The most of a non-JSON error body an error message quotes.
+const QUOTED_BODY: usize = 200;
 
 impl std::fmt::Debug for TelegramApi {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -109,9 +172,117 @@ impl TelegramApi {
         let url = reqwest::Url::parse(api_url).map_err(|e| {
             ChannelError::Permanent(format!("channels.telegram.api_url is not a URL: {e}"))
         })?;
+        let http = teloxide_core::net::default_reqwest_settings()
+            .build()
+            .map_err(|e| ChannelError::Permanent(format!("no HTTP client for Telegram: {e}")))?;
+        if url.cannot_be_a_base() {
+            return Err(ChannelError::Permanent(format!(
+                "channels.telegram.api_url is not a base URL: {url}"
+            )));
+        }
         Ok(Self {
-            bot: Bot::new(token).set_api_url(url),
+            bot: Bot::with_client(token, http.clone()).set_api_url(url),
+            http,
         })
+    }
+
+    /// Sends `payload` as JSON to its method and reads the answer's `result` as `R`.
+    async fn call<P, R>(&self, payload: &P) -> Result<R, CallError>
+    where
+        P: Payload + serde::Serialize,
+        R: DeserializeOwned,
+    {
+        let body = serde_json::to_vec(payload).map_err(|e| CallError::Build(e.to_string()))?;
+        let request = self
+            .http
+            .post(self.method_url(P::NAME)?)
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .body(body);
+        self.answer(request).await
+    }
+
+    /// Sends `request` and reads its answer.
+    async fn answer<R: DeserializeOwned>(
+        &self,
+        request: reqwest::RequestBuilder,
+    ) -> Result<R, CallError> {
+        let network = |e: reqwest::Error| CallError::Request(RequestError::Network(Arc::new(e)));
+        let response = request.send().await.map_err(network)?;
+        let status = response.status();
+        let text = response.text().await.map_err(network)?;
+        let server = |description: String| CallError::Server {
+            status: status.as_u16(),
+            description,
+        };
+        let answer: Answer<R> = match serde_json::from_str(&text) {
+            Ok(answer) => answer,
+            Err(_) if status.is_server_error() => {
+                return Err(server(text.chars().take(QUOTED_BODY).collect()));
+            }
+            Err(source) => {
+                return Err(CallError::Request(RequestError::InvalidJson {
+                    source: Arc::new(source),
+                    raw: text.into(),
+                }));
+            }
+        };
+        if answer.ok {
+            return answer.result.ok_or_else(|| {
+                CallError::Request(RequestError::InvalidJson {
+                    source: Arc::new(<serde_json::Error as serde::de::Error>::custom(
+                        "an ok answer without a result",
+                    )),
+                    raw: text.into(),
+                })
+            });
+        }
+        let parameter = |name: &str| {
+            answer
+                .parameters
+                .as_ref()
+                .and_then(|parameters| parameters.get(name))
+        };
+        if let Some(seconds) = parameter("retry_after").and_then(Value::as_u64) {
+            let seconds = u32::try_from(seconds).unwrap_or(u32::MAX);
+            return Err(CallError::Request(RequestError::RetryAfter(
+                Seconds::from_seconds(seconds),
+            )));
+        }
+        if let Some(chat) = parameter("migrate_to_chat_id").and_then(Value::as_i64) {
+            return Err(CallError::Request(RequestError::MigrateToChatId(ChatId(
+                chat,
+            ))));
+        }
+        if status.is_server_error() || answer.error_code.is_some_and(|code| code >= 500) {
+            return Err(server(answer.description));
+        }
+        let api = serde_json::from_value(Value::String(answer.description.clone()))
+            .unwrap_or(ApiError::Unknown(answer.description));
+        Err(CallError::Request(RequestError::Api(api)))
+    }
+
+    /// `<api_url>/bot<token>/<method>`, as teloxide builds it.
+    fn method_url(&self, method: &str) -> Result<reqwest::Url, CallError> {
+        let mut url = self.bot.api_url();
+        url.path_segments_mut()
+            .map_err(|()| CallError::Build("the API URL is not a base URL".to_owned()))?
+            .push(&format!("bot{}", self.bot.token()))
+            .push(method);
+        Ok(url)
+    }
+
+    /// What a failed [`TelegramApi::call`] means to the caller.
+    pub(crate) fn call_error(&self, error: CallError) -> ChannelError {
+        match error {
+            CallError::Request(e) => self.error(e),
+            CallError::Server {
+                status,
+                description,
+            } => ChannelError::Transient(
+                self.mask(&format!("the Bot API answered {status}: {description}")),
+            ),
+            CallError::Build(e) => ChannelError::Permanent(self.mask(&e)),
+        }
     }
 
     /// Who the bot is (`getMe`): also how `antler doctor` checks the token.
@@ -162,33 +333,61 @@ impl TelegramApi {
                 ReplyParameters::new(MessageId(reply_to)).allow_sending_without_reply(),
             );
         }
-        match request.send().await {
-            Ok(message) => Ok(message.id.0),
-            Err(RequestError::Api(ApiError::CantParseEntities(_))) if html => {
+        match self.call::<_, Sent>(request.payload_ref()).await {
+            Ok(sent) => Ok(sent.message_id),
+            Err(CallError::Request(RequestError::Api(ApiError::CantParseEntities(_)))) if html => {
                 Err(SendFailure::Markup)
             }
-            Err(e) => Err(SendFailure::Other(self.error(e))),
+            Err(e) => Err(self.send_failure(target, e)),
+        }
+    }
+
+    /// A failed send into `target`: a refused forum topic is [`SendFailure::TopicGone`], a group
+    /// that became a supergroup [`SendFailure::Migrated`].
+    fn send_failure(&self, target: &Target, error: CallError) -> SendFailure {
+        match &error {
+            CallError::Request(RequestError::Api(ApiError::Unknown(description)))
+                if target.topic.is_some() && topic_gone(description) =>
+            {
+                SendFailure::TopicGone
+            }
+            CallError::Request(RequestError::MigrateToChatId(chat)) if chat.0 != target.chat_id => {
+                SendFailure::Migrated(chat.0)
+            }
+            _ => SendFailure::Other(self.call_error(error)),
         }
     }
 
     /// Uploads `content` (streamed, exactly its size) as a document named `name`
-    /// (`sendDocument`, multipart) in the target's chat and topic, and returns the message's id.
+    /// (`sendDocument`, multipart) in the target's chat and topic, and returns the message's id;
+    /// a refused topic is [`SendFailure::TopicGone`].
     pub async fn send_document(
         &self,
         target: &Target,
         content: antler_channel::FileContent,
         name: &str,
-    ) -> Result<i32, ChannelError> {
+    ) -> Result<i32, SendFailure> {
         let reader =
             tokio::io::AsyncReadExt::take(tokio::fs::File::from_std(content.file), content.size);
-        let file = InputFile::read(reader).file_name(name.to_owned());
-        let mut request = self.bot.send_document(ChatId(target.chat_id), file);
+        let body = reqwest::Body::wrap_stream(tokio_util::io::ReaderStream::new(reader));
+        let document = reqwest::multipart::Part::stream_with_length(body, content.size)
+            .file_name(name.to_owned());
+        let mut form = reqwest::multipart::Form::new()
+            .text("chat_id", target.chat_id.to_string())
+            .part("document", document);
         if let Some(topic) = target.topic {
-            request = request.message_thread_id(ThreadId(MessageId(topic)));
+            form = form.text("message_thread_id", topic.to_string());
         }
-        match request.send().await {
-            Ok(message) => Ok(message.id.0),
-            Err(e) => Err(self.error(e)),
+        let request = self
+            .http
+            .post(
+                self.method_url("SendDocument")
+                    .map_err(|e| SendFailure::Other(self.call_error(e)))?,
+            )
+            .multipart(form);
+        match self.answer::<Sent>(request).await {
+            Ok(sent) => Ok(sent.message_id),
+            Err(e) => Err(self.send_failure(target, e)),
         }
     }
 
@@ -208,12 +407,14 @@ impl TelegramApi {
         if html {
             request = request.parse_mode(ParseMode::Html);
         }
-        match request.send().await {
-            Ok(_) | Err(RequestError::Api(ApiError::MessageNotModified)) => Ok(()),
-            Err(RequestError::Api(ApiError::CantParseEntities(_))) if html => {
+        match self.call::<_, Value>(request.payload_ref()).await {
+            Ok(_) | Err(CallError::Request(RequestError::Api(ApiError::MessageNotModified))) => {
+                Ok(())
+            }
+            Err(CallError::Request(RequestError::Api(ApiError::CantParseEntities(_)))) if html => {
                 Err(SendFailure::Markup)
             }
-            Err(e) => Err(SendFailure::Other(self.error(e))),
+            Err(e) => Err(SendFailure::Other(self.call_error(e))),
         }
     }
 
@@ -302,12 +503,14 @@ impl TelegramApi {
     }
 
     /// The updates after `offset` (`getUpdates`), waiting up to `wait_secs` for one to come
-    /// (long polling). Calling it with a higher offset confirms the earlier updates to Telegram.
+    /// (long polling), as their JSON: what teloxide cannot model is read by
+    /// [`crate::read_update`], as on the webhook. Calling it with a higher offset confirms the
+    /// earlier updates to Telegram.
     pub async fn get_updates(
         &self,
         offset: Option<i32>,
         wait_secs: u32,
-    ) -> Result<Vec<teloxide_core::types::Update>, ChannelError> {
+    ) -> Result<Vec<Value>, ChannelError> {
         let mut request = self
             .bot
             .get_updates()
@@ -316,7 +519,9 @@ impl TelegramApi {
         if let Some(offset) = offset {
             request = request.offset(offset);
         }
-        request.send().await.map_err(|e| self.error(e))
+        self.call(request.payload_ref())
+            .await
+            .map_err(|e| self.call_error(e))
     }
 
     /// Shows "typing…" in the chat (or topic) for up to 5 seconds (`sendChatAction`).
@@ -327,7 +532,10 @@ impl TelegramApi {
         if let Some(topic) = topic {
             request = request.message_thread_id(ThreadId(MessageId(topic)));
         }
-        request.send().await.map(|_| ()).map_err(|e| self.error(e))
+        self.call::<_, Value>(request.payload_ref())
+            .await
+            .map(|_| ())
+            .map_err(|e| self.call_error(e))
     }
 
     /// `text` with the bot token masked.
@@ -676,6 +884,78 @@ mod tests {
         assert!(
             matches!(&other, ChannelError::Permanent(text) if text.contains("says no") && !text.contains(TOKEN)),
             "{other:?}"
+        );
+    }
+
+    /// Telegram's JSON 5xx (`{"ok":false,"error_code":502,...}`) pass; teloxide's request layer
+    /// read them as permanent refusals after a hidden 10 s sleep. The send path answers at once
+    /// (well before that sleep would end) with a transient error delivery retries.
+    #[tokio::test]
+    async fn json_server_errors_are_transient_at_once() {
+        use wiremock::matchers::{method, path};
+        use wiremock::{Mock, MockServer, ResponseTemplate};
+
+        let server = MockServer::start().await;
+        for (name, status, description) in [
+            ("SendMessage", 502, "Bad Gateway"),
+            ("EditMessageText", 500, "Internal Server Error: restart"),
+            ("SendChatAction", 503, "Service Unavailable"),
+        ] {
+            Mock::given(method("POST"))
+                .and(path(format!("/bot{TOKEN}/{name}")))
+                .respond_with(
+                    ResponseTemplate::new(status).set_body_json(serde_json::json!({
+                        "ok": false, "error_code": status, "description": description
+                    })),
+                )
+                .mount(&server)
+                .await;
+        }
+        Mock::given(method("POST"))
+            .and(path(format!("/bot{TOKEN}/SendDocument")))
+            .respond_with(
+                ResponseTemplate::new(502).set_body_string("<html>502 Bad Gateway</html>"),
+            )
+            .mount(&server)
+            .await;
+        let api = TelegramApi::new(TOKEN, &server.uri()).unwrap();
+        let target = Target {
+            chat_id: 5,
+            topic: None,
+            reply_to: None,
+        };
+        let started = std::time::Instant::now();
+        let sent = api.send_text(&target, "hi", true).await.unwrap_err();
+        assert!(
+            matches!(&sent, SendFailure::Other(ChannelError::Transient(text)) if text.contains("502") && text.contains("Bad Gateway")),
+            "{sent:?}"
+        );
+        let edited = api.edit_text(5, 1, "hi", true).await.unwrap_err();
+        assert!(
+            matches!(&edited, SendFailure::Other(ChannelError::Transient(text)) if text.contains("restart")),
+            "{edited:?}"
+        );
+        let typing = api.typing(5, None).await.unwrap_err();
+        assert!(matches!(typing, ChannelError::Transient(_)), "{typing:?}");
+        let path = std::env::temp_dir().join(format!("antler-tg-5xx-{}", std::process::id()));
+        std::fs::write(&path, "x").unwrap();
+        let content = antler_channel::FileContent {
+            file: std::fs::File::open(&path).unwrap(),
+            size: 1,
+        };
+        let uploaded = api
+            .send_document(&target, content, "x.txt")
+            .await
+            .unwrap_err();
+        std::fs::remove_file(&path).unwrap();
+        assert!(
+            matches!(uploaded, SendFailure::Other(ChannelError::Transient(_))),
+            "{uploaded:?}"
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "no 10 s pause per server error: {:?}",
+            started.elapsed()
         );
     }
 

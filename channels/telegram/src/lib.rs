@@ -20,4 +20,6 @@ pub use channel::{SECRET_HEADER, TelegramChannel, TelegramSettings};
 pub use client::{
     ALLOWED_UPDATES, MenuCommand, SendFailure, Target, TelegramApi, WebhookSettings, WebhookStatus,
 };
-pub use normalize::{AddressFacts, BotIdentity, Incoming, Normalized, normalize};
+pub use normalize::{
+    AddressFacts, BotIdentity, Incoming, Normalized, UnreadableUpdate, normalize, read_update,
+};

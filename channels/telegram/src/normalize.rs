@@ -8,8 +8,10 @@
 //! into byte ranges of the Rust string, which is what the stripping below slices by.
 
 use antler_channel::{AttachmentRef, AttachmentSource, ConversationKey, InboundEvent, UserRef};
+use serde_json::{Map, Value};
 use teloxide_core::types::{
-    Message, MessageEntityKind, MessageEntityRef, Update, UpdateKind, User,
+    Document, MediaKind, Message, MessageEntity, MessageEntityKind, MessageEntityRef, MessageKind,
+    PhotoSize, Update, UpdateKind, User,
 };
 
 /// The bot as Telegram knows it (from `getMe`).
@@ -83,6 +85,188 @@ pub enum Normalized {
     Ignored(&'static str),
 }
 
+/// The update keys that carry a message.
+const MESSAGE_KEYS: [&str; 4] = [
+    "message",
+    "edited_message",
+    "channel_post",
+    "edited_channel_post",
+];
+
+/// The message fields antler reads; everything else in a message teloxide could not model is
+/// left out when it is read again ([`read_update`]).
+const READ_FIELDS: [&str; 17] = [
+    "message_id",
+    "message_thread_id",
+    "is_topic_message",
+    "date",
+    "chat",
+    "from",
+    "sender_chat",
+    "is_automatic_forward",
+    "text",
+    "caption",
+    "media_group_id",
+    "forum_topic_created",
+    "migrate_to_chat_id",
+    "migrate_from_chat_id",
+    "photo",
+    "document",
+    "reply_to_message",
+];
+
+/// The fields of a chat or user antler reads.
+const PARTY_FIELDS: [&str; 8] = [
+    "id",
+    "type",
+    "is_bot",
+    "title",
+    "username",
+    "first_name",
+    "last_name",
+    "is_forum",
+];
+
+/// An update whose message even [`read_update`] cannot read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("Telegram update {update_id} carries a message antler cannot read: {reason}")]
+pub struct UnreadableUpdate {
+    /// The update's id.
+    pub update_id: u32,
+    /// What failed to parse.
+    pub reason: String,
+}
+
+/// Reads an update from its JSON. A message teloxide cannot fully model (a newer entity type,
+/// `external_reply`, an audio without `mime_type`, ...) comes out of it as an empty
+/// `MessageKind::Empty`, or a captioned one without its caption (paid media), or the whole
+/// update as [`UpdateKind::Error`]; such a message is read again from the fields antler needs (chat,
+/// sender, text or caption, the entities teloxide knows, photo or document, reply target,
+/// topic), the rest ignored. A caption whose media is left out is read as the text.
+///
+/// `Ok(None)`: not an update at all (no `update_id`).
+pub fn read_update(raw: &Value) -> Result<Option<Update>, UnreadableUpdate> {
+    let Ok(update) = update_from(raw) else {
+        return Ok(None);
+    };
+    let lost = match &update.kind {
+        UpdateKind::Error(_) => true,
+        UpdateKind::Message(message)
+        | UpdateKind::EditedMessage(message)
+        | UpdateKind::ChannelPost(message)
+        | UpdateKind::EditedChannelPost(message) => {
+            matches!(message.kind, MessageKind::Empty {})
+                || (message.text().is_none() && message.caption().is_none() && {
+                    let fields = MESSAGE_KEYS.iter().find_map(|key| raw.get(*key));
+                    fields.is_some_and(|m| m.get("text").is_some() || m.get("caption").is_some())
+                })
+        }
+        _ => false,
+    };
+    if !lost {
+        return Ok(Some(update));
+    }
+    let Some((key, message)) = MESSAGE_KEYS
+        .iter()
+        .find_map(|key| raw.get(*key).map(|message| (*key, message)))
+    else {
+        // An update kind antler does not ask for: nothing of it is read.
+        return Ok(Some(update));
+    };
+    let readable = readable(message, true);
+    if let Err(e) = serde_json::from_value::<Message>(readable.clone()) {
+        return Err(UnreadableUpdate {
+            update_id: update.id.0,
+            reason: e.to_string(),
+        });
+    }
+    let mut rebuilt = Map::new();
+    rebuilt.insert("update_id".to_owned(), Value::from(update.id.0));
+    rebuilt.insert(key.to_owned(), readable);
+    match update_from(&Value::Object(rebuilt)) {
+        Ok(update) if !matches!(update.kind, UpdateKind::Error(_)) => Ok(Some(update)),
+        Ok(_) | Err(_) => Err(UnreadableUpdate {
+            update_id: update.id.0,
+            reason: "the message's readable fields still do not parse".to_owned(),
+        }),
+    }
+}
+
+/// `raw` as teloxide's [`Update`]. Through text: teloxide's `UpdateKind` reads its key as a
+/// borrowed string, which a [`Value`] cannot lend, so `from_value` would make every update an
+/// error.
+fn update_from(raw: &Value) -> Result<Update, serde_json::Error> {
+    serde_json::from_str(&raw.to_string())
+}
+
+/// The fields of `message` antler reads, each kept only if teloxide can model it; with
+/// `reply`, the message it replies to as well (read the same way, or left out).
+fn readable(message: &Value, reply: bool) -> Value {
+    let mut out = Map::new();
+    let Some(fields) = message.as_object() else {
+        return Value::Object(out);
+    };
+    for name in READ_FIELDS {
+        let Some(value) = fields.get(name) else {
+            continue;
+        };
+        let kept = match name {
+            "chat" | "from" | "sender_chat" => Some(only(value, &PARTY_FIELDS)),
+            "photo" => serde_json::from_value::<Vec<PhotoSize>>(value.clone())
+                .is_ok()
+                .then(|| value.clone()),
+            "document" => serde_json::from_value::<Document>(value.clone())
+                .is_ok()
+                .then(|| value.clone()),
+            "reply_to_message" if reply => {
+                let replied = readable(value, false);
+                serde_json::from_value::<Message>(replied.clone())
+                    .is_ok()
+                    .then_some(replied)
+            }
+            "reply_to_message" => None,
+            _ => Some(value.clone()),
+        };
+        if let Some(kept) = kept {
+            out.insert(name.to_owned(), kept);
+        }
+    }
+    for name in ["entities", "caption_entities"] {
+        if let Some(Value::Array(entities)) = fields.get(name) {
+            let known: Vec<Value> = entities
+                .iter()
+                .filter(|entity| serde_json::from_value::<MessageEntity>((*entity).clone()).is_ok())
+                .cloned()
+                .collect();
+            out.insert(name.to_owned(), Value::Array(known));
+        }
+    }
+    let has_media = out.contains_key("photo") || out.contains_key("document");
+    if !has_media && !out.contains_key("text") {
+        // The media is not modelled; its caption is what the person wrote.
+        if let Some(caption) = out.remove("caption") {
+            out.insert("text".to_owned(), caption);
+            if let Some(entities) = out.remove("caption_entities") {
+                out.insert("entities".to_owned(), entities);
+            }
+        }
+    }
+    Value::Object(out)
+}
+
+/// `value` (an object) with only the `keys` it has.
+fn only(value: &Value, keys: &[&str]) -> Value {
+    let mut out = Map::new();
+    if let Some(fields) = value.as_object() {
+        for key in keys {
+            if let Some(field) = fields.get(*key) {
+                out.insert((*key).to_owned(), field.clone());
+            }
+        }
+    }
+    Value::Object(out)
+}
+
 /// Normalizes `update`, received at `received_at_ms`, for the bot `me`.
 pub fn normalize(update: &Update, me: &BotIdentity, received_at_ms: u64) -> Normalized {
     let message = match &update.kind {
@@ -93,12 +277,12 @@ pub fn normalize(update: &Update, me: &BotIdentity, received_at_ms: u64) -> Norm
         }
         _ => return Normalized::Ignored("not a message"),
     };
-    let Some(from) = message.from.as_ref() else {
-        return Normalized::Ignored("no author (sent on behalf of a chat)");
-    };
-    if from.is_bot {
-        return Normalized::Ignored("written by a bot");
+    if message.is_automatic_forward() {
+        return Normalized::Ignored("a linked channel's post forwarded to its discussion group");
     }
+    let Some(user) = author(message) else {
+        return Normalized::Ignored("written by a bot, or by no one");
+    };
     let (text, entities) = match (message.text(), message.caption()) {
         (Some(text), _) => (text, message.parse_entities().unwrap_or_default()),
         (None, Some(caption)) => (
@@ -108,9 +292,14 @@ pub fn normalize(update: &Update, me: &BotIdentity, received_at_ms: u64) -> Norm
         (None, None) => ("", Vec::new()),
     };
     let attachments = attachments(message);
-    if text.trim().is_empty() && attachments.is_empty() {
-        return Normalized::Ignored("no text or file (a service message, a sticker, ...)");
-    }
+    let unsupported = if text.trim().is_empty() && attachments.is_empty() {
+        match unsupported(message) {
+            Some(kind) => Some(kind.to_owned()),
+            None => return Normalized::Ignored("no text or file (a service message, ...)"),
+        }
+    } else {
+        None
+    };
 
     let mentions: Vec<&MessageEntityRef<'_>> = entities
         .iter()
@@ -163,12 +352,7 @@ pub fn normalize(update: &Update, me: &BotIdentity, received_at_ms: u64) -> Norm
         channel: "telegram".to_owned(),
         event_id: update.id.0.to_string(),
         conversation,
-        user: UserRef {
-            id: from.id.0.to_string(),
-            name: Some(display_name(from)),
-            admin: false,
-            aliases: Vec::new(),
-        },
+        user,
         text,
         reply_to: Some(message.id.0.to_string()),
         received_at_ms,
@@ -179,7 +363,7 @@ pub fn normalize(update: &Update, me: &BotIdentity, received_at_ms: u64) -> Norm
         chat: Some(chat_id.to_string()),
         refused: false,
         follow_up: false,
-        unsupported: None,
+        unsupported,
     };
     Normalized::Message(Box::new(Incoming {
         event,
@@ -226,6 +410,52 @@ fn without(text: &str, mut cuts: Vec<std::ops::Range<usize>>) -> String {
         out.push_str(rest);
     }
     out.trim().to_owned()
+}
+
+/// A message someone wrote that antler cannot read yet, named as they would call it: the turn
+/// tells them so instead of leaving them waiting. `None` for service messages and the rest.
+fn unsupported(message: &Message) -> Option<&'static str> {
+    let MessageKind::Common(common) = &message.kind else {
+        return None;
+    };
+    Some(match common.media_kind {
+        MediaKind::Sticker(_) => "sticker",
+        MediaKind::Voice(_) => "voice message",
+        MediaKind::VideoNote(_) => "video message",
+        MediaKind::Video(_) => "video",
+        MediaKind::Audio(_) => "audio",
+        MediaKind::Animation(_) => "GIF",
+        MediaKind::Location(_) | MediaKind::Venue(_) => "location",
+        MediaKind::Contact(_) => "contact",
+        MediaKind::Poll(_) => "poll",
+        _ => return None,
+    })
+}
+
+/// Who wrote `message`: a person, or the chat a person wrote on behalf of (`sender_chat`: an
+/// anonymous group admin writes as the group, `from` then being the fake GroupAnonymousBot; a
+/// user posting as their channel writes as that channel, `from` being Channel_Bot). The chat is
+/// the author the access rules see. `None` for a bot's own message.
+fn author(message: &Message) -> Option<UserRef> {
+    if let Some(chat) = message.sender_chat.as_ref() {
+        let name = chat
+            .title()
+            .or(chat.username())
+            .map_or_else(|| chat.id.0.to_string(), str::to_owned);
+        return Some(UserRef {
+            id: chat.id.0.to_string(),
+            name: Some(name),
+            admin: false,
+            aliases: Vec::new(),
+        });
+    }
+    let from = message.from.as_ref().filter(|from| !from.is_bot)?;
+    Some(UserRef {
+        id: from.id.0.to_string(),
+        name: Some(display_name(from)),
+        admin: false,
+        aliases: Vec::new(),
+    })
 }
 
 /// The author's name as people see it.
@@ -406,7 +636,7 @@ mod tests {
                 .unwrap();
         assert_eq!(
             normalize(&from_bot, &me(), 0),
-            Normalized::Ignored("written by a bot")
+            Normalized::Ignored("written by a bot, or by no one")
         );
 
         let edited: Update =
@@ -434,6 +664,116 @@ mod tests {
             normalize(&joined, &me(), 0),
             Normalized::Ignored(_)
         ));
+    }
+
+    /// Reads the fixture `name` through [`read_update`], as the webhook does.
+    fn read(name: &str) -> Incoming {
+        let raw: Value = serde_json::from_str(&antler_testkit::telegram::fixture(name)).unwrap();
+        let update = read_update(&raw).unwrap().unwrap();
+        match normalize(&update, &me(), 42) {
+            Normalized::Message(incoming) => *incoming,
+            Normalized::Ignored(why) => panic!("{name} ignored: {why}"),
+        }
+    }
+
+    #[test]
+    fn messages_teloxide_cannot_model_are_read_for_what_antler_needs() {
+        for name in [
+            "tg_external_reply",
+            "tg_new_entity",
+            "tg_paid_media_caption",
+            "tg_audio_no_mime",
+        ] {
+            assert!(
+                matches!(normalize(&fixture(name), &me(), 0), Normalized::Ignored(_)),
+                "{name}: teloxide models it now; the fixture no longer reproduces the gap"
+            );
+        }
+        let reply = read("tg_external_reply");
+        assert_eq!(reply.event.text, "why did this alert fire?");
+        assert_eq!(reply.event.event_id, "730100011");
+        assert!(reply.facts.private && !reply.facts.replies_to_bot);
+
+        // The newer entity is ignored; the mention it sits next to is still found and cut.
+        let entity = read("tg_new_entity");
+        assert!(entity.facts.mentions_bot && entity.facts.addressed(&me()));
+        assert_eq!(entity.event.text, "pause deploys until 2026-12-05 09:00");
+        assert_eq!(
+            entity.event.conversation.as_str(),
+            "telegram:-1002200330044"
+        );
+        assert_eq!(entity.event.user.id, "5550001002");
+
+        let paid = read("tg_paid_media_caption");
+        assert_eq!(paid.event.text, "summarize the dashboard I shared");
+        assert!(paid.event.attachments.is_empty());
+        let audio = read("tg_audio_no_mime");
+        assert_eq!(audio.event.text, "transcribe the on-call handover");
+    }
+
+    #[test]
+    fn a_reply_teloxide_cannot_model_is_read_too_and_unreadable_messages_say_so() {
+        let mut raw: Value =
+            serde_json::from_str(&antler_testkit::telegram::fixture("tg_reply_to_bot")).unwrap();
+        raw["message"]["reply_to_message"]["entities"] =
+            serde_json::json!([{"offset": 0, "length": 7, "type": "date_time", "unix_time": 1}]);
+        raw["message"]["paid_media"] = serde_json::json!({"star_count": 1, "paid_media": []});
+        let update = read_update(&raw).unwrap().unwrap();
+        let Normalized::Message(m) = normalize(&update, &me(), 0) else {
+            panic!("a message")
+        };
+        assert!(m.facts.replies_to_bot, "the reply target survives");
+
+        raw["message"]
+            .as_object_mut()
+            .unwrap()
+            .remove("chat")
+            .unwrap();
+        let error = read_update(&raw).unwrap_err();
+        assert_eq!(error.update_id, 730_100_004);
+        assert_eq!(read_update(&serde_json::json!({"no": "id"})), Ok(None));
+    }
+
+    #[test]
+    fn anonymous_admins_and_channel_senders_are_their_sender_chat() {
+        let admin = incoming("tg_anonymous_admin");
+        assert_eq!(admin.event.user.id, "-1002200330044");
+        assert_eq!(admin.event.user.name.as_deref(), Some("SRE on-call"));
+        assert_eq!(admin.event.text, "freeze deploys");
+        assert!(admin.facts.addressed(&me()));
+
+        let channel = incoming("tg_channel_sender");
+        assert_eq!(channel.event.user.id, "-1001999888777");
+        assert_eq!(channel.event.user.name.as_deref(), Some("Prod alerts"));
+        assert_eq!(
+            channel.event.conversation.as_str(),
+            "telegram:-1002200330044"
+        );
+
+        let forwarded: Update = serde_json::from_str(
+            &antler_testkit::telegram::fixture("tg_channel_sender")
+                .replace("\"text\":", "\"is_automatic_forward\": true, \"text\":"),
+        )
+        .unwrap();
+        assert!(matches!(
+            normalize(&forwarded, &me(), 0),
+            Normalized::Ignored(_)
+        ));
+    }
+
+    #[test]
+    fn stickers_voice_notes_and_locations_are_named_not_dropped() {
+        for (name, kind) in [
+            ("tg_sticker", "sticker"),
+            ("tg_voice", "voice message"),
+            ("tg_location", "location"),
+        ] {
+            let m = incoming(name);
+            assert_eq!(m.event.unsupported.as_deref(), Some(kind), "{name}");
+            assert!(m.event.text.is_empty() && m.event.attachments.is_empty());
+            assert!(m.facts.addressed(&me()), "{name}: a private chat");
+        }
+        assert_eq!(incoming("tg_private_text").event.unsupported, None);
     }
 
     #[test]

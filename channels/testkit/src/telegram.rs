@@ -68,6 +68,59 @@ fn message(extra: Value) -> Value {
     json!({"ok": true, "result": message})
 }
 
+/// Matches a request whose `text` is `parse_mode=HTML` that Telegram refuses for its nesting.
+/// Bot API, Formatting options: "Message entities can be nested, providing following
+/// restrictions are met: [...] bold, italic, underline, strikethrough, and spoiler entities can
+/// contain and can be part of any other entities, except pre and code. blockquote and
+/// expandable_blockquote entities can't be nested. All other entities can't contain each
+/// other." So `<code>` inside `<a>`, `<b>`, `<i>`, `<s>`, and `<blockquote>` inside
+/// `<blockquote>`, are refused (`<pre><code class="language-…">` is the documented form of a
+/// code block, not a nesting).
+#[derive(Debug, Clone, Copy)]
+pub struct InvalidHtml;
+
+impl wiremock::Match for InvalidHtml {
+    fn matches(&self, request: &wiremock::Request) -> bool {
+        let Ok(body) = serde_json::from_slice::<Value>(&request.body) else {
+            return false;
+        };
+        body["parse_mode"] == "HTML" && body["text"].as_str().is_some_and(refused_nesting)
+    }
+}
+
+/// Whether Telegram refuses `html` for a nesting its rules forbid (see [`InvalidHtml`]).
+#[must_use]
+pub fn refused_nesting(html: &str) -> bool {
+    let mut open: Vec<String> = Vec::new();
+    let mut rest = html;
+    while let Some(at) = rest.find('<') {
+        rest = &rest[at + 1..];
+        let Some(end) = rest.find('>') else { break };
+        let tag = &rest[..end];
+        rest = &rest[end + 1..];
+        if let Some(name) = tag.strip_prefix('/') {
+            if let Some(position) = open.iter().rposition(|t| t == name.trim()) {
+                open.truncate(position);
+            }
+            continue;
+        }
+        let name = tag.split_whitespace().next().unwrap_or_default().to_owned();
+        let inside = |names: &[&str]| open.iter().any(|t| names.contains(&t.as_str()));
+        let refused = match name.as_str() {
+            "blockquote" => inside(&["blockquote"]),
+            "code" => inside(&["a", "b", "strong", "i", "em", "s", "u", "code"]),
+            "pre" => inside(&["a", "b", "strong", "i", "em", "s", "u", "code", "pre"]),
+            "a" => inside(&["a", "code", "pre"]),
+            _ => false,
+        };
+        if refused {
+            return true;
+        }
+        open.push(name);
+    }
+    false
+}
+
 /// A mock Bot API on 127.0.0.1 for [`TOKEN`]: knows the bot (`getMe`), accepts every message,
 /// edit and chat action, and records every request. Mount more on it (it derefs to the
 /// [`MockServer`]) for what a test needs besides.
@@ -101,6 +154,16 @@ impl MockTelegram {
             .mount(&server)
             .await;
         for name in ["SendMessage", "EditMessageText"] {
+            // Telegram parses the HTML before anything else and refuses what its rules forbid.
+            route(name)
+                .and(InvalidHtml)
+                .respond_with(ResponseTemplate::new(400).set_body_json(json!({
+                    "ok": false, "error_code": 400,
+                    "description": "Bad Request: can't parse entities: Can't find end tag corresponding to start tag \"code\""
+                })))
+                .with_priority(2)
+                .mount(&server)
+                .await;
             route(name)
                 .respond_with(
                     ResponseTemplate::new(200).set_body_json(message(json!({"text": "ok"}))),
@@ -121,8 +184,12 @@ impl MockTelegram {
     /// returns the private-text update until it is confirmed (asked with an offset past it),
     /// then nothing.
     pub async fn start_polling(webhook: &str) -> Self {
-        let update: Value =
-            serde_json::from_str(&fixture("tg_private_text")).expect("the update is JSON");
+        Self::start_polling_update(webhook, "tg_private_text").await
+    }
+
+    /// [`MockTelegram::start_polling`] delivering the recorded update `name`.
+    pub async fn start_polling_update(webhook: &str, name: &str) -> Self {
+        let update: Value = serde_json::from_str(&fixture(name)).expect("the update is JSON");
         let confirmed_by = update["update_id"].as_u64().expect("an update id") + 1;
         let api = Self::start().await;
         Mock::given(method("POST"))
@@ -216,6 +283,58 @@ impl MockTelegram {
                 "parameters": {"retry_after": retry_after_secs}
             })))
             .up_to_n_times(1)
+            .with_priority(1)
+            .mount(&self.server)
+            .await;
+    }
+
+    /// Answers the next `SendMessage`s, one each, with the Bot API's server errors as
+    /// `(status, description)`: Telegram answers these as JSON too
+    /// (`{"ok":false,"error_code":502,"description":"Bad Gateway"}`; `500` "Internal Server
+    /// Error: restart" while a bot's server restarts; `503`), with the same HTTP status
+    /// ("error_code: An Integer error code. Its value may be subject to change", core.telegram.org/bots/api#making-requests).
+    pub async fn server_error_next_sends(&self, errors: &[(u16, &str)]) {
+        for (status, description) in errors {
+            Mock::given(method("POST"))
+                .and(path(format!("/bot{TOKEN}/SendMessage")))
+                .respond_with(ResponseTemplate::new(*status).set_body_json(json!({
+                    "ok": false, "error_code": status, "description": description
+                })))
+                .up_to_n_times(1)
+                .with_priority(1)
+                .mount(&self.server)
+                .await;
+        }
+    }
+
+    /// Refuses every message and upload into forum topic `topic` as Telegram does once the
+    /// topic is closed (`description` "Bad Request: TOPIC_CLOSED") or deleted ("Bad Request:
+    /// message thread not found"): HTTP 400.
+    pub async fn refuse_topic(&self, topic: i32, description: &str) {
+        Mock::given(method("POST"))
+            .and(path(format!("/bot{TOKEN}/SendMessage")))
+            .and(body_partial_json(json!({"message_thread_id": topic})))
+            .respond_with(ResponseTemplate::new(400).set_body_json(json!({
+                "ok": false, "error_code": 400, "description": description
+            })))
+            .with_priority(1)
+            .mount(&self.server)
+            .await;
+    }
+
+    /// Refuses every message to `chat_id` as Telegram does once the group became a supergroup:
+    /// HTTP 400, "Bad Request: group chat was upgraded to a supergroup chat", with
+    /// `parameters.migrate_to_chat_id` (Bot API, ResponseParameters: "migrate_to_chat_id: The
+    /// group has been migrated to a supergroup with the specified identifier").
+    pub async fn migrate_group(&self, chat_id: i64, to: i64) {
+        Mock::given(method("POST"))
+            .and(path(format!("/bot{TOKEN}/SendMessage")))
+            .and(body_partial_json(json!({"chat_id": chat_id})))
+            .respond_with(ResponseTemplate::new(400).set_body_json(json!({
+                "ok": false, "error_code": 400,
+                "description": "Bad Request: group chat was upgraded to a supergroup chat",
+                "parameters": {"migrate_to_chat_id": to}
+            })))
             .with_priority(1)
             .mount(&self.server)
             .await;

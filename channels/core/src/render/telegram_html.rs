@@ -10,6 +10,12 @@ use super::writer::TokenWriter;
 ///
 /// Headings become bold lines, lists become `• ` / `1. ` lines indented by nesting, a rule a
 /// line of `———`, and a table aligned text in `<pre>`.
+///
+/// Never the nestings the Bot API refuses (Formatting options: bold, italic and strikethrough
+/// "can contain and can be part of any other entities, except pre and code"; "blockquote [...]
+/// entities can't be nested"; "All other entities can't contain each other"): inline code
+/// inside bold, italic, strikethrough, a heading or a link is its escaped text without
+/// `<code>`, and a quote inside a quote continues the outer `<blockquote>`.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct TelegramHtml;
 
@@ -35,6 +41,8 @@ fn walk(doc: &Document, html: bool) -> Vec<Token> {
         html,
         out: Vec::new(),
         indent: String::new(),
+        quoted: false,
+        formatted: 0,
     };
     walker.blocks(&doc.blocks, "\n\n");
     walker.out
@@ -45,6 +53,10 @@ struct Walker {
     out: Vec<Token>,
     /// What starts every continuation line: spaces under list markers, `> ` in plain quotes.
     indent: String,
+    /// Inside a `<blockquote>`: Telegram refuses another one in it.
+    quoted: bool,
+    /// How many `<b>`, `<i>`, `<s>` or `<a>` are open: Telegram refuses `<code>` in any.
+    formatted: usize,
 }
 
 impl TokenWriter for Walker {
@@ -101,7 +113,9 @@ impl Walker {
             Block::Paragraph(content) => self.inlines(content),
             Block::Heading { content, .. } => {
                 self.open("<b>".to_owned(), "</b>");
+                self.formatted += 1;
                 self.inlines(content);
+                self.formatted -= 1;
                 self.close();
             }
             Block::Code { language, text } => {
@@ -116,9 +130,14 @@ impl Walker {
                 self.close();
             }
             Block::Quote(blocks) => {
-                if self.html {
-                    self.open("<blockquote>".to_owned(), "</blockquote>");
+                if self.html && self.quoted {
+                    // Already in a <blockquote>; its text continues the outer one.
                     self.blocks(blocks, "\n");
+                } else if self.html {
+                    self.open("<blockquote>".to_owned(), "</blockquote>");
+                    self.quoted = true;
+                    self.blocks(blocks, "\n");
+                    self.quoted = false;
                     self.close();
                 } else {
                     self.prefixed_quote(blocks);
@@ -148,6 +167,7 @@ impl Walker {
         let (open, close, content) = match inline {
             Inline::Text(text) => return self.text(text),
             Inline::LineBreak => return self.newline(),
+            Inline::Code(code) if self.formatted > 0 => return self.text(code),
             Inline::Code(code) => {
                 self.open("<code>".to_owned(), "</code>");
                 self.text(code);
@@ -173,7 +193,9 @@ impl Walker {
             Inline::Strike(content) => ("<s>".to_owned(), "</s>", content),
         };
         self.open(open, close);
+        self.formatted += 1;
         self.inlines(content);
+        self.formatted -= 1;
         self.close();
     }
 }

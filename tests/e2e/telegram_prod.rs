@@ -1,0 +1,285 @@
+//! Telegram in production (issue 24): updates and Bot API answers as the real platform sends
+//! them, beyond what teloxide models, each reproduced end to end against the mock Bot API.
+
+use antler_testkit::telegram::{MockTelegram, SECRET, fixture, post};
+use reqwest::StatusCode;
+
+use crate::support::TestApp;
+use crate::support::mock_model::{Behaviour, MockModel};
+
+/// Bot API: "external_reply: Information about the message that is being replied to, which may
+/// come from another chat or forum topic"; MessageEntity types grow with the API (`date_time`);
+/// `paid_media` and an `Audio` whose `mime_type` is "Optional" are real messages too. teloxide
+/// cannot model any of these and turns the whole message into an empty `UpdateKind::Error`;
+/// Telegram never redelivers an update answered 200, so each must still be read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_teloxide_cannot_model_are_still_read_and_answered() {
+    let model = MockModel::start(Behaviour::Echo).await;
+    let api = MockTelegram::start().await;
+    let app = TestApp::spawn(&model, &api.config("")).await;
+    for name in [
+        "tg_external_reply",
+        "tg_new_entity",
+        "tg_paid_media_caption",
+        "tg_audio_no_mime",
+    ] {
+        assert_eq!(
+            post(&app.base, &fixture(name), Some(SECRET)).await,
+            StatusCode::OK,
+            "{name}"
+        );
+    }
+    api.wait_for_sends(4).await;
+    app.wait_idle().await;
+    let mut texts: Vec<String> = api
+        .sent()
+        .await
+        .iter()
+        .map(|body| body["text"].as_str().unwrap_or_default().to_owned())
+        .collect();
+    texts.sort();
+    assert_eq!(
+        texts,
+        [
+            "echo: pause deploys until 2026-12-05 09:00",
+            "echo: summarize the dashboard I shared",
+            "echo: transcribe the on-call handover",
+            "echo: why did this alert fire?",
+        ]
+    );
+    assert_eq!(model.count(), 4);
+
+    // A message with no chat cannot be answered: acknowledged, logged and counted, not lost
+    // silently.
+    let unreadable = fixture("tg_private_text")
+        .replace("730100001", "730100077")
+        .replace("\"chat\"", "\"chat_was_here\"");
+    assert_eq!(
+        post(&app.base, &unreadable, Some(SECRET)).await,
+        StatusCode::OK
+    );
+    let metrics = app.get("/metrics").await.text;
+    assert!(
+        metrics
+            .lines()
+            .any(|line| line.starts_with("antler_telegram_unreadable_updates_total")),
+        "{metrics}"
+    );
+    app.shutdown().await;
+}
+
+/// Polling reads the same way: `getUpdates` hands over the updates' JSON, not teloxide's lossy
+/// model of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn polled_messages_teloxide_cannot_model_are_answered_too() {
+    let model = MockModel::start(Behaviour::Echo).await;
+    let api = MockTelegram::start_polling_update("", "tg_audio_no_mime").await;
+    let dir = tempfile::tempdir().unwrap();
+    let app = TestApp::start(&model, &dir.path().join("store"), &api.polling_config()).await;
+    let sent = api.wait_for_sends(1).await;
+    assert_eq!(sent[0]["text"], "echo: transcribe the on-call handover");
+    app.wait_idle().await;
+    app.shutdown().await;
+}
+
+/// Bot API: a failed request is `{"ok": false, "error_code": N, "description": "…"}`; Telegram
+/// answers its 5xx that way (502 Bad Gateway, 500 "Internal Server Error: restart", 503). They
+/// pass: the answer is tried again with delivery's backoff, not dropped after one attempt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_server_errors_from_telegram_are_retried_and_the_answer_arrives_once() {
+    let model = MockModel::start(Behaviour::Echo).await;
+    let api = MockTelegram::start().await;
+    api.server_error_next_sends(&[
+        (502, "Bad Gateway"),
+        (500, "Internal Server Error: restart"),
+        (503, "Service Unavailable"),
+    ])
+    .await;
+    let app = TestApp::spawn(&model, &api.config("")).await;
+    assert_eq!(
+        post(&app.base, &fixture("tg_private_text"), Some(SECRET)).await,
+        StatusCode::OK
+    );
+    let sent = api.wait_for_sends(4).await;
+    app.wait_idle().await;
+    assert!(
+        sent.iter()
+            .all(|body| body["text"] == "echo: status payments-api"),
+        "{sent:?}"
+    );
+    assert_eq!(api.sent().await.len(), 4, "three refused, one delivered");
+    assert_eq!(model.count(), 1);
+    app.shutdown().await;
+}
+
+/// Bot API, Message: "from: Sender of the message; may be empty for messages sent to channels.
+/// For backward compatibility, if the message was sent on behalf of a chat, the field contains
+/// a fake sender user in non-channel chats"; "sender_chat: Sender of the message when sent on
+/// behalf of a chat. For example, the supergroup itself for messages sent by its anonymous
+/// administrators or a linked channel for messages automatically forwarded to the channel's
+/// discussion group". The fake sender (GroupAnonymousBot, Channel_Bot) is a bot; the person
+/// behind it is not, and the allowlist names them by `sender_chat`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn anonymous_admins_and_people_posting_as_a_channel_are_answered() {
+    let model = MockModel::start(Behaviour::Echo).await;
+    let api = MockTelegram::start().await;
+    let config = api.config("allowed_users = [\"-1002200330044\", \"-1001999888777\"]\n");
+    let app = TestApp::spawn(&model, &config).await;
+    for name in ["tg_anonymous_admin", "tg_channel_sender"] {
+        assert_eq!(
+            post(&app.base, &fixture(name), Some(SECRET)).await,
+            StatusCode::OK,
+            "{name}"
+        );
+    }
+    // A linked channel's post, forwarded automatically to its discussion group, is nobody
+    // talking to the bot.
+    let forwarded = fixture("tg_channel_sender")
+        .replace("730100022", "730100023")
+        .replace("\"text\":", "\"is_automatic_forward\": true, \"text\":");
+    assert_eq!(
+        post(&app.base, &forwarded, Some(SECRET)).await,
+        StatusCode::OK
+    );
+    api.wait_for_sends(2).await;
+    app.wait_idle().await;
+    let mut texts: Vec<String> = api
+        .sent()
+        .await
+        .iter()
+        .map(|body| body["text"].as_str().unwrap_or_default().to_owned())
+        .collect();
+    texts.sort();
+    assert_eq!(texts, ["echo: freeze deploys", "echo: who is on call?"]);
+    assert_eq!(model.count(), 2);
+    app.shutdown().await;
+}
+
+/// A forum topic closed or deleted while its question was answered: Telegram refuses
+/// `sendMessage` into it with 400 "Bad Request: TOPIC_CLOSED" or "Bad Request: message thread
+/// not found". The answer goes to the chat's General topic (no `message_thread_id`) with a note,
+/// not lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_to_a_closed_or_deleted_topic_goes_to_general_with_a_note() {
+    for refusal in [
+        "Bad Request: TOPIC_CLOSED",
+        "Bad Request: message thread not found",
+    ] {
+        let model = MockModel::start(Behaviour::Echo).await;
+        let api = MockTelegram::start().await;
+        api.refuse_topic(400, refusal).await;
+        let app = TestApp::spawn(&model, &api.config("")).await;
+        assert_eq!(
+            post(&app.base, &fixture("tg_forum_topic"), Some(SECRET)).await,
+            StatusCode::OK
+        );
+        let sent = api.wait_for_sends(2).await;
+        app.wait_idle().await;
+        let sent_now = api.sent().await;
+        assert_eq!(
+            sent_now.len(),
+            2,
+            "{refusal}: refused once, then sent: {sent:?}"
+        );
+        assert_eq!(sent[0]["message_thread_id"], 400);
+        let general = &sent[1];
+        assert_eq!(general["chat_id"], -1_003_300_440_055i64);
+        assert_eq!(general.get("message_thread_id"), None, "{general}");
+        let text = general["text"].as_str().unwrap();
+        assert!(text.contains("echo: tail logs worker"), "{text}");
+        assert!(text.contains("topic"), "a note says why it is here: {text}");
+        app.shutdown().await;
+    }
+}
+
+/// Bot API, Formatting options: bold, italic and strikethrough "can contain and can be part of
+/// any other entities, except pre and code"; "blockquote [...] entities can't be nested"; "All
+/// other entities can't contain each other" (so no `code` inside a link). The mock refuses
+/// those nestings as Telegram does; the answer must arrive as HTML in one message, not as the
+/// plain-text fallback after a refusal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answers_never_nest_what_telegram_html_forbids() {
+    let model = MockModel::start(Behaviour::Echo).await;
+    let api = MockTelegram::start().await;
+    let app = TestApp::spawn(&model, &api.config("")).await;
+    let markdown = "**run `make deploy`** then [`docs`](https://example.com/d) ~~`old`~~\\n\\n> quoted\\n>\\n> > nested **`x`**";
+    let update = fixture("tg_private_text").replace(
+        "\"text\": \"status payments-api\"",
+        &format!("\"text\": \"{markdown}\""),
+    );
+    assert_eq!(post(&app.base, &update, Some(SECRET)).await, StatusCode::OK);
+    api.wait_for_sends(1).await;
+    app.wait_idle().await;
+    let sent = api.sent().await;
+    assert_eq!(sent.len(), 1, "refused once and sent again plain: {sent:?}");
+    assert_eq!(sent[0]["parse_mode"], "HTML");
+    let html = sent[0]["text"].as_str().unwrap();
+    assert!(!antler_testkit::telegram::refused_nesting(html), "{html}");
+    assert!(
+        html.contains("make deploy") && html.contains("<blockquote>"),
+        "{html}"
+    );
+    assert!(html.contains("nested"), "{html}");
+    app.shutdown().await;
+}
+
+/// A sticker, a voice note or a location in a private chat has nothing antler can read yet;
+/// the person is told so (as on Feishu) rather than left waiting, and nothing runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn private_stickers_voice_notes_and_locations_get_a_cant_read_notice() {
+    let model = MockModel::start(Behaviour::Echo).await;
+    let api = MockTelegram::start().await;
+    let app = TestApp::spawn(&model, &api.config("")).await;
+    for name in ["tg_sticker", "tg_voice", "tg_location"] {
+        assert_eq!(
+            post(&app.base, &fixture(name), Some(SECRET)).await,
+            StatusCode::OK,
+            "{name}"
+        );
+    }
+    api.wait_for_sends(3).await;
+    app.wait_idle().await;
+    let mut texts: Vec<String> = api
+        .sent()
+        .await
+        .iter()
+        .map(|body| body["text"].as_str().unwrap_or_default().to_owned())
+        .collect();
+    texts.sort();
+    assert_eq!(texts.len(), 3);
+    for (text, kind) in texts.iter().zip(["location", "sticker", "voice message"]) {
+        assert!(
+            text.contains("can't read") && text.contains(kind),
+            "{kind}: {text}"
+        );
+    }
+    assert_eq!(model.count(), 0);
+    app.shutdown().await;
+}
+
+/// A group upgraded to a supergroup while its question was answered: Telegram refuses the old
+/// id with `parameters.migrate_to_chat_id`; the answer goes to the new id instead of being
+/// dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_to_a_group_that_became_a_supergroup_goes_to_the_new_id() {
+    let model = MockModel::start(Behaviour::Echo).await;
+    let api = MockTelegram::start().await;
+    api.migrate_group(-4_004_004_004, -1_004_004_004_004).await;
+    let app = TestApp::spawn(&model, &api.config("")).await;
+    let update = fixture("tg_group_mention")
+        .replace("-1002200330044", "-4004004004")
+        .replace("\"supergroup\"", "\"group\"");
+    assert_eq!(post(&app.base, &update, Some(SECRET)).await, StatusCode::OK);
+    let sent = api.wait_for_sends(2).await;
+    app.wait_idle().await;
+    assert_eq!(api.sent().await.len(), 2, "{sent:?}");
+    assert_eq!(sent[0]["chat_id"], -4_004_004_004i64);
+    assert_eq!(sent[1]["chat_id"], -1_004_004_004_004i64);
+    assert_eq!(sent[1]["text"], "echo: 🚀 restart web-api");
+    assert_eq!(
+        sent[1].get("reply_parameters"),
+        None,
+        "the old message ids do not exist in the new chat"
+    );
+    app.shutdown().await;
+}
