@@ -223,6 +223,7 @@ pub(crate) const SETTINGS: &[Setting] = &[
     value("channels.slack.command", r#""/antler""#, "The slash command registered in the app."),
     value("channels.slack.allowed_bots", "[]", "Other bots whose messages are answered like a person's."),
     value("channels.slack.progress_reactions", "true", "React to the user's message while its turn runs and when it ends."),
+    value("channels.slack.slash_response", r#""ephemeral""#, "Who sees a slash command's answer: `ephemeral` (its user) or `in_channel` (everyone there)."),
     value("channels.slack.allowed_users", "[]", "User ids that may talk to the bot."),
     value("channels.slack.allowed_chats", "[]", "Channel ids in which anyone may talk to the bot."),
     value("channels.slack.admins", "[]", "User ids of operators: always allowed, their turns run as admin."),

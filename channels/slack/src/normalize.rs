@@ -8,8 +8,10 @@
 //! already has) a reply in a channel thread. Everything else, and the bot's own posts, is
 //! ignored with a reason for the debug log.
 
-use antler_channel::{AttachmentRef, AttachmentSource, ConversationKey, InboundEvent, UserRef};
-use serde::Deserialize;
+use antler_channel::{
+    AttachmentRef, AttachmentSource, ConversationKey, InboundEvent, ReplyContext, UserRef,
+};
+use serde::{Deserialize, Serialize};
 use slack_morphism::events::{
     SlackAppMentionEvent, SlackEventCallbackBody, SlackMessageEvent, SlackMessageEventType,
     SlackPushEventCallback,
@@ -41,6 +43,35 @@ pub(crate) enum Normalized {
     Event(Box<InboundEvent>),
     /// Nothing to do; the reason is for the debug log.
     Ignored(&'static str),
+}
+
+/// What the answer to a message needs besides its conversation, kept with the message in the
+/// store (so it outlives a restart) as its [`ReplyContext`]: who wrote it, for a DM when the
+/// bot cannot post where it was asked, and a slash command's `response_url`, a credential that
+/// posts where the command ran (30 minutes, 5 uses).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct ReplyTo {
+    /// The user who wrote the message.
+    #[serde(rename = "u")]
+    pub(crate) user: String,
+    /// A slash command's `response_url`.
+    #[serde(rename = "r", default, skip_serializing_if = "Option::is_none")]
+    pub(crate) response_url: Option<String>,
+    /// When antler received it, in milliseconds since the Unix epoch.
+    #[serde(rename = "t")]
+    pub(crate) received_at_ms: u64,
+}
+
+impl ReplyTo {
+    /// As the reply context of an event.
+    pub(crate) fn context(&self) -> ReplyContext {
+        ReplyContext::new(serde_json::to_string(self).unwrap_or_default())
+    }
+
+    /// What [`ReplyTo::context`] made; `None` for anything else.
+    pub(crate) fn read(context: &ReplyContext) -> Option<Self> {
+        serde_json::from_str(context.expose()).ok()
+    }
 }
 
 /// The fields of a file antler uses; `size` is not in slack-morphism's `SlackFile`.
@@ -242,7 +273,14 @@ impl Message<'_> {
             follow_up: self.follow_up,
             unsupported: None,
             interactive: true,
-            reply_context: None,
+            reply_context: Some(
+                ReplyTo {
+                    user: self.user.to_owned(),
+                    response_url: None,
+                    received_at_ms: context.received_at_ms,
+                }
+                .context(),
+            ),
         }))
     }
 }
@@ -349,6 +387,9 @@ pub(crate) struct SlashCommand {
     #[serde(default)]
     pub(crate) text: String,
     pub(crate) trigger_id: String,
+    /// Where the answer is posted, in the conversation the command ran in.
+    #[serde(default)]
+    pub(crate) response_url: Option<String>,
 }
 
 /// The gateway's own commands, which `/antler <word>` runs as `/<word>`.
@@ -394,7 +435,16 @@ pub(crate) fn normalize_command(command: &SlashCommand, context: &Context<'_>) -
         follow_up: false,
         unsupported: None,
         interactive: true,
-        reply_context: None,
+        // The answer goes back through the command's response_url: the bot need not be a
+        // member of the channel, and Slack shows it as configured (privately by default).
+        reply_context: Some(
+            ReplyTo {
+                user: command.user_id.clone(),
+                response_url: command.response_url.clone().filter(|url| !url.is_empty()),
+                received_at_ms: context.received_at_ms,
+            }
+            .context(),
+        ),
     }))
 }
 
