@@ -618,7 +618,8 @@ pub struct SlackConfig {
     /// The slash command, as registered in the app (`/antler`).
     #[serde(deserialize_with = "secret::string")]
     pub command: String,
-    /// Other bots (`B…` ids) whose messages are answered like a person's; the rest are ignored.
+    /// Other bots (`B…` bot ids or `A…` app ids) whose messages are answered like a person's;
+    /// the rest are ignored.
     #[serde(deserialize_with = "secret::strings")]
     pub allowed_bots: Vec<String>,
     /// React to the user's message while its turn runs (👀) and when it ends (✅ or ❌).

@@ -221,7 +221,7 @@ pub(crate) const SETTINGS: &[Setting] = &[
     unset("channels.slack.team_id", "any workspace", "The workspace (team id) whose events are accepted."),
     value("channels.slack.thread_follow_ups", "true", "Answer in a thread the bot already answered in, without a new mention."),
     value("channels.slack.command", r#""/antler""#, "The slash command registered in the app."),
-    value("channels.slack.allowed_bots", "[]", "Other bots whose messages are answered like a person's."),
+    value("channels.slack.allowed_bots", "[]", "Other bots whose messages are answered like a person's: bot ids (`B…`) or app ids (`A…`), classic bots and incoming webhooks included."),
     value("channels.slack.progress_reactions", "true", "React to the user's message while its turn runs and when it ends."),
     value("channels.slack.slash_response", r#""ephemeral""#, "Who sees a slash command's answer: `ephemeral` (its user) or `in_channel` (everyone there)."),
     value("channels.slack.allowed_users", "[]", "User ids that may talk to the bot."),

@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 
 use antler_testkit::now_secs;
 use antler_testkit::slack::{
-    CHANNEL, DM, MockSlack, SIGNING_SECRET, THREAD, channel_message, fixture, post_event,
-    post_signed, signed_headers,
+    CHANNEL, DM, MockSlack, SIGNING_SECRET, THREAD, bot_message, channel_message, fixture,
+    post_event, post_signed, signed_headers,
 };
 use reqwest::StatusCode;
 use serde_json::Value;
@@ -455,4 +455,71 @@ async fn kill_9_after_the_ack_and_a_restart_answer_exactly_once() {
     let posted = api.posted().await;
     assert_eq!(posted.len(), 1, "{posted:?}\n{}", second.log_text());
     assert_eq!(posted[0]["thread_ts"], THREAD);
+}
+
+/// `allowed_bots` admits classic bots and incoming webhooks, whose posts are
+/// `subtype: bot_message` with a `bot_id` and no `user` (Slack's `bot_message` event), by
+/// their bot id or their app id; any other bot is still ignored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn listed_classic_bots_and_incoming_webhooks_are_answered_by_bot_id_or_app_id() {
+    let model = MockModel::start(Behaviour::Echo).await;
+    let api = MockSlack::start().await;
+    let app = TestApp::spawn(
+        &model,
+        &api.config("allowed_bots = [\"B0CLASSIC1\", \"A0HOOK0001\"]\n"),
+    )
+    .await;
+    let posts = [
+        bot_message(
+            "1767225700.000100",
+            "<@U0BOT00001> deploy failed",
+            "B0CLASSIC1",
+            None,
+            "Ev10",
+        ),
+        bot_message(
+            "1767225700.000200",
+            "<@U0BOT00001> disk 91%",
+            "B0HOOK0001",
+            Some("A0HOOK0001"),
+            "Ev11",
+        ),
+        bot_message(
+            "1767225700.000300",
+            "<@U0BOT00001> hi",
+            "B0OTHER01",
+            Some("A0OTHER01"),
+            "Ev12",
+        ),
+    ];
+    for post in &posts {
+        assert_eq!(post_event(&app.base, post).await, StatusCode::OK);
+    }
+    let posted = api.wait_for_posts(2).await;
+    app.wait_idle().await;
+    let mut answers: Vec<(String, String)> = api
+        .posted()
+        .await
+        .iter()
+        .map(|p| {
+            (
+                p["thread_ts"].as_str().unwrap_or_default().to_owned(),
+                p["text"].as_str().unwrap_or_default().to_owned(),
+            )
+        })
+        .collect();
+    answers.sort();
+    assert_eq!(
+        answers,
+        [
+            (
+                "1767225700.000100".to_owned(),
+                "echo: deploy failed".to_owned()
+            ),
+            ("1767225700.000200".to_owned(), "echo: disk 91%".to_owned()),
+        ],
+        "{posted:?}"
+    );
+    assert_eq!(model.count(), 2, "the unlisted bot ran nothing");
+    app.shutdown().await;
 }

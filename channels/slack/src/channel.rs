@@ -57,7 +57,8 @@ pub struct SlackSettings {
     pub team_id: Option<String>,
     /// Replies in a channel thread the bot answered in reach it without a mention.
     pub thread_follow_ups: bool,
-    /// Other bots (`B…` ids) whose messages are answered like a person's; the rest are ignored.
+    /// Other bots (`B…` bot ids or `A…` app ids; classic bots and incoming webhooks too) whose
+    /// messages are answered like a person's; the rest are ignored.
     pub allowed_bots: Vec<String>,
     /// React to the user's message while its turn runs (👀) and when it ends (✅ or ❌).
     pub progress_reactions: bool,

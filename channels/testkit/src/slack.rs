@@ -159,6 +159,36 @@ fn url_encode(text: &str) -> String {
         .collect()
 }
 
+/// A post in [`CHANNEL`] by a classic bot or an incoming webhook, as Slack sends it
+/// (`message` with `subtype: bot_message`, "A message was posted by an integration"): a
+/// `bot_id`, the webhook's `app_id` when it has one, a `username`, and no `user`.
+#[must_use]
+pub fn bot_message(
+    ts: &str,
+    text: &str,
+    bot_id: &str,
+    app_id: Option<&str>,
+    event_id: &str,
+) -> String {
+    let mut event = json!({
+        "type": "message", "subtype": "bot_message", "text": text, "ts": ts,
+        "bot_id": bot_id, "username": "jenkins", "team": TEAM, "channel": CHANNEL,
+        "event_ts": ts, "channel_type": "channel"
+    });
+    if let Some(app_id) = app_id {
+        event["app_id"] = json!(app_id);
+    }
+    json!({
+        "token": "x", "team_id": TEAM, "api_app_id": "A0OPSBOT001",
+        "event": event, "type": "event_callback", "event_id": event_id,
+        "event_time": 1767225600,
+        "authorizations": [{"enterprise_id": null, "team_id": TEAM,
+                            "user_id": BOT_USER, "is_bot": true,
+                            "is_enterprise_install": false}]
+    })
+    .to_string()
+}
+
 /// A mock Web API on 127.0.0.1 (`<uri>/api/<method>`): knows the bot (`auth.test`), accepts
 /// every post, update and reaction, opens a DM with anyone, serves slash commands'
 /// `response_url`s (`<uri>/commands/…`) as Slack does, and records every request.
