@@ -60,8 +60,13 @@ async fn a_ping_gets_exactly_type_1_and_a_bad_signature_401_with_nothing_stored(
 
     let forger = SigningKey::from_bytes(&[7; 32]);
     let interaction = ask("1300000000000000951", "tok-forged", "hi");
-    let (status, _) = post_signed(&app.base, &interaction, &forger).await;
+    let (status, body) = post_signed(&app.base, &interaction, &forger).await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);
+    // The 401 names what failed: the Discord key, not the HTTP API's bearer token.
+    let refused: Value = serde_json::from_str(&body).unwrap();
+    let message = refused["error"]["message"].as_str().unwrap();
+    assert!(message.contains("channels.discord.public_key"), "{message}");
+    assert!(!message.contains("bearer"), "{message}");
     // A flipped byte after signing.
     let body = serde_json::to_vec(&interaction).unwrap();
     let signed = signed_headers(&key(), now_secs(), &body);

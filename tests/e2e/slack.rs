@@ -304,7 +304,7 @@ async fn forged_stale_and_challenge_requests_get_their_answers() {
     let api = MockSlack::start().await;
     let app = TestApp::spawn(&model, &api.config("")).await;
     let mention = fixture("slack_app_mention_thread.json");
-    let (status, _) = post_signed(
+    let (status, body) = post_signed(
         &app.base,
         "events",
         &mention,
@@ -314,6 +314,14 @@ async fn forged_stale_and_challenge_requests_get_their_answers() {
     )
     .await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);
+    // The 401 names what failed: the Slack signature, not the HTTP API's bearer token.
+    let refused: Value = serde_json::from_str(&body).unwrap();
+    let message = refused["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("channels.slack.signing_secret"),
+        "{message}"
+    );
+    assert!(!message.contains("bearer"), "{message}");
     let (status, _) = post_signed(
         &app.base,
         "events",
