@@ -262,6 +262,7 @@ async fn platform_channels(config: &Config) -> Result<Platforms, AppError> {
             thread_follow_ups: slack.thread_follow_ups,
             allowed_bots: slack.allowed_bots.clone(),
             progress_reactions: slack.progress_reactions,
+            slash_in_channel: slack.slash_response == crate::config::SlashResponse::InChannel,
         };
         let channel = Arc::new(
             SlackChannel::new(&settings, crate::now_ms)

@@ -621,11 +621,14 @@ pub struct SlackConfig {
     /// The slash command, as registered in the app (`/antler`).
     #[serde(deserialize_with = "secret::string")]
     pub command: String,
-    /// Other bots (`B…` ids) whose messages are answered like a person's; the rest are ignored.
+    /// Other bots (`B…` bot ids or `A…` app ids) whose messages are answered like a person's;
+    /// the rest are ignored.
     #[serde(deserialize_with = "secret::strings")]
     pub allowed_bots: Vec<String>,
     /// React to the user's message while its turn runs (👀) and when it ends (✅ or ❌).
     pub progress_reactions: bool,
+    /// Who sees a slash command's answer (posted through the command's `response_url`).
+    pub slash_response: SlashResponse,
     /// Platform user ids that may talk to the bot (with `allowed_chats`; both empty: anyone).
     #[serde(deserialize_with = "secret::strings")]
     pub allowed_users: Vec<String>,
@@ -635,6 +638,17 @@ pub struct SlackConfig {
     /// Platform user ids that are operators: always allowed, and their turns run as admin.
     #[serde(deserialize_with = "secret::strings")]
     pub admins: Vec<String>,
+}
+
+/// Who sees the answer to a Slack slash command.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SlashResponse {
+    /// Only the user who ran it (Slack's `ephemeral`).
+    #[default]
+    Ephemeral,
+    /// Everyone in the conversation (Slack's `in_channel`).
+    InChannel,
 }
 
 impl Default for SlackConfig {
@@ -649,6 +663,7 @@ impl Default for SlackConfig {
             command: "/antler".to_owned(),
             allowed_bots: Vec::new(),
             progress_reactions: true,
+            slash_response: SlashResponse::Ephemeral,
             allowed_users: Vec::new(),
             allowed_chats: Vec::new(),
             admins: Vec::new(),

@@ -448,7 +448,7 @@ fn slack_token_team_and_command_must_have_slacks_shape() {
         [
             "channels.slack.bot_token: must be the app's bot token (xoxb-...), from OAuth & Permissions",
             "channels.slack.team_id: must be a workspace id such as T0123ABCD",
-            "channels.slack.allowed_bots[0]: must be a bot id such as B0123ABCD",
+            "channels.slack.allowed_bots[0]: must be a bot id such as B0123ABCD or an app id such as A0123ABCD",
             "channels.slack.command: must be a slash and 1 to 31 lower-case letters, digits, - or _, e.g. /antler",
         ]
     );

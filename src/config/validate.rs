@@ -888,9 +888,14 @@ fn channels(config: &Config, v: &mut Issues) {
         key!("channels.slack.allowed_bots"),
         &slack.allowed_bots,
         |id| {
-            (id.starts_with('B') && id.len() > 1 && id.bytes().all(|b| b.is_ascii_alphanumeric()))
-                .then_some(())
-                .ok_or_else(|| "must be a bot id such as B0123ABCD".to_owned())
+            // A bot id, or the id of the app an incoming webhook posts as.
+            ((id.starts_with('B') || id.starts_with('A'))
+                && id.len() > 1
+                && id.bytes().all(|b| b.is_ascii_alphanumeric()))
+            .then_some(())
+            .ok_or_else(|| {
+                "must be a bot id such as B0123ABCD or an app id such as A0123ABCD".to_owned()
+            })
         },
     );
     let command = &slack.command;

@@ -75,7 +75,8 @@ pub(crate) struct Draft {
 }
 
 impl Draft {
-    /// Starts the draft of `item`'s turn when `channel` can edit messages; `None` otherwise.
+    /// Starts the draft of `item`'s turn when `channel` can edit messages and shows this reply
+    /// live ([`Channel::live_reply`]); `None` otherwise.
     pub(crate) fn start(
         store: Arc<dyn InboxStore>,
         channel: Arc<dyn Channel>,
@@ -87,21 +88,25 @@ impl Draft {
         else {
             return None;
         };
+        let message = OutboundMessage {
+            idempotency_key: format!("{}:{}:draft", item.thread_id, item.seq),
+            conversation: item.event.conversation.clone(),
+            thread_id: item.thread_id.clone(),
+            text: String::new(),
+            reply_to: item.event.reply_to.clone(),
+            files: Vec::new(),
+            reply_context: item.event.reply_context.clone(),
+        };
+        if !channel.live_reply(&message) {
+            return None;
+        }
         let shared = Arc::new(Shared::default());
         let stop = CancellationToken::new();
         let writer = Writer {
             store,
             channel,
             seq: item.seq,
-            message: OutboundMessage {
-                idempotency_key: format!("{}:{}:draft", item.thread_id, item.seq),
-                conversation: item.event.conversation.clone(),
-                thread_id: item.thread_id.clone(),
-                text: String::new(),
-                reply_to: item.event.reply_to.clone(),
-                files: Vec::new(),
-                reply_context: item.event.reply_context.clone(),
-            },
+            message,
             draft: item.draft.clone(),
             interval: rate.interval(item.event.group),
         };

@@ -13,6 +13,9 @@ use crate::store::StoreError;
 pub(crate) enum ApiError {
     #[error("missing or wrong bearer token")]
     Unauthorized,
+    /// A platform webhook whose signature or secret did not verify; the message says which.
+    #[error("{0}")]
+    WebhookUnauthorized(&'static str),
     #[error("{0}")]
     Forbidden(String),
     #[error("{0}")]
@@ -48,7 +51,9 @@ pub(crate) enum ApiError {
 impl ApiError {
     fn status_and_code(&self) -> (StatusCode, &'static str) {
         match self {
-            Self::Unauthorized => (StatusCode::UNAUTHORIZED, "unauthorized"),
+            Self::Unauthorized | Self::WebhookUnauthorized(_) => {
+                (StatusCode::UNAUTHORIZED, "unauthorized")
+            }
             Self::Forbidden(_) => (StatusCode::FORBIDDEN, "forbidden"),
             Self::BadRequest(_) => (StatusCode::BAD_REQUEST, "bad_request"),
             Self::NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
@@ -96,7 +101,8 @@ impl IntoResponse for ApiError {
         let (status, code) = self.status_and_code();
         let body = json!({ "error": { "code": code, "message": self.to_string() } });
         let mut response = (status, Json(body)).into_response();
-        if status == StatusCode::UNAUTHORIZED {
+        // A webhook is signed, not bearer-authenticated.
+        if matches!(self, Self::Unauthorized) {
             response
                 .headers_mut()
                 .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));

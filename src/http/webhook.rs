@@ -99,10 +99,37 @@ async fn accept_all(ingress: &Ingress, events: Vec<InboundEvent>) -> Result<(), 
     Ok(())
 }
 
+/// What a 401 from `channel`'s webhook says failed: the platform's own secret or signature,
+/// not the HTTP API's bearer token.
+fn unauthorized(channel: &str) -> &'static str {
+    match channel {
+        "telegram" => {
+            "the X-Telegram-Bot-Api-Secret-Token header is missing or does not match \
+             channels.telegram.webhook_secret"
+        }
+        "slack" => {
+            "the Slack signature (X-Slack-Signature) is missing or does not verify with \
+             channels.slack.signing_secret, or the request is more than 5 minutes old"
+        }
+        "discord" => {
+            "the Discord signature (X-Signature-Ed25519) is missing or does not verify with \
+             channels.discord.public_key, or the request is more than 5 minutes old"
+        }
+        "feishu" => {
+            "the Feishu signature (X-Lark-Signature, with channels.feishu.encrypt_key) or \
+             verification token (channels.feishu.verification_token) does not verify"
+        }
+        _ => "the request's signature or secret does not verify",
+    }
+}
+
 /// The answer to a request the channel would not take, counted by its reason.
 fn rejected(channel: &'static str, error: ChannelError) -> ApiError {
     let (reason, answer) = match error {
-        ChannelError::Unauthorized => ("unauthorized", ApiError::Unauthorized),
+        ChannelError::Unauthorized => (
+            "unauthorized",
+            ApiError::WebhookUnauthorized(unauthorized(channel)),
+        ),
         ChannelError::Malformed(message) => ("malformed", ApiError::BadRequest(message)),
         // Only a message that may be addressed to the bot, before the bot knows who it is:
         // a 503 makes the platform deliver it again, instead of acknowledging and losing it.
@@ -206,6 +233,30 @@ mod tests {
         assert!(!again.new, "the slash command's event was stored");
         h.until_sent(1).await;
         assert_eq!(h.sent(), ["echo: hello"]);
+    }
+
+    #[test]
+    fn a_webhooks_401_names_the_platforms_secret_not_a_bearer_token() {
+        for (channel, names) in [
+            ("telegram", "channels.telegram.webhook_secret"),
+            ("slack", "channels.slack.signing_secret"),
+            ("discord", "channels.discord.public_key"),
+            ("feishu", "channels.feishu.encrypt_key"),
+        ] {
+            let ApiError::WebhookUnauthorized(message) =
+                rejected(channel, ChannelError::Unauthorized)
+            else {
+                panic!("{channel}: a webhook's own 401")
+            };
+            assert!(message.contains(names), "{channel}: {message}");
+            assert!(!message.contains("bearer"), "{channel}: {message}");
+        }
+        let response = rejected("slack", ChannelError::Unauthorized).into_response();
+        assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+        assert!(
+            response.headers().get("www-authenticate").is_none(),
+            "a webhook is signed, not bearer-authenticated"
+        );
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use antler_testkit::discord::{
     ADA, APPLICATION_ID, BOT_TOKEN, MockDiscord, ask, fixture, key, mock_gateway, post, post_raw,
-    post_signed, signed_headers,
+    post_signed, signed_headers, user_installed,
 };
 use antler_testkit::now_secs;
 use ed25519_dalek::SigningKey;
@@ -60,8 +60,13 @@ async fn a_ping_gets_exactly_type_1_and_a_bad_signature_401_with_nothing_stored(
 
     let forger = SigningKey::from_bytes(&[7; 32]);
     let interaction = ask("1300000000000000951", "tok-forged", "hi");
-    let (status, _) = post_signed(&app.base, &interaction, &forger).await;
+    let (status, body) = post_signed(&app.base, &interaction, &forger).await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);
+    // The 401 names what failed: the Discord key, not the HTTP API's bearer token.
+    let refused: Value = serde_json::from_str(&body).unwrap();
+    let message = refused["error"]["message"].as_str().unwrap();
+    assert!(message.contains("channels.discord.public_key"), "{message}");
+    assert!(!message.contains("bearer"), "{message}");
     // A flipped byte after signing.
     let body = serde_json::to_vec(&interaction).unwrap();
     let signed = signed_headers(&key(), now_secs(), &body);
@@ -404,5 +409,117 @@ async fn with_the_gateway_a_mention_is_answered_once_across_a_reconnect() {
         .count();
     assert_eq!(answers, 1, "answered once");
     assert_eq!(model.count(), 1);
+    app.shutdown().await;
+}
+
+/// The parts of an answer, in order, rejoined: nothing lost between them.
+fn rejoined(parts: &[Value]) -> Vec<String> {
+    parts
+        .iter()
+        .flat_map(|body| {
+            body["content"]
+                .as_str()
+                .unwrap()
+                .split_whitespace()
+                .map(str::to_owned)
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+fn long_prompt(words: usize) -> String {
+    "lorem ipsum dolor sit amet "
+        .repeat(words)
+        .trim_end()
+        .to_owned()
+}
+
+/// Discord: "Apps installed to a user ... are limited to 5 followup messages per
+/// interaction". An answer of 8 parts to a user-installed app is the edited original, 5
+/// follow-ups, and the rest as the bot's messages in the channel: nothing refused, nothing lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_installed_app_sends_at_most_5_follow_ups_and_the_rest_in_the_channel() {
+    let model = MockModel::start(Behaviour::Echo).await;
+    let api = MockDiscord::start().await;
+    api.limit_follow_ups("tok-user").await;
+    let app = TestApp::spawn(&model, &api.config("")).await;
+    let prompt = long_prompt(560);
+    let interaction = user_installed(ask("1300000000000000961", "tok-user", &prompt));
+    post(&app.base, &interaction).await;
+    app.client.wait_idle().await;
+    let edits = api.edits_of_original("tok-user").await;
+    let follow_ups = api.follow_ups("tok-user").await;
+    let in_channel = api.channel_messages().await;
+    assert_eq!(edits.len(), 1, "{edits:?}");
+    assert_eq!(follow_ups.len(), 5, "never a sixth follow-up");
+    assert!(!in_channel.is_empty(), "the rest went to the channel");
+    let parts: Vec<Value> = edits
+        .into_iter()
+        .chain(follow_ups)
+        .chain(in_channel)
+        .collect();
+    assert!(parts.len() >= 7, "{}", parts.len());
+    assert_eq!(
+        rejoined(&parts),
+        format!("echo: {prompt}")
+            .split_whitespace()
+            .collect::<Vec<_>>(),
+        "nothing lost between the parts"
+    );
+    app.shutdown().await;
+}
+
+/// A 404 Unknown Webhook (code 10015) on the interaction webhook is like an expired token:
+/// the answer goes to the channel as the bot's own message instead of being given up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_webhook_falls_back_to_a_channel_message() {
+    let model = MockModel::start(Behaviour::Echo).await;
+    let api = MockDiscord::start().await;
+    api.forget_webhook("tok-gone").await;
+    let app = TestApp::spawn(&model, &api.config("")).await;
+    post(
+        &app.base,
+        &ask("1300000000000000962", "tok-gone", "still there?"),
+    )
+    .await;
+    let in_channel = wait_until("the answer in the channel", || async {
+        let messages = api.channel_messages().await;
+        (!messages.is_empty()).then_some(messages)
+    })
+    .await;
+    app.client.wait_idle().await;
+    assert_eq!(in_channel.len(), 1, "{in_channel:?}");
+    assert_eq!(in_channel[0]["content"], "echo: still there?");
+    assert_eq!(in_channel[0]["allowed_mentions"]["parse"], json!([]));
+    app.shutdown().await;
+}
+
+/// A 2xx whose body lacks fields antler's model of a message expects is still a delivered
+/// part: every part is sent once, none again, none dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_2xx_antler_cannot_fully_parse_is_a_delivered_part_and_the_rest_follows() {
+    let model = MockModel::start(Behaviour::Echo).await;
+    let api = MockDiscord::start().await;
+    api.answer_sparsely("tok-sparse").await;
+    let app = TestApp::spawn(&model, &api.config("")).await;
+    let prompt = long_prompt(186);
+    post(
+        &app.base,
+        &ask("1300000000000000963", "tok-sparse", &prompt),
+    )
+    .await;
+    app.client.wait_idle().await;
+    let edits = api.edits_of_original("tok-sparse").await;
+    let follow_ups = api.follow_ups("tok-sparse").await;
+    assert_eq!(edits.len(), 1, "{edits:?}");
+    assert_eq!(follow_ups.len(), 2, "{follow_ups:?}");
+    assert!(api.channel_messages().await.is_empty());
+    let parts: Vec<Value> = edits.into_iter().chain(follow_ups).collect();
+    assert_eq!(
+        rejoined(&parts),
+        format!("echo: {prompt}")
+            .split_whitespace()
+            .collect::<Vec<_>>()
+    );
     app.shutdown().await;
 }

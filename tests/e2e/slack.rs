@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 
 use antler_testkit::now_secs;
 use antler_testkit::slack::{
-    CHANNEL, MockSlack, SIGNING_SECRET, THREAD, channel_message, fixture, post_event, post_signed,
-    signed_headers,
+    CHANNEL, DM, MockSlack, SIGNING_SECRET, THREAD, bot_message, channel_message, fixture,
+    post_event, post_signed, signed_headers,
 };
 use reqwest::StatusCode;
 use serde_json::Value;
@@ -131,32 +131,171 @@ async fn a_follow_up_in_the_bots_thread_is_answered_and_elsewhere_ignored() {
     app.shutdown().await;
 }
 
+/// Slack, "Responding to slash commands": the answer goes to the command's `response_url`
+/// (`{"text", "response_type": "ephemeral"|"in_channel"}`), which posts where the command ran
+/// even where the bot is no member; `chat.postMessage` there would fail `not_in_channel`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_slash_command_is_acknowledged_at_once_and_answered_in_the_channel() {
+async fn a_slash_command_is_answered_through_its_response_url_privately_unless_configured() {
+    let model = MockModel::start(Behaviour::Echo).await;
+    for (more, response_type) in [
+        ("", "ephemeral"),
+        ("slash_response = \"in_channel\"\n", "in_channel"),
+    ] {
+        let api = MockSlack::start().await;
+        // The bot is in no channel: a post there is refused, as Slack does.
+        api.refuse_posts_in(CHANNEL, "not_in_channel").await;
+        let app = TestApp::spawn(&model, &api.config(more)).await;
+        let started = Instant::now();
+        let (status, body) = post_signed(
+            &app.base,
+            "commands",
+            &api.slash_command("status payments-api"),
+            SIGNING_SECRET,
+            now_secs(),
+            None,
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK);
+        assert!(
+            started.elapsed() < Duration::from_secs(3),
+            "Slack waits 3 s at most"
+        );
+        let ack: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(ack["response_type"], "ephemeral");
+        let responses = wait_until("the answer through the response_url", || async {
+            let responses = api.responses().await;
+            (!responses.is_empty()).then_some(responses)
+        })
+        .await;
+        assert_eq!(responses[0]["text"], "echo: status payments-api");
+        assert_eq!(responses[0]["response_type"], response_type, "{more}");
+        assert_eq!(responses[0]["replace_original"], false);
+        app.wait_idle().await;
+        assert_eq!(api.responses().await.len(), 1);
+        assert!(api.posted().await.is_empty(), "no chat.postMessage");
+        assert!(api.dms_opened().await.is_empty());
+        app.shutdown().await;
+    }
+}
+
+/// A `response_url` answers "up to five times within 30 minutes" (Slack); after that
+/// `404 expired_url`. A private answer then reaches the user in a DM, with a note; a public
+/// one goes to the channel, and where the bot cannot post there, to the DM too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spent_response_url_falls_back_to_a_dm_with_a_note() {
+    let model = MockModel::start(Behaviour::Echo).await;
+    for more in ["", "slash_response = \"in_channel\"\n"] {
+        let api = MockSlack::start().await;
+        api.expire_response_urls().await;
+        api.refuse_posts_in(CHANNEL, "not_in_channel").await;
+        let app = TestApp::spawn(&model, &api.config(more)).await;
+        let (status, _) = post_signed(
+            &app.base,
+            "commands",
+            &api.slash_command("status payments-api"),
+            SIGNING_SECRET,
+            now_secs(),
+            None,
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK);
+        let dm = wait_until("the answer in the DM", || async {
+            api.posted()
+                .await
+                .into_iter()
+                .find(|post| post["channel"] == DM)
+        })
+        .await;
+        let text = dm["text"].as_str().unwrap();
+        assert!(text.contains(&format!("<#{CHANNEL}>")), "the note: {text}");
+        assert!(text.ends_with("echo: status payments-api"), "{text}");
+        assert_eq!(api.dms_opened().await, ["U0ADA00001"]);
+        app.wait_idle().await;
+        assert_eq!(api.responses().await.len(), 1, "tried once: {more}");
+        let in_channel = api
+            .posted()
+            .await
+            .iter()
+            .filter(|post| post["channel"] == CHANNEL)
+            .count();
+        assert_eq!(
+            in_channel,
+            usize::from(!more.is_empty()),
+            "a private answer is never tried in the channel: {more}"
+        );
+        app.shutdown().await;
+    }
+}
+
+/// A mention answered in a channel the bot was since removed from (`not_in_channel`) or that
+/// it cannot see (`channel_not_found`) reaches its user in a DM instead of a log line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_the_bot_cannot_post_where_it_was_asked_goes_to_the_users_dm() {
     let model = MockModel::start(Behaviour::Echo).await;
     let api = MockSlack::start().await;
+    api.refuse_posts_in(CHANNEL, "channel_not_found").await;
     let app = TestApp::spawn(&model, &api.config("")).await;
-    let started = Instant::now();
-    let (status, body) = post_signed(
-        &app.base,
+    assert_eq!(
+        post_event(&app.base, &fixture("slack_app_mention_thread.json")).await,
+        StatusCode::OK
+    );
+    let dm = wait_until("the answer in the DM", || async {
+        api.posted()
+            .await
+            .into_iter()
+            .find(|post| post["channel"] == DM)
+    })
+    .await;
+    let text = dm["text"].as_str().unwrap();
+    assert!(text.contains("where I cannot post"), "{text}");
+    assert!(
+        text.ends_with("echo: restart web-api &amp; report"),
+        "{text}"
+    );
+    assert_eq!(api.dms_opened().await, ["U0ADA00001"]);
+    app.shutdown().await;
+}
+
+/// The `response_url` is kept with the accepted command in the store: a crash between the
+/// acknowledgement and the answer still answers through it, and the URL (a credential) is
+/// never logged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_between_a_slash_command_and_its_answer_still_answers_through_the_response_url() {
+    let model = MockModel::start(Behaviour::Echo).await;
+    model.hold();
+    let api = MockSlack::start().await;
+    let rig = ChildRig::new(&model, &api.config(""));
+    let mut first = rig.serve().await;
+    let (status, _) = post_signed(
+        &first.base,
         "commands",
-        fixture("slack_slash_command.form").trim(),
+        &api.slash_command("status payments-api"),
         SIGNING_SECRET,
         now_secs(),
         None,
     )
     .await;
     assert_eq!(status, StatusCode::OK);
-    assert!(
-        started.elapsed() < Duration::from_secs(3),
-        "Slack waits 3 s at most"
-    );
-    let ack: Value = serde_json::from_str(&body).unwrap();
-    assert_eq!(ack["response_type"], "ephemeral");
-    let posted = api.wait_for_posts(1).await;
-    assert_eq!(posted[0]["channel"], CHANNEL);
-    assert_eq!(posted[0]["text"], "echo: status payments-api");
-    app.shutdown().await;
+    model.wait_for_requests(1).await;
+    first.kill().await;
+
+    model.release();
+    let second = rig.serve().await;
+    let responses = wait_until("the answer through the response_url", || async {
+        let responses = api.responses().await;
+        (!responses.is_empty()).then_some(responses)
+    })
+    .await;
+    second.client.wait_idle().await;
+    assert_eq!(responses[0]["text"], "echo: status payments-api");
+    assert_eq!(api.responses().await.len(), 1);
+    assert!(api.posted().await.is_empty());
+    for log in [first.log_text(), second.log_text()] {
+        assert!(
+            !log.contains("xYz123"),
+            "the response_url was logged:\n{log}"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -165,7 +304,7 @@ async fn forged_stale_and_challenge_requests_get_their_answers() {
     let api = MockSlack::start().await;
     let app = TestApp::spawn(&model, &api.config("")).await;
     let mention = fixture("slack_app_mention_thread.json");
-    let (status, _) = post_signed(
+    let (status, body) = post_signed(
         &app.base,
         "events",
         &mention,
@@ -175,6 +314,14 @@ async fn forged_stale_and_challenge_requests_get_their_answers() {
     )
     .await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);
+    // The 401 names what failed: the Slack signature, not the HTTP API's bearer token.
+    let refused: Value = serde_json::from_str(&body).unwrap();
+    let message = refused["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("channels.slack.signing_secret"),
+        "{message}"
+    );
+    assert!(!message.contains("bearer"), "{message}");
     let (status, _) = post_signed(
         &app.base,
         "events",
@@ -316,4 +463,71 @@ async fn kill_9_after_the_ack_and_a_restart_answer_exactly_once() {
     let posted = api.posted().await;
     assert_eq!(posted.len(), 1, "{posted:?}\n{}", second.log_text());
     assert_eq!(posted[0]["thread_ts"], THREAD);
+}
+
+/// `allowed_bots` admits classic bots and incoming webhooks, whose posts are
+/// `subtype: bot_message` with a `bot_id` and no `user` (Slack's `bot_message` event), by
+/// their bot id or their app id; any other bot is still ignored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn listed_classic_bots_and_incoming_webhooks_are_answered_by_bot_id_or_app_id() {
+    let model = MockModel::start(Behaviour::Echo).await;
+    let api = MockSlack::start().await;
+    let app = TestApp::spawn(
+        &model,
+        &api.config("allowed_bots = [\"B0CLASSIC1\", \"A0HOOK0001\"]\n"),
+    )
+    .await;
+    let posts = [
+        bot_message(
+            "1767225700.000100",
+            "<@U0BOT00001> deploy failed",
+            "B0CLASSIC1",
+            None,
+            "Ev10",
+        ),
+        bot_message(
+            "1767225700.000200",
+            "<@U0BOT00001> disk 91%",
+            "B0HOOK0001",
+            Some("A0HOOK0001"),
+            "Ev11",
+        ),
+        bot_message(
+            "1767225700.000300",
+            "<@U0BOT00001> hi",
+            "B0OTHER01",
+            Some("A0OTHER01"),
+            "Ev12",
+        ),
+    ];
+    for post in &posts {
+        assert_eq!(post_event(&app.base, post).await, StatusCode::OK);
+    }
+    let posted = api.wait_for_posts(2).await;
+    app.wait_idle().await;
+    let mut answers: Vec<(String, String)> = api
+        .posted()
+        .await
+        .iter()
+        .map(|p| {
+            (
+                p["thread_ts"].as_str().unwrap_or_default().to_owned(),
+                p["text"].as_str().unwrap_or_default().to_owned(),
+            )
+        })
+        .collect();
+    answers.sort();
+    assert_eq!(
+        answers,
+        [
+            (
+                "1767225700.000100".to_owned(),
+                "echo: deploy failed".to_owned()
+            ),
+            ("1767225700.000200".to_owned(), "echo: disk 91%".to_owned()),
+        ],
+        "{posted:?}"
+    );
+    assert_eq!(model.count(), 2, "the unlisted bot ran nothing");
+    app.shutdown().await;
 }

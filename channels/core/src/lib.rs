@@ -183,6 +183,13 @@ pub trait Channel: Send + Sync + 'static {
         Limits::default()
     }
 
+    /// Whether the reply `message` may be shown live, in a draft edited while it is written,
+    /// on a channel whose [`Limits::edits`] is `Some`. `false` for a reply whose way back
+    /// allows only a few messages (a Slack slash command's `response_url`): it is sent whole.
+    fn live_reply(&self, _message: &OutboundMessage) -> bool {
+        true
+    }
+
     /// What the platform can show.
     fn capabilities(&self) -> Capabilities {
         Capabilities::default()

@@ -14,7 +14,9 @@ use serenity::interactions_endpoint::Verifier;
 use serenity::model::application::Interaction;
 
 use crate::client::{DEFAULT_API_URL, DiscordApi};
-use crate::normalize::{NAME, Normalized, channel_of, normalize_command, read_reply_context};
+use crate::normalize::{
+    Answering, NAME, Normalized, channel_of, normalize_command, read_reply_context,
+};
 
 /// The most a message holds, in characters.
 pub const MESSAGE_LIMIT: usize = 2000;
@@ -35,6 +37,11 @@ pub const TOKEN_LIFETIME: Duration = Duration::from_secs(15 * 60);
 /// How long before the token's end antler stops using it (a request under way must not be
 /// the one that finds it expired).
 const TOKEN_MARGIN: Duration = Duration::from_secs(30);
+
+/// The most follow-up messages Discord takes for an interaction of an app installed to the
+/// user only ("Apps installed to a user ... are limited to 5 followup messages per
+/// interaction"); later parts go to the channel as the bot's own messages.
+pub(crate) const USER_INSTALL_FOLLOW_UPS: usize = 5;
 
 /// Ephemeral: only the user who ran the command sees the message.
 const EPHEMERAL: u64 = 1 << 6;
@@ -144,11 +151,29 @@ impl DiscordChannel {
         &self.api
     }
 
-    /// The interaction token of `message` while antler may still use it.
-    fn live_token<'a>(&self, message: &'a OutboundMessage) -> Option<&'a str> {
-        let (received_at_ms, token) = read_reply_context(message.reply_context.as_ref()?)?;
+    /// The interaction of `message` while antler may still use its token.
+    fn live_interaction<'a>(&self, message: &'a OutboundMessage) -> Option<Answering<'a>> {
+        let interaction = read_reply_context(message.reply_context.as_ref()?)?;
         let usable_ms = u64::try_from((TOKEN_LIFETIME - TOKEN_MARGIN).as_millis()).unwrap_or(0);
-        ((self.now_ms)() < received_at_ms.saturating_add(usable_ms)).then_some(token)
+        ((self.now_ms)() < interaction.received_at_ms.saturating_add(usable_ms))
+            .then_some(interaction)
+    }
+
+    /// Sends part `part` of `message` as the bot's own message in its channel (the part 0
+    /// replying to the user's message, where there is one).
+    async fn channel_message(
+        &self,
+        message: &OutboundMessage,
+        part: &Part<'_>,
+    ) -> Result<String, ChannelError> {
+        let channel = channel_of(&message.conversation).ok_or_else(|| {
+            ChannelError::Permanent(format!(
+                "not a Discord conversation: {}",
+                message.conversation
+            ))
+        })?;
+        let reply_to = message.reply_to.as_deref().filter(|_| part.index == 0);
+        self.api.create_message(channel, part.body, reply_to).await
     }
 
     fn parse_interaction(&self, body: &[u8]) -> Result<Parsed, ChannelError> {
@@ -280,28 +305,35 @@ impl Channel for DiscordChannel {
     }
 
     /// Part 0 edits the deferred response (`@original`), later parts are follow-ups, while the
-    /// interaction token lives; after that (or for a message with no interaction) a message
-    /// of the bot's own in the channel.
+    /// interaction token lives (an app installed to the user only: the first 5 follow-ups);
+    /// after that, past those 5, or when Discord no longer knows the interaction's webhook
+    /// (404 Unknown Webhook), a message of the bot's own in the channel.
     async fn send(
         &self,
         message: &OutboundMessage,
         part: Part<'_>,
     ) -> Result<Receipt, ChannelError> {
-        let id = match self.live_token(message) {
-            Some(token) if part.index == 0 => self.api.edit_original(token, part.body).await?,
-            Some(token) => self.api.follow_up(token, part.body).await?,
-            None => {
-                let channel = channel_of(&message.conversation).ok_or_else(|| {
-                    ChannelError::Permanent(format!(
-                        "not a Discord conversation: {}",
-                        message.conversation
-                    ))
-                })?;
-                let reply_to = message.reply_to.as_deref().filter(|_| part.index == 0);
-                self.api
-                    .create_message(channel, part.body, reply_to)
-                    .await?
+        let sent = match self.live_interaction(message) {
+            Some(interaction) if part.index == 0 => {
+                self.api.edit_original(interaction.token, part.body).await?
             }
+            Some(interaction)
+                if !interaction.user_install || part.index <= USER_INSTALL_FOLLOW_UPS =>
+            {
+                self.api.follow_up(interaction.token, part.body).await?
+            }
+            Some(_) => {
+                tracing::debug!(
+                    part = part.index,
+                    "past a user-installed app's 5 follow-ups: sent in the channel"
+                );
+                None
+            }
+            None => None,
+        };
+        let id = match sent {
+            Some(id) => id,
+            None => self.channel_message(message, &part).await?,
         };
         Ok(Receipt {
             platform_message_id: id,
@@ -310,23 +342,30 @@ impl Channel for DiscordChannel {
 
     /// Part 0 edits `@original` again, a follow-up its own message, while the token lives;
     /// after that the bot's own message in the channel (an interaction's messages cannot be
-    /// edited any more: delivery then sends the part anew).
+    /// edited any more: delivery then sends the part anew, as it does when Discord no longer
+    /// knows the interaction's webhook).
     async fn edit(
         &self,
         message: &OutboundMessage,
         sent: &Receipt,
         part: Part<'_>,
     ) -> Result<(), ChannelError> {
-        match self.live_token(message) {
-            Some(token) if part.index == 0 => {
-                self.api.edit_original(token, part.body).await.map(drop)
-            }
-            Some(token) => self
+        let unknown =
+            || ChannelError::Permanent("Discord answered Unknown Webhook (code 10015)".to_owned());
+        match self.live_interaction(message) {
+            Some(interaction) if part.index == 0 => self
                 .api
-                .webhook_message(token, &sent.platform_message_id, part.body)
-                .await
-                .map(drop),
-            None => {
+                .edit_original(interaction.token, part.body)
+                .await?
+                .map(drop)
+                .ok_or_else(unknown),
+            Some(interaction) if !sent.platform_message_id.is_empty() => self
+                .api
+                .webhook_message(interaction.token, &sent.platform_message_id, part.body)
+                .await?
+                .map(drop)
+                .ok_or_else(unknown),
+            _ => {
                 let channel = channel_of(&message.conversation).ok_or_else(|| {
                     ChannelError::Permanent(format!(
                         "not a Discord conversation: {}",
@@ -557,10 +596,12 @@ mod tests {
         let context = dm.reply_context.as_ref().unwrap();
         assert_eq!(
             read_reply_context(context),
-            Some((
-                vector_clock_ms(),
-                "aW50ZXJhY3Rpb246MTMwMDAwMDAwMDAwMDAwMDkwMjpkbQ"
-            ))
+            Some(Answering {
+                received_at_ms: vector_clock_ms(),
+                user_install: false,
+                token: "aW50ZXJhY3Rpb246MTMwMDAwMDAwMDAwMDAwMDkwMjpkbQ"
+            }),
+            "installed to the guild (`{{\"0\": \"0\"}}`): no follow-up limit"
         );
         assert!(
             !format!("{dm:?}").contains("aW50ZXJhY3Rpb246"),
@@ -792,6 +833,7 @@ mod tests {
             "1100000000000000001:1100000000000000050",
             Some(crate::normalize::reply_context(
                 vector_clock_ms() - 60_000,
+                false,
                 token,
             )),
         );
@@ -844,6 +886,7 @@ mod tests {
             "1100000000000000001:1100000000000000050",
             Some(crate::normalize::reply_context(
                 vector_clock_ms() - 15 * 60_000,
+                false,
                 token,
             )),
         );
@@ -911,7 +954,11 @@ mod tests {
             DiscordChannel::new(&settings(&server.uri(), VECTOR_KEY), vector_clock_ms).unwrap();
         let message = outbound(
             "1100000000000000077",
-            Some(crate::normalize::reply_context(vector_clock_ms(), "T")),
+            Some(crate::normalize::reply_context(
+                vector_clock_ms(),
+                false,
+                "T",
+            )),
         );
         let part = Part {
             index: 0,

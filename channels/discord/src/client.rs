@@ -144,53 +144,60 @@ impl DiscordApi {
     }
 
     /// `PATCH /webhooks/{app}/{token}/messages/@original`: the deferred response's text.
-    /// Returns the message's id.
-    pub async fn edit_original(&self, token: &str, content: &str) -> Result<String, ChannelError> {
+    /// Returns the message's id; `None` when Discord does not know the interaction's webhook
+    /// (Unknown Webhook).
+    pub async fn edit_original(
+        &self,
+        token: &str,
+        content: &str,
+    ) -> Result<Option<String>, ChannelError> {
         self.webhook_message(token, "@original", content).await
     }
 
-    /// `PATCH /webhooks/{app}/{token}/messages/{id}`: a follow-up's text.
+    /// `PATCH /webhooks/{app}/{token}/messages/{id}`: a follow-up's text; `None` when Discord
+    /// does not know the interaction's webhook.
     pub async fn webhook_message(
         &self,
         token: &str,
         message_id: &str,
         content: &str,
-    ) -> Result<String, ChannelError> {
+    ) -> Result<Option<String>, ChannelError> {
         let path = format!(
             "/webhooks/{}/{}/messages/{}",
             self.application_id,
             token_segment(token)?,
             segment(message_id)?
         );
-        let message: serenity::model::channel::Message = self
-            .call(
-                reqwest::Method::PATCH,
-                &path,
-                &format!("webhook:{token}"),
-                Auth::Webhook,
-                Some(message_body(content)),
-            )
-            .await?;
-        Ok(message.id.to_string())
+        self.message(
+            reqwest::Method::PATCH,
+            &path,
+            &format!("webhook:{token}"),
+            Auth::Webhook,
+            content,
+        )
+        .await
     }
 
-    /// `POST /webhooks/{app}/{token}?wait=true`: a follow-up message. Returns its id.
-    pub async fn follow_up(&self, token: &str, content: &str) -> Result<String, ChannelError> {
+    /// `POST /webhooks/{app}/{token}?wait=true`: a follow-up message. Returns its id; `None`
+    /// when Discord does not know the interaction's webhook.
+    pub async fn follow_up(
+        &self,
+        token: &str,
+        content: &str,
+    ) -> Result<Option<String>, ChannelError> {
         let path = format!(
             "/webhooks/{}/{}?wait=true",
             self.application_id,
             token_segment(token)?
         );
-        let message: serenity::model::channel::Message = self
-            .call(
-                reqwest::Method::POST,
-                &path,
-                &format!("webhook:{token}"),
-                Auth::Webhook,
-                Some(message_body(content)),
-            )
-            .await?;
-        Ok(message.id.to_string())
+        self.message(
+            reqwest::Method::POST,
+            &path,
+            &format!("webhook:{token}"),
+            Auth::Webhook,
+            content,
+        )
+        .await
     }
 
     /// `POST /channels/{channel}/messages` with the bot token: a message of the bot's own
@@ -210,16 +217,17 @@ impl DiscordApi {
                 "fail_if_not_exists": false,
             });
         }
-        let message: serenity::model::channel::Message = self
-            .call(
+        let bytes = self
+            .request(
                 reqwest::Method::POST,
                 &path,
                 &format!("channel:{channel_id}"),
                 Auth::Bot,
                 Some(body),
             )
-            .await?;
-        Ok(message.id.to_string())
+            .await
+            .map_err(|failed| failed.error)?;
+        Ok(message_id(&bytes))
     }
 
     /// `PATCH /channels/{channel}/messages/{id}` with the bot token.
@@ -292,8 +300,7 @@ impl DiscordApi {
         Ok(Registration::Updated)
     }
 
-    /// One request: held while its route's bucket is spent, its answer's rate-limit headers
-    /// remembered, its failure mapped to a [`ChannelError`].
+    /// One request whose answer is JSON of type `T`: see [`DiscordApi::request`].
     async fn call<T: serde::de::DeserializeOwned>(
         &self,
         method: reqwest::Method,
@@ -302,9 +309,59 @@ impl DiscordApi {
         auth: Auth,
         body: Option<serde_json::Value>,
     ) -> Result<T, ChannelError> {
+        let bytes = self
+            .request(method, path, route, auth, body)
+            .await
+            .map_err(|failed| failed.error)?;
+        let bytes = if bytes.is_empty() {
+            &b"null"[..]
+        } else {
+            &bytes[..]
+        };
+        serde_json::from_slice(bytes).map_err(|e| {
+            ChannelError::Permanent(format!("Discord's answer is not what it documents: {e}"))
+        })
+    }
+
+    /// One request that creates or edits a message. A 2xx is a delivered message whatever its
+    /// body holds: only the message's id is read, and an answer without one (a field antler
+    /// expected is missing, the body is not JSON) still counts as sent, with an empty id,
+    /// rather than having the part sent again or the rest of the answer dropped. `Ok(None)`:
+    /// Discord does not know the interaction's webhook (404, code 10015 Unknown Webhook).
+    async fn message(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        route: &str,
+        auth: Auth,
+        content: &str,
+    ) -> Result<Option<String>, ChannelError> {
+        match self
+            .request(method, path, route, auth, Some(message_body(content)))
+            .await
+        {
+            Ok(bytes) => Ok(Some(message_id(&bytes))),
+            Err(Failed {
+                code: Some(UNKNOWN_WEBHOOK),
+                ..
+            }) if auth == Auth::Webhook => Ok(None),
+            Err(failed) => Err(failed.error),
+        }
+    }
+
+    /// One request: held while its route's bucket is spent, its answer's rate-limit headers
+    /// remembered, its failure mapped to a [`ChannelError`] (with Discord's JSON error code).
+    async fn request(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        route: &str,
+        auth: Auth,
+        body: Option<serde_json::Value>,
+    ) -> Result<Vec<u8>, Failed> {
         // Interaction webhooks have a bucket per token; the map of held routes is bounded.
         if let Some(wait) = self.held_for(route) {
-            return Err(ChannelError::RateLimited { retry_after: wait });
+            return Err(ChannelError::RateLimited { retry_after: wait }.into());
         }
         let mut request = self.http.request(method, format!("{}{path}", self.base));
         if auth == Auth::Bot {
@@ -327,16 +384,15 @@ impl DiscordApi {
             ChannelError::Transient(format!("Discord's answer broke off: {}", e.without_url()))
         })?;
         if status.is_success() {
-            let bytes = if bytes.is_empty() {
-                &b"null"[..]
-            } else {
-                &bytes[..]
-            };
-            return serde_json::from_slice(bytes).map_err(|e| {
-                ChannelError::Permanent(format!("Discord's answer is not what it documents: {e}"))
-            });
+            return Ok(bytes.to_vec());
         }
-        Err(failure(status, &headers, &bytes))
+        let code = serde_json::from_slice::<ErrorBody>(&bytes)
+            .ok()
+            .and_then(|error| error.code);
+        Err(Failed {
+            error: failure(status, &headers, &bytes),
+            code,
+        })
     }
 
     /// How long `route` is still held, if it is.
@@ -374,6 +430,47 @@ impl DiscordApi {
         }
         held.insert(route.to_owned(), now + reset);
     }
+}
+
+/// Discord's JSON error code for an interaction webhook it does not know (the token expired
+/// or the interaction is gone).
+const UNKNOWN_WEBHOOK: u64 = 10015;
+
+/// A request that failed: what it means to the caller, and Discord's JSON error code.
+#[derive(Debug)]
+struct Failed {
+    error: ChannelError,
+    code: Option<u64>,
+}
+
+impl From<ChannelError> for Failed {
+    fn from(error: ChannelError) -> Self {
+        Self { error, code: None }
+    }
+}
+
+/// The `id` of the message a 2xx answer describes; empty when it names none (logged: the
+/// message was still sent).
+fn message_id(body: &[u8]) -> String {
+    #[derive(Deserialize)]
+    struct Sent {
+        id: Option<serde_json::Value>,
+    }
+    let id = serde_json::from_slice::<Sent>(body)
+        .ok()
+        .and_then(|sent| sent.id)
+        .and_then(|id| match id {
+            serde_json::Value::String(id) => Some(id),
+            serde_json::Value::Number(id) => Some(id.to_string()),
+            _ => None,
+        })
+        .filter(|id| segment(id).is_ok());
+    id.unwrap_or_else(|| {
+        tracing::warn!(
+            "Discord accepted a message but its answer names no message id; it counts as sent"
+        );
+        String::new()
+    })
 }
 
 /// A message body: the text, with no mention allowed to ping anyone (a model's answer must not

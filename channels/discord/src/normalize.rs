@@ -7,7 +7,8 @@
 
 use antler_channel::{ConversationKey, InboundEvent, ReplyContext, UserRef};
 use serenity::model::application::{
-    CommandDataOption, CommandDataOptionValue, CommandInteraction, CommandType, ResolvedTarget,
+    AuthorizingIntegrationOwner, CommandDataOption, CommandDataOptionValue, CommandInteraction,
+    CommandType, ResolvedTarget,
 };
 
 /// The channel's name.
@@ -28,17 +29,53 @@ pub(crate) enum Normalized {
     Refused(String),
 }
 
-/// The reply context of an interaction: when it arrived and its token, which lives 15
-/// minutes from then.
-pub(crate) fn reply_context(received_at_ms: u64, token: &str) -> ReplyContext {
-    ReplyContext::new(format!("{received_at_ms}:{token}"))
+/// The reply context of an interaction: when it arrived, whether the app answers it as a
+/// user-installed app only (limited to 5 follow-ups), and its token, which lives 15 minutes
+/// from then. Tokens are URL-safe characters, never `:`.
+pub(crate) fn reply_context(received_at_ms: u64, user_install: bool, token: &str) -> ReplyContext {
+    if user_install {
+        ReplyContext::new(format!("{received_at_ms}:u:{token}"))
+    } else {
+        ReplyContext::new(format!("{received_at_ms}:{token}"))
+    }
 }
 
-/// The arrival time and token of a reply context made by [`reply_context`].
-pub(crate) fn read_reply_context(context: &ReplyContext) -> Option<(u64, &str)> {
-    let (at, token) = context.expose().split_once(':')?;
-    let at = at.parse().ok()?;
-    (!token.is_empty()).then_some((at, token))
+/// What a reply context made by [`reply_context`] holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Answering<'a> {
+    pub(crate) received_at_ms: u64,
+    pub(crate) user_install: bool,
+    pub(crate) token: &'a str,
+}
+
+/// The arrival time, install kind and token of a reply context made by [`reply_context`]
+/// (one stored before the install kind was kept reads as a guild install).
+pub(crate) fn read_reply_context(context: &ReplyContext) -> Option<Answering<'_>> {
+    let (at, rest) = context.expose().split_once(':')?;
+    let received_at_ms = at.parse().ok()?;
+    let (user_install, token) = match rest.strip_prefix("u:") {
+        Some(token) => (true, token),
+        None => (false, rest),
+    };
+    (!token.is_empty()).then_some(Answering {
+        received_at_ms,
+        user_install,
+        token,
+    })
+}
+
+/// Whether the app answers `command` only as installed to the user (Discord's
+/// `authorizing_integration_owners` names a user install, key `1`, and no guild install,
+/// key `0`): "Apps installed to a user ... are limited to 5 followup messages per
+/// interaction".
+fn user_install_only(command: &CommandInteraction) -> bool {
+    let owners = &command.authorizing_integration_owners.0;
+    owners
+        .iter()
+        .any(|owner| matches!(owner, AuthorizingIntegrationOwner::UserInstall(_)))
+        && !owners
+            .iter()
+            .any(|owner| matches!(owner, AuthorizingIntegrationOwner::GuildInstall(_)))
 }
 
 /// `discord:<channel>` in a DM, `discord:<guild>:<channel>` in a server (threads are channels).
@@ -127,7 +164,11 @@ pub(crate) fn normalize_command(command: &CommandInteraction, received_at_ms: u6
         unsupported,
         // The user watches "thinking…" until the answer arrives.
         interactive: true,
-        reply_context: Some(reply_context(received_at_ms, &command.token)),
+        reply_context: Some(reply_context(
+            received_at_ms,
+            user_install_only(command),
+            &command.token,
+        )),
     }))
 }
 
@@ -195,8 +236,15 @@ mod tests {
 
     #[test]
     fn a_reply_context_round_trips() {
-        let context = reply_context(42, "tok:en");
-        assert_eq!(read_reply_context(&context), Some((42, "tok:en")));
+        let context = reply_context(42, false, "tok:en");
+        let read = |context| {
+            read_reply_context(context).map(|i| (i.received_at_ms, i.user_install, i.token))
+        };
+        assert_eq!(read(&context), Some((42, false, "tok:en")));
+        assert_eq!(
+            read(&reply_context(42, true, "tok")),
+            Some((42, true, "tok"))
+        );
         assert_eq!(read_reply_context(&ReplyContext::new("x")), None);
         assert_eq!(read_reply_context(&ReplyContext::new("1:")), None);
     }

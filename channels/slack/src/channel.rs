@@ -15,9 +15,9 @@ use slack_morphism::SlackSigningSecret;
 use slack_morphism::events::SlackPushEvent;
 use slack_morphism::signature_verifier::SlackEventSignatureVerifier;
 
-use crate::client::{DEFAULT_API_URL, SlackApi, SlackIdentity};
+use crate::client::{DEFAULT_API_URL, Posted, Responded, SlackApi, SlackIdentity};
 use crate::normalize::{
-    Context, NAME, Normalized, SlashCommand, normalize_callback, normalize_command,
+    Context, NAME, Normalized, ReplyTo, SlashCommand, normalize_callback, normalize_command,
 };
 
 /// The most a message holds, in characters. Slack truncates `text` only past 40,000, but
@@ -26,6 +26,14 @@ const MESSAGE_LIMIT: usize = 4000;
 
 /// How far a request's timestamp may be from now, in seconds, either side (Slack's 5 minutes).
 const MAX_AGE_SECS: i64 = 300;
+
+/// How long a slash command's `response_url` takes answers ("up to 5 times within 30 minutes",
+/// Slack's "Handling user interaction"), less a margin so a post under way does not find it
+/// expired.
+const RESPONSE_URL_LIFETIME_MS: u64 = 30 * 60 * 1000 - 30 * 1000;
+
+/// The receipt of a part posted through a `response_url`: Slack names no message for it.
+const RESPONDED: &str = "response_url";
 
 /// The slash command's immediate answer, shown to its user alone.
 pub const WORKING: &str = "Working on it…";
@@ -49,10 +57,14 @@ pub struct SlackSettings {
     pub team_id: Option<String>,
     /// Replies in a channel thread the bot answered in reach it without a mention.
     pub thread_follow_ups: bool,
-    /// Other bots (`B…` ids) whose messages are answered like a person's; the rest are ignored.
+    /// Other bots (`B…` bot ids or `A…` app ids; classic bots and incoming webhooks too) whose
+    /// messages are answered like a person's; the rest are ignored.
     pub allowed_bots: Vec<String>,
     /// React to the user's message while its turn runs (👀) and when it ends (✅ or ❌).
     pub progress_reactions: bool,
+    /// A slash command's answer is seen by everyone in the conversation (`in_channel`), not
+    /// only by its user (`ephemeral`, the default).
+    pub slash_in_channel: bool,
 }
 
 impl Default for SlackSettings {
@@ -65,6 +77,7 @@ impl Default for SlackSettings {
             thread_follow_ups: true,
             allowed_bots: Vec::new(),
             progress_reactions: true,
+            slash_in_channel: false,
         }
     }
 }
@@ -79,6 +92,7 @@ impl std::fmt::Debug for SlackSettings {
             .field("thread_follow_ups", &self.thread_follow_ups)
             .field("allowed_bots", &self.allowed_bots)
             .field("progress_reactions", &self.progress_reactions)
+            .field("slash_in_channel", &self.slash_in_channel)
             .finish()
     }
 }
@@ -90,6 +104,7 @@ pub struct SlackChannel {
     thread_follow_ups: bool,
     allowed_bots: Vec<String>,
     progress_reactions: bool,
+    slash_in_channel: bool,
     api: SlackApi,
     /// Who the bot is, from `auth.test` ([`SlackChannel::learn_identity`]). Envelopes name the
     /// bot themselves (`authorizations`); this covers those that do not.
@@ -129,6 +144,7 @@ impl SlackChannel {
             thread_follow_ups: settings.thread_follow_ups,
             allowed_bots: settings.allowed_bots.clone(),
             progress_reactions: settings.progress_reactions,
+            slash_in_channel: settings.slash_in_channel,
             api: SlackApi::new(&settings.bot_token, &settings.api_url)?,
             me: RwLock::new(None),
             now_ms,
@@ -241,6 +257,35 @@ impl SlackChannel {
         )
     }
 
+    /// The `response_url` of `reply` while Slack still takes answers on it.
+    fn live_response_url<'a>(&self, reply: &'a ReplyTo) -> Option<&'a str> {
+        let url = reply.response_url.as_deref()?;
+        let until = reply
+            .received_at_ms
+            .saturating_add(RESPONSE_URL_LIFETIME_MS);
+        ((self.now_ms)() < until).then_some(url)
+    }
+
+    /// Posts `part` to `user` in a DM, after `note` (why it is not where it was asked). The
+    /// receipt names the DM too (`<channel>/<ts>`), so an edit finds the message.
+    async fn send_dm(
+        &self,
+        user: &str,
+        note: &str,
+        part: &Part<'_>,
+    ) -> Result<Receipt, ChannelError> {
+        let dm = self.api.open_dm(user).await?;
+        let text = format!("{note}\n{}", part.body);
+        match self.api.post(&dm, &text, None).await? {
+            Posted::Ts(ts) => Ok(Receipt {
+                platform_message_id: format!("{dm}/{ts}"),
+            }),
+            Posted::NotThere(code) => Err(ChannelError::Permanent(format!(
+                "Slack answered {code} for the DM with the user"
+            ))),
+        }
+    }
+
     fn context<'a>(&'a self, me: Option<&'a SlackIdentity>) -> Context<'a> {
         Context {
             bot_user_id: me.map(|me| me.user_id.as_str()),
@@ -331,30 +376,90 @@ impl Channel for SlackChannel {
             .map_err(|e| ChannelError::Permanent(e.to_string()))
     }
 
-    /// Posts one part in the conversation's thread (top level in a DM without one).
+    /// Posts one part. A slash command's answer goes through its `response_url`, where the
+    /// command ran (ephemeral or in the channel as configured); once that URL is spent
+    /// (30 minutes, 5 uses), a private answer goes to the user's DM and a public one to the
+    /// channel. Anything else is posted in the conversation's thread (top level in a DM
+    /// without one). Where the bot cannot post (`not_in_channel`, `channel_not_found`) the
+    /// answer goes to the user's DM with a note, rather than being lost.
     async fn send(
         &self,
         message: &OutboundMessage,
         part: Part<'_>,
     ) -> Result<Receipt, ChannelError> {
         let (channel, thread_ts) = target(&message.conversation)?;
-        let ts = self.api.post_message(channel, part.body, thread_ts).await?;
-        Ok(Receipt {
-            platform_message_id: ts,
-        })
+        let reply = message.reply_context.as_ref().and_then(ReplyTo::read);
+        if let Some(reply) = &reply
+            && reply.response_url.is_some()
+        {
+            if let Some(url) = self.live_response_url(reply)
+                && self
+                    .api
+                    .respond(url, part.body, self.slash_in_channel)
+                    .await?
+                    == Responded::Ok
+            {
+                return Ok(Receipt {
+                    platform_message_id: RESPONDED.to_owned(),
+                });
+            }
+            if !self.slash_in_channel {
+                let note = format!("_The answer to your command in <#{channel}>:_");
+                return self.send_dm(&reply.user, &note, &part).await;
+            }
+        }
+        match self.api.post(channel, part.body, thread_ts).await? {
+            Posted::Ts(ts) => Ok(Receipt {
+                platform_message_id: ts,
+            }),
+            Posted::NotThere(code) => {
+                let Some(reply) = reply else {
+                    return Err(ChannelError::Permanent(format!("Slack answered {code}")));
+                };
+                tracing::warn!(
+                    channel,
+                    code,
+                    "the bot cannot post where it was asked; the answer goes to the user's DM"
+                );
+                let note = format!(
+                    "_You asked in <#{channel}>, where I cannot post (invite me there with \
+                     `/invite`); here is the answer:_"
+                );
+                self.send_dm(&reply.user, &note, &part).await
+            }
+        }
     }
 
-    /// `chat.update` of the bot's message `sent` (its ts).
+    /// A slash command's answer is sent whole: each message through its `response_url` is one
+    /// of only 5 uses.
+    fn live_reply(&self, message: &OutboundMessage) -> bool {
+        message
+            .reply_context
+            .as_ref()
+            .and_then(ReplyTo::read)
+            .is_none_or(|reply| reply.response_url.is_none())
+    }
+
+    /// `chat.update` of the bot's message `sent` (its ts, or `<DM>/<ts>` for one posted to the
+    /// user's DM). A message posted through a `response_url` cannot be edited.
     async fn edit(
         &self,
         message: &OutboundMessage,
         sent: &Receipt,
         part: Part<'_>,
     ) -> Result<(), ChannelError> {
-        let (channel, _) = target(&message.conversation)?;
-        self.api
-            .update_message(channel, &sent.platform_message_id, part.body)
-            .await
+        if sent.platform_message_id == RESPONDED {
+            return Err(ChannelError::Unsupported);
+        }
+        // A message posted to the user's DM instead names its channel.
+        let (channel, ts) = match sent.platform_message_id.split_once('/') {
+            Some((dm, ts)) => (dm, ts),
+            None => (
+                target(&message.conversation)?.0,
+                sent.platform_message_id.as_str(),
+            ),
+        };
+        self.api.update_message(channel, ts, part.body).await
     }
 
     /// 👀 while the turn runs, then ✅ or ❌ (`reactions.add`/`remove`, scope
@@ -755,6 +860,122 @@ mod tests {
             };
             assert_eq!(events[0].text, expected, "{text:?}");
         }
+    }
+
+    #[test]
+    fn a_slash_command_keeps_its_response_url_and_user_for_the_answer_and_is_not_streamed() {
+        let channel = channel();
+        let Parsed::EventsWithReply { events, .. } =
+            parse(&channel, "commands", &fixture("slack_slash_command.form"))
+        else {
+            panic!("a command")
+        };
+        let context = events[0].reply_context.as_ref().unwrap();
+        assert_eq!(format!("{context:?}"), "ReplyContext(***)");
+        assert_eq!(
+            ReplyTo::read(context),
+            Some(ReplyTo {
+                user: "U0ADA00001".into(),
+                response_url: Some(
+                    "https://hooks.slack.com/commands/T0OPS00001/8001/xYz123".into()
+                ),
+                received_at_ms: 42,
+            })
+        );
+        let reply = |context| OutboundMessage {
+            idempotency_key: "k".into(),
+            conversation: events[0].conversation.clone(),
+            thread_id: "t".into(),
+            text: "x".into(),
+            reply_to: None,
+            files: Vec::new(),
+            reply_context: context,
+        };
+        assert!(!channel.live_reply(&reply(Some(context.clone()))));
+        // A mention keeps its author only, and is streamed as before.
+        let mention = event(parse(
+            &channel,
+            "events",
+            &fixture("slack_app_mention_thread.json"),
+        ));
+        let mention_context = mention.reply_context.unwrap();
+        assert_eq!(ReplyTo::read(&mention_context).unwrap().response_url, None);
+        assert!(channel.live_reply(&reply(Some(mention_context))));
+        assert!(channel.live_reply(&reply(None)));
+        // Only Slack's hooks host over https (or the configured API, a mock) gets an answer.
+        for (url, ok) in [
+            ("https://hooks.slack.com/commands/T1/2/x", true),
+            ("http://hooks.slack.com/commands/T1/2/x", false),
+            ("https://evil.example/commands/T1/2/x", false),
+            ("http://127.0.0.1:9/commands/T1/2/x", true),
+            ("not a url", false),
+        ] {
+            assert_eq!(channel.api().is_response_url(url), ok, "{url}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_response_url_past_its_30_minutes_is_not_used_and_a_private_answer_goes_to_the_dm() {
+        let server = MockSlack::start().await;
+        let channel = SlackChannel::new(&settings(&server.api_url()), || 31 * 60 * 1000).unwrap();
+        let message = OutboundMessage {
+            idempotency_key: "k".into(),
+            conversation: ConversationKey::new("slack", ["T0OPS00001", "C0SRE00001"]),
+            thread_id: "t".into(),
+            text: "x".into(),
+            reply_to: None,
+            files: Vec::new(),
+            reply_context: Some(
+                ReplyTo {
+                    user: "U0ADA00001".into(),
+                    response_url: Some(server.response_url()),
+                    received_at_ms: 0,
+                }
+                .context(),
+            ),
+        };
+        let receipt = channel
+            .send(
+                &message,
+                Part {
+                    index: 0,
+                    body: "the answer",
+                },
+            )
+            .await
+            .unwrap();
+        assert_eq!(
+            receipt.platform_message_id,
+            format!(
+                "{}/{}",
+                antler_testkit::slack::DM,
+                antler_testkit::slack::POSTED_TS
+            )
+        );
+        assert!(server.responses().await.is_empty(), "expired: not tried");
+        let posted = server.posted().await;
+        assert_eq!(posted[0]["channel"], antler_testkit::slack::DM);
+        assert!(
+            posted[0]["text"]
+                .as_str()
+                .unwrap()
+                .ends_with("\nthe answer")
+        );
+        // An edit of that message finds it in the DM.
+        channel
+            .edit(
+                &message,
+                &receipt,
+                Part {
+                    index: 0,
+                    body: "edited",
+                },
+            )
+            .await
+            .unwrap();
+        let updates = server.calls("chat.update").await;
+        assert_eq!(updates[0]["channel"], antler_testkit::slack::DM);
+        assert_eq!(updates[0]["ts"], antler_testkit::slack::POSTED_TS);
     }
 
     fn signed_headers(timestamp: &str, signature: &str) -> http::HeaderMap {

@@ -25,6 +25,29 @@ const FILES_HOST: &str = "files.slack.com";
 /// How long to wait after a 429 that names no delay.
 const DEFAULT_RETRY_AFTER: Duration = Duration::from_secs(1);
 
+/// The host Slack's `response_url`s are on.
+const HOOKS_HOST: &str = "hooks.slack.com";
+
+/// What `chat.postMessage` answered.
+#[derive(Debug)]
+pub(crate) enum Posted {
+    /// The new message's ts.
+    Ts(String),
+    /// The bot cannot post there (`not_in_channel`, `channel_not_found`): the answer must go
+    /// elsewhere.
+    NotThere(&'static str),
+}
+
+/// What a `response_url` answered.
+#[derive(Debug, PartialEq)]
+pub(crate) enum Responded {
+    /// Posted.
+    Ok,
+    /// The URL is spent or refused (Slack answers `404 expired_url` after 30 minutes,
+    /// `404 used_url` after 5 uses): the answer must go another way.
+    Gone,
+}
+
 /// The bot as Slack knows it (`auth.test`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SlackIdentity {
@@ -114,6 +137,165 @@ impl SlackApi {
             .await
             .map_err(|e| self.error(e))?;
         Ok(posted.ts.0)
+    }
+
+    /// Posts like [`SlackApi::post_message`], but tells a channel the bot cannot post in
+    /// (`not_in_channel`, `channel_not_found`) from other failures.
+    pub(crate) async fn post(
+        &self,
+        channel: &str,
+        text: &str,
+        thread_ts: Option<&str>,
+    ) -> Result<Posted, ChannelError> {
+        let request = SlackApiChatPostMessageRequest::new(
+            SlackChannelId(channel.to_owned()),
+            SlackMessageContent::new().with_text(text.to_owned()),
+        )
+        .opt_thread_ts(thread_ts.map(|ts| SlackTs(ts.to_owned())));
+        let session = self.client.open_session(&self.token);
+        match session.chat_post_message(&request).await {
+            Ok(posted) => Ok(Posted::Ts(posted.ts.0)),
+            Err(SlackClientError::ApiError(e)) if e.code == "not_in_channel" => {
+                Ok(Posted::NotThere("not_in_channel"))
+            }
+            Err(SlackClientError::ApiError(e)) if e.code == "channel_not_found" => {
+                Ok(Posted::NotThere("channel_not_found"))
+            }
+            Err(e) => Err(self.error(e)),
+        }
+    }
+
+    /// The DM channel with `user` (`conversations.open`, scope `im:write`). Sent as a form:
+    /// Slack documents `users` as a comma-separated string, which slack-morphism's JSON
+    /// request (an array) is not.
+    pub(crate) async fn open_dm(&self, user: &str) -> Result<String, ChannelError> {
+        #[derive(serde::Deserialize)]
+        struct Opened {
+            ok: bool,
+            error: Option<String>,
+            channel: Option<Channel>,
+        }
+        #[derive(serde::Deserialize)]
+        struct Channel {
+            id: String,
+        }
+        let url = format!(
+            "{}/conversations.open",
+            self.api_url.as_str().trim_end_matches('/')
+        );
+        let response = self
+            .http
+            .post(url)
+            .bearer_auth(self.token.token_value.0.as_str())
+            .header(
+                reqwest::header::CONTENT_TYPE,
+                "application/x-www-form-urlencoded",
+            )
+            .body(format!("users={}", form_value(user)))
+            .send()
+            .await
+            .map_err(|e| self.transport(&e))?;
+        let status = response.status();
+        if status == reqwest::StatusCode::TOO_MANY_REQUESTS {
+            return Err(ChannelError::RateLimited {
+                retry_after: retry_after(response.headers()),
+            });
+        }
+        if !status.is_success() {
+            let error = format!("Slack answered HTTP {status} to conversations.open");
+            return Err(if status.is_server_error() {
+                ChannelError::Transient(error)
+            } else {
+                ChannelError::Permanent(error)
+            });
+        }
+        let opened: Opened = response.json().await.map_err(|e| {
+            ChannelError::Transient(format!(
+                "conversations.open answered something that is not its JSON: {}",
+                e.without_url()
+            ))
+        })?;
+        match opened {
+            Opened {
+                ok: true,
+                channel: Some(channel),
+                ..
+            } => Ok(channel.id),
+            Opened { error, .. } => Err(ChannelError::Permanent(format!(
+                "Slack answered {} to conversations.open",
+                self.mask(error.as_deref().unwrap_or("no channel"))
+            ))),
+        }
+    }
+
+    /// Whether `url` may be a slash command's `response_url`: on Slack's hooks host over
+    /// https, or on the configured API's own scheme, host and port (a mock).
+    pub(crate) fn is_response_url(&self, url: &str) -> bool {
+        let Ok(url) = reqwest::Url::parse(url) else {
+            return false;
+        };
+        let hooks = url.scheme() == "https" && url.host_str() == Some(HOOKS_HOST);
+        let api = url.scheme() == self.api_url.scheme()
+            && url.host_str() == self.api_url.host_str()
+            && url.port_or_known_default() == self.api_url.port_or_known_default();
+        hooks || api
+    }
+
+    /// Posts `text` (mrkdwn) through a slash command's `response_url`: a new message where
+    /// the command ran, seen by its user alone or, `in_channel`, by everyone there. The URL
+    /// is a credential: it appears in no error.
+    pub(crate) async fn respond(
+        &self,
+        url: &str,
+        text: &str,
+        in_channel: bool,
+    ) -> Result<Responded, ChannelError> {
+        if !self.is_response_url(url) {
+            return Ok(Responded::Gone);
+        }
+        let body = serde_json::json!({
+            "text": text,
+            "response_type": if in_channel { "in_channel" } else { "ephemeral" },
+            "replace_original": false,
+        });
+        let response = self
+            .http
+            .post(url)
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .body(body.to_string())
+            .send()
+            .await
+            .map_err(|e| {
+                ChannelError::Transient(format!(
+                    "posting to the response_url failed: {}",
+                    e.without_url()
+                ))
+            })?;
+        let status = response.status();
+        if status.is_success() {
+            return Ok(Responded::Ok);
+        }
+        if status == reqwest::StatusCode::TOO_MANY_REQUESTS {
+            return Err(ChannelError::RateLimited {
+                retry_after: retry_after(response.headers()),
+            });
+        }
+        if status.is_server_error() {
+            return Err(ChannelError::Transient(format!(
+                "the response_url answered HTTP {status}"
+            )));
+        }
+        // Slack's reason is a short code (`expired_url`, `used_url`); bounded all the same.
+        let reason: String = response
+            .text()
+            .await
+            .unwrap_or_default()
+            .chars()
+            .filter(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .take(40)
+            .collect();
+        tracing::info!(%status, reason, "a slash command's response_url refused the answer; it goes another way");
+        Ok(Responded::Gone)
     }
 
     /// Replaces the text of the bot's message `ts` in `channel` (`chat.update`).
@@ -284,6 +466,21 @@ impl SlackApi {
             }
         }
     }
+}
+
+/// `value` percent-encoded for a form (Slack ids are letters and digits; anything else is
+/// encoded all the same).
+fn form_value(value: &str) -> String {
+    value
+        .bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
 }
 
 /// The delay a 429 asks for, in whole seconds as Slack sends it.

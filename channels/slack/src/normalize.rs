@@ -8,8 +8,10 @@
 //! already has) a reply in a channel thread. Everything else, and the bot's own posts, is
 //! ignored with a reason for the debug log.
 
-use antler_channel::{AttachmentRef, AttachmentSource, ConversationKey, InboundEvent, UserRef};
-use serde::Deserialize;
+use antler_channel::{
+    AttachmentRef, AttachmentSource, ConversationKey, InboundEvent, ReplyContext, UserRef,
+};
+use serde::{Deserialize, Serialize};
 use slack_morphism::events::{
     SlackAppMentionEvent, SlackEventCallbackBody, SlackMessageEvent, SlackMessageEventType,
     SlackPushEventCallback,
@@ -27,8 +29,9 @@ pub(crate) struct Context<'a> {
     pub(crate) team_id: Option<&'a str>,
     /// Replies in a channel thread without a mention become follow-ups.
     pub(crate) thread_follow_ups: bool,
-    /// Other bots (`bot_id`s) whose messages are handled like a person's; every other bot is
-    /// ignored, so two bots cannot answer each other forever.
+    /// Other bots (`bot_id`s, or their apps' `app_id`s) whose messages are handled like a
+    /// person's, classic bots and incoming webhooks (`subtype: bot_message`) too; every other
+    /// bot is ignored, so two bots cannot answer each other forever.
     pub(crate) allowed_bots: &'a [String],
     /// When antler received the request, in milliseconds since the Unix epoch.
     pub(crate) received_at_ms: u64,
@@ -45,6 +48,35 @@ pub(crate) enum Normalized {
     /// the envelope nor `auth.test`: it may be for the bot, so it is not dropped (Slack
     /// retries it).
     AwaitingIdentity,
+}
+
+/// What the answer to a message needs besides its conversation, kept with the message in the
+/// store (so it outlives a restart) as its [`ReplyContext`]: who wrote it, for a DM when the
+/// bot cannot post where it was asked, and a slash command's `response_url`, a credential that
+/// posts where the command ran (30 minutes, 5 uses).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct ReplyTo {
+    /// The user who wrote the message.
+    #[serde(rename = "u")]
+    pub(crate) user: String,
+    /// A slash command's `response_url`.
+    #[serde(rename = "r", default, skip_serializing_if = "Option::is_none")]
+    pub(crate) response_url: Option<String>,
+    /// When antler received it, in milliseconds since the Unix epoch.
+    #[serde(rename = "t")]
+    pub(crate) received_at_ms: u64,
+}
+
+impl ReplyTo {
+    /// As the reply context of an event.
+    pub(crate) fn context(&self) -> ReplyContext {
+        ReplyContext::new(serde_json::to_string(self).unwrap_or_default())
+    }
+
+    /// What [`ReplyTo::context`] made; `None` for anything else.
+    pub(crate) fn read(context: &ReplyContext) -> Option<Self> {
+        serde_json::from_str(context.expose()).ok()
+    }
 }
 
 /// The fields of a file antler uses; `size` is not in slack-morphism's `SlackFile`.
@@ -77,9 +109,13 @@ pub(crate) fn normalize_callback(
         .map(|auth| auth.user_id.0.as_str())
         .or(context.bot_user_id);
     if let Some(bot_id) = raw_event.get("bot_id").filter(|id| !id.is_null()) {
-        let allowed = bot_id
-            .as_str()
-            .is_some_and(|id| context.allowed_bots.iter().any(|allowed| allowed == id));
+        // A bot is named by its bot id (`B…`) or its app's id (`A…`): an incoming webhook's
+        // posts carry the webhook's app.
+        let listed = |id: &serde_json::Value| {
+            id.as_str()
+                .is_some_and(|id| context.allowed_bots.iter().any(|allowed| allowed == id))
+        };
+        let allowed = listed(bot_id) || raw_event.get("app_id").is_some_and(listed);
         if !allowed {
             return Normalized::Ignored("written by a bot");
         }
@@ -142,9 +178,19 @@ fn channel_message(
         None | Some(SlackMessageEventType::FileShare | SlackMessageEventType::ThreadBroadcast) => {}
         Some(SlackMessageEventType::MessageChanged) => return Normalized::Ignored("an edit"),
         Some(SlackMessageEventType::MessageDeleted) => return Normalized::Ignored("a deletion"),
+        // A classic bot's or an incoming webhook's post; it has a `bot_id`, so it got here
+        // only as one of `allowed_bots`.
+        Some(SlackMessageEventType::BotMessage) if event.sender.bot_id.is_some() => {}
         Some(_) => return Normalized::Ignored("a message subtype antler does not handle"),
     }
-    let Some(user) = event.sender.user.as_ref().map(|u| u.0.as_str()) else {
+    // A `bot_message` names no user: its author is the bot.
+    let author = event
+        .sender
+        .user
+        .as_ref()
+        .map(|u| u.0.as_str())
+        .or_else(|| event.sender.bot_id.as_ref().map(|b| b.0.as_str()));
+    let Some(user) = author else {
         return Normalized::Ignored("no author");
     };
     if bot == Some(user) {
@@ -249,7 +295,14 @@ impl Message<'_> {
             follow_up: self.follow_up,
             unsupported: None,
             interactive: true,
-            reply_context: None,
+            reply_context: Some(
+                ReplyTo {
+                    user: self.user.to_owned(),
+                    response_url: None,
+                    received_at_ms: context.received_at_ms,
+                }
+                .context(),
+            ),
         }))
     }
 }
@@ -356,6 +409,9 @@ pub(crate) struct SlashCommand {
     #[serde(default)]
     pub(crate) text: String,
     pub(crate) trigger_id: String,
+    /// Where the answer is posted, in the conversation the command ran in.
+    #[serde(default)]
+    pub(crate) response_url: Option<String>,
 }
 
 /// The gateway's own commands, which `/antler <word>` runs as `/<word>`.
@@ -401,7 +457,16 @@ pub(crate) fn normalize_command(command: &SlashCommand, context: &Context<'_>) -
         follow_up: false,
         unsupported: None,
         interactive: true,
-        reply_context: None,
+        // The answer goes back through the command's response_url: the bot need not be a
+        // member of the channel, and Slack shows it as configured (privately by default).
+        reply_context: Some(
+            ReplyTo {
+                user: command.user_id.clone(),
+                response_url: command.response_url.clone().filter(|url| !url.is_empty()),
+                received_at_ms: context.received_at_ms,
+            }
+            .context(),
+        ),
     }))
 }
 
@@ -518,6 +583,52 @@ mod tests {
             .unwrap()
             .extend(extra.as_object().unwrap().clone());
         event
+    }
+
+    /// Slack's `bot_message`: "A message was posted by an integration" (classic bots,
+    /// incoming webhooks): `subtype`, `bot_id`, `username`, no `user`.
+    #[test]
+    fn a_listed_classic_bot_or_webhook_is_answered_by_bot_id_or_app_id() {
+        let bot_message = |bot: &str, app: Option<&str>| {
+            let mut event = serde_json::json!({
+                "type": "message", "subtype": "bot_message", "channel": "D1",
+                "channel_type": "im", "text": "deploy failed", "ts": "3.0",
+                "bot_id": bot, "username": "jenkins"
+            });
+            if let Some(app) = app {
+                event["app_id"] = app.into();
+            }
+            event
+        };
+        let classic = outcome(bot_message("B2", None), None).unwrap();
+        assert_eq!(classic.user.id, "B2");
+        assert_eq!(classic.text, "deploy failed");
+        let mut by_app = bot_message("B9", Some("A7"));
+        let context = Context {
+            bot_user_id: None,
+            team_id: None,
+            thread_follow_ups: true,
+            allowed_bots: &[String::from("A7")],
+            received_at_ms: 0,
+        };
+        let raw = serde_json::json!({
+            "type": "event_callback", "team_id": "T1", "api_app_id": "A1", "event_id": "Ev1",
+            "event_time": 1, "event": by_app.take(),
+        });
+        let slack_morphism::events::SlackPushEvent::EventCallback(callback) =
+            serde_json::from_value(raw.clone()).unwrap()
+        else {
+            panic!("not a callback")
+        };
+        let Normalized::Event(webhook) = normalize_callback(&callback, &raw["event"], &context)
+        else {
+            panic!("an incoming webhook listed by its app id")
+        };
+        assert_eq!(webhook.user.id, "B9");
+        assert_eq!(
+            outcome(bot_message("B3", Some("A3")), None),
+            Err("written by a bot")
+        );
     }
 
     #[test]

@@ -113,6 +113,15 @@ pub fn ask(id: &str, token: &str, prompt: &str) -> Value {
     interaction
 }
 
+/// `interaction` as Discord sends it to an app installed to the user only (not to the
+/// server): `authorizing_integration_owners` names the user install (key `1`, the user's id)
+/// and no guild install (key `0`).
+#[must_use]
+pub fn user_installed(mut interaction: Value) -> Value {
+    interaction["authorizing_integration_owners"] = json!({"1": ADA});
+    interaction
+}
+
 /// A message of the bot's as the API returns it.
 #[must_use]
 pub fn message(id: &str) -> Value {
@@ -253,6 +262,76 @@ impl MockDiscord {
             .with_priority(1)
             .mount(&self.server)
             .await;
+    }
+
+    /// Limits the follow-ups of the interaction `token` as Discord does for an app installed
+    /// to the user only: "Apps installed to a user ... are limited to 5 followup messages per
+    /// interaction". A sixth is refused (HTTP 400; the exact error body is not documented).
+    pub async fn limit_follow_ups(&self, token: &str) {
+        let webhook = format!("^/api/v10/webhooks/{APPLICATION_ID}/{token}$");
+        Mock::given(method("POST"))
+            .and(path_regex(webhook.as_str()))
+            .respond_with(ResponseTemplate::new(200).set_body_json(message("1500000000000000002")))
+            .up_to_n_times(5)
+            .with_priority(2)
+            .mount(&self.server)
+            .await;
+        Mock::given(method("POST"))
+            .and(path_regex(webhook.as_str()))
+            .respond_with(ResponseTemplate::new(400).set_body_json(json!({
+                "message": "Maximum number of follow-up messages reached"
+            })))
+            .with_priority(3)
+            .mount(&self.server)
+            .await;
+    }
+
+    /// Answers every request on the interaction webhook of `token` as Discord does once it
+    /// no longer knows it: HTTP 404 `{"message": "Unknown Webhook", "code": 10015}`.
+    pub async fn forget_webhook(&self, token: &str) {
+        Mock::given(path_regex(format!(
+            "^/api/v10/webhooks/{APPLICATION_ID}/{token}(/.*)?$"
+        )))
+        .respond_with(ResponseTemplate::new(404).set_body_json(json!({
+            "message": "Unknown Webhook", "code": 10015
+        })))
+        .with_priority(1)
+        .mount(&self.server)
+        .await;
+    }
+
+    /// Answers every request on the interaction webhook of `token` with a 2xx whose body
+    /// lacks fields a message object has (`author`, `timestamp`, …): the id only for edits of
+    /// `@original`, nothing at all for follow-ups. The messages are created all the same.
+    pub async fn answer_sparsely(&self, token: &str) {
+        Mock::given(method("PATCH"))
+            .and(path_regex(format!(
+                "^/api/v10/webhooks/{APPLICATION_ID}/{token}/messages/@original$"
+            )))
+            .respond_with(ResponseTemplate::new(200).set_body_json(json!({"id": ORIGINAL_ID})))
+            .with_priority(1)
+            .mount(&self.server)
+            .await;
+        Mock::given(method("POST"))
+            .and(path_regex(format!(
+                "^/api/v10/webhooks/{APPLICATION_ID}/{token}$"
+            )))
+            .respond_with(ResponseTemplate::new(200).set_body_json(json!({"flags": 0})))
+            .with_priority(1)
+            .mount(&self.server)
+            .await;
+    }
+
+    /// The bodies of every message the bot created in a channel with its token.
+    pub async fn channel_messages(&self) -> Vec<Value> {
+        self.calls()
+            .await
+            .into_iter()
+            .filter(|(m, p, _)| {
+                m == "POST" && p.starts_with("/api/v10/channels/") && p.ends_with("/messages")
+            })
+            .map(|(_, _, body)| body)
+            .collect()
     }
 
     /// Answers the Gateway's address (`GET /gateway` for one shard, `/gateway/bot` when

@@ -4,11 +4,17 @@
 //! `X-Slack-Signature`, with the Unix time in `X-Slack-Request-Timestamp`; a request older than
 //! five minutes is to be refused (protocols.md §2.1). The Web API answers HTTP 200 with
 //! `{"ok": true, …}` or `{"ok": false, "error": "<code>"}`.
+//!
+//! A slash command's `response_url` takes a JSON message (`text`, `response_type`
+//! `ephemeral`|`in_channel`, `replace_original`) and answers HTTP 200 `ok` in plain text. Slack:
+//! "You can use a `response_url` up to five times within 30 minutes" (Handling user
+//! interaction); past that it answers HTTP 404 with the text `used_url`, and once expired
+//! `expired_url`.
 
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use wiremock::matchers::{method, path};
+use wiremock::matchers::{body_partial_json, method, path, path_regex};
 use wiremock::{Mock, MockServer, ResponseTemplate};
 
 use crate::Call;
@@ -26,6 +32,12 @@ pub const BOT_USER: &str = "U0BOT00001";
 pub const CHANNEL: &str = "C0SRE00001";
 /// The thread the mention fixture was written in.
 pub const THREAD: &str = "1767225500.000100";
+/// The path of the mock's `response_url`, as in the slash-command fixture.
+pub const RESPONSE_PATH: &str = "/commands/T0OPS00001/8001/xYz123";
+/// How many answers a `response_url` takes.
+pub const RESPONSE_URL_USES: u64 = 5;
+/// The DM channel `conversations.open` opens with any user.
+pub const DM: &str = "D0ADA00001";
 /// The ts the mock Web API gives every message it posts.
 pub const POSTED_TS: &str = "1767229999.000900";
 /// The header with the signing time.
@@ -134,8 +146,52 @@ pub fn channel_message(ts: &str, thread_ts: Option<&str>, text: &str, event_id: 
     .to_string()
 }
 
+/// `text` percent-encoded for a form.
+fn url_encode(text: &str) -> String {
+    text.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            b' ' => "+".to_owned(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// A post in [`CHANNEL`] by a classic bot or an incoming webhook, as Slack sends it
+/// (`message` with `subtype: bot_message`, "A message was posted by an integration"): a
+/// `bot_id`, the webhook's `app_id` when it has one, a `username`, and no `user`.
+#[must_use]
+pub fn bot_message(
+    ts: &str,
+    text: &str,
+    bot_id: &str,
+    app_id: Option<&str>,
+    event_id: &str,
+) -> String {
+    let mut event = json!({
+        "type": "message", "subtype": "bot_message", "text": text, "ts": ts,
+        "bot_id": bot_id, "username": "jenkins", "team": TEAM, "channel": CHANNEL,
+        "event_ts": ts, "channel_type": "channel"
+    });
+    if let Some(app_id) = app_id {
+        event["app_id"] = json!(app_id);
+    }
+    json!({
+        "token": "x", "team_id": TEAM, "api_app_id": "A0OPSBOT001",
+        "event": event, "type": "event_callback", "event_id": event_id,
+        "event_time": 1767225600,
+        "authorizations": [{"enterprise_id": null, "team_id": TEAM,
+                            "user_id": BOT_USER, "is_bot": true,
+                            "is_enterprise_install": false}]
+    })
+    .to_string()
+}
+
 /// A mock Web API on 127.0.0.1 (`<uri>/api/<method>`): knows the bot (`auth.test`), accepts
-/// every post, update and reaction, and records every request.
+/// every post, update and reaction, opens a DM with anyone, serves slash commands'
+/// `response_url`s (`<uri>/commands/…`) as Slack does, and records every request.
 #[derive(Debug)]
 pub struct MockSlack {
     server: MockServer,
@@ -181,7 +237,85 @@ impl MockSlack {
                 .mount(&server)
                 .await;
         }
+        Mock::given(method("POST"))
+            .and(path("/api/conversations.open"))
+            .respond_with(ResponseTemplate::new(200).set_body_json(json!({
+                "ok": true, "channel": {"id": DM}
+            })))
+            .mount(&server)
+            .await;
+        // A response_url: 5 answers, then `used_url`.
+        Mock::given(method("POST"))
+            .and(path_regex("^/commands/"))
+            .respond_with(ResponseTemplate::new(200).set_body_string("ok"))
+            .up_to_n_times(RESPONSE_URL_USES)
+            .with_priority(4)
+            .mount(&server)
+            .await;
+        Mock::given(method("POST"))
+            .and(path_regex("^/commands/"))
+            .respond_with(ResponseTemplate::new(404).set_body_string("used_url"))
+            .mount(&server)
+            .await;
         Self { server }
+    }
+
+    /// The `response_url` of a slash command, on this mock.
+    #[must_use]
+    pub fn response_url(&self) -> String {
+        format!("{}{RESPONSE_PATH}", self.server.uri())
+    }
+
+    /// The slash-command fixture with its `response_url` on this mock and `text`.
+    #[must_use]
+    pub fn slash_command(&self, text: &str) -> String {
+        let form = fixture("slack_slash_command.form");
+        let url: String = url_encode(&self.response_url());
+        form.trim()
+            .replace(
+                "https%3A%2F%2Fhooks.slack.com%2Fcommands%2FT0OPS00001%2F8001%2FxYz123",
+                &url,
+            )
+            .replace(
+                "text=status+payments-api",
+                &format!("text={}", url_encode(text)),
+            )
+    }
+
+    /// The bodies posted to the `response_url`, in order.
+    pub async fn responses(&self) -> Vec<Value> {
+        crate::calls_of(&self.server)
+            .await
+            .into_iter()
+            .filter(|c| c.path.starts_with("/commands/"))
+            .map(|c| c.body)
+            .collect()
+    }
+
+    /// From now on the `response_url` answers as Slack does 30 minutes after the command:
+    /// HTTP 404 `expired_url`.
+    pub async fn expire_response_urls(&self) {
+        Mock::given(method("POST"))
+            .and(path_regex("^/commands/"))
+            .respond_with(ResponseTemplate::new(404).set_body_string("expired_url"))
+            .with_priority(1)
+            .mount(&self.server)
+            .await;
+    }
+
+    /// From now on `chat.postMessage` to `channel` fails with the Web API error `code`
+    /// (`not_in_channel` when the bot is not a member, `channel_not_found` for a private
+    /// channel it cannot see).
+    pub async fn refuse_posts_in(&self, channel: &str, code: &str) {
+        Mock::given(method("POST"))
+            .and(path("/api/chat.postMessage"))
+            .and(body_partial_json(json!({"channel": channel})))
+            .respond_with(
+                ResponseTemplate::new(200).set_body_json(json!({"ok": false, "error": code})),
+            )
+            .with_priority(1)
+            .mount(&self.server)
+            .await;
     }
 
     /// The Web API's base URL (`<uri>/api`).
@@ -198,6 +332,23 @@ impl MockSlack {
              signing_secret = \"{SIGNING_SECRET}\"\napi_url = \"{}\"\n{more}",
             self.api_url()
         )
+    }
+
+    /// The users each `conversations.open` asked for (its form's `users`), in order.
+    pub async fn dms_opened(&self) -> Vec<String> {
+        crate::calls_of(&self.server)
+            .await
+            .into_iter()
+            .filter(|c| c.path.ends_with("/conversations.open"))
+            .map(|c| {
+                // Slack ids need no decoding: letters and digits.
+                String::from_utf8_lossy(&c.raw)
+                    .split('&')
+                    .find_map(|pair| pair.strip_prefix("users="))
+                    .unwrap_or_default()
+                    .to_owned()
+            })
+            .collect()
     }
 
     /// The bodies of every call of `method_name` (`chat.postMessage`…), in order.
