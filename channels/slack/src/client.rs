@@ -119,24 +119,20 @@ impl SlackApi {
     }
 
     /// Posts `text` (mrkdwn) to `channel`, in the thread `thread_ts` when given
-    /// (`chat.postMessage`); returns the new message's ts.
+    /// (`chat.postMessage`); returns the new message's ts. A channel the bot cannot post in
+    /// is an error here; [`SlackApi::post`] tells it apart.
     pub async fn post_message(
         &self,
         channel: &str,
         text: &str,
         thread_ts: Option<&str>,
     ) -> Result<String, ChannelError> {
-        let request = SlackApiChatPostMessageRequest::new(
-            SlackChannelId(channel.to_owned()),
-            SlackMessageContent::new().with_text(text.to_owned()),
-        )
-        .opt_thread_ts(thread_ts.map(|ts| SlackTs(ts.to_owned())));
-        let session = self.client.open_session(&self.token);
-        let posted = session
-            .chat_post_message(&request)
-            .await
-            .map_err(|e| self.error(e))?;
-        Ok(posted.ts.0)
+        match self.post(channel, text, thread_ts).await? {
+            Posted::Ts(ts) => Ok(ts),
+            Posted::NotThere(code) => {
+                Err(ChannelError::Permanent(format!("Slack answered {code}")))
+            }
+        }
     }
 
     /// Posts like [`SlackApi::post_message`], but tells a channel the bot cannot post in
