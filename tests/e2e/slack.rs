@@ -531,3 +531,70 @@ async fn listed_classic_bots_and_incoming_webhooks_are_answered_by_bot_id_or_app
     assert_eq!(model.count(), 2, "the unlisted bot ran nothing");
     app.shutdown().await;
 }
+
+/// `body` without its `authorizations`: Slack may leave them out ("authorizations … may be
+/// truncated"; apps are told to use `apps.event.authorizations.list` instead), so the bot's user
+/// id is then known from `auth.test` alone.
+fn without_authorizations(body: &str) -> String {
+    let mut envelope: Value = serde_json::from_str(body).unwrap();
+    envelope.as_object_mut().unwrap().remove("authorizations");
+    envelope.to_string()
+}
+
+/// Issue 24, finding 1: until `auth.test` told the bot's user id, a channel `message` that
+/// mentions someone (`<@U…>`) in an envelope without `authorizations` may be for the bot: it is
+/// answered 503, so Slack retries it (Events API: "we consider the following scenarios as
+/// failure conditions: … We receive an HTTP response other than a 2xx", retried "with
+/// exponential backoff", the retry numbered in `X-Slack-Retry-Num`). An `app_mention` names the
+/// bot by its type and is handled at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_channel_mention_before_auth_test_answers_is_retried_by_slack_not_lost() {
+    let model = MockModel::start(Behaviour::Echo).await;
+    let api = MockSlack::start().await;
+    api.set_auth_test_down(true);
+    let app = TestApp::spawn(&model, &api.config("")).await;
+    let mention = without_authorizations(&channel_message(
+        "1767225700.000300",
+        None,
+        "<@U0BOT00001> restart web-api",
+        "Ev0OPS0000C1",
+    ));
+    assert_eq!(
+        post_event(&app.base, &mention).await,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "not acknowledged while the bot's user id is unknown"
+    );
+    let app_mention = without_authorizations(&fixture("slack_app_mention_thread.json"));
+    assert_eq!(post_event(&app.base, &app_mention).await, StatusCode::OK);
+    let posted = api.wait_for_posts(1).await;
+    assert_eq!(posted[0]["thread_ts"], THREAD);
+    app.wait_idle().await;
+    assert_eq!(
+        model.count(),
+        1,
+        "the channel mention was neither stored nor run"
+    );
+
+    api.set_auth_test_down(false);
+    // Slack's retry, once antler's retry of auth.test (with backoff) has succeeded.
+    wait_until("the retried mention is taken", || async {
+        let (status, _) = post_signed(
+            &app.base,
+            "events",
+            &mention,
+            SIGNING_SECRET,
+            now_secs(),
+            Some(1),
+        )
+        .await;
+        (status == StatusCode::OK).then_some(())
+    })
+    .await;
+    let posted = api.wait_for_posts(2).await;
+    assert_eq!(posted[1]["channel"], CHANNEL);
+    assert_eq!(posted[1]["text"], "echo: restart web-api");
+    app.wait_idle().await;
+    assert_eq!(api.posted().await.len(), 2, "the mention is answered once");
+    assert_eq!(model.count(), 2, "the mention ran once");
+    app.shutdown().await;
+}

@@ -489,3 +489,107 @@ async fn a_presented_file_swapped_for_a_link_is_never_uploaded() {
     assert!(!String::from_utf8_lossy(&everything).contains("HOST-CONFIG-SECRET"));
     app.shutdown().await;
 }
+
+/// Issue 24, finding 1, over the webhook: until `getMe` told the bot's username, a group message
+/// `@opsbot_bot …` may be for the bot, so it is answered 503 and Telegram delivers it again
+/// (Bot API, setWebhook: "In case of an unsuccessful request (a request with response HTTP
+/// status code different from 2XY), we will repeat the request and give up after a reasonable
+/// amount of attempts"). A private message needs no username and is answered at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_mention_before_get_me_answers_is_delivered_again_not_lost() {
+    let model = MockModel::start(Behaviour::Echo).await;
+    let api = MockTelegram::start().await;
+    api.set_get_me_down(true);
+    let app = TestApp::spawn(&model, &api.config("")).await;
+    let mention = fixture("tg_group_mention");
+    assert_eq!(
+        post(&app.base, &mention, Some(SECRET)).await,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "not acknowledged while the bot's username is unknown"
+    );
+    assert_eq!(
+        post(&app.base, &fixture("tg_private_text"), Some(SECRET)).await,
+        StatusCode::OK
+    );
+    let sent = api.wait_for_sends(1).await;
+    assert_eq!(sent[0]["text"], "echo: status payments-api");
+    app.wait_idle().await;
+    assert_eq!(model.count(), 1, "the mention was neither stored nor run");
+
+    api.set_get_me_down(false);
+    // Telegram's redelivery, once antler's retry of getMe (with backoff) has succeeded.
+    wait_until("the redelivered mention is taken", || async {
+        (post(&app.base, &mention, Some(SECRET)).await == StatusCode::OK).then_some(())
+    })
+    .await;
+    let sent = api.wait_for_sends(2).await;
+    assert_eq!(sent[1]["chat_id"], -1_002_200_330_044i64);
+    assert_eq!(sent[1]["text"], "echo: 🚀 restart web-api");
+    // A further redelivery of the same update is recognised.
+    assert_eq!(
+        post(&app.base, &mention, Some(SECRET)).await,
+        StatusCode::OK
+    );
+    app.wait_idle().await;
+    assert_eq!(api.sent().await.len(), 2, "the mention is answered once");
+    assert_eq!(model.count(), 2, "the mention ran once");
+    app.shutdown().await;
+}
+
+/// Issue 24, finding 1, over long polling: until `getMe` answered, a polled group mention is
+/// not confirmed (Bot API, getUpdates: "An update is considered confirmed as soon as getUpdates
+/// is called with an offset higher than its update_id"), so Telegram returns it again; once
+/// the username is known it is answered once and confirmed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_polled_group_mention_before_get_me_answers_is_not_confirmed_until_then() {
+    let model = MockModel::start(Behaviour::Echo).await;
+    let api = MockTelegram::start_polling_update("", "tg_group_mention").await;
+    api.set_get_me_down(true);
+    let dir = tempfile::tempdir().unwrap();
+    let app = TestApp::start(&model, &dir.path().join("store"), &api.polling_config()).await;
+    let update_id =
+        serde_json::from_str::<Value>(&fixture("tg_group_mention")).unwrap()["update_id"]
+            .as_i64()
+            .unwrap();
+    let polls = || async {
+        api.received_requests()
+            .await
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|r| r.url.path().ends_with("/GetUpdates"))
+            .map(|r| serde_json::from_slice::<Value>(&r.body).unwrap_or_default())
+            .collect::<Vec<Value>>()
+    };
+    // Telegram returned the mention at least twice: it was asked for again, not confirmed.
+    wait_until("the mention polled twice", || async {
+        (polls().await.len() >= 3).then_some(())
+    })
+    .await;
+    assert!(
+        polls()
+            .await
+            .iter()
+            .all(|b| b["offset"].as_i64().is_none_or(|o| o <= update_id)),
+        "confirmed while the bot's username is unknown: {:?}",
+        polls().await
+    );
+    assert!(api.sent().await.is_empty());
+    assert_eq!(model.count(), 0);
+
+    api.set_get_me_down(false);
+    let sent = api.wait_for_sends(1).await;
+    assert_eq!(sent[0]["chat_id"], -1_002_200_330_044i64);
+    assert_eq!(sent[0]["text"], "echo: 🚀 restart web-api");
+    wait_until("the mention confirmed", || async {
+        polls()
+            .await
+            .iter()
+            .any(|b| b["offset"] == update_id + 1)
+            .then_some(())
+    })
+    .await;
+    app.wait_idle().await;
+    assert_eq!(api.sent().await.len(), 1, "answered once");
+    assert_eq!(model.count(), 1);
+    app.shutdown().await;
+}

@@ -11,6 +11,8 @@
 //! interaction); past that it answers HTTP 404 with the text `used_url`, and once expired
 //! `expired_url`.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use serde_json::{Value, json};
@@ -195,6 +197,29 @@ pub fn bot_message(
 #[derive(Debug)]
 pub struct MockSlack {
     server: MockServer,
+    auth_test_down: Arc<AtomicBool>,
+}
+
+/// `auth.test`: the bot, or while `down` the Web API's answer when Slack cannot serve it
+/// (HTTP 200, `{"ok": false, "error": "service_unavailable"}`; Slack's method docs list
+/// `service_unavailable`, "The service is temporarily unavailable", among the errors every
+/// method may return).
+struct AuthTest {
+    down: Arc<AtomicBool>,
+}
+
+impl wiremock::Respond for AuthTest {
+    fn respond(&self, _: &wiremock::Request) -> ResponseTemplate {
+        if self.down.load(Ordering::SeqCst) {
+            return ResponseTemplate::new(200)
+                .set_body_json(json!({"ok": false, "error": "service_unavailable"}));
+        }
+        ResponseTemplate::new(200).set_body_json(json!({
+            "ok": true, "url": "https://acme-ops.slack.com/", "team": "Acme Ops",
+            "user": "opsbot", "team_id": TEAM, "user_id": BOT_USER,
+            "bot_id": "B0BOT00001", "is_enterprise_install": false
+        }))
+    }
 }
 
 impl std::ops::Deref for MockSlack {
@@ -210,12 +235,11 @@ impl MockSlack {
     pub async fn start() -> Self {
         let server = MockServer::start().await;
         // Slack takes GET or POST for auth.test; slack-morphism asks with GET.
+        let auth_test_down = Arc::new(AtomicBool::new(false));
         Mock::given(path("/api/auth.test"))
-            .respond_with(ResponseTemplate::new(200).set_body_json(json!({
-                "ok": true, "url": "https://acme-ops.slack.com/", "team": "Acme Ops",
-                "user": "opsbot", "team_id": TEAM, "user_id": BOT_USER,
-                "bot_id": "B0BOT00001", "is_enterprise_install": false
-            })))
+            .respond_with(AuthTest {
+                down: Arc::clone(&auth_test_down),
+            })
             .mount(&server)
             .await;
         for method_name in ["reactions.add", "reactions.remove"] {
@@ -257,7 +281,15 @@ impl MockSlack {
             .respond_with(ResponseTemplate::new(404).set_body_string("used_url"))
             .mount(&server)
             .await;
-        Self { server }
+        Self {
+            server,
+            auth_test_down,
+        }
+    }
+
+    /// Makes `auth.test` fail with `service_unavailable` while `down`.
+    pub fn set_auth_test_down(&self, down: bool) {
+        self.auth_test_down.store(down, Ordering::SeqCst);
     }
 
     /// The `response_url` of a slash command, on this mock.

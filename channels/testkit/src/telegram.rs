@@ -5,6 +5,8 @@
 //! `{"ok": false, "error_code": N, "description": "…", "parameters"?: {…}}` with the same
 //! HTTP status (protocols.md §1.3).
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use serde_json::{Value, json};
@@ -127,6 +129,31 @@ pub fn refused_nesting(html: &str) -> bool {
 #[derive(Debug)]
 pub struct MockTelegram {
     server: MockServer,
+    get_me_down: Arc<AtomicBool>,
+}
+
+/// `getMe`: the bot, or while `down` the Bot API's answer to a call its servers cannot serve
+/// (HTTP 502, `{"ok":false,"error_code":502,"description":"Bad Gateway"}`: Telegram answers
+/// errors as JSON with the same status, core.telegram.org/bots/api#making-requests).
+struct GetMe {
+    down: Arc<AtomicBool>,
+}
+
+impl wiremock::Respond for GetMe {
+    fn respond(&self, _: &wiremock::Request) -> ResponseTemplate {
+        if self.down.load(Ordering::SeqCst) {
+            return ResponseTemplate::new(502).set_body_json(json!({
+                "ok": false, "error_code": 502, "description": "Bad Gateway"
+            }));
+        }
+        ResponseTemplate::new(200).set_body_json(json!({
+            "ok": true,
+            "result": {"id": 7000000001u64, "is_bot": true, "first_name": "OpsBot",
+                       "username": USERNAME, "can_join_groups": true,
+                       "can_read_all_group_messages": false, "supports_inline_queries": false,
+                       "has_main_web_app": false}
+        }))
+    }
 }
 
 impl std::ops::Deref for MockTelegram {
@@ -143,14 +170,11 @@ impl MockTelegram {
         let server = MockServer::start().await;
         let route =
             |name: &str| Mock::given(method("POST")).and(path(format!("/bot{TOKEN}/{name}")));
+        let get_me_down = Arc::new(AtomicBool::new(false));
         route("GetMe")
-            .respond_with(ResponseTemplate::new(200).set_body_json(json!({
-                "ok": true,
-                "result": {"id": 7000000001u64, "is_bot": true, "first_name": "OpsBot",
-                           "username": USERNAME, "can_join_groups": true,
-                           "can_read_all_group_messages": false, "supports_inline_queries": false,
-                           "has_main_web_app": false}
-            })))
+            .respond_with(GetMe {
+                down: Arc::clone(&get_me_down),
+            })
             .mount(&server)
             .await;
         for name in ["SendMessage", "EditMessageText"] {
@@ -177,7 +201,15 @@ impl MockTelegram {
             )
             .mount(&server)
             .await;
-        Self { server }
+        Self {
+            server,
+            get_me_down,
+        }
+    }
+
+    /// Makes `getMe` fail with HTTP 502 (an outage of the Bot API) while `down`.
+    pub fn set_get_me_down(&self, down: bool) {
+        self.get_me_down.store(down, Ordering::SeqCst);
     }
 
     /// A Bot API for long polling as well: `getWebhookInfo` reports `webhook`; `getUpdates`
