@@ -2,6 +2,8 @@
 //! with the mock model, answers out to a mock Bot API (teloxide capitalises method names:
 //! `/bot<token>/SendMessage`).
 
+use std::time::{Duration, Instant};
+
 use antler_testkit::telegram::{MockTelegram, SECRET, fixture, post};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
@@ -490,6 +492,31 @@ async fn a_presented_file_swapped_for_a_link_is_never_uploaded() {
     app.shutdown().await;
 }
 
+/// How long antler may take to learn the bot's username once `getMe` works again: teloxide
+/// holds back every 5xx answer for 10 s before returning it (teloxide-core's
+/// `DELAY_ON_SERVER_ERROR`), so a retry begun during the outage ends 10 s later, and antler's
+/// backoff then waits up to 5 s before the next one. Generous, so a loaded machine still passes.
+const IDENTITY_DEADLINE: Duration = Duration::from_secs(120);
+
+/// Polls `check` until it gives a value, for at most [`IDENTITY_DEADLINE`].
+async fn wait_for_identity<T, F, Fut>(what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let start = Instant::now();
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(
+            start.elapsed() < IDENTITY_DEADLINE,
+            "timed out after {IDENTITY_DEADLINE:?} waiting until {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// Issue 24, finding 1, over the webhook: until `getMe` told the bot's username, a group message
 /// `@opsbot_bot …` may be for the bot, so it is answered 503 and Telegram delivers it again
 /// (Bot API, setWebhook: "In case of an unsuccessful request (a request with response HTTP
@@ -518,7 +545,7 @@ async fn a_group_mention_before_get_me_answers_is_delivered_again_not_lost() {
 
     api.set_get_me_down(false);
     // Telegram's redelivery, once antler's retry of getMe (with backoff) has succeeded.
-    wait_until("the redelivered mention is taken", || async {
+    wait_for_identity("the redelivered mention is taken", || async {
         (post(&app.base, &mention, Some(SECRET)).await == StatusCode::OK).then_some(())
     })
     .await;
@@ -577,7 +604,10 @@ async fn a_polled_group_mention_before_get_me_answers_is_not_confirmed_until_the
     assert_eq!(model.count(), 0);
 
     api.set_get_me_down(false);
-    let sent = api.wait_for_sends(1).await;
+    let sent = wait_for_identity("the mention answered", || async {
+        Some(api.sent().await).filter(|sent| !sent.is_empty())
+    })
+    .await;
     assert_eq!(sent[0]["chat_id"], -1_002_200_330_044i64);
     assert_eq!(sent[0]["text"], "echo: 🚀 restart web-api");
     wait_until("the mention confirmed", || async {
