@@ -532,9 +532,8 @@ async fn listed_classic_bots_and_incoming_webhooks_are_answered_by_bot_id_or_app
     app.shutdown().await;
 }
 
-/// `body` without its `authorizations`: Slack may leave them out ("authorizations … may be
-/// truncated"; apps are told to use `apps.event.authorizations.list` instead), so the bot's user
-/// id is then known from `auth.test` alone.
+/// `body` without its `authorizations`, the envelope field that names the bot's user
+/// (protocols.md §2): without it the bot's user id is known from `auth.test` alone.
 fn without_authorizations(body: &str) -> String {
     let mut envelope: Value = serde_json::from_str(body).unwrap();
     envelope.as_object_mut().unwrap().remove("authorizations");
@@ -543,10 +542,9 @@ fn without_authorizations(body: &str) -> String {
 
 /// Issue 24, finding 1: until `auth.test` told the bot's user id, a channel `message` that
 /// mentions someone (`<@U…>`) in an envelope without `authorizations` may be for the bot: it is
-/// answered 503, so Slack retries it (Events API: "we consider the following scenarios as
-/// failure conditions: … We receive an HTTP response other than a 2xx", retried "with
-/// exponential backoff", the retry numbered in `X-Slack-Retry-Num`). An `app_mention` names the
-/// bot by its type and is handled at once.
+/// answered 503, so Slack retries it (Events API: a non-2xx answer is a failure, `http_error`,
+/// retried up to 3 times with `X-Slack-Retry-Num`; protocols.md §2). An `app_mention` names
+/// the bot by its type and is handled at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_channel_mention_before_auth_test_answers_is_retried_by_slack_not_lost() {
     let model = MockModel::start(Behaviour::Echo).await;

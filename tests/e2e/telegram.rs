@@ -521,7 +521,7 @@ where
 /// `@opsbot_bot …` may be for the bot, so it is answered 503 and Telegram delivers it again
 /// (Bot API, setWebhook: "In case of an unsuccessful request (a request with response HTTP
 /// status code different from 2XY), we will repeat the request and give up after a reasonable
-/// amount of attempts"). A private message needs no username and is answered at once.
+/// number of attempts"). A private message needs no username and is answered at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_group_mention_before_get_me_answers_is_delivered_again_not_lost() {
     let model = MockModel::start(Behaviour::Echo).await;
