@@ -1278,6 +1278,7 @@ mod tests {
                     memory_update: None,
                     draft: None,
                     now_ms: 2,
+                    absorbed: Vec::new(),
                 })
                 .await
                 .unwrap();

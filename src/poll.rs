@@ -10,7 +10,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use antler_channel::{ChannelError, Parsed};
+use antler_channel::{ChannelError, ChatMove, Parsed};
 use antler_telegram::TelegramChannel;
 use tokio_util::sync::CancellationToken;
 
@@ -62,6 +62,11 @@ pub(crate) async fn poll_telegram(
                         }
                     }
                 }
+                Ok(Parsed::Moved(chat_move)) => {
+                    if !move_chat(&ingress, &chat_move, &stop).await {
+                        return;
+                    }
+                }
                 Ok(_) => {}
                 Err(ChannelError::Transient(e)) => {
                     // It may be for the bot, whose username is not known yet: not confirmed,
@@ -108,6 +113,25 @@ pub(crate) async fn read_discord_gateway(
         }
     }
     gateway.stop().await;
+}
+
+/// Moves a chat's conversation ([`Ingress::move_chat`]), retrying while the store fails;
+/// `false` once antler stops.
+async fn move_chat(ingress: &Ingress, chat_move: &ChatMove, stop: &CancellationToken) -> bool {
+    let mut backoff = Backoff::new(POLL_RETRY);
+    loop {
+        match ingress.move_chat(chat_move).await {
+            Ok(()) => return true,
+            Err(e) => {
+                let wait = backoff.next_wait();
+                tracing::warn!(error = %e, retry_in = ?wait, "a chat's move could not be recorded");
+                tokio::select! {
+                    () = stop.cancelled() => return false,
+                    () = tokio::time::sleep(wait) => {}
+                }
+            }
+        }
+    }
 }
 
 /// Accepts one event, retrying while the store fails; `false` once antler stops.

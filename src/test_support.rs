@@ -27,5 +27,6 @@ pub(crate) fn event(conversation: &str, event_id: &str, text: &str) -> InboundEv
         unsupported: None,
         interactive: false,
         reply_context: None,
+        media_group: None,
     }
 }

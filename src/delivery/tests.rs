@@ -39,6 +39,7 @@ async fn outbox_with_draft(
                 platform_message_id: id.to_owned(),
             }),
             now_ms: 1,
+            absorbed: Vec::new(),
         })
         .await
         .unwrap()
@@ -251,6 +252,7 @@ async fn outbox_with_files(
             memory_update: None,
             draft: None,
             now_ms: 1,
+            absorbed: Vec::new(),
         })
         .await
         .unwrap()

@@ -70,6 +70,10 @@ pub(crate) async fn respond(
         }
         Parsed::Reply(reply) => Ok((StatusCode::OK, Json(reply)).into_response()),
         Parsed::Ignore => Ok(StatusCode::OK.into_response()),
+        Parsed::Moved(chat_move) => {
+            ingress.move_chat(&chat_move).await?;
+            Ok(StatusCode::OK.into_response())
+        }
     }
 }
 

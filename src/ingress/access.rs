@@ -75,11 +75,15 @@ impl AccessRules {
         user.ids().any(|id| self.admins.contains(id))
     }
 
-    /// Whether `user` may talk in `chat` (admins aside).
-    fn allows(&self, user: &UserRef, chat: Option<&str>) -> bool {
+    /// Whether `user` may talk in `chat`, or in the chat it was before (`moved_from`), admins
+    /// aside.
+    fn allows(&self, user: &UserRef, chat: Option<&str>, moved_from: Option<&str>) -> bool {
         self.is_open()
             || user.ids().any(|id| self.allowed_users.contains(id))
-            || chat.is_some_and(|chat| self.allowed_chats.contains(chat))
+            || [chat, moved_from]
+                .into_iter()
+                .flatten()
+                .any(|chat| self.allowed_chats.contains(chat))
     }
 }
 
@@ -152,15 +156,25 @@ impl Access {
         self.rules.get(channel).is_none_or(AccessRules::is_open)
     }
 
-    /// Decides about `event` now, marking its author an admin or the event refused.
-    pub(crate) fn check(&self, event: &mut InboundEvent) -> Admit {
+    /// Whether `event` passes as it is (its author is an operator or allowed there), with no
+    /// chat it moved from to consider.
+    pub(crate) fn admits(&self, event: &InboundEvent) -> bool {
+        self.rules.get(&event.channel).is_none_or(|rules| {
+            rules.is_admin(&event.user) || rules.allows(&event.user, event.chat.as_deref(), None)
+        })
+    }
+
+    /// Decides about `event` now, marking its author an admin or the event refused. Its chat
+    /// continues the chat `moved_from`, when that is given (a group upgraded to a supergroup),
+    /// and is allowed where that one was.
+    pub(crate) fn check(&self, event: &mut InboundEvent, moved_from: Option<&str>) -> Admit {
         let Some(rules) = self.rules.get(&event.channel) else {
             return Admit::Run;
         };
         if rules.is_admin(&event.user) {
             event.user.admin = true;
         }
-        if event.user.admin || rules.allows(&event.user, event.chat.as_deref()) {
+        if event.user.admin || rules.allows(&event.user, event.chat.as_deref(), moved_from) {
             return Admit::Run;
         }
         let first = self.refusals.lock().map_or(true, |mut refusals| {
@@ -193,7 +207,7 @@ impl Access {
         if rules.is_admin(&event.user) {
             event.user.admin = true;
         }
-        let allowed = event.user.admin || rules.allows(&event.user, event.chat.as_deref());
+        let allowed = event.user.admin || rules.allows(&event.user, event.chat.as_deref(), None);
         if !allowed {
             tracing::info!(
                 channel = %event.channel,
@@ -328,19 +342,29 @@ mod tests {
     }
 
     #[test]
+    fn a_chat_that_moved_is_allowed_where_the_old_one_was() {
+        let access = access(&[], &["-100"], &[]);
+        let mut member = from("ada", Some("-1009"));
+        assert!(!access.admits(&member), "the new chat is not in the list");
+        assert_eq!(access.check(&mut member, Some("-100")), Admit::Run);
+        let mut elsewhere = from("bob", Some("-2009"));
+        assert_eq!(access.check(&mut elsewhere, Some("-200")), Admit::Refuse);
+    }
+
+    #[test]
     fn a_user_is_known_by_any_of_their_ids() {
         let access = access(&["ada01"], &[], &["root01"]);
         let mut ada = from("ou_ada", None);
         ada.user.aliases = vec!["ada01".to_owned()];
-        assert_eq!(access.check(&mut ada), Admit::Run);
+        assert_eq!(access.check(&mut ada, None), Admit::Run);
         assert!(!ada.user.admin);
         let mut root = from("ou_root", None);
         root.user.aliases = vec!["root01".to_owned()];
-        assert_eq!(access.check(&mut root), Admit::Run);
+        assert_eq!(access.check(&mut root, None), Admit::Run);
         assert!(root.user.admin, "an admin by user_id");
         let mut bob = from("ou_bob", None);
         bob.user.aliases = vec!["bob01".to_owned()];
-        assert_eq!(access.check(&mut bob), Admit::Refuse);
+        assert_eq!(access.check(&mut bob, None), Admit::Refuse);
     }
 
     #[test]
@@ -452,7 +476,7 @@ mod tests {
         for (name, users, chats, admins, user, chat, admitted, admin) in cases {
             let access = access(users, chats, admins);
             let mut event = from(user, *chat);
-            let decision = access.check(&mut event);
+            let decision = access.check(&mut event, None);
             let expected = if *admitted { Admit::Run } else { Admit::Refuse };
             assert_eq!(decision, expected, "{name}");
             assert_eq!(event.user.admin, *admin, "{name}: admin");
@@ -465,10 +489,10 @@ mod tests {
         let access = access(&["alice"], &[], &[]);
         let mut event = from("bob", None);
         event.user.admin = true;
-        assert_eq!(access.check(&mut event), Admit::Run);
+        assert_eq!(access.check(&mut event, None), Admit::Run);
         let mut elsewhere = from("bob", None);
         elsewhere.channel = "test".to_owned();
-        assert_eq!(access.check(&mut elsewhere), Admit::Run);
+        assert_eq!(access.check(&mut elsewhere, None), Admit::Run);
         assert!(access.is_open("test"));
         assert!(!access.is_open("api"));
     }
@@ -483,19 +507,19 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_user_is_refused_once_an_hour_per_channel() {
         let access = access(&["alice"], &[], &[]);
-        assert_eq!(access.check(&mut from("bob", None)), Admit::Refuse);
+        assert_eq!(access.check(&mut from("bob", None), None), Admit::Refuse);
         let mut again = from("bob", None);
-        assert_eq!(access.check(&mut again), Admit::Drop);
+        assert_eq!(access.check(&mut again, None), Admit::Drop);
         assert!(!again.refused);
         // Someone else is refused on their own account.
-        assert_eq!(access.check(&mut from("carol", None)), Admit::Refuse);
+        assert_eq!(access.check(&mut from("carol", None), None), Admit::Refuse);
         tokio::time::advance(REFUSAL_INTERVAL - Duration::from_secs(1)).await;
-        assert_eq!(access.check(&mut from("bob", None)), Admit::Drop);
+        assert_eq!(access.check(&mut from("bob", None), None), Admit::Drop);
         tokio::time::advance(Duration::from_secs(1)).await;
-        assert_eq!(access.check(&mut from("bob", None)), Admit::Refuse);
+        assert_eq!(access.check(&mut from("bob", None), None), Admit::Refuse);
         // A refusal that was not accepted after all is not counted.
         access.forget(&from("bob", None));
-        assert_eq!(access.check(&mut from("bob", None)), Admit::Refuse);
+        assert_eq!(access.check(&mut from("bob", None), None), Admit::Refuse);
     }
 
     #[tokio::test(start_paused = true)]

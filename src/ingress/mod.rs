@@ -30,7 +30,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use antler_channel::InboundEvent;
+use antler_channel::{ChatMove, InboundEvent};
 use futures_util::FutureExt;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
@@ -261,6 +261,8 @@ impl Ingress {
         if inner.stop.is_cancelled() {
             return Err(IngressError::ShuttingDown);
         }
+        let moved_from = self.moved_from(&mut event).await?;
+        let moved_from = moved_from.as_deref();
         if event.follow_up {
             // Not addressed: it runs only where the bot was addressed before, and an author who
             // may not use the bot gets no refusal for talking to someone else.
@@ -270,12 +272,12 @@ impl Ingress {
                 .await
                 .map_err(IngressError::Store)?
                 .is_some();
-            return match inner.access.check(&mut event) {
+            return match inner.access.check(&mut event, moved_from) {
                 Admit::Run if known => self.admit(event, subscribe).await,
                 _ => Err(IngressError::Dropped),
             };
         }
-        match inner.access.check(&mut event) {
+        match inner.access.check(&mut event, moved_from) {
             Admit::Run => self.admit(event, subscribe).await,
             Admit::Drop => Err(IngressError::Dropped),
             Admit::Refuse => {
@@ -288,6 +290,59 @@ impl Ingress {
                 admitted
             }
         }
+    }
+
+    /// The chat a group `event`'s chat continues, when the access rules would refuse it as it
+    /// is: that chat is allowed where the old one was ([`Ingress::move_chat`]). An author who
+    /// wrote as the chat itself (an anonymous admin) was the old chat too. The move is kept on
+    /// the chat's own conversation, `<channel>:<chat>` (a topic's messages live in others).
+    async fn moved_from(&self, event: &mut InboundEvent) -> Result<Option<String>, IngressError> {
+        let inner = &self.inner;
+        let Some(chat) = event.chat.as_deref().filter(|_| event.group) else {
+            return Ok(None);
+        };
+        if inner.access.admits(event) {
+            return Ok(None);
+        }
+        let key = format!("{}:{chat}", event.channel);
+        let Some(old) = inner
+            .store
+            .conversation(&key)
+            .await?
+            .and_then(|record| record.moved_from_chat)
+        else {
+            return Ok(None);
+        };
+        if event.user.id == chat {
+            event.user.aliases.push(old.clone());
+        }
+        Ok(Some(old))
+    }
+
+    /// Moves a chat's conversation where the platform says the chat went (a group upgraded to
+    /// a supergroup): the new chat goes on with the old one's thread and is allowed where the
+    /// old one was; the memory of the chat itself (an anonymous admin writes as the group, so
+    /// the old chat id was a memory key) moves too. Nothing of the old chat is lost: its
+    /// records stay. *Durable* when it returns; doing it twice changes nothing.
+    pub(crate) async fn move_chat(&self, chat_move: &ChatMove) -> Result<(), IngressError> {
+        let store = &self.inner.store;
+        store.move_conversation(chat_move).await?;
+        let channel = chat_move.to.channel();
+        let from = format!("{channel}:{}", chat_move.from_chat);
+        let to = format!("{channel}:{}", chat_move.to_chat);
+        if let Some(doc) = store.memory(&from).await? {
+            store
+                .update_memory(&to, &mut |current| current.or_else(|| Some(doc.clone())))
+                .await?;
+            store.clear_memory(&from, &[]).await?;
+        }
+        tracing::info!(
+            from = %chat_move.from,
+            to = %chat_move.to,
+            "a chat moved; its conversation, access and memory follow it"
+        );
+        metrics::counter!("antler_chat_moves_total", "channel" => channel.to_owned()).increment(1);
+        Ok(())
     }
 
     /// The refusal text for `event` when its author may not use the bot, checked for a

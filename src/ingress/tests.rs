@@ -599,3 +599,66 @@ async fn a_message_antler_cannot_read_is_answered_with_a_notice_and_nothing_runs
         "nothing entered the thread"
     );
 }
+
+/// A group upgraded to a supergroup: the new chat is allowed where the old one was, its
+/// anonymous admin (who writes as the chat) is the old chat's admin, and the memory kept under
+/// the old chat's id moves to the new one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_moved_chat_takes_its_place_in_the_allowlists_and_its_memory_along() {
+    use crate::store::MemoryStore;
+    let rules = AccessRules::new(&["g1".to_owned()], &["g1".to_owned()], &[]);
+    let h = harness_with(3, Access::new([("api".to_owned(), rules)]));
+    let in_group = |chat: &str, author: &str, id: &str| {
+        let mut event = from(author, event(chat, id, "hello"));
+        event.group = true;
+        event.chat = Some(chat.to_owned());
+        event
+    };
+    let mut doc = crate::agent::memory::MemoryDocument::default();
+    doc.user.work_context.summary = "the SRE group".to_owned();
+    h.store.put_memory("api:g1", &doc).await.unwrap();
+    let before = h
+        .ingress
+        .accept(in_group("g2", "bob", "m1"), false)
+        .await
+        .unwrap();
+    assert!(before.new);
+    until("the refusal", || h.sent().len() == 1).await;
+    assert!(
+        h.sent()[0].starts_with("Sorry, you are not allowed"),
+        "{:?}",
+        h.sent()
+    );
+
+    let chat_move = ChatMove {
+        from: antler_channel::ConversationKey::new("api", ["g1"]),
+        from_chat: "g1".to_owned(),
+        to: antler_channel::ConversationKey::new("api", ["g2"]),
+        to_chat: "g2".to_owned(),
+        by: "bob".to_owned(),
+    };
+    h.ingress.move_chat(&chat_move).await.unwrap();
+    h.ingress.move_chat(&chat_move).await.unwrap();
+    assert_eq!(h.store.memory("api:g2").await.unwrap(), Some(doc));
+    assert_eq!(h.store.memory("api:g1").await.unwrap(), None);
+
+    h.ingress
+        .accept(in_group("g2", "carol", "m2"), false)
+        .await
+        .unwrap();
+    h.ingress
+        .accept(in_group("g2", "g2", "m3"), false)
+        .await
+        .unwrap();
+    until("both answers", || h.sent().len() == 3).await;
+    assert_eq!(h.sent()[1..], ["echo: hello", "echo: hello"]);
+    // Elsewhere nothing changed.
+    let other = h
+        .ingress
+        .accept(in_group("g3", "dave", "m4"), false)
+        .await
+        .unwrap();
+    assert!(other.new);
+    until("the refusal", || h.sent().len() == 4).await;
+    assert!(h.sent()[3].starts_with("Sorry, you are not allowed"));
+}

@@ -36,7 +36,7 @@ use crate::agent::thread::{RunningTurn, ThreadState};
 use crate::delivery::{Delivery, Draft};
 use crate::events::{EventHub, ThreadEvent, ToolState};
 use crate::retry::{Backoff, RetryPolicy};
-use crate::store::{FinishTurn, InboxItem, OutboxItem, Store, StoreError};
+use crate::store::{FinishTurn, InboxItem, InboxStatus, OutboxItem, Store, StoreError};
 
 /// The first wait before retrying a failed store operation; it doubles up to the cap.
 const STORE_RETRY_FIRST: Duration = Duration::from_millis(100);
@@ -54,6 +54,16 @@ type FinishRequest = (
     Arc<FinishTurn>,
     oneshot::Sender<Result<Vec<OutboxItem>, StoreError>>,
 );
+
+/// How long an album's parts must have stopped arriving before its turn runs: Telegram sends
+/// them one right after the other.
+const ALBUM_QUIET: Duration = Duration::from_millis(1500);
+
+/// The longest an album's turn waits for its parts.
+const ALBUM_MAX_WAIT: Duration = Duration::from_secs(10);
+
+/// The most parts of one album (Telegram's `sendMediaGroup` takes 2–10).
+const MAX_ALBUM_PARTS: usize = 10;
 
 /// The answer to a turn that panicked.
 const PANIC_REPLY: &str = "⚠️ Sorry, something went wrong inside antler while answering this \
@@ -152,6 +162,28 @@ struct TurnResult {
     draft: Option<Receipt>,
     /// Files the agent presented, delivered with the reply.
     files: Vec<OutboundFile>,
+}
+
+/// Starts inbox item `seq`'s turn; `None` when the item is gone (an album's part that an
+/// earlier part's turn took in).
+async fn start_turn(store: &dyn Store, seq: u64) -> Result<Option<InboxItem>, StoreError> {
+    match store.start_turn(seq).await {
+        Ok(item) => Ok(Some(item)),
+        Err(StoreError::Missing { .. }) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// Whether `other` is a part of `first`'s album `group` that is still waiting: the same
+/// author in the same conversation and thread, later in the inbox.
+fn is_album_part(first: &InboxItem, other: &InboxItem, group: &str) -> bool {
+    other.seq > first.seq
+        && other.status == InboxStatus::Pending
+        && other.event.media_group.as_deref() == Some(group)
+        && other.event.conversation == first.event.conversation
+        && other.thread_id == first.thread_id
+        && other.event.user.id == first.event.user.id
+        && !other.event.refused
 }
 
 /// Streams deltas to subscribers and checkpoints the thread after tool results.
@@ -299,12 +331,18 @@ impl TurnRunner {
     pub(crate) async fn run(&self, seq: u64) -> bool {
         let inner = &self.inner;
         let started = Instant::now();
-        let Ok(item) = self
-            .retry("start the turn", seq, || inner.store.start_turn(seq))
+        let item = match self
+            .retry("start the turn", seq, || {
+                start_turn(inner.store.as_ref(), seq)
+            })
             .await
-        else {
-            return false;
+        {
+            Ok(Some(item)) => item,
+            // Answered already, with the earlier part of its album that took it in.
+            Ok(None) => return true,
+            Err(_) => return false,
         };
+        let (item, absorbed) = self.gather_album(item).await;
         let planned = tokio::select! {
             biased;
             () = inner.cancel.cancelled() => None,
@@ -337,6 +375,7 @@ impl TurnRunner {
             memory_update: result.memory_update,
             draft: result.draft,
             now_ms: crate::now_ms(),
+            absorbed,
         });
         let Ok(items) = self
             .retry("finish the turn", seq, || self.finish(Arc::clone(&finish)))
@@ -348,6 +387,66 @@ impl TurnRunner {
         metrics::counter!("antler_turns_total", "outcome" => result.outcome).increment(1);
         metrics::histogram!("antler_turn_duration_seconds").record(started.elapsed().as_secs_f64());
         true
+    }
+
+    /// The first part of an album to run waits until the other parts stop arriving (each is an
+    /// update of its own, sent within moments), then takes them in: one turn answers the
+    /// album, with every file and the caption, and the parts it took finish with it, with no
+    /// answer of their own. Returns the item as the turn sees it and the parts it took. Run
+    /// again after a crash, it takes the same parts (they are still in the inbox).
+    async fn gather_album(&self, mut item: InboxItem) -> (InboxItem, Vec<u64>) {
+        let inner = &self.inner;
+        let Some(group) = item.event.media_group.clone() else {
+            return (item, Vec::new());
+        };
+        if item.event.refused || item.event.unsupported.is_some() {
+            return (item, Vec::new());
+        }
+        let waiting_since = Instant::now();
+        let parts = loop {
+            let parts: Vec<InboxItem> = match inner.store.inbox().await {
+                Ok(inbox) => inbox
+                    .into_iter()
+                    .filter(|other| is_album_part(&item, other, &group))
+                    .take(MAX_ALBUM_PARTS - 1)
+                    .collect(),
+                Err(e) => {
+                    // Each part is still answered, on its own.
+                    tracing::warn!(seq = item.seq, error = %e, "cannot read the rest of an album");
+                    break Vec::new();
+                }
+            };
+            let last_ms = parts
+                .iter()
+                .map(|part| part.accepted_at_ms)
+                .fold(item.accepted_at_ms, u64::max);
+            let quiet = Duration::from_millis(crate::now_ms().saturating_sub(last_ms));
+            let left = ALBUM_MAX_WAIT.saturating_sub(waiting_since.elapsed());
+            if quiet >= ALBUM_QUIET || left.is_zero() || parts.len() + 1 >= MAX_ALBUM_PARTS {
+                break parts;
+            }
+            tokio::select! {
+                () = tokio::time::sleep((ALBUM_QUIET - quiet).min(left)) => {}
+                () = inner.cancel.cancelled() => break parts,
+            }
+        };
+        let mut texts = vec![std::mem::take(&mut item.event.text)];
+        for part in &parts {
+            texts.push(part.event.text.clone());
+            item.event
+                .attachments
+                .extend(part.event.attachments.iter().cloned());
+        }
+        texts.retain(|text| !text.trim().is_empty());
+        item.event.text = texts.join("\n\n");
+        if !parts.is_empty() {
+            tracing::debug!(
+                seq = item.seq,
+                parts = parts.len() + 1,
+                "an album is answered in one turn"
+            );
+        }
+        (item, parts.iter().map(|part| part.seq).collect())
     }
 
     /// Writes a finished turn through the finisher (durable once it answers).

@@ -9,7 +9,7 @@
 
 use std::sync::Arc;
 
-use antler_channel::{ConversationKey, OutboundMessage, Receipt};
+use antler_channel::{ChatMove, ConversationKey, OutboundMessage, Receipt};
 
 use super::{
     Accept, Accepted, Claimed, ClearedMemory, FinishTurn, InboxItem, InboxStatus, InboxStore,
@@ -56,7 +56,9 @@ macro_rules! conformance {
             counts_follow_accepts_and_finished_turns,
             a_batch_is_accepted_in_order_and_sees_its_own_redeliveries,
             a_thread_read_while_turns_commit_is_consistent,
-            skill_switches_are_kept_and_survive_reopening);
+            skill_switches_are_kept_and_survive_reopening,
+            a_turn_that_absorbed_album_parts_finishes_them_with_it,
+            a_moved_conversation_goes_on_with_its_thread_and_remembers_the_old_chat);
     };
     (@cases $backend:expr; $($case:ident),* $(,)?) => {
         $(
@@ -207,6 +209,7 @@ pub(crate) async fn finish_turn_writes_thread_outbox_and_removes_the_inbox_item_
             memory_update: Some(update.clone()),
             draft: None,
             now_ms: 5,
+            absorbed: Vec::new(),
         })
         .await
         .unwrap();
@@ -255,6 +258,7 @@ pub(crate) async fn delivery_records_receipts_and_failures(backend: &dyn Backend
             memory_update: None,
             draft: None,
             now_ms: 1,
+            absorbed: Vec::new(),
         })
         .await
         .unwrap();
@@ -314,6 +318,7 @@ pub(crate) async fn a_saved_draft_survives_a_reopen_and_goes_to_the_first_reply(
             memory_update: None,
             draft: item.draft,
             now_ms: 2,
+            absorbed: Vec::new(),
         })
         .await
         .unwrap();
@@ -363,6 +368,7 @@ pub(crate) async fn state_survives_reopening(backend: &dyn Backend) {
                 memory_update: None,
                 draft: None,
                 now_ms: 1,
+                absorbed: Vec::new(),
             })
             .await
             .unwrap();
@@ -667,6 +673,7 @@ pub(crate) async fn a_newer_update_takes_over_what_the_unread_one_held(backend: 
             memory_update: Some(update(4, 1, &["first", "second"], 2)),
             draft: None,
             now_ms: 2,
+            absorbed: Vec::new(),
         })
         .await
         .unwrap();
@@ -983,11 +990,107 @@ pub(crate) async fn counts_follow_accepts_and_finished_turns(backend: &dyn Backe
             memory_update: None,
             draft: None,
             now_ms: 3,
+            absorbed: Vec::new(),
         })
         .await
         .unwrap();
     let stats = store.stats().await.unwrap();
     assert_eq!((stats.inbox, stats.outbox_pending), (2, 1));
+}
+
+/// An album's turn finishes the parts it took in, in its own transaction: they leave the
+/// inbox with it (and are counted), get no reply, and a redelivery of one is a duplicate.
+pub(crate) async fn a_turn_that_absorbed_album_parts_finishes_them_with_it(backend: &dyn Backend) {
+    let store = backend.open();
+    let mut seqs = Vec::new();
+    for n in 0..4 {
+        let item = accept_new(&*store, accept(&format!("m{n}"), ThreadChoice::Current, 1)).await;
+        seqs.push(item.seq);
+    }
+    let mut started = store.start_turn(seqs[0]).await.unwrap();
+    started.event.media_group = Some("g".to_owned());
+    let items = store
+        .finish_turn(FinishTurn {
+            inbox_seq: seqs[0],
+            thread: None,
+            replies: vec![reply("t", "both photos")],
+            memory_update: None,
+            draft: None,
+            absorbed: vec![seqs[1], seqs[2]],
+            now_ms: 2,
+        })
+        .await
+        .unwrap();
+    assert_eq!(items.len(), 1);
+    let left: Vec<u64> = store.inbox().await.unwrap().iter().map(|i| i.seq).collect();
+    assert_eq!(left, [seqs[3]], "the other message stays");
+    assert_eq!(store.stats().await.unwrap().inbox, 1);
+    assert!(store.replies(seqs[1]).await.unwrap().is_empty());
+    assert!(matches!(
+        store.start_turn(seqs[1]).await,
+        Err(StoreError::Missing { .. })
+    ));
+    assert!(matches!(
+        store
+            .accept(accept("m1", ThreadChoice::Current, 3))
+            .await
+            .unwrap(),
+        Accepted::Duplicate { .. }
+    ));
+}
+
+/// A chat that moved (a group upgraded to a supergroup): the new conversation goes on with the
+/// old one's thread, remembers the old chat, and keeps its own thread if it had one; moving
+/// again changes nothing, and the move survives a reopen.
+pub(crate) async fn a_moved_conversation_goes_on_with_its_thread_and_remembers_the_old_chat(
+    backend: &dyn Backend,
+) {
+    let chat_move = |from: &str, to: &str| ChatMove {
+        from: ConversationKey::new("api", [from]),
+        from_chat: from.to_owned(),
+        to: ConversationKey::new("api", [to]),
+        to_chat: to.to_owned(),
+        by: "u9".to_owned(),
+    };
+    {
+        let store = backend.open();
+        let InboxItem { thread_id, .. } =
+            accept_new(&*store, accept("m1", ThreadChoice::Current, 1)).await;
+        store
+            .move_conversation(&chat_move("c1", "c2"))
+            .await
+            .unwrap();
+        store
+            .move_conversation(&chat_move("c1", "c2"))
+            .await
+            .unwrap();
+        let moved = store.conversation("api:c2").await.unwrap().unwrap();
+        assert_eq!(moved.key, "api:c2");
+        assert_eq!(moved.thread_id, thread_id, "the history goes on");
+        assert_eq!(moved.user_id, "api:u1");
+        assert_eq!(moved.moved_from_chat.as_deref(), Some("c1"));
+        let old = store.conversation("api:c1").await.unwrap().unwrap();
+        assert_eq!((old.thread_id, old.moved_from_chat), (thread_id, None));
+
+        // A chat nobody talked in yet is remembered all the same, owned by who moved it.
+        store
+            .move_conversation(&chat_move("c3", "c4"))
+            .await
+            .unwrap();
+        let fresh = store.conversation("api:c4").await.unwrap().unwrap();
+        assert_eq!(
+            (fresh.user_id.as_str(), fresh.moved_from_chat.as_deref()),
+            ("api:u9", Some("c3"))
+        );
+        // A message into the new chat goes to the thread it took over.
+        let mut next = accept("m2", ThreadChoice::Current, 2);
+        next.event.conversation = ConversationKey::new("api", ["c2"]);
+        let item = accept_new(&*store, next).await;
+        assert_eq!(item.thread_id, moved.thread_id);
+    }
+    let store = backend.open();
+    let moved = store.conversation("api:c2").await.unwrap().unwrap();
+    assert_eq!(moved.moved_from_chat.as_deref(), Some("c1"));
 }
 
 pub(crate) async fn a_batch_is_accepted_in_order_and_sees_its_own_redeliveries(

@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
-use antler_channel::Receipt;
+use antler_channel::{ChatMove, Receipt};
 
 use super::{
     Accept, Accepted, Claimed, ClearedMemory, ConversationRecord, FinishTurn, InboxItem,
@@ -129,6 +129,9 @@ impl ThreadStore for FaultyStore {
     }
     async fn conversation(&self, key: &str) -> Result<Option<ConversationRecord>, StoreError> {
         self.inner.conversation(key).await
+    }
+    async fn move_conversation(&self, chat_move: &ChatMove) -> Result<(), StoreError> {
+        self.inner.move_conversation(chat_move).await
     }
     async fn thread(&self, id: &str) -> Result<Option<ThreadState>, StoreError> {
         self.fault(Call::Thread)?;

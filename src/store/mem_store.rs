@@ -7,7 +7,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use antler_channel::Receipt;
+use antler_channel::{ChatMove, Receipt};
 
 use super::rules::{self, DedupeEntry};
 use super::{
@@ -187,6 +187,9 @@ impl InboxStore for MemStore {
         let mut data = self.data()?;
         for (finish, items) in finishes.iter().zip(&items) {
             data.inbox.remove(&finish.inbox_seq);
+            for seq in &finish.absorbed {
+                data.inbox.remove(seq);
+            }
             if let Some(thread) = &finish.thread {
                 data.save_thread(thread);
             }
@@ -215,6 +218,15 @@ impl ThreadStore for MemStore {
     }
     async fn conversation(&self, key: &str) -> Result<Option<ConversationRecord>, StoreError> {
         Ok(self.data()?.conversations.get(key).cloned())
+    }
+    async fn move_conversation(&self, chat_move: &ChatMove) -> Result<(), StoreError> {
+        let mut data = self.data()?;
+        let from = data.conversations.get(chat_move.from.as_str()).cloned();
+        let to = data.conversations.get(chat_move.to.as_str()).cloned();
+        if let Some(record) = rules::moved_conversation(from, to, chat_move) {
+            data.conversations.insert(record.key.clone(), record);
+        }
+        Ok(())
     }
     async fn thread(&self, id: &str) -> Result<Option<ThreadState>, StoreError> {
         Ok(self.data()?.threads.get(id).cloned().map(|mut thread| {

@@ -31,7 +31,7 @@ pub(crate) use sled_store::SledStore;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use antler_channel::{InboundEvent, OutboundMessage, Receipt};
+use antler_channel::{ChatMove, InboundEvent, OutboundMessage, Receipt};
 use serde::{Deserialize, Serialize};
 
 use crate::agent::memory::{MemoryDocument, MemoryDocuments, MemoryUpdate};
@@ -132,6 +132,10 @@ pub(crate) struct ConversationRecord {
     pub(crate) thread_id: String,
     /// The user who started the current thread.
     pub(crate) user_id: String,
+    /// The platform chat this conversation continues (a group upgraded to a supergroup): the
+    /// allowlists that name that chat name this one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) moved_from_chat: Option<String>,
 }
 
 /// What to do with the conversation when accepting an event.
@@ -263,6 +267,9 @@ pub(crate) struct FinishTurn {
     pub(crate) memory_update: Option<MemoryUpdate>,
     /// The turn's draft message, which the first reply replaces.
     pub(crate) draft: Option<Receipt>,
+    /// Other inbox items the turn answered with this one (the rest of an album), removed with
+    /// it; they get no reply of their own.
+    pub(crate) absorbed: Vec<u64>,
     pub(crate) now_ms: u64,
 }
 
@@ -362,6 +369,10 @@ pub(crate) trait ThreadStore: Send + Sync + std::fmt::Debug {
     /// saved, then advances `saved_messages`. *Durable.*
     async fn checkpoint_thread(&self, thread: &mut ThreadState) -> Result<(), StoreError>;
     async fn conversation(&self, key: &str) -> Result<Option<ConversationRecord>, StoreError>;
+    /// Moves a conversation to the chat that continues it ([`rules::moved_conversation`]):
+    /// the new conversation goes on with the old one's thread and remembers the old chat.
+    /// Doing it again changes nothing. *Durable.*
+    async fn move_conversation(&self, chat_move: &ChatMove) -> Result<(), StoreError>;
     /// The thread with all its messages.
     async fn thread(&self, id: &str) -> Result<Option<ThreadState>, StoreError>;
 }

@@ -214,6 +214,7 @@ impl<'a> EventV1<'a> {
             unsupported: owned(self.unsupported),
             interactive: self.interactive,
             reply_context: self.reply_context.map(ReplyContext::new),
+            media_group: None,
         }
     }
 }
@@ -252,39 +253,62 @@ impl<'a> AttachmentV1<'a> {
     }
 }
 
+// ---- inbox items (format 2: format 1, then what an event gained since) ----
+
+#[derive(Serialize, Deserialize)]
+struct InboxV2<'a> {
+    v1: InboxV1<'a>,
+    media_group: Option<Cow<'a, str>>,
+}
+
+/// The first format of inbox items, still read.
+const INBOX_V1: u8 = 1;
+
 impl Record for InboxItem {
     const WHAT: &'static str = "inbox item";
-    const FORMAT: u8 = 1;
+    const FORMAT: u8 = 2;
 
     fn to_record(&self) -> Result<Vec<u8>, StoreError> {
-        let record = InboxV1 {
-            seq: self.seq,
-            event: EventV1::of(&self.event),
-            thread_id: text(&self.thread_id),
-            fresh_thread: self.fresh_thread,
-            running: self.status == InboxStatus::Running,
-            attempts: self.attempts,
-            accepted_at_ms: self.accepted_at_ms,
-            draft: receipt_id(&self.draft),
+        let record = InboxV2 {
+            v1: InboxV1 {
+                seq: self.seq,
+                event: EventV1::of(&self.event),
+                thread_id: text(&self.thread_id),
+                fresh_thread: self.fresh_thread,
+                running: self.status == InboxStatus::Running,
+                attempts: self.attempts,
+                accepted_at_ms: self.accepted_at_ms,
+                draft: receipt_id(&self.draft),
+            },
+            media_group: opt_text(&self.event.media_group),
         };
         write(Self::WHAT, Self::FORMAT, &record)
     }
 
     fn from_record(bytes: &[u8]) -> Result<Self, StoreError> {
-        let record: InboxV1<'_> = read(Self::WHAT, Self::FORMAT, bytes)?;
+        let InboxV2 { v1, media_group } = if bytes.first() == Some(&INBOX_V1) {
+            InboxV2 {
+                v1: read(Self::WHAT, INBOX_V1, bytes)?,
+                media_group: None,
+            }
+        } else {
+            read(Self::WHAT, Self::FORMAT, bytes)?
+        };
+        let mut event = v1.event.into_event();
+        event.media_group = owned(media_group);
         Ok(Self {
-            seq: record.seq,
-            event: record.event.into_event(),
-            thread_id: record.thread_id.into_owned(),
-            fresh_thread: record.fresh_thread,
-            status: if record.running {
+            seq: v1.seq,
+            event,
+            thread_id: v1.thread_id.into_owned(),
+            fresh_thread: v1.fresh_thread,
+            status: if v1.running {
                 InboxStatus::Running
             } else {
                 InboxStatus::Pending
             },
-            attempts: record.attempts,
-            accepted_at_ms: record.accepted_at_ms,
-            draft: receipt(record.draft),
+            attempts: v1.attempts,
+            accepted_at_ms: v1.accepted_at_ms,
+            draft: receipt(v1.draft),
         })
     }
 }

@@ -7,7 +7,7 @@
 //! A backend reads, calls these, and writes what they return in one transaction; so two
 //! backends cannot disagree on a rule, and the conformance suite checks them once.
 
-use antler_channel::Receipt;
+use antler_channel::{ChatMove, Receipt};
 use serde::{Deserialize, Serialize};
 
 use super::{
@@ -40,10 +40,12 @@ pub(crate) fn next_conversation(
             let conversation = accept.event.conversation.as_str().to_owned();
             let record = ConversationRecord {
                 key: conversation.clone(),
-                generation: current.map_or(0, |r| r.generation + 1),
+                generation: current.as_ref().map_or(0, |r| r.generation + 1),
                 thread_id: new_thread_id(),
                 // The thread's owner: whose memory it feeds.
                 user_id: format!("{}:{}", accept.event.channel, accept.event.user.id),
+                // `/new` starts a thread, not another chat.
+                moved_from_chat: current.as_ref().and_then(|r| r.moved_from_chat.clone()),
             };
             let thread = ThreadState::new(
                 record.thread_id.clone(),
@@ -53,6 +55,41 @@ pub(crate) fn next_conversation(
             );
             (record, Some(thread))
         }
+    }
+}
+
+/// The record of `chat_move.to` after the move, given the records of both conversations;
+/// `None` when there is nothing to change (the move was made already).
+///
+/// The new chat goes on with the old one's thread (its history, its generation, its owner)
+/// unless it has a conversation of its own already, which it keeps; either way it remembers
+/// the old chat, for the allowlists. When neither exists, the record starts the thread the
+/// first message will fill, owned by whoever made the move.
+pub(crate) fn moved_conversation(
+    from: Option<ConversationRecord>,
+    to: Option<ConversationRecord>,
+    chat_move: &ChatMove,
+) -> Option<ConversationRecord> {
+    let moved_from_chat = Some(chat_move.from_chat.clone());
+    let key = chat_move.to.as_str().to_owned();
+    match (from, to) {
+        (_, Some(to)) if to.moved_from_chat == moved_from_chat => None,
+        (_, Some(to)) => Some(ConversationRecord {
+            moved_from_chat,
+            ..to
+        }),
+        (Some(from), None) => Some(ConversationRecord {
+            key,
+            moved_from_chat,
+            ..from
+        }),
+        (None, None) => Some(ConversationRecord {
+            key,
+            generation: 0,
+            thread_id: new_thread_id(),
+            user_id: format!("{}:{}", chat_move.to.channel(), chat_move.by),
+            moved_from_chat,
+        }),
     }
 }
 

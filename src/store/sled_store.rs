@@ -25,7 +25,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use antler_channel::Receipt;
+use antler_channel::{ChatMove, ConversationKey, Receipt};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use sled::Transactional;
@@ -243,7 +243,8 @@ fn queue_in_tx(
 
 /// A finished turn, encoded for the finish transaction.
 struct FinishWrite {
-    inbox_seq: u64,
+    /// The turn's inbox item and those it absorbed.
+    inbox_seqs: Vec<u64>,
     thread: Option<ThreadWrite>,
     /// Encoded in the transaction: it takes over what an unread queued update held.
     memory: Option<(Vec<u8>, MemoryUpdate)>,
@@ -259,7 +260,9 @@ impl FinishWrite {
             .map(|item| item.to_record().map(|bytes| (seq_key(item.seq), bytes)))
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Self {
-            inbox_seq: finish.inbox_seq,
+            inbox_seqs: std::iter::once(finish.inbox_seq)
+                .chain(finish.absorbed.iter().copied())
+                .collect(),
             thread: finish.thread.as_ref().map(ThreadWrite::of).transpose()?,
             memory: finish
                 .memory_update
@@ -785,8 +788,10 @@ impl InboxStore for SledStore {
             .transaction(|(inbox, threads, messages, outbox, memory_queue)| {
                 let mut removed = 0;
                 for write in &writes {
-                    if inbox.remove(&seq_key(write.inbox_seq))?.is_some() {
-                        removed += 1;
+                    for seq in &write.inbox_seqs {
+                        if inbox.remove(&seq_key(*seq))?.is_some() {
+                            removed += 1;
+                        }
                     }
                     if let Some(thread) = &write.thread {
                         thread.apply(threads, messages)?;
@@ -829,6 +834,25 @@ impl ThreadStore for SledStore {
     }
     async fn conversation(&self, key: &str) -> Result<Option<ConversationRecord>, StoreError> {
         Self::get(&self.conversations, "conversation", key.as_bytes())
+    }
+    async fn move_conversation(&self, chat_move: &ChatMove) -> Result<(), StoreError> {
+        let read = |tree: &TransactionalTree, key: &ConversationKey| {
+            tree.get(key.as_str().as_bytes())?
+                .map(|bytes| tx_decode::<ConversationRecord>("conversation", &bytes))
+                .transpose()
+        };
+        self.conversations
+            .transaction(|conversations| {
+                let from = read(conversations, &chat_move.from)?;
+                let to = read(conversations, &chat_move.to)?;
+                if let Some(record) = rules::moved_conversation(from, to, chat_move) {
+                    conversations
+                        .insert(record.key.as_bytes(), tx_encode("conversation", &record)?)?;
+                }
+                Ok(())
+            })
+            .map_err(from_tx)?;
+        self.commit.flush().await
     }
     async fn thread(&self, id: &str) -> Result<Option<ThreadState>, StoreError> {
         // A finished turn (or a checkpoint) writes the metadata and the messages in one

@@ -283,3 +283,152 @@ async fn an_answer_to_a_group_that_became_a_supergroup_goes_to_the_new_id() {
     );
     app.shutdown().await;
 }
+
+/// The user text of `request`'s last user message, whole (`<uploaded_files>` included).
+fn last_user_message(request: &crate::support::mock_model::Recorded) -> String {
+    request
+        .messages()
+        .iter()
+        .rev()
+        .find(|message| message["role"] == "user")
+        .map(|message| message["content"].to_string())
+        .unwrap_or_default()
+}
+
+/// Bot API, Message: "media_group_id: The unique identifier of a media message group this
+/// message belongs to". An album of two photos arrives as two updates, the caption on one;
+/// it is one message: one turn with both files and the caption, answered once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_album_is_one_message_with_all_its_files_answered_once() {
+    let model = MockModel::start(Behaviour::Echo).await;
+    let api = MockTelegram::start().await;
+    api.serve_files().await;
+    let app = TestApp::spawn(&model, &api.config("")).await;
+    let (one, two) = (fixture("tg_album_1"), fixture("tg_album_2"));
+    let (first, second) = tokio::join!(
+        post(&app.base, &one, Some(SECRET)),
+        post(&app.base, &two, Some(SECRET)),
+    );
+    assert_eq!((first, second), (StatusCode::OK, StatusCode::OK));
+    let sent = api.wait_for_sends(1).await;
+    app.wait_idle().await;
+    assert_eq!(api.sent().await.len(), 1, "{sent:?}");
+    assert!(
+        sent[0]["text"].as_str().is_some_and(
+            |text| text.starts_with("echo: compare the latency before and after the deploy")
+        ),
+        "{sent:?}"
+    );
+    assert_eq!(model.count(), 1, "one turn for the album");
+    let requests = model.requests();
+    let asked = last_user_message(&requests[0]);
+    assert!(
+        asked.contains("photo_AQADone.jpg") && asked.contains("photo_AQADtwo.jpg"),
+        "both photos reach the model: {asked}"
+    );
+    assert_eq!(api.calls("GetFile").await.len(), 2);
+
+    // Telegram delivering a part again changes nothing.
+    assert_eq!(
+        post(&app.base, &fixture("tg_album_2"), Some(SECRET)).await,
+        StatusCode::OK
+    );
+    app.wait_idle().await;
+    assert_eq!(api.sent().await.len(), 1);
+    assert_eq!(model.count(), 1);
+    app.shutdown().await;
+}
+
+/// Each part of an album is durable before Telegram hears 200; a crash while the album's turn
+/// runs leaves both in the inbox, and after the restart the album is answered once, still as
+/// one message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_album_whose_turn_a_crash_cut_short_is_answered_once_after_the_restart() {
+    let model = MockModel::start(Behaviour::Echo).await;
+    model.hold();
+    let api = MockTelegram::start().await;
+    api.serve_files().await;
+    let rig = crate::support::ChildRig::new(&model, &api.config(""));
+    let mut first = rig.serve().await;
+    let base = format!("http://127.0.0.1:{}", rig.port);
+    let (one, two) = (fixture("tg_album_1"), fixture("tg_album_2"));
+    let (one, two) = tokio::join!(
+        post(&base, &one, Some(SECRET)),
+        post(&base, &two, Some(SECRET)),
+    );
+    assert_eq!((one, two), (StatusCode::OK, StatusCode::OK));
+    model.wait_for_requests(1).await;
+    first.kill().await;
+
+    model.release();
+    let second = rig.serve().await;
+    let sent = api.wait_for_sends(1).await;
+    second.wait_idle().await;
+    assert_eq!(api.sent().await.len(), 1, "{sent:?}\n{}", second.log_text());
+    assert_eq!(
+        model.count(),
+        2,
+        "the cut turn ran once more, and only once"
+    );
+    let requests = model.requests();
+    let asked = last_user_message(&requests[1]);
+    assert!(
+        asked.contains("photo_AQADone.jpg") && asked.contains("photo_AQADtwo.jpg"),
+        "{asked}"
+    );
+    drop(second);
+}
+
+/// Bot API, Message: "migrate_to_chat_id: The group has been migrated to a supergroup with the
+/// specified identifier"; "migrate_from_chat_id: The supergroup has been migrated from a group
+/// with the specified identifier". The conversation moves with the chat: the supergroup goes on
+/// with the group's thread, and is allowed where the group was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_upgraded_to_a_supergroup_keeps_its_conversation_and_its_access() {
+    let model = MockModel::start(Behaviour::Echo).await;
+    let api = MockTelegram::start().await;
+    let app = TestApp::spawn(&model, &api.config("allowed_chats = [\"-4004004004\"]\n")).await;
+    let in_group = fixture("tg_group_mention")
+        .replace("-1002200330044", "-4004004004")
+        .replace("\"supergroup\"", "\"group\"");
+    assert_eq!(
+        post(&app.base, &in_group, Some(SECRET)).await,
+        StatusCode::OK
+    );
+    api.wait_for_sends(1).await;
+    app.wait_idle().await;
+
+    for name in ["tg_migrate_to", "tg_migrate_from"] {
+        assert_eq!(
+            post(&app.base, &fixture(name), Some(SECRET)).await,
+            StatusCode::OK,
+            "{name}"
+        );
+    }
+    let in_supergroup = fixture("tg_group_mention")
+        .replace("730100002", "730100042")
+        .replace("-1002200330044", "-1004004004004")
+        .replace("restart web-api", "is web-api back?");
+    assert_eq!(
+        post(&app.base, &in_supergroup, Some(SECRET)).await,
+        StatusCode::OK
+    );
+    let sent = api.wait_for_sends(2).await;
+    app.wait_idle().await;
+    assert_eq!(sent[1]["chat_id"], -1_004_004_004_004i64);
+    assert_eq!(
+        sent[1]["text"], "echo: 🚀 is web-api back?",
+        "allowed as the group was, not refused"
+    );
+    assert_eq!(model.count(), 2, "the service messages ran nothing");
+    let requests = model.requests();
+    let history = requests[1].messages_without_context();
+    assert!(
+        history
+            .iter()
+            .any(|message| message["content"].to_string().contains("restart web-api")),
+        "the supergroup goes on with the group's thread: {history:?}"
+    );
+    assert_eq!(api.sent().await.len(), 2);
+    app.shutdown().await;
+}

@@ -130,6 +130,11 @@ pub struct InboundEvent {
     /// ([`OutboundMessage::reply_context`]), never shown.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reply_context: Option<ReplyContext>,
+    /// The message is one of several sent together as one (a Telegram album: each photo is an
+    /// update of its own, sharing a `media_group_id`): the parts that arrive together are
+    /// answered in one turn, with all their files and the caption.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub media_group: Option<String>,
 }
 
 /// A channel's private reply context: opaque to antler, which stores it with the message and
@@ -195,6 +200,24 @@ pub enum AttachmentSource {
         /// Standard base64.
         data_base64: String,
     },
+}
+
+/// A group chat that became another chat, as the platform announced it (a Telegram group
+/// upgraded to a supergroup gets a new chat id): its conversation, its memory and its place in
+/// the allowlists move to the new chat.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChatMove {
+    /// The conversation of the chat that is gone.
+    pub from: ConversationKey,
+    /// Its platform chat id, as `allowed_chats` names it.
+    pub from_chat: String,
+    /// The conversation of the chat that continues it.
+    pub to: ConversationKey,
+    /// Its platform chat id.
+    pub to_chat: String,
+    /// Who made the change (the platform user id), the new conversation's owner when the old
+    /// one had none.
+    pub by: String,
 }
 
 /// One message for a channel to deliver.

@@ -21,8 +21,8 @@ pub use addressing::{Addressing, addressed};
 pub use outbound::{header_secs, mask_secrets, read_bounded};
 
 pub use event::{
-    AttachmentRef, AttachmentSource, ConversationKey, InboundEvent, OutboundFile, OutboundMessage,
-    Receipt, ReplyContext, UserRef,
+    AttachmentRef, AttachmentSource, ChatMove, ConversationKey, InboundEvent, OutboundFile,
+    OutboundMessage, Receipt, ReplyContext, UserRef,
 };
 
 use std::time::Duration;
@@ -61,6 +61,9 @@ pub enum Parsed {
     },
     /// A well-formed request that asks nothing of antler (the bot's own echo, an unhandled kind).
     Ignore,
+    /// A chat moved (a group upgraded to a supergroup): move its conversation, then answer
+    /// HTTP 200 with nothing.
+    Moved(ChatMove),
 }
 
 /// The errors of the channel boundary. Each variant carries what the caller's policy needs.

@@ -189,6 +189,7 @@ pub(crate) fn normalize_message(
         follow_up: false,
         interactive: true,
         reply_context: None,
+        media_group: None,
     })
 }
 

@@ -169,6 +169,7 @@ pub(crate) fn normalize_command(command: &CommandInteraction, received_at_ms: u6
             user_install_only(command),
             &command.token,
         )),
+        media_group: None,
     }))
 }
 

@@ -199,6 +199,7 @@ pub(crate) fn normalize_message(received: &MessageReceived, context: &Context<'_
         unsupported: content.unsupported,
         interactive: true,
         reply_context: None,
+        media_group: None,
     }))
 }
 

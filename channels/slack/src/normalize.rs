@@ -303,6 +303,7 @@ impl Message<'_> {
                 }
                 .context(),
             ),
+            media_group: None,
         }))
     }
 }
@@ -467,6 +468,7 @@ pub(crate) fn normalize_command(command: &SlashCommand, context: &Context<'_>) -
             }
             .context(),
         ),
+        media_group: None,
     }))
 }
 

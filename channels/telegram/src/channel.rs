@@ -142,6 +142,7 @@ impl TelegramChannel {
                 );
                 Parsed::Ignore
             }
+            Normalized::Moved(chat_move) => Parsed::Moved(chat_move),
             Normalized::Ignored(why) => {
                 tracing::debug!(update_id = update.id.0, why, "telegram update ignored");
                 Parsed::Ignore

@@ -7,11 +7,13 @@
 //! Telegram's entity offsets are UTF-16 code units; teloxide's `MessageEntityRef` turns them
 //! into byte ranges of the Rust string, which is what the stripping below slices by.
 
-use antler_channel::{AttachmentRef, AttachmentSource, ConversationKey, InboundEvent, UserRef};
+use antler_channel::{
+    AttachmentRef, AttachmentSource, ChatMove, ConversationKey, InboundEvent, UserRef,
+};
 use serde_json::{Map, Value};
 use teloxide_core::types::{
-    Document, MediaKind, Message, MessageEntity, MessageEntityKind, MessageEntityRef, MessageKind,
-    PhotoSize, Update, UpdateKind, User,
+    ChatMigration, Document, MediaKind, Message, MessageEntity, MessageEntityKind,
+    MessageEntityRef, MessageKind, PhotoSize, Update, UpdateKind, User,
 };
 
 /// The bot as Telegram knows it (from `getMe`).
@@ -81,6 +83,9 @@ pub struct Incoming {
 pub enum Normalized {
     /// A message someone wrote.
     Message(Box<Incoming>),
+    /// The group became a supergroup, with a new chat id (`migrate_to_chat_id` in the old
+    /// group, `migrate_from_chat_id` in the new one: both arrive, and either says it).
+    Moved(ChatMove),
     /// Nothing to do; the reason is for the debug log.
     Ignored(&'static str),
 }
@@ -277,6 +282,22 @@ pub fn normalize(update: &Update, me: &BotIdentity, received_at_ms: u64) -> Norm
         }
         _ => return Normalized::Ignored("not a message"),
     };
+    if let Some(migration) = message.chat_migration() {
+        let (from, to) = match migration {
+            ChatMigration::To { chat_id } => (message.chat.id.0, chat_id.0),
+            ChatMigration::From { chat_id } => (chat_id.0, message.chat.id.0),
+        };
+        return Normalized::Moved(ChatMove {
+            from: ConversationKey::new("telegram", [from.to_string()]),
+            from_chat: from.to_string(),
+            to: ConversationKey::new("telegram", [to.to_string()]),
+            to_chat: to.to_string(),
+            by: message
+                .from
+                .as_ref()
+                .map_or_else(|| to.to_string(), |user| user.id.0.to_string()),
+        });
+    }
     if message.is_automatic_forward() {
         return Normalized::Ignored("a linked channel's post forwarded to its discussion group");
     }
@@ -364,6 +385,7 @@ pub fn normalize(update: &Update, me: &BotIdentity, received_at_ms: u64) -> Norm
         refused: false,
         follow_up: false,
         unsupported,
+        media_group: message.media_group_id().map(|group| group.0.clone()),
     };
     Normalized::Message(Box::new(Incoming {
         event,
@@ -513,7 +535,48 @@ mod tests {
     fn incoming(name: &str) -> Incoming {
         match normalize(&fixture(name), &me(), 42) {
             Normalized::Message(incoming) => *incoming,
-            Normalized::Ignored(why) => panic!("{name} ignored: {why}"),
+            other => panic!("{name} is not a message: {other:?}"),
+        }
+    }
+
+    /// Bot API, Message: "media_group_id: The unique identifier of a media message group this
+    /// message belongs to"; each photo of an album is an update of its own, the caption on one.
+    #[test]
+    fn the_parts_of_an_album_name_their_group() {
+        let first = incoming("tg_album_1").event;
+        let second = incoming("tg_album_2").event;
+        assert_eq!(first.media_group.as_deref(), Some("13594835521566473"));
+        assert_eq!(second.media_group, first.media_group);
+        assert_eq!(
+            first.text,
+            "compare the latency before and after the deploy"
+        );
+        assert_eq!(second.text, "");
+        assert_eq!(
+            second.attachments.len(),
+            1,
+            "a part without caption is a message"
+        );
+        assert_eq!(incoming("tg_photo_caption").event.media_group, None);
+    }
+
+    /// Bot API, Message: "migrate_to_chat_id: The group has been migrated to a supergroup with
+    /// the specified identifier"; "migrate_from_chat_id: The supergroup has been migrated from a
+    /// group with the specified identifier". Both announce the same move.
+    #[test]
+    fn a_group_upgraded_to_a_supergroup_is_a_move_either_way() {
+        let expected = ChatMove {
+            from: ConversationKey::new("telegram", ["-4004004004"]),
+            from_chat: "-4004004004".to_owned(),
+            to: ConversationKey::new("telegram", ["-1004004004004"]),
+            to_chat: "-1004004004004".to_owned(),
+            by: "5550001002".to_owned(),
+        };
+        for name in ["tg_migrate_to", "tg_migrate_from"] {
+            match normalize(&fixture(name), &me(), 42) {
+                Normalized::Moved(chat_move) => assert_eq!(chat_move, expected, "{name}"),
+                other => panic!("{name}: {other:?}"),
+            }
         }
     }
 
@@ -672,7 +735,7 @@ mod tests {
         let update = read_update(&raw).unwrap().unwrap();
         match normalize(&update, &me(), 42) {
             Normalized::Message(incoming) => *incoming,
-            Normalized::Ignored(why) => panic!("{name} ignored: {why}"),
+            other => panic!("{name} is not a message: {other:?}"),
         }
     }
 

@@ -156,6 +156,23 @@ impl wiremock::Respond for GetMe {
     }
 }
 
+/// `getFile`: the File for the `file_id` asked (Bot API, File: `file_id`, `file_unique_id`,
+/// `file_size`, `file_path`).
+struct GetFile;
+
+impl wiremock::Respond for GetFile {
+    fn respond(&self, request: &wiremock::Request) -> ResponseTemplate {
+        let asked: Value = serde_json::from_slice(&request.body).unwrap_or_default();
+        let id = asked["file_id"].as_str().unwrap_or_default();
+        ResponseTemplate::new(200).set_body_json(json!({
+            "ok": true,
+            "result": {"file_id": id, "file_unique_id": format!("u-{id}"),
+                       "file_size": format!("bytes of {id}").len(),
+                       "file_path": format!("photos/{id}.jpg")}
+        }))
+    }
+}
+
 impl std::ops::Deref for MockTelegram {
     type Target = MockServer;
 
@@ -350,6 +367,37 @@ impl MockTelegram {
                 "ok": false, "error_code": 400, "description": description
             })))
             .with_priority(1)
+            .mount(&self.server)
+            .await;
+    }
+
+    /// Serves files: `getFile` answers a File whose `file_path` is `photos/<file_id>.jpg`, and
+    /// `GET /file/bot<token>/<file_path>` its bytes, `bytes of <file_id>` (Bot API, getFile: "The
+    /// file can then be downloaded via the link
+    /// https://api.telegram.org/file/bot<token>/<file_path>").
+    pub async fn serve_files(&self) {
+        Mock::given(method("POST"))
+            .and(path(format!("/bot{TOKEN}/GetFile")))
+            .respond_with(GetFile)
+            .mount(&self.server)
+            .await;
+        // teloxide sends the path's `/` escaped (`photos%2F…`); Telegram takes either.
+        Mock::given(method("GET"))
+            .and(wiremock::matchers::path_regex(format!(
+                "^/file/bot{TOKEN}/photos(/|%2F).+\\.jpg$"
+            )))
+            .respond_with(|request: &wiremock::Request| {
+                let name = request
+                    .url
+                    .path()
+                    .split_once("/photos")
+                    .map_or("", |(_, name)| name);
+                let id = name
+                    .trim_start_matches("%2F")
+                    .trim_start_matches('/')
+                    .trim_end_matches(".jpg");
+                ResponseTemplate::new(200).set_body_bytes(format!("bytes of {id}").into_bytes())
+            })
             .mount(&self.server)
             .await;
     }

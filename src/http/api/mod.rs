@@ -306,6 +306,7 @@ impl ApiChannel {
             unsupported: None,
             interactive: message.wait || message.stream,
             reply_context: None,
+            media_group: None,
         };
         Ok((message, event))
     }

@@ -60,6 +60,7 @@ fn event() -> InboundEvent {
         unsupported: Some("a sticker".to_owned()),
         interactive: true,
         reply_context: Some(ReplyContext::new("token-SECRET")),
+        media_group: Some("13594835521566473".to_owned()),
     }
 }
 
@@ -190,6 +191,31 @@ fn format_1_bytes_read_back_forever() {
         ChatMessage::tool("c", "ok")
     );
     assert_eq!(ChatMessage::tool("c", "ok").to_record().unwrap(), tool);
+}
+
+/// Inbox items written before format 2 (by an antler that stopped with messages waiting) are
+/// read as they were, with nothing of an album.
+#[test]
+fn format_1_inbox_items_are_still_read() {
+    let mut item = inbox_item();
+    item.event.media_group = None;
+    let v1 = InboxV1 {
+        seq: item.seq,
+        event: EventV1::of(&item.event),
+        thread_id: text(&item.thread_id),
+        fresh_thread: item.fresh_thread,
+        running: true,
+        attempts: item.attempts,
+        accepted_at_ms: item.accepted_at_ms,
+        draft: receipt_id(&item.draft),
+    };
+    let bytes = write(InboxItem::WHAT, INBOX_V1, &v1).unwrap();
+    assert_eq!(bytes[0], 1);
+    assert_eq!(InboxItem::from_record(&bytes).unwrap(), item);
+    assert!(
+        !is_current::<InboxItem>(&bytes),
+        "format 1 is read, no longer written"
+    );
 }
 
 #[test]

@@ -53,6 +53,7 @@ pub(super) fn events() -> [InboundEvent; 3] {
         unsupported: None,
         interactive: false,
         reply_context: None,
+        media_group: None,
     };
     let running = InboundEvent {
         event_id: "Ev2".to_owned(),

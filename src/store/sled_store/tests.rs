@@ -382,21 +382,24 @@ fn copy_of_schema_2_store() -> (tempfile::TempDir, std::path::PathBuf) {
 
 /// Every record of the trees the migration converts, as stored.
 fn hot_records(store: &SledStore) -> Vec<(Vec<u8>, Vec<u8>, bool)> {
+    use crate::agent::message::ChatMessage;
+    use crate::store::records::Record;
+    use crate::store::rules::DedupeEntry;
     let mut trees = vec![
-        store.inbox.clone(),
-        store.outbox.clone(),
-        store.messages.clone(),
+        (store.inbox.clone(), InboxItem::FORMAT),
+        (store.outbox.clone(), OutboxItem::FORMAT),
+        (store.messages.clone(), ChatMessage::FORMAT),
     ];
     for name in store.db.tree_names() {
         if parse_generation(&name).is_some() {
-            trees.push(store.db.open_tree(name).unwrap());
+            trees.push((store.db.open_tree(name).unwrap(), DedupeEntry::FORMAT));
         }
     }
     let mut all = Vec::new();
-    for tree in trees {
+    for (tree, format) in trees {
         for entry in tree.iter() {
             let (key, value) = entry.unwrap();
-            let current = value.first() == Some(&1);
+            let current = value.first() == Some(&format);
             all.push((key.to_vec(), value.to_vec(), current));
         }
     }
