@@ -462,13 +462,11 @@ async fn check_feishu_socket(api: &antler_feishu::FeishuApi, bot: &str) -> Findi
                  answers"
             ),
         ),
-        Err(e @ (ChannelError::Transient(_) | ChannelError::RateLimited { .. })) => {
-            Finding::fail(
-                "feishu",
-                format!("the long connection's endpoint failed: {e}"),
-                "check the network, or channels.feishu.api_url; Feishu may be busy, try again",
-            )
-        }
+        Err(e @ (ChannelError::Transient(_) | ChannelError::RateLimited { .. })) => Finding::fail(
+            "feishu",
+            format!("the long connection's endpoint failed: {e}"),
+            "check the network, or channels.feishu.api_url; Feishu may be busy, try again",
+        ),
         Err(e) => Finding::fail(
             "feishu",
             format!("the long connection's endpoint refused: {e}"),

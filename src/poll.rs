@@ -167,7 +167,7 @@ pub(crate) async fn read_feishu_socket(
                 delivery = socket.next() => delivery,
             };
             let Some(delivery) = delivery else { break };
-            if !answer_feishu(&channel, &ingress, delivery, &stop).await {
+            if !answer_feishu(&channel, &ingress, delivery).await {
                 break;
             }
         }
@@ -188,26 +188,30 @@ async fn open_feishu_socket(channel: &FeishuChannel) -> Result<FeishuSocket, Cha
 }
 
 /// Reads one event of the long connection as the webhook reads its body, accepts what it
-/// holds and answers the frame: 200 once accepted (or when there is nothing to take), 500
-/// when it should come again (the bot's identity is not known yet). `false` once antler stops
-/// (the frame unanswered: Feishu delivers it again).
-async fn answer_feishu(
-    channel: &FeishuChannel,
-    ingress: &Ingress,
-    delivery: Delivery,
-    stop: &CancellationToken,
-) -> bool {
+/// holds and answers the frame as the webhook answers: 200 once accepted (stored and synced),
+/// or when there is nothing to take; 500 when it should come again, where the webhook answers
+/// 503 (the bot's identity is not known yet, the backlog is full, the store failed). `false`
+/// once antler stops (the frame unanswered: Feishu delivers it again).
+async fn answer_feishu(channel: &FeishuChannel, ingress: &Ingress, delivery: Delivery) -> bool {
     let parsed = serde_json::from_slice(&delivery.payload)
         .map_err(|_| ChannelError::Malformed("not JSON".to_owned()))
         .and_then(|event| channel.parse_json(&event));
     let code = match parsed {
         Ok(Parsed::Events(events)) => {
+            let mut code = 200;
             for event in events {
-                if !accept(ingress, event, stop).await {
-                    return false;
+                match ingress.accept(event, false).await {
+                    Ok(_) | Err(IngressError::Dropped) => {}
+                    Err(IngressError::ShuttingDown) => return false,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "a feishu event could not be accepted; Feishu delivers it again");
+                        metrics::counter!("antler_feishu_socket_refused_events_total").increment(1);
+                        code = 500;
+                        break;
+                    }
                 }
             }
-            200
+            code
         }
         Ok(_) => 200,
         Err(ChannelError::Transient(e)) => {
@@ -238,7 +242,7 @@ async fn accept(
             Err(IngressError::ShuttingDown) => return false,
             Err(e) => {
                 let wait = backoff.next_wait();
-                tracing::warn!(error = %e, retry_in = ?wait, "a received event could not be accepted");
+                tracing::warn!(error = %e, retry_in = ?wait, "a polled event could not be accepted");
                 tokio::select! {
                     () = stop.cancelled() => return false,
                     () = tokio::time::sleep(wait) => {}

@@ -5,9 +5,9 @@ use std::collections::HashMap;
 use std::net::{Ipv6Addr, SocketAddr};
 use std::time::Duration;
 
-use super::{FeishuMode, TelegramMode};
 use super::settings::{at, element, entry, key, named};
 use super::{Config, ConfigIssue, Secret};
+use super::{FeishuMode, TelegramMode};
 use crate::agent::middleware::sandbox_audit::{MAX_COMMAND_CHARS_LIMIT, SandboxAuditConfig};
 use crate::agent::subagents::config::{BUILTIN_TYPES, TASK_CALL_MARGIN};
 use crate::agent::subagents::task_tool::TASK_TOOL;

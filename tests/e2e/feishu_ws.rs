@@ -44,7 +44,9 @@ async fn a_group_mention_is_answered_acked_once_stored_and_a_redelivery_answered
     assert_eq!(answer.header("message_id"), Some("frame-1"));
     assert_eq!(answer.header("type"), Some("event"));
     assert!(
-        answer.header("biz_rt").is_some_and(|ms| ms.parse::<u64>().is_ok()),
+        answer
+            .header("biz_rt")
+            .is_some_and(|ms| ms.parse::<u64>().is_ok()),
         "the answer says how long the event took: {:?}",
         answer.headers
     );
@@ -73,6 +75,56 @@ async fn a_group_mention_is_answered_acked_once_stored_and_a_redelivery_answered
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frame_is_acked_only_once_its_event_is_stored() {
+    let model = MockModel::start(Behaviour::Echo).await;
+    model.hold();
+    let api = MockFeishu::start().await;
+    let socket = api.serve_socket(client_config()).await;
+    let overrides = format!(
+        "[agent]\nbacklog = 1\nmax_concurrent_turns = 1\n{}",
+        api.socket_config("")
+    );
+    let app = TestApp::spawn(&model, &overrides).await;
+    let first = p2p("om_first", "text", &json!({"text": "first"}));
+    socket.send_event("frame-1", &first).await;
+    assert_eq!(code(&socket.wait_for_answers(1).await[0]), 200);
+    model.wait_for_requests(1).await;
+
+    // The backlog is full: the second event cannot be stored, so its frame is not acked with
+    // 200 but answered 500, and Feishu delivers it again (the webhook answers 503 here).
+    let mut second = p2p("om_second", "text", &json!({"text": "second"}));
+    second["event"]["message"]["chat_id"] = json!("oc_another_chat");
+    socket.send_event("frame-2", &second).await;
+    let answers = socket.wait_for_answers(2).await;
+    assert_eq!(answers[1].header("message_id"), Some("frame-2"));
+    assert_eq!(code(&answers[1]), 500);
+    assert_eq!(app.get("/readyz").await.json["inbox"], 1, "not stored");
+
+    model.release();
+    app.wait_idle().await;
+    // Delivered again with room: stored, acked, answered.
+    socket.send_event("frame-3", &second).await;
+    let answers = socket.wait_for_answers(3).await;
+    assert_eq!(code(&answers[2]), 200);
+    api.wait_for_replies(2).await;
+    app.wait_idle().await;
+    let replied: Vec<String> = api
+        .replies()
+        .await
+        .into_iter()
+        .map(|(path, _)| path)
+        .collect();
+    assert_eq!(
+        replied,
+        [
+            "/open-apis/im/v1/messages/om_first/reply",
+            "/open-apis/im/v1/messages/om_second/reply"
+        ]
+    );
+    app.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_payload_split_in_two_parts_is_reassembled() {
     let model = MockModel::start(Behaviour::Echo).await;
     let api = MockFeishu::start().await;
@@ -91,7 +143,11 @@ async fn a_payload_split_in_two_parts_is_reassembled() {
     );
     app.wait_idle().await;
     let answers = socket.wait_for_answers(1).await;
-    assert_eq!(answers.len(), 1, "one answer, for the part that completed it");
+    assert_eq!(
+        answers.len(),
+        1,
+        "one answer, for the part that completed it"
+    );
     // The parts were sent last first: seq 0 completed the payload.
     assert_eq!(answers[0].header("seq"), Some("0"));
     assert_eq!(code(&answers[0]), 200);
@@ -112,7 +168,11 @@ async fn when_the_server_closes_the_socket_the_client_reconnects_and_is_answered
         2,
         "each connection asks the endpoint for its URL"
     );
-    let event = p2p("om_after_reconnect", "text", &json!({"text": "still there?"}));
+    let event = p2p(
+        "om_after_reconnect",
+        "text",
+        &json!({"text": "still there?"}),
+    );
     socket.send_event("frame-after", &event).await;
     let replies = api.wait_for_replies(1).await;
     assert_eq!(
@@ -190,5 +250,49 @@ async fn doctor_checks_the_long_connections_endpoint_without_connecting() {
         stdout.contains("FAIL  feishu") && stdout.contains("too many connections"),
         "{stdout}"
     );
-    assert!(!stdout.contains(DEVICE_ID) && !stdout.contains("feishu-APP-secret"), "{stdout}");
+    assert!(
+        !stdout.contains(DEVICE_ID) && !stdout.contains("feishu-APP-secret"),
+        "{stdout}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mention_before_the_bot_knows_itself_is_answered_500_then_taken_when_redelivered() {
+    let model = MockModel::start(Behaviour::Echo).await;
+    let api = MockFeishu::start().await;
+    api.set_bot_info_down(true);
+    let socket = api.serve_socket(client_config()).await;
+    let app = TestApp::spawn(&model, &api.socket_config("")).await;
+    let mention = fixture("feishu_im_group_mention.json");
+    socket.send_event("frame-1", &mention).await;
+    let answers = socket.wait_for_answers(1).await;
+    assert_eq!(
+        code(&answers[0]),
+        500,
+        "not taken: Feishu delivers it again"
+    );
+    assert_eq!(app.get("/readyz").await.json["inbox"], 0);
+
+    api.set_bot_info_down(false);
+    // Feishu's redeliveries, until antler has learned its open id (asked again in the
+    // background, with backoff).
+    let mut n = 1;
+    loop {
+        let asked = api.calls("GET", "/bot/v3/info").await.len();
+        n += 1;
+        assert!(n < 10, "the identity was never learned");
+        socket.send_event(&format!("frame-{n}"), &mention).await;
+        if code(&socket.wait_for_answers(n).await[n - 1]) == 200 {
+            break;
+        }
+        crate::support::wait_until("bot/v3/info asked again", || async {
+            (api.calls("GET", "/bot/v3/info").await.len() > asked).then_some(())
+        })
+        .await;
+    }
+    let replies = api.wait_for_replies(1).await;
+    assert_eq!(shown(&replies[0].1), "echo: restart web-api");
+    app.wait_idle().await;
+    assert_eq!(api.replies().await.len(), 1);
+    app.shutdown().await;
 }

@@ -271,8 +271,8 @@ impl FeishuChannel {
     fn token_matches(&self, presented: Option<&str>) -> bool {
         !self.verification_token.is_empty()
             && presented.is_some_and(|token| {
-            verify::constant_time_eq(token.as_bytes(), self.verification_token.as_bytes())
-        })
+                verify::constant_time_eq(token.as_bytes(), self.verification_token.as_bytes())
+            })
     }
 
     /// The signature headers present and matching the raw body. Their timestamp is signed but

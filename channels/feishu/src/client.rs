@@ -922,6 +922,65 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn the_socket_endpoint_is_asked_as_the_sdks_ask_and_judged_as_they_judge() {
+        let server = MockServer::start().await;
+        // The SDKs' request: `{"AppID", "AppSecret"}` and `locale: zh`.
+        Mock::given(method("POST"))
+            .and(path("/callback/ws/endpoint"))
+            .and(header("locale", "zh"))
+            .and(body_json(json!({"AppID": "cli_app", "AppSecret": SECRET})))
+            .respond_with(ResponseTemplate::new(200).set_body_json(json!({
+                "code": 0, "msg": "ok",
+                "data": {"URL": "wss://msg-frontier.example/ws/v2?device_id=1&service_id=2",
+                         "ClientConfig": {"ReconnectCount": -1, "ReconnectInterval": 120,
+                                          "ReconnectNonce": 30, "PingInterval": 90}}
+            })))
+            .mount(&server)
+            .await;
+        let endpoint = api(&server).socket_endpoint().await.unwrap();
+        assert_eq!(endpoint.config.ping_interval, Duration::from_secs(90));
+        assert_eq!(endpoint.config.reconnect_count, -1);
+        assert!(endpoint.url.starts_with("wss://"));
+        assert!(
+            !format!("{endpoint:?}").contains("device_id"),
+            "the URL stays out of logs"
+        );
+
+        // Codes 1 and 1000040343 are worth another attempt, HTTP errors too; any other code
+        // is final, and the secret never shows.
+        for (status, body, retry) in [
+            (200, json!({"code": 1, "msg": "system busy"}), true),
+            (200, json!({"code": 1_000_040_343, "msg": "internal"}), true),
+            (503, json!({}), true),
+            (
+                200,
+                json!({"code": 0, "msg": "ok", "data": {"URL": ""}}),
+                true,
+            ),
+            (
+                200,
+                json!({"code": 1_000_040_350, "msg": "exceed conn limit"}),
+                false,
+            ),
+            (
+                200,
+                json!({"code": 10003, "msg": format!("invalid app {SECRET}")}),
+                false,
+            ),
+        ] {
+            let server = MockServer::start().await;
+            Mock::given(method("POST"))
+                .and(path("/callback/ws/endpoint"))
+                .respond_with(ResponseTemplate::new(status).set_body_json(body.clone()))
+                .mount(&server)
+                .await;
+            let error = api(&server).socket_endpoint().await.unwrap_err();
+            assert_eq!(error.is_retryable(), retry, "{body}: {error:?}");
+            assert!(!format!("{error}").contains(SECRET), "{error}");
+        }
+    }
+
+    #[tokio::test]
     async fn refused_credentials_name_the_settings_without_the_secret() {
         let server = MockServer::start().await;
         Mock::given(method("POST"))

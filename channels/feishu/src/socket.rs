@@ -409,15 +409,24 @@ impl Parts {
             return Some((frame, payload));
         }
         let seq = frame.header_number(frame::SEQ).unwrap_or(0);
-        let id = frame.header(frame::MESSAGE_ID).unwrap_or_default().to_owned();
+        let id = frame
+            .header(frame::MESSAGE_ID)
+            .unwrap_or_default()
+            .to_owned();
         let now = Instant::now();
         self.pending.retain(|_, p| p.expires > now);
         if sum > MAX_PARTS || seq >= sum || id.is_empty() {
-            tracing::warn!(sum, seq, "feishu long connection: a part out of bounds; dropped");
+            tracing::warn!(
+                sum,
+                seq,
+                "feishu long connection: a part out of bounds; dropped"
+            );
             return None;
         }
         if !self.pending.contains_key(&id) && self.pending.len() >= MAX_PENDING {
-            tracing::warn!("feishu long connection: too many split payloads at once; a part dropped");
+            tracing::warn!(
+                "feishu long connection: too many split payloads at once; a part dropped"
+            );
             return None;
         }
         let pending = self.pending.entry(id.clone()).or_insert_with(|| Pending {
@@ -426,7 +435,9 @@ impl Parts {
             expires: now + PARTS_TTL,
         });
         if pending.parts.len() != sum || pending.bytes + payload.len() > MAX_PAYLOAD {
-            tracing::warn!("feishu long connection: a split payload too large or inconsistent; dropped");
+            tracing::warn!(
+                "feishu long connection: a split payload too large or inconsistent; dropped"
+            );
             self.pending.remove(&id);
             return None;
         }
@@ -472,7 +483,11 @@ mod tests {
         assert!(parts.complete(part("m1", 3, 0, b"a")).is_none());
         let (frame, whole) = parts.complete(part("m1", 3, 1, b"b")).unwrap();
         assert_eq!(whole, b"abc");
-        assert_eq!(frame.header(frame::SEQ), Some("1"), "the last part is answered");
+        assert_eq!(
+            frame.header(frame::SEQ),
+            Some("1"),
+            "the last part is answered"
+        );
         let (_, whole) = parts.complete(part("m2", 2, 1, b"y")).unwrap();
         assert_eq!(whole, b"xy");
         // A whole payload passes through.
@@ -483,7 +498,10 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn parts_out_of_bounds_or_too_late_are_dropped() {
         let mut parts = Parts::default();
-        assert!(parts.complete(part("m", 2, 2, b"a")).is_none(), "seq past sum");
+        assert!(
+            parts.complete(part("m", 2, 2, b"a")).is_none(),
+            "seq past sum"
+        );
         assert!(parts.complete(part("m", MAX_PARTS + 1, 0, b"a")).is_none());
         assert!(parts.complete(part("m", 2, 0, b"a")).is_none());
         tokio::time::advance(PARTS_TTL + Duration::from_millis(1)).await;
@@ -491,7 +509,53 @@ mod tests {
         assert!(parts.complete(part("m", 2, 1, b"b")).is_none());
         let big = vec![b'x'; MAX_PAYLOAD];
         assert!(parts.complete(part("n", 2, 0, &big)).is_none());
-        assert!(parts.complete(part("n", 2, 1, b"y")).is_none(), "over the size bound");
+        assert!(
+            parts.complete(part("n", 2, 1, b"y")).is_none(),
+            "over the size bound"
+        );
+    }
+
+    /// A server that answers the WebSocket handshake with `status` and the SDKs' handshake
+    /// headers instead of switching protocols; its ws:// URL.
+    async fn refusing(status: u16, auth_code: &str) -> String {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let auth_code = auth_code.to_owned();
+        tokio::spawn(async move {
+            let (mut stream, _) = listener.accept().await.unwrap();
+            let mut request = [0u8; 4096];
+            let _ = stream.read(&mut request).await;
+            let response = format!(
+                "HTTP/1.1 {status} Refused\r\nHandshake-Status: {status}\r\n\
+                 Handshake-Msg: refused\r\nHandshake-Autherrcode: {auth_code}\r\n\
+                 Content-Length: 0\r\n\r\n"
+            );
+            let _ = stream.write_all(response.as_bytes()).await;
+        });
+        format!("ws://{address}/ws/v2?device_id=1&service_id=2&access_key=secret-key")
+    }
+
+    #[tokio::test]
+    async fn handshake_refusals_are_judged_by_their_handshake_status() {
+        for (status, auth_code, retry) in [
+            (514, "1000040350", false),
+            (514, "1000040351", true),
+            (403, "", false),
+            (500, "", true),
+        ] {
+            let endpoint = SocketEndpoint {
+                url: refusing(status, auth_code).await,
+                config: SocketConfig::default(),
+            };
+            let error = FeishuSocket::connect(endpoint).await.unwrap_err();
+            assert_eq!(
+                error.is_retryable(),
+                retry,
+                "{status} {auth_code}: {error:?}"
+            );
+            assert!(!error.to_string().contains("secret-key"), "{error}");
+        }
     }
 
     #[test]

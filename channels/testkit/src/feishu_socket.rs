@@ -182,7 +182,11 @@ impl MockFeishuSocket {
     /// The pings received, in order.
     #[must_use]
     pub fn pings(&self) -> Vec<Frame> {
-        self.shared.pings.lock().map(|p| p.clone()).unwrap_or_default()
+        self.shared
+            .pings
+            .lock()
+            .map(|p| p.clone())
+            .unwrap_or_default()
     }
 
     /// Waits until `n` pings were received; they.
