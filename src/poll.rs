@@ -149,7 +149,7 @@ pub(crate) async fn read_feishu_socket(
             Err(e) => {
                 failures = failures.saturating_add(1);
                 metrics::counter!("antler_feishu_socket_errors_total").increment(1);
-                if u32::try_from(config.reconnect_count).is_ok_and(|most| failures > most) {
+                if u32::try_from(config.reconnect_count).is_ok_and(|most| failures >= most) {
                     tracing::error!(error = %e, attempts = failures, "feishu long connection: giving up, as the server's ReconnectCount says");
                     return;
                 }
