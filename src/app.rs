@@ -50,8 +50,8 @@ use crate::agent::tools::egress::Egress;
 use crate::agent::tools::mcp::McpServers;
 use crate::agent::tools::web_fetch::WebFetch;
 use crate::agent::tools::{Tool, ToolRegistry};
-use crate::config::TelegramMode;
 use crate::config::{Config, StoreConfig};
+use crate::config::{FeishuMode, TelegramMode};
 use crate::delivery::{Delivery, ReplyFiles};
 use crate::events::EventHub;
 use crate::http::guard::{ApiAuth, HostPolicy};
@@ -205,12 +205,13 @@ fn middleware_chain(
 
 /// The enabled platforms' channels, each served at `/webhooks/<name>`. Each one learns who
 /// its bot first (briefly; then in the background).
-/// The enabled platforms: every channel (for delivery), those served by webhook, and the one
-/// polled instead.
+/// The enabled platforms: every channel (for delivery), those served by webhook, and those
+/// that antler reaches out to instead (Telegram polling, Feishu's long connection).
 struct Platforms {
     all: Vec<Arc<dyn Channel>>,
     webhooks: Vec<Arc<dyn Channel>>,
     telegram_polling: Option<Arc<TelegramChannel>>,
+    feishu_socket: Option<Arc<FeishuChannel>>,
 }
 
 async fn platform_channels(config: &Config) -> Result<Platforms, AppError> {
@@ -218,6 +219,7 @@ async fn platform_channels(config: &Config) -> Result<Platforms, AppError> {
         all: Vec::new(),
         webhooks: Vec::new(),
         telegram_polling: None,
+        feishu_socket: None,
     };
     let telegram = &config.channels.telegram;
     if telegram.enabled {
@@ -301,6 +303,7 @@ async fn platform_channels(config: &Config) -> Result<Platforms, AppError> {
             encrypt_key: Some(exposed(&feishu.encrypt_key)).filter(|key| !key.is_empty()),
             api_url: feishu.api_url.clone(),
             cards: feishu.cards,
+            websocket: feishu.mode == FeishuMode::Websocket,
         };
         let channel = Arc::new(
             FeishuChannel::new(&settings, crate::now_ms)
@@ -313,7 +316,11 @@ async fn platform_channels(config: &Config) -> Result<Platforms, AppError> {
         })
         .await;
         platforms.all.push(channel.clone());
-        platforms.webhooks.push(channel);
+        if feishu.mode == FeishuMode::Websocket {
+            platforms.feishu_socket = Some(channel);
+        } else {
+            platforms.webhooks.push(channel);
+        }
     }
     Ok(platforms)
 }
@@ -757,6 +764,13 @@ where
         ))
     });
     let discord_gateway = discord_gateway(&config, &ingress, &intake_stop).await?;
+    let feishu_socket = platforms.feishu_socket.map(|channel| {
+        tokio::spawn(crate::poll::read_feishu_socket(
+            channel,
+            ingress.clone(),
+            intake_stop.clone(),
+        ))
+    });
 
     // Memory updates queued by turns (also by the last process) are learned in the background.
     let memory_stop = stops.memory.clone();
@@ -812,7 +826,7 @@ where
         () = shutdown => {}
         () = lease_lost.cancelled() => {}
     }
-    let intake_tasks = [Some(sweeper), poller, discord_gateway]
+    let intake_tasks = [Some(sweeper), poller, discord_gateway, feishu_socket]
         .into_iter()
         .flatten()
         .collect();

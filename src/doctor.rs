@@ -18,7 +18,7 @@ use crate::agent::skills;
 use crate::agent::tools::mcp::McpServers;
 use antler_channel::ChannelError;
 
-use crate::config::{Config, mask_url};
+use crate::config::{Config, FeishuMode, mask_url};
 use crate::setup;
 
 /// How one check came out.
@@ -428,6 +428,9 @@ async fn check_feishu(config: &Config) -> Finding {
     };
     match api.tenant_token().await {
         Ok(_) => match api.bot_info().await {
+            Ok(bot) if feishu.mode == FeishuMode::Websocket => {
+                check_feishu_socket(&api, &bot.name).await
+            }
             Ok(bot) => Finding::ok(
                 "feishu",
                 format!("the app credentials work: the bot is {}", bot.name),
@@ -444,6 +447,33 @@ async fn check_feishu(config: &Config) -> Finding {
             "check the network, or channels.feishu.api_url",
         ),
         Err(e) => Finding::fail("feishu", format!("no tenant token: {e}"), FIX),
+    }
+}
+
+/// In websocket mode: the long connection's endpoint (`/callback/ws/endpoint`) names where to
+/// connect. Not connected: a connection would take one of the app's 50 and could take events
+/// from a running antler.
+async fn check_feishu_socket(api: &antler_feishu::FeishuApi, bot: &str) -> Finding {
+    match api.socket_endpoint().await {
+        Ok(_) => Finding::ok(
+            "feishu",
+            format!(
+                "the app credentials work: the bot is {bot}; the long connection's endpoint \
+                 answers"
+            ),
+        ),
+        Err(e @ (ChannelError::Transient(_) | ChannelError::RateLimited { .. })) => Finding::fail(
+            "feishu",
+            format!("the long connection's endpoint failed: {e}"),
+            "check the network, or channels.feishu.api_url; Feishu may be busy, try again",
+        ),
+        Err(e) => Finding::fail(
+            "feishu",
+            format!("the long connection's endpoint refused: {e}"),
+            "in the developer console, under Events and Callbacks, choose \"Receive events \
+             through persistent connection\" (internal apps only), publish a version, and \
+             check that fewer than 50 connections are open",
+        ),
     }
 }
 

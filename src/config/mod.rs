@@ -730,13 +730,16 @@ impl Default for DiscordConfig {
 pub struct FeishuConfig {
     /// Whether the platform is served.
     pub enabled: bool,
+    /// How events arrive: Feishu posts them (`webhook`), or antler holds a long connection
+    /// (`websocket`, for machines without a public URL).
+    pub mode: FeishuMode,
     /// The app id (`cli_...`).
     #[serde(deserialize_with = "secret::opt_string")]
     pub app_id: Option<String>,
     /// The app secret.
     #[serde(deserialize_with = "secret::opt_secret")]
     pub app_secret: Option<Secret>,
-    /// The event subscription verification token.
+    /// The event subscription verification token (webhook mode).
     #[serde(deserialize_with = "secret::opt_secret")]
     pub verification_token: Option<Secret>,
     /// The event encryption key; events arrive in clear when absent.
@@ -759,10 +762,23 @@ pub struct FeishuConfig {
     pub admins: Vec<String>,
 }
 
+/// How Feishu events reach antler.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FeishuMode {
+    /// `POST /webhooks/feishu/events`, the event subscription's request URL.
+    #[default]
+    Webhook,
+    /// The long connection the official SDKs open ("Receive events through persistent
+    /// connection"): no public URL needed.
+    Websocket,
+}
+
 impl Default for FeishuConfig {
     fn default() -> Self {
         Self {
             enabled: false,
+            mode: FeishuMode::Webhook,
             app_id: None,
             app_secret: None,
             verification_token: None,

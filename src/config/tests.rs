@@ -396,6 +396,40 @@ fn enabled_platform_requires_its_secrets() {
 }
 
 #[test]
+fn feishu_websocket_mode_needs_no_verification_token_and_webhook_mode_does() {
+    let socket = "[channels.feishu]\nenabled = true\nmode = \"websocket\"\napp_id = \"cli_1\"\n\
+                  app_secret = \"s\"\n";
+    let config = parse(socket).unwrap();
+    assert_eq!(
+        config.channels.feishu.mode,
+        crate::config::FeishuMode::Websocket
+    );
+    assert_eq!(
+        parse("").unwrap().channels.feishu.mode,
+        crate::config::FeishuMode::Webhook,
+        "webhook by default"
+    );
+    let found = issues("[channels.feishu]\nenabled = true\nmode = \"websocket\"\n");
+    assert_eq!(
+        found,
+        [
+            "channels.feishu.app_id: required when enabled",
+            "channels.feishu.app_secret: required when enabled",
+        ]
+    );
+    let found = issues(
+        "[channels.feishu]\nenabled = true\nmode = \"webhook\"\napp_id = \"cli_1\"\napp_secret = \"s\"\n",
+    );
+    assert_eq!(
+        found,
+        ["channels.feishu.verification_token: required when enabled"]
+    );
+    let found = issues("[channels.feishu]\nmode = \"socket\"\n");
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert!(found[0].contains("channels.feishu.mode"), "{found:?}");
+}
+
+#[test]
 fn every_platform_is_available_and_discord_has_its_shapes() {
     let text = "[channels.discord]\nenabled = true\napplication_id = \"1\"\nbot_token = \"t\"\n\
                 public_key = \"0000000000000000000000000000000000000000000000000000000000000000\"\n";

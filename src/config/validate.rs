@@ -5,9 +5,9 @@ use std::collections::HashMap;
 use std::net::{Ipv6Addr, SocketAddr};
 use std::time::Duration;
 
-use super::TelegramMode;
 use super::settings::{at, element, entry, key, named};
 use super::{Config, ConfigIssue, Secret};
+use super::{FeishuMode, TelegramMode};
 use crate::agent::middleware::sandbox_audit::{MAX_COMMAND_CHARS_LIMIT, SandboxAuditConfig};
 use crate::agent::subagents::config::{BUILTIN_TYPES, TASK_CALL_MARGIN};
 use crate::agent::subagents::task_tool::TASK_TOOL;
@@ -970,9 +970,11 @@ fn channels(config: &Config, v: &mut Issues) {
                 key!("channels.feishu.app_secret"),
                 secret(&feishu.app_secret),
             ),
+            // The long connection carries events in clear and unsigned (the SDKs read them
+            // without a token check): only the webhook needs the token.
             (
                 key!("channels.feishu.verification_token"),
-                secret(&feishu.verification_token),
+                secret(&feishu.verification_token) || feishu.mode == FeishuMode::Websocket,
             ),
         ],
     );

@@ -10,6 +10,7 @@ mod config;
 mod crash;
 mod discord;
 mod feishu;
+mod feishu_ws;
 mod hardening;
 mod loop_detection;
 mod mcp;

@@ -60,7 +60,8 @@ pub struct FeishuSettings {
     pub app_id: String,
     /// The app's secret.
     pub app_secret: String,
-    /// The Verification Token from the app's event subscription page.
+    /// The Verification Token from the app's event subscription page (webhook only: events on
+    /// the long connection carry none to check).
     pub verification_token: String,
     /// The Encrypt Key from the same page; when set, every event is encrypted and signed.
     pub encrypt_key: Option<String>,
@@ -68,6 +69,9 @@ pub struct FeishuSettings {
     pub api_url: String,
     /// Answer with message cards (Markdown, edited while written); `false` sends plain text.
     pub cards: bool,
+    /// Events come over the long connection ([`crate::FeishuSocket`]), not the webhook: no
+    /// Verification Token is needed.
+    pub websocket: bool,
 }
 
 impl Default for FeishuSettings {
@@ -79,6 +83,7 @@ impl Default for FeishuSettings {
             encrypt_key: None,
             api_url: DEFAULT_API_URL.to_owned(),
             cards: true,
+            websocket: false,
         }
     }
 }
@@ -92,6 +97,7 @@ impl std::fmt::Debug for FeishuSettings {
             .field("encrypt_key", &self.encrypt_key.as_ref().map(|_| "***"))
             .field("api_url", &self.api_url)
             .field("cards", &self.cards)
+            .field("websocket", &self.websocket)
             .finish()
     }
 }
@@ -136,12 +142,16 @@ impl FeishuChannel {
     /// The channel for `settings`; `now_ms` stamps received messages and times the tenant
     /// token's renewal.
     pub fn new(settings: &FeishuSettings, now_ms: fn() -> u64) -> Result<Self, ChannelError> {
-        for (value, name) in [
-            (&settings.app_id, "app_id"),
-            (&settings.app_secret, "app_secret"),
-            (&settings.verification_token, "verification_token"),
+        for (value, name, needed) in [
+            (&settings.app_id, "app_id", true),
+            (&settings.app_secret, "app_secret", true),
+            (
+                &settings.verification_token,
+                "verification_token",
+                !settings.websocket,
+            ),
         ] {
-            if value.trim().is_empty() {
+            if needed && value.trim().is_empty() {
                 return Err(ChannelError::Permanent(format!(
                     "channels.feishu.{name} is empty"
                 )));
@@ -193,6 +203,53 @@ impl FeishuChannel {
             .unwrap_or_else(|e| e.into_inner().clone())
     }
 
+    /// An event's JSON, in clear, as the webhook's (after decryption) or the long connection's
+    /// payload: message events normalized, others ignored. A group @mention before the bot's
+    /// identity is known is [`ChannelError::Transient`]: left for Feishu to deliver again.
+    pub fn parse_json(&self, event: &Value) -> Result<Parsed, ChannelError> {
+        if event.get("type").and_then(Value::as_str) == Some("event_callback") {
+            return Ok(old_schema(event));
+        }
+        let schema = event.get("schema").and_then(Value::as_str);
+        let event_type = event.pointer("/header/event_type").and_then(Value::as_str);
+        if schema != Some("2.0") || event_type != Some("im.message.receive_v1") {
+            tracing::debug!(
+                ?schema,
+                ?event_type,
+                "a Feishu event antler does not handle"
+            );
+            return Ok(Parsed::Ignore);
+        }
+        let received = match MessageReceived::deserialize(event) {
+            Ok(received) => received,
+            Err(e) => {
+                // Verified, so it is Feishu's: a 4xx would only make it send the same again.
+                tracing::warn!(error = %e, "a Feishu message event antler cannot read; ignored");
+                return Ok(Parsed::Ignore);
+            }
+        };
+        let me = self.identity();
+        let context = Context {
+            bot_open_id: me.as_ref().map(|me| me.open_id.as_str()),
+            app_id: &self.app_id,
+            received_at_ms: (self.now_ms)(),
+        };
+        Ok(match normalize_message(&received, &context) {
+            Normalized::Event(event) => Parsed::Events(vec![*event]),
+            Normalized::Ignored(reason) => {
+                tracing::debug!(reason, "Feishu message ignored");
+                Parsed::Ignore
+            }
+            Normalized::AwaitingIdentity => {
+                return Err(ChannelError::Transient(
+                    "a Feishu group message with a mention arrived before the bot's open_id is \
+                     known (bot/v3/info); Feishu delivers it again"
+                        .to_owned(),
+                ));
+            }
+        })
+    }
+
     /// The body's JSON, decrypted when an Encrypt Key is set. A body of the other kind
     /// (encrypted without a key, plain with one) is refused: it is not what Feishu would send.
     fn open(&self, body: &[u8]) -> Result<Value, ChannelError> {
@@ -209,10 +266,13 @@ impl FeishuChannel {
         }
     }
 
+    /// The presented token is the Verification Token; never without one (websocket mode
+    /// sets none, and then no webhook request is Feishu's).
     fn token_matches(&self, presented: Option<&str>) -> bool {
-        presented.is_some_and(|token| {
-            verify::constant_time_eq(token.as_bytes(), self.verification_token.as_bytes())
-        })
+        !self.verification_token.is_empty()
+            && presented.is_some_and(|token| {
+                verify::constant_time_eq(token.as_bytes(), self.verification_token.as_bytes())
+            })
     }
 
     /// The signature headers present and matching the raw body. Their timestamp is signed but
@@ -362,47 +422,7 @@ impl Channel for FeishuChannel {
             let challenge = event.get("challenge").cloned().unwrap_or(Value::Null);
             return Ok(Parsed::Reply(json!({"challenge": challenge})));
         }
-        if event.get("type").and_then(Value::as_str) == Some("event_callback") {
-            return Ok(old_schema(&event));
-        }
-        let schema = event.get("schema").and_then(Value::as_str);
-        let event_type = event.pointer("/header/event_type").and_then(Value::as_str);
-        if schema != Some("2.0") || event_type != Some("im.message.receive_v1") {
-            tracing::debug!(
-                ?schema,
-                ?event_type,
-                "a Feishu event antler does not handle"
-            );
-            return Ok(Parsed::Ignore);
-        }
-        let received = match MessageReceived::deserialize(&event) {
-            Ok(received) => received,
-            Err(e) => {
-                // Verified, so it is Feishu's: a 4xx would only make it send the same again.
-                tracing::warn!(error = %e, "a Feishu message event antler cannot read; ignored");
-                return Ok(Parsed::Ignore);
-            }
-        };
-        let me = self.identity();
-        let context = Context {
-            bot_open_id: me.as_ref().map(|me| me.open_id.as_str()),
-            app_id: &self.app_id,
-            received_at_ms: (self.now_ms)(),
-        };
-        Ok(match normalize_message(&received, &context) {
-            Normalized::Event(event) => Parsed::Events(vec![*event]),
-            Normalized::Ignored(reason) => {
-                tracing::debug!(reason, "Feishu message ignored");
-                Parsed::Ignore
-            }
-            Normalized::AwaitingIdentity => {
-                return Err(ChannelError::Transient(
-                    "a Feishu group message with a mention arrived before the bot's open_id is \
-                     known (bot/v3/info); Feishu delivers it again"
-                        .to_owned(),
-                ));
-            }
-        })
+        self.parse_json(&event)
     }
 
     /// Card Markdown in chunks of at most 25,000 bytes, or plain text in chunks of 30,000
@@ -549,6 +569,7 @@ mod tests {
             encrypt_key: encrypt_key.map(str::to_owned),
             api_url: "http://127.0.0.1:9".into(),
             cards: true,
+            websocket: false,
         }
     }
 
@@ -1048,6 +1069,47 @@ mod tests {
             self::channel().verify(&request(&headers, &body)),
             Err(ChannelError::Unauthorized)
         );
+    }
+
+    // ---- the long connection ----
+
+    #[test]
+    fn in_websocket_mode_no_token_is_needed_and_no_webhook_request_verifies() {
+        let s = FeishuSettings {
+            verification_token: String::new(),
+            websocket: true,
+            ..settings(None)
+        };
+        let channel = FeishuChannel::new(&s, vector_clock_ms).unwrap();
+        *channel.me.write().unwrap() = Some(FeishuIdentity {
+            open_id: BOT.into(),
+            name: "OpsBot".into(),
+        });
+        // An empty token in the body must not match the empty setting.
+        let mut forged: serde_json::Value =
+            serde_json::from_slice(&fixture("feishu_im_group_mention.json")).unwrap();
+        forged["header"]["token"] = "".into();
+        let body = serde_json::to_vec(&forged).unwrap();
+        let headers = http::HeaderMap::new();
+        assert_eq!(
+            channel.verify(&request(&headers, &body)),
+            Err(ChannelError::Unauthorized)
+        );
+        // The long connection's payload is the same event JSON, read the same way.
+        let event: serde_json::Value =
+            serde_json::from_slice(&fixture("feishu_im_group_mention.json")).unwrap();
+        let parsed = channel.parse_json(&event).unwrap();
+        let expected = self::channel()
+            .parse(&request(&headers, &fixture("feishu_im_group_mention.json")))
+            .unwrap();
+        assert_eq!(parsed, expected);
+        assert!(matches!(parsed, Parsed::Events(ref events) if events.len() == 1));
+        // Webhook mode still needs the token.
+        let webhook = FeishuSettings {
+            verification_token: String::new(),
+            ..settings(None)
+        };
+        assert!(FeishuChannel::new(&webhook, || 0).is_err());
     }
 
     // ---- settings, limits, rendering ----

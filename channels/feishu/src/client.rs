@@ -10,6 +10,8 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio::sync::Mutex;
 
+use crate::socket::{EXCEED_CONN_LIMIT, SocketConfig, SocketEndpoint, WireConfig};
+
 /// Where Feishu's Open API is (China).
 pub const DEFAULT_API_URL: &str = "https://open.feishu.cn";
 
@@ -34,6 +36,12 @@ const INVALID_TOKEN: [i64; 3] = [99_991_663, 99_991_661, 99_991_668];
 /// A token is refreshed once less than this remains: Feishu hands out a new token only then
 /// (before, it returns the same one), and the old one stays valid meanwhile.
 const REFRESH_BEFORE_MS: u64 = 30 * 60 * 1000;
+
+/// The long connection endpoint's code for "system busy" (SDKs: `SystemBusy`).
+const SYSTEM_BUSY: i64 = 1;
+
+/// The long connection endpoint's code for an internal error (SDKs: `InternalError`).
+const INTERNAL_ERROR: i64 = 1_000_040_343;
 
 /// The most of an error body read to find Feishu's code in it.
 const ERROR_BODY_LIMIT: usize = 64 * 1024;
@@ -224,6 +232,88 @@ impl FeishuApi {
             _ => Err(ChannelError::Transient(format!(
                 "Feishu answered HTTP {status} without a tenant token"
             ))),
+        }
+    }
+
+    /// Where to open the long connection: `POST /callback/ws/endpoint` with
+    /// `{"AppID", "AppSecret"}` (the SDKs' casing) and the header `locale: zh`, as the SDKs
+    /// call it. Judged as they judge it: HTTP other than 200, code 1 (system busy) and
+    /// 1000040343 (internal error) are worth another attempt ([`ChannelError::Transient`]);
+    /// any other code (credentials refused, not an internal app, too many connections) is
+    /// [`ChannelError::Permanent`]. Also how `antler doctor` checks the long connection.
+    pub async fn socket_endpoint(&self) -> Result<SocketEndpoint, ChannelError> {
+        #[derive(Deserialize)]
+        struct EndpointAnswer {
+            #[serde(default)]
+            code: i64,
+            #[serde(default)]
+            msg: String,
+            data: Option<EndpointData>,
+        }
+        #[derive(Deserialize)]
+        struct EndpointData {
+            #[serde(rename = "URL", default)]
+            url: String,
+            #[serde(rename = "ClientConfig")]
+            client_config: Option<WireConfig>,
+        }
+        let response = self
+            .http
+            .post(format!("{}/callback/ws/endpoint", self.api_url))
+            .header("locale", "zh")
+            .json(&json!({"AppID": self.app_id, "AppSecret": self.app_secret}))
+            .send()
+            .await
+            .map_err(|e| self.transport(e, ""))?;
+        let status = response.status();
+        if status != reqwest::StatusCode::OK {
+            return Err(ChannelError::Transient(format!(
+                "Feishu answered HTTP {status} for the long connection's endpoint"
+            )));
+        }
+        let body = read_capped(response, ERROR_BODY_LIMIT)
+            .await
+            .map_err(|e| self.transport(e, ""))?;
+        let answer: EndpointAnswer = serde_json::from_slice(&body).map_err(|_| {
+            ChannelError::Transient(
+                "Feishu's answer for the long connection's endpoint is not its JSON".to_owned(),
+            )
+        })?;
+        let msg = self.mask(&answer.msg, "");
+        match answer.code {
+            0 => {}
+            SYSTEM_BUSY | INTERNAL_ERROR => {
+                return Err(ChannelError::Transient(format!(
+                    "Feishu is busy ({} {msg})",
+                    answer.code
+                )));
+            }
+            EXCEED_CONN_LIMIT => {
+                return Err(ChannelError::Permanent(format!(
+                    "Feishu refused the long connection: too many connections ({EXCEED_CONN_LIMIT} \
+                     {msg}); an app may hold at most 50"
+                )));
+            }
+            code => {
+                return Err(ChannelError::Permanent(format!(
+                    "Feishu refused the long connection ({code} {msg}): check \
+                     channels.feishu.app_id and app_secret, and that the app is an internal \
+                     (custom) app whose events are received through the persistent connection"
+                )));
+            }
+        }
+        match answer.data.filter(|data| !data.url.is_empty()) {
+            Some(data) => Ok(SocketEndpoint {
+                url: data.url,
+                config: data
+                    .client_config
+                    .map_or_else(SocketConfig::default, |wire| {
+                        SocketConfig::default().updated(&wire)
+                    }),
+            }),
+            None => Err(ChannelError::Transient(
+                "Feishu's answer for the long connection's endpoint names no URL".to_owned(),
+            )),
         }
     }
 
@@ -829,6 +919,65 @@ mod tests {
         }
         let debug = format!("{api:?}");
         assert!(!debug.contains(TOKEN) && !debug.contains(SECRET), "{debug}");
+    }
+
+    #[tokio::test]
+    async fn the_socket_endpoint_is_asked_as_the_sdks_ask_and_judged_as_they_judge() {
+        let server = MockServer::start().await;
+        // The SDKs' request: `{"AppID", "AppSecret"}` and `locale: zh`.
+        Mock::given(method("POST"))
+            .and(path("/callback/ws/endpoint"))
+            .and(header("locale", "zh"))
+            .and(body_json(json!({"AppID": "cli_app", "AppSecret": SECRET})))
+            .respond_with(ResponseTemplate::new(200).set_body_json(json!({
+                "code": 0, "msg": "ok",
+                "data": {"URL": "wss://msg-frontier.example/ws/v2?device_id=1&service_id=2",
+                         "ClientConfig": {"ReconnectCount": -1, "ReconnectInterval": 120,
+                                          "ReconnectNonce": 30, "PingInterval": 90}}
+            })))
+            .mount(&server)
+            .await;
+        let endpoint = api(&server).socket_endpoint().await.unwrap();
+        assert_eq!(endpoint.config.ping_interval, Duration::from_secs(90));
+        assert_eq!(endpoint.config.reconnect_count, -1);
+        assert!(endpoint.url.starts_with("wss://"));
+        assert!(
+            !format!("{endpoint:?}").contains("device_id"),
+            "the URL stays out of logs"
+        );
+
+        // Codes 1 and 1000040343 are worth another attempt, HTTP errors too; any other code
+        // is final, and the secret never shows.
+        for (status, body, retry) in [
+            (200, json!({"code": 1, "msg": "system busy"}), true),
+            (200, json!({"code": 1_000_040_343, "msg": "internal"}), true),
+            (503, json!({}), true),
+            (
+                200,
+                json!({"code": 0, "msg": "ok", "data": {"URL": ""}}),
+                true,
+            ),
+            (
+                200,
+                json!({"code": 1_000_040_350, "msg": "exceed conn limit"}),
+                false,
+            ),
+            (
+                200,
+                json!({"code": 10003, "msg": format!("invalid app {SECRET}")}),
+                false,
+            ),
+        ] {
+            let server = MockServer::start().await;
+            Mock::given(method("POST"))
+                .and(path("/callback/ws/endpoint"))
+                .respond_with(ResponseTemplate::new(status).set_body_json(body.clone()))
+                .mount(&server)
+                .await;
+            let error = api(&server).socket_endpoint().await.unwrap_err();
+            assert_eq!(error.is_retryable(), retry, "{body}: {error:?}");
+            assert!(!format!("{error}").contains(SECRET), "{error}");
+        }
     }
 
     #[tokio::test]

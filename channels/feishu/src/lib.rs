@@ -1,7 +1,8 @@
 //! # antler-feishu
 //!
 //! Feishu (and Lark, its international twin) for antler: event subscriptions come to
-//! `/webhooks/feishu/events`, encrypted with the app's Encrypt Key and signed when one is set;
+//! `/webhooks/feishu/events`, encrypted with the app's Encrypt Key and signed when one is set,
+//! or over the long connection antler opens itself ([`FeishuSocket`], no public URL needed);
 //! messages to the bot (private chats, group @mentions, group `/commands`) become antler's
 //! normalized messages; answers are replies to the user's message, as message cards whose
 //! Markdown is edited in place while they are written.
@@ -37,9 +38,12 @@
 mod channel;
 mod client;
 mod crypto;
+mod frame;
 mod normalize;
+mod socket;
 
 pub use channel::{
     FeishuChannel, FeishuSettings, NONCE_HEADER, SIGNATURE_HEADER, TIMESTAMP_HEADER,
 };
 pub use client::{DEFAULT_API_URL, FeishuApi, FeishuIdentity, LARK_API_URL};
+pub use socket::{Delivery, FeishuSocket, SocketConfig, SocketEndpoint};

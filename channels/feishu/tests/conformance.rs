@@ -24,6 +24,7 @@ impl antler_testkit::Conformance for Conformance {
                 encrypt_key: Some(ENCRYPT_KEY.to_owned()),
                 api_url: api.uri(),
                 cards: true,
+                websocket: false,
             },
             now_ms,
         )

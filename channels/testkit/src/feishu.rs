@@ -15,11 +15,12 @@ use aes::cipher::{BlockEncryptMut, KeyIvInit, block_padding::Pkcs7};
 use base64::Engine;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
-use wiremock::matchers::{method, path, path_regex};
+use wiremock::matchers::{body_json, header, method, path, path_regex};
 use wiremock::{Mock, MockServer, ResponseTemplate};
 
 use crate::Call;
 use crate::conformance::{Expect, Fixture, MockApi, Platform, Vector, Written};
+use crate::feishu_socket::MockFeishuSocket;
 
 /// The app's id.
 pub const APP_ID: &str = "cli_a1b2c3d4e5f60001";
@@ -340,6 +341,57 @@ impl MockFeishu {
              verification_token = \"{VERIFICATION_TOKEN}\"\napi_url = \"{}\"\n{more}",
             self.server.uri()
         )
+    }
+
+    /// Serves the long connection: `POST /callback/ws/endpoint` with the app's credentials
+    /// (`{"AppID", "AppSecret"}`, header `locale: zh`, as the SDKs send them) answers the URL
+    /// of a [`MockFeishuSocket`] and `client_config` as its `ClientConfig`, in the shape of the
+    /// SDKs' `EndpointResp` (oapi-sdk-go `ws/model.go`):
+    /// `{"code": 0, "msg": "ok", "data": {"URL": "wss://…?device_id=…&service_id=…",
+    /// "ClientConfig": {"ReconnectCount", "ReconnectInterval", "ReconnectNonce",
+    /// "PingInterval"}}}`. Other credentials get no answer that names a URL.
+    pub async fn serve_socket(&self, client_config: Value) -> MockFeishuSocket {
+        let socket = MockFeishuSocket::start(client_config.clone()).await;
+        Mock::given(method("POST"))
+            .and(path("/callback/ws/endpoint"))
+            .and(header("locale", "zh"))
+            .and(body_json(json!({"AppID": APP_ID, "AppSecret": APP_SECRET})))
+            .respond_with(ResponseTemplate::new(200).set_body_json(json!({
+                "code": 0, "msg": "ok",
+                "data": {"URL": socket.url(), "ClientConfig": client_config}
+            })))
+            .mount(&self.server)
+            .await;
+        socket
+    }
+
+    /// Makes the long connection's endpoint refuse from now on with `code`, as the SDKs'
+    /// constants name them (oapi-sdk-go `ws/const.go`: `ExceedConnLimit = 1000040350`, "too
+    /// many connections"), HTTP 200 as every Open API error.
+    pub async fn refuse_socket_endpoint(&self, code: i64, msg: &str) {
+        Mock::given(method("POST"))
+            .and(path("/callback/ws/endpoint"))
+            .respond_with(
+                ResponseTemplate::new(200).set_body_json(json!({"code": code, "msg": msg})),
+            )
+            .with_priority(1)
+            .mount(&self.server)
+            .await;
+    }
+
+    /// The `[channels.feishu]` config for the long connection: app id and secret only.
+    #[must_use]
+    pub fn socket_config(&self, more: &str) -> String {
+        format!(
+            "[channels.feishu]\nenabled = true\nmode = \"websocket\"\napp_id = \"{APP_ID}\"\n\
+             app_secret = \"{APP_SECRET}\"\napi_url = \"{}\"\n{more}",
+            self.server.uri()
+        )
+    }
+
+    /// How many times the long connection's endpoint was called.
+    pub async fn endpoint_calls(&self) -> usize {
+        self.calls("POST", "/callback/ws/endpoint").await.len()
     }
 
     /// The requests whose method is `http_method` and path ends with `suffix`: (path, body).

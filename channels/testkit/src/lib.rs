@@ -5,7 +5,8 @@
 //!
 //! - one mock platform API per platform ([`telegram::MockTelegram`], [`slack::MockSlack`],
 //!   [`discord::MockDiscord`], [`feishu::MockFeishu`]) on 127.0.0.1, answering as the real API
-//!   documents (fields, error shapes, 429s) and recording every request;
+//!   documents (fields, error shapes, 429s) and recording every request, and Feishu's long
+//!   connection ([`feishu_socket::MockFeishuSocket`]);
 //! - the platforms' request signers (Telegram's secret header, Slack's v0 HMAC, Discord's
 //!   Ed25519, Feishu's encryption and signature), so a test sends what the platform sends;
 //! - the channel [`conformance`] list: one set of cases every platform crate runs against its
@@ -26,6 +27,7 @@
 pub mod conformance;
 pub mod discord;
 pub mod feishu;
+pub mod feishu_socket;
 pub mod mock_model;
 mod recording;
 pub mod slack;
