@@ -9,7 +9,7 @@ use std::time::Duration;
 use antler_channel::Channel;
 use antler_discord::{DiscordChannel, DiscordSettings};
 use antler_feishu::{FeishuChannel, FeishuSettings};
-use antler_slack::{SlackChannel, SlackSettings};
+use antler_slack::{SlackChannel, SlackSettings, SlackSocket};
 use antler_telegram::{TelegramChannel, TelegramSettings};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use tokio::net::TcpListener;
@@ -50,8 +50,8 @@ use crate::agent::tools::egress::Egress;
 use crate::agent::tools::mcp::McpServers;
 use crate::agent::tools::web_fetch::WebFetch;
 use crate::agent::tools::{Tool, ToolRegistry};
-use crate::config::TelegramMode;
 use crate::config::{Config, StoreConfig};
+use crate::config::{SlackMode, TelegramMode};
 use crate::delivery::{Delivery, ReplyFiles};
 use crate::events::EventHub;
 use crate::http::guard::{ApiAuth, HostPolicy};
@@ -205,12 +205,13 @@ fn middleware_chain(
 
 /// The enabled platforms' channels, each served at `/webhooks/<name>`. Each one learns who
 /// its bot first (briefly; then in the background).
-/// The enabled platforms: every channel (for delivery), those served by webhook, and the one
-/// polled instead.
+/// The enabled platforms: every channel (for delivery), those served by webhook, and those
+/// that reach out instead (Telegram polling, Slack's Socket Mode).
 struct Platforms {
     all: Vec<Arc<dyn Channel>>,
     webhooks: Vec<Arc<dyn Channel>>,
     telegram_polling: Option<Arc<TelegramChannel>>,
+    slack_socket: Option<(Arc<SlackChannel>, SlackSocket)>,
 }
 
 async fn platform_channels(config: &Config) -> Result<Platforms, AppError> {
@@ -218,6 +219,7 @@ async fn platform_channels(config: &Config) -> Result<Platforms, AppError> {
         all: Vec::new(),
         webhooks: Vec::new(),
         telegram_polling: None,
+        slack_socket: None,
     };
     let telegram = &config.channels.telegram;
     if telegram.enabled {
@@ -257,6 +259,7 @@ async fn platform_channels(config: &Config) -> Result<Platforms, AppError> {
         let settings = SlackSettings {
             bot_token: exposed(&slack.bot_token),
             signing_secret: exposed(&slack.signing_secret),
+            socket_mode: slack.mode == SlackMode::Socket,
             api_url: slack.api_url.clone(),
             team_id: slack.team_id.clone(),
             thread_follow_ups: slack.thread_follow_ups,
@@ -280,7 +283,15 @@ async fn platform_channels(config: &Config) -> Result<Platforms, AppError> {
         })
         .await;
         platforms.all.push(channel.clone());
-        platforms.webhooks.push(channel);
+        if slack.mode == SlackMode::Socket {
+            // Not served by webhook: in Socket Mode Slack sends nothing there, and without a
+            // signing secret nothing sent there could be verified (404 rather than 401).
+            let socket = SlackSocket::new(&exposed(&slack.app_token), &slack.api_url)
+                .map_err(|e| AppError::Channel(format!("channels.slack.app_token: {e}")))?;
+            platforms.slack_socket = Some((channel, socket));
+        } else {
+            platforms.webhooks.push(channel);
+        }
     }
     let discord = &config.channels.discord;
     if discord.enabled {
@@ -757,6 +768,14 @@ where
         ))
     });
     let discord_gateway = discord_gateway(&config, &ingress, &intake_stop).await?;
+    let slack_socket = platforms.slack_socket.map(|(channel, socket)| {
+        tokio::spawn(crate::poll::read_slack_socket(
+            channel,
+            socket,
+            ingress.clone(),
+            intake_stop.clone(),
+        ))
+    });
 
     // Memory updates queued by turns (also by the last process) are learned in the background.
     let memory_stop = stops.memory.clone();
@@ -812,7 +831,7 @@ where
         () = shutdown => {}
         () = lease_lost.cancelled() => {}
     }
-    let intake_tasks = [Some(sweeper), poller, discord_gateway]
+    let intake_tasks = [Some(sweeper), poller, discord_gateway, slack_socket]
         .into_iter()
         .flatten()
         .collect();
