@@ -860,6 +860,77 @@ mod tests {
         }
     }
 
+    /// Socket Mode's payloads are what the webhooks receive: the Events API body as JSON, a
+    /// slash command's form fields as a JSON object of strings. Each parses to what its
+    /// request does.
+    #[test]
+    fn socket_mode_payloads_parse_as_their_webhook_requests() {
+        let channel = channel();
+        for name in [
+            "slack_app_mention_thread.json",
+            "slack_message_im.json",
+            "slack_message_im_own_bot_echo.json",
+        ] {
+            let body = fixture(name);
+            let payload: serde_json::Value = serde_json::from_slice(&body).unwrap();
+            assert_eq!(
+                channel.parse_socket("events_api", &payload).unwrap(),
+                parse(&channel, "events", &body),
+                "{name}"
+            );
+        }
+        let form = fixture("slack_slash_command.form");
+        let fields: Vec<(String, String)> = serde_urlencoded::from_bytes(&form).unwrap();
+        let payload = serde_json::Value::Object(
+            fields
+                .into_iter()
+                .map(|(key, value)| (key, value.into()))
+                .collect(),
+        );
+        let parsed = channel.parse_socket("slash_commands", &payload).unwrap();
+        assert_eq!(parsed, parse(&channel, "commands", &form));
+        assert!(matches!(parsed, Parsed::EventsWithReply { .. }));
+        assert_eq!(
+            channel
+                .parse_socket("interactive", &serde_json::json!({"type": "block_actions"}))
+                .unwrap(),
+            Parsed::Ignore
+        );
+        assert!(matches!(
+            channel.parse_socket("slash_commands", &serde_json::json!({"text": "x"})),
+            Err(ChannelError::Malformed(_))
+        ));
+    }
+
+    /// In Socket Mode the signing secret may be absent: then no webhook request verifies.
+    #[test]
+    fn without_a_signing_secret_socket_mode_refuses_every_webhook_request() {
+        let socket = SlackChannel::new(
+            &SlackSettings {
+                signing_secret: String::new(),
+                socket_mode: true,
+                ..settings("http://127.0.0.1:9/api")
+            },
+            wall_clock_ms,
+        )
+        .unwrap();
+        let body = fixture("slack_app_mention_thread.json.body");
+        let now = (wall_clock_ms() / 1000).to_string();
+        for secret in ["", SECRET] {
+            let headers =
+                signed_headers(&now, &antler_testkit::slack::signature(secret, &now, &body));
+            assert_eq!(
+                socket.verify(&WebhookRequest {
+                    route: "events",
+                    headers: &headers,
+                    body: &body,
+                }),
+                Err(ChannelError::Unauthorized),
+                "signed with {secret:?}"
+            );
+        }
+    }
+
     #[test]
     fn slash_commands_are_accepted_with_an_ephemeral_acknowledgement() {
         let channel = channel();
