@@ -9,7 +9,7 @@ use antler_testkit::slack::{
     APP_TOKEN, CHANNEL, MockSlack, MockSocket, THREAD, fixture, form_as_json, post_event,
 };
 use reqwest::StatusCode;
-use serde_json::Value;
+use serde_json::{Value, json};
 
 use crate::support::mock_model::{Behaviour, MockModel};
 use crate::support::{ChildRig, TestApp, wait_until};
@@ -59,6 +59,50 @@ async fn a_mention_is_acked_once_stored_and_answered_once_despite_a_redelivery()
     second.client.wait_idle().await;
     let posted = api.posted().await;
     assert_eq!(posted.len(), 1, "{posted:?}\n{}", second.log_text());
+}
+
+/// An envelope whose event cannot be stored (the backlog is full) is not acknowledged, as the
+/// webhook answers 503: Slack delivers it again, and then it is answered. Envelopes are read
+/// in order, so once the next one's ack has come the unstored one has been dealt with.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_envelope_that_cannot_be_stored_is_not_acked_and_its_redelivery_is_answered() {
+    let model = MockModel::start(Behaviour::Echo).await;
+    model.hold();
+    let api = MockSlack::start().await;
+    let socket = MockSocket::start().await;
+    api.serve_socket(&socket).await;
+    let config = format!(
+        "[agent]\nbacklog = 1\nmax_concurrent_turns = 1\n{}",
+        api.socket_config(APP_TOKEN, "")
+    );
+    let app = TestApp::spawn(&model, &config).await;
+    socket.wait_for_connections(1).await;
+
+    let mention: Value = serde_json::from_str(&fixture("slack_app_mention_thread.json")).unwrap();
+    socket.send_envelope("env-a", "events_api", mention, 0);
+    socket.wait_for_acks("env-a", 1).await;
+    model.wait_for_requests(1).await;
+    let dm: Value = serde_json::from_str(&fixture("slack_message_im.json")).unwrap();
+    socket.send_envelope("env-b", "events_api", dm.clone(), 0);
+    socket.send_envelope("env-c", "interactive", json!({"type": "block_actions"}), 0);
+    socket.wait_for_acks("env-c", 1).await;
+    let acked: Vec<Value> = socket.acks().into_iter().map(|(_, ack)| ack).collect();
+    assert!(
+        !acked.iter().any(|ack| ack["envelope_id"] == "env-b"),
+        "not stored, not acknowledged: {acked:?}"
+    );
+    assert_eq!(app.get("/readyz").await.json["inbox"], 1);
+
+    model.release();
+    app.wait_idle().await;
+    socket.send_envelope("env-b-retry", "events_api", dm, 1);
+    socket.wait_for_acks("env-b-retry", 1).await;
+    let posted = api.wait_for_posts(2).await;
+    assert_eq!(posted[1]["channel"], "D0ADA00001");
+    assert_eq!(posted[1]["text"], "echo: status payments-api");
+    app.wait_idle().await;
+    assert_eq!(api.posted().await.len(), 2);
+    app.shutdown().await;
 }
 
 /// A `slash_commands` envelope carries the command's form fields as JSON and accepts a
