@@ -183,7 +183,7 @@ async fn serve_slack_socket(
             Frame::Envelope(envelope) => envelope,
             Frame::Disconnect(reason) => return Ok(SocketEnd::Reconnect(reason)),
         };
-        metrics::counter!("antler_webhooks_received_total", "channel" => "slack").increment(1);
+        metrics::counter!("antler_slack_socket_envelopes_total").increment(1);
         match answer_envelope(channel, ingress, &envelope).await {
             Answer::Ack(payload) => {
                 let payload = payload.filter(|_| envelope.accepts_response_payload);

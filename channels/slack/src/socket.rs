@@ -36,6 +36,9 @@ const IDLE: Duration = Duration::from_secs(30);
 /// below this.
 const MAX_FRAME_BYTES: usize = 4 << 20;
 
+/// The most `apps.connections.open` may answer: a URL and a few fields.
+const MAX_OPEN_BYTES: usize = 64 << 10;
+
 /// How long sending an acknowledgement or closing may take.
 const SEND_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -43,6 +46,9 @@ const SEND_TIMEOUT: Duration = Duration::from_secs(5);
 /// connection URL (it carries a ticket).
 #[derive(Debug, thiserror::Error)]
 pub enum SocketError {
+    /// The configured token is not an app-level token.
+    #[error("channels.slack.app_token is not an app-level token (xapp-…)")]
+    NotAppToken,
     /// `apps.connections.open` answered `ok: false` (`invalid_auth`, `not_allowed_token_type`…).
     #[error("Slack answered {0} to apps.connections.open (channels.slack.app_token)")]
     Refused(String),
@@ -103,9 +109,7 @@ impl SlackSocket {
     /// `api_url`.
     pub fn new(app_token: &str, api_url: &str) -> Result<Self, SocketError> {
         if !app_token.starts_with("xapp-") {
-            return Err(SocketError::Refused(
-                "a token that is not an app-level token (xapp-…)".to_owned(),
-            ));
+            return Err(SocketError::NotAppToken);
         }
         let http = reqwest::Client::builder()
             .timeout(CONNECT_TIMEOUT)
@@ -127,7 +131,7 @@ impl SlackSocket {
             error: Option<String>,
             url: Option<String>,
         }
-        let response = self
+        let mut response = self
             .http
             .post(&self.open_url)
             .bearer_auth(&self.app_token)
@@ -146,9 +150,17 @@ impl SlackSocket {
                 "Slack answered HTTP {status} to apps.connections.open"
             )));
         }
-        let body = response.bytes().await.map_err(|e| {
+        let mut body = Vec::new();
+        while let Some(chunk) = response.chunk().await.map_err(|e| {
             SocketError::Transport(format!("apps.connections.open failed: {}", e.without_url()))
-        })?;
+        })? {
+            if body.len() + chunk.len() > MAX_OPEN_BYTES {
+                return Err(SocketError::Transport(format!(
+                    "apps.connections.open answered more than {MAX_OPEN_BYTES} bytes"
+                )));
+            }
+            body.extend_from_slice(&chunk);
+        }
         // serde's message may quote the body (the URL's ticket): only where it broke is kept.
         let opened: Opened = serde_json::from_slice(&body).map_err(|e| {
             SocketError::Transport(format!(
@@ -292,5 +304,87 @@ impl SocketConnection {
                 Message::Binary(_) | Message::Ping(_) | Message::Pong(_) | Message::Frame(_) => {}
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use antler_testkit::slack::{APP_TOKEN, MockSlack, MockSocket};
+    use serde_json::json;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn a_connection_reads_envelopes_acknowledges_them_and_hears_disconnect() {
+        let api = MockSlack::start().await;
+        let socket = MockSocket::start().await;
+        api.serve_socket(&socket).await;
+        let client = SlackSocket::new(APP_TOKEN, &api.api_url()).unwrap();
+        assert!(!format!("{client:?}").contains(APP_TOKEN));
+        let mut connection = client.connect().await.unwrap();
+        socket.wait_for_connections(1).await;
+
+        socket.send_envelope("e1", "slash_commands", json!({"text": "hi"}), 2);
+        let Frame::Envelope(envelope) = connection.next().await.unwrap() else {
+            panic!("an envelope")
+        };
+        assert_eq!(envelope.envelope_id, "e1");
+        assert_eq!(envelope.kind, "slash_commands");
+        assert_eq!(envelope.retry_attempt, 2);
+        assert!(envelope.accepts_response_payload);
+        assert_eq!(envelope.payload, json!({"text": "hi"}));
+        connection
+            .ack("e1", Some(json!({"text": "ok"})))
+            .await
+            .unwrap();
+        connection.ack("e2", None).await.unwrap();
+        assert_eq!(
+            socket.wait_for_acks("e1", 1).await,
+            [json!({"envelope_id": "e1", "payload": {"text": "ok"}})]
+        );
+        assert_eq!(
+            socket.wait_for_acks("e2", 1).await,
+            [json!({"envelope_id": "e2"})]
+        );
+
+        socket.disconnect("refresh_requested");
+        let frame = connection.next().await.unwrap();
+        assert!(
+            matches!(&frame, Frame::Disconnect(reason) if reason == "refresh_requested"),
+            "{frame:?}"
+        );
+        connection.close().await;
+    }
+
+    #[tokio::test]
+    async fn a_refused_token_names_slacks_code_and_never_the_token() {
+        let api = MockSlack::start().await;
+        let socket = MockSocket::start().await;
+        api.serve_socket(&socket).await;
+        let wrong = "xapp-1-A1-2-REVOKED";
+        let error = SlackSocket::new(wrong, &api.api_url())
+            .unwrap()
+            .open()
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&error, SocketError::Refused(code) if code == "invalid_auth"),
+            "{error:?}"
+        );
+        let text = error.to_string();
+        assert!(text.contains("channels.slack.app_token"), "{text}");
+        assert!(!text.contains("REVOKED"), "{text}");
+        assert!(matches!(
+            SlackSocket::new("xoxb-1-2", &api.api_url()),
+            Err(SocketError::NotAppToken)
+        ));
+        // Nothing listens there.
+        let error = SlackSocket::new(APP_TOKEN, "http://127.0.0.1:9/api")
+            .unwrap()
+            .connect()
+            .await
+            .unwrap_err();
+        assert!(matches!(error, SocketError::Transport(_)), "{error:?}");
+        assert_eq!(socket.connections(), 0);
     }
 }
