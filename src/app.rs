@@ -9,7 +9,7 @@ use std::time::Duration;
 use antler_channel::Channel;
 use antler_discord::{DiscordChannel, DiscordSettings};
 use antler_feishu::{FeishuChannel, FeishuSettings};
-use antler_slack::{SlackChannel, SlackSettings};
+use antler_slack::{SlackChannel, SlackSettings, SlackSocket};
 use antler_telegram::{TelegramChannel, TelegramSettings};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use tokio::net::TcpListener;
@@ -51,7 +51,7 @@ use crate::agent::tools::mcp::McpServers;
 use crate::agent::tools::web_fetch::WebFetch;
 use crate::agent::tools::{Tool, ToolRegistry};
 use crate::config::{Config, StoreConfig};
-use crate::config::{FeishuMode, TelegramMode};
+use crate::config::{FeishuMode, SlackMode, TelegramMode};
 use crate::delivery::{Delivery, ReplyFiles};
 use crate::events::EventHub;
 use crate::http::guard::{ApiAuth, HostPolicy};
@@ -206,12 +206,14 @@ fn middleware_chain(
 /// The enabled platforms' channels, each served at `/webhooks/<name>`. Each one learns who
 /// its bot first (briefly; then in the background).
 /// The enabled platforms: every channel (for delivery), those served by webhook, and those
-/// that antler reaches out to instead (Telegram polling, Feishu's long connection).
+/// that antler reaches out to instead (Telegram polling, Slack's Socket Mode, Feishu's long
+/// connection).
 struct Platforms {
     all: Vec<Arc<dyn Channel>>,
     webhooks: Vec<Arc<dyn Channel>>,
     telegram_polling: Option<Arc<TelegramChannel>>,
     feishu_socket: Option<Arc<FeishuChannel>>,
+    slack_socket: Option<(Arc<SlackChannel>, SlackSocket)>,
 }
 
 async fn platform_channels(config: &Config) -> Result<Platforms, AppError> {
@@ -220,6 +222,7 @@ async fn platform_channels(config: &Config) -> Result<Platforms, AppError> {
         webhooks: Vec::new(),
         telegram_polling: None,
         feishu_socket: None,
+        slack_socket: None,
     };
     let telegram = &config.channels.telegram;
     if telegram.enabled {
@@ -259,6 +262,7 @@ async fn platform_channels(config: &Config) -> Result<Platforms, AppError> {
         let settings = SlackSettings {
             bot_token: exposed(&slack.bot_token),
             signing_secret: exposed(&slack.signing_secret),
+            socket_mode: slack.mode == SlackMode::Socket,
             api_url: slack.api_url.clone(),
             team_id: slack.team_id.clone(),
             thread_follow_ups: slack.thread_follow_ups,
@@ -282,7 +286,15 @@ async fn platform_channels(config: &Config) -> Result<Platforms, AppError> {
         })
         .await;
         platforms.all.push(channel.clone());
-        platforms.webhooks.push(channel);
+        if slack.mode == SlackMode::Socket {
+            // Not served by webhook: in Socket Mode Slack sends nothing there, and without a
+            // signing secret nothing sent there could be verified (404 rather than 401).
+            let socket = SlackSocket::new(&exposed(&slack.app_token), &slack.api_url)
+                .map_err(|e| AppError::Channel(format!("channels.slack.app_token: {e}")))?;
+            platforms.slack_socket = Some((channel, socket));
+        } else {
+            platforms.webhooks.push(channel);
+        }
     }
     let discord = &config.channels.discord;
     if discord.enabled {
@@ -757,15 +769,23 @@ where
 
     ingress.recover(inbox);
     let poller = platforms.telegram_polling.map(|channel| {
-        tokio::spawn(crate::poll::poll_telegram(
+        tokio::spawn(crate::intake::poll_telegram(
             channel,
             ingress.clone(),
             intake_stop.clone(),
         ))
     });
     let discord_gateway = discord_gateway(&config, &ingress, &intake_stop).await?;
+    let slack_socket = platforms.slack_socket.map(|(channel, socket)| {
+        tokio::spawn(crate::intake::read_slack_socket(
+            channel,
+            socket,
+            ingress.clone(),
+            intake_stop.clone(),
+        ))
+    });
     let feishu_socket = platforms.feishu_socket.map(|channel| {
-        tokio::spawn(crate::poll::read_feishu_socket(
+        tokio::spawn(crate::intake::read_feishu_socket(
             channel,
             ingress.clone(),
             intake_stop.clone(),
@@ -826,10 +846,16 @@ where
         () = shutdown => {}
         () = lease_lost.cancelled() => {}
     }
-    let intake_tasks = [Some(sweeper), poller, discord_gateway, feishu_socket]
-        .into_iter()
-        .flatten()
-        .collect();
+    let intake_tasks = [
+        Some(sweeper),
+        poller,
+        discord_gateway,
+        slack_socket,
+        feishu_socket,
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
     Shutdown {
         stops,
         grace,
@@ -868,7 +894,7 @@ async fn discord_gateway(
     )
     .await
     .map_err(|e| AppError::Channel(format!("channels.discord.gateway: {e}")))?;
-    Ok(Some(tokio::spawn(crate::poll::read_discord_gateway(
+    Ok(Some(tokio::spawn(crate::intake::read_discord_gateway(
         gateway,
         ingress.clone(),
         stop.clone(),

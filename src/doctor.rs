@@ -2,7 +2,8 @@
 //!
 //! The configuration, the store, the listen address, the model endpoint and the API's access
 //! rules; each enabled platform's credentials (Telegram: the token through `getMe`, and the
-//! webhook Telegram delivers to; Slack: the token through `auth.test`; Discord: the bot token
+//! webhook Telegram delivers to; Slack: the token through `auth.test`, and in Socket Mode the
+//! app token through `apps.connections.open` (without connecting); Discord: the bot token
 //! through `GET /users/@me`; Feishu: a tenant token and the bot's info); the skills found and
 //! those left out (with the file and the reason). Nothing is changed,
 //! except that a store is opened the way `antler serve` would open it (an older layout is
@@ -143,6 +144,9 @@ async fn check(config_path: &Path) -> Vec<Finding> {
     }
     if config.channels.slack.enabled {
         findings.push(check_slack(&config).await);
+        if config.channels.slack.mode == crate::config::SlackMode::Socket {
+            findings.push(check_slack_socket(&config).await);
+        }
     }
     if config.channels.discord.enabled {
         findings.push(check_discord(&config).await);
@@ -550,6 +554,37 @@ async fn check_slack(config: &Config) -> Finding {
             "check the network, or channels.slack.api_url",
         ),
         Err(e) => Finding::fail("slack", format!("auth.test failed: {e}"), FIX),
+    }
+}
+
+/// The Slack app-level token, with `apps.connections.open`: a URL Slack hands out is not
+/// used (it expires unused), so nothing connects.
+async fn check_slack_socket(config: &Config) -> Finding {
+    const WHAT: &str = "slack socket";
+    const FIX: &str = "set channels.slack.app_token to an app-level token (xapp-…) with the \
+                       connections:write scope (Basic Information → App-Level Tokens), and \
+                       enable Socket Mode in the app";
+    let slack = &config.channels.slack;
+    let Some(token) = &slack.app_token else {
+        return Finding::fail(WHAT, "channels.slack.app_token is not set", FIX);
+    };
+    let socket = match antler_slack::SlackSocket::new(token.expose(), &slack.api_url) {
+        Ok(socket) => socket,
+        Err(e) => return Finding::fail(WHAT, e.to_string(), FIX),
+    };
+    match socket.open().await {
+        Ok(_) => Finding::ok(
+            WHAT,
+            "the app token opens Socket Mode connections (apps.connections.open)",
+        ),
+        Err(antler_slack::SocketError::Refused(code)) => {
+            Finding::fail(WHAT, format!("apps.connections.open answered {code}"), FIX)
+        }
+        Err(e) => Finding::fail(
+            WHAT,
+            format!("{} is unreachable: {e}", slack.api_url),
+            "check the network, or channels.slack.api_url",
+        ),
     }
 }
 

@@ -326,11 +326,23 @@ pub async fn delete_webhook(
 }
 
 /// `antler slack manifest`: the Slack app manifest for this antler (events and slash-command
-/// URLs under `server.public_url`, the bot events and scopes it needs), as JSON to paste into
-/// "Create New App → From an app manifest".
+/// URLs under `server.public_url`, or Socket Mode with `channels.slack.mode = "socket"`; the
+/// bot events and scopes it needs), as JSON to paste into "Create New App → From an app
+/// manifest".
 pub fn slack_manifest(config_path: &Path, out: &mut dyn Write) -> Result<(), SetupError> {
     const KEY: &str = "server.public_url";
     let config = load(config_path)?;
+    let slack = &config.channels.slack;
+    if slack.mode == crate::config::SlackMode::Socket {
+        // Socket Mode: Slack needs no URL of antler's.
+        let manifest = antler_slack::manifest(None, &slack.command);
+        let text = serde_json::to_string_pretty(&manifest).map_err(|e| SetupError::Key {
+            key: KEY,
+            problem: format!("cannot write the manifest: {e}"),
+        })?;
+        let _ = writeln!(out, "{text}");
+        return Ok(());
+    }
     let Some(public) = &config.server.public_url else {
         return Err(SetupError::Key {
             key: KEY,
@@ -350,8 +362,7 @@ pub fn slack_manifest(config_path: &Path, out: &mut dyn Write) -> Result<(), Set
             ),
         });
     }
-    let manifest =
-        antler_slack::manifest(public.trim_end_matches('/'), &config.channels.slack.command);
+    let manifest = antler_slack::manifest(Some(public.trim_end_matches('/')), &slack.command);
     let text = serde_json::to_string_pretty(&manifest).map_err(|e| SetupError::Key {
         key: KEY,
         problem: format!("cannot write the manifest: {e}"),

@@ -603,12 +603,19 @@ impl Default for TelegramConfig {
 pub struct SlackConfig {
     /// Whether the platform is served.
     pub enabled: bool,
+    /// How events reach antler: Slack posts them to the webhooks (`events`), or antler holds a
+    /// Socket Mode connection (`socket`, for machines without a public URL).
+    pub mode: SlackMode,
     /// The bot token (`xoxb-...`).
     #[serde(deserialize_with = "secret::opt_secret")]
     pub bot_token: Option<Secret>,
-    /// The signing secret that verifies request signatures.
+    /// The signing secret that verifies request signatures (webhooks only).
     #[serde(deserialize_with = "secret::opt_secret")]
     pub signing_secret: Option<Secret>,
+    /// The app-level token (`xapp-...`, scope `connections:write`) that opens Socket Mode
+    /// connections.
+    #[serde(deserialize_with = "secret::opt_secret")]
+    pub app_token: Option<Secret>,
     /// The Web API base URL.
     #[serde(deserialize_with = "secret::string")]
     pub api_url: String,
@@ -640,6 +647,17 @@ pub struct SlackConfig {
     pub admins: Vec<String>,
 }
 
+/// How Slack events reach antler.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SlackMode {
+    /// The Events API and slash commands post to `/webhooks/slack/*`.
+    #[default]
+    Events,
+    /// A Socket Mode WebSocket that antler opens (`apps.connections.open`).
+    Socket,
+}
+
 /// Who sees the answer to a Slack slash command.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -655,8 +673,10 @@ impl Default for SlackConfig {
     fn default() -> Self {
         Self {
             enabled: false,
+            mode: SlackMode::Events,
             bot_token: None,
             signing_secret: None,
+            app_token: None,
             api_url: "https://slack.com/api".to_owned(),
             team_id: None,
             thread_follow_ups: true,

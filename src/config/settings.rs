@@ -216,7 +216,9 @@ pub(crate) const SETTINGS: &[Setting] = &[
     // [channels.slack]
     value("channels.slack.enabled", "false", "Whether Slack is served."),
     unset("channels.slack.bot_token", "none (required when enabled)", "The bot token (`xoxb-...`)."),
-    unset("channels.slack.signing_secret", "none (required when enabled)", "The signing secret that verifies request signatures."),
+    value("channels.slack.mode", r#""events""#, "How events arrive: `events` (Slack posts to `/webhooks/slack/*`) or `socket` (antler opens a Socket Mode connection; no public URL)."),
+    unset("channels.slack.signing_secret", "none (required when enabled with mode `events`)", "The signing secret that verifies request signatures."),
+    unset("channels.slack.app_token", "none (required when enabled with mode `socket`)", "The app-level token (`xapp-...`, scope `connections:write`) that opens Socket Mode connections."),
     value("channels.slack.api_url", r#""https://slack.com/api""#, "The Web API base URL."),
     unset("channels.slack.team_id", "any workspace", "The workspace (team id) whose events are accepted."),
     value("channels.slack.thread_follow_ups", "true", "Answer in a thread the bot already answered in, without a new mention."),

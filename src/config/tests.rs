@@ -430,6 +430,43 @@ fn feishu_websocket_mode_needs_no_verification_token_and_webhook_mode_does() {
 }
 
 #[test]
+fn slack_socket_mode_needs_the_app_token_instead_of_the_signing_secret() {
+    let socket = "[channels.slack]\nenabled = true\nmode = \"socket\"\nbot_token = \"xoxb-1\"\n";
+    assert_eq!(
+        issues(socket),
+        ["channels.slack.app_token: required when enabled"]
+    );
+    let config = parse(&format!("{socket}app_token = \"xapp-1-A1-2-SECRET-13\"\n")).unwrap();
+    assert_eq!(config.channels.slack.mode, super::SlackMode::Socket);
+    assert_eq!(
+        config.channels.slack.app_token.as_ref().map(Secret::expose),
+        Some("xapp-1-A1-2-SECRET-13")
+    );
+    assert!(!format!("{config:?}").contains("SECRET-13"), "masked");
+    // A bot token where the app token belongs is named.
+    let found = issues(&format!("{socket}app_token = \"xoxb-2\"\n"));
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert!(
+        found[0].starts_with("channels.slack.app_token: must be an app-level token (xapp-...)"),
+        "{found:?}"
+    );
+    // The default stays the webhooks, which need the signing secret and no app token.
+    assert_eq!(
+        parse("[channels.slack]\n").unwrap().channels.slack.mode,
+        super::SlackMode::Events
+    );
+    let found =
+        issues("[channels.slack]\nenabled = true\nmode = \"events\"\nbot_token = \"xoxb-1\"\n");
+    assert_eq!(
+        found,
+        ["channels.slack.signing_secret: required when enabled"]
+    );
+    let found = issues("[channels.slack]\nmode = \"websocket\"\n");
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert!(found[0].starts_with("channels.slack.mode"), "{found:?}");
+}
+
+#[test]
 fn every_platform_is_available_and_discord_has_its_shapes() {
     let text = "[channels.discord]\nenabled = true\napplication_id = \"1\"\nbot_token = \"t\"\n\
                 public_key = \"0000000000000000000000000000000000000000000000000000000000000000\"\n";

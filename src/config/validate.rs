@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use super::settings::{at, element, entry, key, named};
 use super::{Config, ConfigIssue, Secret};
-use super::{FeishuMode, TelegramMode};
+use super::{FeishuMode, SlackMode, TelegramMode};
 use crate::agent::middleware::sandbox_audit::{MAX_COMMAND_CHARS_LIMIT, SandboxAuditConfig};
 use crate::agent::subagents::config::{BUILTIN_TYPES, TASK_CALL_MARGIN};
 use crate::agent::subagents::task_tool::TASK_TOOL;
@@ -861,10 +861,22 @@ fn channels(config: &Config, v: &mut Issues) {
             (key!("channels.slack.bot_token"), secret(&slack.bot_token)),
             (
                 key!("channels.slack.signing_secret"),
-                secret(&slack.signing_secret),
+                secret(&slack.signing_secret) || slack.mode == SlackMode::Socket,
+            ),
+            (
+                key!("channels.slack.app_token"),
+                secret(&slack.app_token) || slack.mode == SlackMode::Events,
             ),
         ],
     );
+    if let Some(token) = &slack.app_token
+        && !token.expose().starts_with("xapp-")
+    {
+        v.push(
+            key!("channels.slack.app_token"),
+            "must be an app-level token (xapp-...) with connections:write, from Basic Information",
+        );
+    }
     if let Some(token) = &slack.bot_token
         && !token.expose().starts_with("xoxb-")
     {

@@ -80,7 +80,7 @@ pub(crate) async fn respond(
 /// On a channel that refuses at once ([`Channel::refusal_reply`]), the refusal that answers the
 /// request instead of its reply when an author may not use the bot: then nothing is stored and
 /// nothing runs. `None`: accept the events as usual.
-fn refuse_at_once(
+pub(crate) fn refuse_at_once(
     ingress: &Ingress,
     channel: &dyn Channel,
     events: &mut [InboundEvent],
@@ -93,7 +93,10 @@ fn refuse_at_once(
 }
 
 /// Accepts every event, in order; a message dropped by the access check counts as handled.
-async fn accept_all(ingress: &Ingress, events: Vec<InboundEvent>) -> Result<(), IngressError> {
+pub(crate) async fn accept_all(
+    ingress: &Ingress,
+    events: Vec<InboundEvent>,
+) -> Result<(), IngressError> {
     for event in events {
         match ingress.accept(event, false).await {
             Ok(_) | Err(IngressError::Dropped) => {}

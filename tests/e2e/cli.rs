@@ -900,6 +900,58 @@ async fn doctor_checks_the_slack_token_and_its_workspace() {
     assert!(!stdout.contains(SLACK_TOKEN), "{stdout}");
 }
 
+/// Socket Mode: the manifest turns it on and names no request URL (no `server.public_url`
+/// needed), and doctor checks the app token with `apps.connections.open` without connecting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slack_socket_mode_manifest_and_doctor_check_the_app_token() {
+    use antler_testkit::slack::{APP_TOKEN, MockSlack, MockSocket};
+    let mock = MockModel::start(Behaviour::Echo).await;
+    let api = MockSlack::start().await;
+    let socket = MockSocket::start().await;
+    let opened = api.serve_socket(&socket).await;
+    let dir = tempfile::tempdir().unwrap();
+    let write = |app_token: &str| {
+        let path = dir.path().join("antler.toml");
+        let text = crate::support::config_text(
+            &mock.base_url(),
+            &dir.path().join("store"),
+            &format!(
+                "[server]\nlisten = \"127.0.0.1:{}\"\n{}",
+                free_port(),
+                api.socket_config(app_token, "")
+            ),
+        );
+        std::fs::write(&path, text).unwrap();
+        path.display().to_string()
+    };
+    let config = write(APP_TOKEN);
+    let (code, stdout, stderr) = run_binary(&["slack", "manifest", "--config", &config]).await;
+    assert_eq!(code, Some(0), "{stderr}");
+    let manifest: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(manifest["settings"]["socket_mode_enabled"], true);
+    assert_eq!(
+        manifest["settings"]["event_subscriptions"].get("request_url"),
+        None
+    );
+    assert_eq!(manifest["features"]["slash_commands"][0].get("url"), None);
+
+    let (code, stdout, _) = run_binary(&["doctor", "--config", &config]).await;
+    assert_eq!(code, Some(0), "{stdout}");
+    assert!(stdout.contains("ok    slack socket"), "{stdout}");
+    assert_eq!(opened.lock().unwrap().len(), 1);
+    assert_eq!(socket.connections(), 0, "doctor does not connect");
+
+    let config = write("xapp-1-A0OPSBOT001-1-REVOKED-token");
+    let (code, stdout, _) = run_binary(&["doctor", "--config", &config]).await;
+    assert_eq!(code, Some(1), "{stdout}");
+    assert!(
+        stdout.contains("FAIL  slack socket") && stdout.contains("invalid_auth"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("connections:write"), "the fix: {stdout}");
+    assert!(!stdout.contains("REVOKED"), "{stdout}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn doctor_checks_the_feishu_app_credentials() {
     let mock = MockModel::start(Behaviour::Echo).await;

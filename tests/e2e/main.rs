@@ -28,6 +28,7 @@ mod seams;
 mod shell;
 mod skills;
 mod slack;
+mod slack_socket;
 mod subagents;
 mod support;
 mod telegram;

@@ -49,8 +49,11 @@ pub const SIGNATURE_HEADER: &str = "x-slack-signature";
 pub struct SlackSettings {
     /// The bot token (`xoxb-…`).
     pub bot_token: String,
-    /// The app's signing secret, which signs every request Slack sends.
+    /// The app's signing secret, which signs every request Slack sends to the webhooks. Empty
+    /// only with `socket_mode`, and then every webhook request is refused.
     pub signing_secret: String,
+    /// Events arrive over Socket Mode ([`crate::SlackSocket`]), not the webhooks.
+    pub socket_mode: bool,
     /// The Web API base URL (`https://slack.com/api`).
     pub api_url: String,
     /// The only workspace to accept; `None` accepts any the app is installed in.
@@ -72,6 +75,7 @@ impl Default for SlackSettings {
         Self {
             bot_token: String::new(),
             signing_secret: String::new(),
+            socket_mode: false,
             api_url: DEFAULT_API_URL.to_owned(),
             team_id: None,
             thread_follow_ups: true,
@@ -87,6 +91,7 @@ impl std::fmt::Debug for SlackSettings {
         f.debug_struct("SlackSettings")
             .field("bot_token", &"***")
             .field("signing_secret", &"***")
+            .field("socket_mode", &self.socket_mode)
             .field("api_url", &self.api_url)
             .field("team_id", &self.team_id)
             .field("thread_follow_ups", &self.thread_follow_ups)
@@ -99,7 +104,8 @@ impl std::fmt::Debug for SlackSettings {
 
 /// The Slack channel.
 pub struct SlackChannel {
-    verifier: SlackEventSignatureVerifier,
+    /// `None` in Socket Mode without a signing secret: no webhook request verifies.
+    verifier: Option<SlackEventSignatureVerifier>,
     team_id: Option<String>,
     thread_follow_ups: bool,
     allowed_bots: Vec<String>,
@@ -131,15 +137,17 @@ impl SlackChannel {
                 "channels.slack.bot_token does not look like a bot token (xoxb-…)".to_owned(),
             ));
         }
-        if settings.signing_secret.is_empty() {
+        if settings.signing_secret.is_empty() && !settings.socket_mode {
             return Err(ChannelError::Permanent(
                 "channels.slack.signing_secret is empty".to_owned(),
             ));
         }
         Ok(Self {
-            verifier: SlackEventSignatureVerifier::new(&SlackSigningSecret::new(
-                settings.signing_secret.clone(),
-            )),
+            verifier: (!settings.signing_secret.is_empty()).then(|| {
+                SlackEventSignatureVerifier::new(&SlackSigningSecret::new(
+                    settings.signing_secret.clone(),
+                ))
+            }),
             team_id: settings.team_id.clone().filter(|team| !team.is_empty()),
             thread_follow_ups: settings.thread_follow_ups,
             allowed_bots: settings.allowed_bots.clone(),
@@ -185,10 +193,36 @@ impl SlackChannel {
             .unwrap_or_else(|e| e.into_inner().clone())
     }
 
+    /// A Socket Mode envelope's payload, as the webhooks would have it: `events_api` carries
+    /// the Events API body, `slash_commands` the command's form fields as JSON. Interactions
+    /// (and anything newer) are not handled, as on the webhooks.
+    pub fn parse_socket(
+        &self,
+        kind: &str,
+        payload: &serde_json::Value,
+    ) -> Result<Parsed, ChannelError> {
+        match kind {
+            "events_api" => self.parse_event_json(payload),
+            "slash_commands" => {
+                let command = SlashCommand::deserialize(payload)
+                    .map_err(|e| ChannelError::Malformed(format!("not a slash command: {e}")))?;
+                Ok(self.command(&command))
+            }
+            kind => {
+                tracing::debug!(kind, "a Socket Mode envelope antler does not handle");
+                Ok(Parsed::Ignore)
+            }
+        }
+    }
+
     fn parse_event(&self, body: &[u8]) -> Result<Parsed, ChannelError> {
         let raw: serde_json::Value = serde_json::from_slice(body)
             .map_err(|e| ChannelError::Malformed(format!("not JSON: {e}")))?;
-        let push = match SlackPushEvent::deserialize(&raw) {
+        self.parse_event_json(&raw)
+    }
+
+    fn parse_event_json(&self, raw: &serde_json::Value) -> Result<Parsed, ChannelError> {
+        let push = match SlackPushEvent::deserialize(raw) {
             Ok(push) => push,
             Err(e) => {
                 tracing::debug!(
@@ -236,25 +270,27 @@ impl SlackChannel {
     fn parse_command(&self, body: &[u8]) -> Result<Parsed, ChannelError> {
         let command: SlashCommand = serde_urlencoded::from_bytes(body)
             .map_err(|e| ChannelError::Malformed(format!("not a slash command: {e}")))?;
+        Ok(self.command(&command))
+    }
+
+    fn command(&self, command: &SlashCommand) -> Parsed {
         let me = self.identity();
-        Ok(
-            match normalize_command(&command, &self.context(me.as_ref())) {
-                Normalized::Event(event) => Parsed::EventsWithReply {
-                    events: vec![*event],
-                    // Slack shows this to the user alone, at once; the answer follows in the chat.
-                    reply: serde_json::json!({
-                        "response_type": "ephemeral",
-                        "text": WORKING,
-                    }),
-                },
-                // A slash command names the app it is for: never awaiting an identity.
-                Normalized::Ignored(reason) => {
-                    tracing::debug!(reason, "Slack command ignored");
-                    Parsed::Ignore
-                }
-                Normalized::AwaitingIdentity => Parsed::Ignore,
+        match normalize_command(command, &self.context(me.as_ref())) {
+            Normalized::Event(event) => Parsed::EventsWithReply {
+                events: vec![*event],
+                // Slack shows this to the user alone, at once; the answer follows in the chat.
+                reply: serde_json::json!({
+                    "response_type": "ephemeral",
+                    "text": WORKING,
+                }),
             },
-        )
+            // A slash command names the app it is for: never awaiting an identity.
+            Normalized::Ignored(reason) => {
+                tracing::debug!(reason, "Slack command ignored");
+                Parsed::Ignore
+            }
+            Normalized::AwaitingIdentity => Parsed::Ignore,
+        }
     }
 
     /// The `response_url` of `reply` while Slack still takes answers on it.
@@ -353,9 +389,10 @@ impl Channel for SlackChannel {
             timestamp,
             signature,
         } = self.signed_headers(request.headers)?;
+        let verifier = self.verifier.as_ref().ok_or(ChannelError::Unauthorized)?;
         // Slack signs text (JSON or a form); a body that is not UTF-8 was not signed by it.
         let body = std::str::from_utf8(request.body).map_err(|_| ChannelError::Unauthorized)?;
-        self.verifier
+        verifier
             .verify(signature, body, timestamp.trim())
             .map_err(|_| ChannelError::Unauthorized)
     }
@@ -820,6 +857,77 @@ mod tests {
                 }),
                 Err(ChannelError::Malformed(_))
             ));
+        }
+    }
+
+    /// Socket Mode's payloads are what the webhooks receive: the Events API body as JSON, a
+    /// slash command's form fields as a JSON object of strings. Each parses to what its
+    /// request does.
+    #[test]
+    fn socket_mode_payloads_parse_as_their_webhook_requests() {
+        let channel = channel();
+        for name in [
+            "slack_app_mention_thread.json",
+            "slack_message_im.json",
+            "slack_message_im_own_bot_echo.json",
+        ] {
+            let body = fixture(name);
+            let payload: serde_json::Value = serde_json::from_slice(&body).unwrap();
+            assert_eq!(
+                channel.parse_socket("events_api", &payload).unwrap(),
+                parse(&channel, "events", &body),
+                "{name}"
+            );
+        }
+        let form = fixture("slack_slash_command.form");
+        let fields: Vec<(String, String)> = serde_urlencoded::from_bytes(&form).unwrap();
+        let payload = serde_json::Value::Object(
+            fields
+                .into_iter()
+                .map(|(key, value)| (key, value.into()))
+                .collect(),
+        );
+        let parsed = channel.parse_socket("slash_commands", &payload).unwrap();
+        assert_eq!(parsed, parse(&channel, "commands", &form));
+        assert!(matches!(parsed, Parsed::EventsWithReply { .. }));
+        assert_eq!(
+            channel
+                .parse_socket("interactive", &serde_json::json!({"type": "block_actions"}))
+                .unwrap(),
+            Parsed::Ignore
+        );
+        assert!(matches!(
+            channel.parse_socket("slash_commands", &serde_json::json!({"text": "x"})),
+            Err(ChannelError::Malformed(_))
+        ));
+    }
+
+    /// In Socket Mode the signing secret may be absent: then no webhook request verifies.
+    #[test]
+    fn without_a_signing_secret_socket_mode_refuses_every_webhook_request() {
+        let socket = SlackChannel::new(
+            &SlackSettings {
+                signing_secret: String::new(),
+                socket_mode: true,
+                ..settings("http://127.0.0.1:9/api")
+            },
+            wall_clock_ms,
+        )
+        .unwrap();
+        let body = fixture("slack_app_mention_thread.json.body");
+        let now = (wall_clock_ms() / 1000).to_string();
+        for secret in ["", SECRET] {
+            let headers =
+                signed_headers(&now, &antler_testkit::slack::signature(secret, &now, &body));
+            assert_eq!(
+                socket.verify(&WebhookRequest {
+                    route: "events",
+                    headers: &headers,
+                    body: &body,
+                }),
+                Err(ChannelError::Unauthorized),
+                "signed with {secret:?}"
+            );
         }
     }
 

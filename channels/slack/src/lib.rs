@@ -2,7 +2,8 @@
 //!
 //! Slack for antler, on slack-morphism's event types, signature verifier and Web API client:
 //! the Events API and slash commands come to `/webhooks/slack/events` and
-//! `/webhooks/slack/commands`, signed with the app's signing secret; mentions, DMs and thread
+//! `/webhooks/slack/commands`, signed with the app's signing secret, or over a Socket Mode
+//! connection antler opens (no public URL); mentions, DMs and thread
 //! replies become antler's normalized messages; answers are posted in the user's thread as
 //! mrkdwn and edited in place while they are written.
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
@@ -11,7 +12,9 @@ mod channel;
 mod client;
 mod manifest;
 mod normalize;
+mod socket;
 
 pub use channel::{SIGNATURE_HEADER, SlackChannel, SlackSettings, TIMESTAMP_HEADER, WORKING};
 pub use client::{DEFAULT_API_URL, SlackApi, SlackIdentity};
 pub use manifest::manifest;
+pub use socket::{Envelope, Frame, SlackSocket, SocketConnection, SocketError};

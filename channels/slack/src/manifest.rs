@@ -1,19 +1,22 @@
 //! The Slack app manifest `antler setup slack` prints: what to paste into "Create an app →
 //! From a manifest" so the app has the scopes, events and command antler needs.
 
-/// The app manifest for an antler reachable at `public_url` (no trailing slash needed), with
-/// the slash command `command` (`/antler`).
+/// The app manifest for an antler reachable at `public_url` (no trailing slash needed), or in
+/// Socket Mode without one (`None`), with the slash command `command` (`/antler`).
 ///
-/// Events go to `<public_url>/webhooks/slack/events` and the command to
-/// `<public_url>/webhooks/slack/commands`; Socket Mode stays off (antler takes webhooks).
-pub fn manifest(public_url: &str, command: &str) -> serde_json::Value {
-    let base = public_url.trim_end_matches('/');
+/// With a URL, events go to `<public_url>/webhooks/slack/events` and the command to
+/// `<public_url>/webhooks/slack/commands`, and Socket Mode is off. Without one,
+/// `socket_mode_enabled` is on and the manifest names no request URL: Slack's manifest
+/// reference makes `event_subscriptions.request_url` and a slash command's `url` optional
+/// ("If set, you'll need to manually verify the Request URL"), and in Socket Mode both
+/// arrive over the app's connection instead.
+pub fn manifest(public_url: Option<&str>, command: &str) -> serde_json::Value {
     let command = if command.starts_with('/') {
         command.to_owned()
     } else {
         format!("/{command}")
     };
-    serde_json::json!({
+    let mut manifest = serde_json::json!({
         "display_information": {
             "name": "antler",
             "description": "A chat-ops agent: mention it in a channel or write to it directly.",
@@ -25,7 +28,6 @@ pub fn manifest(public_url: &str, command: &str) -> serde_json::Value {
             },
             "slash_commands": [{
                 "command": command,
-                "url": format!("{base}/webhooks/slack/commands"),
                 "description": "Ask antler, or: new, help, status, stop",
                 "usage_hint": "[question | new | help | status | stop]",
                 "should_escape": false,
@@ -49,7 +51,6 @@ pub fn manifest(public_url: &str, command: &str) -> serde_json::Value {
         },
         "settings": {
             "event_subscriptions": {
-                "request_url": format!("{base}/webhooks/slack/events"),
                 "bot_events": [
                     "app_mention",
                     "message.im",
@@ -58,10 +59,18 @@ pub fn manifest(public_url: &str, command: &str) -> serde_json::Value {
                 ],
             },
             "org_deploy_enabled": false,
-            "socket_mode_enabled": false,
+            "socket_mode_enabled": public_url.is_none(),
             "token_rotation_enabled": false,
         },
-    })
+    });
+    if let Some(public_url) = public_url {
+        let base = public_url.trim_end_matches('/');
+        manifest["features"]["slash_commands"][0]["url"] =
+            format!("{base}/webhooks/slack/commands").into();
+        manifest["settings"]["event_subscriptions"]["request_url"] =
+            format!("{base}/webhooks/slack/events").into();
+    }
+    manifest
 }
 
 #[cfg(test)]
@@ -70,7 +79,7 @@ mod tests {
 
     #[test]
     fn the_manifest_points_slack_at_both_routes() {
-        let m = manifest("https://bot.example.com/", "antler");
+        let m = manifest(Some("https://bot.example.com/"), "antler");
         assert_eq!(
             m["settings"]["event_subscriptions"]["request_url"],
             "https://bot.example.com/webhooks/slack/events"
@@ -107,5 +116,30 @@ mod tests {
         assert_eq!(m["settings"]["socket_mode_enabled"], false);
         assert_eq!(m["settings"]["org_deploy_enabled"], false);
         assert_eq!(m["display_information"]["name"], "antler");
+    }
+
+    #[test]
+    fn the_socket_mode_manifest_enables_it_and_names_no_request_url() {
+        let webhooks = manifest(Some("https://bot.example.com"), "/antler");
+        let m = manifest(None, "/antler");
+        assert_eq!(m["settings"]["socket_mode_enabled"], true);
+        assert_eq!(
+            m["settings"]["event_subscriptions"].get("request_url"),
+            None
+        );
+        assert_eq!(m["features"]["slash_commands"][0].get("url"), None);
+        assert_eq!(m["features"]["slash_commands"][0]["command"], "/antler");
+        // Everything else is the webhooks' manifest: the same events, scopes and command.
+        let mut expected = webhooks;
+        expected["settings"]["socket_mode_enabled"] = true.into();
+        expected["settings"]["event_subscriptions"]
+            .as_object_mut()
+            .unwrap()
+            .remove("request_url");
+        expected["features"]["slash_commands"][0]
+            .as_object_mut()
+            .unwrap()
+            .remove("url");
+        assert_eq!(m, expected);
     }
 }

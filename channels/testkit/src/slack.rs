@@ -534,3 +534,240 @@ impl Platform for Slack {
         }
     }
 }
+
+/// The app-level token the socket mock's `apps.connections.open` accepts.
+pub const APP_TOKEN: &str = "xapp-1-A0OPSBOT001-1-TEST-app-token";
+
+/// `apps.connections.open` ("Using Socket Mode"): with the app token as Bearer,
+/// `{"ok": true, "url": "wss://wss-primary.slack.com/link/?ticket=…&app_id=…"}`, here the
+/// `ws://127.0.0.1` URL of a [`MockSocket`]; with any other token Slack's
+/// `{"ok": false, "error": "invalid_auth"}` ("Some aspect of authentication cannot be
+/// validated", the method's errors). Records when each call came.
+struct ConnectionsOpen {
+    url: String,
+    opened: Arc<std::sync::Mutex<Vec<std::time::Instant>>>,
+}
+
+impl wiremock::Respond for ConnectionsOpen {
+    fn respond(&self, request: &wiremock::Request) -> ResponseTemplate {
+        if let Ok(mut opened) = self.opened.lock() {
+            opened.push(std::time::Instant::now());
+        }
+        let bearer = format!("Bearer {APP_TOKEN}");
+        let authorized = request
+            .headers
+            .get("authorization")
+            .is_some_and(|value| value.as_bytes() == bearer.as_bytes());
+        if !authorized {
+            return ResponseTemplate::new(200)
+                .set_body_json(json!({"ok": false, "error": "invalid_auth"}));
+        }
+        ResponseTemplate::new(200).set_body_json(json!({"ok": true, "url": self.url}))
+    }
+}
+
+impl MockSlack {
+    /// Answers `apps.connections.open` with `socket`'s URL (for [`APP_TOKEN`] only); the
+    /// times of the calls, which grows as they come.
+    pub async fn serve_socket(
+        &self,
+        socket: &MockSocket,
+    ) -> Arc<std::sync::Mutex<Vec<std::time::Instant>>> {
+        let opened = Arc::new(std::sync::Mutex::new(Vec::new()));
+        Mock::given(method("POST"))
+            .and(path("/api/apps.connections.open"))
+            .respond_with(ConnectionsOpen {
+                url: socket.url(),
+                opened: Arc::clone(&opened),
+            })
+            .mount(&self.server)
+            .await;
+        opened
+    }
+
+    /// The `[channels.slack]` config for Socket Mode with this API and `app_token` (no signing
+    /// secret), with `more` lines.
+    #[must_use]
+    pub fn socket_config(&self, app_token: &str, more: &str) -> String {
+        format!(
+            "[channels.slack]\nenabled = true\nmode = \"socket\"\nbot_token = \"{TOKEN}\"\n\
+             app_token = \"{app_token}\"\napi_url = \"{}\"\n{more}",
+            self.api_url()
+        )
+    }
+}
+
+/// A Socket Mode server on 127.0.0.1 as Slack runs one ("Using Socket Mode"): each connection
+/// first gets `{"type": "hello", …}`; the test then sends envelopes
+/// (`{"envelope_id", "type", "payload", "accepts_response_payload", "retry_attempt",
+/// "retry_reason"}`) or `{"type": "disconnect", "reason"}` on the newest connection, and reads
+/// the acknowledgements (`{"envelope_id"[, "payload"]}`) the client sent.
+#[derive(Debug, Clone)]
+pub struct MockSocket {
+    url: String,
+    state: Arc<SocketState>,
+}
+
+#[derive(Debug, Default)]
+struct SocketState {
+    /// The newest connection's outgoing frames.
+    current: std::sync::Mutex<Option<tokio::sync::mpsc::UnboundedSender<String>>>,
+    connections: std::sync::atomic::AtomicUsize,
+    closed: std::sync::atomic::AtomicUsize,
+    /// Every acknowledgement, with the connection (from 1) it came on.
+    acks: std::sync::Mutex<Vec<(usize, Value)>>,
+}
+
+impl MockSocket {
+    /// Listens on 127.0.0.1.
+    pub async fn start() -> Self {
+        use futures_util::{SinkExt, StreamExt};
+        use tokio_tungstenite::tungstenite::Message as Ws;
+
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind the socket mock");
+        let url = format!(
+            "ws://{}/link/?ticket=TEST-ticket&app_id=A0OPSBOT001",
+            listener.local_addr().expect("its address")
+        );
+        let state = Arc::new(SocketState::default());
+        let shared = Arc::clone(&state);
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let state = Arc::clone(&shared);
+                tokio::spawn(async move {
+                    let Ok(ws) = tokio_tungstenite::accept_async(stream).await else {
+                        return;
+                    };
+                    let (mut write, mut read) = ws.split();
+                    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<String>();
+                    let hello = json!({
+                        "type": "hello", "num_connections": 1,
+                        "debug_info": {"host": "applink-mock", "build_number": 1,
+                                       "approximate_connection_time": 18060},
+                        "connection_info": {"app_id": "A0OPSBOT001"}
+                    });
+                    if write.send(Ws::Text(hello.to_string())).await.is_err() {
+                        return;
+                    }
+                    let n = {
+                        let mut current = state.current.lock().expect("socket state");
+                        *current = Some(tx);
+                        state.connections.fetch_add(1, Ordering::SeqCst) + 1
+                    };
+                    let writer = tokio::spawn(async move {
+                        while let Some(frame) = rx.recv().await {
+                            if write.send(Ws::Text(frame)).await.is_err() {
+                                break;
+                            }
+                        }
+                    });
+                    while let Some(Ok(frame)) = read.next().await {
+                        match frame {
+                            Ws::Text(text) => {
+                                let ack: Value =
+                                    serde_json::from_str(&text).expect("an ack is JSON");
+                                state.acks.lock().expect("socket state").push((n, ack));
+                            }
+                            Ws::Close(_) => break,
+                            _ => {}
+                        }
+                    }
+                    writer.abort();
+                    state.closed.fetch_add(1, Ordering::SeqCst);
+                });
+            }
+        });
+        Self { url, state }
+    }
+
+    /// The URL `apps.connections.open` hands out.
+    #[must_use]
+    pub fn url(&self) -> String {
+        self.url.clone()
+    }
+
+    /// How many connections were opened (and greeted).
+    #[must_use]
+    pub fn connections(&self) -> usize {
+        self.state.connections.load(Ordering::SeqCst)
+    }
+
+    /// How many connections have ended.
+    #[must_use]
+    pub fn closed(&self) -> usize {
+        self.state.closed.load(Ordering::SeqCst)
+    }
+
+    /// Waits until `n` connections were opened.
+    pub async fn wait_for_connections(&self, n: usize) {
+        crate::wait_until(&format!("{n} socket connections"), || async {
+            (self.connections() >= n).then_some(())
+        })
+        .await;
+    }
+
+    /// Sends `frame` on the newest connection.
+    pub fn send(&self, frame: &Value) {
+        let current = self.state.current.lock().expect("socket state");
+        let sender = current.as_ref().expect("a connection");
+        sender
+            .send(frame.to_string())
+            .expect("the connection is open");
+    }
+
+    /// Sends an envelope of `kind` (`events_api`, `slash_commands`) carrying `payload`; slash
+    /// commands accept a response payload, as Slack sends them.
+    pub fn send_envelope(&self, envelope_id: &str, kind: &str, payload: Value, retry_attempt: u32) {
+        self.send(&json!({
+            "envelope_id": envelope_id,
+            "type": kind,
+            "payload": payload,
+            "accepts_response_payload": kind == "slash_commands",
+            "retry_attempt": retry_attempt,
+            "retry_reason": if retry_attempt == 0 { "" } else { "timeout" },
+        }));
+    }
+
+    /// Asks the client for a new connection, as Slack does before it recycles one.
+    pub fn disconnect(&self, reason: &str) {
+        self.send(&json!({
+            "type": "disconnect", "reason": reason,
+            "debug_info": {"host": "applink-mock"}
+        }));
+    }
+
+    /// Every acknowledgement so far, with the connection (from 1) it came on.
+    #[must_use]
+    pub fn acks(&self) -> Vec<(usize, Value)> {
+        self.state.acks.lock().expect("socket state").clone()
+    }
+
+    /// Waits for the acknowledgements of `envelope_id`: at least `n` of them.
+    pub async fn wait_for_acks(&self, envelope_id: &str, n: usize) -> Vec<Value> {
+        crate::wait_until(&format!("{n} acks of {envelope_id}"), || async {
+            let acks: Vec<Value> = self
+                .acks()
+                .into_iter()
+                .map(|(_, ack)| ack)
+                .filter(|ack| ack["envelope_id"] == envelope_id)
+                .collect();
+            (acks.len() >= n).then_some(acks)
+        })
+        .await
+    }
+}
+
+/// The slash command's form fields as a Socket Mode `slash_commands` payload carries them: a
+/// JSON object of the same strings.
+#[must_use]
+pub fn form_as_json(form: &str) -> Value {
+    let fields: Vec<(String, String)> = serde_urlencoded::from_str(form).expect("a form");
+    Value::Object(
+        fields
+            .into_iter()
+            .map(|(key, value)| (key, Value::String(value)))
+            .collect(),
+    )
+}
