@@ -19,7 +19,7 @@ use crate::agent::skills;
 use crate::agent::tools::mcp::McpServers;
 use antler_channel::ChannelError;
 
-use crate::config::{Config, FeishuMode, mask_url};
+use crate::config::{Config, FeishuMode, TelegramMode, mask_url};
 use crate::setup;
 
 /// How one check came out.
@@ -633,6 +633,10 @@ async fn check_telegram(config: &Config) -> Vec<Finding> {
             return findings;
         }
     };
+    if config.channels.telegram.mode == TelegramMode::Polling {
+        findings.push(polling_webhook(status.url.as_deref()));
+        return findings;
+    }
     let expected = setup::telegram_webhook_url(config);
     match (&status.url, &expected) {
         (None, _) => findings.push(Finding::warn(
@@ -680,6 +684,25 @@ async fn check_telegram(config: &Config) -> Vec<Finding> {
         ));
     }
     findings
+}
+
+/// In polling mode, the webhook must be gone: `getUpdates` and a webhook exclude each other, and
+/// `serve` refuses to start while one is set (with the same words).
+fn polling_webhook(url: Option<&str>) -> Finding {
+    match url {
+        None => Finding::ok(
+            "webhook",
+            "none set: polling (getUpdates) receives the updates",
+        ),
+        Some(url) => Finding::fail(
+            "webhook",
+            format!(
+                "channels.telegram.mode is \"polling\" but Telegram delivers to the webhook {}",
+                setup::one_line(&mask_url(url))
+            ),
+            "run `antler telegram delete-webhook` first (or set channels.telegram.mode = \"webhook\")",
+        ),
+    }
 }
 
 /// What `[skills]` finds, as `serve` would load it: the skills' names, and each one left out

@@ -12,7 +12,7 @@ use antler_channel::ChannelError;
 use antler_discord::{CommandSpec, DiscordApi, OptionSpec, Registration};
 use antler_telegram::{ALLOWED_UPDATES, MenuCommand, TelegramApi, WebhookSettings, WebhookStatus};
 
-use crate::config::{Config, ConfigError, mask_url};
+use crate::config::{Config, ConfigError, TelegramMode, mask_url};
 use crate::ingress::commands::COMMANDS;
 use crate::logging::sanitize_for_terminal;
 
@@ -244,6 +244,14 @@ pub async fn set_webhook(
                 .to_owned(),
         });
     }
+    if telegram.mode == TelegramMode::Polling {
+        return Err(SetupError::Key {
+            key: "channels.telegram.mode",
+            problem: "is \"polling\": a webhook would stop getUpdates; set it to \"webhook\" \
+                      first"
+                .to_owned(),
+        });
+    }
     let url = telegram_webhook_url(&config)?;
     let Some(secret) = &telegram.webhook_secret else {
         return Err(SetupError::Key {
@@ -290,6 +298,16 @@ pub async fn webhook_info(config_path: &Path, out: &mut dyn Write) -> Result<(),
     let config = load(config_path)?;
     let status = telegram_api(&config)?.webhook_info().await?;
     let _ = write!(out, "{}", describe(&status));
+    if config.channels.telegram.mode == TelegramMode::Polling {
+        let _ = match status.url {
+            Some(_) => writeln!(
+                out,
+                "mode: polling, which a webhook stops (`antler telegram delete-webhook` removes it)"
+            ),
+            None => writeln!(out, "mode: polling (no webhook expected)"),
+        };
+        return Ok(());
+    }
     if let Ok(expected) = telegram_webhook_url(&config)
         && status.url.as_deref() != Some(expected.as_str())
     {

@@ -795,6 +795,54 @@ async fn doctor_checks_the_telegram_token_and_webhook() {
     assert_no_secrets(&stdout);
 }
 
+/// In polling mode a webhook is an error, not a hint: `getUpdates` and a webhook exclude each
+/// other and `serve` refuses to start while one is set. `doctor` fails with the same reason,
+/// the setup commands never suggest `set-webhook`, and `set-webhook` refuses.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_polling_mode_doctor_fails_on_a_webhook_and_never_suggests_setting_one() {
+    let mock = MockModel::start(Behaviour::Echo).await;
+    let api = bot_api_with_menu().await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = telegram_config(dir.path(), &mock.base_url(), &api.uri(), "");
+    let text = std::fs::read_to_string(&config).unwrap().replace(
+        "[channels.telegram]\n",
+        "[channels.telegram]\nmode = \"polling\"\n",
+    );
+    std::fs::write(&config, text).unwrap();
+
+    let (code, stdout, _) = run_binary(&["doctor", "--config", &config]).await;
+    assert_eq!(code, Some(1), "{stdout}");
+    assert!(
+        stdout.contains(
+            "FAIL  webhook  channels.telegram.mode is \"polling\" but Telegram delivers to the \
+             webhook https://old.example.com/hook"
+        ),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("fix: run `antler telegram delete-webhook` first"),
+        "{stdout}"
+    );
+    assert!(!stdout.contains("set-webhook"), "{stdout}");
+
+    let (code, stdout, _) = run_binary(&["telegram", "webhook-info", "--config", &config]).await;
+    assert_eq!(code, Some(0), "{stdout}");
+    assert!(
+        stdout.contains("`antler telegram delete-webhook` removes it"),
+        "{stdout}"
+    );
+    assert!(!stdout.contains("set-webhook"), "{stdout}");
+
+    let (code, stdout, stderr) =
+        run_binary(&["telegram", "set-webhook", "--config", &config]).await;
+    assert_ne!(code, Some(0), "{stdout}");
+    assert!(stderr.contains("channels.telegram.mode"), "{stderr}");
+    assert!(
+        calls(&api, "SetWebhook").await.is_empty(),
+        "nothing was set"
+    );
+}
+
 const SLACK_TOKEN: &str = "xoxb-1-CLI-slack-token";
 const SLACK_SECRET: &str = "cli-signing-secret-0";
 
