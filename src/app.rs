@@ -252,6 +252,13 @@ async fn platform_channels(config: &Config) -> Result<Platforms, AppError> {
                     )));
                 }
             }
+            // A webhook bot gets its menu from `set-webhook`; a polling one from here.
+            let api = channel.api().clone();
+            tokio::spawn(async move {
+                if let Err(e) = crate::setup::sync_telegram_menu(&api).await {
+                    tracing::warn!(error = %e, "cannot set the Telegram command menu");
+                }
+            });
             platforms.telegram_polling = Some(channel);
         } else {
             platforms.webhooks.push(channel);

@@ -276,21 +276,39 @@ pub async fn set_webhook(
     if drop_pending_updates {
         let _ = writeln!(out, "pending updates: dropped");
     }
-    // Telegram's own menu is the truth to compare with, not a copy in the store: BotFather
-    // or another deployment may have changed it, and a running antler holds the store.
-    let menu = telegram_menu();
-    let names = menu
+    report_menu(&api, out).await
+}
+
+/// `antler telegram set-commands`: sets the bot's command menu when Telegram's differs, in
+/// either mode (`serve` does the same at start).
+pub async fn set_commands(config_path: &Path, out: &mut dyn Write) -> Result<(), SetupError> {
+    let config = load(config_path)?;
+    report_menu(&telegram_api(&config)?, out).await
+}
+
+/// [`sync_telegram_menu`], saying which it was.
+async fn report_menu(api: &TelegramApi, out: &mut dyn Write) -> Result<(), SetupError> {
+    let changed = sync_telegram_menu(api).await?;
+    let names = telegram_menu()
         .iter()
         .map(|c| format!("/{}", c.command))
         .collect::<Vec<_>>()
         .join(", ");
-    if api.get_my_commands().await? == menu {
-        let _ = writeln!(out, "commands: unchanged ({names})");
-    } else {
-        api.set_my_commands(&menu).await?;
-        let _ = writeln!(out, "commands: set ({names})");
-    }
+    let state = if changed { "set" } else { "unchanged" };
+    let _ = writeln!(out, "commands: {state} ({names})");
     Ok(())
+}
+
+/// Sets antler's command menu when Telegram's differs; whether it did. Telegram's own menu is
+/// the truth to compare with, not a copy in the store: BotFather or another deployment may
+/// have changed it, and a running antler holds the store.
+pub(crate) async fn sync_telegram_menu(api: &TelegramApi) -> Result<bool, SetupError> {
+    let menu = telegram_menu();
+    if api.get_my_commands().await? == menu {
+        return Ok(false);
+    }
+    api.set_my_commands(&menu).await?;
+    Ok(true)
 }
 
 /// `antler telegram webhook-info`: the webhook as Telegram reports it.

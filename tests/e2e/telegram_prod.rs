@@ -432,3 +432,50 @@ async fn a_group_upgraded_to_a_supergroup_keeps_its_conversation_and_its_access(
     assert_eq!(api.sent().await.len(), 2);
     app.shutdown().await;
 }
+
+/// A polling bot has no `set-webhook` to set its command menu: `serve` sets it at start when
+/// Telegram's differs (Bot API, setMyCommands: "Use this method to change the list of the
+/// bot's commands").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_polling_bot_sets_its_command_menu_at_start() {
+    use wiremock::matchers::{method, path};
+    use wiremock::{Mock, ResponseTemplate};
+    let model = MockModel::start(Behaviour::Echo).await;
+    let api = MockTelegram::start_polling("").await;
+    let token = antler_testkit::telegram::TOKEN;
+    Mock::given(method("POST"))
+        .and(path(format!("/bot{token}/GetMyCommands")))
+        .respond_with(
+            ResponseTemplate::new(200).set_body_json(serde_json::json!({"ok": true, "result": []})),
+        )
+        .mount(&*api)
+        .await;
+    Mock::given(method("POST"))
+        .and(path(format!("/bot{token}/SetMyCommands")))
+        .respond_with(
+            ResponseTemplate::new(200)
+                .set_body_json(serde_json::json!({"ok": true, "result": true})),
+        )
+        .mount(&*api)
+        .await;
+    let dir = tempfile::tempdir().unwrap();
+    let app = TestApp::start(&model, &dir.path().join("store"), &api.polling_config()).await;
+    let set = antler_testkit::wait_until("the menu is set", || async {
+        let calls = api.calls("SetMyCommands").await;
+        (!calls.is_empty()).then_some(calls)
+    })
+    .await;
+    let commands: Vec<&str> = set[0]["commands"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|c| c["command"].as_str())
+        .collect();
+    assert!(
+        commands.contains(&"new") && commands.contains(&"stop"),
+        "{commands:?}"
+    );
+    api.wait_for_sends(1).await;
+    app.wait_idle().await;
+    app.shutdown().await;
+}
