@@ -448,7 +448,7 @@ async fn a_polling_bot_sets_its_command_menu_at_start() {
         .respond_with(
             ResponseTemplate::new(200).set_body_json(serde_json::json!({"ok": true, "result": []})),
         )
-        .mount(&*api)
+        .mount(&api)
         .await;
     Mock::given(method("POST"))
         .and(path(format!("/bot{token}/SetMyCommands")))
@@ -456,7 +456,7 @@ async fn a_polling_bot_sets_its_command_menu_at_start() {
             ResponseTemplate::new(200)
                 .set_body_json(serde_json::json!({"ok": true, "result": true})),
         )
-        .mount(&*api)
+        .mount(&api)
         .await;
     let dir = tempfile::tempdir().unwrap();
     let app = TestApp::start(&model, &dir.path().join("store"), &api.polling_config()).await;
