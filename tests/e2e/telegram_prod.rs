@@ -479,3 +479,27 @@ async fn a_polling_bot_sets_its_command_menu_at_start() {
     app.wait_idle().await;
     app.shutdown().await;
 }
+
+/// An idle antler, polling Telegram, stops on SIGTERM cleanly: exit 0, nothing logged at warn
+/// or above while it stops (the long poll is cancelled, the store closed). Measured: ~20 ms.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_polling_antler_stops_cleanly_on_sigterm() {
+    let model = MockModel::start(Behaviour::Echo).await;
+    let api = MockTelegram::start_polling("").await;
+    let rig = crate::support::ChildRig::new(&model, &api.polling_config());
+    let mut child = rig.serve().await;
+    api.wait_for_sends(1).await;
+    child.wait_idle().await;
+    let status = crate::support::sigterm(&mut child.process).await;
+    assert!(status.success(), "{status}\n{}", child.log_text());
+    let log = child.log_text();
+    let (_, stopping) = log
+        .split_once("shutting down")
+        .unwrap_or_else(|| panic!("no shutdown logged: {log}"));
+    assert!(stopping.contains("stopped"), "{log}");
+    let complaints: Vec<&str> = stopping
+        .lines()
+        .filter(|line| line.contains(" WARN ") || line.contains(" ERROR "))
+        .collect();
+    assert!(complaints.is_empty(), "{complaints:#?}");
+}
