@@ -843,6 +843,51 @@ async fn in_polling_mode_doctor_fails_on_a_webhook_and_never_suggests_setting_on
     );
 }
 
+/// A store that cannot be made (its parent is a file here; for another user, a folder it may
+/// not write) is named with the user and the fix, by `serve` and, before it, by `doctor`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_uncreatable_store_is_named_with_the_user_and_the_fix() {
+    let mock = MockModel::start(Behaviour::Echo).await;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("data"), "a file, not a folder").unwrap();
+    let store = dir.path().join("data").join("store");
+    let config = dir.path().join("antler.toml");
+    std::fs::write(
+        &config,
+        crate::support::config_text(
+            &mock.base_url(),
+            &store,
+            &format!("[server]\nlisten = \"127.0.0.1:{}\"\n", free_port()),
+        ),
+    )
+    .unwrap();
+    let config = config.display().to_string();
+    let (code, stdout, _) = run_binary(&["doctor", "--config", &config]).await;
+    assert_eq!(code, Some(1), "{stdout}");
+    let uid = rustix::process::geteuid().as_raw();
+    assert!(
+        stdout.contains(&format!(
+            "FAIL  store    {} does not exist and cannot be created as uid {uid}",
+            store.display()
+        )) && stdout.contains("is not a folder"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("set store.path (ANTLER_DATA_DIR)"),
+        "{stdout}"
+    );
+
+    let (code, _, stderr) = run_binary(&["serve", "--config", &config]).await;
+    assert_ne!(code, Some(0), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "cannot prepare the store directory {} as uid {uid}",
+            store.display()
+        )) && stderr.contains("set store.path (ANTLER_DATA_DIR)"),
+        "{stderr}"
+    );
+}
+
 const SLACK_TOKEN: &str = "xoxb-1-CLI-slack-token";
 const SLACK_SECRET: &str = "cli-signing-secret-0";
 
