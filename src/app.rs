@@ -54,6 +54,7 @@ use crate::config::{Config, StoreConfig};
 use crate::config::{FeishuMode, SlackMode, TelegramMode};
 use crate::delivery::{Delivery, ReplyFiles};
 use crate::events::EventHub;
+use crate::health::ChannelHealth;
 use crate::http::guard::{ApiAuth, HostPolicy};
 use crate::http::serve::{ServeLimits, serve as serve_http};
 use crate::http::{AppContext, AppState, api::ApiChannel, ops_router, router};
@@ -736,6 +737,14 @@ where
         channels.insert(channel.name().to_owned(), Arc::clone(channel));
     }
     let webhooks = platforms.webhooks;
+    let health = ChannelHealth::default();
+    for channel in &platforms.all {
+        let posted = webhooks.iter().any(|hook| hook.name() == channel.name());
+        health.register(
+            channel.name(),
+            if posted { "webhook" } else { "connecting" },
+        );
+    }
     let delivery = Delivery::new(
         store.clone(),
         channels,
@@ -744,6 +753,7 @@ where
             data_root: config.store.path.clone(),
             max_bytes: config.agent.max_attachment_bytes,
         },
+        health.clone(),
         deliveries.clone(),
         delivery_stop.clone(),
     );
@@ -769,6 +779,7 @@ where
             dedupe_ttl: Duration::from_secs(config.store.dedupe_ttl_secs),
             max_concurrent_turns: config.agent.max_concurrent_turns,
             access: Arc::new(access),
+            health,
         },
         turns.clone(),
         intake_stop.clone(),
@@ -842,6 +853,7 @@ where
         memory_identities: MemoryIdentities::from_config(&config.memory),
         subagents: subagents.clone(),
         skills: Arc::clone(&skills),
+        started: std::time::Instant::now(),
     });
     let grace = Duration::from_secs(server.shutdown_grace_secs);
     let local = listener.local_addr()?;

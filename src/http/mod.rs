@@ -73,6 +73,8 @@ pub(crate) struct AppContext {
     pub(crate) subagents: Option<SubagentExecutor>,
     /// The skills found at start, for the skills API.
     pub(crate) skills: Arc<Catalogue>,
+    /// When antler started serving, for the uptime `/readyz` reports.
+    pub(crate) started: std::time::Instant,
 }
 
 /// The main listener's routes. With `ops_elsewhere`, `/readyz` and `/metrics` are left to the

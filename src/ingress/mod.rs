@@ -37,6 +37,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::events::{EventHub, Subscription};
+use crate::health::ChannelHealth;
 use crate::store::{Accept, Accepted, InboxItem, Store, StoreError, ThreadChoice};
 use access::{Access, Admit};
 use commands::Command;
@@ -92,6 +93,7 @@ struct Inner {
     backlog_limit: usize,
     dedupe_ttl: Duration,
     access: Arc<Access>,
+    health: ChannelHealth,
     stop: CancellationToken,
     acceptor: mpsc::UnboundedSender<Request>,
     /// Read for follow-ups (is the bot part of their conversation?); written by the acceptor.
@@ -172,6 +174,8 @@ pub(crate) struct IngressSettings {
     pub(crate) max_concurrent_turns: usize,
     /// Who may talk to the bot on each channel.
     pub(crate) access: Arc<Access>,
+    /// Each platform channel's health, which accepting feeds.
+    pub(crate) health: ChannelHealth,
 }
 
 impl Ingress {
@@ -226,6 +230,7 @@ impl Ingress {
                 backlog_limit: settings.backlog_limit,
                 dedupe_ttl: settings.dedupe_ttl,
                 access: Arc::clone(&settings.access),
+                health: settings.health.clone(),
                 store,
                 stop,
                 acceptor,
@@ -241,6 +246,11 @@ impl Ingress {
     /// Turns running now.
     pub(crate) fn running(&self) -> usize {
         self.inner.dispatcher.running()
+    }
+
+    /// Each platform channel's health.
+    pub(crate) fn health(&self) -> &ChannelHealth {
+        &self.inner.health
     }
 
     /// Requeues what was accepted before a restart (pending or interrupted), in arrival order.
@@ -261,6 +271,7 @@ impl Ingress {
         if inner.stop.is_cancelled() {
             return Err(IngressError::ShuttingDown);
         }
+        inner.health.received(&event.channel);
         let moved_from = self.moved_from(&mut event).await?;
         let moved_from = moved_from.as_deref();
         if event.follow_up {

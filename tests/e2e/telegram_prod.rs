@@ -503,3 +503,71 @@ async fn an_idle_polling_antler_stops_cleanly_on_sigterm() {
         .collect();
     assert!(complaints.is_empty(), "{complaints:#?}");
 }
+
+/// Bot API: a revoked token is answered 401 "Unauthorized". Polling goes on trying (the
+/// operator may fix the token), but `/readyz` shows Telegram unhealthy, with why, until
+/// `getUpdates` works again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revoked_token_shows_telegram_unhealthy_in_readyz_until_polling_works_again() {
+    use wiremock::matchers::{method, path};
+    use wiremock::{Mock, ResponseTemplate};
+    let model = MockModel::start(Behaviour::Echo).await;
+    let api = MockTelegram::start().await;
+    let updates = format!("/bot{}/GetUpdates", antler_testkit::telegram::TOKEN);
+    Mock::given(method("POST"))
+        .and(path(updates.clone()))
+        .respond_with(ResponseTemplate::new(401).set_body_json(serde_json::json!({
+            "ok": false, "error_code": 401, "description": "Unauthorized"
+        })))
+        .mount(&api)
+        .await;
+    let dir = tempfile::tempdir().unwrap();
+    let app = TestApp::start(&model, &dir.path().join("store"), &api.polling_config()).await;
+    let telegram = |readyz: serde_json::Value| readyz["channels"]["telegram"].clone();
+    let refused = antler_testkit::wait_until("telegram is unhealthy", || async {
+        let readyz = app.get("/readyz").await.json;
+        (telegram(readyz.clone())["ok"] == false).then_some(readyz)
+    })
+    .await;
+    assert_eq!(
+        refused["ready"], true,
+        "a refused token does not make antler unready"
+    );
+    let state = telegram(refused.clone());
+    assert_eq!(state["state"], "reconnecting", "{state}");
+    assert!(
+        state["refused"]
+            .as_str()
+            .is_some_and(|why| why.contains("channels.telegram.bot_token")),
+        "{state}"
+    );
+    assert!(
+        refused["version"].is_string() && refused["uptime_secs"].is_u64(),
+        "{refused}"
+    );
+    let metrics = app.get("/metrics").await.text;
+    assert!(
+        metrics.contains("antler_channel_healthy{channel=\"telegram\"} 0"),
+        "{metrics}"
+    );
+
+    // The token works again (here: the Bot API answers): healthy at once.
+    api.reset().await;
+    Mock::given(method("POST"))
+        .and(path(updates))
+        .respond_with(
+            ResponseTemplate::new(200)
+                .set_body_json(serde_json::json!({"ok": true, "result": []}))
+                .set_delay(std::time::Duration::from_millis(100)),
+        )
+        .mount(&api)
+        .await;
+    let healthy = antler_testkit::wait_until("telegram is healthy again", || async {
+        let state = telegram(app.get("/readyz").await.json);
+        (state["ok"] == true).then_some(state)
+    })
+    .await;
+    assert_eq!(healthy["state"], "connected", "{healthy}");
+    assert!(healthy.get("refused").is_none(), "{healthy}");
+    app.shutdown().await;
+}
