@@ -34,6 +34,7 @@ pub mod doctor;
 pub(crate) mod events;
 pub(crate) mod http;
 pub(crate) mod ingress;
+pub mod init;
 mod intake;
 pub(crate) mod lanes;
 pub mod logging;
