@@ -53,7 +53,11 @@ async fn serve(dir: &Path, port: u16, env: &[(&str, &str)]) -> tokio::process::C
         if client.is_healthy().await {
             return child;
         }
-        assert!(start.elapsed() < DEADLINE, "antler did not come up:\n{}", log());
+        assert!(
+            start.elapsed() < DEADLINE,
+            "antler did not come up:\n{}",
+            log()
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
@@ -88,7 +92,10 @@ async fn init_writes_a_config_that_serves_telegram_by_polling_and_never_overwrit
     assert_eq!(code, Some(0), "{stdout}\n{stderr}");
     // The model was probed, then the doctor checked the written config, token and all.
     assert!(stdout.contains("serves `mock-model-e2e`"), "{stdout}");
-    assert!(stdout.contains("ok    telegram the token works"), "{stdout}");
+    assert!(
+        stdout.contains("ok    telegram the token works"),
+        "{stdout}"
+    );
     assert!(stdout.contains("antler is ready to serve"), "{stdout}");
     assert!(stdout.contains("start antler: antler serve\n"), "{stdout}");
 
@@ -111,10 +118,7 @@ async fn init_writes_a_config_that_serves_telegram_by_polling_and_never_overwrit
     // Found without --config, the tokens read from .env.
     let (code, stdout, stderr) = run(dir.path(), &["check-config"], &env).await;
     assert_eq!(code, Some(0), "{stdout}\n{stderr}");
-    assert!(
-        stdout.starts_with("config/antler.toml: valid"),
-        "{stdout}"
-    );
+    assert!(stdout.starts_with("config/antler.toml: valid"), "{stdout}");
 
     let mut child = serve(dir.path(), port, &env).await;
     let sent = api.wait_for_sends(1).await;
@@ -149,12 +153,22 @@ async fn init_refuses_a_model_it_cannot_reach_and_writes_nothing() {
     let dead = format!("http://127.0.0.1:{}/v1", free_port());
     let (code, stdout, stderr) = run(
         dir.path(),
-        &["init", "--non-interactive", "--model-url", &dead, "--model", "m"],
+        &[
+            "init",
+            "--non-interactive",
+            "--model-url",
+            &dead,
+            "--model",
+            "m",
+        ],
         &[],
     )
     .await;
     assert_eq!(code, Some(1), "{stdout}\n{stderr}");
-    assert!(stderr.contains("the model endpoint check failed"), "{stderr}");
+    assert!(
+        stderr.contains("the model endpoint check failed"),
+        "{stderr}"
+    );
     assert!(stderr.contains("is unreachable"), "{stderr}");
     assert!(!dir.path().join("config").exists());
 }
