@@ -102,7 +102,7 @@ pub async fn run(args: &InitArgs) -> Result<Written, InitError> {
         } else {
             ask(args, &mut prompt)?
         };
-        let (text, vars) = render(&answers)?;
+        let (text, vars) = render(&answers);
         let config = Config::from_toml_str(&text, &|name| {
             std::env::var(name).ok().or_else(|| {
                 vars.iter()
@@ -332,8 +332,11 @@ fn quoted(text: &str) -> String {
     toml::Value::String(text.to_owned()).to_string()
 }
 
+/// The `.env` file's variables, in order: name and value.
+type EnvVars = Vec<(&'static str, String)>;
+
 /// The config text and the `.env` variables for `answers`.
-fn render(answers: &Answers) -> Result<(String, Vec<(&'static str, String)>), InitError> {
+fn render(answers: &Answers) -> (String, EnvVars) {
     let mut vars = Vec::new();
     let mut text = String::from(
         "# antler configuration, written by `antler init`. Every key, with its default and\n\
@@ -399,7 +402,7 @@ fn render(answers: &Answers) -> Result<(String, Vec<(&'static str, String)>), In
         vars.push(("ANTLER_SLACK_BOT_TOKEN", bot.clone()));
         vars.push(("ANTLER_SLACK_APP_TOKEN", app.clone()));
     }
-    Ok((text, vars))
+    (text, vars)
 }
 
 /// Writes the `.env` file, readable and writable by its owner alone (also when it existed).
