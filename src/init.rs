@@ -454,3 +454,73 @@ fn next_steps(answers: &Answers, config_path: &Path) -> Vec<String> {
     }
     steps
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{SlackMode, TelegramMode};
+
+    fn load(answers: &Answers) -> Config {
+        let (text, vars) = render(answers);
+        Config::from_toml_str(&text, &|name| {
+            vars.iter()
+                .find(|(k, _)| *k == name)
+                .map(|(_, v)| v.clone())
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn a_public_url_means_a_telegram_webhook_and_slack_uses_socket_mode() {
+        let answers = Answers {
+            model_url: "https://api.openai.com/v1".into(),
+            model: "gpt-4o-mini".into(),
+            api_key: Some("sk-test".into()),
+            telegram_token: Some("7000000001:TEST-token".into()),
+            slack: Some(("xoxb-1-2-abc".into(), "xapp-1-A1-2-abc".into())),
+            public_url: Some("https://bot.example.com".into()),
+        };
+        let (text, vars) = render(&answers);
+        for (_, secret) in &vars {
+            assert!(!text.contains(secret.as_str()), "a secret in the config");
+        }
+        let config = load(&answers);
+        let telegram = &config.channels.telegram;
+        assert_eq!(telegram.mode, TelegramMode::Webhook);
+        assert!(telegram.webhook_secret.is_some());
+        assert_eq!(config.channels.slack.mode, SlackMode::Socket);
+        assert_eq!(config.channels.enabled_platforms(), ["telegram", "slack"]);
+        assert_eq!(
+            config.server.public_url.as_deref(),
+            Some("https://bot.example.com")
+        );
+
+        let polling = load(&Answers {
+            public_url: None,
+            slack: None,
+            ..answers
+        });
+        assert_eq!(polling.channels.telegram.mode, TelegramMode::Polling);
+        assert!(polling.channels.telegram.webhook_secret.is_none());
+    }
+
+    #[test]
+    fn tokens_that_would_break_the_env_file_are_refused() {
+        for token in ["a b", "it's", "line\nbreak", ""] {
+            let answers = Answers {
+                model_url: "http://127.0.0.1:11434/v1".into(),
+                model: "m".into(),
+                telegram_token: Some(format!("7000000001:{token}")),
+                ..Answers::default()
+            };
+            let outcome = check_answers(answers);
+            assert_eq!(outcome.is_err(), !token.is_empty(), "{token:?}");
+        }
+        let url = check_answers(Answers {
+            model_url: "http://${HOME}/v1".into(),
+            model: "m".into(),
+            ..Answers::default()
+        });
+        assert!(matches!(url, Err(InitError::Input(_))));
+    }
+}
