@@ -238,9 +238,24 @@ struct Prompt<'a> {
 impl Prompt<'_> {
     /// Asks `question`; an empty answer takes `default`.
     fn ask(&mut self, question: &str, default: Option<&str>) -> Result<String, InitError> {
+        self.read(question, default, default)
+    }
+
+    /// [`Prompt::ask`] for a secret: a default (from a flag) is not shown.
+    fn ask_secret(&mut self, question: &str, default: Option<&str>) -> Result<String, InitError> {
+        let shown = default.filter(|d| !d.is_empty()).map(|_| "the one given");
+        self.read(question, default, shown)
+    }
+
+    fn read(
+        &mut self,
+        question: &str,
+        default: Option<&str>,
+        shown: Option<&str>,
+    ) -> Result<String, InitError> {
         let mut err = std::io::stderr().lock();
-        let _ = match default {
-            Some(default) if !default.is_empty() => write!(err, "{question} [{default}]: "),
+        let _ = match shown {
+            Some(shown) if !shown.is_empty() => write!(err, "{question} [{shown}]: "),
             _ => write!(err, "{question}: "),
         };
         let _ = err.flush();
@@ -288,7 +303,7 @@ fn ask(args: &InitArgs, prompt: &mut Prompt<'_>) -> Result<Answers, InitError> {
         "OpenAI-compatible model endpoint (e.g. https://api.openai.com/v1)",
         Some(args.model_url.as_deref().unwrap_or(DEFAULT_MODEL_URL)),
     )?;
-    let api_key = prompt.ask(
+    let api_key = prompt.ask_secret(
         "API key (empty: none, as for local servers)",
         args.api_key.as_deref(),
     )?;
@@ -296,18 +311,18 @@ fn ask(args: &InitArgs, prompt: &mut Prompt<'_>) -> Result<Answers, InitError> {
         "Model name",
         Some(args.model.as_deref().unwrap_or(DEFAULT_MODEL)),
     )?;
-    let telegram_token = prompt.ask(
+    let telegram_token = prompt.ask_secret(
         "Telegram bot token from @BotFather (empty: no Telegram)",
         args.telegram_token.as_deref(),
     )?;
-    let slack_bot = prompt.ask(
+    let slack_bot = prompt.ask_secret(
         "Slack bot token, xoxb-... (empty: no Slack)",
         args.slack_bot_token.as_deref(),
     )?;
     let slack = if slack_bot.is_empty() {
         None
     } else {
-        let app = prompt.ask(
+        let app = prompt.ask_secret(
             "Slack app-level token, xapp-... with connections:write (Socket Mode)",
             args.slack_app_token.as_deref(),
         )?;
