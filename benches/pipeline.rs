@@ -56,7 +56,9 @@
 //! commit's, for before/after figures). With `ANTLER_BENCH_WRAP` set (e.g. `heaptrack -o /tmp/antler`), each antler runs under that
 //! command; the bench stops the wrapper, so check for antlers left running afterwards. Startup is spawn → first 200 of `/readyz` (median of S spawns). Every figure is the median
 //! of the R runs; ratios are taken within a run, against that run's ceiling. Each phase prints
-//! its antler's pid on stderr (for `perf`). Prints a table and one JSON line.
+//! its antler's pid on stderr (for `perf`; the release profile strips symbols, so profile a
+//! `cargo build --profile profiling` binary: `ANTLER_BENCH_BIN=target/profiling/antler`).
+//! Prints a table and one JSON line.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 

@@ -1,5 +1,5 @@
-//! The command line: `serve`, `check-config`, `chat`, `doctor`, `healthcheck`, `telegram`,
-//! `slack`, `discord`.
+//! The command line: `init`, `serve`, `check-config`, `chat`, `doctor`, `healthcheck`,
+//! `telegram`, `slack`, `discord`.
 
 use std::path::PathBuf;
 
@@ -22,17 +22,20 @@ pub struct Cli {
 /// The subcommands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Set antler up: ask for the model endpoint and the chat platforms (or take them from the
+    /// flags), check them, and write `antler.toml` and `.env` (the tokens, mode 0600).
+    Init(InitArgs),
     /// Run the gateway.
     Serve {
-        /// The configuration file.
-        #[arg(long, env = "ANTLER_CONFIG", default_value = crate::config::DEFAULT_PATH)]
-        config: PathBuf,
+        /// The configuration file [default: ./config/antler.toml, else /etc/antler/antler.toml].
+        #[arg(long, env = "ANTLER_CONFIG")]
+        config: Option<PathBuf>,
     },
     /// Validate the configuration and print a summary (secrets masked).
     CheckConfig {
-        /// The configuration file.
-        #[arg(long, env = "ANTLER_CONFIG", default_value = crate::config::DEFAULT_PATH)]
-        config: PathBuf,
+        /// The configuration file [default: ./config/antler.toml, else /etc/antler/antler.toml].
+        #[arg(long, env = "ANTLER_CONFIG")]
+        config: Option<PathBuf>,
     },
     /// Talk to a running antler through its HTTP API, with streamed answers.
     Chat {
@@ -53,9 +56,9 @@ pub enum Command {
     /// Check the configuration, store, listen address, model endpoint and API access, and
     /// say how to fix what fails (exit 1 if anything does).
     Doctor {
-        /// The configuration file.
-        #[arg(long, env = "ANTLER_CONFIG", default_value = crate::config::DEFAULT_PATH)]
-        config: PathBuf,
+        /// The configuration file [default: ./config/antler.toml, else /etc/antler/antler.toml].
+        #[arg(long, env = "ANTLER_CONFIG")]
+        config: Option<PathBuf>,
     },
     /// Set up Telegram: the webhook and the command menu.
     Telegram {
@@ -84,15 +87,53 @@ pub enum Command {
     },
 }
 
+/// `antler init …`
+#[derive(Debug, Clone, clap::Args)]
+pub struct InitArgs {
+    /// Ask nothing: take everything from the flags (for scripts); `--model-url` and `--model`
+    /// are required.
+    #[arg(long, requires_all = ["model_url", "model"])]
+    pub non_interactive: bool,
+    /// The OpenAI-compatible endpoint, e.g. https://api.openai.com/v1 or
+    /// http://127.0.0.1:11434/v1 (Ollama).
+    #[arg(long)]
+    pub model_url: Option<String>,
+    /// The model to use, as the endpoint names it.
+    #[arg(long)]
+    pub model: Option<String>,
+    /// The endpoint's API key (none for local servers).
+    #[arg(long)]
+    pub api_key: Option<String>,
+    /// Serve Telegram with this bot token (from @BotFather).
+    #[arg(long)]
+    pub telegram_token: Option<String>,
+    /// Serve Slack in Socket Mode with this bot token (xoxb-...).
+    #[arg(long, requires = "slack_app_token")]
+    pub slack_bot_token: Option<String>,
+    /// The Slack app-level token (xapp-..., scope connections:write).
+    #[arg(long, requires = "slack_bot_token")]
+    pub slack_app_token: Option<String>,
+    /// The public https:// URL antler is reached at: Telegram then uses a webhook instead of
+    /// polling.
+    #[arg(long)]
+    pub public_url: Option<String>,
+    /// Where to write antler.toml and .env.
+    #[arg(long, default_value = "config")]
+    pub dir: PathBuf,
+    /// Overwrite existing files without asking.
+    #[arg(long)]
+    pub force: bool,
+}
+
 /// `antler discord …`
 #[derive(Debug, Subcommand)]
 pub enum DiscordCommand {
     /// Register `/ask`, the chat commands and the "Ask antler" message command, globally or
     /// for one server; nothing is written when Discord already has exactly these.
     RegisterCommands {
-        /// The configuration file.
-        #[arg(long, env = "ANTLER_CONFIG", default_value = crate::config::DEFAULT_PATH)]
-        config: PathBuf,
+        /// The configuration file [default: ./config/antler.toml, else /etc/antler/antler.toml].
+        #[arg(long, env = "ANTLER_CONFIG")]
+        config: Option<PathBuf>,
         /// Register for this server (guild id) only: there they appear at once, while global
         /// commands may take a while to show.
         #[arg(long)]
@@ -106,9 +147,9 @@ pub enum SlackCommand {
     /// Print the Slack app manifest (JSON) for `server.public_url`: paste it into
     /// api.slack.com/apps → Create New App → From an app manifest.
     Manifest {
-        /// The configuration file.
-        #[arg(long, env = "ANTLER_CONFIG", default_value = crate::config::DEFAULT_PATH)]
-        config: PathBuf,
+        /// The configuration file [default: ./config/antler.toml, else /etc/antler/antler.toml].
+        #[arg(long, env = "ANTLER_CONFIG")]
+        config: Option<PathBuf>,
     },
 }
 
@@ -118,31 +159,31 @@ pub enum TelegramCommand {
     /// Point Telegram at `server.public_url` + `/webhooks/telegram` with the webhook secret and
     /// message updates only, and set the bot's command menu if it differs.
     SetWebhook {
-        /// The configuration file.
-        #[arg(long, env = "ANTLER_CONFIG", default_value = crate::config::DEFAULT_PATH)]
-        config: PathBuf,
+        /// The configuration file [default: ./config/antler.toml, else /etc/antler/antler.toml].
+        #[arg(long, env = "ANTLER_CONFIG")]
+        config: Option<PathBuf>,
         /// Drop the updates Telegram holds for delivery.
         #[arg(long)]
         drop_pending_updates: bool,
     },
     /// Show the webhook as Telegram reports it: URL, pending updates, last error.
     WebhookInfo {
-        /// The configuration file.
-        #[arg(long, env = "ANTLER_CONFIG", default_value = crate::config::DEFAULT_PATH)]
-        config: PathBuf,
+        /// The configuration file [default: ./config/antler.toml, else /etc/antler/antler.toml].
+        #[arg(long, env = "ANTLER_CONFIG")]
+        config: Option<PathBuf>,
     },
     /// Set the bot's command menu if Telegram's differs (webhook or polling mode; `serve`
     /// does it at start too).
     SetCommands {
-        /// The configuration file.
-        #[arg(long, env = "ANTLER_CONFIG", default_value = crate::config::DEFAULT_PATH)]
-        config: PathBuf,
+        /// The configuration file [default: ./config/antler.toml, else /etc/antler/antler.toml].
+        #[arg(long, env = "ANTLER_CONFIG")]
+        config: Option<PathBuf>,
     },
     /// Remove the webhook: Telegram stops delivering to antler.
     DeleteWebhook {
-        /// The configuration file.
-        #[arg(long, env = "ANTLER_CONFIG", default_value = crate::config::DEFAULT_PATH)]
-        config: PathBuf,
+        /// The configuration file [default: ./config/antler.toml, else /etc/antler/antler.toml].
+        #[arg(long, env = "ANTLER_CONFIG")]
+        config: Option<PathBuf>,
         /// Drop the updates Telegram holds for delivery.
         #[arg(long)]
         drop_pending_updates: bool,

@@ -390,6 +390,13 @@ async fn check_listen(config: &Config) -> Finding {
     }
 }
 
+/// The model endpoint check alone (for `antler init`): whether it passed, and its report line
+/// (with the fix when it failed).
+pub(crate) async fn probe_model(config: &Config) -> (bool, String) {
+    let finding = check_model(config).await;
+    (finding.verdict != Verdict::Fail, finding.line())
+}
+
 async fn check_model(config: &Config) -> Finding {
     let m = &config.model;
     let mut settings = OpenAiConfig::new(m.base_url.clone(), m.model.clone());

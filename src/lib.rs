@@ -35,6 +35,7 @@ pub(crate) mod events;
 pub(crate) mod health;
 pub(crate) mod http;
 pub(crate) mod ingress;
+pub mod init;
 mod intake;
 pub(crate) mod lanes;
 pub mod logging;

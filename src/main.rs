@@ -1,6 +1,7 @@
 //! The `antler` binary: parse the command line, set up logging, call into the library.
 
 use std::io::Write;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use antler::cli::{Cli, Command, DiscordCommand, SlackCommand, TelegramCommand};
@@ -33,7 +34,7 @@ async fn shutdown_signal() {
     }
 }
 
-async fn serve(config_path: &std::path::Path) -> anyhow::Result<()> {
+async fn serve(config_path: &Path) -> anyhow::Result<()> {
     let config = Config::load(config_path)?;
     let listener = tokio::net::TcpListener::bind(config.server.listen)
         .await
@@ -52,44 +53,27 @@ fn complain(text: std::fmt::Arguments<'_>) {
     let _ = writeln!(std::io::stderr().lock(), "{text}");
 }
 
+/// The config file a command uses: the one named, else the first found; `Err` carries the exit
+/// code after saying where it looked.
+fn located(config: &Option<PathBuf>) -> Result<PathBuf, ExitCode> {
+    antler::config::locate(config.as_deref()).map_err(|e| {
+        complain(format_args!("error: {e}"));
+        // EX_USAGE, as for any other bad configuration.
+        ExitCode::from(64)
+    })
+}
+
 /// Runs the command; `Ok` carries the exit code of a command that ends on its own terms.
 async fn run(command: &Command) -> anyhow::Result<ExitCode> {
     match command {
-        Command::Serve { config } => serve(config).await?,
-        Command::CheckConfig { config: path } => match Config::load(path) {
-            Ok(config) => {
-                say(format_args!(
-                    "{}: valid\n{}",
-                    path.display(),
-                    config.summary()
-                ));
-                match antler::doctor::shell_sandbox(&config).await {
-                    Some(Ok(sandbox)) => say(format_args!("shell sandbox: {sandbox}")),
-                    Some(Err(why)) => say(format_args!("warning: shell sandbox: {why}")),
-                    None => {}
-                }
-                for (problem, fix) in config.shell_warnings() {
-                    say(format_args!("warning: {problem}; fix: {fix}"));
-                }
-                let skills = antler::doctor::skills_report(&config).await;
-                if skills.enabled {
-                    say(format_args!(
-                        "skills: {} loaded{}{}",
-                        skills.loaded.len(),
-                        if skills.loaded.is_empty() { "" } else { ": " },
-                        skills.loaded.join(", ")
-                    ));
-                }
-                // Never fatal: antler serves without a skill it cannot read.
-                for invalid in &skills.invalid {
-                    say(format_args!("warning: skill left out: {invalid}"));
-                }
-            }
-            Err(e) => {
-                complain(format_args!("{}: invalid\n{e}", path.display()));
-                // EX_USAGE, as for any other bad configuration.
-                return Ok(ExitCode::from(64));
-            }
+        Command::Init(args) => return Ok(init(args).await),
+        Command::Serve { config } => match located(config) {
+            Ok(path) => serve(&path).await?,
+            Err(code) => return Ok(code),
+        },
+        Command::CheckConfig { config } => match located(config) {
+            Ok(path) => return Ok(check_config(&path).await),
+            Err(code) => return Ok(code),
         },
         Command::Chat {
             url,
@@ -102,7 +86,11 @@ async fn run(command: &Command) -> anyhow::Result<ExitCode> {
         Command::Discord { command } => return Ok(discord(command).await),
         Command::Healthcheck { url } => antler::chat::healthcheck(url).await?,
         Command::Doctor { config } => {
-            if !antler::doctor::run(config).await {
+            let path = match located(config) {
+                Ok(path) => path,
+                Err(code) => return Ok(code),
+            };
+            if !antler::doctor::run(&path).await {
                 return Ok(ExitCode::FAILURE);
             }
         }
@@ -110,24 +98,84 @@ async fn run(command: &Command) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// `antler check-config`: the summary and warnings, or every issue (exit 64).
+async fn check_config(path: &Path) -> ExitCode {
+    match Config::load(path) {
+        Ok(config) => {
+            say(format_args!(
+                "{}: valid\n{}",
+                path.display(),
+                config.summary()
+            ));
+            match antler::doctor::shell_sandbox(&config).await {
+                Some(Ok(sandbox)) => say(format_args!("shell sandbox: {sandbox}")),
+                Some(Err(why)) => say(format_args!("warning: shell sandbox: {why}")),
+                None => {}
+            }
+            for (problem, fix) in config.shell_warnings() {
+                say(format_args!("warning: {problem}; fix: {fix}"));
+            }
+            let skills = antler::doctor::skills_report(&config).await;
+            if skills.enabled {
+                say(format_args!(
+                    "skills: {} loaded{}{}",
+                    skills.loaded.len(),
+                    if skills.loaded.is_empty() { "" } else { ": " },
+                    skills.loaded.join(", ")
+                ));
+            }
+            // Never fatal: antler serves without a skill it cannot read.
+            for invalid in &skills.invalid {
+                say(format_args!("warning: skill left out: {invalid}"));
+            }
+        }
+        Err(e) => {
+            complain(format_args!("{}: invalid\n{e}", path.display()));
+            // EX_USAGE, as for any other bad configuration.
+            return ExitCode::from(64);
+        }
+    }
+    ExitCode::SUCCESS
+}
+
+/// Runs `antler init`: 0 when the config is written and the doctor passes it, 1 when the
+/// doctor found something to fix, the error's own code when nothing was written.
+async fn init(args: &antler::cli::InitArgs) -> ExitCode {
+    match antler::init::run(args).await {
+        Ok(written) if written.doctor_passed => ExitCode::SUCCESS,
+        Ok(_) => ExitCode::FAILURE,
+        Err(e) => {
+            complain(format_args!(
+                "error: {}",
+                logging::sanitize_for_terminal(&e.to_string())
+            ));
+            ExitCode::from(e.exit_code())
+        }
+    }
+}
+
 /// Runs an `antler telegram` command; its errors are printed here, with their exit code.
 async fn telegram(command: &TelegramCommand) -> ExitCode {
     let mut out = std::io::stdout();
+    let (TelegramCommand::SetWebhook { config, .. }
+    | TelegramCommand::WebhookInfo { config }
+    | TelegramCommand::SetCommands { config }
+    | TelegramCommand::DeleteWebhook { config, .. }) = command;
+    let config = match located(config) {
+        Ok(path) => path,
+        Err(code) => return code,
+    };
     let outcome = match command {
         TelegramCommand::SetWebhook {
-            config,
             drop_pending_updates,
-        } => antler::setup::set_webhook(config, *drop_pending_updates, &mut out).await,
-        TelegramCommand::WebhookInfo { config } => {
-            antler::setup::webhook_info(config, &mut out).await
-        }
-        TelegramCommand::SetCommands { config } => {
-            antler::setup::set_commands(config, &mut out).await
-        }
+            ..
+        } => antler::setup::set_webhook(&config, *drop_pending_updates, &mut out).await,
+        TelegramCommand::WebhookInfo { .. } => antler::setup::webhook_info(&config, &mut out).await,
+        TelegramCommand::SetCommands { .. } => antler::setup::set_commands(&config, &mut out).await,
         TelegramCommand::DeleteWebhook {
-            config,
             drop_pending_updates,
-        } => antler::setup::delete_webhook(config, *drop_pending_updates, &mut out).await,
+            ..
+        } => antler::setup::delete_webhook(&config, *drop_pending_updates, &mut out).await,
     };
     exit_code(outcome)
 }
@@ -135,19 +183,23 @@ async fn telegram(command: &TelegramCommand) -> ExitCode {
 /// Runs an `antler slack` command.
 fn slack(command: &SlackCommand) -> ExitCode {
     let mut out = std::io::stdout();
-    exit_code(match command {
-        SlackCommand::Manifest { config } => antler::setup::slack_manifest(config, &mut out),
-    })
+    let SlackCommand::Manifest { config } = command;
+    match located(config) {
+        Ok(config) => exit_code(antler::setup::slack_manifest(&config, &mut out)),
+        Err(code) => code,
+    }
 }
 
 /// Runs an `antler discord` command.
 async fn discord(command: &DiscordCommand) -> ExitCode {
     let mut out = std::io::stdout();
-    exit_code(match command {
-        DiscordCommand::RegisterCommands { config, guild } => {
-            antler::setup::register_discord_commands(config, guild.as_deref(), &mut out).await
-        }
-    })
+    let DiscordCommand::RegisterCommands { config, guild } = command;
+    match located(config) {
+        Ok(config) => exit_code(
+            antler::setup::register_discord_commands(&config, guild.as_deref(), &mut out).await,
+        ),
+        Err(code) => code,
+    }
 }
 
 /// A setup command's exit code; its error is printed here.

@@ -14,6 +14,7 @@
 //! example `"${OPENAI_API_KEY:-}"` with the variable unset) counts as absent.
 
 mod env;
+mod locate;
 pub(crate) mod settings;
 mod validate;
 pub(crate) use crate::secret::mask_url;
@@ -54,7 +55,9 @@ use crate::agent::tools::web_fetch::WebFetchConfig;
 use crate::secret;
 pub use crate::secret::Secret;
 
-/// Where `antler serve` and `antler check-config` look when `--config` is not given.
+pub use locate::{CONFIG_VAR, ConfigNotFound, ENV_FILE, EnvFileError, SEARCH_PATHS, locate};
+
+/// The config file `antler init` writes, and the first place commands look for one.
 pub const DEFAULT_PATH: &str = "config/antler.toml";
 
 /// The whole configuration file.
@@ -862,6 +865,9 @@ pub enum ConfigError {
     /// The TOML is valid but its content is not; every issue is listed.
     #[error("{}", display_issues(.0))]
     Invalid(Vec<ConfigIssue>),
+    /// The `.env` file beside the config cannot be used.
+    #[error(transparent)]
+    EnvFile(#[from] EnvFileError),
 }
 
 impl ConfigError {
@@ -869,7 +875,7 @@ impl ConfigError {
     pub fn issues(&self) -> &[ConfigIssue] {
         match self {
             Self::Invalid(issues) => issues,
-            Self::Io { .. } | Self::Syntax { .. } => &[],
+            Self::Io { .. } | Self::Syntax { .. } | Self::EnvFile(_) => &[],
         }
     }
 }
@@ -883,13 +889,20 @@ fn display_issues(issues: &[ConfigIssue]) -> String {
 }
 
 impl Config {
-    /// Reads, expands (with the process environment), parses and validates a config file.
+    /// Reads, expands, parses and validates a config file. `${VAR}` looks in the process
+    /// environment, then in the `.env` file beside the config (when there is one): a variable
+    /// already set is never overridden.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io {
             path: path.to_path_buf(),
             source,
         })?;
-        let mut config = Self::from_toml_str(&text, &|name| std::env::var(name).ok())?;
+        let file_vars = locate::read_env_file(path)?;
+        let mut config = Self::from_toml_str(&text, &|name| {
+            std::env::var(name)
+                .ok()
+                .or_else(|| file_vars.get(name).cloned())
+        })?;
         // Skills folders are found beside the config file, wherever antler was started.
         config.skills.base = path.parent().map(Path::to_path_buf).unwrap_or_default();
         Ok(config)
@@ -924,10 +937,26 @@ impl Config {
             }
             error
         })?;
-        let issues = env::substitute(&mut table, env);
-        if !issues.is_empty() {
-            return Err(ConfigError::Invalid(issues));
+        let substitution = env::substitute(&mut table, env);
+        if !substitution.issues.is_empty() {
+            return Err(ConfigError::Invalid(substitution.issues));
         }
+        // A value from the environment that does not parse is named by its variable too: the
+        // fix is there, not in the file.
+        let name_sources = |mut issues: Vec<ConfigIssue>| {
+            for issue in &mut issues {
+                if let Some(variables) = substitution.sources.get(&issue.key) {
+                    let list = variables.join(", ");
+                    let noun = if variables.len() == 1 {
+                        "variable"
+                    } else {
+                        "variables"
+                    };
+                    issue.problem = format!("{} (from environment {noun} {list})", issue.problem);
+                }
+            }
+            issues
+        };
 
         let mut collected = deserialize_collecting(toml::Value::Table(table));
         // A stable sort: issues at the same position keep the order they were found in.
@@ -935,9 +964,9 @@ impl Config {
             .issues
             .sort_by_key(|issue| position_of(&positions, &issue.key));
         let Some(config) = collected.config else {
-            return Err(ConfigError::Invalid(collected.issues));
+            return Err(ConfigError::Invalid(name_sources(collected.issues)));
         };
-        let mut issues = collected.issues;
+        let mut issues = name_sources(collected.issues);
         let reported: Vec<String> = issues.iter().map(|issue| issue.key.clone()).collect();
         for issue in validate::validate(&config) {
             let key = collected.renumbering.original_key(&issue.key);

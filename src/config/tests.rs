@@ -334,7 +334,8 @@ fn env_substitution_coerces_numbers_and_booleans() {
     // The value is not quoted: it may be a secret.
     assert_eq!(
         err.to_string(),
-        "model.max_retries: invalid type: expected an unsigned integer, found a string"
+        "model.max_retries: invalid type: expected an unsigned integer, found a string \
+         (from environment variable R)"
     );
 }
 
@@ -1131,12 +1132,12 @@ fn a_secret_substituted_into_a_typed_field_is_never_echoed() {
     assert_eq!(
         found,
         [
-            "server.listen: invalid socket address syntax",
-            "server.ops_listen: invalid socket address syntax (expected ip:port, e.g. 127.0.0.1:9090)",
-            "model.max_retries: invalid type: expected an unsigned integer, found a string",
-            "model.max_tokens: out of range: expected an integer from 0 to 4294967295",
-            "model.stream: invalid type: expected a boolean, found a string",
-            "channels.api.tokens[0].role: unknown value (must be one of: user, admin)",
+            "server.listen: invalid socket address syntax (from environment variable OPENAI_API_KEY)",
+            "server.ops_listen: invalid socket address syntax (expected ip:port, e.g. 127.0.0.1:9090) (from environment variable OPENAI_API_KEY)",
+            "model.max_retries: invalid type: expected an unsigned integer, found a string (from environment variable OPENAI_API_KEY)",
+            "model.max_tokens: out of range: expected an integer from 0 to 4294967295 (from environment variable NUMERIC_SECRET)",
+            "model.stream: invalid type: expected a boolean, found a string (from environment variable OPENAI_API_KEY)",
+            "channels.api.tokens[0].role: unknown value (must be one of: user, admin) (from environment variable OPENAI_API_KEY)",
         ]
     );
 }
@@ -2004,4 +2005,161 @@ fn skills_are_on_by_default_and_their_folders_are_checked() {
         [(dir.path().join("mine"), true)],
         "relative to the config file's folder"
     );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Every platform from the environment alone (the container image's config)
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn local_default_turns_each_platform_on_from_its_token() {
+    let public_key = "ab".repeat(32);
+    let pairs = [
+        ("ANTLER_TELEGRAM_BOT_TOKEN", "7000000001:TEST-token"),
+        ("ANTLER_TELEGRAM_API_URL", "http://127.0.0.1:9/"),
+        ("ANTLER_SLACK_BOT_TOKEN", "xoxb-1-2-abc"),
+        ("ANTLER_SLACK_APP_TOKEN", "xapp-1-A1-2-abc"),
+        ("ANTLER_DISCORD_BOT_TOKEN", "discord-token"),
+        ("ANTLER_DISCORD_APPLICATION_ID", "123456789012345678"),
+        ("ANTLER_DISCORD_PUBLIC_KEY", &public_key),
+        ("ANTLER_FEISHU_APP_ID", "cli_a1b2c3"),
+        ("ANTLER_FEISHU_APP_SECRET", "feishu-secret"),
+        ("ANTLER_METRICS_TOKEN", "metrics-token-0123456789"),
+        ("ANTLER_OPS_LISTEN", "127.0.0.1:9090"),
+    ];
+    let env = env_of(&pairs);
+    let config = Config::from_toml_str(LOCAL, &env).unwrap();
+    assert_eq!(
+        config.channels.enabled_platforms(),
+        ["telegram", "slack", "discord", "feishu"]
+    );
+    let channels = &config.channels;
+    assert_eq!(channels.telegram.mode, TelegramMode::Polling);
+    assert_eq!(channels.telegram.api_url, "http://127.0.0.1:9/");
+    assert_eq!(channels.slack.mode, SlackMode::Socket);
+    assert!(channels.discord.gateway);
+    assert_eq!(channels.feishu.mode, FeishuMode::Websocket);
+    assert!(config.server.metrics_token.is_some());
+    assert_eq!(
+        config.server.ops_listen,
+        Some(SocketAddr::from(([127, 0, 0, 1], 9090)))
+    );
+
+    // One token alone turns on its platform alone.
+    let env = env_of(&[("ANTLER_TELEGRAM_BOT_TOKEN", "7000000001:TEST-token")]);
+    let config = Config::from_toml_str(LOCAL, &env).unwrap();
+    assert_eq!(config.channels.enabled_platforms(), ["telegram"]);
+}
+
+#[test]
+fn booleans_and_numbers_come_from_the_environment() {
+    let text = "[channels.telegram]\nenabled = \"${TG_ON}\"\nmode = \"polling\"\n\
+                bot_token = \"7000000001:TEST-token\"\n\
+                [server]\nmax_connections = \"${MAX_CONN:-64}\"\n";
+    let config =
+        Config::from_toml_str(text, &env_of(&[("TG_ON", "true"), ("MAX_CONN", "32")])).unwrap();
+    assert!(config.channels.telegram.enabled);
+    assert_eq!(config.server.max_connections, 32);
+    let config = Config::from_toml_str(text, &env_of(&[("TG_ON", "false")])).unwrap();
+    assert!(!config.channels.telegram.enabled);
+    assert_eq!(config.server.max_connections, 64, "the default applies");
+}
+
+#[test]
+fn a_value_from_the_environment_that_does_not_parse_names_the_key_and_the_variable() {
+    let text = "[channels.telegram]\nenabled = \"${TG_ON}\"\n\
+                [server]\nmax_connections = \"${MAX_CONN}\"\n";
+    let err = Config::from_toml_str(
+        text,
+        &env_of(&[("TG_ON", "yes-please"), ("MAX_CONN", "many")]),
+    )
+    .unwrap_err();
+    let issues: Vec<String> = err.issues().iter().map(ToString::to_string).collect();
+    assert_eq!(issues.len(), 2, "{issues:?}");
+    assert!(
+        issues[0].starts_with("channels.telegram.enabled: ")
+            && issues[0].ends_with("(from environment variable TG_ON)"),
+        "{issues:?}"
+    );
+    assert!(
+        issues[1].starts_with("server.max_connections: ")
+            && issues[1].ends_with("(from environment variable MAX_CONN)"),
+        "{issues:?}"
+    );
+    // Neither value is quoted: it could have been a secret.
+    assert!(!err.to_string().contains("yes-please") && !err.to_string().contains("many"));
+}
+
+#[test]
+fn an_alternative_is_its_word_when_set_and_leaves_the_key_out_when_not() {
+    let text = "[channels.telegram]\nenabled = \"${TOKEN:+true}\"\nmode = \"polling\"\n\
+                bot_token = \"${TOKEN:-}\"\n[model]\nmodel = \"m-${SUFFIX:+x}\"\n";
+    let config = Config::from_toml_str(
+        text,
+        &env_of(&[("TOKEN", "7000000001:TEST-token"), ("SUFFIX", "1")]),
+    )
+    .unwrap();
+    assert!(config.channels.telegram.enabled);
+    assert_eq!(config.model.model, "m-x");
+    // Unset or empty: the whole value is left out (the default, false); inside text, nothing.
+    for env in [env_of(&[]), env_of(&[("TOKEN", ""), ("SUFFIX", "")])] {
+        let config = Config::from_toml_str(text, &env).unwrap();
+        assert!(!config.channels.telegram.enabled);
+        assert_eq!(config.model.model, "m-");
+    }
+}
+
+#[test]
+fn the_env_file_beside_the_config_fills_in_what_the_environment_does_not_set() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("antler.toml");
+    std::fs::write(
+        &path,
+        "[model]\nmodel = \"${ANTLER_TEST_ENV_FILE_MODEL}\"\n\
+         api_key = \"${ANTLER_TEST_ENV_FILE_KEY}\"\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join(".env"),
+        "# secrets\n\nexport ANTLER_TEST_ENV_FILE_MODEL='from-file'\n\
+         ANTLER_TEST_ENV_FILE_KEY=\"sk-\\\"quoted\\\"\" # a comment\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(
+        dir.path().join(".env"),
+        std::fs::Permissions::from_mode(0o600),
+    )
+    .unwrap();
+    let config = Config::load(&path).unwrap();
+    assert_eq!(config.model.model, "from-file");
+    assert_eq!(
+        config.model.api_key.as_ref().map(Secret::expose),
+        Some("sk-\"quoted\"")
+    );
+    // PATH is set in the environment: the file does not override it.
+    std::fs::write(&path, "[model]\nmodel = \"${PATH}\"\n").unwrap();
+    std::fs::write(dir.path().join(".env"), "PATH=from-file\n").unwrap();
+    let config = Config::load(&path).unwrap();
+    assert_eq!(config.model.model, std::env::var("PATH").unwrap());
+    // A broken line is named by its number, never quoted.
+    std::fs::write(dir.path().join(".env"), "A=1\nsecret-without-equals\n").unwrap();
+    let err = Config::load(&path).unwrap_err().to_string();
+    assert!(err.ends_with(".env, line 2: expected NAME=value"), "{err}");
+    assert!(!err.contains("secret-without"), "{err}");
+}
+
+#[test]
+fn locate_takes_the_named_file_else_reports_where_it_looked() {
+    let named = Path::new("/somewhere/antler.toml");
+    assert_eq!(super::locate(Some(named)).unwrap(), named);
+    let message = super::ConfigNotFound.to_string();
+    for place in [
+        "$ANTLER_CONFIG",
+        "./config/antler.toml",
+        "/etc/antler/antler.toml",
+        "antler init",
+    ] {
+        assert!(message.contains(place), "{message}");
+    }
 }

@@ -11,6 +11,7 @@ mod crash;
 mod discord;
 mod feishu;
 mod feishu_ws;
+mod first_run;
 mod hardening;
 mod loop_detection;
 mod mcp;
