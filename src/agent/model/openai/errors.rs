@@ -135,10 +135,19 @@ pub(super) fn status_label(result: &Result<ModelResponse, AttemptError>) -> &'st
 /// How long the server asks to wait: `retry-after-ms` (OpenAI, Azure), else `Retry-After` in
 /// seconds or as an HTTP date; capped at [`RETRY_AFTER_CAP`]. A date in the past (or a skewed
 /// clock) gives `None`, so the plain backoff applies.
+///
+/// Behind LiteLLM's proxy the provider's own headers arrive prefixed `llm_provider-`
+/// (`llm_provider-retry-after`, `llm_provider-retry-after-ms`); the proxy's own header wins,
+/// then the provider's, milliseconds before seconds.
 pub(super) fn retry_after(headers: &HeaderMap) -> Option<Duration> {
-    let header = |name| {
+    retry_after_of(headers, "").or_else(|| retry_after_of(headers, "llm_provider-"))
+}
+
+/// [`retry_after`] for the headers named with `prefix`.
+fn retry_after_of(headers: &HeaderMap, prefix: &str) -> Option<Duration> {
+    let header = |name: &str| {
         headers
-            .get(name)
+            .get(format!("{prefix}{name}").as_str())
             .and_then(|v| v.to_str().ok())
             .map(str::trim)
     };
