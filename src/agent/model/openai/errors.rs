@@ -8,6 +8,7 @@ use super::*;
 pub(super) enum Class {
     Auth,
     NotFound,
+    UnknownModel,
     RateLimit,
     Quota,
     ContextTooLong,
@@ -30,6 +31,13 @@ pub(super) fn classify(status: u16, code: Option<&str>, detail: &str) -> Class {
         && (code == "context_length_exceeded" || mentions_context_length(detail))
     {
         return Class::ContextTooLong;
+    }
+    // A 404 stays `NotFound`, which names the base URL too; 401/403 are about the key.
+    if (400..500).contains(&status)
+        && !matches!(status, 401 | 403 | 404 | 408 | 429)
+        && (code == "model_not_found" || mentions_unknown_model(detail))
+    {
+        return Class::UnknownModel;
     }
     match status {
         401 | 403 => Class::Auth,

@@ -31,7 +31,7 @@ use super::detail::{self, ProviderError};
 use super::think::ThinkSplitter;
 use super::{
     ChatModel, DeltaSink, FinishReason, ModelError, ModelHealth, ModelRequest, ModelResponse,
-    TimeoutKind, mentions_context_length,
+    TimeoutKind, mentions_context_length, mentions_unknown_model,
 };
 use crate::agent::message::{ChatMessage, ContentPart, TokenUsage, ToolCall};
 
@@ -569,6 +569,7 @@ impl OpenAiClient {
             } => match classify(status, code.as_deref(), &detail) {
                 Class::Auth => ModelError::Unauthorized { status, detail },
                 Class::NotFound => ModelError::NotFound { detail },
+                Class::UnknownModel => ModelError::UnknownModel { status, detail },
                 Class::RateLimit => ModelError::RateLimited { attempts, detail },
                 Class::Quota => ModelError::QuotaExceeded { status, detail },
                 Class::ContextTooLong => ModelError::ContextTooLong { status, detail },

@@ -406,6 +406,40 @@ async fn not_found_carries_the_shortened_provider_message() {
 }
 
 #[tokio::test]
+async fn an_unknown_model_behind_litellm_is_for_the_operator() {
+    // LiteLLM 1.x answers a model name it has no deployment for with a 400.
+    let server = serve(ResponseTemplate::new(400).set_body_json(json!({"error": {
+        "message": "/chat/completions: Invalid model name passed in model=gpt-5o. Call `/v1/models` to view available models for your key.",
+        "type": "invalid_request_error", "param": "model", "code": "400"
+    }})))
+    .await;
+    let error = fail(&client(&server)).await;
+    let ModelError::UnknownModel {
+        status: 400,
+        detail,
+    } = &error
+    else {
+        panic!("expected UnknownModel, got {error:?}");
+    };
+    assert!(detail.contains("Invalid model name"), "{detail}");
+    assert!(!error.retry_can_help());
+    let message = error.user_message();
+    assert!(message.contains("`model.model`"), "{message}");
+    assert!(!message.contains("/new"), "{message}");
+    assert_eq!(requests(&server).await, 1);
+    // A `model_not_found` code on another 4xx counts the same.
+    let server = serve(ResponseTemplate::new(400).set_body_json(json!({"error": {
+        "message": "no deployment", "code": "model_not_found"
+    }})))
+    .await;
+    let error = fail(&client(&server)).await;
+    assert!(
+        matches!(error, ModelError::UnknownModel { .. }),
+        "{error:?}"
+    );
+}
+
+#[tokio::test]
 async fn other_client_errors_are_bad_requests_with_the_key_redacted() {
     let server = serve(ResponseTemplate::new(400).set_body_json(json!({
         "error": {"message": format!("context too long (key {KEY})")}
