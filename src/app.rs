@@ -842,6 +842,7 @@ where
         max_attachment_bytes: config.agent.max_attachment_bytes,
         data_root: config.store.path.clone(),
         body_timeout: Duration::from_secs(server.body_read_timeout_secs),
+        wait_limit: config.api_wait_limit(),
         stop: intake_stop.clone(),
         auth,
         hosts: HostPolicy::from_config(server),

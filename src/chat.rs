@@ -1,16 +1,21 @@
 //! `antler chat`: a terminal client of the API channel. Each line is posted with
 //! `"stream": true` and the answer is printed as it streams in. A refused message or an
-//! unreachable server is reported and the chat goes on; it ends on `/quit`, `/exit` or the end
-//! of input. Everything the server sends is sanitized before it reaches the terminal.
+//! unreachable server is reported and the chat goes on; it ends on `/quit`, `/exit`, the end
+//! of input or Ctrl-C at the prompt. `/stop` typed (or Ctrl-C pressed) while an answer streams
+//! stops it at once: the printing ends and `/stop` goes to antler, which stops the turn; a
+//! second Ctrl-C quits. Other lines typed meanwhile are sent once the answer is over.
+//! Everything the server sends is sanitized before it reaches the terminal.
 //!
 //! `antler healthcheck`: one `GET /healthz`, for container health checks.
 
-use std::io::Write;
+use std::collections::VecDeque;
+use std::io::{BufRead, Write};
 use std::time::Duration;
 
 use futures_util::StreamExt;
 use serde_json::{Value, json};
-use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::signal::unix::{Signal, SignalKind, signal};
+use tokio::sync::mpsc;
 
 use crate::logging::{escape_line, sanitize_for_terminal};
 
@@ -86,28 +91,103 @@ pub async fn run(
     };
     show(&format!(
         "antler chat: talking to {} in conversation {:?} as {who}.\n\
-         Type a message and press Enter; /quit, /exit or Ctrl-D leaves.\n",
+         Type a message and press Enter; /stop or Ctrl-C stops an answer; /quit, /exit, \
+         Ctrl-D or Ctrl-C at the prompt leaves.\n",
         escape_line(base),
         escape_line(conversation),
     ));
-    let mut input = BufReader::new(tokio::io::stdin());
-    let mut line = Vec::new();
+    let mut input = Input {
+        lines: stdin_lines(),
+        waiting: VecDeque::new(),
+        ended: false,
+        interrupts: signal(SignalKind::interrupt())?,
+    };
     loop {
         show("> ");
-        line.clear();
-        if input.read_until(b'\n', &mut line).await? == 0 {
+        let line = match input.waiting.pop_front() {
+            Some(line) => Some(line),
+            None if input.ended => None,
+            None => tokio::select! {
+                line = input.lines.recv() => line.transpose()?,
+                _ = input.interrupts.recv() => {
+                    show("\n");
+                    return Ok(());
+                }
+            },
+        };
+        let Some(line) = line else {
             // End of input (Ctrl-D) arrives mid-prompt: end that line so the shell prompt
             // starts on its own.
             show("\n");
             return Ok(());
-        }
-        let text = String::from_utf8_lossy(&line);
-        match text.trim() {
+        };
+        match line.trim() {
             "" => {}
             "/quit" | "/exit" => return Ok(()),
-            text => session.send(text).await,
+            text => session.send(text, &mut input).await?,
         }
     }
+}
+
+/// The terminal while a chat runs: typed lines and Ctrl-C.
+struct Input {
+    /// Lines from stdin, read on their own thread.
+    lines: mpsc::Receiver<std::io::Result<String>>,
+    /// Lines typed while an answer streamed, sent after it.
+    waiting: VecDeque<String>,
+    /// Whether stdin has ended.
+    ended: bool,
+    /// Ctrl-C (SIGINT), which no longer ends the process once this listens.
+    interrupts: Signal,
+}
+
+/// What was typed during an answer.
+enum Typed {
+    /// `/stop` or Ctrl-C: stop the answer.
+    Stop,
+    /// Anything else: kept for later.
+    Other,
+}
+
+impl Input {
+    /// Waits for the next line or Ctrl-C while an answer streams; `None` when neither can
+    /// come any more.
+    async fn during_answer(&mut self) -> Result<Option<Typed>, ChatError> {
+        if self.ended {
+            let _ = self.interrupts.recv().await;
+            return Ok(Some(Typed::Stop));
+        }
+        tokio::select! {
+            line = self.lines.recv() => match line.transpose()? {
+                Some(line) if matches!(line.trim(), "/stop" | "/cancel") => Ok(Some(Typed::Stop)),
+                Some(line) => {
+                    self.waiting.push_back(line);
+                    Ok(Some(Typed::Other))
+                }
+                None => {
+                    self.ended = true;
+                    Ok(Some(Typed::Other))
+                }
+            },
+            _ = self.interrupts.recv() => Ok(Some(Typed::Stop)),
+        }
+    }
+}
+
+/// Stdin's lines, read on a plain thread: a read in tokio's blocking pool cannot be cancelled
+/// and would hold the process open after the chat ends until Enter is pressed.
+fn stdin_lines() -> mpsc::Receiver<std::io::Result<String>> {
+    let (sender, receiver) = mpsc::channel(16);
+    std::thread::spawn(move || {
+        let stdin = std::io::stdin();
+        for line in stdin.lock().split(b'\n') {
+            let line = line.map(|bytes| String::from_utf8_lossy(&bytes).into_owned());
+            if sender.blocking_send(line).is_err() {
+                return;
+            }
+        }
+    });
+    receiver
 }
 
 /// Asks antler at `url` for `GET /healthz`; `Ok` only on HTTP 200 within [`HEALTH_TIMEOUT`].
@@ -159,11 +239,19 @@ enum Flow {
 
 impl Session<'_> {
     /// Posts `text` and prints the answer; every failure is reported, none ends the chat.
-    async fn send(&mut self, text: &str) {
+    async fn send(&mut self, text: &str, input: &mut Input) -> Result<(), ChatError> {
+        let Some(response) = self.post(text, true).await else {
+            return Ok(());
+        };
+        self.print_answer(response, input).await
+    }
+
+    /// Posts `text` (streamed or not); a failure is reported and gives `None`.
+    async fn post(&self, text: &str, stream: bool) -> Option<reqwest::Response> {
         let mut body = json!({
             "conversation": self.conversation,
             "text": text,
-            "stream": true,
+            "stream": stream,
         });
         if let Some(user) = self.user {
             body["user"] = json!(user);
@@ -180,25 +268,45 @@ impl Session<'_> {
                     escape_line(self.url),
                     failure_reason(&e, CONNECT_TIMEOUT)
                 ));
-                return;
+                return None;
             }
         };
         let status = response.status().as_u16();
         if !response.status().is_success() {
             let body = response.text().await.unwrap_or_default();
             warn(&refusal(status, &body));
-            return;
+            return None;
         }
-        self.print_answer(response).await;
+        Some(response)
     }
 
-    /// Prints a `text/event-stream` answer until its `final` event.
-    async fn print_answer(&mut self, response: reqwest::Response) {
+    /// Prints a `text/event-stream` answer until its `final` event, or until `/stop` or
+    /// Ctrl-C stops it.
+    async fn print_answer(
+        &mut self,
+        response: reqwest::Response,
+        input: &mut Input,
+    ) -> Result<(), ChatError> {
         let mut streamed = false;
         // Bytes, not text: a character may be split across two chunks.
         let mut buffer: Vec<u8> = Vec::new();
         let mut body = response.bytes_stream();
-        while let Some(chunk) = body.next().await {
+        loop {
+            let chunk = tokio::select! {
+                chunk = body.next() => chunk,
+                typed = input.during_answer() => {
+                    if let Some(Typed::Stop) = typed? {
+                        drop(body);
+                        end_line(streamed);
+                        show("[stopped]\n");
+                        // antler stops the turn; its own note on it is not waited for.
+                        let _ = self.post("/stop", false).await;
+                        return Ok(());
+                    }
+                    continue;
+                }
+            };
+            let Some(chunk) = chunk else { break };
             let chunk = match chunk {
                 Ok(chunk) => chunk,
                 Err(e) => {
@@ -208,7 +316,7 @@ impl Session<'_> {
                         escape_line(self.url),
                         failure_reason(&e, CONNECT_TIMEOUT)
                     ));
-                    return;
+                    return Ok(());
                 }
             };
             buffer.extend_from_slice(&chunk);
@@ -218,12 +326,13 @@ impl Session<'_> {
                 let (text, flow) = self.on_event(&event, &data, &mut streamed);
                 show(&text);
                 if flow == Flow::Done {
-                    return;
+                    return Ok(());
                 }
             }
         }
         end_line(streamed);
         warn("the answer stream ended before the final answer (is antler shutting down?)");
+        Ok(())
     }
 
     /// What to print for one SSE event, and whether the answer is complete; unknown events

@@ -437,6 +437,11 @@ async fn check_model(config: &Config) -> Finding {
             format!("{url} refused the credentials (HTTP {status})"),
             "set model.api_key (OPENAI_API_KEY in the default config)",
         ),
+        Err(e @ ModelError::UnknownModel { .. }) => Finding::fail(
+            "model",
+            format!("{url}: {e}"),
+            "set model.model (ANTLER_MODEL) to one of the endpoint's models",
+        ),
         Err(e @ ModelError::NotFound { .. }) => Finding::fail(
             "model",
             format!("{url}: {e}"),

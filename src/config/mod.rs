@@ -26,6 +26,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use serde::Deserialize;
 
@@ -59,6 +60,10 @@ pub use locate::{CONFIG_VAR, ConfigNotFound, ENV_FILE, EnvFileError, SEARCH_PATH
 
 /// The config file `antler init` writes, and the first place commands look for one.
 pub const DEFAULT_PATH: &str = "config/antler.toml";
+
+/// What a `"wait": true` request waits beyond `agent.turn_timeout_secs` when
+/// `server.wait_timeout_secs` is not set: the message's time in the queue and its delivery.
+pub const WAIT_MARGIN_SECS: u64 = 60;
 
 /// The whole configuration file.
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
@@ -127,6 +132,9 @@ pub struct ServerConfig {
     /// absent, so it can come from an unset `${VAR:-}`.
     #[serde(deserialize_with = "secret::opt_socket_addr")]
     pub ops_listen: Option<SocketAddr>,
+    /// How long a `"wait": true` request waits for its answer before answering 202 without
+    /// it; `None`: as long as the turn may run ([`Config::api_wait_limit`]).
+    pub wait_timeout_secs: Option<u64>,
 }
 
 impl Default for ServerConfig {
@@ -143,6 +151,7 @@ impl Default for ServerConfig {
             allowed_hosts: Vec::new(),
             metrics_token: None,
             ops_listen: None,
+            wait_timeout_secs: None,
         }
     }
 }
@@ -986,6 +995,18 @@ impl Config {
         } else {
             Err(ConfigError::Invalid(issues))
         }
+    }
+
+    /// How long a `"wait": true` request waits for its answer: `server.wait_timeout_secs`, or
+    /// else the turn's time limit plus [`WAIT_MARGIN_SECS`] for the time a message may spend
+    /// queued behind other turns and on its delivery.
+    #[must_use]
+    pub fn api_wait_limit(&self) -> Duration {
+        Duration::from_secs(self.server.wait_timeout_secs.unwrap_or_else(|| {
+            self.agent
+                .turn_timeout_secs
+                .saturating_add(WAIT_MARGIN_SECS)
+        }))
     }
 
     /// Checks ranges and cross-field rules, reporting every issue at once.

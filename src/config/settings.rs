@@ -87,6 +87,7 @@ pub(crate) const SETTINGS: &[Setting] = &[
     value("server.allowed_hosts", "[]", "Extra `Host` values the API accepts; `\"*\"` accepts any."),
     unset("server.metrics_token", "no token; an admin API token still works", "Bearer token for `/metrics` and the detail of `/readyz`."),
     unset("server.ops_listen", "no separate listener", "A separate address serving `/healthz`, `/readyz` and `/metrics` without a token."),
+    unset("server.wait_timeout_secs", "`agent.turn_timeout_secs` + 60", "Seconds a `\"wait\": true` request waits for its answer before answering 202 without it (the turn goes on)."),
     // [store]
     value("store.path", r#""data""#, "The directory sled lives in."),
     value("store.dedupe_ttl_secs", "86400", "How long a delivered platform event id is remembered for dedupe."),
@@ -96,8 +97,8 @@ pub(crate) const SETTINGS: &[Setting] = &[
     unset("model.api_key", "no key is sent", "The bearer API key."),
     value("model.model", r#""gpt-4o-mini""#, "The model name sent with every request."),
     value("model.connect_timeout_secs", "10", "Seconds to connect to the endpoint."),
-    value("model.first_byte_timeout_secs", "60", "Seconds from sending a request until the answer starts."),
-    value("model.idle_timeout_secs", "60", "The longest gap between two chunks of a streamed answer, in seconds."),
+    value("model.first_byte_timeout_secs", "60", "Seconds from sending a request until the answer starts (its first streamed `data`; keep-alive comments do not count)."),
+    value("model.idle_timeout_secs", "60", "The longest gap between two `data` events of a streamed answer, in seconds; keep-alive comments do not count."),
     value("model.request_timeout_secs", "120", "Seconds for a whole non-streamed answer."),
     value("model.max_retries", "3", "Retries of a failed model request (429, 5xx, connection errors, broken streams)."),
     value("model.stream", "true", "Whether answers are streamed."),

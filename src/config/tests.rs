@@ -2163,3 +2163,23 @@ fn locate_takes_the_named_file_else_reports_where_it_looked() {
         assert!(message.contains(place), "{message}");
     }
 }
+
+#[test]
+fn wait_lasts_as_long_as_the_turn_may_run_unless_set() {
+    // Unset: the turn's limit plus the margin for the queue and delivery, not a fixed cap.
+    let config = parse("[agent]\nturn_timeout_secs = 900\n").unwrap();
+    assert_eq!(
+        config.api_wait_limit(),
+        Duration::from_secs(900 + WAIT_MARGIN_SECS)
+    );
+    assert_eq!(
+        parse("").unwrap().api_wait_limit(),
+        Duration::from_secs(600 + WAIT_MARGIN_SECS)
+    );
+    let config = parse("[server]\nwait_timeout_secs = 30\n").unwrap();
+    assert_eq!(config.api_wait_limit(), Duration::from_secs(30));
+    assert_issue(
+        "[server]\nwait_timeout_secs = 0\n",
+        "server.wait_timeout_secs: must be at least 1 (got 0)",
+    );
+}

@@ -98,6 +98,9 @@ fn server(config: &Config, v: &mut Issues) {
         1,
     );
     v.at_least(key!("server.max_streams"), server.max_streams, 1);
+    if let Some(wait) = server.wait_timeout_secs {
+        v.at_least(key!("server.wait_timeout_secs"), wait, 1);
+    }
     for (index, host) in server.allowed_hosts.iter().enumerate() {
         if let Err(problem) = check_allowed_host(host) {
             v.push(&element(key!("server.allowed_hosts"), index), problem);

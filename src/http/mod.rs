@@ -53,6 +53,8 @@ pub(crate) struct AppContext {
     /// The store's directory, where threads keep their folders (downloads of presented files).
     pub(crate) data_root: std::path::PathBuf,
     pub(crate) body_timeout: Duration,
+    /// How long a `"wait": true` request waits for its answer ([`crate::config::Config::api_wait_limit`]).
+    pub(crate) wait_limit: Duration,
     /// Cancelled when intake stops (shutdown): streams end, readiness fails.
     pub(crate) stop: CancellationToken,
     pub(crate) auth: ApiAuth,

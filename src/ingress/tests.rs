@@ -664,3 +664,54 @@ async fn a_moved_chat_takes_its_place_in_the_allowlists_and_its_memory_along() {
     until("the refusal", || h.sent().len() == 4).await;
     assert!(h.sent()[3].starts_with("Sorry, you are not allowed"));
 }
+
+#[tokio::test]
+async fn every_line_of_a_turn_names_its_conversation_channel_and_trace() {
+    // A current-thread runtime: the turn's task logs on this thread, to this subscriber.
+    #[derive(Clone, Default)]
+    struct Captured(Arc<Mutex<Vec<u8>>>);
+    impl std::io::Write for Captured {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let logs = Captured::default();
+    let writer = logs.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_max_level(tracing::Level::DEBUG)
+        .with_ansi(false)
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+
+    let h = harness(3);
+    let accepted = h
+        .ingress
+        .accept(event("ops", "m1", "fail"), false)
+        .await
+        .unwrap();
+    until("the failure reply", || h.sent().len() == 1).await;
+    let text = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
+    let failed = text
+        .lines()
+        .find(|line| line.contains("turn failed"))
+        .unwrap_or_else(|| panic!("no `turn failed` line in:\n{text}"));
+    for field in [
+        "conversation=api:ops".to_owned(),
+        "channel=api".to_owned(),
+        format!("thread={}", accepted.thread_id),
+        "trace=".to_owned(),
+    ] {
+        assert!(failed.contains(&field), "{field} missing: {failed}");
+    }
+    // The turn's other lines carry the same span.
+    let finished = text
+        .lines()
+        .find(|line| line.contains("turn finished"))
+        .unwrap_or_else(|| panic!("no `turn finished` line in:\n{text}"));
+    assert!(finished.contains("conversation=api:ops"), "{finished}");
+}

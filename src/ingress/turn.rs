@@ -644,7 +644,15 @@ impl TurnRunner {
         }
     }
 
+    /// Runs the agent for `item` inside its `turn` span, which every log line of the turn
+    /// carries: the conversation, channel, thread, trace id and inbox number.
     async fn agent_turn(&self, item: &InboxItem) -> TurnResult {
+        let input = self.run_input(&item.event);
+        let span = turn_span(item, &input.trace_id);
+        self.agent_turn_in_span(item, input).instrument(span).await
+    }
+
+    async fn agent_turn_in_span(&self, item: &InboxItem, mut input: RunInput) -> TurnResult {
         let inner = &self.inner;
         let mut thread = match self.load_thread(item).await {
             Ok(thread) => thread,
@@ -665,7 +673,6 @@ impl TurnRunner {
             inbox_seq: item.seq,
             start,
         });
-        let mut input = self.run_input(&item.event);
         if !item.event.attachments.is_empty() {
             match self.fetch_attachments(item).await {
                 Ok(attachments) => input.attachments = attachments,
@@ -702,7 +709,6 @@ impl TurnRunner {
             timeout: inner.turn_timeout,
             cancel,
         };
-        let span = tracing::info_span!("turn", trace = %input.trace_id, seq = item.seq);
         let run = async {
             if resume {
                 inner
@@ -716,9 +722,7 @@ impl TurnRunner {
                     .await
             }
         };
-        let result = std::panic::AssertUnwindSafe(run.instrument(span))
-            .catch_unwind()
-            .await;
+        let result = std::panic::AssertUnwindSafe(run).catch_unwind().await;
         let draft = match draft {
             Some(draft) => draft.finish().await,
             None => item.draft.clone(),
@@ -1079,4 +1083,17 @@ async fn finish_batches(
             }
         }
     }
+}
+
+/// The span of one agent turn: every line logged in it names the conversation, the channel,
+/// the thread, the trace id (also in the run's hidden context) and the inbox number.
+fn turn_span(item: &InboxItem, trace: &str) -> tracing::Span {
+    tracing::info_span!(
+        "turn",
+        conversation = %item.event.conversation,
+        channel = %item.event.channel,
+        thread = %item.thread_id,
+        trace = %trace,
+        seq = item.seq,
+    )
 }

@@ -4,6 +4,7 @@
 use crate::support::{Behaviour, MODEL_NAME, MockModel, TestApp, read_sse, read_sse_until};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
+use std::time::Duration;
 
 fn roles(thread: &Value) -> Vec<String> {
     thread["messages"]
@@ -122,6 +123,33 @@ async fn tool_call_round_trip() {
     let thread = app.thread(answer.json["thread_id"].as_str().unwrap()).await;
     assert_eq!(roles(&thread), ["user", "assistant", "tool", "assistant"]);
     assert_eq!(thread["messages"][3]["content"], reply);
+    app.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wait_answers_202_at_its_limit_and_the_turn_goes_on() {
+    let mock = MockModel::start(Behaviour::Slow(Duration::from_secs(4))).await;
+    let app = TestApp::spawn(&mock, "[server]\nwait_timeout_secs = 1\n").await;
+
+    let body = json!({"conversation": "slow", "user": "u", "text": "take your time", "message_id": "w-1", "wait": true});
+    let first = app.post(&body).await;
+    assert_eq!(first.status, StatusCode::ACCEPTED, "{}", first.text);
+    assert_eq!(first.json["reply"], Value::Null, "{}", first.text);
+    assert_eq!(first.json["message_id"], "w-1");
+
+    // The turn goes on; resending the message_id with `wait` gets the answer once it exists.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let answered = loop {
+        let again = app.post(&body).await;
+        if again.status == StatusCode::OK {
+            break again;
+        }
+        assert_eq!(again.status, StatusCode::ACCEPTED, "{}", again.text);
+        assert!(std::time::Instant::now() < deadline, "no answer");
+    };
+    assert_eq!(answered.json["duplicate"], true);
+    assert_eq!(answered.json["reply"], "echo: take your time");
+    assert_eq!(mock.count(), 1, "one turn");
     app.shutdown().await;
 }
 

@@ -274,6 +274,134 @@ async fn chat_prints_a_banner_streams_the_answer_and_quits_locally() {
     app.shutdown().await;
 }
 
+/// `antler chat` driven line by line: its stdin, and its stdout read as it comes.
+struct LiveChat {
+    child: Child,
+    stdin: tokio::process::ChildStdin,
+    stdout: tokio::process::ChildStdout,
+    shown: String,
+}
+
+impl LiveChat {
+    fn start(url: &str) -> Self {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_antler"))
+            .args(["chat", "--url", url, "--conversation", "live"])
+            .env_remove("ANTLER_API_TOKEN")
+            .env_remove("ANTLER_URL")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn antler chat");
+        let stdin = child.stdin.take().expect("stdin");
+        let stdout = child.stdout.take().expect("stdout");
+        Self {
+            child,
+            stdin,
+            stdout,
+            shown: String::new(),
+        }
+    }
+
+    async fn type_line(&mut self, line: &str) {
+        self.stdin
+            .write_all(format!("{line}\n").as_bytes())
+            .await
+            .expect("write stdin");
+    }
+
+    /// Reads stdout until what was shown after `from` contains `needle`.
+    async fn until_shown(&mut self, from: usize, needle: &str) {
+        use tokio::io::AsyncReadExt;
+        let deadline = tokio::time::Instant::now() + DEADLINE;
+        let mut buffer = [0u8; 1024];
+        while !self.shown[from..].contains(needle) {
+            let read = tokio::time::timeout_at(deadline, self.stdout.read(&mut buffer))
+                .await
+                .unwrap_or_else(|_| panic!("{needle:?} never shown; shown: {}", self.shown))
+                .expect("read stdout");
+            assert!(
+                read > 0,
+                "stdout ended before {needle:?}; shown: {}",
+                self.shown
+            );
+            self.shown
+                .push_str(&String::from_utf8_lossy(&buffer[..read]));
+        }
+    }
+
+    fn interrupt(&self) {
+        let pid = self.child.id().expect("running");
+        let sent = std::process::Command::new("kill")
+            .args(["-INT", &pid.to_string()])
+            .status()
+            .expect("run kill");
+        assert!(sent.success());
+    }
+
+    async fn exit_code(mut self) -> Option<i32> {
+        tokio::time::timeout(DEADLINE, self.child.wait())
+            .await
+            .expect("antler chat ends")
+            .expect("wait")
+            .code()
+    }
+}
+
+/// An answer that takes longer than any test waits: one character a second.
+const SLOW_QUESTION: &str = "count to sixty slowly please";
+
+#[tokio::test]
+async fn chat_stop_typed_during_an_answer_stops_it_at_once() {
+    let mock = MockModel::start(Behaviour::Trickle {
+        pieces: 40,
+        every: std::time::Duration::from_secs(1),
+    })
+    .await;
+    let app = TestApp::spawn(&mock, "").await;
+    let mut chat = LiveChat::start(&format!("http://{}", app.addr));
+    chat.until_shown(0, "> ").await;
+    let asked = chat.shown.len();
+    chat.type_line(SLOW_QUESTION).await;
+    chat.until_shown(asked, "echo").await;
+    chat.type_line("/stop").await;
+    let at = chat.shown.len();
+    chat.until_shown(at, "[stopped]").await;
+    chat.until_shown(at, "> ").await;
+    assert!(!chat.shown.contains(SLOW_QUESTION), "{}", chat.shown);
+    chat.type_line("/quit").await;
+    assert_eq!(chat.exit_code().await, Some(0));
+    // antler got the `/stop`: the turn ended stopped (its note is in the thread).
+    let idle = app.wait_idle().await;
+    assert_eq!(idle["inbox"], 0, "{idle}");
+    app.shutdown().await;
+}
+
+#[tokio::test]
+async fn chat_ctrl_c_stops_the_answer_and_a_second_one_quits() {
+    let mock = MockModel::start(Behaviour::Trickle {
+        pieces: 40,
+        every: std::time::Duration::from_secs(1),
+    })
+    .await;
+    let app = TestApp::spawn(&mock, "").await;
+    let mut chat = LiveChat::start(&format!("http://{}", app.addr));
+    chat.until_shown(0, "> ").await;
+    let asked = chat.shown.len();
+    chat.type_line(SLOW_QUESTION).await;
+    chat.until_shown(asked, "echo").await;
+    chat.interrupt();
+    let at = chat.shown.len();
+    chat.until_shown(at, "[stopped]").await;
+    chat.until_shown(at, "> ").await;
+    assert!(!chat.shown.contains(SLOW_QUESTION), "{}", chat.shown);
+    // The chat is still there; a second Ctrl-C, at the prompt, quits.
+    chat.interrupt();
+    assert_eq!(chat.exit_code().await, Some(0));
+    app.shutdown().await;
+}
+
 #[tokio::test]
 async fn chat_without_the_token_says_how_to_fix_it_and_keeps_going() {
     let mock = MockModel::start(Behaviour::Echo).await;

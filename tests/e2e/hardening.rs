@@ -275,6 +275,45 @@ async fn a_body_that_never_arrives_is_refused_with_408_and_nothing_stored() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_sends_its_whole_oversized_body_first_still_gets_the_413() {
+    // Python's urllib and many simple clients write the whole body before reading: a server
+    // that closes with the body unread resets the connection and the 413 is lost (nginx's
+    // lingering close reads and discards the rest first).
+    let mock = MockModel::start(Behaviour::Echo).await;
+    let app = TestApp::spawn(&mock, "").await;
+    for attempt in 0..3 {
+        let body = vec![b'x'; 3 * 1024 * 1024];
+        let mut stream = TcpStream::connect(app.addr).await.unwrap();
+        // Like urllib: the head, then the body while the server has already decided.
+        stream
+            .write_all(post_head(body.len(), "").as_bytes())
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let wrote = tokio::time::timeout(DEADLINE, stream.write_all(&body))
+            .await
+            .expect("the body was taken");
+        assert!(
+            wrote.is_ok(),
+            "attempt {attempt}: writing failed: {wrote:?}"
+        );
+        let mut answer = Vec::new();
+        let read = tokio::time::timeout(DEADLINE, stream.read_to_end(&mut answer))
+            .await
+            .expect("the server closed the connection");
+        assert!(read.is_ok(), "attempt {attempt}: reading failed: {read:?}");
+        let answer = String::from_utf8_lossy(&answer);
+        assert!(
+            answer.starts_with("HTTP/1.1 413"),
+            "attempt {attempt}: {answer}"
+        );
+        assert!(answer.contains("payload_too_large"), "{answer}");
+    }
+    assert_eq!(app.get("/readyz").await.json["inbox"], 0);
+    app.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unauthenticated_request_is_refused_before_its_body_is_read() {
     let mock = MockModel::start(Behaviour::Echo).await;
     let app = TestApp::spawn(&mock, "[channels.api]\ntoken = \"the-admin-token-0123\"\n").await;

@@ -8,7 +8,9 @@
 //! title comes from a helper call, as DeerFlow does: the question and the answer (the turn's
 //! last non-empty assistant text, else the question the run asks, each cut to 500 characters)
 //! and "Generate a concise title (max 6 words) …". The reply is cleaned (`<think>` blocks,
-//! quotes and anything after the first line removed) and held to `max_words` words and
+//! quotes and anything after the first line removed), made plain text (Markdown emphasis,
+//! code marks, links and headings reduced to their text, so a cut never leaves half a mark)
+//! and held to `max_words` words and
 //! `max_chars` characters (cut on a character boundary, "…" appended when anything was cut).
 //! When the call fails, times out (15 s) or returns nothing usable, or `use_model` is off, the
 //! question itself, cut the same way, is the title. A first run the user stopped before the
@@ -239,9 +241,44 @@ fn clean_title(reply: &str) -> String {
         .to_owned()
 }
 
-/// A title from `text`: whitespace collapsed, at most `max_words` words and `max_chars`
-/// characters including the "…" appended when something was cut.
+/// The text of `markdown` without its marks: emphasis, code spans, links and images (their
+/// text), headings, lists and quotes; blocks and line breaks become spaces.
+fn plain_text(markdown: &str) -> String {
+    use pulldown_cmark::{Event, Parser, TagEnd};
+    let mut plain = String::with_capacity(markdown.len());
+    for event in Parser::new(markdown) {
+        match event {
+            Event::Text(text)
+            | Event::Code(text)
+            | Event::Html(text)
+            | Event::InlineHtml(text)
+            | Event::InlineMath(text)
+            | Event::DisplayMath(text) => plain.push_str(&text),
+            Event::SoftBreak
+            | Event::HardBreak
+            | Event::Rule
+            | Event::End(
+                TagEnd::Paragraph
+                | TagEnd::Heading(_)
+                | TagEnd::BlockQuote(_)
+                | TagEnd::CodeBlock
+                | TagEnd::HtmlBlock
+                | TagEnd::Item
+                | TagEnd::TableCell
+                | TagEnd::TableRow
+                | TagEnd::TableHead,
+            ) => plain.push(' '),
+            _ => {}
+        }
+    }
+    plain
+}
+
+/// A title from `text`: Markdown reduced to plain text, whitespace collapsed, at most
+/// `max_words` words and `max_chars` characters including the "…" appended when something
+/// was cut.
 pub(crate) fn make_title(text: &str, max_words: usize, max_chars: usize) -> String {
+    let text = plain_text(text);
     let mut words = text.split_whitespace();
     let mut title = words.by_ref().take(max_words).collect::<Vec<_>>().join(" ");
     if title.is_empty() {
@@ -326,6 +363,30 @@ mod tests {
         let title = make_title(&words, 6, 60);
         assert!(title.chars().count() <= 60, "{title}");
         assert!(title.ends_with('…'));
+    }
+
+    #[test]
+    fn titles_are_plain_text_before_they_are_cut() {
+        let title = make_title(
+            "**Deploying** the `api` service to [prod](https://example.com/x) now, please",
+            6,
+            60,
+        );
+        assert_eq!(title, "Deploying the api service to prod…");
+        // A cut inside a mark leaves no half of it.
+        let title = make_title(
+            "## Why does **`kubectl rollout status` hang** on the payments cluster",
+            20,
+            30,
+        );
+        assert!(!title.contains(['*', '`', '#', '[', ']', '(']), "{title}");
+        assert_eq!(title.chars().count(), 30, "{title}");
+        assert!(title.starts_with("Why does kubectl rollout"), "{title}");
+        // Text that only looks like marks stays.
+        assert_eq!(
+            make_title("is 2 * 3 * 4 = 24?", 10, 60),
+            "is 2 * 3 * 4 = 24?"
+        );
     }
 
     #[test]

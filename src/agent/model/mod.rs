@@ -108,6 +108,16 @@ pub(crate) enum ModelError {
         /// The provider's message (may be empty).
         detail: String,
     },
+    /// Another 4xx that says the model name is unknown (LiteLLM's 400 "Invalid model name",
+    /// an error code `model_not_found`, OpenRouter's "not a valid model ID" ...): only the
+    /// operator can fix it.
+    #[error("the model endpoint does not know the model (HTTP {status}){}", colon(.detail))]
+    UnknownModel {
+        /// The HTTP status.
+        status: u16,
+        /// The provider's message (may be empty).
+        detail: String,
+    },
     /// Still rate limited (429) after every retry.
     #[error(
         "the model endpoint is rate limiting (HTTP 429) after {attempts} attempts{}",
@@ -240,6 +250,7 @@ impl ModelError {
         match self {
             Self::Unauthorized { .. }
             | Self::NotFound { .. }
+            | Self::UnknownModel { .. }
             | Self::QuotaExceeded { .. }
             | Self::ContextTooLong { .. }
             | Self::BadRequest { .. } => false,
@@ -277,6 +288,12 @@ impl ModelError {
                 "⚠️ Sorry, the model provider does not know the model or endpoint antler is \
                  set up with (HTTP 404).{} The operator needs to check `model.model` and \
                  `model.base_url`.",
+                provider_says(detail)
+            ),
+            Self::UnknownModel { status, detail } => format!(
+                "⚠️ Sorry, the model provider does not know the model antler is set up with \
+                 (HTTP {status}), so I cannot answer right now.{} The operator needs to fix \
+                 the `model.model` setting (ANTLER_MODEL in the default config).",
                 provider_says(detail)
             ),
             Self::RateLimited { detail, .. } => format!(
@@ -347,6 +364,27 @@ impl ModelError {
     }
 }
 
+/// Whether a provider's 4xx text says the model name is unknown. The texts are the providers':
+/// LiteLLM "Invalid model name passed in model=...", OpenAI "The model `x` does not exist or
+/// you do not have access to it", Ollama "model \"x\" not found", OpenRouter "x is not a valid
+/// model ID", DeepSeek "Model Not Exist".
+fn mentions_unknown_model(detail: &str) -> bool {
+    let lower = detail.to_ascii_lowercase();
+    let quoted_missing = lower.contains("model")
+        && (lower.contains("does not exist") || lower.contains("not found"));
+    quoted_missing
+        || [
+            "invalid model",
+            "unknown model",
+            "no such model",
+            "not a valid model",
+            "model not exist",
+            "model_not_found",
+        ]
+        .iter()
+        .any(|needle| lower.contains(needle))
+}
+
 /// Whether a provider's 4xx text says the request was too long for the model's context.
 fn mentions_context_length(detail: &str) -> bool {
     let lower = detail.to_ascii_lowercase();
@@ -389,6 +427,10 @@ mod tests {
                 detail: detail(),
             },
             ModelError::NotFound { detail: detail() },
+            ModelError::UnknownModel {
+                status: 400,
+                detail: detail(),
+            },
             ModelError::RateLimited {
                 attempts: 4,
                 detail: detail(),
@@ -453,6 +495,7 @@ mod tests {
             match &error {
                 ModelError::Unauthorized { detail, .. }
                 | ModelError::NotFound { detail }
+                | ModelError::UnknownModel { detail, .. }
                 | ModelError::RateLimited { detail, .. }
                 | ModelError::QuotaExceeded { detail, .. }
                 | ModelError::ContextTooLong { detail, .. }
@@ -492,6 +535,30 @@ mod tests {
             cut.user_message()
                 .contains("The provider says: a long reason… Sending")
         );
+    }
+
+    #[test]
+    fn an_unknown_model_is_for_the_operator() {
+        // The providers' own texts.
+        for text in [
+            "/chat/completions: Invalid model name passed in model=gpt-5o. Call `/v1/models` to view available models for your key.",
+            "The model `gpt-9` does not exist or you do not have access to it.",
+            "model \"llama9\" not found, try pulling it first",
+            "gpt-9 is not a valid model ID",
+            "Model Not Exist",
+        ] {
+            assert!(mentions_unknown_model(text), "{text}");
+        }
+        assert!(!mentions_unknown_model("Invalid value for 'temperature'"));
+        let message = ModelError::UnknownModel {
+            status: 400,
+            detail: "Invalid model name passed in model=gpt-5o".into(),
+        }
+        .user_message();
+        assert!(message.contains("`model.model`"), "{message}");
+        assert!(message.contains("operator"), "{message}");
+        assert!(!message.contains("/new"), "{message}");
+        assert!(!message.to_lowercase().contains("send your message again"));
     }
 
     #[test]

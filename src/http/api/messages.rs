@@ -92,7 +92,7 @@ pub(crate) async fn post_message(
     }
     let reply = match existing {
         Some(reply) => Some(reply),
-        None => wait_for_answer(events, &message_id, &state.stop).await,
+        None => wait_for_answer(events, &message_id, &state.stop, state.wait_limit).await,
     };
     drop(permit);
     let mut answer = accepted;
@@ -112,6 +112,7 @@ async fn wait_for_answer(
     mut events: Subscription,
     message_id: &str,
     stop: &CancellationToken,
+    limit: Duration,
 ) -> Option<Reply> {
     let wait = async {
         loop {
@@ -129,7 +130,7 @@ async fn wait_for_answer(
         }
     };
     tokio::select! {
-        answer = tokio::time::timeout(WAIT_LIMIT, wait) => answer.ok().flatten(),
+        answer = tokio::time::timeout(limit, wait) => answer.ok().flatten(),
         () = stop.cancelled() => None,
     }
 }

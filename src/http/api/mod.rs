@@ -66,8 +66,6 @@ use crate::ingress::attachments::{
 };
 use crate::units::human_size;
 
-/// How long `"wait": true` waits for the answer before answering 202 anyway.
-const WAIT_LIMIT: Duration = Duration::from_secs(120);
 const MAX_ID_CHARS: usize = 256;
 /// Who a message is from when an admin (or a token-less setup) does not say.
 const DEFAULT_USER: &str = "operator";

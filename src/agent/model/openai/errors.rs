@@ -8,6 +8,7 @@ use super::*;
 pub(super) enum Class {
     Auth,
     NotFound,
+    UnknownModel,
     RateLimit,
     Quota,
     ContextTooLong,
@@ -30,6 +31,13 @@ pub(super) fn classify(status: u16, code: Option<&str>, detail: &str) -> Class {
         && (code == "context_length_exceeded" || mentions_context_length(detail))
     {
         return Class::ContextTooLong;
+    }
+    // A 404 stays `NotFound`, which names the base URL too; 401/403 are about the key.
+    if (400..500).contains(&status)
+        && !matches!(status, 401 | 403 | 404 | 408 | 429)
+        && (code == "model_not_found" || mentions_unknown_model(detail))
+    {
+        return Class::UnknownModel;
     }
     match status {
         401 | 403 => Class::Auth,
@@ -135,10 +143,19 @@ pub(super) fn status_label(result: &Result<ModelResponse, AttemptError>) -> &'st
 /// How long the server asks to wait: `retry-after-ms` (OpenAI, Azure), else `Retry-After` in
 /// seconds or as an HTTP date; capped at [`RETRY_AFTER_CAP`]. A date in the past (or a skewed
 /// clock) gives `None`, so the plain backoff applies.
+///
+/// Behind LiteLLM's proxy the provider's own headers arrive prefixed `llm_provider-`
+/// (`llm_provider-retry-after`, `llm_provider-retry-after-ms`); the proxy's own header wins,
+/// then the provider's, milliseconds before seconds.
 pub(super) fn retry_after(headers: &HeaderMap) -> Option<Duration> {
-    let header = |name| {
+    retry_after_of(headers, "").or_else(|| retry_after_of(headers, "llm_provider-"))
+}
+
+/// [`retry_after`] for the headers named with `prefix`.
+fn retry_after_of(headers: &HeaderMap, prefix: &str) -> Option<Duration> {
+    let header = |name: &str| {
         headers
-            .get(name)
+            .get(format!("{prefix}{name}").as_str())
             .and_then(|v| v.to_str().ok())
             .map(str::trim)
     };

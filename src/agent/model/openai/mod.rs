@@ -3,17 +3,18 @@
 //! One `complete` call makes up to `1 + max_retries` HTTP attempts. 429, 408, 5xx, connection
 //! failures, timeouts and broken streams (ended early, failed mid-way, or carrying an
 //! `{"error": ...}` chunk) are retried with exponential backoff and jitter, or after the
-//! server's `Retry-After` / `retry-after-ms` (capped at the backoff maximum); everything else
+//! server's `Retry-After` / `retry-after-ms` (or LiteLLM's forwarded `llm_provider-` copies;
+//! capped at the backoff maximum); everything else
 //! fails at once. An error chunk's `code` counts like the HTTP status it names, so a proxy that
 //! answers a rate limit as `200` plus `data: {"error": {"code": "429"}}` is rate limited.
 //!
 //! A streamed attempt that has already passed text to the delta sink is never retried, because
 //! the retry would repeat that text: it ends in [`ModelError::Interrupted`] with that text.
 //!
-//! Timeouts: connecting (`connect_timeout`), the response head and, streamed, its first chunk
-//! (`first_byte_timeout`), the longest gap between chunks (`idle_timeout`), and for a
-//! non-streamed answer the whole attempt (`request_timeout`). A healthy stream has no total
-//! limit.
+//! Timeouts: connecting (`connect_timeout`), the response head and, streamed, its first `data`
+//! event (`first_byte_timeout`), the longest gap between `data` (`idle_timeout`; SSE comments
+//! such as LiteLLM's `: ping` are not activity), and for a non-streamed answer the whole
+//! attempt (`request_timeout`). A healthy stream has no total limit.
 //!
 //! Reasoning (`reasoning_content`, `reasoning`, `<think>` blocks, `thinking` content parts) is
 //! kept apart in [`ModelResponse::reasoning`]: it never reaches the sink or the content.
@@ -30,7 +31,7 @@ use super::detail::{self, ProviderError};
 use super::think::ThinkSplitter;
 use super::{
     ChatModel, DeltaSink, FinishReason, ModelError, ModelHealth, ModelRequest, ModelResponse,
-    TimeoutKind, mentions_context_length,
+    TimeoutKind, mentions_context_length, mentions_unknown_model,
 };
 use crate::agent::message::{ChatMessage, ContentPart, TokenUsage, ToolCall};
 
@@ -311,18 +312,16 @@ impl OpenAiClient {
             return Ok(parsed);
         }
 
-        let first_deadline = after(started, self.config.first_byte_timeout);
+        // Only `data` counts as the answer starting or moving: a proxy's keep-alive comments
+        // (LiteLLM's `: ping`) must not keep a hung upstream alive.
+        let mut deadline = after(started, self.config.first_byte_timeout);
+        let mut answering = false;
         let mut parser = SseParser::default();
         let mut state = StreamState::default();
         let mut received = 0usize;
         loop {
-            let next = if received == 0 {
-                tokio::time::timeout_at(first_deadline, response.chunk()).await
-            } else {
-                tokio::time::timeout(self.config.idle_timeout, response.chunk()).await
-            };
-            let chunk = match next {
-                Err(_) if received == 0 => {
+            let chunk = match tokio::time::timeout_at(deadline, response.chunk()).await {
+                Err(_) if !answering => {
                     return Err(AttemptError::Timeout(
                         TimeoutKind::FirstByte,
                         self.config.first_byte_timeout,
@@ -350,7 +349,12 @@ impl OpenAiClient {
                     STREAM_MAX_BYTES / (1024 * 1024)
                 )));
             }
-            for data in parser.push(&chunk)? {
+            let events = parser.push(&chunk)?;
+            if parser.take_activity() {
+                answering = true;
+                deadline = after(Instant::now(), self.config.idle_timeout);
+            }
+            for data in events {
                 if self.apply(&mut state, &data, sink, shown)? {
                     return Ok(state.finish(sink, shown));
                 }
@@ -565,6 +569,7 @@ impl OpenAiClient {
             } => match classify(status, code.as_deref(), &detail) {
                 Class::Auth => ModelError::Unauthorized { status, detail },
                 Class::NotFound => ModelError::NotFound { detail },
+                Class::UnknownModel => ModelError::UnknownModel { status, detail },
                 Class::RateLimit => ModelError::RateLimited { attempts, detail },
                 Class::Quota => ModelError::QuotaExceeded { status, detail },
                 Class::ContextTooLong => ModelError::ContextTooLong { status, detail },

@@ -13,6 +13,8 @@ pub(super) struct SseParser {
     pub(super) scanned: usize,
     /// The `data` lines of the event being read, joined by `\n`.
     pub(super) data: Option<String>,
+    /// Whether a `data` line was read since the last [`SseParser::take_activity`].
+    pub(super) data_seen: bool,
 }
 
 impl SseParser {
@@ -40,6 +42,14 @@ impl SseParser {
         Ok(events)
     }
 
+    /// Whether the answer moved since the last call: a `data` line was read, or a line that is
+    /// not a comment is arriving. Comments (`: ping`, LiteLLM's keep-alive) and blank lines are
+    /// not activity, so an upstream that only pings still meets the stream's timeouts.
+    pub(super) fn take_activity(&mut self) -> bool {
+        let arriving = self.pending.first().is_some_and(|b| *b != b':');
+        std::mem::take(&mut self.data_seen) || arriving
+    }
+
     /// Ends the stream; returns an event left without its closing blank line.
     pub(super) fn finish(&mut self) -> Option<String> {
         let mut events = Vec::new();
@@ -64,6 +74,7 @@ impl SseParser {
         }
         let (field, value) = line.split_once(':').unwrap_or((line, ""));
         if field == "data" {
+            self.data_seen = true;
             let value = value.strip_prefix(' ').unwrap_or(value);
             match &mut self.data {
                 Some(data) => {

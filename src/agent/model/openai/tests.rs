@@ -406,6 +406,40 @@ async fn not_found_carries_the_shortened_provider_message() {
 }
 
 #[tokio::test]
+async fn an_unknown_model_behind_litellm_is_for_the_operator() {
+    // LiteLLM 1.x answers a model name it has no deployment for with a 400.
+    let server = serve(ResponseTemplate::new(400).set_body_json(json!({"error": {
+        "message": "/chat/completions: Invalid model name passed in model=gpt-5o. Call `/v1/models` to view available models for your key.",
+        "type": "invalid_request_error", "param": "model", "code": "400"
+    }})))
+    .await;
+    let error = fail(&client(&server)).await;
+    let ModelError::UnknownModel {
+        status: 400,
+        detail,
+    } = &error
+    else {
+        panic!("expected UnknownModel, got {error:?}");
+    };
+    assert!(detail.contains("Invalid model name"), "{detail}");
+    assert!(!error.retry_can_help());
+    let message = error.user_message();
+    assert!(message.contains("`model.model`"), "{message}");
+    assert!(!message.contains("/new"), "{message}");
+    assert_eq!(requests(&server).await, 1);
+    // A `model_not_found` code on another 4xx counts the same.
+    let server = serve(ResponseTemplate::new(400).set_body_json(json!({"error": {
+        "message": "no deployment", "code": "model_not_found"
+    }})))
+    .await;
+    let error = fail(&client(&server)).await;
+    assert!(
+        matches!(error, ModelError::UnknownModel { .. }),
+        "{error:?}"
+    );
+}
+
+#[tokio::test]
 async fn other_client_errors_are_bad_requests_with_the_key_redacted() {
     let server = serve(ResponseTemplate::new(400).set_body_json(json!({
         "error": {"message": format!("context too long (key {KEY})")}
@@ -646,6 +680,63 @@ async fn first_byte_timeout_covers_the_head_and_the_first_chunk() {
     let error = stream(&client_with(&base, no_retry), &deltas).await;
     assert_eq!(error.unwrap_err(), expected);
     assert!(deltas.all().is_empty());
+}
+
+#[tokio::test]
+async fn keep_alive_comments_are_not_the_answer_starting() {
+    // LiteLLM pings a streaming client with `: ping` comments while the upstream is silent;
+    // a hung upstream must still end at the first-byte limit, not when the pings stop.
+    let pings: Vec<String> = (0..100).map(|_| ": ping\n\n".to_owned()).collect();
+    let (base, _) = serve_fn(move |_| paced(pings.clone(), Duration::from_millis(100), true)).await;
+    let limit = Duration::from_millis(1500);
+    let client = client_with(&base, |c| {
+        c.first_byte_timeout = limit;
+        c.idle_timeout = Duration::from_secs(60);
+        c.max_retries = 0;
+    });
+    let deltas = Deltas::default();
+    let error = stream(&client, &deltas).await.unwrap_err();
+    assert_eq!(
+        error,
+        ModelError::Timeout {
+            kind: TimeoutKind::FirstByte,
+            limit
+        }
+    );
+    assert!(deltas.all().is_empty());
+}
+
+#[tokio::test]
+async fn keep_alive_comments_are_not_activity() {
+    // Text, then only pings: the idle limit runs from the last `data`.
+    let mut pieces = vec![format!("data: {}\n\n", text_chunk("partial"))];
+    // 30 s of pings; the limit is 1.5 s.
+    pieces.extend((0..300).map(|_| ": ping - 2025-01-01 00:00:00\n\n".to_owned()));
+    let (base, _) =
+        serve_fn(move |_| paced(pieces.clone(), Duration::from_millis(100), true)).await;
+    let limit = Duration::from_millis(1500);
+    let client = client_with(&base, |c| {
+        c.idle_timeout = limit;
+        c.max_retries = 0;
+    });
+    let deltas = Deltas::default();
+    let started = std::time::Instant::now();
+    let error = stream(&client, &deltas).await.unwrap_err();
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "the pings kept the stream alive"
+    );
+    assert_eq!(
+        error,
+        ModelError::Interrupted {
+            shown: "partial".to_owned(),
+            reason: ModelError::Timeout {
+                kind: TimeoutKind::Idle,
+                limit
+            }
+            .to_string()
+        }
+    );
 }
 
 #[tokio::test]
@@ -991,6 +1082,62 @@ fn retry_after_reads_dates_and_milliseconds() {
         client.backoff(1, Some(Duration::from_secs(30))),
         Duration::from_millis(1000)
     );
+}
+
+#[test]
+fn litellm_forwarded_retry_after_is_read() {
+    // LiteLLM passes the provider's response headers on with an `llm_provider-` prefix.
+    let headers = |pairs: &[(&'static str, &'static str)]| {
+        let mut headers = HeaderMap::new();
+        for (name, value) in pairs {
+            headers.insert(*name, value.parse().unwrap());
+        }
+        retry_after(&headers)
+    };
+    assert_eq!(
+        headers(&[("llm_provider-retry-after", "2")]),
+        Some(Duration::from_secs(2))
+    );
+    assert_eq!(
+        headers(&[("llm_provider-retry-after-ms", "1500")]),
+        Some(Duration::from_millis(1500))
+    );
+    assert_eq!(
+        headers(&[
+            ("llm_provider-retry-after-ms", "250"),
+            ("llm_provider-retry-after", "1")
+        ]),
+        Some(Duration::from_millis(250))
+    );
+    // The proxy's own header wins over the forwarded one.
+    assert_eq!(
+        headers(&[("retry-after", "3"), ("llm_provider-retry-after", "1")]),
+        Some(Duration::from_secs(3))
+    );
+    assert_eq!(headers(&[("llm_provider-retry-after", "soon")]), None);
+}
+
+#[tokio::test]
+async fn litellm_forwarded_retry_after_delays_the_retry() {
+    let server = serve_then(
+        ResponseTemplate::new(429).insert_header("llm_provider-retry-after", "2"),
+        1,
+        answer("done"),
+    )
+    .await;
+    let client = client_with(&server.uri(), |c| c.backoff_max = Duration::from_secs(5));
+    let started = std::time::Instant::now();
+    assert_eq!(
+        client.complete(&request(), None).await.unwrap().content,
+        "done"
+    );
+    // A lower bound only: the retry waited at least what the provider asked.
+    assert!(
+        started.elapsed() >= Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(requests(&server).await, 2);
 }
 
 #[tokio::test]
