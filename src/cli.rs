@@ -1,5 +1,5 @@
 //! The command line: `serve`, `check-config`, `chat`, `doctor`, `healthcheck`, `telegram`,
-//! `slack`, `discord`.
+//! `slack`, `discord`, `pairing`.
 
 use std::path::PathBuf;
 
@@ -75,6 +75,13 @@ pub enum Command {
         #[command(subcommand)]
         command: DiscordCommand,
     },
+    /// DM pairing: list, approve or deny the codes unknown users got (through the running
+    /// antler's API, or on the store when none runs).
+    Pairing {
+        /// What to do.
+        #[command(subcommand)]
+        command: PairingCommand,
+    },
     /// Exit 0 when a running antler answers `GET /healthz` with 200 within 5 s, else 1 (for
     /// container health checks: no curl needed).
     Healthcheck {
@@ -82,6 +89,58 @@ pub enum Command {
         #[arg(long, env = "ANTLER_URL", default_value = "http://127.0.0.1:8080")]
         url: String,
     },
+}
+
+/// `antler pairing …`
+#[derive(Debug, Subcommand)]
+pub enum PairingCommand {
+    /// Show the pending pairing requests: code, platform, user id, time left.
+    List {
+        /// The configuration file.
+        #[arg(long, env = "ANTLER_CONFIG", default_value = crate::config::DEFAULT_PATH)]
+        config: PathBuf,
+    },
+    /// Let the user who got CODE talk to the bot, from now on.
+    Approve {
+        /// The pairing code the user was given.
+        code: String,
+        /// Make them an operator: their turns run as admin.
+        #[arg(long)]
+        admin: bool,
+        /// The configuration file.
+        #[arg(long, env = "ANTLER_CONFIG", default_value = crate::config::DEFAULT_PATH)]
+        config: PathBuf,
+    },
+    /// Refuse the request with CODE: the code stops working.
+    Deny {
+        /// The pairing code the user was given.
+        code: String,
+        /// The configuration file.
+        #[arg(long, env = "ANTLER_CONFIG", default_value = crate::config::DEFAULT_PATH)]
+        config: PathBuf,
+    },
+}
+
+impl PairingCommand {
+    /// The configuration file and what to do.
+    pub fn action(&self) -> (&std::path::Path, crate::pairing::PairingAction) {
+        use crate::pairing::PairingAction;
+        match self {
+            Self::List { config } => (config, PairingAction::List),
+            Self::Approve {
+                code,
+                admin,
+                config,
+            } => (
+                config,
+                PairingAction::Approve {
+                    code: code.clone(),
+                    admin: *admin,
+                },
+            ),
+            Self::Deny { code, config } => (config, PairingAction::Deny { code: code.clone() }),
+        }
+    }
 }
 
 /// `antler discord …`

@@ -38,6 +38,7 @@ mod intake;
 pub(crate) mod lanes;
 pub mod logging;
 pub(crate) mod memory;
+pub mod pairing;
 pub(crate) mod retry;
 pub(crate) mod sandbox;
 pub(crate) mod secret;

@@ -100,6 +100,17 @@ async fn run(command: &Command) -> anyhow::Result<ExitCode> {
         Command::Telegram { command } => return Ok(telegram(command).await),
         Command::Slack { command } => return Ok(slack(command)),
         Command::Discord { command } => return Ok(discord(command).await),
+        Command::Pairing { command } => {
+            let (config, action) = command.action();
+            let mut out = std::io::stdout();
+            if let Err(e) = antler::pairing::run(config, &action, &mut out).await {
+                complain(format_args!(
+                    "error: {}",
+                    logging::sanitize_for_terminal(&e.to_string())
+                ));
+                return Ok(ExitCode::FAILURE);
+            }
+        }
         Command::Healthcheck { url } => antler::chat::healthcheck(url).await?,
         Command::Doctor { config } => {
             if !antler::doctor::run(config).await {

@@ -542,6 +542,44 @@ pub enum ApiRole {
     Admin,
 }
 
+/// `channels.<platform>.dm_policy`: who may write to the bot privately.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DmPolicy {
+    /// An unknown user gets a pairing code to hand to an operator (`antler pairing approve
+    /// CODE`); nothing of theirs runs until then.
+    Pairing,
+    /// Only the allowlists, `admins` and approved users; anyone else is refused.
+    Allowlist,
+    /// Anyone may talk (the allowlists must be empty).
+    Open,
+}
+
+impl DmPolicy {
+    /// The policy in effect: `configured`, else `pairing` when both allowlists are empty and
+    /// `allowlist` when either names someone.
+    pub fn effective(
+        configured: Option<Self>,
+        allowed_users: &[String],
+        allowed_chats: &[String],
+    ) -> Self {
+        configured.unwrap_or(if allowed_users.is_empty() && allowed_chats.is_empty() {
+            Self::Pairing
+        } else {
+            Self::Allowlist
+        })
+    }
+
+    /// The name as the configuration spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Pairing => "pairing",
+            Self::Allowlist => "allowlist",
+            Self::Open => "open",
+        }
+    }
+}
+
 /// `[channels.telegram]`
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -569,6 +607,9 @@ pub struct TelegramConfig {
     /// Platform user ids that are operators: always allowed, and their turns run as admin.
     #[serde(deserialize_with = "secret::strings")]
     pub admins: Vec<String>,
+    /// Who may write to the bot privately ([`DmPolicy`]); unset: `pairing` when
+    /// `allowed_users` and `allowed_chats` are both empty, else `allowlist`.
+    pub dm_policy: Option<DmPolicy>,
 }
 
 /// How Telegram updates reach antler.
@@ -593,6 +634,7 @@ impl Default for TelegramConfig {
             allowed_users: Vec::new(),
             allowed_chats: Vec::new(),
             admins: Vec::new(),
+            dm_policy: None,
         }
     }
 }
@@ -645,6 +687,9 @@ pub struct SlackConfig {
     /// Platform user ids that are operators: always allowed, and their turns run as admin.
     #[serde(deserialize_with = "secret::strings")]
     pub admins: Vec<String>,
+    /// Who may write to the bot privately ([`DmPolicy`]); unset: `pairing` when
+    /// `allowed_users` and `allowed_chats` are both empty, else `allowlist`.
+    pub dm_policy: Option<DmPolicy>,
 }
 
 /// How Slack events reach antler.
@@ -687,6 +732,7 @@ impl Default for SlackConfig {
             allowed_users: Vec::new(),
             allowed_chats: Vec::new(),
             admins: Vec::new(),
+            dm_policy: None,
         }
     }
 }
@@ -725,6 +771,9 @@ pub struct DiscordConfig {
     /// Platform user ids that are operators: always allowed, and their turns run as admin.
     #[serde(deserialize_with = "secret::strings")]
     pub admins: Vec<String>,
+    /// Who may write to the bot privately ([`DmPolicy`]); unset: `pairing` when
+    /// `allowed_users` and `allowed_chats` are both empty, else `allowlist`.
+    pub dm_policy: Option<DmPolicy>,
 }
 
 impl Default for DiscordConfig {
@@ -740,6 +789,7 @@ impl Default for DiscordConfig {
             allowed_users: Vec::new(),
             allowed_chats: Vec::new(),
             admins: Vec::new(),
+            dm_policy: None,
         }
     }
 }
@@ -780,6 +830,9 @@ pub struct FeishuConfig {
     /// Platform user ids that are operators: always allowed, and their turns run as admin.
     #[serde(deserialize_with = "secret::strings")]
     pub admins: Vec<String>,
+    /// Who may write to the bot privately ([`DmPolicy`]); unset: `pairing` when
+    /// `allowed_users` and `allowed_chats` are both empty, else `allowlist`.
+    pub dm_policy: Option<DmPolicy>,
 }
 
 /// How Feishu events reach antler.
@@ -808,6 +861,7 @@ impl Default for FeishuConfig {
             allowed_users: Vec::new(),
             allowed_chats: Vec::new(),
             admins: Vec::new(),
+            dm_policy: None,
         }
     }
 }

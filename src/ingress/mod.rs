@@ -37,6 +37,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::events::{EventHub, Subscription};
+use crate::pairing::Pairing;
 use crate::store::{Accept, Accepted, InboxItem, Store, StoreError, ThreadChoice};
 use access::{Access, Admit};
 use commands::Command;
@@ -92,6 +93,7 @@ struct Inner {
     backlog_limit: usize,
     dedupe_ttl: Duration,
     access: Arc<Access>,
+    pairing: Option<Arc<Pairing>>,
     stop: CancellationToken,
     acceptor: mpsc::UnboundedSender<Request>,
     /// Read for follow-ups (is the bot part of their conversation?); written by the acceptor.
@@ -172,6 +174,8 @@ pub(crate) struct IngressSettings {
     pub(crate) max_concurrent_turns: usize,
     /// Who may talk to the bot on each channel.
     pub(crate) access: Arc<Access>,
+    /// DM pairing, for the refusals a channel answers at once (`None`: never).
+    pub(crate) pairing: Option<Arc<Pairing>>,
 }
 
 impl Ingress {
@@ -226,6 +230,7 @@ impl Ingress {
                 backlog_limit: settings.backlog_limit,
                 dedupe_ttl: settings.dedupe_ttl,
                 access: Arc::clone(&settings.access),
+                pairing: settings.pairing.clone(),
                 store,
                 stop,
                 acceptor,
@@ -345,11 +350,18 @@ impl Ingress {
         Ok(())
     }
 
-    /// The refusal text for `event` when its author may not use the bot, checked for a
-    /// channel that refuses at once instead of storing a refusal; `None` lets it through (an
-    /// admin marked as such).
-    pub(crate) fn refusal(&self, event: &mut InboundEvent) -> Option<String> {
-        (!self.inner.access.allows(event)).then(|| access::refusal_text(event))
+    /// The refusal text for `event` when its author may not use the bot (their pairing code
+    /// where pairing applies), checked for a channel that refuses at once instead of storing
+    /// a refusal; `None` lets it through (an admin marked as such).
+    pub(crate) async fn refusal(&self, event: &mut InboundEvent) -> Option<String> {
+        if self.inner.access.allows(event) {
+            return None;
+        }
+        Some(
+            crate::pairing::refusal(self.inner.pairing.as_deref(), event)
+                .await
+                .0,
+        )
     }
 
     /// Hands an event that passed the access check to the acceptor and waits for its answer.
