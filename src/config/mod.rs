@@ -598,7 +598,7 @@ pub struct TelegramConfig {
     /// The Bot API base URL.
     #[serde(deserialize_with = "secret::string")]
     pub api_url: String,
-    /// Platform user ids that may talk to the bot (with `allowed_chats`; both empty: anyone).
+    /// Platform user ids that may talk to the bot (with `allowed_chats` and `dm_policy`).
     #[serde(deserialize_with = "secret::strings")]
     pub allowed_users: Vec<String>,
     /// Platform chat ids in which anyone may talk to the bot.
@@ -678,7 +678,7 @@ pub struct SlackConfig {
     pub progress_reactions: bool,
     /// Who sees a slash command's answer (posted through the command's `response_url`).
     pub slash_response: SlashResponse,
-    /// Platform user ids that may talk to the bot (with `allowed_chats`; both empty: anyone).
+    /// Platform user ids that may talk to the bot (with `allowed_chats` and `dm_policy`).
     #[serde(deserialize_with = "secret::strings")]
     pub allowed_users: Vec<String>,
     /// Platform chat ids in which anyone may talk to the bot.
@@ -762,7 +762,7 @@ pub struct DiscordConfig {
     /// Also connect to Discord's Gateway (websocket) for plain @mentions in servers and DMs,
     /// answered as the bot's own messages. Off: application commands only.
     pub gateway: bool,
-    /// Platform user ids that may talk to the bot (with `allowed_chats`; both empty: anyone).
+    /// Platform user ids that may talk to the bot (with `allowed_chats` and `dm_policy`).
     #[serde(deserialize_with = "secret::strings")]
     pub allowed_users: Vec<String>,
     /// Platform chat ids in which anyone may talk to the bot.
@@ -821,7 +821,7 @@ pub struct FeishuConfig {
     /// Answer with an interactive card that fills in as the answer streams; `false`: plain
     /// text messages, sent when the answer is complete.
     pub cards: bool,
-    /// Platform user ids that may talk to the bot (with `allowed_chats`; both empty: anyone).
+    /// Platform user ids that may talk to the bot (with `allowed_chats` and `dm_policy`).
     #[serde(deserialize_with = "secret::strings")]
     pub allowed_users: Vec<String>,
     /// Platform chat ids in which anyone may talk to the bot.

@@ -290,8 +290,9 @@ impl MockTelegram {
     pub fn config(&self, more: &str) -> String {
         format!(
             "[channels.telegram]\nenabled = true\nbot_token = \"{TOKEN}\"\n\
-             webhook_secret = \"{SECRET}\"\napi_url = \"{}\"\n{more}",
-            self.server.uri()
+             webhook_secret = \"{SECRET}\"\napi_url = \"{}\"\n{}{more}",
+            self.server.uri(),
+            crate::open_unless_listed(more)
         )
     }
 
@@ -300,7 +301,7 @@ impl MockTelegram {
     pub fn polling_config(&self) -> String {
         format!(
             "[channels.telegram]\nenabled = true\nmode = \"polling\"\nbot_token = \"{TOKEN}\"\n\
-             api_url = \"{}\"\n",
+             api_url = \"{}\"\ndm_policy = \"open\"\n",
             self.server.uri()
         )
     }
