@@ -58,7 +58,7 @@ use crate::http::guard::{ApiAuth, HostPolicy};
 use crate::http::serve::{ServeLimits, serve as serve_http};
 use crate::http::{AppContext, AppState, api::ApiChannel, ops_router, router};
 use crate::ingress::access::Access;
-use crate::pairing::Pairing;
+use crate::ingress::pairing::Pairing;
 use crate::ingress::{Ingress, IngressSettings, TurnRunner, TurnSettings};
 use crate::memory::queue::{MemoryWorker, WorkerSettings};
 use crate::retry::{Backoff, RetryPolicy};

@@ -2024,9 +2024,8 @@ fn dm_policy_parses_defaults_by_the_allowlists_and_open_must_not_list_anyone() {
     assert_eq!(channels.telegram.dm_policy, Some(DmPolicy::Allowlist));
     assert_eq!(channels.discord.dm_policy, Some(DmPolicy::Open));
     assert_eq!(channels.feishu.dm_policy, None);
-    let effective = |policy, users: &[String], chats: &[String]| {
-        DmPolicy::effective(policy, users, chats)
-    };
+    let effective =
+        |policy, users: &[String], chats: &[String]| DmPolicy::effective(policy, users, chats);
     assert_eq!(effective(None, &[], &[]), DmPolicy::Pairing);
     assert_eq!(
         effective(None, &channels.slack.allowed_users, &[]),
@@ -2045,8 +2044,10 @@ fn dm_policy_parses_defaults_by_the_allowlists_and_open_must_not_list_anyone() {
     );
     assert_eq!(
         found,
-        ["channels.telegram.dm_policy: \"open\" lets anyone talk, but allowed_users or \
-          allowed_chats names someone; empty them, or choose \"allowlist\" or \"pairing\""]
+        [
+            "channels.telegram.dm_policy: \"open\" lets anyone talk, but allowed_users or \
+          allowed_chats names someone; empty them, or choose \"allowlist\" or \"pairing\""
+        ]
     );
     let bad = parse("[channels.slack]\ndm_policy = \"closed\"\n")
         .unwrap_err()

@@ -75,7 +75,7 @@ pub(crate) struct AppContext {
     /// The skills found at start, for the skills API.
     pub(crate) skills: Arc<Catalogue>,
     /// DM pairing, for the pairing API.
-    pub(crate) pairing: Arc<crate::pairing::Pairing>,
+    pub(crate) pairing: Arc<crate::ingress::pairing::Pairing>,
 }
 
 /// The main listener's routes. With `ops_elsewhere`, `/readyz` and `/metrics` are left to the

@@ -20,7 +20,7 @@ use super::AppState;
 use super::api::read_body;
 use super::error::ApiError;
 use super::extract::{Admin, AdminApi};
-use crate::pairing::PairingError;
+use crate::ingress::pairing::PairingError;
 
 /// The pairing API, admin only.
 pub(crate) struct PairingApi;
@@ -69,7 +69,10 @@ pub(crate) async fn approve(
     request: Request,
 ) -> Result<Response, ApiError> {
     let decision = decision(&state, request).await?;
-    let user = state.pairing.approve(&decision.code, decision.admin).await?;
+    let user = state
+        .pairing
+        .approve(&decision.code, decision.admin)
+        .await?;
     Ok(Json(json!({
         "approved": {"channel": user.channel, "user_id": user.user_id, "admin": user.admin}
     }))
@@ -84,7 +87,9 @@ pub(crate) async fn deny(
 ) -> Result<Response, ApiError> {
     let decision = decision(&state, request).await?;
     if decision.admin {
-        return Err(ApiError::BadRequest("`admin` is for approve only".to_owned()));
+        return Err(ApiError::BadRequest(
+            "`admin` is for approve only".to_owned(),
+        ));
     }
     let denied = state.pairing.deny(&decision.code).await?;
     Ok(Json(json!({

@@ -2,9 +2,10 @@
 //!
 //! Each channel's config names `allowed_users`, `allowed_chats` and `admins` (platform ids),
 //! and a platform's its `dm_policy` ([`DmPolicy`]). The rule: a message is let through when
-//! its author is in `admins` or `allowed_users` or was approved through pairing
-//! ([`crate::pairing`]), or when it was written in a chat listed in `allowed_chats` (an
-//! allowed chat lets everyone in it talk; an allowed user may talk anywhere the bot is). With
+//! its author is in `admins` or `allowed_users` or was approved through DM pairing (an
+//! operator's `antler pairing approve`), or when it was written in a chat listed in
+//! `allowed_chats` (an allowed chat lets everyone in it talk; an allowed user may talk
+//! anywhere the bot is). With
 //! `dm_policy = "open"` (the API channel: both allowlists empty) anyone may talk, and startup
 //! warns. An author the channel itself already marked as an admin (the API's admin token) is
 //! let through too. An author in `admins`, or approved as one, gets
@@ -223,12 +224,15 @@ impl Access {
     /// Whether `user_id` was approved on `channel` through pairing.
     #[cfg(test)]
     pub(crate) fn is_paired(&self, channel: &str, user_id: &str) -> bool {
-        self.paired_as(channel, &UserRef {
-            id: user_id.to_owned(),
-            name: None,
-            admin: false,
-            aliases: Vec::new(),
-        })
+        self.paired_as(
+            channel,
+            &UserRef {
+                id: user_id.to_owned(),
+                name: None,
+                admin: false,
+                aliases: Vec::new(),
+            },
+        )
         .is_some()
     }
 
@@ -253,7 +257,12 @@ impl Access {
 
     /// Marks `event`'s author an admin when they are one; then whether they may talk in
     /// `chat` (or `moved_from`).
-    fn decide(&self, rules: &AccessRules, event: &mut InboundEvent, moved_from: Option<&str>) -> bool {
+    fn decide(
+        &self,
+        rules: &AccessRules,
+        event: &mut InboundEvent,
+        moved_from: Option<&str>,
+    ) -> bool {
         let paired = self.paired_as(&event.channel, &event.user);
         if rules.is_admin(&event.user) || paired == Some(true) {
             event.user.admin = true;
@@ -283,7 +292,11 @@ impl Access {
         if self.decide(rules, event, moved_from) {
             return Admit::Run;
         }
-        let limit = if self.pairs(event) { PAIRING_REPLIES } else { 1 };
+        let limit = if self.pairs(event) {
+            PAIRING_REPLIES
+        } else {
+            1
+        };
         let first = self.refusals.lock().map_or(true, |mut refusals| {
             refusals.answer_in_interval(&event.channel, &event.user.id, Instant::now(), limit)
         });

@@ -21,6 +21,7 @@ pub(crate) mod access;
 pub(crate) mod attachments;
 pub(crate) mod commands;
 mod dispatcher;
+pub(crate) mod pairing;
 mod turn;
 
 pub(crate) use dispatcher::{Dispatcher, RunTurn};
@@ -37,10 +38,10 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::events::{EventHub, Subscription};
-use crate::pairing::Pairing;
 use crate::store::{Accept, Accepted, InboxItem, Store, StoreError, ThreadChoice};
 use access::{Access, Admit};
 use commands::Command;
+use pairing::Pairing;
 
 /// How long a client is asked to wait when the backlog is full.
 pub(crate) const RETRY_AFTER: Duration = Duration::from_secs(5);
@@ -358,7 +359,7 @@ impl Ingress {
             return None;
         }
         Some(
-            crate::pairing::refusal(self.inner.pairing.as_deref(), event)
+            pairing::refusal(self.inner.pairing.as_deref(), event)
                 .await
                 .0,
         )

@@ -23,6 +23,7 @@ use tracing::Instrument;
 use super::attachments;
 use super::commands::{self, Command, PlanSwitch};
 use super::dispatcher::Dispatcher;
+use super::pairing::Pairing;
 use crate::agent::input::{Attachment, Author, ChannelFlags, Role, RunInput};
 use crate::agent::memory::MemoryUpdate;
 use crate::agent::memory::identity::MemoryIdentities;
@@ -36,7 +37,6 @@ use crate::agent::thread::{RunningTurn, ThreadState};
 use crate::delivery::{Delivery, Draft};
 use crate::events::{EventHub, ThreadEvent, ToolState};
 use crate::retry::{Backoff, RetryPolicy};
-use crate::pairing::Pairing;
 use crate::store::{FinishTurn, InboxItem, InboxStatus, OutboxItem, Store, StoreError};
 
 /// The first wait before retrying a failed store operation; it doubles up to the cap.
@@ -507,7 +507,7 @@ impl TurnRunner {
             // Nothing runs for an author who may not use the bot: no command, no model call,
             // and nothing of theirs enters the thread.
             let (text, outcome) =
-                crate::pairing::refusal(self.inner.pairing.as_deref(), &item.event).await;
+                super::pairing::refusal(self.inner.pairing.as_deref(), &item.event).await;
             return TurnResult {
                 thread: None,
                 text,

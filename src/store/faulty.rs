@@ -10,7 +10,8 @@ use antler_channel::{ChatMove, Receipt};
 use super::{
     Accept, Accepted, Claimed, ClearedMemory, ConversationRecord, FinishTurn, InboxItem,
     InboxStore, LeaseStore, MaintenanceStore, MemoryQueueStore, MemoryStore, OutboxItem,
-    OutboxStore, PairedUser, PairingRequest, PairingStore, SkillStore, Store, StoreError, StoreStats, SubagentStore, ThreadStore,
+    OutboxStore, PairedUser, PairingRequest, PairingStore, SkillStore, Store, StoreError,
+    StoreStats, SubagentStore, ThreadStore,
 };
 use crate::agent::memory::{MemoryDocument, MemoryUpdate};
 use crate::agent::subagents::{SubagentChange, SubagentRecord, Transition};
@@ -301,30 +302,6 @@ impl SkillStore for FaultyStore {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::store::MemStore;
-
-    #[tokio::test]
-    async fn injected_faults_fail_the_next_calls_then_pass_through() {
-        let store = FaultyStore::new(Arc::new(MemStore::new()));
-        store.unavailable_next(Call::StartTurn, 2);
-        store.fail_next(Call::StartTurn, 1, &StoreError::backend("corrupt"));
-        for _ in 0..2 {
-            let error = store.start_turn(0).await.unwrap_err();
-            assert!(error.is_retryable(), "{error}");
-        }
-        let error = store.start_turn(0).await.unwrap_err();
-        assert!(!error.is_retryable(), "{error}");
-        // Passed through again: the store itself answers (there is no item 0).
-        let error = store.start_turn(0).await.unwrap_err();
-        assert!(matches!(error, StoreError::Missing { .. }), "{error:?}");
-        // Other calls were never affected.
-        assert!(store.inbox().await.unwrap().is_empty());
-    }
-}
-
 #[async_trait::async_trait]
 impl PairingStore for FaultyStore {
     async fn pairing_requests(&self) -> Result<Vec<PairingRequest>, StoreError> {
@@ -347,5 +324,29 @@ impl PairingStore for FaultyStore {
     }
     async fn paired_users(&self) -> Result<Vec<PairedUser>, StoreError> {
         self.inner.paired_users().await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::MemStore;
+
+    #[tokio::test]
+    async fn injected_faults_fail_the_next_calls_then_pass_through() {
+        let store = FaultyStore::new(Arc::new(MemStore::new()));
+        store.unavailable_next(Call::StartTurn, 2);
+        store.fail_next(Call::StartTurn, 1, &StoreError::backend("corrupt"));
+        for _ in 0..2 {
+            let error = store.start_turn(0).await.unwrap_err();
+            assert!(error.is_retryable(), "{error}");
+        }
+        let error = store.start_turn(0).await.unwrap_err();
+        assert!(!error.is_retryable(), "{error}");
+        // Passed through again: the store itself answers (there is no item 0).
+        let error = store.start_turn(0).await.unwrap_err();
+        assert!(matches!(error, StoreError::Missing { .. }), "{error:?}");
+        // Other calls were never affected.
+        assert!(store.inbox().await.unwrap().is_empty());
     }
 }

@@ -14,8 +14,7 @@ use super::{
     Accept, Accepted, Claimed, ClearedMemory, ConversationRecord, FinishTurn, InboxItem,
     InboxStore, Lease, LeaseStore, MAX_REPLIES_PER_ITEM, MaintenanceStore, MemoryQueueStore,
     MemoryStore, OutboxItem, OutboxStatus, OutboxStore, PairedUser, PairingRequest, PairingStore,
-    SkillStore, StoreError, StoreStats,
-    SubagentStore, ThreadStore, outbox_seq,
+    SkillStore, StoreError, StoreStats, SubagentStore, ThreadStore, outbox_seq,
 };
 use crate::agent::memory::{MemoryDocument, MemoryUpdate};
 use crate::agent::subagents::{SubagentChange, SubagentRecord, SubagentStatus, Transition};
@@ -557,10 +556,8 @@ impl PairingStore for MemStore {
             .remove(&(channel.to_owned(), user_id.to_owned()))
             .is_some();
         if let Some(user) = paired {
-            data.paired_users.insert(
-                (user.channel.clone(), user.user_id.clone()),
-                user.clone(),
-            );
+            data.paired_users
+                .insert((user.channel.clone(), user.user_id.clone()), user.clone());
         }
         Ok(found)
     }

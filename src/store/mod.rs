@@ -561,7 +561,7 @@ pub(crate) struct PairedUser {
 }
 
 /// DM pairing: pending requests (few: the pairing module caps them) and approved users. The
-/// rules (codes, expiry, the cap) live in `crate::pairing`; the store keeps what they decide.
+/// rules (codes, expiry, the cap) live in the ingress's pairing module; the store keeps what they decide.
 #[async_trait::async_trait]
 pub(crate) trait PairingStore: Send + Sync + std::fmt::Debug {
     /// Every pending request, in (channel, user) order.

@@ -39,8 +39,8 @@ use super::rules::{self, DedupeEntry};
 use super::{
     Accept, Accepted, ClearedMemory, ConversationRecord, FinishTurn, InboxItem, InboxStore,
     MaintenanceStore, MemoryQueueStore, MemoryStore, OutboxItem, OutboxStatus, OutboxStore,
-    PairedUser, PairingRequest, PairingStore, SCHEMA_VERSION, SkillStore, StoreError, StoreStats, SubagentStore, ThreadStore, keys,
-    outbox_seq,
+    PairedUser, PairingRequest, PairingStore, SCHEMA_VERSION, SkillStore, StoreError, StoreStats,
+    SubagentStore, ThreadStore, keys, outbox_seq,
 };
 use super::{Claimed, Lease, LeaseStore};
 use crate::agent::memory::{MemoryDocument, MemoryUpdate};

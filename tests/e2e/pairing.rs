@@ -63,16 +63,25 @@ async fn an_unknown_user_pairs_with_a_code_an_operator_approves_through_the_runn
     let base = serve.client.base.clone();
 
     // Unknown: a code with their id and the command, and nothing runs.
-    assert_eq!(post(&base, &dm(1, ADA, "hello"), Some(SECRET)).await, StatusCode::OK);
+    assert_eq!(
+        post(&base, &dm(1, ADA, "hello"), Some(SECRET)).await,
+        StatusCode::OK
+    );
     let sent = api.wait_for_sends(1).await;
     let text = sent[0]["text"].as_str().unwrap();
     assert_eq!(sent[0]["chat_id"], ADA);
     let code = code_in(&sent[0]);
-    assert!(text.contains(&format!("Your pairing code is {code}")), "{text}");
+    assert!(
+        text.contains(&format!("Your pairing code is {code}")),
+        "{text}"
+    );
     assert!(text.contains(&ADA.to_string()), "names their id: {text}");
     assert_eq!(code.len(), 8);
     // Asking again: the same code.
-    assert_eq!(post(&base, &dm(2, ADA, "hello?"), Some(SECRET)).await, StatusCode::OK);
+    assert_eq!(
+        post(&base, &dm(2, ADA, "hello?"), Some(SECRET)).await,
+        StatusCode::OK
+    );
     let sent = api.wait_for_sends(2).await;
     assert_eq!(code_in(&sent[1]), code, "the same code within the hour");
     assert_eq!(model.count(), 0, "no model call for an unknown user");
@@ -107,7 +116,10 @@ async fn an_unknown_user_pairs_with_a_code_an_operator_approves_through_the_runn
     // The CLI lists and approves through the running serve (the store is locked by it).
     let (status, out, err) = pairing_cli(&rig, &["list"]).await;
     assert_eq!(status, Some(0), "{err}");
-    assert!(out.contains(&code) && out.contains(&ADA.to_string()), "{out}");
+    assert!(
+        out.contains(&code) && out.contains(&ADA.to_string()),
+        "{out}"
+    );
     let (status, out, err) = pairing_cli(&rig, &["approve", &code.to_lowercase()]).await;
     assert_eq!(status, Some(0), "{err}");
     assert!(
@@ -134,21 +146,38 @@ async fn an_unknown_user_pairs_with_a_code_an_operator_approves_through_the_runn
     // The used code is gone.
     let (status, _, err) = pairing_cli(&rig, &["approve", &code]).await;
     assert_eq!(status, Some(1));
-    assert!(err.contains("no pending pairing request has this code"), "{err}");
+    assert!(
+        err.contains("no pending pairing request has this code"),
+        "{err}"
+    );
 
     // Denied: the code is unusable, answering as an unknown code does.
-    assert_eq!(post(&base, &dm(5, BOB, "hi"), Some(SECRET)).await, StatusCode::OK);
+    assert_eq!(
+        post(&base, &dm(5, BOB, "hi"), Some(SECRET)).await,
+        StatusCode::OK
+    );
     let sent = api.wait_for_sends(5).await;
     let denied = code_in(&sent[4]);
     assert_ne!(denied, code);
     let (status, out, err) = pairing_cli(&rig, &["deny", &denied]).await;
     assert_eq!(status, Some(0), "{err}");
-    assert!(out.contains(&format!("denied the pairing request of telegram user {BOB}")), "{out}");
+    assert!(
+        out.contains(&format!(
+            "denied the pairing request of telegram user {BOB}"
+        )),
+        "{out}"
+    );
     let (status, _, err) = pairing_cli(&rig, &["approve", &denied]).await;
     assert_eq!(status, Some(1));
-    assert!(err.contains("no pending pairing request has this code"), "{err}");
+    assert!(
+        err.contains("no pending pairing request has this code"),
+        "{err}"
+    );
     let (_, _, unknown) = pairing_cli(&rig, &["approve", "ZZZZ2222"]).await;
-    assert_eq!(unknown, err, "a denied code and an unknown one answer alike");
+    assert_eq!(
+        unknown, err,
+        "a denied code and an unknown one answer alike"
+    );
     let through_api = http
         .post(&approve_url)
         .bearer_auth(ADMIN_TOKEN)
@@ -159,20 +188,29 @@ async fn an_unknown_user_pairs_with_a_code_an_operator_approves_through_the_runn
     assert_eq!(through_api.status(), StatusCode::NOT_FOUND);
 
     // Bob asks again, gets a new code, and is approved as an admin.
-    assert_eq!(post(&base, &dm(6, BOB, "hi again"), Some(SECRET)).await, StatusCode::OK);
+    assert_eq!(
+        post(&base, &dm(6, BOB, "hi again"), Some(SECRET)).await,
+        StatusCode::OK
+    );
     let sent = api.wait_for_sends(6).await;
     let second = code_in(&sent[5]);
     assert_ne!(second, denied);
     let (status, out, err) = pairing_cli(&rig, &["approve", &second, "--admin"]).await;
     assert_eq!(status, Some(0), "{err}");
-    assert!(out.contains(&format!("approved telegram user {BOB} as an admin")), "{out}");
+    assert!(
+        out.contains(&format!("approved telegram user {BOB} as an admin")),
+        "{out}"
+    );
     assert_eq!(
         post(&base, &dm(7, BOB, "/skills disable nosuch"), Some(SECRET)).await,
         StatusCode::OK
     );
     let sent = api.wait_for_sends(7).await;
     let as_admin = sent[6]["text"].as_str().unwrap();
-    assert!(!as_admin.starts_with("Only admins"), "an admin's turn: {as_admin}");
+    assert!(
+        !as_admin.starts_with("Only admins"),
+        "an admin's turn: {as_admin}"
+    );
     assert_eq!(model.count(), 1, "commands make no model call");
 
     // Approvals are durable: after a restart Ada still talks.

@@ -11,12 +11,9 @@
 //!   ([`PairingError::UnknownCode`]); codes are compared in constant time, every pending one.
 //! - **Durable.** Pending requests and approved users are kept in the store
 //!   ([`PairingStore`]); a running serve holds the approved users in memory ([`Access`]) and
-//!   applies a decision at once. The CLI reaches a running serve through its admin-only API
-//!   (`/api/v1/pairing`, `http::pairing`), or opens the store itself when none runs.
-
-mod client;
-
-pub use client::{PairingAction, PairingCliError, run};
+//!   applies a decision at once. The CLI (`crate::pairing`) reaches a running serve through
+//!   its admin-only API (`/api/v1/pairing`, `http::pairing`), or opens the store itself when
+//!   none runs.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -25,7 +22,7 @@ use antler_channel::UserRef;
 use antler_channel::verify::constant_time_eq;
 use serde::Serialize;
 
-use crate::ingress::access::Access;
+use super::access::Access;
 use crate::store::{PairedUser, PairingRequest, PairingStore, StoreError};
 
 /// Characters in a code.
@@ -148,11 +145,7 @@ fn decide(
 
 /// The live request whose code is `code`, if any. Every pending code is compared, each in
 /// constant time, so the time taken tells nothing about which codes exist.
-fn find<'a>(
-    pending: &'a [PairingRequest],
-    code: &str,
-    now_ms: u64,
-) -> Option<&'a PairingRequest> {
+fn find<'a>(pending: &'a [PairingRequest], code: &str, now_ms: u64) -> Option<&'a PairingRequest> {
     let mut found = None;
     for request in pending {
         let matches = constant_time_eq(request.code.as_bytes(), code.as_bytes());
@@ -210,7 +203,11 @@ impl Pairing {
 
     /// The code of `user` on `channel`: their live one, else a new one (stored before it is
     /// returned).
-    pub(crate) async fn code_for(&self, channel: &str, user: &UserRef) -> Result<String, StoreError> {
+    pub(crate) async fn code_for(
+        &self,
+        channel: &str,
+        user: &UserRef,
+    ) -> Result<String, StoreError> {
         let _one = self.lock.lock().await;
         let pending = self.store.pairing_requests().await?;
         let issue = decide(&pending, channel, user, crate::now_ms(), new_code);
@@ -254,7 +251,11 @@ impl Pairing {
 
     /// Approves the request with `code`: its user may talk from now on (as an admin with
     /// `admin`), here and after a restart.
-    pub(crate) async fn approve(&self, code: &str, admin: bool) -> Result<PairedUser, PairingError> {
+    pub(crate) async fn approve(
+        &self,
+        code: &str,
+        admin: bool,
+    ) -> Result<PairedUser, PairingError> {
         let _one = self.lock.lock().await;
         let request = self.take(code).await?;
         let user = approve_user(
@@ -312,16 +313,28 @@ pub(crate) async fn approve_user(
 
 /// What a refused `event`'s author is told, and the turn's outcome (`pairing` or `refused`):
 /// their pairing code where `pairing` applies ([`Pairing::applies`]; the same code on every
-/// try, so a turn run again after a crash says the same), else the refusal.
+/// try, so a turn run again after a crash says the same), else the refusal (in a group of a
+/// platform that pairs, with the hint to write privately).
 pub(crate) async fn refusal(
     pairing: Option<&Pairing>,
     event: &antler_channel::InboundEvent,
 ) -> (String, &'static str) {
-    let Some(pairing) = pairing.filter(|p| p.applies(event)) else {
-        return (crate::ingress::access::refusal_text(event), "refused");
+    let Some(pairing) = pairing else {
+        return (super::access::refusal_text(event), "refused");
     };
+    if !pairing.applies(event) {
+        let mut text = super::access::refusal_text(event);
+        if pairing.access.dm_policy(&event.channel) == crate::config::DmPolicy::Pairing {
+            // In a group nobody is paired; a private message is the way in.
+            text.push_str(" You can also write to me privately to get a pairing code.");
+        }
+        return (text, "refused");
+    }
     match pairing.code_for(&event.channel, &event.user).await {
-        Ok(code) => (pairing_text(&event.channel, &event.user.id, &code), "pairing"),
+        Ok(code) => (
+            pairing_text(&event.channel, &event.user.id, &code),
+            "pairing",
+        ),
         Err(e) => {
             tracing::warn!(channel = %event.channel, error = %e, "cannot issue a pairing code");
             (
@@ -388,18 +401,26 @@ mod tests {
 
     #[test]
     fn the_same_user_gets_the_same_code_until_it_expires() {
-        let first = decide(&[], "telegram", &user("42"), 1_000, || "AAAA2222".to_owned());
+        let first = decide(&[], "telegram", &user("42"), 1_000, || {
+            "AAAA2222".to_owned()
+        });
         assert!(first.new);
         assert_eq!(first.request.code, "AAAA2222");
         assert_eq!(first.request.name.as_deref(), Some("42 the user"));
         let pending = [first.request.clone()];
-        let again = decide(&pending, "telegram", &user("42"), 1_000 + ttl_ms() - 1, || {
-            "BBBB3333".to_owned()
-        });
+        let again = decide(
+            &pending,
+            "telegram",
+            &user("42"),
+            1_000 + ttl_ms() - 1,
+            || "BBBB3333".to_owned(),
+        );
         assert!(!again.new, "no new code within the hour");
         assert_eq!(again.request.code, "AAAA2222");
         // The same id on another platform is another user.
-        let elsewhere = decide(&pending, "slack", &user("42"), 2_000, || "CCCC4444".to_owned());
+        let elsewhere = decide(&pending, "slack", &user("42"), 2_000, || {
+            "CCCC4444".to_owned()
+        });
         assert!(elsewhere.new);
         // An hour later the code has expired: a new one replaces it (no separate drop).
         let later = decide(&pending, "telegram", &user("42"), 1_000 + ttl_ms(), || {
@@ -432,11 +453,20 @@ mod tests {
 
     #[test]
     fn a_code_is_found_only_while_it_lives() {
-        let pending = [request("42", "AAAA2222", 1_000), request("7", "BBBB3333", 0)];
-        assert_eq!(find(&pending, "AAAA2222", 2_000).map(|r| r.user_id.as_str()), Some("42"));
+        let pending = [
+            request("42", "AAAA2222", 1_000),
+            request("7", "BBBB3333", 0),
+        ];
+        assert_eq!(
+            find(&pending, "AAAA2222", 2_000).map(|r| r.user_id.as_str()),
+            Some("42")
+        );
         assert_eq!(find(&pending, "AAAA2223", 2_000), None);
         assert_eq!(find(&pending, "BBBB3333", ttl_ms()), None, "expired");
-        assert_eq!(find(&pending, "BBBB3333", ttl_ms() - 1).map(|r| r.user_id.as_str()), Some("7"));
+        assert_eq!(
+            find(&pending, "BBBB3333", ttl_ms() - 1).map(|r| r.user_id.as_str()),
+            Some("7")
+        );
     }
 
     #[tokio::test]
@@ -445,7 +475,10 @@ mod tests {
         let access = Arc::new(Access::default());
         let pairing = Pairing::new(store.clone(), Arc::clone(&access));
         let code = pairing.code_for("telegram", &user("42")).await.unwrap();
-        assert_eq!(pairing.code_for("telegram", &user("42")).await.unwrap(), code);
+        assert_eq!(
+            pairing.code_for("telegram", &user("42")).await.unwrap(),
+            code
+        );
         let listed = pairing.list().await.unwrap();
         assert_eq!(listed.len(), 1);
         assert_eq!(listed[0].user_id, "42");
@@ -454,7 +487,10 @@ mod tests {
         let other = pairing.code_for("telegram", &user("7")).await.unwrap();
         let denied = pairing.deny(&other.to_lowercase()).await.unwrap();
         assert_eq!(denied.user_id, "7");
-        assert!(matches!(pairing.deny(&other).await, Err(PairingError::UnknownCode)));
+        assert!(matches!(
+            pairing.deny(&other).await,
+            Err(PairingError::UnknownCode)
+        ));
         assert!(matches!(
             pairing.approve(&other, false).await,
             Err(PairingError::UnknownCode)
@@ -483,6 +519,33 @@ mod tests {
         assert_eq!(count, 1);
         assert!(restarted.is_paired("telegram", "42"));
         assert!(!restarted.is_paired("telegram", "7"));
+    }
+
+    #[tokio::test]
+    async fn a_private_message_gets_a_code_and_a_group_message_the_refusal_with_a_hint() {
+        let config: crate::config::ChannelsConfig = toml::from_str("[telegram]\n").unwrap();
+        let access = Arc::new(Access::from_config(&config));
+        let pairing = Pairing::new(Arc::new(MemStore::new()), access);
+        let mut event = crate::test_support::event("telegram:42", "m1", "hi");
+        event.channel = "telegram".to_owned();
+        event.user = user("42");
+        let (text, outcome) = refusal(Some(&pairing), &event).await;
+        assert_eq!(outcome, "pairing");
+        let code = pairing.code_for("telegram", &user("42")).await.unwrap();
+        assert!(
+            text.contains(&format!("antler pairing approve {code}")),
+            "{text}"
+        );
+        event.group = true;
+        let (text, outcome) = refusal(Some(&pairing), &event).await;
+        assert_eq!(outcome, "refused");
+        assert!(
+            text.contains("not allowed") && text.contains("privately"),
+            "{text}"
+        );
+        assert!(!text.contains(&code), "{text}");
+        let (text, _) = refusal(None, &event).await;
+        assert!(!text.contains("privately"), "{text}");
     }
 
     #[test]

@@ -11,9 +11,9 @@ use std::time::Duration;
 use serde::Deserialize;
 use serde_json::json;
 
-use super::{Pairing, PairingError, PendingView};
 use crate::config::{ApiRole, Config, ConfigError, Secret};
 use crate::ingress::access::Access;
+use crate::ingress::pairing::{Pairing, PairingError, PendingView};
 use crate::store::{SledStore, StoreError};
 
 /// How long the CLI waits for a running serve.
@@ -206,7 +206,11 @@ async fn through_api(config: &Config, base: &str, action: &PairingAction) -> Res
 
 async fn read_limited(mut response: reqwest::Response) -> Result<serde_json::Value, String> {
     let mut body = Vec::new();
-    while let Some(chunk) = response.chunk().await.map_err(|e| e.without_url().to_string())? {
+    while let Some(chunk) = response
+        .chunk()
+        .await
+        .map_err(|e| e.without_url().to_string())?
+    {
         if body.len() + chunk.len() > MAX_ANSWER_BYTES {
             return Err(format!("an answer over {MAX_ANSWER_BYTES} bytes"));
         }
@@ -216,7 +220,11 @@ async fn read_limited(mut response: reqwest::Response) -> Result<serde_json::Val
 }
 
 /// Decides on the store itself, when no serve runs.
-async fn on_store(config: &Config, base: &str, action: &PairingAction) -> Result<Answer, PairingCliError> {
+async fn on_store(
+    config: &Config,
+    base: &str,
+    action: &PairingAction,
+) -> Result<Answer, PairingCliError> {
     let path = config.store.path.clone();
     let cache = config.store.cache_capacity_bytes;
     let store = tokio::task::spawn_blocking(move || SledStore::open(&path, cache))
@@ -252,14 +260,21 @@ async fn on_store(config: &Config, base: &str, action: &PairingAction) -> Result
 }
 
 /// Writes what happened; `live`: a running serve decided (and applies it already).
-fn report(answer: &Answer, live: bool, out: &mut (dyn Write + Send)) -> Result<(), PairingCliError> {
+fn report(
+    answer: &Answer,
+    live: bool,
+    out: &mut (dyn Write + Send),
+) -> Result<(), PairingCliError> {
     let clean = |text: &str| crate::logging::sanitize_for_terminal(text);
     match answer {
         Answer::Pending(pending) if pending.is_empty() => {
             writeln!(out, "no pending pairing requests")?;
         }
         Answer::Pending(pending) => {
-            writeln!(out, "CODE      CHANNEL   USER ID              EXPIRES IN  NAME")?;
+            writeln!(
+                out,
+                "CODE      CHANNEL   USER ID              EXPIRES IN  NAME"
+            )?;
             for request in pending {
                 writeln!(
                     out,
@@ -304,9 +319,15 @@ mod tests {
 
     #[test]
     fn a_wildcard_listen_address_is_reached_on_loopback() {
-        assert_eq!(base_url("0.0.0.0:8080".parse().unwrap()), "http://127.0.0.1:8080");
+        assert_eq!(
+            base_url("0.0.0.0:8080".parse().unwrap()),
+            "http://127.0.0.1:8080"
+        );
         assert_eq!(base_url("[::]:9".parse().unwrap()), "http://[::1]:9");
-        assert_eq!(base_url("10.0.0.2:80".parse().unwrap()), "http://10.0.0.2:80");
+        assert_eq!(
+            base_url("10.0.0.2:80".parse().unwrap()),
+            "http://10.0.0.2:80"
+        );
     }
 
     #[tokio::test]
@@ -341,7 +362,9 @@ mod tests {
             pairing.code_for("telegram", &user).await.unwrap()
         };
         let mut out = Vec::new();
-        run(&config_path, &PairingAction::List, &mut out).await.unwrap();
+        run(&config_path, &PairingAction::List, &mut out)
+            .await
+            .unwrap();
         let listed = String::from_utf8(out).unwrap();
         assert!(listed.contains(&code) && listed.contains("42"), "{listed}");
         let mut out = Vec::new();
@@ -351,11 +374,19 @@ mod tests {
         };
         run(&config_path, &approve, &mut out).await.unwrap();
         let said = String::from_utf8(out).unwrap();
-        assert!(said.contains("approved telegram user 42 as an admin"), "{said}");
+        assert!(
+            said.contains("approved telegram user 42 as an admin"),
+            "{said}"
+        );
         let again = run(&config_path, &approve, &mut Vec::new()).await;
-        assert!(matches!(again, Err(PairingCliError::UnknownCode)), "{again:?}");
+        assert!(
+            matches!(again, Err(PairingCliError::UnknownCode)),
+            "{again:?}"
+        );
         let store = SledStore::open(&dir.join("data"), 1 << 20).unwrap();
-        let users = crate::store::PairingStore::paired_users(&store).await.unwrap();
+        let users = crate::store::PairingStore::paired_users(&store)
+            .await
+            .unwrap();
         assert_eq!(users.len(), 1);
         assert!(users[0].admin);
         drop(store);
