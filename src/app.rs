@@ -54,6 +54,7 @@ use crate::config::{Config, StoreConfig};
 use crate::config::{FeishuMode, SlackMode, TelegramMode};
 use crate::delivery::{Delivery, ReplyFiles};
 use crate::events::EventHub;
+use crate::health::ChannelHealth;
 use crate::http::guard::{ApiAuth, HostPolicy};
 use crate::http::serve::{ServeLimits, serve as serve_http};
 use crate::http::{AppContext, AppState, api::ApiChannel, ops_router, router};
@@ -253,6 +254,13 @@ async fn platform_channels(config: &Config) -> Result<Platforms, AppError> {
                     )));
                 }
             }
+            // A webhook bot gets its menu from `set-webhook`; a polling one from here.
+            let api = channel.api().clone();
+            tokio::spawn(async move {
+                if let Err(e) = crate::setup::sync_telegram_menu(&api).await {
+                    tracing::warn!(error = %e, "cannot set the Telegram command menu");
+                }
+            });
             platforms.telegram_polling = Some(channel);
         } else {
             platforms.webhooks.push(channel);
@@ -730,6 +738,14 @@ where
         channels.insert(channel.name().to_owned(), Arc::clone(channel));
     }
     let webhooks = platforms.webhooks;
+    let health = ChannelHealth::default();
+    for channel in &platforms.all {
+        let posted = webhooks.iter().any(|hook| hook.name() == channel.name());
+        health.register(
+            channel.name(),
+            if posted { "webhook" } else { "connecting" },
+        );
+    }
     let delivery = Delivery::new(
         store.clone(),
         channels,
@@ -738,6 +754,7 @@ where
             data_root: config.store.path.clone(),
             max_bytes: config.agent.max_attachment_bytes,
         },
+        health.clone(),
         deliveries.clone(),
         delivery_stop.clone(),
     );
@@ -769,6 +786,7 @@ where
             max_concurrent_turns: config.agent.max_concurrent_turns,
             access,
             pairing: Some(Arc::clone(&pairing)),
+            health,
         },
         turns.clone(),
         intake_stop.clone(),
@@ -843,6 +861,7 @@ where
         subagents: subagents.clone(),
         skills: Arc::clone(&skills),
         pairing,
+        started: std::time::Instant::now(),
     });
     let grace = Duration::from_secs(server.shutdown_grace_secs);
     let local = listener.local_addr()?;

@@ -190,6 +190,13 @@ pub enum TelegramCommand {
         #[arg(long, env = "ANTLER_CONFIG", default_value = crate::config::DEFAULT_PATH)]
         config: PathBuf,
     },
+    /// Set the bot's command menu if Telegram's differs (webhook or polling mode; `serve`
+    /// does it at start too).
+    SetCommands {
+        /// The configuration file.
+        #[arg(long, env = "ANTLER_CONFIG", default_value = crate::config::DEFAULT_PATH)]
+        config: PathBuf,
+    },
     /// Remove the webhook: Telegram stops delivering to antler.
     DeleteWebhook {
         /// The configuration file.

@@ -19,7 +19,7 @@ use crate::agent::skills;
 use crate::agent::tools::mcp::McpServers;
 use antler_channel::ChannelError;
 
-use crate::config::{Config, FeishuMode, mask_url};
+use crate::config::{Config, FeishuMode, TelegramMode, mask_url};
 use crate::setup;
 
 /// How one check came out.
@@ -278,13 +278,26 @@ async fn check_mcp(config: &Config) -> Vec<Finding> {
 async fn check_store(config: &Config) -> Finding {
     let path = config.store.path.clone();
     if !path.exists() {
-        return Finding::note(
-            "store",
-            format!(
-                "{} does not exist yet; `antler serve` creates it",
-                path.display()
+        return match creatable_parent(&path) {
+            Ok(parent) => Finding::note(
+                "store",
+                format!(
+                    "{} does not exist yet; `antler serve` creates it in {}",
+                    path.display(),
+                    parent.display()
+                ),
             ),
-        );
+            Err(why) => Finding::fail(
+                "store",
+                format!(
+                    "{} does not exist and cannot be created as uid {}: {why}",
+                    path.display(),
+                    rustix::process::geteuid().as_raw()
+                ),
+                "create it writable by that user (or make its parent so), or set store.path \
+                 (ANTLER_DATA_DIR)",
+            ),
+        };
     }
     let cache = config.store.cache_capacity_bytes;
     let opened = tokio::task::spawn_blocking(move || SledStore::open(&path, cache)).await;
@@ -318,6 +331,33 @@ async fn check_store(config: &Config) -> Finding {
         ),
         Err(e) => Finding::fail("store", e.to_string(), "report this as a bug"),
     }
+}
+
+/// The nearest existing folder above `path`, if this process can create a folder in it (as
+/// `serve` does to make the store); else why not.
+fn creatable_parent(path: &std::path::Path) -> Result<std::path::PathBuf, String> {
+    let parent = path
+        .ancestors()
+        .skip(1)
+        .find(|ancestor| ancestor.as_os_str().is_empty() || ancestor.exists())
+        .map(|ancestor| {
+            if ancestor.as_os_str().is_empty() {
+                std::path::Path::new(".")
+            } else {
+                ancestor
+            }
+        })
+        .ok_or_else(|| "no folder above it exists".to_owned())?;
+    if !parent.is_dir() {
+        return Err(format!("{} is not a folder", parent.display()));
+    }
+    // Trying is the only honest check: permissions, read-only mounts and pseudo file systems
+    // all refuse in their own way.
+    let probe = parent.join(format!(".antler-doctor-{}", std::process::id()));
+    std::fs::create_dir(&probe)
+        .map_err(|e| format!("nothing can be created in {}: {e}", parent.display()))?;
+    let _ = std::fs::remove_dir(&probe);
+    Ok(parent.to_path_buf())
 }
 
 async fn check_listen(config: &Config) -> Finding {
@@ -633,6 +673,10 @@ async fn check_telegram(config: &Config) -> Vec<Finding> {
             return findings;
         }
     };
+    if config.channels.telegram.mode == TelegramMode::Polling {
+        findings.push(polling_webhook(status.url.as_deref()));
+        return findings;
+    }
     let expected = setup::telegram_webhook_url(config);
     match (&status.url, &expected) {
         (None, _) => findings.push(Finding::warn(
@@ -680,6 +724,25 @@ async fn check_telegram(config: &Config) -> Vec<Finding> {
         ));
     }
     findings
+}
+
+/// In polling mode, the webhook must be gone: `getUpdates` and a webhook exclude each other, and
+/// `serve` refuses to start while one is set (with the same words).
+fn polling_webhook(url: Option<&str>) -> Finding {
+    match url {
+        None => Finding::ok(
+            "webhook",
+            "none set: polling (getUpdates) receives the updates",
+        ),
+        Some(url) => Finding::fail(
+            "webhook",
+            format!(
+                "channels.telegram.mode is \"polling\" but Telegram delivers to the webhook {}",
+                setup::one_line(&mask_url(url))
+            ),
+            "run `antler telegram delete-webhook` first (or set channels.telegram.mode = \"webhook\")",
+        ),
+    }
 }
 
 /// What `[skills]` finds, as `serve` would load it: the skills' names, and each one left out

@@ -33,6 +33,7 @@ pub mod config;
 pub(crate) mod delivery;
 pub mod doctor;
 pub(crate) mod events;
+pub(crate) mod health;
 pub(crate) mod http;
 pub(crate) mod ingress;
 mod intake;

@@ -132,6 +132,9 @@ async fn telegram(command: &TelegramCommand) -> ExitCode {
         TelegramCommand::WebhookInfo { config } => {
             antler::setup::webhook_info(config, &mut out).await
         }
+        TelegramCommand::SetCommands { config } => {
+            antler::setup::set_commands(config, &mut out).await
+        }
         TelegramCommand::DeleteWebhook {
             config,
             drop_pending_updates,

@@ -12,7 +12,7 @@ use antler_channel::ChannelError;
 use antler_discord::{CommandSpec, DiscordApi, OptionSpec, Registration};
 use antler_telegram::{ALLOWED_UPDATES, MenuCommand, TelegramApi, WebhookSettings, WebhookStatus};
 
-use crate::config::{Config, ConfigError, mask_url};
+use crate::config::{Config, ConfigError, TelegramMode, mask_url};
 use crate::ingress::commands::COMMANDS;
 use crate::logging::sanitize_for_terminal;
 
@@ -244,6 +244,14 @@ pub async fn set_webhook(
                 .to_owned(),
         });
     }
+    if telegram.mode == TelegramMode::Polling {
+        return Err(SetupError::Key {
+            key: "channels.telegram.mode",
+            problem: "is \"polling\": a webhook would stop getUpdates; set it to \"webhook\" \
+                      first"
+                .to_owned(),
+        });
+    }
     let url = telegram_webhook_url(&config)?;
     let Some(secret) = &telegram.webhook_secret else {
         return Err(SetupError::Key {
@@ -268,21 +276,39 @@ pub async fn set_webhook(
     if drop_pending_updates {
         let _ = writeln!(out, "pending updates: dropped");
     }
-    // Telegram's own menu is the truth to compare with, not a copy in the store: BotFather
-    // or another deployment may have changed it, and a running antler holds the store.
-    let menu = telegram_menu();
-    let names = menu
+    report_menu(&api, out).await
+}
+
+/// `antler telegram set-commands`: sets the bot's command menu when Telegram's differs, in
+/// either mode (`serve` does the same at start).
+pub async fn set_commands(config_path: &Path, out: &mut dyn Write) -> Result<(), SetupError> {
+    let config = load(config_path)?;
+    report_menu(&telegram_api(&config)?, out).await
+}
+
+/// [`sync_telegram_menu`], saying which it was.
+async fn report_menu(api: &TelegramApi, out: &mut dyn Write) -> Result<(), SetupError> {
+    let changed = sync_telegram_menu(api).await?;
+    let names = telegram_menu()
         .iter()
         .map(|c| format!("/{}", c.command))
         .collect::<Vec<_>>()
         .join(", ");
-    if api.get_my_commands().await? == menu {
-        let _ = writeln!(out, "commands: unchanged ({names})");
-    } else {
-        api.set_my_commands(&menu).await?;
-        let _ = writeln!(out, "commands: set ({names})");
-    }
+    let state = if changed { "set" } else { "unchanged" };
+    let _ = writeln!(out, "commands: {state} ({names})");
     Ok(())
+}
+
+/// Sets antler's command menu when Telegram's differs; whether it did. Telegram's own menu is
+/// the truth to compare with, not a copy in the store: BotFather or another deployment may
+/// have changed it, and a running antler holds the store.
+pub(crate) async fn sync_telegram_menu(api: &TelegramApi) -> Result<bool, SetupError> {
+    let menu = telegram_menu();
+    if api.get_my_commands().await? == menu {
+        return Ok(false);
+    }
+    api.set_my_commands(&menu).await?;
+    Ok(true)
 }
 
 /// `antler telegram webhook-info`: the webhook as Telegram reports it.
@@ -290,6 +316,16 @@ pub async fn webhook_info(config_path: &Path, out: &mut dyn Write) -> Result<(),
     let config = load(config_path)?;
     let status = telegram_api(&config)?.webhook_info().await?;
     let _ = write!(out, "{}", describe(&status));
+    if config.channels.telegram.mode == TelegramMode::Polling {
+        let _ = match status.url {
+            Some(_) => writeln!(
+                out,
+                "mode: polling, which a webhook stops (`antler telegram delete-webhook` removes it)"
+            ),
+            None => writeln!(out, "mode: polling (no webhook expected)"),
+        };
+        return Ok(());
+    }
     if let Ok(expected) = telegram_webhook_url(&config)
         && status.url.as_deref() != Some(expected.as_str())
     {

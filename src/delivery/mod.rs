@@ -36,6 +36,7 @@ use tokio_util::task::TaskTracker;
 use crate::agent::input::ThreadFolders;
 use crate::agent::tools::present_files::open_presented;
 use crate::beneath::Refused;
+use crate::health::ChannelHealth;
 use crate::lanes::Lanes;
 use crate::units::human_size;
 
@@ -89,6 +90,7 @@ impl Delivery {
         channels: HashMap<String, Arc<dyn Channel>>,
         policy: RetryPolicy,
         files: ReplyFiles,
+        health: ChannelHealth,
         tracker: TaskTracker,
         stop: CancellationToken,
     ) -> Self {
@@ -102,8 +104,17 @@ impl Delivery {
                     let store = Arc::clone(&store);
                     let channels = Arc::clone(&channels);
                     let files = Arc::clone(&files);
+                    let health = health.clone();
                     let stop = stop.clone();
-                    async move { deliver(store.as_ref(), &channels, &files, policy, &stop, item).await }
+                    async move {
+                        let done = Delivering {
+                            store: store.as_ref(),
+                            channels: &channels,
+                            files: &files,
+                            health: &health,
+                        };
+                        done.deliver(policy, &stop, item).await;
+                    }
                 },
                 tracker,
                 lane_stop,
@@ -127,68 +138,83 @@ impl Delivery {
     }
 }
 
-async fn deliver(
-    store: &dyn OutboxStore,
-    channels: &HashMap<String, Arc<dyn Channel>>,
-    files: &ReplyFiles,
-    policy: RetryPolicy,
-    stop: &CancellationToken,
-    mut item: OutboxItem,
-) {
-    let channel_name = item.message.conversation.channel().to_owned();
-    let Some(channel) = channels.get(&channel_name) else {
-        let error = format!("channel `{channel_name}` is not enabled");
-        tracing::error!(seq = item.seq, %error, "cannot deliver");
-        if let Err(e) = store
-            .delivery_failed(item.seq, &error, true, crate::now_ms())
-            .await
-        {
-            tracing::error!(seq = item.seq, error = %e, "cannot record delivery failure");
-        }
-        return;
-    };
-    let channel_label = channel.name();
-    loop {
-        metrics::counter!("antler_delivery_attempts_total", "channel" => channel_label)
-            .increment(1);
-        let error = match send_parts(store, channel.as_ref(), files, &mut item).await {
-            Ok(()) => return,
-            Err(SendError::Store(e)) => {
-                // Sent but not recorded: it may be sent again after a restart.
-                tracing::error!(seq = item.seq, error = %e, "cannot record delivery");
-                return;
-            }
-            Err(SendError::Channel(error)) => error,
-        };
-        metrics::counter!("antler_delivery_failures_total", "channel" => channel_label)
-            .increment(1);
-        let attempts = item.attempts + 1;
-        let give_up = !error.is_retryable() || attempts >= policy.max_attempts;
-        match store
-            .delivery_failed(item.seq, &error.to_string(), give_up, crate::now_ms())
-            .await
-        {
-            Ok(updated) => item = updated,
-            Err(e) => {
+/// What delivering one item works with.
+struct Delivering<'a> {
+    store: &'a dyn OutboxStore,
+    channels: &'a HashMap<String, Arc<dyn Channel>>,
+    files: &'a ReplyFiles,
+    health: &'a ChannelHealth,
+}
+
+impl Delivering<'_> {
+    async fn deliver(&self, policy: RetryPolicy, stop: &CancellationToken, mut item: OutboxItem) {
+        let Self {
+            store,
+            channels,
+            files,
+            health,
+        } = *self;
+        let channel_name = item.message.conversation.channel().to_owned();
+        let Some(channel) = channels.get(&channel_name) else {
+            let error = format!("channel `{channel_name}` is not enabled");
+            tracing::error!(seq = item.seq, %error, "cannot deliver");
+            if let Err(e) = store
+                .delivery_failed(item.seq, &error, true, crate::now_ms())
+                .await
+            {
                 tracing::error!(seq = item.seq, error = %e, "cannot record delivery failure");
+            }
+            return;
+        };
+        let channel_label = channel.name();
+        loop {
+            metrics::counter!("antler_delivery_attempts_total", "channel" => channel_label)
+                .increment(1);
+            let error = match send_parts(store, channel.as_ref(), files, &mut item).await {
+                Ok(()) => {
+                    health.delivered(channel_label);
+                    return;
+                }
+                Err(SendError::Store(e)) => {
+                    // Sent but not recorded: it may be sent again after a restart.
+                    tracing::error!(seq = item.seq, error = %e, "cannot record delivery");
+                    return;
+                }
+                Err(SendError::Channel(error)) => error,
+            };
+            metrics::counter!("antler_delivery_failures_total", "channel" => channel_label)
+                .increment(1);
+            health.failed(channel_label, &error);
+            let attempts = item.attempts + 1;
+            let give_up = !error.is_retryable() || attempts >= policy.max_attempts;
+            match store
+                .delivery_failed(item.seq, &error.to_string(), give_up, crate::now_ms())
+                .await
+            {
+                Ok(updated) => item = updated,
+                Err(e) => {
+                    tracing::error!(seq = item.seq, error = %e, "cannot record delivery failure");
+                    return;
+                }
+            }
+            if give_up {
+                tracing::error!(seq = item.seq, channel = channel_label, attempts, %error, "delivery failed for good");
+                metrics::counter!("antler_delivery_abandoned_total", "channel" => channel_label)
+                    .increment(1);
                 return;
             }
-        }
-        if give_up {
-            tracing::error!(seq = item.seq, channel = channel_label, attempts, %error, "delivery failed for good");
-            metrics::counter!("antler_delivery_abandoned_total", "channel" => channel_label)
-                .increment(1);
-            return;
-        }
-        let wait = match error {
-            ChannelError::RateLimited { retry_after } => retry_after.max(policy.backoff(attempts)),
-            _ => policy.backoff(attempts),
-        };
-        tracing::warn!(seq = item.seq, channel = channel_label, attempts, ?wait, %error, "delivery failed; retrying");
-        tokio::select! {
-            () = tokio::time::sleep(wait) => {}
-            // Still pending in the store: delivered after the restart.
-            () = stop.cancelled() => return,
+            let wait = match error {
+                ChannelError::RateLimited { retry_after } => {
+                    retry_after.max(policy.backoff(attempts))
+                }
+                _ => policy.backoff(attempts),
+            };
+            tracing::warn!(seq = item.seq, channel = channel_label, attempts, ?wait, %error, "delivery failed; retrying");
+            tokio::select! {
+                () = tokio::time::sleep(wait) => {}
+                // Still pending in the store: delivered after the restart.
+                () = stop.cancelled() => return,
+            }
         }
     }
 }

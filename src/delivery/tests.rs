@@ -85,6 +85,7 @@ async fn run_with_files(
         channels,
         policy(max),
         files.clone(),
+        crate::health::ChannelHealth::default(),
         tracker.clone(),
         CancellationToken::new(),
     );
@@ -420,6 +421,7 @@ async fn channels_are_found_by_name() {
         HashMap::from([("api".to_owned(), channel)]),
         policy(1),
         reply_files(std::path::Path::new("/nonexistent")),
+        crate::health::ChannelHealth::default(),
         TaskTracker::new(),
         CancellationToken::new(),
     );

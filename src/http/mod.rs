@@ -76,6 +76,8 @@ pub(crate) struct AppContext {
     pub(crate) skills: Arc<Catalogue>,
     /// DM pairing, for the pairing API.
     pub(crate) pairing: Arc<crate::ingress::pairing::Pairing>,
+    /// When antler started serving, for the uptime `/readyz` reports.
+    pub(crate) started: std::time::Instant,
 }
 
 /// The main listener's routes. With `ops_elsewhere`, `/readyz` and `/metrics` are left to the

@@ -39,8 +39,9 @@ pub(crate) async fn healthz() -> &'static str {
 }
 
 /// `GET /readyz`: the store answers, a model is configured and intake is open. The model's
-/// reachability and each MCP server's state are reported, but a flaky model or a broken MCP
-/// server does not make antler unready.
+/// reachability, each MCP server's state and each platform channel's health (a revoked token,
+/// a polling conflict: `"ok": false`) are reported, but none of them makes antler unready:
+/// taking it out of rotation would not mend them.
 pub(crate) async fn readyz(
     State(state): State<AppState>,
     headers: HeaderMap,
@@ -79,6 +80,9 @@ pub(crate) async fn readyz(
             "outbox_pending": stats.outbox_pending,
             "mcp": state.mcp,
             "shell": state.shell,
+            "channels": state.ingress.health().snapshot(),
+            "version": env!("CARGO_PKG_VERSION"),
+            "uptime_secs": state.started.elapsed().as_secs(),
         }),
         Err(e) => {
             tracing::error!(error = %e, "readiness: the store failed");

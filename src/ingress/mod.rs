@@ -38,6 +38,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::events::{EventHub, Subscription};
+use crate::health::ChannelHealth;
 use crate::store::{Accept, Accepted, InboxItem, Store, StoreError, ThreadChoice};
 use access::{Access, Admit};
 use commands::Command;
@@ -95,6 +96,7 @@ struct Inner {
     dedupe_ttl: Duration,
     access: Arc<Access>,
     pairing: Option<Arc<Pairing>>,
+    health: ChannelHealth,
     stop: CancellationToken,
     acceptor: mpsc::UnboundedSender<Request>,
     /// Read for follow-ups (is the bot part of their conversation?); written by the acceptor.
@@ -177,6 +179,8 @@ pub(crate) struct IngressSettings {
     pub(crate) access: Arc<Access>,
     /// DM pairing, for the refusals a channel answers at once (`None`: never).
     pub(crate) pairing: Option<Arc<Pairing>>,
+    /// Each platform channel's health, which accepting feeds.
+    pub(crate) health: ChannelHealth,
 }
 
 impl Ingress {
@@ -232,6 +236,7 @@ impl Ingress {
                 dedupe_ttl: settings.dedupe_ttl,
                 access: Arc::clone(&settings.access),
                 pairing: settings.pairing.clone(),
+                health: settings.health.clone(),
                 store,
                 stop,
                 acceptor,
@@ -247,6 +252,11 @@ impl Ingress {
     /// Turns running now.
     pub(crate) fn running(&self) -> usize {
         self.inner.dispatcher.running()
+    }
+
+    /// Each platform channel's health.
+    pub(crate) fn health(&self) -> &ChannelHealth {
+        &self.inner.health
     }
 
     /// Requeues what was accepted before a restart (pending or interrupted), in arrival order.
@@ -267,6 +277,7 @@ impl Ingress {
         if inner.stop.is_cancelled() {
             return Err(IngressError::ShuttingDown);
         }
+        inner.health.received(&event.channel);
         let moved_from = self.moved_from(&mut event).await?;
         let moved_from = moved_from.as_deref();
         if event.follow_up {

@@ -95,6 +95,7 @@ pub(crate) fn harness_with(max_attempts: u32, access: Access) -> Harness {
             data_root: std::path::PathBuf::from("/nonexistent"),
             max_bytes: 1024,
         },
+        crate::health::ChannelHealth::default(),
         TaskTracker::new(),
         CancellationToken::new(),
     );
@@ -139,6 +140,7 @@ pub(crate) fn harness_with(max_attempts: u32, access: Access) -> Harness {
             max_concurrent_turns: 4,
             access: Arc::new(access),
             pairing: None,
+            health: crate::health::ChannelHealth::default(),
         },
         turns.clone(),
         stop.clone(),

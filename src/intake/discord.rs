@@ -13,6 +13,8 @@ pub(crate) async fn read_discord_gateway(
     stop: CancellationToken,
 ) {
     tracing::info!("discord gateway started");
+    // serenity reconnects and resumes by itself; antler sees only whether it runs.
+    ingress.health().connection("discord", "connected");
     loop {
         let event = tokio::select! {
             () = stop.cancelled() => break,
@@ -24,4 +26,5 @@ pub(crate) async fn read_discord_gateway(
         }
     }
     gateway.stop().await;
+    ingress.health().connection("discord", "stopped");
 }

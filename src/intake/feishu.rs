@@ -24,6 +24,7 @@ pub(crate) async fn read_feishu_socket(
     let mut config = SocketConfig::default();
     let mut failures: u32 = 0;
     let mut wait = Duration::ZERO;
+    let health = ingress.health().clone();
     loop {
         tokio::select! {
             () = stop.cancelled() => return,
@@ -36,15 +37,20 @@ pub(crate) async fn read_feishu_socket(
         let mut socket = match connected {
             Ok(socket) => socket,
             Err(e) if !e.is_retryable() => {
+                health.failed("feishu", &ChannelError::Refused(e.to_string()));
+                health.connection("feishu", "stopped");
                 tracing::error!(error = %e, "feishu long connection refused; no more attempts (see `antler doctor`)");
                 metrics::counter!("antler_feishu_socket_refused_total").increment(1);
                 return;
             }
             Err(e) => {
+                health.failed("feishu", &e);
+                health.connection("feishu", "reconnecting");
                 failures = failures.saturating_add(1);
                 metrics::counter!("antler_feishu_socket_errors_total").increment(1);
                 if u32::try_from(config.reconnect_count).is_ok_and(|most| failures >= most) {
                     tracing::error!(error = %e, attempts = failures, "feishu long connection: giving up, as the server's ReconnectCount says");
+                    health.connection("feishu", "stopped");
                     return;
                 }
                 wait = RetryPolicy::forever(Duration::from_secs(1), config.reconnect_interval)
@@ -54,6 +60,7 @@ pub(crate) async fn read_feishu_socket(
             }
         };
         failures = 0;
+        health.connection("feishu", "connected");
         tracing::info!(device_id = %socket.device_id, "feishu long connection open");
         loop {
             let delivery = tokio::select! {

@@ -19,6 +19,7 @@ pub(crate) async fn read_slack_socket(
     stop: CancellationToken,
 ) {
     let mut backoff = Backoff::new(INTAKE_RETRY);
+    let health = ingress.health().clone();
     tracing::info!("slack socket mode started");
     loop {
         let connected = tokio::select! {
@@ -28,6 +29,7 @@ pub(crate) async fn read_slack_socket(
         let ended = match connected {
             Ok(mut connection) => {
                 backoff.reset();
+                health.connection("slack", "connected");
                 tracing::info!("slack socket mode connected");
                 let ended = serve_slack_socket(&channel, &mut connection, &ingress, &stop).await;
                 connection.close().await;
@@ -36,11 +38,16 @@ pub(crate) async fn read_slack_socket(
             Err(e) => Err(e),
         };
         match ended {
-            Ok(SocketEnd::Stopped) => return,
+            Ok(SocketEnd::Stopped) => {
+                health.connection("slack", "stopped");
+                return;
+            }
             Ok(SocketEnd::Reconnect(reason)) => {
                 tracing::info!(%reason, "slack asked for a new socket mode connection");
             }
             Err(e) => {
+                health.connection("slack", "reconnecting");
+                health.failed("slack", &socket_error(&e));
                 let wait = backoff.next_wait();
                 tracing::warn!(error = %e, retry_in = ?wait, "slack socket mode connection failed");
                 metrics::counter!("antler_slack_socket_errors_total").increment(1);
@@ -50,6 +57,16 @@ pub(crate) async fn read_slack_socket(
                 }
             }
         }
+    }
+}
+
+/// A Socket Mode failure as the channel's health sees it: a refused app token refuses the bot.
+fn socket_error(error: &antler_slack::SocketError) -> ChannelError {
+    match error {
+        antler_slack::SocketError::Refused(_) | antler_slack::SocketError::NotAppToken => {
+            ChannelError::Refused(error.to_string())
+        }
+        _ => ChannelError::Transient(error.to_string()),
     }
 }
 

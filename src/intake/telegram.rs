@@ -21,6 +21,7 @@ pub(crate) async fn poll_telegram(
 ) {
     let mut offset: Option<i32> = None;
     let mut backoff = Backoff::new(INTAKE_RETRY);
+    let health = ingress.health().clone();
     tracing::info!("telegram polling started");
     loop {
         let fetched = tokio::select! {
@@ -30,9 +31,12 @@ pub(crate) async fn poll_telegram(
         let updates = match fetched {
             Ok(updates) => {
                 backoff.reset();
+                health.connection("telegram", "connected");
                 updates
             }
             Err(e) => {
+                health.failed("telegram", &e);
+                health.connection("telegram", "reconnecting");
                 let wait = backoff.next_wait();
                 tracing::warn!(error = %e, retry_in = ?wait, "telegram getUpdates failed");
                 metrics::counter!("antler_telegram_poll_errors_total").increment(1);

@@ -295,7 +295,12 @@ struct DedupeGenerations {
 /// Creates the store directory private to its owner, or makes an existing one so.
 fn prepare_dir(path: &Path) -> Result<(), StoreError> {
     let io = |e: std::io::Error| {
-        StoreError::unavailable(format!("cannot prepare {}: {e}", path.display()))
+        StoreError::unavailable(format!(
+            "cannot prepare the store directory {} as uid {}: {e}; make it (or its parent) \
+             writable by that user, or set store.path (ANTLER_DATA_DIR)",
+            path.display(),
+            rustix::process::geteuid().as_raw()
+        ))
     };
     #[cfg(unix)]
     {

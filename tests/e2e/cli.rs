@@ -795,6 +795,99 @@ async fn doctor_checks_the_telegram_token_and_webhook() {
     assert_no_secrets(&stdout);
 }
 
+/// In polling mode a webhook is an error, not a hint: `getUpdates` and a webhook exclude each
+/// other and `serve` refuses to start while one is set. `doctor` fails with the same reason,
+/// the setup commands never suggest `set-webhook`, and `set-webhook` refuses.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_polling_mode_doctor_fails_on_a_webhook_and_never_suggests_setting_one() {
+    let mock = MockModel::start(Behaviour::Echo).await;
+    let api = bot_api_with_menu().await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = telegram_config(dir.path(), &mock.base_url(), &api.uri(), "");
+    let text = std::fs::read_to_string(&config).unwrap().replace(
+        "[channels.telegram]\n",
+        "[channels.telegram]\nmode = \"polling\"\n",
+    );
+    std::fs::write(&config, text).unwrap();
+
+    let (code, stdout, _) = run_binary(&["doctor", "--config", &config]).await;
+    assert_eq!(code, Some(1), "{stdout}");
+    assert!(
+        stdout.contains(
+            "FAIL  webhook  channels.telegram.mode is \"polling\" but Telegram delivers to the \
+             webhook https://old.example.com/hook"
+        ),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("fix: run `antler telegram delete-webhook` first"),
+        "{stdout}"
+    );
+    assert!(!stdout.contains("set-webhook"), "{stdout}");
+
+    let (code, stdout, _) = run_binary(&["telegram", "webhook-info", "--config", &config]).await;
+    assert_eq!(code, Some(0), "{stdout}");
+    assert!(
+        stdout.contains("`antler telegram delete-webhook` removes it"),
+        "{stdout}"
+    );
+    assert!(!stdout.contains("set-webhook"), "{stdout}");
+
+    let (code, stdout, stderr) =
+        run_binary(&["telegram", "set-webhook", "--config", &config]).await;
+    assert_ne!(code, Some(0), "{stdout}");
+    assert!(stderr.contains("channels.telegram.mode"), "{stderr}");
+    assert!(
+        calls(&api, "SetWebhook").await.is_empty(),
+        "nothing was set"
+    );
+}
+
+/// A store that cannot be made (its parent is a file here; for another user, a folder it may
+/// not write) is named with the user and the fix, by `serve` and, before it, by `doctor`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_uncreatable_store_is_named_with_the_user_and_the_fix() {
+    let mock = MockModel::start(Behaviour::Echo).await;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("data"), "a file, not a folder").unwrap();
+    let store = dir.path().join("data").join("store");
+    let config = dir.path().join("antler.toml");
+    std::fs::write(
+        &config,
+        crate::support::config_text(
+            &mock.base_url(),
+            &store,
+            &format!("[server]\nlisten = \"127.0.0.1:{}\"\n", free_port()),
+        ),
+    )
+    .unwrap();
+    let config = config.display().to_string();
+    let (code, stdout, _) = run_binary(&["doctor", "--config", &config]).await;
+    assert_eq!(code, Some(1), "{stdout}");
+    let uid = rustix::process::geteuid().as_raw();
+    assert!(
+        stdout.contains(&format!(
+            "FAIL  store    {} does not exist and cannot be created as uid {uid}",
+            store.display()
+        )) && stdout.contains("is not a folder"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("set store.path (ANTLER_DATA_DIR)"),
+        "{stdout}"
+    );
+
+    let (code, _, stderr) = run_binary(&["serve", "--config", &config]).await;
+    assert_ne!(code, Some(0), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "cannot prepare the store directory {} as uid {uid}",
+            store.display()
+        )) && stderr.contains("set store.path (ANTLER_DATA_DIR)"),
+        "{stderr}"
+    );
+}
+
 const SLACK_TOKEN: &str = "xoxb-1-CLI-slack-token";
 const SLACK_SECRET: &str = "cli-signing-secret-0";
 

@@ -432,3 +432,142 @@ async fn a_group_upgraded_to_a_supergroup_keeps_its_conversation_and_its_access(
     assert_eq!(api.sent().await.len(), 2);
     app.shutdown().await;
 }
+
+/// A polling bot has no `set-webhook` to set its command menu: `serve` sets it at start when
+/// Telegram's differs (Bot API, setMyCommands: "Use this method to change the list of the
+/// bot's commands").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_polling_bot_sets_its_command_menu_at_start() {
+    use wiremock::matchers::{method, path};
+    use wiremock::{Mock, ResponseTemplate};
+    let model = MockModel::start(Behaviour::Echo).await;
+    let api = MockTelegram::start_polling("").await;
+    let token = antler_testkit::telegram::TOKEN;
+    Mock::given(method("POST"))
+        .and(path(format!("/bot{token}/GetMyCommands")))
+        .respond_with(
+            ResponseTemplate::new(200).set_body_json(serde_json::json!({"ok": true, "result": []})),
+        )
+        .mount(&api)
+        .await;
+    Mock::given(method("POST"))
+        .and(path(format!("/bot{token}/SetMyCommands")))
+        .respond_with(
+            ResponseTemplate::new(200)
+                .set_body_json(serde_json::json!({"ok": true, "result": true})),
+        )
+        .mount(&api)
+        .await;
+    let dir = tempfile::tempdir().unwrap();
+    let app = TestApp::start(&model, &dir.path().join("store"), &api.polling_config()).await;
+    let set = antler_testkit::wait_until("the menu is set", || async {
+        let calls = api.calls("SetMyCommands").await;
+        (!calls.is_empty()).then_some(calls)
+    })
+    .await;
+    let commands: Vec<&str> = set[0]["commands"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|c| c["command"].as_str())
+        .collect();
+    assert!(
+        commands.contains(&"new") && commands.contains(&"stop"),
+        "{commands:?}"
+    );
+    api.wait_for_sends(1).await;
+    app.wait_idle().await;
+    app.shutdown().await;
+}
+
+/// An idle antler, polling Telegram, stops on SIGTERM cleanly: exit 0, nothing logged at warn
+/// or above while it stops (the long poll is cancelled, the store closed). Measured: ~20 ms.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_polling_antler_stops_cleanly_on_sigterm() {
+    let model = MockModel::start(Behaviour::Echo).await;
+    let api = MockTelegram::start_polling("").await;
+    let rig = crate::support::ChildRig::new(&model, &api.polling_config());
+    let mut child = rig.serve().await;
+    api.wait_for_sends(1).await;
+    child.wait_idle().await;
+    let status = crate::support::sigterm(&mut child.process).await;
+    assert!(status.success(), "{status}\n{}", child.log_text());
+    let log = child.log_text();
+    let (_, stopping) = log
+        .split_once("shutting down")
+        .unwrap_or_else(|| panic!("no shutdown logged: {log}"));
+    assert!(stopping.contains("stopped"), "{log}");
+    let complaints: Vec<&str> = stopping
+        .lines()
+        .filter(|line| line.contains(" WARN ") || line.contains(" ERROR "))
+        .collect();
+    assert!(complaints.is_empty(), "{complaints:#?}");
+}
+
+/// Bot API: a revoked token is answered 401 "Unauthorized". Polling goes on trying (the
+/// operator may fix the token), but `/readyz` shows Telegram unhealthy, with why, until
+/// `getUpdates` works again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revoked_token_shows_telegram_unhealthy_in_readyz_until_polling_works_again() {
+    use wiremock::matchers::{method, path};
+    use wiremock::{Mock, ResponseTemplate};
+    let model = MockModel::start(Behaviour::Echo).await;
+    let api = MockTelegram::start().await;
+    let updates = format!("/bot{}/GetUpdates", antler_testkit::telegram::TOKEN);
+    Mock::given(method("POST"))
+        .and(path(updates.clone()))
+        .respond_with(ResponseTemplate::new(401).set_body_json(serde_json::json!({
+            "ok": false, "error_code": 401, "description": "Unauthorized"
+        })))
+        .mount(&api)
+        .await;
+    let dir = tempfile::tempdir().unwrap();
+    let app = TestApp::start(&model, &dir.path().join("store"), &api.polling_config()).await;
+    let telegram = |readyz: serde_json::Value| readyz["channels"]["telegram"].clone();
+    let refused = antler_testkit::wait_until("telegram is unhealthy", || async {
+        let readyz = app.get("/readyz").await.json;
+        (telegram(readyz.clone())["ok"] == false).then_some(readyz)
+    })
+    .await;
+    assert_eq!(
+        refused["ready"], true,
+        "a refused token does not make antler unready"
+    );
+    let state = telegram(refused.clone());
+    assert_eq!(state["state"], "reconnecting", "{state}");
+    assert!(
+        state["refused"]
+            .as_str()
+            .is_some_and(|why| why.contains("channels.telegram.bot_token")),
+        "{state}"
+    );
+    assert!(
+        refused["version"].is_string() && refused["uptime_secs"].is_u64(),
+        "{refused}"
+    );
+    let metrics = app.get("/metrics").await.text;
+    assert!(
+        metrics.contains("antler_channel_healthy{channel=\"telegram\"} 0"),
+        "{metrics}"
+    );
+
+    // The token works again (here: the Bot API answers): healthy at once.
+    api.reset().await;
+    Mock::given(method("POST"))
+        .and(path(updates))
+        .respond_with(
+            ResponseTemplate::new(200)
+                .set_body_json(serde_json::json!({"ok": true, "result": []}))
+                .set_delay(std::time::Duration::from_millis(100)),
+        )
+        .mount(&api)
+        .await;
+    let healthy = antler_testkit::wait_until("telegram is healthy again", || async {
+        let state = telegram(app.get("/readyz").await.json);
+        (state["ok"] == true).then_some(state)
+    })
+    .await;
+    assert_eq!(healthy["state"], "connected", "{healthy}");
+    assert!(healthy.get("refused").is_none(), "{healthy}");
+    app.shutdown().await;
+}

@@ -96,6 +96,11 @@ pub enum ChannelError {
     /// The channel cannot do what was asked (fetch a file, edit a message).
     #[error("not supported by this channel")]
     Unsupported,
+    /// The platform refuses the bot itself (its token was revoked, another instance takes its
+    /// updates): nothing it sends or reads works until an operator acts. The channel is
+    /// reported unhealthy until a call succeeds again.
+    #[error("refused: {0}")]
+    Refused(String),
 }
 
 impl ChannelError {

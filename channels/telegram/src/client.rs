@@ -551,9 +551,14 @@ impl TelegramApi {
             },
             RequestError::Network(e) => ChannelError::Transient(self.mask(&e.to_string())),
             RequestError::Io(e) => ChannelError::Transient(self.mask(&e.to_string())),
-            RequestError::Api(ApiError::InvalidToken) => ChannelError::Permanent(
+            RequestError::Api(ApiError::InvalidToken) => ChannelError::Refused(
                 "the bot token was refused (channels.telegram.bot_token)".to_owned(),
             ),
+            RequestError::Api(
+                e @ (ApiError::TerminatedByOtherGetUpdates | ApiError::CantGetUpdates),
+            ) => ChannelError::Refused(format!(
+                "{e} (another antler or bot instance polls this bot, or a webhook is set)"
+            )),
             RequestError::Api(e) => ChannelError::Permanent(self.mask(&e.to_string())),
             RequestError::MigrateToChatId(chat) => ChannelError::Permanent(format!(
                 "the group became supergroup {}; messages must go there",
