@@ -59,6 +59,7 @@ use crate::http::guard::{ApiAuth, HostPolicy};
 use crate::http::serve::{ServeLimits, serve as serve_http};
 use crate::http::{AppContext, AppState, api::ApiChannel, ops_router, router};
 use crate::ingress::access::Access;
+use crate::ingress::pairing::Pairing;
 use crate::ingress::{Ingress, IngressSettings, TurnRunner, TurnSettings};
 use crate::memory::queue::{MemoryWorker, WorkerSettings};
 use crate::retry::{Backoff, RetryPolicy};
@@ -760,16 +761,21 @@ where
     let Resumed { inbox, outbox } = resume(store.as_ref()).await?;
     // Replies left in the outbox go first; the runner then owns the delivery handle.
     delivery.enqueue(outbox);
+    let access = Arc::new(Access::from_config(&config.channels));
+    warn_open_channels(&config, &access);
+    let pairing = Arc::new(Pairing::new(store.clone(), Arc::clone(&access)));
+    let paired = pairing.load().await?;
+    if paired > 0 {
+        tracing::info!(users = paired, "users approved through pairing may talk");
+    }
     let runner = TurnRunner::new(
         Arc::clone(&store),
         runtime,
         hub.clone(),
         delivery,
-        &turn_settings(&config, &skills),
+        &turn_settings(&config, &skills, &pairing),
         turn_cancel.clone(),
     );
-    let access = Access::from_config(&config.channels);
-    warn_open_channels(&config, &access);
     let ingress = Ingress::new(
         Arc::clone(&store),
         runner,
@@ -778,7 +784,8 @@ where
             backlog_limit: config.agent.backlog,
             dedupe_ttl: Duration::from_secs(config.store.dedupe_ttl_secs),
             max_concurrent_turns: config.agent.max_concurrent_turns,
-            access: Arc::new(access),
+            access,
+            pairing: Some(Arc::clone(&pairing)),
             health,
         },
         turns.clone(),
@@ -854,6 +861,7 @@ where
         memory_identities: MemoryIdentities::from_config(&config.memory),
         subagents: subagents.clone(),
         skills: Arc::clone(&skills),
+        pairing,
         started: std::time::Instant::now(),
     });
     let grace = Duration::from_secs(server.shutdown_grace_secs);
@@ -992,8 +1000,9 @@ async fn load_skills(config: &Config) -> Arc<Catalogue> {
     Arc::new(catalogue)
 }
 
-fn turn_settings(config: &Config, skills: &Arc<Catalogue>) -> TurnSettings {
+fn turn_settings(config: &Config, skills: &Arc<Catalogue>, pairing: &Arc<Pairing>) -> TurnSettings {
     TurnSettings {
+        pairing: Some(Arc::clone(pairing)),
         skills: Arc::clone(skills),
         max_attempts: config.agent.max_turn_attempts,
         turn_timeout: Duration::from_secs(config.agent.turn_timeout_secs),
@@ -1011,8 +1020,8 @@ fn warn_open_channels(config: &Config, access: &Access) {
         if access.is_open(name) {
             tracing::warn!(
                 channel = name,
-                "channels.{name}.allowed_users and allowed_chats are both empty: anyone who \
-                 can reach the bot may talk to it"
+                "channels.{name}.dm_policy is \"open\": anyone who can reach the bot may talk \
+                 to it"
             );
         }
     }

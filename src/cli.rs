@@ -1,5 +1,5 @@
 //! The command line: `init`, `serve`, `check-config`, `chat`, `doctor`, `healthcheck`,
-//! `telegram`, `slack`, `discord`.
+//! `telegram`, `slack`, `discord`, `pairing`.
 
 use std::path::PathBuf;
 
@@ -78,6 +78,13 @@ pub enum Command {
         #[command(subcommand)]
         command: DiscordCommand,
     },
+    /// DM pairing: list, approve or deny the codes unknown users got (through the running
+    /// antler's API, or on the store when none runs).
+    Pairing {
+        /// What to do.
+        #[command(subcommand)]
+        command: PairingCommand,
+    },
     /// Exit 0 when a running antler answers `GET /healthz` with 200 within 5 s, else 1 (for
     /// container health checks: no curl needed).
     Healthcheck {
@@ -123,6 +130,58 @@ pub struct InitArgs {
     /// Overwrite existing files without asking.
     #[arg(long)]
     pub force: bool,
+}
+
+/// `antler pairing …`
+#[derive(Debug, Subcommand)]
+pub enum PairingCommand {
+    /// Show the pending pairing requests: code, platform, user id, time left.
+    List {
+        /// The configuration file [default: ./config/antler.toml, else /etc/antler/antler.toml].
+        #[arg(long, env = "ANTLER_CONFIG")]
+        config: Option<PathBuf>,
+    },
+    /// Let the user who got CODE talk to the bot, from now on.
+    Approve {
+        /// The pairing code the user was given.
+        code: String,
+        /// Make them an operator: their turns run as admin.
+        #[arg(long)]
+        admin: bool,
+        /// The configuration file [default: ./config/antler.toml, else /etc/antler/antler.toml].
+        #[arg(long, env = "ANTLER_CONFIG")]
+        config: Option<PathBuf>,
+    },
+    /// Refuse the request with CODE: the code stops working.
+    Deny {
+        /// The pairing code the user was given.
+        code: String,
+        /// The configuration file [default: ./config/antler.toml, else /etc/antler/antler.toml].
+        #[arg(long, env = "ANTLER_CONFIG")]
+        config: Option<PathBuf>,
+    },
+}
+
+impl PairingCommand {
+    /// The configuration file and what to do.
+    pub fn action(&self) -> (&Option<PathBuf>, crate::pairing::PairingAction) {
+        use crate::pairing::PairingAction;
+        match self {
+            Self::List { config } => (config, PairingAction::List),
+            Self::Approve {
+                code,
+                admin,
+                config,
+            } => (
+                config,
+                PairingAction::Approve {
+                    code: code.clone(),
+                    admin: *admin,
+                },
+            ),
+            Self::Deny { code, config } => (config, PairingAction::Deny { code: code.clone() }),
+        }
+    }
 }
 
 /// `antler discord …`

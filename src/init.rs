@@ -459,13 +459,11 @@ fn next_steps(answers: &Answers, config_path: &Path) -> Vec<String> {
     steps.push(format!("start antler: antler serve{flag}"));
     steps.push("talk to it over HTTP: antler chat".to_owned());
     if answers.telegram_token.is_some() || answers.slack.is_some() {
-        // Seam for pairing: once `dm_policy = "pairing"` exists, init writes it and this step
-        // becomes "message the bot, then `antler pairing approve <code>`".
-        steps.push(
-            "message the bot. Anyone who finds it may talk to it until you list who may: \
-             `allowed_users` / `admins` under the platform's [channels.*] table"
-                .to_owned(),
-        );
+        // With no allowlist, the platforms pair (`dm_policy` defaults to "pairing").
+        steps.push(format!(
+            "message the bot privately: it answers with a pairing code; let yourself in as its \
+             operator with `antler pairing approve <code> --admin{flag}`"
+        ));
     }
     steps
 }

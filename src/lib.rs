@@ -5,7 +5,8 @@
 //! ## Layout
 //! - [`config`]: the typed TOML configuration, `${ENV}` substitution and validation.
 //! - `http`: the axum router (webhooks, the API channel, health, metrics).
-//! - `ingress`: dedupe, inbox, the per-conversation dispatcher, commands.
+//! - `ingress`: dedupe, inbox, the per-conversation dispatcher, commands, access and DM
+//!   pairing ([`pairing`] is its CLI).
 //! - `delivery`: the outbox and a delivery worker per channel.
 //! - `agent`: the runtime (model client, tools, middleware chain), free of HTTP and platforms.
 //! - `memory`: long-term memory documents and their update queue.
@@ -40,6 +41,7 @@ mod intake;
 pub(crate) mod lanes;
 pub mod logging;
 pub(crate) mod memory;
+pub mod pairing;
 pub(crate) mod retry;
 pub(crate) mod sandbox;
 pub(crate) mod secret;

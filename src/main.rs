@@ -84,6 +84,21 @@ async fn run(command: &Command) -> anyhow::Result<ExitCode> {
         Command::Telegram { command } => return Ok(telegram(command).await),
         Command::Slack { command } => return Ok(slack(command)),
         Command::Discord { command } => return Ok(discord(command).await),
+        Command::Pairing { command } => {
+            let (config, action) = command.action();
+            let config = match located(config) {
+                Ok(path) => path,
+                Err(code) => return Ok(code),
+            };
+            let mut out = std::io::stdout();
+            if let Err(e) = antler::pairing::run(&config, &action, &mut out).await {
+                complain(format_args!(
+                    "error: {}",
+                    logging::sanitize_for_terminal(&e.to_string())
+                ));
+                return Ok(ExitCode::FAILURE);
+            }
+        }
         Command::Healthcheck { url } => antler::chat::healthcheck(url).await?,
         Command::Doctor { config } => {
             let path = match located(config) {

@@ -554,6 +554,44 @@ pub enum ApiRole {
     Admin,
 }
 
+/// `channels.<platform>.dm_policy`: who may write to the bot privately.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DmPolicy {
+    /// An unknown user gets a pairing code to hand to an operator (`antler pairing approve
+    /// CODE`); nothing of theirs runs until then.
+    Pairing,
+    /// Only the allowlists, `admins` and approved users; anyone else is refused.
+    Allowlist,
+    /// Anyone may talk (the allowlists must be empty).
+    Open,
+}
+
+impl DmPolicy {
+    /// The policy in effect: `configured`, else `pairing` when both allowlists are empty and
+    /// `allowlist` when either names someone.
+    pub fn effective(
+        configured: Option<Self>,
+        allowed_users: &[String],
+        allowed_chats: &[String],
+    ) -> Self {
+        configured.unwrap_or(if allowed_users.is_empty() && allowed_chats.is_empty() {
+            Self::Pairing
+        } else {
+            Self::Allowlist
+        })
+    }
+
+    /// The name as the configuration spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Pairing => "pairing",
+            Self::Allowlist => "allowlist",
+            Self::Open => "open",
+        }
+    }
+}
+
 /// `[channels.telegram]`
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -572,7 +610,7 @@ pub struct TelegramConfig {
     /// The Bot API base URL.
     #[serde(deserialize_with = "secret::string")]
     pub api_url: String,
-    /// Platform user ids that may talk to the bot (with `allowed_chats`; both empty: anyone).
+    /// Platform user ids that may talk to the bot (with `allowed_chats` and `dm_policy`).
     #[serde(deserialize_with = "secret::strings")]
     pub allowed_users: Vec<String>,
     /// Platform chat ids in which anyone may talk to the bot.
@@ -581,6 +619,9 @@ pub struct TelegramConfig {
     /// Platform user ids that are operators: always allowed, and their turns run as admin.
     #[serde(deserialize_with = "secret::strings")]
     pub admins: Vec<String>,
+    /// Who may write to the bot privately ([`DmPolicy`]); unset: `pairing` when
+    /// `allowed_users` and `allowed_chats` are both empty, else `allowlist`.
+    pub dm_policy: Option<DmPolicy>,
 }
 
 /// How Telegram updates reach antler.
@@ -605,6 +646,7 @@ impl Default for TelegramConfig {
             allowed_users: Vec::new(),
             allowed_chats: Vec::new(),
             admins: Vec::new(),
+            dm_policy: None,
         }
     }
 }
@@ -648,7 +690,7 @@ pub struct SlackConfig {
     pub progress_reactions: bool,
     /// Who sees a slash command's answer (posted through the command's `response_url`).
     pub slash_response: SlashResponse,
-    /// Platform user ids that may talk to the bot (with `allowed_chats`; both empty: anyone).
+    /// Platform user ids that may talk to the bot (with `allowed_chats` and `dm_policy`).
     #[serde(deserialize_with = "secret::strings")]
     pub allowed_users: Vec<String>,
     /// Platform chat ids in which anyone may talk to the bot.
@@ -657,6 +699,9 @@ pub struct SlackConfig {
     /// Platform user ids that are operators: always allowed, and their turns run as admin.
     #[serde(deserialize_with = "secret::strings")]
     pub admins: Vec<String>,
+    /// Who may write to the bot privately ([`DmPolicy`]); unset: `pairing` when
+    /// `allowed_users` and `allowed_chats` are both empty, else `allowlist`.
+    pub dm_policy: Option<DmPolicy>,
 }
 
 /// How Slack events reach antler.
@@ -699,6 +744,7 @@ impl Default for SlackConfig {
             allowed_users: Vec::new(),
             allowed_chats: Vec::new(),
             admins: Vec::new(),
+            dm_policy: None,
         }
     }
 }
@@ -728,7 +774,7 @@ pub struct DiscordConfig {
     /// Also connect to Discord's Gateway (websocket) for plain @mentions in servers and DMs,
     /// answered as the bot's own messages. Off: application commands only.
     pub gateway: bool,
-    /// Platform user ids that may talk to the bot (with `allowed_chats`; both empty: anyone).
+    /// Platform user ids that may talk to the bot (with `allowed_chats` and `dm_policy`).
     #[serde(deserialize_with = "secret::strings")]
     pub allowed_users: Vec<String>,
     /// Platform chat ids in which anyone may talk to the bot.
@@ -737,6 +783,9 @@ pub struct DiscordConfig {
     /// Platform user ids that are operators: always allowed, and their turns run as admin.
     #[serde(deserialize_with = "secret::strings")]
     pub admins: Vec<String>,
+    /// Who may write to the bot privately ([`DmPolicy`]); unset: `pairing` when
+    /// `allowed_users` and `allowed_chats` are both empty, else `allowlist`.
+    pub dm_policy: Option<DmPolicy>,
 }
 
 impl Default for DiscordConfig {
@@ -752,6 +801,7 @@ impl Default for DiscordConfig {
             allowed_users: Vec::new(),
             allowed_chats: Vec::new(),
             admins: Vec::new(),
+            dm_policy: None,
         }
     }
 }
@@ -783,7 +833,7 @@ pub struct FeishuConfig {
     /// Answer with an interactive card that fills in as the answer streams; `false`: plain
     /// text messages, sent when the answer is complete.
     pub cards: bool,
-    /// Platform user ids that may talk to the bot (with `allowed_chats`; both empty: anyone).
+    /// Platform user ids that may talk to the bot (with `allowed_chats` and `dm_policy`).
     #[serde(deserialize_with = "secret::strings")]
     pub allowed_users: Vec<String>,
     /// Platform chat ids in which anyone may talk to the bot.
@@ -792,6 +842,9 @@ pub struct FeishuConfig {
     /// Platform user ids that are operators: always allowed, and their turns run as admin.
     #[serde(deserialize_with = "secret::strings")]
     pub admins: Vec<String>,
+    /// Who may write to the bot privately ([`DmPolicy`]); unset: `pairing` when
+    /// `allowed_users` and `allowed_chats` are both empty, else `allowlist`.
+    pub dm_policy: Option<DmPolicy>,
 }
 
 /// How Feishu events reach antler.
@@ -820,6 +873,7 @@ impl Default for FeishuConfig {
             allowed_users: Vec::new(),
             allowed_chats: Vec::new(),
             admins: Vec::new(),
+            dm_policy: None,
         }
     }
 }

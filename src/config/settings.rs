@@ -214,6 +214,7 @@ pub(crate) const SETTINGS: &[Setting] = &[
     value("channels.telegram.allowed_users", "[]", "User ids that may talk to the bot."),
     value("channels.telegram.allowed_chats", "[]", "Chat ids in which anyone may talk to the bot."),
     value("channels.telegram.admins", "[]", "User ids of operators: always allowed, their turns run as admin."),
+    unset("channels.telegram.dm_policy", "`pairing` when allowed_users and allowed_chats are both empty, else `allowlist`", "Private messages from unknown users: `pairing` (they get a code for `antler pairing approve`), `allowlist` (refused) or `open` (anyone may talk)."),
     // [channels.slack]
     value("channels.slack.enabled", "false", "Whether Slack is served."),
     unset("channels.slack.bot_token", "none (required when enabled)", "The bot token (`xoxb-...`)."),
@@ -230,6 +231,7 @@ pub(crate) const SETTINGS: &[Setting] = &[
     value("channels.slack.allowed_users", "[]", "User ids that may talk to the bot."),
     value("channels.slack.allowed_chats", "[]", "Channel ids in which anyone may talk to the bot."),
     value("channels.slack.admins", "[]", "User ids of operators: always allowed, their turns run as admin."),
+    unset("channels.slack.dm_policy", "`pairing` when allowed_users and allowed_chats are both empty, else `allowlist`", "Private messages from unknown users: `pairing` (they get a code for `antler pairing approve`), `allowlist` (refused) or `open` (anyone may talk)."),
     // [channels.discord]
     value("channels.discord.enabled", "false", "Whether Discord is served."),
     unset("channels.discord.application_id", "none (required when enabled)", "The application id."),
@@ -241,6 +243,7 @@ pub(crate) const SETTINGS: &[Setting] = &[
     value("channels.discord.allowed_users", "[]", "User ids that may talk to the bot."),
     value("channels.discord.allowed_chats", "[]", "Channel ids in which anyone may talk to the bot."),
     value("channels.discord.admins", "[]", "User ids of operators: always allowed, their turns run as admin."),
+    unset("channels.discord.dm_policy", "`pairing` when allowed_users and allowed_chats are both empty, else `allowlist`", "Private messages from unknown users: `pairing` (they get a code for `antler pairing approve`), `allowlist` (refused) or `open` (anyone may talk)."),
     // [channels.feishu]
     value("channels.feishu.enabled", "false", "Whether Feishu (or Lark) is served."),
     unset("channels.feishu.app_id", "none (required when enabled)", "The app id (`cli_...`)."),
@@ -253,6 +256,7 @@ pub(crate) const SETTINGS: &[Setting] = &[
     value("channels.feishu.allowed_users", "[]", "User ids that may talk to the bot."),
     value("channels.feishu.allowed_chats", "[]", "Chat ids in which anyone may talk to the bot."),
     value("channels.feishu.admins", "[]", "User ids of operators: always allowed, their turns run as admin."),
+    unset("channels.feishu.dm_policy", "`pairing` when allowed_users and allowed_chats are both empty, else `allowlist`", "Private messages from unknown users: `pairing` (they get a code for `antler pairing approve`), `allowlist` (refused) or `open` (anyone may talk)."),
     // [[mcp.servers]]
     tables("mcp.servers", "MCP servers whose tools the agent may call."),
     required("mcp.servers[].name", "The server's name in tool names (`mcp__<name>__<tool>`)."),

@@ -2183,3 +2183,52 @@ fn wait_lasts_as_long_as_the_turn_may_run_unless_set() {
         "server.wait_timeout_secs: must be at least 1 (got 0)",
     );
 }
+
+#[test]
+fn dm_policy_parses_defaults_by_the_allowlists_and_open_must_not_list_anyone() {
+    use crate::config::DmPolicy;
+    let config = parse(
+        r#"
+        [channels.telegram]
+        dm_policy = "allowlist"
+        [channels.slack]
+        allowed_users = ["U1"]
+        [channels.discord]
+        dm_policy = "open"
+        "#,
+    )
+    .unwrap();
+    let channels = &config.channels;
+    assert_eq!(channels.telegram.dm_policy, Some(DmPolicy::Allowlist));
+    assert_eq!(channels.discord.dm_policy, Some(DmPolicy::Open));
+    assert_eq!(channels.feishu.dm_policy, None);
+    let effective =
+        |policy, users: &[String], chats: &[String]| DmPolicy::effective(policy, users, chats);
+    assert_eq!(effective(None, &[], &[]), DmPolicy::Pairing);
+    assert_eq!(
+        effective(None, &channels.slack.allowed_users, &[]),
+        DmPolicy::Allowlist
+    );
+    assert_eq!(DmPolicy::Open.as_str(), "open");
+
+    let found = issues(
+        r#"
+        [channels.telegram]
+        dm_policy = "open"
+        allowed_chats = ["-100"]
+        [channels.feishu]
+        dm_policy = "open"
+        "#,
+    );
+    assert_eq!(
+        found,
+        [
+            "channels.telegram.dm_policy: \"open\" lets anyone talk, but allowed_users or \
+          allowed_chats names someone; empty them, or choose \"allowlist\" or \"pairing\""
+        ]
+    );
+    let bad = parse("[channels.slack]\ndm_policy = \"closed\"\n")
+        .unwrap_err()
+        .to_string();
+    assert!(bad.contains("channels.slack.dm_policy"), "{bad}");
+}

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use super::settings::{at, element, entry, key, named};
 use super::{Config, ConfigIssue, Secret};
-use super::{FeishuMode, SlackMode, TelegramMode};
+use super::{DmPolicy, FeishuMode, SlackMode, TelegramMode};
 use crate::agent::middleware::sandbox_audit::{MAX_COMMAND_CHARS_LIMIT, SandboxAuditConfig};
 use crate::agent::subagents::config::{BUILTIN_TYPES, TASK_CALL_MARGIN};
 use crate::agent::subagents::task_tool::TASK_TOOL;
@@ -809,6 +809,42 @@ fn channels(config: &Config, v: &mut Issues) {
                 .then_some(())
                 .ok_or_else(|| "must not contain control characters".to_owned())
         });
+    }
+
+    for (key, policy, users, chats) in [
+        (
+            key!("channels.telegram.dm_policy"),
+            channels.telegram.dm_policy,
+            &channels.telegram.allowed_users,
+            &channels.telegram.allowed_chats,
+        ),
+        (
+            key!("channels.slack.dm_policy"),
+            channels.slack.dm_policy,
+            &channels.slack.allowed_users,
+            &channels.slack.allowed_chats,
+        ),
+        (
+            key!("channels.discord.dm_policy"),
+            channels.discord.dm_policy,
+            &channels.discord.allowed_users,
+            &channels.discord.allowed_chats,
+        ),
+        (
+            key!("channels.feishu.dm_policy"),
+            channels.feishu.dm_policy,
+            &channels.feishu.allowed_users,
+            &channels.feishu.allowed_chats,
+        ),
+    ] {
+        if policy == Some(DmPolicy::Open) && !(users.is_empty() && chats.is_empty()) {
+            // "open" would make the lists mean nothing; say which one the operator meant.
+            v.push(
+                key,
+                "\"open\" lets anyone talk, but allowed_users or allowed_chats names someone; \
+                 empty them, or choose \"allowlist\" or \"pairing\"",
+            );
+        }
     }
 
     let telegram = &channels.telegram;

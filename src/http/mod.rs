@@ -7,6 +7,7 @@ mod extract;
 pub(crate) mod guard;
 mod memory;
 mod ops;
+mod pairing;
 pub(crate) mod serve;
 mod skills;
 mod tasks;
@@ -75,6 +76,8 @@ pub(crate) struct AppContext {
     pub(crate) subagents: Option<SubagentExecutor>,
     /// The skills found at start, for the skills API.
     pub(crate) skills: Arc<Catalogue>,
+    /// DM pairing, for the pairing API.
+    pub(crate) pairing: Arc<crate::ingress::pairing::Pairing>,
     /// When antler started serving, for the uptime `/readyz` reports.
     pub(crate) started: std::time::Instant,
 }
@@ -131,6 +134,9 @@ pub(crate) fn router(
             .route("/api/v1/tasks/{id}/cancel", post(tasks::cancel))
             .route("/api/v1/skills", get(skills::list))
             .route("/api/v1/skills/{name}", put(skills::put))
+            .route("/api/v1/pairing", get(pairing::list))
+            .route("/api/v1/pairing/approve", post(pairing::approve))
+            .route("/api/v1/pairing/deny", post(pairing::deny))
             .route_layer(axum::middleware::from_fn_with_state(
                 state.clone(),
                 guard::api_guard,

@@ -62,7 +62,7 @@ pub(crate) async fn respond(
             Ok(StatusCode::OK.into_response())
         }
         Parsed::EventsWithReply { mut events, reply } => {
-            if let Some(refusal) = refuse_at_once(ingress, channel, &mut events) {
+            if let Some(refusal) = refuse_at_once(ingress, channel, &mut events).await {
                 return Ok((StatusCode::OK, Json(refusal)).into_response());
             }
             accept_all(ingress, events).await?;
@@ -80,16 +80,18 @@ pub(crate) async fn respond(
 /// On a channel that refuses at once ([`Channel::refusal_reply`]), the refusal that answers the
 /// request instead of its reply when an author may not use the bot: then nothing is stored and
 /// nothing runs. `None`: accept the events as usual.
-pub(crate) fn refuse_at_once(
+pub(crate) async fn refuse_at_once(
     ingress: &Ingress,
     channel: &dyn Channel,
     events: &mut [InboundEvent],
 ) -> Option<serde_json::Value> {
     channel.refusal_reply("")?;
-    events
-        .iter_mut()
-        .find_map(|event| ingress.refusal(event))
-        .and_then(|text| channel.refusal_reply(&text))
+    for event in events.iter_mut() {
+        if let Some(text) = ingress.refusal(event).await {
+            return channel.refusal_reply(&text);
+        }
+    }
+    None
 }
 
 /// Accepts every event, in order; a message dropped by the access check counts as handled.

@@ -1,12 +1,20 @@
 //! Access control, the same for every channel, checked once per message before it is stored.
 //!
-//! Each channel's config names `allowed_users`, `allowed_chats` and `admins` (platform ids).
-//! The rule: a message is let through when its author is in `admins` or `allowed_users`, or
-//! when it was written in a chat listed in `allowed_chats` (an allowed chat lets everyone in
-//! it talk; an allowed user may talk anywhere the bot is). With both allowlists empty the
-//! channel is open: anyone may talk, and startup warns. An author the channel itself already
-//! marked as an admin (the API's admin token) is let through too. An author in `admins` gets
+//! Each channel's config names `allowed_users`, `allowed_chats` and `admins` (platform ids),
+//! and a platform's its `dm_policy` ([`DmPolicy`]). The rule: a message is let through when
+//! its author is in `admins` or `allowed_users` or was approved through DM pairing (an
+//! operator's `antler pairing approve`), or when it was written in a chat listed in
+//! `allowed_chats` (an allowed chat lets everyone in it talk; an allowed user may talk
+//! anywhere the bot is). With
+//! `dm_policy = "open"` (the API channel: both allowlists empty) anyone may talk, and startup
+//! warns. An author the channel itself already marked as an admin (the API's admin token) is
+//! let through too. An author in `admins`, or approved as one, gets
 //! [`UserRef::admin`](antler_channel::UserRef), so the turn runs with the admin role.
+//!
+//! With `dm_policy = "pairing"`, an unknown author of a private message (not in a group) is
+//! refused with a pairing code instead of the refusal ([`Access::pairs`]); they are answered
+//! up to [`PAIRING_REPLIES`] times an hour, each time with the same code. In a group the
+//! refusal is the usual one: pairing happens in private only.
 //!
 //! Anyone else is refused: the first message of a (channel, user) pair in an hour is accepted
 //! like any other, marked [`InboundEvent::refused`], and its turn answers with one short
@@ -18,16 +26,20 @@
 //! whoever writes to the bot.
 
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::sync::Mutex;
+use std::sync::{Mutex, RwLock};
 use std::time::Duration;
 
 use antler_channel::{InboundEvent, UserRef};
 use tokio::time::Instant;
 
-use crate::config::ChannelsConfig;
+use crate::config::{ChannelsConfig, DmPolicy};
 
 /// How long after a refusal the same user is not told again.
 pub(crate) const REFUSAL_INTERVAL: Duration = Duration::from_secs(3600);
+
+/// How often within [`REFUSAL_INTERVAL`] an unknown user who writes privately is answered
+/// with their pairing code (the same code each time); further messages are dropped.
+pub(crate) const PAIRING_REPLIES: u32 = 3;
 
 /// The most (channel, user) pairs whose last refusal is remembered.
 pub(crate) const MAX_REMEMBERED: usize = 10_000;
@@ -44,30 +56,57 @@ pub(crate) enum Admit {
 }
 
 /// One channel's lists.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct AccessRules {
     allowed_users: HashSet<String>,
     allowed_chats: HashSet<String>,
     admins: HashSet<String>,
+    dm_policy: DmPolicy,
+}
+
+impl Default for AccessRules {
+    /// No lists: open.
+    fn default() -> Self {
+        Self::new(&[], &[], &[])
+    }
 }
 
 impl AccessRules {
+    /// The lists, open when both allowlists are empty (as the API channel is).
     pub(crate) fn new(
         allowed_users: &[String],
         allowed_chats: &[String],
         admins: &[String],
     ) -> Self {
         let set = |ids: &[String]| ids.iter().cloned().collect();
+        let open = allowed_users.is_empty() && allowed_chats.is_empty();
         Self {
             allowed_users: set(allowed_users),
             allowed_chats: set(allowed_chats),
             admins: set(admins),
+            dm_policy: if open {
+                DmPolicy::Open
+            } else {
+                DmPolicy::Allowlist
+            },
         }
     }
 
-    /// Both allowlists are empty: anyone may talk.
+    /// The same lists under a platform's `dm_policy` (`None`: its default).
+    pub(crate) fn with_dm_policy(mut self, configured: Option<DmPolicy>) -> Self {
+        self.dm_policy = match configured {
+            Some(policy) => policy,
+            None if self.allowed_users.is_empty() && self.allowed_chats.is_empty() => {
+                DmPolicy::Pairing
+            }
+            None => DmPolicy::Allowlist,
+        };
+        self
+    }
+
+    /// Anyone may talk.
     pub(crate) fn is_open(&self) -> bool {
-        self.allowed_users.is_empty() && self.allowed_chats.is_empty()
+        self.dm_policy == DmPolicy::Open
     }
 
     /// Whether `user` (by any of their ids) is an operator.
@@ -78,7 +117,7 @@ impl AccessRules {
     /// Whether `user` may talk in `chat`, or in the chat it was before (`moved_from`), admins
     /// aside.
     fn allows(&self, user: &UserRef, chat: Option<&str>, moved_from: Option<&str>) -> bool {
-        self.is_open()
+        self.dm_policy == DmPolicy::Open
             || user.ids().any(|id| self.allowed_users.contains(id))
             || [chat, moved_from]
                 .into_iter()
@@ -92,6 +131,9 @@ impl AccessRules {
 pub(crate) struct Access {
     /// By channel name; a channel without rules is open.
     rules: HashMap<String, AccessRules>,
+    /// Users approved through pairing: channel → user id → admin. Loaded from the store at
+    /// start and added to on approval, so checking costs no store read.
+    paired: RwLock<HashMap<String, HashMap<String, bool>>>,
     refusals: Mutex<Refusals>,
 }
 
@@ -110,7 +152,8 @@ impl Access {
                     &channels.telegram.allowed_users,
                     &channels.telegram.allowed_chats,
                     &channels.telegram.admins,
-                ),
+                )
+                .with_dm_policy(channels.telegram.dm_policy),
             ),
             (
                 "slack",
@@ -118,7 +161,8 @@ impl Access {
                     &channels.slack.allowed_users,
                     &channels.slack.allowed_chats,
                     &channels.slack.admins,
-                ),
+                )
+                .with_dm_policy(channels.slack.dm_policy),
             ),
             (
                 "discord",
@@ -126,7 +170,8 @@ impl Access {
                     &channels.discord.allowed_users,
                     &channels.discord.allowed_chats,
                     &channels.discord.admins,
-                ),
+                )
+                .with_dm_policy(channels.discord.dm_policy),
             ),
             (
                 "feishu",
@@ -134,7 +179,8 @@ impl Access {
                     &channels.feishu.allowed_users,
                     &channels.feishu.allowed_chats,
                     &channels.feishu.admins,
-                ),
+                )
+                .with_dm_policy(channels.feishu.dm_policy),
             ),
         ];
         Self::new(
@@ -147,6 +193,7 @@ impl Access {
     pub(crate) fn new(rules: impl IntoIterator<Item = (String, AccessRules)>) -> Self {
         Self {
             rules: rules.into_iter().collect(),
+            paired: RwLock::default(),
             refusals: Mutex::default(),
         }
     }
@@ -156,11 +203,82 @@ impl Access {
         self.rules.get(channel).is_none_or(AccessRules::is_open)
     }
 
+    /// The `dm_policy` in effect on `channel` (`open` for a channel without rules).
+    pub(crate) fn dm_policy(&self, channel: &str) -> DmPolicy {
+        self.rules
+            .get(channel)
+            .map_or(DmPolicy::Open, |rules| rules.dm_policy)
+    }
+
+    /// Lets `user_id` talk on `channel` from now on (approved through pairing), as an admin
+    /// with `admin`.
+    pub(crate) fn pair(&self, channel: &str, user_id: &str, admin: bool) {
+        if let Ok(mut paired) = self.paired.write() {
+            paired
+                .entry(channel.to_owned())
+                .or_default()
+                .insert(user_id.to_owned(), admin);
+        }
+    }
+
+    /// Whether `user_id` was approved on `channel` through pairing.
+    #[cfg(test)]
+    pub(crate) fn is_paired(&self, channel: &str, user_id: &str) -> bool {
+        self.paired_as(
+            channel,
+            &UserRef {
+                id: user_id.to_owned(),
+                name: None,
+                admin: false,
+                aliases: Vec::new(),
+            },
+        )
+        .is_some()
+    }
+
+    /// `Some(admin)` when `user` (by any of their ids) was approved on `channel`.
+    fn paired_as(&self, channel: &str, user: &UserRef) -> Option<bool> {
+        let paired = self.paired.read().ok()?;
+        let users = paired.get(channel)?;
+        let mut found = None;
+        for id in user.ids() {
+            if let Some(&admin) = users.get(id) {
+                found = Some(found.unwrap_or(false) || admin);
+            }
+        }
+        found
+    }
+
+    /// Whether a refused `event` is answered with a pairing code: its platform's `dm_policy`
+    /// is `pairing` and it was written privately.
+    pub(crate) fn pairs(&self, event: &InboundEvent) -> bool {
+        !event.group && self.dm_policy(&event.channel) == DmPolicy::Pairing
+    }
+
+    /// Marks `event`'s author an admin when they are one; then whether they may talk in
+    /// `chat` (or `moved_from`).
+    fn decide(
+        &self,
+        rules: &AccessRules,
+        event: &mut InboundEvent,
+        moved_from: Option<&str>,
+    ) -> bool {
+        let paired = self.paired_as(&event.channel, &event.user);
+        if rules.is_admin(&event.user) || paired == Some(true) {
+            event.user.admin = true;
+        }
+        event.user.admin
+            || paired.is_some()
+            || rules.allows(&event.user, event.chat.as_deref(), moved_from)
+    }
+
     /// Whether `event` passes as it is (its author is an operator or allowed there), with no
     /// chat it moved from to consider.
     pub(crate) fn admits(&self, event: &InboundEvent) -> bool {
         self.rules.get(&event.channel).is_none_or(|rules| {
-            rules.is_admin(&event.user) || rules.allows(&event.user, event.chat.as_deref(), None)
+            rules.is_admin(&event.user)
+                || self.paired_as(&event.channel, &event.user).is_some()
+                || rules.allows(&event.user, event.chat.as_deref(), None)
         })
     }
 
@@ -171,14 +289,16 @@ impl Access {
         let Some(rules) = self.rules.get(&event.channel) else {
             return Admit::Run;
         };
-        if rules.is_admin(&event.user) {
-            event.user.admin = true;
-        }
-        if event.user.admin || rules.allows(&event.user, event.chat.as_deref(), moved_from) {
+        if self.decide(rules, event, moved_from) {
             return Admit::Run;
         }
+        let limit = if self.pairs(event) {
+            PAIRING_REPLIES
+        } else {
+            1
+        };
         let first = self.refusals.lock().map_or(true, |mut refusals| {
-            refusals.first_in_interval(&event.channel, &event.user.id, Instant::now())
+            refusals.answer_in_interval(&event.channel, &event.user.id, Instant::now(), limit)
         });
         if first {
             tracing::info!(
@@ -204,10 +324,7 @@ impl Access {
         let Some(rules) = self.rules.get(&event.channel) else {
             return true;
         };
-        if rules.is_admin(&event.user) {
-            event.user.admin = true;
-        }
-        let allowed = event.user.admin || rules.allows(&event.user, event.chat.as_deref(), None);
+        let allowed = self.decide(rules, event, None);
         if !allowed {
             tracing::info!(
                 channel = %event.channel,
@@ -238,10 +355,11 @@ pub(crate) fn refusal_text(event: &InboundEvent) -> String {
     )
 }
 
-/// When each (channel, user) pair was last refused, oldest first, bounded.
+/// When each (channel, user) pair was first refused in its interval and how often it was
+/// answered since, oldest first, bounded.
 #[derive(Debug)]
 struct Refusals {
-    last: HashMap<(String, String), Instant>,
+    last: HashMap<(String, String), (Instant, u32)>,
     /// The same pairs in the order they were refused: refusal times only grow, so the
     /// expired and the oldest are always at the front.
     order: VecDeque<(Instant, (String, String))>,
@@ -267,7 +385,14 @@ impl Refusals {
 
     /// Whether a refusal of (`channel`, `user`) at `now` is the first in its interval; if so,
     /// it is remembered.
+    #[cfg(test)]
     fn first_in_interval(&mut self, channel: &str, user: &str, now: Instant) -> bool {
+        self.answer_in_interval(channel, user, now, 1)
+    }
+
+    /// Whether a refusal of (`channel`, `user`) at `now` is among the first `limit` in its
+    /// interval, which is counted.
+    fn answer_in_interval(&mut self, channel: &str, user: &str, now: Instant, limit: u32) -> bool {
         while let Some((at, _)) = self.order.front() {
             if now.duration_since(*at) < self.interval {
                 break;
@@ -275,13 +400,17 @@ impl Refusals {
             self.pop_front();
         }
         let key = (channel.to_owned(), user.to_owned());
-        if self.last.contains_key(&key) {
-            return false;
+        if let Some((_, count)) = self.last.get_mut(&key) {
+            if *count >= limit {
+                return false;
+            }
+            *count += 1;
+            return true;
         }
         while self.order.len() >= self.cap {
             self.pop_front();
         }
-        self.last.insert(key.clone(), now);
+        self.last.insert(key.clone(), (now, 1));
         self.order.push_back((now, key));
         true
     }
@@ -292,9 +421,15 @@ impl Refusals {
         }
     }
 
+    /// Takes back the last answer counted for (`channel`, `user`).
     fn forget(&mut self, channel: &str, user: &str) {
         let key = (channel.to_owned(), user.to_owned());
-        if self.last.remove(&key).is_some() {
+        if let Some((_, count)) = self.last.get_mut(&key) {
+            if *count > 1 {
+                *count -= 1;
+                return;
+            }
+            self.last.remove(&key);
             self.order.retain(|(_, other)| *other != key);
         }
     }
@@ -326,6 +461,85 @@ mod tests {
         event.user.id = user.to_owned();
         event.chat = chat.map(str::to_owned);
         event
+    }
+
+    fn telegram(config: &str) -> Access {
+        let config: crate::config::ChannelsConfig = toml::from_str(config).unwrap();
+        Access::from_config(&config)
+    }
+
+    fn dm(user: &str) -> InboundEvent {
+        let mut event = from(user, Some(user));
+        event.channel = "telegram".to_owned();
+        event
+    }
+
+    fn in_group(user: &str) -> InboundEvent {
+        let mut event = from(user, Some("-100"));
+        event.channel = "telegram".to_owned();
+        event.group = true;
+        event
+    }
+
+    #[test]
+    fn the_dm_policy_defaults_to_pairing_without_allowlists_and_allowlist_with_them() {
+        let access = telegram("[telegram]\n");
+        assert_eq!(access.dm_policy("telegram"), DmPolicy::Pairing);
+        assert!(!access.is_open("telegram"), "pairing is not open");
+        let access = telegram("[telegram]\nallowed_chats = [\"-100\"]\n");
+        assert_eq!(access.dm_policy("telegram"), DmPolicy::Allowlist);
+        let access = telegram("[telegram]\ndm_policy = \"open\"\n");
+        assert_eq!(access.dm_policy("telegram"), DmPolicy::Open);
+        assert!(access.is_open("telegram"));
+        assert_eq!(access.check(&mut dm("bob"), None), Admit::Run);
+        // The API channel keeps its own rule: no allowlist, anyone.
+        assert!(access.is_open("api"));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_unknown_user_is_paired_in_private_and_refused_in_groups() {
+        let access = telegram("[telegram]\nadmins = [\"root\"]\n");
+        let mut bob = dm("bob");
+        assert_eq!(access.check(&mut bob, None), Admit::Refuse);
+        assert!(bob.refused && access.pairs(&bob));
+        // Asked again, they are answered (with the same code) a few times an hour, no more.
+        for _ in 1..PAIRING_REPLIES {
+            assert_eq!(access.check(&mut dm("bob"), None), Admit::Refuse);
+        }
+        assert_eq!(access.check(&mut dm("bob"), None), Admit::Drop);
+        tokio::time::advance(REFUSAL_INTERVAL).await;
+        assert_eq!(access.check(&mut dm("bob"), None), Admit::Refuse);
+        // In a group pairing does not apply: the usual refusal, once an hour.
+        let mut carol = in_group("carol");
+        assert_eq!(access.check(&mut carol, None), Admit::Refuse);
+        assert!(carol.refused && !access.pairs(&carol));
+        assert_eq!(access.check(&mut in_group("carol"), None), Admit::Drop);
+        // An admin passes anywhere.
+        assert_eq!(access.check(&mut dm("root"), None), Admit::Run);
+        // With "allowlist" a private message is refused, not paired.
+        let strict = telegram("[telegram]\ndm_policy = \"allowlist\"\n");
+        let mut dave = dm("dave");
+        assert_eq!(strict.check(&mut dave, None), Admit::Refuse);
+        assert!(!strict.pairs(&dave));
+    }
+
+    #[test]
+    fn an_approved_user_talks_anywhere_and_an_approved_admin_runs_as_admin() {
+        let access = telegram("[telegram]\nallowed_users = [\"ada\"]\n");
+        let mut bob = in_group("bob");
+        assert!(!access.admits(&bob));
+        access.pair("telegram", "bob", false);
+        assert!(access.admits(&bob) && access.is_paired("telegram", "bob"));
+        assert_eq!(access.check(&mut bob, None), Admit::Run);
+        assert!(!bob.user.admin);
+        // Approved on one platform is not approved on another.
+        assert!(!access.is_paired("slack", "bob"));
+        access.pair("telegram", "eve", true);
+        let mut eve = dm("eve");
+        assert_eq!(access.check(&mut eve, None), Admit::Run);
+        assert!(eve.user.admin, "approved with --admin");
+        let mut eve_at_once = dm("eve");
+        assert!(access.allows(&mut eve_at_once) && eve_at_once.user.admin);
     }
 
     #[test]

@@ -21,6 +21,7 @@ pub(crate) mod access;
 pub(crate) mod attachments;
 pub(crate) mod commands;
 mod dispatcher;
+pub(crate) mod pairing;
 mod turn;
 
 pub(crate) use dispatcher::{Dispatcher, RunTurn};
@@ -41,6 +42,7 @@ use crate::health::ChannelHealth;
 use crate::store::{Accept, Accepted, InboxItem, Store, StoreError, ThreadChoice};
 use access::{Access, Admit};
 use commands::Command;
+use pairing::Pairing;
 
 /// How long a client is asked to wait when the backlog is full.
 pub(crate) const RETRY_AFTER: Duration = Duration::from_secs(5);
@@ -93,6 +95,7 @@ struct Inner {
     backlog_limit: usize,
     dedupe_ttl: Duration,
     access: Arc<Access>,
+    pairing: Option<Arc<Pairing>>,
     health: ChannelHealth,
     stop: CancellationToken,
     acceptor: mpsc::UnboundedSender<Request>,
@@ -174,6 +177,8 @@ pub(crate) struct IngressSettings {
     pub(crate) max_concurrent_turns: usize,
     /// Who may talk to the bot on each channel.
     pub(crate) access: Arc<Access>,
+    /// DM pairing, for the refusals a channel answers at once (`None`: never).
+    pub(crate) pairing: Option<Arc<Pairing>>,
     /// Each platform channel's health, which accepting feeds.
     pub(crate) health: ChannelHealth,
 }
@@ -230,6 +235,7 @@ impl Ingress {
                 backlog_limit: settings.backlog_limit,
                 dedupe_ttl: settings.dedupe_ttl,
                 access: Arc::clone(&settings.access),
+                pairing: settings.pairing.clone(),
                 health: settings.health.clone(),
                 store,
                 stop,
@@ -356,11 +362,18 @@ impl Ingress {
         Ok(())
     }
 
-    /// The refusal text for `event` when its author may not use the bot, checked for a
-    /// channel that refuses at once instead of storing a refusal; `None` lets it through (an
-    /// admin marked as such).
-    pub(crate) fn refusal(&self, event: &mut InboundEvent) -> Option<String> {
-        (!self.inner.access.allows(event)).then(|| access::refusal_text(event))
+    /// The refusal text for `event` when its author may not use the bot (their pairing code
+    /// where pairing applies), checked for a channel that refuses at once instead of storing
+    /// a refusal; `None` lets it through (an admin marked as such).
+    pub(crate) async fn refusal(&self, event: &mut InboundEvent) -> Option<String> {
+        if self.inner.access.allows(event) {
+            return None;
+        }
+        Some(
+            pairing::refusal(self.inner.pairing.as_deref(), event)
+                .await
+                .0,
+        )
     }
 
     /// Hands an event that passed the access check to the acceptor and waits for its answer.

@@ -126,6 +126,7 @@ pub(crate) fn harness_with(max_attempts: u32, access: Access) -> Harness {
             memory_identities: crate::agent::memory::identity::MemoryIdentities::default(),
             memory_groups: crate::agent::memory::sharing::GroupPolicy::default(),
             skills: std::sync::Arc::default(),
+            pairing: None,
         },
         turn_cancel.clone(),
     );
@@ -138,6 +139,7 @@ pub(crate) fn harness_with(max_attempts: u32, access: Access) -> Harness {
             dedupe_ttl: Duration::from_secs(60),
             max_concurrent_turns: 4,
             access: Arc::new(access),
+            pairing: None,
             health: crate::health::ChannelHealth::default(),
         },
         turns.clone(),

@@ -23,6 +23,7 @@ use tracing::Instrument;
 use super::attachments;
 use super::commands::{self, Command, PlanSwitch};
 use super::dispatcher::Dispatcher;
+use super::pairing::Pairing;
 use crate::agent::input::{Attachment, Author, ChannelFlags, Role, RunInput};
 use crate::agent::memory::MemoryUpdate;
 use crate::agent::memory::identity::MemoryIdentities;
@@ -106,6 +107,8 @@ pub(crate) struct TurnSettings {
     pub(crate) memory_groups: GroupPolicy,
     /// The skills found at start, for `/skills`.
     pub(crate) skills: Arc<Catalogue>,
+    /// DM pairing: a refused author writing privately gets a pairing code (`None`: never).
+    pub(crate) pairing: Option<Arc<Pairing>>,
 }
 
 #[derive(Debug)]
@@ -125,6 +128,8 @@ struct Inner {
     memory_groups: GroupPolicy,
     /// The skills found at start, for `/skills`.
     skills: Arc<Catalogue>,
+    /// DM pairing, for refused authors writing privately.
+    pairing: Option<Arc<Pairing>>,
     /// The running agent turn of each conversation, for `/stop`: its inbox seq and token.
     running: Mutex<HashMap<String, (u64, CancellationToken)>>,
     /// `/stop` items (inbox seqs) that stopped a turn when they arrived; each is removed
@@ -285,6 +290,7 @@ impl TurnRunner {
                 memory_identities: settings.memory_identities.clone(),
                 memory_groups: settings.memory_groups,
                 skills: Arc::clone(&settings.skills),
+                pairing: settings.pairing.clone(),
                 turn_timeout: settings.turn_timeout,
                 running: Mutex::default(),
                 stops: Mutex::default(),
@@ -500,10 +506,12 @@ impl TurnRunner {
         if item.event.refused {
             // Nothing runs for an author who may not use the bot: no command, no model call,
             // and nothing of theirs enters the thread.
+            let (text, outcome) =
+                super::pairing::refusal(self.inner.pairing.as_deref(), &item.event).await;
             return TurnResult {
                 thread: None,
-                text: super::access::refusal_text(&item.event),
-                outcome: "refused",
+                text,
+                outcome,
                 memory_update: None,
                 draft: None,
                 files: Vec::new(),

@@ -137,6 +137,7 @@ async fn answer_envelope(channel: &SlackChannel, ingress: &Ingress, envelope: &E
     if reply.is_some()
         && let Some(refusal) =
             crate::http::webhook::refuse_at_once(ingress, channel as &dyn Channel, &mut events)
+                .await
     {
         return Answer::Ack(Some(refusal));
     }

@@ -13,7 +13,7 @@ use antler_channel::{ChatMove, ConversationKey, OutboundMessage, Receipt};
 
 use super::{
     Accept, Accepted, Claimed, ClearedMemory, FinishTurn, InboxItem, InboxStatus, InboxStore,
-    OutboxStatus, Store, StoreError, ThreadChoice,
+    OutboxStatus, PairedUser, PairingRequest, Store, StoreError, ThreadChoice,
 };
 use crate::agent::memory::{MemoryDocument, MemoryUpdate};
 use crate::agent::message::{ChatMessage, TokenUsage};
@@ -57,6 +57,7 @@ macro_rules! conformance {
             a_batch_is_accepted_in_order_and_sees_its_own_redeliveries,
             a_thread_read_while_turns_commit_is_consistent,
             skill_switches_are_kept_and_survive_reopening,
+            pairing_requests_and_approved_users_are_kept_and_settled_together,
             a_turn_that_absorbed_album_parts_finishes_them_with_it,
             a_moved_conversation_goes_on_with_its_thread_and_remembers_the_old_chat);
     };
@@ -351,6 +352,91 @@ pub(crate) async fn skill_switches_are_kept_and_survive_reopening(backend: &dyn 
             ("postmortem".to_owned(), false)
         ]
     );
+}
+
+pub(crate) async fn pairing_requests_and_approved_users_are_kept_and_settled_together(
+    backend: &dyn Backend,
+) {
+    let request = |channel: &str, user: &str, code: &str, at: u64| PairingRequest {
+        channel: channel.to_owned(),
+        user_id: user.to_owned(),
+        name: Some(format!("{user} the user")),
+        code: code.to_owned(),
+        created_at_ms: at,
+    };
+    let pair = |(channel, user): (&str, &str)| (channel.to_owned(), user.to_owned());
+    {
+        let store = backend.open();
+        assert!(store.pairing_requests().await.unwrap().is_empty());
+        assert!(store.paired_users().await.unwrap().is_empty());
+        store
+            .put_pairing_request(&request("telegram", "42", "AAAA2222", 1), &[])
+            .await
+            .unwrap();
+        store
+            .put_pairing_request(&request("slack", "U1", "BBBB3333", 2), &[])
+            .await
+            .unwrap();
+        // The same user again replaces their request; a dropped one goes in the same write.
+        store
+            .put_pairing_request(
+                &request("telegram", "42", "CCCC4444", 3),
+                &[pair(("slack", "U1"))],
+            )
+            .await
+            .unwrap();
+        store
+            .put_pairing_request(&request("discord", "7", "DDDD5555", 4), &[])
+            .await
+            .unwrap();
+    }
+    let store = backend.open();
+    assert_eq!(
+        store.pairing_requests().await.unwrap(),
+        [
+            request("discord", "7", "DDDD5555", 4),
+            request("telegram", "42", "CCCC4444", 3)
+        ],
+        "kept over a reopen, in (channel, user) order"
+    );
+    let ada = PairedUser {
+        channel: "telegram".to_owned(),
+        user_id: "42".to_owned(),
+        admin: true,
+        approved_at_ms: 5,
+    };
+    assert!(
+        store
+            .settle_pairing("telegram", "42", Some(&ada))
+            .await
+            .unwrap()
+    );
+    assert!(
+        !store
+            .settle_pairing("telegram", "42", Some(&ada))
+            .await
+            .unwrap(),
+        "its request is gone"
+    );
+    // A denial removes the request and approves nobody.
+    assert!(store.settle_pairing("discord", "7", None).await.unwrap());
+    // Approving without a request (an operator's first user) records the user all the same.
+    let bob = PairedUser {
+        channel: "feishu".to_owned(),
+        user_id: "ou_bob".to_owned(),
+        admin: false,
+        approved_at_ms: 6,
+    };
+    assert!(
+        !store
+            .settle_pairing("feishu", "ou_bob", Some(&bob))
+            .await
+            .unwrap()
+    );
+    drop(store);
+    let store = backend.open();
+    assert!(store.pairing_requests().await.unwrap().is_empty());
+    assert_eq!(store.paired_users().await.unwrap(), [bob, ada]);
 }
 
 pub(crate) async fn state_survives_reopening(backend: &dyn Backend) {

@@ -10,7 +10,8 @@ use antler_channel::{ChatMove, Receipt};
 use super::{
     Accept, Accepted, Claimed, ClearedMemory, ConversationRecord, FinishTurn, InboxItem,
     InboxStore, LeaseStore, MaintenanceStore, MemoryQueueStore, MemoryStore, OutboxItem,
-    OutboxStore, SkillStore, Store, StoreError, StoreStats, SubagentStore, ThreadStore,
+    OutboxStore, PairedUser, PairingRequest, PairingStore, SkillStore, Store, StoreError,
+    StoreStats, SubagentStore, ThreadStore,
 };
 use crate::agent::memory::{MemoryDocument, MemoryUpdate};
 use crate::agent::subagents::{SubagentChange, SubagentRecord, Transition};
@@ -298,6 +299,31 @@ impl SkillStore for FaultyStore {
     }
     async fn set_skill_switch(&self, name: &str, on: bool) -> Result<(), StoreError> {
         self.inner.set_skill_switch(name, on).await
+    }
+}
+
+#[async_trait::async_trait]
+impl PairingStore for FaultyStore {
+    async fn pairing_requests(&self) -> Result<Vec<PairingRequest>, StoreError> {
+        self.inner.pairing_requests().await
+    }
+    async fn put_pairing_request(
+        &self,
+        request: &PairingRequest,
+        dropped: &[(String, String)],
+    ) -> Result<(), StoreError> {
+        self.inner.put_pairing_request(request, dropped).await
+    }
+    async fn settle_pairing(
+        &self,
+        channel: &str,
+        user_id: &str,
+        paired: Option<&PairedUser>,
+    ) -> Result<bool, StoreError> {
+        self.inner.settle_pairing(channel, user_id, paired).await
+    }
+    async fn paired_users(&self) -> Result<Vec<PairedUser>, StoreError> {
+        self.inner.paired_users().await
     }
 }
 

@@ -13,8 +13,8 @@ use super::rules::{self, DedupeEntry};
 use super::{
     Accept, Accepted, Claimed, ClearedMemory, ConversationRecord, FinishTurn, InboxItem,
     InboxStore, Lease, LeaseStore, MAX_REPLIES_PER_ITEM, MaintenanceStore, MemoryQueueStore,
-    MemoryStore, OutboxItem, OutboxStatus, OutboxStore, SkillStore, StoreError, StoreStats,
-    SubagentStore, ThreadStore, outbox_seq,
+    MemoryStore, OutboxItem, OutboxStatus, OutboxStore, PairedUser, PairingRequest, PairingStore,
+    SkillStore, StoreError, StoreStats, SubagentStore, ThreadStore, outbox_seq,
 };
 use crate::agent::memory::{MemoryDocument, MemoryUpdate};
 use crate::agent::subagents::{SubagentChange, SubagentRecord, SubagentStatus, Transition};
@@ -40,6 +40,10 @@ struct Collections {
     lease: Option<Lease>,
     /// Skill name → on.
     skills: BTreeMap<String, bool>,
+    /// By (channel, user id).
+    pairing_requests: BTreeMap<(String, String), PairingRequest>,
+    /// By (channel, user id).
+    paired_users: BTreeMap<(String, String), PairedUser>,
 }
 
 /// The in-memory store.
@@ -517,6 +521,48 @@ impl LeaseStore for MemStore {
         let mut data = self.data()?;
         data.lease = rules::release_lease(data.lease.as_ref(), owner);
         Ok(())
+    }
+}
+
+#[async_trait::async_trait]
+impl PairingStore for MemStore {
+    async fn pairing_requests(&self) -> Result<Vec<PairingRequest>, StoreError> {
+        Ok(self.data()?.pairing_requests.values().cloned().collect())
+    }
+    async fn put_pairing_request(
+        &self,
+        request: &PairingRequest,
+        dropped: &[(String, String)],
+    ) -> Result<(), StoreError> {
+        let mut data = self.data()?;
+        for key in dropped {
+            data.pairing_requests.remove(key);
+        }
+        data.pairing_requests.insert(
+            (request.channel.clone(), request.user_id.clone()),
+            request.clone(),
+        );
+        Ok(())
+    }
+    async fn settle_pairing(
+        &self,
+        channel: &str,
+        user_id: &str,
+        paired: Option<&PairedUser>,
+    ) -> Result<bool, StoreError> {
+        let mut data = self.data()?;
+        let found = data
+            .pairing_requests
+            .remove(&(channel.to_owned(), user_id.to_owned()))
+            .is_some();
+        if let Some(user) = paired {
+            data.paired_users
+                .insert((user.channel.clone(), user.user_id.clone()), user.clone());
+        }
+        Ok(found)
+    }
+    async fn paired_users(&self) -> Result<Vec<PairedUser>, StoreError> {
+        Ok(self.data()?.paired_users.values().cloned().collect())
     }
 }
 

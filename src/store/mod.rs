@@ -1,6 +1,6 @@
 //! Durable state behind one trait: conversations, threads, the inbox, the dedupe set, the
-//! outbox, memory documents, the memory update queue, the subagent registry and the skill
-//! switches.
+//! outbox, memory documents, the memory update queue, the subagent registry, the skill
+//! switches and DM pairing (pending codes, approved users).
 //!
 //! Each method that changes more than one collection is one transaction, so a crash leaves
 //! the state before or the state after, never half (docs/architecture.md, "Crash safety").
@@ -537,6 +537,54 @@ pub(crate) trait SkillStore: Send + Sync + std::fmt::Debug {
     async fn set_skill_switch(&self, name: &str, on: bool) -> Result<(), StoreError>;
 }
 
+/// A pending DM pairing request: an unknown user who wrote to the bot privately, and the code
+/// they were given to hand to an operator.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct PairingRequest {
+    pub(crate) channel: String,
+    pub(crate) user_id: String,
+    /// The display name the platform gave, if any (for `antler pairing list`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) name: Option<String>,
+    pub(crate) code: String,
+    pub(crate) created_at_ms: u64,
+}
+
+/// A user an operator approved through pairing: allowed on their channel like an
+/// `allowed_users` entry (and an admin with `admin`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct PairedUser {
+    pub(crate) channel: String,
+    pub(crate) user_id: String,
+    pub(crate) admin: bool,
+    pub(crate) approved_at_ms: u64,
+}
+
+/// DM pairing: pending requests (few: the pairing module caps them) and approved users. The
+/// rules (codes, expiry, the cap) live in the ingress's pairing module; the store keeps what they decide.
+#[async_trait::async_trait]
+pub(crate) trait PairingStore: Send + Sync + std::fmt::Debug {
+    /// Every pending request, in (channel, user) order.
+    async fn pairing_requests(&self) -> Result<Vec<PairingRequest>, StoreError>;
+    /// Stores `request`, replacing that user's, and removes the requests of the (channel,
+    /// user) pairs in `dropped`, in one transaction. *Durable.*
+    async fn put_pairing_request(
+        &self,
+        request: &PairingRequest,
+        dropped: &[(String, String)],
+    ) -> Result<(), StoreError>;
+    /// Removes the request of (`channel`, `user_id`) and, with `paired`, records that user as
+    /// approved, in one transaction. Returns whether there was a request. *Durable.*
+    async fn settle_pairing(
+        &self,
+        channel: &str,
+        user_id: &str,
+        paired: Option<&PairedUser>,
+    ) -> Result<bool, StoreError>;
+    /// Every approved user, in (channel, user) order.
+    async fn paired_users(&self) -> Result<Vec<PairedUser>, StoreError>;
+}
+
 /// The whole store, one value for the wiring; each consumer takes only the part it uses.
 pub(crate) trait Store:
     InboxStore
@@ -547,6 +595,7 @@ pub(crate) trait Store:
     + MaintenanceStore
     + LeaseStore
     + SkillStore
+    + PairingStore
     + std::fmt::Debug
 {
 }
@@ -560,6 +609,7 @@ impl<T> Store for T where
         + MaintenanceStore
         + LeaseStore
         + SkillStore
+        + PairingStore
         + std::fmt::Debug
 {
 }

@@ -15,6 +15,8 @@
 //! | `memory`, `memory_queue` | user key, (user key, thread id) | their records |
 //! | `subagents` | task id (sorts in creation order) | [`SubagentRecord`] |
 //! | `subagent_calls` | (thread id, turn, call id) | task id |
+//! | `skills` | skill name | `{"on": bool}` |
+//! | `pairing_requests`, `paired_users` | (channel, user id) | [`PairingRequest`], [`PairedUser`] |
 
 mod migrate;
 #[cfg(test)]
@@ -37,8 +39,8 @@ use super::rules::{self, DedupeEntry};
 use super::{
     Accept, Accepted, ClearedMemory, ConversationRecord, FinishTurn, InboxItem, InboxStore,
     MaintenanceStore, MemoryQueueStore, MemoryStore, OutboxItem, OutboxStatus, OutboxStore,
-    SCHEMA_VERSION, SkillStore, StoreError, StoreStats, SubagentStore, ThreadStore, keys,
-    outbox_seq,
+    PairedUser, PairingRequest, PairingStore, SCHEMA_VERSION, SkillStore, StoreError, StoreStats,
+    SubagentStore, ThreadStore, keys, outbox_seq,
 };
 use super::{Claimed, Lease, LeaseStore};
 use crate::agent::memory::{MemoryDocument, MemoryUpdate};
@@ -80,6 +82,10 @@ pub(crate) struct SledStore {
     subagent_calls: sled::Tree,
     /// Skill name → `{"on": bool}`.
     skills: sled::Tree,
+    /// (channel, user id) → [`PairingRequest`] (JSON).
+    pairing_requests: sled::Tree,
+    /// (channel, user id) → [`PairedUser`] (JSON).
+    paired_users: sled::Tree,
     commit: GroupCommit,
     /// `meta`: the schema version and the lease.
     meta: sled::Tree,
@@ -430,6 +436,8 @@ impl SledStore {
             subagents: db.open_tree("subagents")?,
             subagent_calls: db.open_tree("subagent_calls")?,
             skills: db.open_tree("skills")?,
+            pairing_requests: db.open_tree("pairing_requests")?,
+            paired_users: db.open_tree("paired_users")?,
             meta,
             db,
             commit,
@@ -1329,6 +1337,72 @@ impl LeaseStore for SledStore {
 #[derive(Debug, Serialize, Deserialize)]
 struct SkillSwitch {
     on: bool,
+}
+
+/// The key of a (channel, user id) pair in the pairing trees.
+fn pairing_key(channel: &str, user_id: &str) -> Vec<u8> {
+    keys::tuple(&[channel.as_bytes(), user_id.as_bytes()])
+}
+
+#[async_trait::async_trait]
+impl PairingStore for SledStore {
+    async fn pairing_requests(&self) -> Result<Vec<PairingRequest>, StoreError> {
+        self.pairing_requests
+            .iter()
+            .values()
+            .map(|value| decode("pairing request", &value?))
+            .collect()
+    }
+    async fn put_pairing_request(
+        &self,
+        request: &PairingRequest,
+        dropped: &[(String, String)],
+    ) -> Result<(), StoreError> {
+        let value = encode("pairing request", request)?;
+        let key = pairing_key(&request.channel, &request.user_id);
+        self.pairing_requests
+            .transaction(|requests| {
+                for (channel, user_id) in dropped {
+                    requests.remove(pairing_key(channel, user_id))?;
+                }
+                requests.insert(key.as_slice(), value.as_slice())?;
+                Ok(())
+            })
+            .map_err(from_tx)?;
+        self.commit.flush().await
+    }
+    async fn settle_pairing(
+        &self,
+        channel: &str,
+        user_id: &str,
+        paired: Option<&PairedUser>,
+    ) -> Result<bool, StoreError> {
+        let request_key = pairing_key(channel, user_id);
+        let paired = paired
+            .map(|user| {
+                encode("paired user", user)
+                    .map(|value| (pairing_key(&user.channel, &user.user_id), value))
+            })
+            .transpose()?;
+        let found = (&self.pairing_requests, &self.paired_users)
+            .transaction(|(requests, users)| {
+                let found = requests.remove(request_key.as_slice())?.is_some();
+                if let Some((key, value)) = &paired {
+                    users.insert(key.as_slice(), value.as_slice())?;
+                }
+                Ok(found)
+            })
+            .map_err(from_tx)?;
+        self.commit.flush().await?;
+        Ok(found)
+    }
+    async fn paired_users(&self) -> Result<Vec<PairedUser>, StoreError> {
+        self.paired_users
+            .iter()
+            .values()
+            .map(|value| decode("paired user", &value?))
+            .collect()
+    }
 }
 
 #[async_trait::async_trait]

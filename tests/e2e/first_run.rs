@@ -120,9 +120,14 @@ async fn init_writes_a_config_that_serves_telegram_by_polling_and_never_overwrit
     assert_eq!(code, Some(0), "{stdout}\n{stderr}");
     assert!(stdout.starts_with("config/antler.toml: valid"), "{stdout}");
 
+    // No allowlist: the stranger is paired. The operator approves them as an admin.
     let mut child = serve(dir.path(), port, &env).await;
     let sent = api.wait_for_sends(1).await;
-    assert_eq!(sent[0]["text"], "echo: status payments-api");
+    let text = sent[0]["text"].as_str().unwrap_or_default();
+    let code: String = text
+        .split_once("antler pairing approve ")
+        .map(|(_, rest)| rest.chars().take(8).collect())
+        .unwrap_or_else(|| panic!("a pairing code: {text}"));
     assert!(
         api.received_requests()
             .await
@@ -131,6 +136,16 @@ async fn init_writes_a_config_that_serves_telegram_by_polling_and_never_overwrit
             .any(|r| r.url.path().ends_with("/GetUpdates")),
         "the update came by polling"
     );
+    let (code, stdout, stderr) =
+        run(dir.path(), &["pairing", "approve", &code, "--admin"], &env).await;
+    assert_eq!(code, Some(0), "{stdout}\n{stderr}");
+    let again = antler_testkit::telegram::fixture("tg_private_text")
+        .replace("730100001", "730100002")
+        .replace("status payments-api", "status checkout");
+    api.poll_next(730_100_001, serde_json::from_str(&again).unwrap())
+        .await;
+    let sent = api.wait_for_sends(2).await;
+    assert_eq!(sent[1]["text"], "echo: status checkout");
     child.kill().await.unwrap();
 
     // A second init refuses to overwrite, names the file and --force, and changes nothing.
@@ -223,6 +238,8 @@ async fn the_shipped_config_serves_telegram_from_the_environment_alone() {
     assert!(stdout.contains("telegram"), "{stdout}");
     let mut child = serve(dir.path(), port, &env).await;
     let sent = api.wait_for_sends(1).await;
-    assert_eq!(sent[0]["text"], "echo: status payments-api");
+    // Whoever finds the bot is not let in: they get a pairing code.
+    let text = sent[0]["text"].as_str().unwrap_or_default();
+    assert!(text.contains("Your pairing code is"), "{text}");
     child.kill().await.unwrap();
 }

@@ -20,6 +20,7 @@ mod memory_api;
 mod memory_trust;
 mod model_failures;
 mod ordering;
+mod pairing;
 mod plan_mode;
 mod present_files;
 mod request_shaping;

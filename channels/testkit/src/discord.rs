@@ -195,9 +195,10 @@ impl MockDiscord {
     pub fn config(&self, more: &str) -> String {
         format!(
             "[channels.discord]\nenabled = true\napplication_id = \"{APPLICATION_ID}\"\n\
-             public_key = \"{}\"\nbot_token = \"{BOT_TOKEN}\"\napi_url = \"{}\"\n{more}",
+             public_key = \"{}\"\nbot_token = \"{BOT_TOKEN}\"\napi_url = \"{}\"\n{}{more}",
             public_key_hex(),
-            self.server.uri()
+            self.server.uri(),
+            crate::open_unless_listed(more)
         )
     }
 

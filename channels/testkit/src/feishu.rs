@@ -338,8 +338,9 @@ impl MockFeishu {
     pub fn config(&self, more: &str) -> String {
         format!(
             "[channels.feishu]\nenabled = true\napp_id = \"{APP_ID}\"\napp_secret = \"{APP_SECRET}\"\n\
-             verification_token = \"{VERIFICATION_TOKEN}\"\napi_url = \"{}\"\n{more}",
-            self.server.uri()
+             verification_token = \"{VERIFICATION_TOKEN}\"\napi_url = \"{}\"\n{}{more}",
+            self.server.uri(),
+            crate::open_unless_listed(more)
         )
     }
 
@@ -384,8 +385,9 @@ impl MockFeishu {
     pub fn socket_config(&self, more: &str) -> String {
         format!(
             "[channels.feishu]\nenabled = true\nmode = \"websocket\"\napp_id = \"{APP_ID}\"\n\
-             app_secret = \"{APP_SECRET}\"\napi_url = \"{}\"\n{more}",
-            self.server.uri()
+             app_secret = \"{APP_SECRET}\"\napi_url = \"{}\"\n{}{more}",
+            self.server.uri(),
+            crate::open_unless_listed(more)
         )
     }
 

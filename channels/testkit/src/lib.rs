@@ -242,3 +242,18 @@ pub fn block_on<F: Future>(future: F) -> F::Output {
         .expect("a tokio runtime")
         .block_on(future)
 }
+
+/// `dm_policy = "open"` for a platform config whose `more` lines name no allowlist and no
+/// `dm_policy`: these fixtures describe a bot anyone may talk to, which an empty allowlist
+/// meant before DM pairing (issue 25) made `pairing` the default; empty otherwise.
+#[must_use]
+pub fn open_unless_listed(more: &str) -> &'static str {
+    if ["allowed_users", "allowed_chats", "dm_policy"]
+        .iter()
+        .any(|key| more.contains(key))
+    {
+        ""
+    } else {
+        "dm_policy = \"open\"\n"
+    }
+}

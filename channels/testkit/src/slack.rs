@@ -361,8 +361,9 @@ impl MockSlack {
     pub fn config(&self, more: &str) -> String {
         format!(
             "[channels.slack]\nenabled = true\nbot_token = \"{TOKEN}\"\n\
-             signing_secret = \"{SIGNING_SECRET}\"\napi_url = \"{}\"\n{more}",
-            self.api_url()
+             signing_secret = \"{SIGNING_SECRET}\"\napi_url = \"{}\"\n{}{more}",
+            self.api_url(),
+            crate::open_unless_listed(more)
         )
     }
 
@@ -591,8 +592,9 @@ impl MockSlack {
     pub fn socket_config(&self, app_token: &str, more: &str) -> String {
         format!(
             "[channels.slack]\nenabled = true\nmode = \"socket\"\nbot_token = \"{TOKEN}\"\n\
-             app_token = \"{app_token}\"\napi_url = \"{}\"\n{more}",
-            self.api_url()
+             app_token = \"{app_token}\"\napi_url = \"{}\"\n{}{more}",
+            self.api_url(),
+            crate::open_unless_listed(more)
         )
     }
 }

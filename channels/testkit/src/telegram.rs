@@ -257,7 +257,8 @@ impl MockTelegram {
                     .set_body_json(json!({"ok": true, "result": []}))
                     .set_delay(Duration::from_millis(200)),
             )
-            .with_priority(1)
+            // Below the updates [`MockTelegram::poll_next`] adds.
+            .with_priority(2)
             .mount(&api.server)
             .await;
         Mock::given(method("POST"))
@@ -271,6 +272,32 @@ impl MockTelegram {
             .mount(&api.server)
             .await;
         api
+    }
+
+    /// Delivers `update` to a polling bot once it confirmed `after` (the update id before it),
+    /// then nothing.
+    pub async fn poll_next(&self, after: u64, update: Value) {
+        let id = update["update_id"].as_u64().expect("an update id");
+        Mock::given(method("POST"))
+            .and(path(format!("/bot{TOKEN}/GetUpdates")))
+            .and(body_partial_json(json!({"offset": after + 1})))
+            .respond_with(
+                ResponseTemplate::new(200).set_body_json(json!({"ok": true, "result": [update]})),
+            )
+            .with_priority(1)
+            .mount(&self.server)
+            .await;
+        Mock::given(method("POST"))
+            .and(path(format!("/bot{TOKEN}/GetUpdates")))
+            .and(body_partial_json(json!({"offset": id + 1})))
+            .respond_with(
+                ResponseTemplate::new(200)
+                    .set_body_json(json!({"ok": true, "result": []}))
+                    .set_delay(Duration::from_millis(200)),
+            )
+            .with_priority(1)
+            .mount(&self.server)
+            .await;
     }
 
     /// Accepts uploads (`sendDocument`) too.
@@ -290,8 +317,9 @@ impl MockTelegram {
     pub fn config(&self, more: &str) -> String {
         format!(
             "[channels.telegram]\nenabled = true\nbot_token = \"{TOKEN}\"\n\
-             webhook_secret = \"{SECRET}\"\napi_url = \"{}\"\n{more}",
-            self.server.uri()
+             webhook_secret = \"{SECRET}\"\napi_url = \"{}\"\n{}{more}",
+            self.server.uri(),
+            crate::open_unless_listed(more)
         )
     }
 
@@ -300,7 +328,7 @@ impl MockTelegram {
     pub fn polling_config(&self) -> String {
         format!(
             "[channels.telegram]\nenabled = true\nmode = \"polling\"\nbot_token = \"{TOKEN}\"\n\
-             api_url = \"{}\"\n",
+             api_url = \"{}\"\ndm_policy = \"open\"\n",
             self.server.uri()
         )
     }
