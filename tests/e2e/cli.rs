@@ -352,8 +352,9 @@ impl LiveChat {
 /// An answer that takes longer than any test waits: one character a second.
 const SLOW_QUESTION: &str = "count to sixty slowly please";
 
-#[tokio::test]
-async fn chat_stop_typed_during_an_answer_stops_it_at_once() {
+/// A chat whose answer to [`SLOW_QUESTION`] is streaming: the model (kept alive), the app and
+/// the chat.
+async fn chat_with_a_slow_answer_streaming() -> (MockModel, TestApp, LiveChat) {
     let mock = MockModel::start(Behaviour::Trickle {
         pieces: 40,
         every: std::time::Duration::from_secs(1),
@@ -365,11 +366,25 @@ async fn chat_stop_typed_during_an_answer_stops_it_at_once() {
     let asked = chat.shown.len();
     chat.type_line(SLOW_QUESTION).await;
     chat.until_shown(asked, "echo").await;
+    (mock, app, chat)
+}
+
+impl LiveChat {
+    /// Waits until the answer shows it was stopped and the prompt is back; none of the
+    /// answer's remaining text came.
+    async fn until_stopped(&mut self) {
+        let at = self.shown.len();
+        self.until_shown(at, "[stopped]").await;
+        self.until_shown(at, "> ").await;
+        assert!(!self.shown.contains(SLOW_QUESTION), "{}", self.shown);
+    }
+}
+
+#[tokio::test]
+async fn chat_stop_typed_during_an_answer_stops_it_at_once() {
+    let (_mock, app, mut chat) = chat_with_a_slow_answer_streaming().await;
     chat.type_line("/stop").await;
-    let at = chat.shown.len();
-    chat.until_shown(at, "[stopped]").await;
-    chat.until_shown(at, "> ").await;
-    assert!(!chat.shown.contains(SLOW_QUESTION), "{}", chat.shown);
+    chat.until_stopped().await;
     chat.type_line("/quit").await;
     assert_eq!(chat.exit_code().await, Some(0));
     // antler got the `/stop`: the turn ended stopped (its note is in the thread).
@@ -380,22 +395,9 @@ async fn chat_stop_typed_during_an_answer_stops_it_at_once() {
 
 #[tokio::test]
 async fn chat_ctrl_c_stops_the_answer_and_a_second_one_quits() {
-    let mock = MockModel::start(Behaviour::Trickle {
-        pieces: 40,
-        every: std::time::Duration::from_secs(1),
-    })
-    .await;
-    let app = TestApp::spawn(&mock, "").await;
-    let mut chat = LiveChat::start(&format!("http://{}", app.addr));
-    chat.until_shown(0, "> ").await;
-    let asked = chat.shown.len();
-    chat.type_line(SLOW_QUESTION).await;
-    chat.until_shown(asked, "echo").await;
+    let (_mock, app, mut chat) = chat_with_a_slow_answer_streaming().await;
     chat.interrupt();
-    let at = chat.shown.len();
-    chat.until_shown(at, "[stopped]").await;
-    chat.until_shown(at, "> ").await;
-    assert!(!chat.shown.contains(SLOW_QUESTION), "{}", chat.shown);
+    chat.until_stopped().await;
     // The chat is still there; a second Ctrl-C, at the prompt, quits.
     chat.interrupt();
     assert_eq!(chat.exit_code().await, Some(0));
