@@ -598,9 +598,14 @@ mod tests {
                 retry_after: Duration::from_secs(7)
             }
         );
+        // The platform refusing the bot itself: the channel is unhealthy until a call works.
         assert!(matches!(
             api.error(RequestError::Api(ApiError::InvalidToken)),
-            ChannelError::Permanent(text) if text.contains("channels.telegram.bot_token")
+            ChannelError::Refused(text) if text.contains("channels.telegram.bot_token")
+        ));
+        assert!(matches!(
+            api.error(RequestError::Api(ApiError::TerminatedByOtherGetUpdates)),
+            ChannelError::Refused(text) if text.contains("another antler or bot instance")
         ));
         let debug = format!("{api:?}");
         assert!(!debug.contains(TOKEN), "{debug}");
