@@ -648,12 +648,62 @@ where
     serve_with_tools(config, listener, shutdown, Vec::new()).await
 }
 
+/// [`serve`], taking configurations read again (on SIGHUP) from `reloads`: what can change
+/// safely is applied at once (who may talk: allowlists, admins, `dm_policy`); what cannot is
+/// named in a warning, to take effect at the next start.
+pub async fn serve_reloading<F>(
+    config: Config,
+    listener: TcpListener,
+    shutdown: F,
+    reloads: tokio::sync::mpsc::Receiver<Config>,
+) -> Result<(), AppError>
+where
+    F: Future<Output = ()> + Send + 'static,
+{
+    run_app(config, listener, shutdown, Vec::new(), Some(reloads)).await
+}
+
 /// [`serve`] with more tools in the registry (the tests' slow and inspecting tools).
 pub(crate) async fn serve_with_tools<F>(
     config: Config,
     listener: TcpListener,
     shutdown: F,
     extra_tools: Vec<Arc<dyn Tool>>,
+) -> Result<(), AppError>
+where
+    F: Future<Output = ()> + Send + 'static,
+{
+    run_app(config, listener, shutdown, extra_tools, None).await
+}
+
+/// Applies each configuration `reloads` brings: the access rules at once; the sections that
+/// differ otherwise from what runs (`running`) are named, for a restart.
+async fn apply_reloads(
+    running: Config,
+    access: Arc<Access>,
+    mut reloads: tokio::sync::mpsc::Receiver<Config>,
+) {
+    while let Some(config) = reloads.recv().await {
+        access.reload(&config.channels);
+        let restart = crate::config::needs_restart(&running, &config);
+        if restart.is_empty() {
+            tracing::info!("configuration reloaded: who may talk is applied");
+        } else {
+            tracing::warn!(
+                restart = ?restart,
+                "configuration reloaded: who may talk is applied; the other changes take effect \
+                 at the next start"
+            );
+        }
+    }
+}
+
+async fn run_app<F>(
+    config: Config,
+    listener: TcpListener,
+    shutdown: F,
+    extra_tools: Vec<Arc<dyn Tool>>,
+    reloads: Option<tokio::sync::mpsc::Receiver<Config>>,
 ) -> Result<(), AppError>
 where
     F: Future<Output = ()> + Send + 'static,
@@ -763,6 +813,9 @@ where
     delivery.enqueue(outbox);
     let access = Arc::new(Access::from_config(&config.channels));
     warn_open_channels(&config, &access);
+    if let Some(reloads) = reloads {
+        tokio::spawn(apply_reloads(config.clone(), Arc::clone(&access), reloads));
+    }
     let pairing = Arc::new(Pairing::new(store.clone(), Arc::clone(&access)));
     let paired = pairing.load().await?;
     if paired > 0 {

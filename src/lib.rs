@@ -51,7 +51,7 @@ pub(crate) mod store;
 pub(crate) mod test_support;
 pub(crate) mod units;
 
-pub use app::{AppError, serve};
+pub use app::{AppError, serve, serve_reloading};
 pub use sandbox::main_if_launcher;
 
 /// Milliseconds since the Unix epoch (wall clock, for stored timestamps).

@@ -39,8 +39,39 @@ async fn serve(config_path: &Path) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(config.server.listen)
         .await
         .map_err(|e| anyhow::anyhow!("server.listen: cannot bind {}: {e}", config.server.listen))?;
-    antler::serve(config, listener, shutdown_signal()).await?;
+    let (reloads, reloaded) = tokio::sync::mpsc::channel(4);
+    tokio::spawn(reload_on_sighup(config_path.to_owned(), reloads));
+    antler::serve_reloading(config, listener, shutdown_signal(), reloaded).await?;
     Ok(())
+}
+
+/// On each SIGHUP, reads the configuration again and hands it to the running antler, which
+/// applies what can change safely. A configuration with errors changes nothing; its errors
+/// are logged (keys and problems, never values).
+async fn reload_on_sighup(path: std::path::PathBuf, reloads: tokio::sync::mpsc::Sender<Config>) {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        let Ok(mut hangups) = signal(SignalKind::hangup()) else {
+            return;
+        };
+        while hangups.recv().await.is_some() {
+            match Config::load(&path) {
+                Ok(config) => {
+                    if reloads.send(config).await.is_err() {
+                        return;
+                    }
+                }
+                Err(e) => tracing::warn!(
+                    path = %path.display(),
+                    error = %e,
+                    "SIGHUP: the configuration has errors; nothing changed"
+                ),
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    drop((path, reloads));
 }
 
 // `println!`/`eprintln!` panic when the stream is closed (`antler ... | head`, a dead `tee`);

@@ -91,6 +91,47 @@ pub struct Config {
     pub(crate) skills: SkillsConfig,
 }
 
+/// The sections (`[server]`, `[channels.telegram]`…) in which `new` differs from `running` in
+/// what only a restart applies: everything but who may talk (`allowed_users`,
+/// `allowed_chats`, `admins`, `dm_policy`), which a reload applies at once.
+pub(crate) fn needs_restart(running: &Config, new: &Config) -> Vec<&'static str> {
+    let mut differ = Vec::new();
+    let mut check = |name: &'static str, same: bool| {
+        if !same {
+            differ.push(name);
+        }
+    };
+    check("server", running.server == new.server);
+    check("store", running.store == new.store);
+    check("model", running.model == new.model);
+    check("agent", running.agent == new.agent);
+    check("delivery", running.delivery == new.delivery);
+    check("mcp", running.mcp == new.mcp);
+    check("memory", running.memory == new.memory);
+    check("subagents", running.subagents == new.subagents);
+    check("skills", running.skills == new.skills);
+    // Who may talk aside, each channel must be as it runs.
+    let mut channels = new.channels.clone();
+    let (old, now) = (&running.channels, &mut channels);
+    now.api.allowed_users.clone_from(&old.api.allowed_users);
+    now.api.admins.clone_from(&old.api.admins);
+    macro_rules! who_may_talk {
+        ($($platform:ident),*) => {$(
+            now.$platform.allowed_users.clone_from(&old.$platform.allowed_users);
+            now.$platform.allowed_chats.clone_from(&old.$platform.allowed_chats);
+            now.$platform.admins.clone_from(&old.$platform.admins);
+            now.$platform.dm_policy = old.$platform.dm_policy;
+        )*};
+    }
+    who_may_talk!(telegram, slack, discord, feishu);
+    check("channels.api", now.api == old.api);
+    check("channels.telegram", now.telegram == old.telegram);
+    check("channels.slack", now.slack == old.slack);
+    check("channels.discord", now.discord == old.discord);
+    check("channels.feishu", now.feishu == old.feishu);
+    differ
+}
+
 /// `[mcp]`
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 #[serde(default, deny_unknown_fields)]

@@ -2232,3 +2232,23 @@ fn dm_policy_parses_defaults_by_the_allowlists_and_open_must_not_list_anyone() {
         .to_string();
     assert!(bad.contains("channels.slack.dm_policy"), "{bad}");
 }
+
+#[test]
+fn only_who_may_talk_changes_without_a_restart() {
+    let running = parse("[channels.telegram]\nallowed_users = [\"1\"]\n").unwrap();
+    let new = parse(
+        "[channels.telegram]\nallowed_users = [\"1\", \"2\"]\nadmins = [\"1\"]\n\
+         dm_policy = \"allowlist\"\n[channels.api]\nallowed_users = [\"ops\"]\n",
+    )
+    .unwrap();
+    assert!(super::needs_restart(&running, &new).is_empty());
+    let new = parse(
+        "[channels.telegram]\nallowed_users = [\"1\"]\nmode = \"polling\"\n\
+         [agent]\nmax_iterations = 3\n",
+    )
+    .unwrap();
+    assert_eq!(
+        super::needs_restart(&running, &new),
+        ["agent", "channels.telegram"]
+    );
+}

@@ -26,7 +26,7 @@
 //! whoever writes to the bot.
 
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::sync::{Mutex, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use antler_channel::{InboundEvent, UserRef};
@@ -129,8 +129,9 @@ impl AccessRules {
 /// The access check of every channel, with the memory of recent refusals.
 #[derive(Debug, Default)]
 pub(crate) struct Access {
-    /// By channel name; a channel without rules is open.
-    rules: HashMap<String, AccessRules>,
+    /// By channel name; a channel without rules is open. Replaced whole when the
+    /// configuration is reloaded ([`Access::reload`]); a check reads one snapshot.
+    rules: RwLock<Arc<HashMap<String, AccessRules>>>,
     /// Users approved through pairing: channel → user id → admin. Loaded from the store at
     /// start and added to on approval, so checking costs no store read.
     paired: RwLock<HashMap<String, HashMap<String, bool>>>,
@@ -140,6 +141,21 @@ pub(crate) struct Access {
 impl Access {
     /// The rules of `channels` (the API channel's `admins` and `allowed_users` are API users).
     pub(crate) fn from_config(channels: &ChannelsConfig) -> Self {
+        Self::new(Self::rules_of(channels))
+    }
+
+    /// Applies the access rules of a reloaded configuration (allowlists, admins, `dm_policy`)
+    /// from the next check on; who was approved through pairing, and the memory of refusals,
+    /// stay.
+    pub(crate) fn reload(&self, channels: &ChannelsConfig) {
+        let rules: HashMap<String, AccessRules> = Self::rules_of(channels).collect();
+        if let Ok(mut current) = self.rules.write() {
+            *current = Arc::new(rules);
+        }
+    }
+
+    /// The rules of every channel in `channels`.
+    fn rules_of(channels: &ChannelsConfig) -> impl Iterator<Item = (String, AccessRules)> {
         let api = &channels.api;
         let rules = [
             (
@@ -183,29 +199,35 @@ impl Access {
                 .with_dm_policy(channels.feishu.dm_policy),
             ),
         ];
-        Self::new(
-            rules
-                .into_iter()
-                .map(|(name, rules)| (name.to_owned(), rules)),
-        )
+        rules
+            .into_iter()
+            .map(|(name, rules)| (name.to_owned(), rules))
     }
 
     pub(crate) fn new(rules: impl IntoIterator<Item = (String, AccessRules)>) -> Self {
         Self {
-            rules: rules.into_iter().collect(),
+            rules: RwLock::new(Arc::new(rules.into_iter().collect())),
             paired: RwLock::default(),
             refusals: Mutex::default(),
         }
     }
 
+    /// The rules in effect now.
+    fn rules(&self) -> Arc<HashMap<String, AccessRules>> {
+        self.rules
+            .read()
+            .map(|rules| Arc::clone(&rules))
+            .unwrap_or_default()
+    }
+
     /// Whether `channel` lets anyone talk (for the startup warning).
     pub(crate) fn is_open(&self, channel: &str) -> bool {
-        self.rules.get(channel).is_none_or(AccessRules::is_open)
+        self.rules().get(channel).is_none_or(AccessRules::is_open)
     }
 
     /// The `dm_policy` in effect on `channel` (`open` for a channel without rules).
     pub(crate) fn dm_policy(&self, channel: &str) -> DmPolicy {
-        self.rules
+        self.rules()
             .get(channel)
             .map_or(DmPolicy::Open, |rules| rules.dm_policy)
     }
@@ -275,7 +297,7 @@ impl Access {
     /// Whether `event` passes as it is (its author is an operator or allowed there), with no
     /// chat it moved from to consider.
     pub(crate) fn admits(&self, event: &InboundEvent) -> bool {
-        self.rules.get(&event.channel).is_none_or(|rules| {
+        self.rules().get(&event.channel).is_none_or(|rules| {
             rules.is_admin(&event.user)
                 || self.paired_as(&event.channel, &event.user).is_some()
                 || rules.allows(&event.user, event.chat.as_deref(), None)
@@ -286,7 +308,8 @@ impl Access {
     /// continues the chat `moved_from`, when that is given (a group upgraded to a supergroup),
     /// and is allowed where that one was.
     pub(crate) fn check(&self, event: &mut InboundEvent, moved_from: Option<&str>) -> Admit {
-        let Some(rules) = self.rules.get(&event.channel) else {
+        let all = self.rules();
+        let Some(rules) = all.get(&event.channel) else {
             return Admit::Run;
         };
         if self.decide(rules, event, moved_from) {
@@ -321,7 +344,8 @@ impl Access {
     /// channel that refuses at once ([`antler_channel::Channel::refusal_reply`]): nothing is
     /// stored then, so nothing is remembered either and every refused request is told.
     pub(crate) fn allows(&self, event: &mut InboundEvent) -> bool {
-        let Some(rules) = self.rules.get(&event.channel) else {
+        let all = self.rules();
+        let Some(rules) = all.get(&event.channel) else {
             return true;
         };
         let allowed = self.decide(rules, event, None);

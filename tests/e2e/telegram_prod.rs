@@ -571,3 +571,82 @@ async fn a_revoked_token_shows_telegram_unhealthy_in_readyz_until_polling_works_
     assert!(healthy.get("refused").is_none(), "{healthy}");
     app.shutdown().await;
 }
+
+/// SIGHUP reads the configuration again: a new allowlist applies at once, a turn running
+/// meanwhile is answered, and what needs a restart is named (before, SIGHUP killed antler).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_applies_a_new_allowlist_without_dropping_a_turn() {
+    let model = MockModel::start(Behaviour::Echo).await;
+    let api = MockTelegram::start().await;
+    let rig =
+        crate::support::ChildRig::new(&model, &api.config("allowed_users = [\"5550001001\"]\n"));
+    let mut child = rig.serve().await;
+    let base = format!("http://127.0.0.1:{}", rig.port);
+    let bob = |update: &str, text: &str| {
+        fixture("tg_private_text")
+            .replace("730100001", update)
+            .replace("5550001001", "5550001002")
+            .replace("status payments-api", text)
+    };
+    // Bob is not on the list: refused.
+    assert_eq!(
+        post(&base, &bob("730100051", "hello"), Some(SECRET)).await,
+        StatusCode::OK
+    );
+    let sent = api.wait_for_sends(1).await;
+    assert!(
+        sent[0]["text"]
+            .as_str()
+            .is_some_and(|t| t.starts_with("Sorry")),
+        "{sent:?}"
+    );
+
+    // Ada's turn is running when the configuration changes.
+    model.hold();
+    assert_eq!(
+        post(&base, &fixture("tg_private_text"), Some(SECRET)).await,
+        StatusCode::OK
+    );
+    model.wait_for_requests(1).await;
+    let config = std::fs::read_to_string(&rig.config).unwrap();
+    let changed = config
+        .replace(
+            "allowed_users = [\"5550001001\"]",
+            "allowed_users = [\"5550001001\", \"5550001002\"]",
+        )
+        .replace("[server]\n", "[server]\nmax_connections = 77\n");
+    assert_ne!(changed, config);
+    std::fs::write(&rig.config, changed).unwrap();
+    let pid = child.process.id().unwrap().to_string();
+    let hup = std::process::Command::new("kill")
+        .args(["-HUP", &pid])
+        .status()
+        .unwrap();
+    assert!(hup.success());
+    antler_testkit::wait_until("the reload is logged", || async {
+        child
+            .log_text()
+            .contains("configuration reloaded")
+            .then_some(())
+    })
+    .await;
+    let log = child.log_text();
+    assert!(log.contains("restart=[\"server\"]"), "{log}");
+    model.release();
+    let sent = api.wait_for_sends(2).await;
+    assert_eq!(
+        sent[1]["text"], "echo: status payments-api",
+        "the turn went on"
+    );
+
+    // Bob may talk now.
+    assert_eq!(
+        post(&base, &bob("730100052", "hello again"), Some(SECRET)).await,
+        StatusCode::OK
+    );
+    let sent = api.wait_for_sends(3).await;
+    assert_eq!(sent[2]["text"], "echo: hello again");
+    assert!(child.process.try_wait().unwrap().is_none(), "still running");
+    let status = crate::support::sigterm(&mut child.process).await;
+    assert!(status.success());
+}
