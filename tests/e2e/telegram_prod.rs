@@ -7,6 +7,32 @@ use reqwest::StatusCode;
 use crate::support::TestApp;
 use crate::support::mock_model::{Behaviour, MockModel};
 
+/// Posts each recorded update `names` to the webhook; Telegram hears 200 for each.
+async fn post_all(base: &str, names: &[&str]) {
+    for name in names {
+        assert_eq!(
+            post(base, &fixture(name), Some(SECRET)).await,
+            StatusCode::OK,
+            "{name}"
+        );
+    }
+}
+
+/// The texts of the first `n` answers once antler is idle, sorted (turns of different chats
+/// end in any order).
+async fn sorted_answers(api: &MockTelegram, app: &TestApp, n: usize) -> Vec<String> {
+    api.wait_for_sends(n).await;
+    app.wait_idle().await;
+    let mut texts: Vec<String> = api
+        .sent()
+        .await
+        .iter()
+        .map(|body| body["text"].as_str().unwrap_or_default().to_owned())
+        .collect();
+    texts.sort();
+    texts
+}
+
 /// Bot API: "external_reply: Information about the message that is being replied to, which may
 /// come from another chat or forum topic"; MessageEntity types grow with the API (`date_time`);
 /// `paid_media` and an `Audio` whose `mime_type` is "Optional" are real messages too. teloxide
@@ -17,27 +43,17 @@ async fn messages_teloxide_cannot_model_are_still_read_and_answered() {
     let model = MockModel::start(Behaviour::Echo).await;
     let api = MockTelegram::start().await;
     let app = TestApp::spawn(&model, &api.config("")).await;
-    for name in [
-        "tg_external_reply",
-        "tg_new_entity",
-        "tg_paid_media_caption",
-        "tg_audio_no_mime",
-    ] {
-        assert_eq!(
-            post(&app.base, &fixture(name), Some(SECRET)).await,
-            StatusCode::OK,
-            "{name}"
-        );
-    }
-    api.wait_for_sends(4).await;
-    app.wait_idle().await;
-    let mut texts: Vec<String> = api
-        .sent()
-        .await
-        .iter()
-        .map(|body| body["text"].as_str().unwrap_or_default().to_owned())
-        .collect();
-    texts.sort();
+    post_all(
+        &app.base,
+        &[
+            "tg_external_reply",
+            "tg_new_entity",
+            "tg_paid_media_caption",
+            "tg_audio_no_mime",
+        ],
+    )
+    .await;
+    let texts = sorted_answers(&api, &app, 4).await;
     assert_eq!(
         texts,
         [
@@ -125,13 +141,7 @@ async fn anonymous_admins_and_people_posting_as_a_channel_are_answered() {
     let api = MockTelegram::start().await;
     let config = api.config("allowed_users = [\"-1002200330044\", \"-1001999888777\"]\n");
     let app = TestApp::spawn(&model, &config).await;
-    for name in ["tg_anonymous_admin", "tg_channel_sender"] {
-        assert_eq!(
-            post(&app.base, &fixture(name), Some(SECRET)).await,
-            StatusCode::OK,
-            "{name}"
-        );
-    }
+    post_all(&app.base, &["tg_anonymous_admin", "tg_channel_sender"]).await;
     // A linked channel's post, forwarded automatically to its discussion group, is nobody
     // talking to the bot.
     let forwarded = fixture("tg_channel_sender")
@@ -141,15 +151,7 @@ async fn anonymous_admins_and_people_posting_as_a_channel_are_answered() {
         post(&app.base, &forwarded, Some(SECRET)).await,
         StatusCode::OK
     );
-    api.wait_for_sends(2).await;
-    app.wait_idle().await;
-    let mut texts: Vec<String> = api
-        .sent()
-        .await
-        .iter()
-        .map(|body| body["text"].as_str().unwrap_or_default().to_owned())
-        .collect();
-    texts.sort();
+    let texts = sorted_answers(&api, &app, 2).await;
     assert_eq!(texts, ["echo: freeze deploys", "echo: who is on call?"]);
     assert_eq!(model.count(), 2);
     app.shutdown().await;
@@ -230,22 +232,8 @@ async fn private_stickers_voice_notes_and_locations_get_a_cant_read_notice() {
     let model = MockModel::start(Behaviour::Echo).await;
     let api = MockTelegram::start().await;
     let app = TestApp::spawn(&model, &api.config("")).await;
-    for name in ["tg_sticker", "tg_voice", "tg_location"] {
-        assert_eq!(
-            post(&app.base, &fixture(name), Some(SECRET)).await,
-            StatusCode::OK,
-            "{name}"
-        );
-    }
-    api.wait_for_sends(3).await;
-    app.wait_idle().await;
-    let mut texts: Vec<String> = api
-        .sent()
-        .await
-        .iter()
-        .map(|body| body["text"].as_str().unwrap_or_default().to_owned())
-        .collect();
-    texts.sort();
+    post_all(&app.base, &["tg_sticker", "tg_voice", "tg_location"]).await;
+    let texts = sorted_answers(&api, &app, 3).await;
     assert_eq!(texts.len(), 3);
     for (text, kind) in texts.iter().zip(["location", "sticker", "voice message"]) {
         assert!(
@@ -398,13 +386,7 @@ async fn a_group_upgraded_to_a_supergroup_keeps_its_conversation_and_its_access(
     api.wait_for_sends(1).await;
     app.wait_idle().await;
 
-    for name in ["tg_migrate_to", "tg_migrate_from"] {
-        assert_eq!(
-            post(&app.base, &fixture(name), Some(SECRET)).await,
-            StatusCode::OK,
-            "{name}"
-        );
-    }
+    post_all(&app.base, &["tg_migrate_to", "tg_migrate_from"]).await;
     let in_supergroup = fixture("tg_group_mention")
         .replace("730100002", "730100042")
         .replace("-1002200330044", "-1004004004004")
@@ -545,9 +527,11 @@ async fn a_revoked_token_shows_telegram_unhealthy_in_readyz_until_polling_works_
         refused["version"].is_string() && refused["uptime_secs"].is_u64(),
         "{refused}"
     );
+    // The series is there; its value is not checked here: the metrics recorder is the
+    // process's, shared with the other apps these tests run at once, whose Telegram is healthy.
     let metrics = app.get("/metrics").await.text;
     assert!(
-        metrics.contains("antler_channel_healthy{channel=\"telegram\"} 0"),
+        metrics.contains("antler_channel_healthy{channel=\"telegram\"}"),
         "{metrics}"
     );
 
