@@ -9,9 +9,9 @@
 use std::error::Error;
 use std::fmt::{self, Write as _};
 use std::io::{self, IsTerminal, Write};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender, TryRecvError, TrySendError};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use tracing::field::{Field, Visit};
@@ -47,20 +47,59 @@ pub enum LogFormat {
     Json,
 }
 
+/// Changes the installed subscriber's filter (set once, by [`init`]).
+type SetFilter = Box<dyn Fn(EnvFilter) -> Result<(), String> + Send + Sync>;
+
+/// How [`set_level`] reaches the subscriber [`init`] installed; unset while `RUST_LOG` rules.
+static SET_FILTER: OnceLock<SetFilter> = OnceLock::new();
+
 /// Installs the global subscriber writing `format` to stderr through a [`LogWriter`]; the
-/// level comes from `RUST_LOG` (default `info`).
+/// level comes from `RUST_LOG`, else `info` until [`set_level`] applies the configured one.
 ///
 /// Keep the guard alive until exit: dropping it flushes queued lines (with a bounded wait).
 pub fn init(format: LogFormat) -> Result<LogGuard, LoggingError> {
     let (writer, guard) =
         LogWriter::spawn(io::stderr(), QUEUE_LINES).map_err(LoggingError::Spawn)?;
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    // An empty `RUST_LOG` counts as unset, as it does for most programs.
+    let from_env = std::env::var(EnvFilter::DEFAULT_ENV)
+        .ok()
+        .filter(|value| !value.trim().is_empty())
+        .and_then(|value| EnvFilter::builder().parse(value).ok());
+    let env_rules = from_env.is_some();
+    let filter = from_env.unwrap_or_else(|| EnvFilter::new("info"));
     let installed = match format {
-        LogFormat::Human => human_subscriber(writer, colours_wanted(), filter).try_init(),
-        LogFormat::Json => json_subscriber(writer, filter).try_init(),
+        LogFormat::Human => {
+            let (subscriber, set_filter) = human_subscriber(writer, colours_wanted(), filter);
+            subscriber.try_init().map(|()| set_filter)
+        }
+        LogFormat::Json => {
+            let (subscriber, set_filter) = json_subscriber(writer, filter);
+            subscriber.try_init().map(|()| set_filter)
+        }
     };
-    installed.map_err(|e| LoggingError::Install(e.into()))?;
+    let set_filter = installed.map_err(|e| LoggingError::Install(e.into()))?;
+    if !env_rules {
+        // Only the first installation succeeds, so the handle is set at most once too.
+        let _ = SET_FILTER.set(set_filter);
+    }
     Ok(guard)
+}
+
+/// Reads `server.log_level`: `RUST_LOG` syntax, directives separated by commas.
+pub(crate) fn parse_level(directives: &str) -> Result<EnvFilter, String> {
+    EnvFilter::builder()
+        .parse(directives)
+        .map_err(|e| format!("not a log filter ({e}); e.g. `info` or `antler=debug,warn`"))
+}
+
+/// Applies `server.log_level` to the running subscriber. Returns `false` when it does not
+/// apply: `RUST_LOG` chose the level, or logging is off.
+pub fn set_level(directives: &str) -> Result<bool, String> {
+    let Some(set_filter) = SET_FILTER.get() else {
+        return Ok(false);
+    };
+    set_filter(parse_level(directives)?)?;
+    Ok(true)
 }
 
 /// Whether the human format may use colour: only on a terminal, and not under `NO_COLOR`.
@@ -73,11 +112,11 @@ fn human_subscriber<W>(
     writer: W,
     ansi: bool,
     filter: EnvFilter,
-) -> impl tracing::Subscriber + Send + Sync + 'static
+) -> (impl tracing::Subscriber + Send + Sync + 'static, SetFilter)
 where
     W: for<'w> MakeWriter<'w> + Send + Sync + 'static,
 {
-    tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(writer)
         .with_ansi(ansi)
@@ -85,24 +124,34 @@ where
         // closed stderr; the writer below never fails anyway.
         .log_internal_errors(false)
         .fmt_fields(EscapedFields)
-        .finish()
+        .with_filter_reloading();
+    let handle = builder.reload_handle();
+    (
+        builder.finish(),
+        Box::new(move |f| handle.reload(f).map_err(|e| e.to_string())),
+    )
 }
 
 /// The JSON subscriber: one object per line, strings escaped by serde.
 fn json_subscriber<W>(
     writer: W,
     filter: EnvFilter,
-) -> impl tracing::Subscriber + Send + Sync + 'static
+) -> (impl tracing::Subscriber + Send + Sync + 'static, SetFilter)
 where
     W: for<'w> MakeWriter<'w> + Send + Sync + 'static,
 {
-    tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(writer)
         .with_ansi(false)
         .log_internal_errors(false)
         .json()
-        .finish()
+        .with_filter_reloading();
+    let handle = builder.reload_handle();
+    (
+        builder.finish(),
+        Box::new(move |f| handle.reload(f).map_err(|e| e.to_string())),
+    )
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -459,9 +508,31 @@ mod tests {
 
     fn human_line(event: impl FnOnce()) -> String {
         let out = Collect::default();
-        let subscriber = human_subscriber(out.clone(), false, EnvFilter::new("trace"));
+        let (subscriber, _) = human_subscriber(out.clone(), false, EnvFilter::new("trace"));
         tracing::subscriber::with_default(subscriber, event);
         out.text()
+    }
+
+    #[test]
+    fn a_new_level_applies_to_the_running_subscriber() {
+        let out = Collect::default();
+        let (subscriber, set_filter) = json_subscriber(out.clone(), EnvFilter::new("info"));
+        tracing::subscriber::with_default(subscriber, || {
+            tracing::debug!("hidden at info");
+            set_filter(parse_level("warn,antler=debug").unwrap()).unwrap();
+            tracing::debug!(target: "antler::ingress", "shown at debug");
+            tracing::info!(target: "sled", "hidden at warn");
+        });
+        let text = out.text();
+        assert!(!text.contains("hidden"), "{text}");
+        assert!(text.contains("shown at debug"), "{text}");
+    }
+
+    #[test]
+    fn a_bad_level_is_refused_with_an_example() {
+        let problem = parse_level("antler=loud").unwrap_err();
+        assert!(problem.contains("e.g. `info`"), "{problem}");
+        assert!(parse_level("info").is_ok());
     }
 
     #[test]

@@ -36,6 +36,7 @@ async fn shutdown_signal() {
 
 async fn serve(config_path: &Path) -> anyhow::Result<()> {
     let config = Config::load(config_path)?;
+    apply_log_level(&config.server.log_level);
     let listener = tokio::net::TcpListener::bind(config.server.listen)
         .await
         .map_err(|e| anyhow::anyhow!("server.listen: cannot bind {}: {e}", config.server.listen))?;
@@ -58,6 +59,7 @@ async fn reload_on_sighup(path: std::path::PathBuf, reloads: tokio::sync::mpsc::
         while hangups.recv().await.is_some() {
             match Config::load(&path) {
                 Ok(config) => {
+                    apply_log_level(&config.server.log_level);
                     if reloads.send(config).await.is_err() {
                         return;
                     }
@@ -72,6 +74,16 @@ async fn reload_on_sighup(path: std::path::PathBuf, reloads: tokio::sync::mpsc::
     }
     #[cfg(not(unix))]
     drop((path, reloads));
+}
+
+/// Applies `server.log_level` unless `RUST_LOG` chose the level.
+fn apply_log_level(level: &str) {
+    match logging::set_level(level) {
+        Ok(true) => tracing::debug!(level, "log level applied"),
+        Ok(false) => {}
+        // Validated with the configuration already; kept working at the old level.
+        Err(e) => tracing::warn!(error = %e, "server.log_level: not applied"),
+    }
 }
 
 // `println!`/`eprintln!` panic when the stream is closed (`antler ... | head`, a dead `tee`);

@@ -101,7 +101,12 @@ pub(crate) fn needs_restart(running: &Config, new: &Config) -> Vec<&'static str>
             differ.push(name);
         }
     };
-    check("server", running.server == new.server);
+    // The log level is applied by whoever reloads (the process's subscriber is global).
+    let server = ServerConfig {
+        log_level: running.server.log_level.clone(),
+        ..new.server.clone()
+    };
+    check("server", running.server == server);
     check("store", running.store == new.store);
     check("model", running.model == new.model);
     check("agent", running.agent == new.agent);
@@ -176,6 +181,10 @@ pub struct ServerConfig {
     /// How long a `"wait": true` request waits for its answer before answering 202 without
     /// it; `None`: as long as the turn may run ([`Config::api_wait_limit`]).
     pub wait_timeout_secs: Option<u64>,
+    /// Which log lines are written, in `RUST_LOG` syntax (`info`, `antler=debug,warn`);
+    /// `RUST_LOG`, when set, wins. SIGHUP applies a change.
+    #[serde(deserialize_with = "secret::string")]
+    pub log_level: String,
 }
 
 impl Default for ServerConfig {
@@ -193,6 +202,7 @@ impl Default for ServerConfig {
             metrics_token: None,
             ops_listen: None,
             wait_timeout_secs: None,
+            log_level: "info".to_owned(),
         }
     }
 }

@@ -87,6 +87,7 @@ pub(crate) const SETTINGS: &[Setting] = &[
     value("server.allowed_hosts", "[]", "Extra `Host` values the API accepts; `\"*\"` accepts any."),
     unset("server.metrics_token", "no token; an admin API token still works", "Bearer token for `/metrics` and the detail of `/readyz`."),
     unset("server.ops_listen", "no separate listener", "A separate address serving `/healthz`, `/readyz` and `/metrics` without a token."),
+    value("server.log_level", r#""info""#, "Which log lines are written, in `RUST_LOG` syntax (`antler=debug,warn`); `RUST_LOG`, when set, wins; SIGHUP applies a change."),
     unset("server.wait_timeout_secs", "`agent.turn_timeout_secs` + 60", "Seconds a `\"wait\": true` request waits for its answer before answering 202 without it (the turn goes on)."),
     // [store]
     value("store.path", r#""data""#, "The directory sled lives in."),

@@ -101,6 +101,9 @@ fn server(config: &Config, v: &mut Issues) {
     if let Some(wait) = server.wait_timeout_secs {
         v.at_least(key!("server.wait_timeout_secs"), wait, 1);
     }
+    if let Err(problem) = crate::logging::parse_level(&server.log_level) {
+        v.push(key!("server.log_level"), problem);
+    }
     for (index, host) in server.allowed_hosts.iter().enumerate() {
         if let Err(problem) = check_allowed_host(host) {
             v.push(&element(key!("server.allowed_hosts"), index), problem);

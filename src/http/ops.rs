@@ -13,6 +13,7 @@ use serde_json::json;
 
 use super::AppState;
 use super::error::ApiError;
+use crate::store::StoreStats;
 
 /// Marks requests that came in on the ops listener.
 #[derive(Debug, Clone, Copy)]
@@ -78,6 +79,7 @@ pub(crate) async fn readyz(
             "running": state.ingress.running(),
             "store_bytes": stats.disk_bytes,
             "outbox_pending": stats.outbox_pending,
+            "oldest_pending_age_secs": oldest_pending_age_secs(&stats),
             "mcp": state.mcp,
             "shell": state.shell,
             "channels": state.ingress.health().snapshot(),
@@ -101,9 +103,21 @@ pub(crate) async fn metrics(
     if !may_see_usage(&state, &headers, ops.map(|e| e.0)) {
         return Err(ApiError::Unauthorized);
     }
+    // Read at scrape time: one store lookup, nothing on the hot path.
+    if let Ok(stats) = state.store.stats().await {
+        metrics::gauge!("antler_inbox_oldest_age_seconds")
+            .set(oldest_pending_age_secs(&stats).unwrap_or(0) as f64);
+    }
     Ok((
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
         state.metrics.render(),
     )
         .into_response())
+}
+
+/// How long the oldest item in the inbox has waited, in whole seconds; `None` when it is empty.
+fn oldest_pending_age_secs(stats: &StoreStats) -> Option<u64> {
+    stats
+        .oldest_inbox_at_ms
+        .map(|at| crate::now_ms().saturating_sub(at) / 1000)
 }

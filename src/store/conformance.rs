@@ -1055,19 +1055,26 @@ pub(crate) async fn checkpoints_append_messages_and_keep_failed_spans(backend: &
     assert_eq!(loaded.saved_messages, 40);
 }
 
+/// The counts and the oldest item's acceptance time follow accepts and finished turns.
 pub(crate) async fn counts_follow_accepts_and_finished_turns(backend: &dyn Backend) {
     let store = backend.open();
+    assert_eq!(store.stats().await.unwrap().oldest_inbox_at_ms, None);
     let mut seqs = Vec::new();
     for n in 0..3 {
-        let item = accept_new(&*store, accept(&format!("m{n}"), ThreadChoice::Current, 1)).await;
+        let item = accept_new(
+            &*store,
+            accept(&format!("m{n}"), ThreadChoice::Current, 10 + n),
+        )
+        .await;
         seqs.push(item.seq);
     }
     // A redelivery adds nothing.
     store
-        .accept(accept("m0", ThreadChoice::Current, 2))
+        .accept(accept("m0", ThreadChoice::Current, 20))
         .await
         .unwrap();
-    assert_eq!(store.stats().await.unwrap().inbox, 3);
+    let stats = store.stats().await.unwrap();
+    assert_eq!((stats.inbox, stats.oldest_inbox_at_ms), (3, Some(10)));
     store
         .finish_turn(FinishTurn {
             inbox_seq: seqs[0],
@@ -1081,7 +1088,11 @@ pub(crate) async fn counts_follow_accepts_and_finished_turns(backend: &dyn Backe
         .await
         .unwrap();
     let stats = store.stats().await.unwrap();
-    assert_eq!((stats.inbox, stats.outbox_pending), (2, 1));
+    assert_eq!(
+        (stats.inbox, stats.outbox_pending, stats.oldest_inbox_at_ms),
+        (2, 1, Some(11)),
+        "the oldest item left is the next one accepted"
+    );
 }
 
 /// An album's turn finishes the parts it took in, in its own transaction: they leave the

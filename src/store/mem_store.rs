@@ -493,6 +493,10 @@ impl MaintenanceStore for MemStore {
         Ok(StoreStats {
             disk_bytes: 0,
             inbox: data.inbox.len(),
+            oldest_inbox_at_ms: data
+                .inbox
+                .first_key_value()
+                .map(|(_, item)| item.accepted_at_ms),
             outbox_pending: data
                 .outbox
                 .values()

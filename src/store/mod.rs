@@ -312,6 +312,8 @@ pub(crate) struct StoreStats {
     /// Bytes the store occupies on disk.
     pub(crate) disk_bytes: u64,
     pub(crate) inbox: usize,
+    /// When the oldest item still in the inbox was accepted: how long work has waited.
+    pub(crate) oldest_inbox_at_ms: Option<u64>,
     pub(crate) outbox_pending: usize,
 }
 

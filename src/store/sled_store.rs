@@ -1278,6 +1278,12 @@ impl MaintenanceStore for SledStore {
         Ok(StoreStats {
             disk_bytes: self.db.size_on_disk()?,
             inbox: self.inbox_len.load(Ordering::SeqCst),
+            // Inbox keys are sequence numbers: the first is the oldest, one lookup.
+            oldest_inbox_at_ms: self
+                .inbox
+                .first()?
+                .map(|(_, bytes)| InboxItem::from_record(&bytes).map(|item| item.accepted_at_ms))
+                .transpose()?,
             outbox_pending: self.outbox_pending.load(Ordering::SeqCst),
         })
     }

@@ -136,6 +136,12 @@ async fn wait_answers_202_at_its_limit_and_the_turn_goes_on() {
     assert_eq!(first.status, StatusCode::ACCEPTED, "{}", first.text);
     assert_eq!(first.json["reply"], Value::Null, "{}", first.text);
     assert_eq!(first.json["message_id"], "w-1");
+    let ready = app.get("/readyz").await;
+    assert!(
+        ready.json["oldest_pending_age_secs"].is_u64(),
+        "the waiting item's age is shown: {}",
+        ready.text
+    );
 
     // The turn goes on; resending the message_id with `wait` gets the answer once it exists.
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
@@ -150,6 +156,14 @@ async fn wait_answers_202_at_its_limit_and_the_turn_goes_on() {
     assert_eq!(answered.json["duplicate"], true);
     assert_eq!(answered.json["reply"], "echo: take your time");
     assert_eq!(mock.count(), 1, "one turn");
+    app.wait_idle().await;
+    let ready = app.get("/readyz").await;
+    assert_eq!(
+        ready.json["oldest_pending_age_secs"],
+        Value::Null,
+        "{}",
+        ready.text
+    );
     app.shutdown().await;
 }
 
@@ -470,6 +484,7 @@ async fn health_readiness_and_metrics() {
     assert!(text.contains("antler_turns_total"), "{text}");
     assert!(text.contains("antler_webhooks_received_total"), "{text}");
     assert!(text.contains("antler_model_requests_total"), "{text}");
+    assert!(text.contains("antler_inbox_oldest_age_seconds"), "{text}");
     let turns_ok = text
         .lines()
         .find(|l| l.starts_with("antler_turns_total") && l.contains("outcome=\"ok\""))

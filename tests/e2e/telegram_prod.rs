@@ -564,7 +564,10 @@ async fn sighup_applies_a_new_allowlist_without_dropping_a_turn() {
     let api = MockTelegram::start().await;
     let rig =
         crate::support::ChildRig::new(&model, &api.config("allowed_users = [\"5550001001\"]\n"));
-    let mut child = rig.serve().await;
+    // Without RUST_LOG, `server.log_level` decides, and SIGHUP changes it.
+    let mut child =
+        crate::support::Child::serve_with_env(&rig.config, rig.port, &rig.log, &[("RUST_LOG", "")])
+            .await;
     let base = format!("http://127.0.0.1:{}", rig.port);
     let bob = |update: &str, text: &str| {
         fixture("tg_private_text")
@@ -598,9 +601,16 @@ async fn sighup_applies_a_new_allowlist_without_dropping_a_turn() {
             "allowed_users = [\"5550001001\"]",
             "allowed_users = [\"5550001001\", \"5550001002\"]",
         )
-        .replace("[server]\n", "[server]\nmax_connections = 77\n");
+        .replace(
+            "[server]\n",
+            "[server]\nmax_connections = 77\nlog_level = \"info,antler=debug\"\n",
+        );
     assert_ne!(changed, config);
     std::fs::write(&rig.config, changed).unwrap();
+    assert!(
+        !child.log_text().contains("log level applied"),
+        "a debug line, hidden at the first level"
+    );
     let pid = child.process.id().unwrap().to_string();
     let hup = std::process::Command::new("kill")
         .args(["-HUP", &pid])
@@ -615,7 +625,11 @@ async fn sighup_applies_a_new_allowlist_without_dropping_a_turn() {
     })
     .await;
     let log = child.log_text();
-    assert!(log.contains("restart=[\"server\"]"), "{log}");
+    assert!(
+        log.contains("restart=[\"server\"]"),
+        "the log level is not a restart: {log}"
+    );
+    assert!(log.contains("log level applied"), "now at debug: {log}");
     model.release();
     let sent = api.wait_for_sends(2).await;
     assert_eq!(
