@@ -61,6 +61,7 @@ use crate::http::{AppContext, AppState, api::ApiChannel, ops_router, router};
 use crate::ingress::access::Access;
 use crate::ingress::pairing::Pairing;
 use crate::ingress::{Ingress, IngressSettings, TurnRunner, TurnSettings};
+use crate::live::Live;
 use crate::memory::queue::{MemoryWorker, WorkerSettings};
 use crate::retry::{Backoff, RetryPolicy};
 use crate::sandbox::{self, Backend, Detection, Sandbox};
@@ -138,7 +139,7 @@ fn metrics_handle() -> PrometheusHandle {
 fn middleware_chain(
     config: &Config,
     store: &Arc<dyn Store>,
-    skills: &Arc<Catalogue>,
+    skills: &Arc<Live<Catalogue>>,
 ) -> Result<MiddlewareChain, AppError> {
     let cfg = &config.agent.middleware;
     let mut items: Vec<Arc<dyn Middleware>> = Vec::new();
@@ -576,7 +577,7 @@ fn shell_policy(config: &Config, tools: &ToolRegistry) -> ShellPolicy {
 
 fn runtime_settings(config: &Config) -> RuntimeSettings {
     RuntimeSettings {
-        system_prompt: config.model.system_prompt.clone(),
+        system_prompt: Live::text(&config.model.system_prompt),
         max_model_calls: config.agent.max_iterations,
         max_parallel_tools: config.agent.max_parallel_tools,
         context_tokens: config.model.context_tokens,
@@ -676,23 +677,39 @@ where
     run_app(config, listener, shutdown, extra_tools, None).await
 }
 
-/// Applies each configuration `reloads` brings: the access rules at once; the sections that
-/// differ otherwise from what runs (`running`) are named, for a restart.
+/// What a configuration reload changes in the running antler.
+struct Reloadable {
+    access: Arc<Access>,
+    system_prompt: Arc<Live<str>>,
+    skills: Arc<Live<Catalogue>>,
+}
+
+/// Applies each configuration `reloads` brings: who may talk, the system prompt and the skills
+/// (their folders read again) at once, for the next message and the next run; the sections
+/// that differ otherwise from what runs (`running`) are named, for a restart.
 async fn apply_reloads(
     running: Config,
-    access: Arc<Access>,
+    live: Reloadable,
     mut reloads: tokio::sync::mpsc::Receiver<Config>,
 ) {
     while let Some(config) = reloads.recv().await {
-        access.reload(&config.channels);
+        live.access.reload(&config.channels);
+        live.system_prompt
+            .set(Arc::from(config.model.system_prompt.as_str()));
+        // Skills switched on or off change the middleware chain: that waits for a restart.
+        if config.skills.enabled == running.skills.enabled {
+            live.skills.set(load_skills(&config).await);
+        }
         let restart = crate::config::needs_restart(&running, &config);
         if restart.is_empty() {
-            tracing::info!("configuration reloaded: who may talk is applied");
+            tracing::info!(
+                "configuration reloaded: who may talk, the system prompt and the skills are applied"
+            );
         } else {
             tracing::warn!(
                 restart = ?restart,
-                "configuration reloaded: who may talk is applied; the other changes take effect \
-                 at the next start"
+                "configuration reloaded: who may talk, the system prompt and the skills are \
+                 applied; the other changes take effect at the next start"
             );
         }
     }
@@ -735,7 +752,7 @@ where
     let turn_cancel = stops.turns.clone();
     let sandbox = shell.as_ref().and_then(|d| d.sandbox.as_ref());
     let mut tools = tool_registry(&config, extra_tools, &mcp, sandbox);
-    let skills = load_skills(&config).await;
+    let skills = Arc::new(Live::new(load_skills(&config).await));
     let chain = middleware_chain(&config, &store, &skills)?;
     let subagents = subagent_executor(
         &config,
@@ -753,12 +770,9 @@ where
             .and_then(|limit| limit.limits_of(TASK_TOOL));
         tools.register(Arc::new(TaskTool::new(executor.clone(), shell, limits)));
     }
-    let runtime = Runtime::new(
-        Arc::new(client.clone()),
-        tools,
-        chain,
-        runtime_settings(&config),
-    );
+    let settings = runtime_settings(&config);
+    let system_prompt = Arc::clone(&settings.system_prompt);
+    let runtime = Runtime::new(Arc::new(client.clone()), tools, chain, settings);
     tracing::info!(
         model = runtime.model_name(),
         base_url = %client.display_url(),
@@ -814,7 +828,12 @@ where
     let access = Arc::new(Access::from_config(&config.channels));
     warn_open_channels(&config, &access);
     if let Some(reloads) = reloads {
-        tokio::spawn(apply_reloads(config.clone(), Arc::clone(&access), reloads));
+        let live = Reloadable {
+            access: Arc::clone(&access),
+            system_prompt,
+            skills: Arc::clone(&skills),
+        };
+        tokio::spawn(apply_reloads(config.clone(), live, reloads));
     }
     let pairing = Arc::new(Pairing::new(store.clone(), Arc::clone(&access)));
     let paired = pairing.load().await?;
@@ -1053,7 +1072,11 @@ async fn load_skills(config: &Config) -> Arc<Catalogue> {
     Arc::new(catalogue)
 }
 
-fn turn_settings(config: &Config, skills: &Arc<Catalogue>, pairing: &Arc<Pairing>) -> TurnSettings {
+fn turn_settings(
+    config: &Config,
+    skills: &Arc<Live<Catalogue>>,
+    pairing: &Arc<Pairing>,
+) -> TurnSettings {
     TurnSettings {
         pairing: Some(Arc::clone(pairing)),
         skills: Arc::clone(skills),

@@ -39,6 +39,7 @@ pub(crate) mod ingress;
 pub mod init;
 mod intake;
 pub(crate) mod lanes;
+mod live;
 pub mod logging;
 pub(crate) mod memory;
 pub mod pairing;

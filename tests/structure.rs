@@ -390,7 +390,9 @@ fn the_modules_at_every_level_form_a_dag() {
 /// The crate's modules the agent runtime may use besides its own: leaves that use nothing
 /// above them. Everything else (the server, ingress, delivery, the store, config, the memory
 /// worker) is above the agent and reaches it, never the reverse.
-const FOR_THE_AGENT: &[&str] = &["agent", "beneath", "retry", "sandbox", "secret", "units"];
+const FOR_THE_AGENT: &[&str] = &[
+    "agent", "beneath", "live", "retry", "sandbox", "secret", "units",
+];
 /// Crates the agent's production code must never name (its tests may serve a mock over axum).
 /// The channel toolkit is among them: what a run hands out (`RunOutputs`, presented files) is
 /// plain data, turned into outbound messages by the ingress.

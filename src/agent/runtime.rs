@@ -47,6 +47,7 @@ use super::middleware::{
 use super::model::{ChatModel, FinishReason, ModelError, ModelRequest, ModelResponse};
 use super::thread::{PendingQuestion, ThreadState};
 use super::tools::{ToolContext, ToolOutput, ToolRegistry};
+use crate::live::Live;
 
 /// How often hooks may send the model back (`Continue`) in one run.
 pub(crate) const MAX_CONTINUES: u32 = 3;
@@ -218,8 +219,8 @@ impl RunError {
 /// How the runtime is set up.
 #[derive(Debug, Clone)]
 pub(crate) struct RuntimeSettings {
-    /// The system prompt, first in every request.
-    pub(crate) system_prompt: String,
+    /// The system prompt, first in every request; a run keeps the one it started with.
+    pub(crate) system_prompt: Arc<Live<str>>,
     /// Model calls per run; the last one is made without tools.
     pub(crate) max_model_calls: u32,
     /// Tool calls of one response that run at once.
@@ -474,6 +475,7 @@ impl Runtime {
         let mut nudged = false;
         // The model's own count, so the budget holds also without the token_usage middleware.
         let mut model_tokens = 0_u64;
+        let system_prompt = self.settings.system_prompt.current();
         let unanswered = unanswered_calls(&cx.thread.messages);
         if !unanswered.is_empty() {
             tracing::info!(thread = %cx.thread.id, calls = unanswered.len(), "running the tool calls a crash left unanswered");
@@ -484,7 +486,7 @@ impl Runtime {
             let last_call = cx.model_calls + 1 >= self.settings.max_model_calls;
             let mut request = ModelRequest {
                 // Failed turns stay in the thread for people, not for the model.
-                messages: std::iter::once(ChatMessage::system(&self.settings.system_prompt))
+                messages: std::iter::once(ChatMessage::system(&*system_prompt))
                     .chain(cx.thread.context().cloned())
                     .collect(),
                 tools: self.tools.specs_for(&cx.input.author),

@@ -108,13 +108,19 @@ pub(crate) fn needs_restart(running: &Config, new: &Config) -> Vec<&'static str>
     };
     check("server", running.server == server);
     check("store", running.store == new.store);
-    check("model", running.model == new.model);
+    // The system prompt applies to the next run.
+    let model = ModelConfig {
+        system_prompt: running.model.system_prompt.clone(),
+        ..new.model.clone()
+    };
+    check("model", running.model == model);
     check("agent", running.agent == new.agent);
     check("delivery", running.delivery == new.delivery);
     check("mcp", running.mcp == new.mcp);
     check("memory", running.memory == new.memory);
     check("subagents", running.subagents == new.subagents);
-    check("skills", running.skills == new.skills);
+    // The skill folders are read again; only switching skills on or off needs a restart.
+    check("skills", running.skills.enabled == new.skills.enabled);
     // Who may talk aside, each channel must be as it runs.
     let mut channels = new.channels.clone();
     let (old, now) = (&running.channels, &mut channels);

@@ -2234,10 +2234,13 @@ fn dm_policy_parses_defaults_by_the_allowlists_and_open_must_not_list_anyone() {
 }
 
 #[test]
-fn only_who_may_talk_changes_without_a_restart() {
+fn who_may_talk_the_prompt_skills_and_log_level_change_without_a_restart() {
     let running = parse("[channels.telegram]\nallowed_users = [\"1\"]\n").unwrap();
     let new = parse(
-        "[channels.telegram]\nallowed_users = [\"1\", \"2\"]\nadmins = [\"1\"]\n\
+        "[server]\nlog_level = \"debug\"\n\
+         [model]\nsystem_prompt = \"Answer in French.\"\n\
+         [skills]\npaths = [\"more-skills\"]\n\
+         [channels.telegram]\nallowed_users = [\"1\", \"2\"]\nadmins = [\"1\"]\n\
          dm_policy = \"allowlist\"\n[channels.api]\nallowed_users = [\"ops\"]\n",
     )
     .unwrap();
@@ -2250,5 +2253,15 @@ fn only_who_may_talk_changes_without_a_restart() {
     assert_eq!(
         super::needs_restart(&running, &new),
         ["agent", "channels.telegram"]
+    );
+    let new = parse(
+        "[channels.telegram]\nallowed_users = [\"1\"]\n[skills]\nenabled = false\n\
+         [model]\nmodel = \"other\"\n",
+    )
+    .unwrap();
+    assert_eq!(
+        super::needs_restart(&running, &new),
+        ["model", "skills"],
+        "switching skills off changes the chain; another model, the client"
     );
 }

@@ -32,6 +32,7 @@ use crate::agent::tools::mcp::McpStatus;
 use crate::config::Secret;
 use crate::events::EventHub;
 use crate::ingress::Ingress;
+use crate::live::Live;
 use crate::store::Store;
 use guard::{ApiAuth, HostPolicy};
 
@@ -75,7 +76,7 @@ pub(crate) struct AppContext {
     /// The subagent executor (`None` when `[subagents]` is off), for cancelling tasks.
     pub(crate) subagents: Option<SubagentExecutor>,
     /// The skills found at start, for the skills API.
-    pub(crate) skills: Arc<Catalogue>,
+    pub(crate) skills: Arc<Live<Catalogue>>,
     /// DM pairing, for the pairing API.
     pub(crate) pairing: Arc<crate::ingress::pairing::Pairing>,
     /// When antler started serving, for the uptime `/readyz` reports.

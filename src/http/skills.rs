@@ -52,14 +52,13 @@ pub(crate) async fn list(
     _: Admin<SkillApi>,
 ) -> Result<Response, ApiError> {
     let switches = state.store.skill_switches().await?;
-    let listed: Vec<serde_json::Value> = state
-        .skills
+    let catalogue = state.skills.current();
+    let listed: Vec<serde_json::Value> = catalogue
         .skills
         .values()
         .map(|skill| shown(skill, switches.get(&skill.name).copied().unwrap_or(true)))
         .collect();
-    let invalid: Vec<serde_json::Value> = state
-        .skills
+    let invalid: Vec<serde_json::Value> = catalogue
         .invalid
         .iter()
         .map(|i| json!({"file": i.file.display().to_string(), "reason": i.reason}))
@@ -79,7 +78,7 @@ pub(crate) async fn put(
             "a skill name is lowercase letters, digits and single hyphens (at most 64)".to_owned(),
         ));
     }
-    let Some(skill) = state.skills.get(&name) else {
+    let Some(skill) = state.skills.current().get(&name).cloned() else {
         return Err(ApiError::NotFound(format!("there is no skill `{name}`")));
     };
     let body = read_body(&state, "api", request).await?;
@@ -88,5 +87,5 @@ pub(crate) async fn put(
     })?;
     state.store.set_skill_switch(&skill.name, enabled).await?;
     tracing::info!(skill = %skill.name, enabled, "skill switched through the API");
-    Ok(Json(shown(skill, enabled)).into_response())
+    Ok(Json(shown(&skill, enabled)).into_response())
 }

@@ -104,7 +104,7 @@ pub(crate) fn harness_with(max_attempts: u32, access: Access) -> Harness {
         ToolRegistry::builtin(),
         MiddlewareChain::default(),
         RuntimeSettings {
-            system_prompt: "test".to_owned(),
+            system_prompt: crate::live::Live::text("test"),
             max_model_calls: 5,
             max_parallel_tools: 4,
             context_tokens: 0,

@@ -36,6 +36,7 @@ use crate::agent::skills::Catalogue;
 use crate::agent::thread::{RunningTurn, ThreadState};
 use crate::delivery::{Delivery, Draft};
 use crate::events::{EventHub, ThreadEvent, ToolState};
+use crate::live::Live;
 use crate::retry::{Backoff, RetryPolicy};
 use crate::store::{FinishTurn, InboxItem, InboxStatus, OutboxItem, Store, StoreError};
 
@@ -105,8 +106,8 @@ pub(crate) struct TurnSettings {
     pub(crate) memory_identities: MemoryIdentities,
     /// What of it `/memory` shows in a group chat.
     pub(crate) memory_groups: GroupPolicy,
-    /// The skills found at start, for `/skills`.
-    pub(crate) skills: Arc<Catalogue>,
+    /// The skills found (at start, and again by a reload), for `/skills`.
+    pub(crate) skills: Arc<Live<Catalogue>>,
     /// DM pairing: a refused author writing privately gets a pairing code (`None`: never).
     pub(crate) pairing: Option<Arc<Pairing>>,
 }
@@ -126,8 +127,8 @@ struct Inner {
     memory_identities: MemoryIdentities,
     /// What of it `/memory` shows in a group chat.
     memory_groups: GroupPolicy,
-    /// The skills found at start, for `/skills`.
-    skills: Arc<Catalogue>,
+    /// The skills found (at start, and again by a reload), for `/skills`.
+    skills: Arc<Live<Catalogue>>,
     /// DM pairing, for refused authors writing privately.
     pairing: Option<Arc<Pairing>>,
     /// The running agent turn of each conversation, for `/stop`: its inbox seq and token.
@@ -947,7 +948,7 @@ impl TurnRunner {
             Command::Skills(action) => {
                 commands::skills::answer(
                     self.inner.store.as_ref(),
-                    &self.inner.skills,
+                    &self.inner.skills.current(),
                     item.event.user.admin,
                     action,
                 )

@@ -382,3 +382,54 @@ async fn check_config_and_doctor_list_the_skills_and_why_one_was_left_out() {
     );
     assert!(!stdout.contains("skill left out"), "{stdout}");
 }
+
+/// SIGHUP reads the skill folders again: a skill added while antler runs is listed after it,
+/// without a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_skill_added_while_running_is_listed_after_sighup() {
+    let model = MockModel::start(Behaviour::Echo).await;
+    let folder = skills_folder();
+    let rig = crate::support::ChildRig::new(&model, &overrides(folder.path()));
+    let mut child = rig.serve().await;
+    let client = Client {
+        token: Some(ADMIN_TOKEN.to_owned()),
+        ..child.client.clone()
+    };
+    let before = ask(&client, "ops", "/skills").await;
+    assert!(
+        before.contains("probe") && !before.contains("digest"),
+        "{before}"
+    );
+
+    let digest = folder.path().join("digest");
+    std::fs::create_dir_all(&digest).unwrap();
+    std::fs::write(
+        digest.join("SKILL.md"),
+        "---\nname: digest\ndescription: Sums up a day of alerts\n---\n\nList them.\n",
+    )
+    .unwrap();
+    let pid = child.process.id().unwrap().to_string();
+    let hup = std::process::Command::new("kill")
+        .args(["-HUP", &pid])
+        .status()
+        .unwrap();
+    assert!(hup.success());
+    antler_testkit::wait_until("the reload is logged", || async {
+        child
+            .log_text()
+            .contains("configuration reloaded")
+            .then_some(())
+    })
+    .await;
+    let after = ask(&client, "ops", "/skills").await;
+    assert!(
+        after.contains("probe") && after.contains("digest"),
+        "{after}"
+    );
+    assert!(
+        !child.log_text().contains("restart="),
+        "nothing waits for a restart"
+    );
+    let status = crate::support::sigterm(&mut child.process).await;
+    assert!(status.success());
+}

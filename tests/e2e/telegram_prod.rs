@@ -556,8 +556,9 @@ async fn a_revoked_token_shows_telegram_unhealthy_in_readyz_until_polling_works_
     app.shutdown().await;
 }
 
-/// SIGHUP reads the configuration again: a new allowlist applies at once, a turn running
-/// meanwhile is answered, and what needs a restart is named (before, SIGHUP killed antler).
+/// SIGHUP reads the configuration again: a new allowlist, system prompt and log level apply at
+/// once, a turn running meanwhile is answered, and what needs a restart is named (before,
+/// SIGHUP killed antler).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sighup_applies_a_new_allowlist_without_dropping_a_turn() {
     let model = MockModel::start(Behaviour::Echo).await;
@@ -604,6 +605,10 @@ async fn sighup_applies_a_new_allowlist_without_dropping_a_turn() {
         .replace(
             "[server]\n",
             "[server]\nmax_connections = 77\nlog_level = \"info,antler=debug\"\n",
+        )
+        .replace(
+            "[model]\n",
+            "[model]\nsystem_prompt = \"Answer like a pirate.\"\n",
         );
     assert_ne!(changed, config);
     std::fs::write(&rig.config, changed).unwrap();
@@ -644,6 +649,18 @@ async fn sighup_applies_a_new_allowlist_without_dropping_a_turn() {
     );
     let sent = api.wait_for_sends(3).await;
     assert_eq!(sent[2]["text"], "echo: hello again");
+    let requests = model.requests();
+    let pirate = |n: usize| {
+        requests[n].messages()[0]["content"]
+            .as_str()
+            .unwrap()
+            .starts_with("Answer like a pirate.")
+    };
+    assert!(!pirate(0), "the held run kept its prompt");
+    assert!(
+        pirate(requests.len() - 1),
+        "the next run has the new system prompt"
+    );
     assert!(child.process.try_wait().unwrap().is_none(), "still running");
     let status = crate::support::sigterm(&mut child.process).await;
     assert!(status.success());

@@ -32,6 +32,7 @@ use crate::agent::memory::injection::escape;
 use crate::agent::message::{ChatMessage, ToolCall};
 use crate::agent::model::ModelRequest;
 use crate::agent::skills::{Catalogue, SKILLS_ROOT, SkillMounts, SkillSwitches, SkillsConfig};
+use crate::live::Live;
 
 /// The tools that read skill files, allowed on skill paths whatever a skill's list says.
 const SKILL_READERS: [&str; 2] = ["read_file", "ls"];
@@ -70,14 +71,14 @@ fn path_argument(call: &ToolCall) -> Option<String> {
 
 /// Lists the skills to the model and applies their `allowed-tools`.
 pub(crate) struct SkillsMiddleware {
-    catalogue: Arc<Catalogue>,
+    catalogue: Arc<Live<Catalogue>>,
     switches: Arc<dyn SkillSwitches>,
 }
 
 impl std::fmt::Debug for SkillsMiddleware {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SkillsMiddleware")
-            .field("skills", &self.catalogue.skills.len())
+            .field("skills", &self.catalogue.current().skills.len())
             .finish_non_exhaustive()
     }
 }
@@ -86,7 +87,7 @@ impl SkillsMiddleware {
     /// The middleware over `catalogue`, or `None` when `[skills]` is off.
     pub(crate) fn from_config(
         config: &SkillsConfig,
-        catalogue: Arc<Catalogue>,
+        catalogue: Arc<Live<Catalogue>>,
         switches: Arc<dyn SkillSwitches>,
     ) -> Option<Self> {
         config.enabled.then_some(Self {
@@ -127,7 +128,7 @@ impl Middleware for SkillsMiddleware {
             .switches()
             .await
             .map_err(|e| MiddlewareError(format!("cannot read which skills are on: {e}")))?;
-        cx.skills = self.catalogue.mounts(&switches);
+        cx.skills = self.catalogue.current().mounts(&switches);
         Ok(())
     }
 
@@ -284,7 +285,7 @@ mod tests {
         let switches = off.iter().map(|n| ((*n).to_owned(), false)).collect();
         SkillsMiddleware::from_config(
             &SkillsConfig::default(),
-            Arc::new(catalogue),
+            Arc::new(Live::new(Arc::new(catalogue))),
             Arc::new(Switches(switches)),
         )
         .unwrap()

@@ -249,7 +249,7 @@ mod tests {
             tools,
             MiddlewareChain::new(vec![middleware]).unwrap(),
             RuntimeSettings {
-                system_prompt: "be brief".into(),
+                system_prompt: crate::live::Live::text("be brief"),
                 max_model_calls: 10,
                 max_parallel_tools: 4,
                 context_tokens: 0,

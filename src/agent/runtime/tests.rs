@@ -13,7 +13,7 @@ fn thread() -> ThreadState {
 
 fn settings(max_model_calls: u32) -> RuntimeSettings {
     RuntimeSettings {
-        system_prompt: "be brief".to_owned(),
+        system_prompt: crate::live::Live::text("be brief"),
         max_model_calls,
         max_parallel_tools: 4,
         context_tokens: 0,

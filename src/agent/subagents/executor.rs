@@ -77,7 +77,7 @@ impl SubagentKind {
         settings: RuntimeSettings,
     ) -> Self {
         let settings = RuntimeSettings {
-            system_prompt: spec.system_prompt.clone(),
+            system_prompt: crate::live::Live::text(&spec.system_prompt),
             max_model_calls: spec.max_turns,
             token_budget: spec.token_budget,
             ..settings

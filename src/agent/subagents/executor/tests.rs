@@ -163,7 +163,7 @@ impl Tool for Named {
 
 fn settings() -> RuntimeSettings {
     RuntimeSettings {
-        system_prompt: "lead".to_owned(),
+        system_prompt: crate::live::Live::text("lead"),
         max_model_calls: 10,
         max_parallel_tools: 8,
         context_tokens: 0,
