@@ -102,6 +102,42 @@ pub(crate) fn strings<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<
     Ok(texts.into_iter().map(|Text(text)| text).collect())
 }
 
+/// A list of ids (allowlists, admins): a list as [`strings`] reads it, or one string of ids
+/// separated by commas, so that a list can come from one environment variable
+/// (`admins = "${ANTLER_TELEGRAM_ADMINS:-}"`; empty is no ids).
+pub(crate) fn ids<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<String>, D::Error> {
+    struct Ids;
+    impl<'de> de::Visitor<'de> for Ids {
+        type Value = Vec<String>;
+
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a list of ids, or one string of ids separated by commas")
+        }
+
+        fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
+            Ok(v.split(',')
+                .map(str::trim)
+                .filter(|id| !id.is_empty())
+                .map(str::to_owned)
+                .collect())
+        }
+
+        // One id alone, from a variable holding a number (`ANTLER_TELEGRAM_ADMINS=42`).
+        fn visit_u64<E: de::Error>(self, v: u64) -> Result<Self::Value, E> {
+            Ok(vec![v.to_string()])
+        }
+
+        fn visit_i64<E: de::Error>(self, v: i64) -> Result<Self::Value, E> {
+            Ok(vec![v.to_string()])
+        }
+
+        fn visit_seq<A: de::SeqAccess<'de>>(self, seq: A) -> Result<Self::Value, A::Error> {
+            strings(de::value::SeqAccessDeserializer::new(seq))
+        }
+    }
+    deserializer.deserialize_any(Ids)
+}
+
 /// An optional string setting; empty means absent.
 pub(crate) fn opt_string<'de, D: Deserializer<'de>>(
     deserializer: D,

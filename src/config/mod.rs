@@ -566,11 +566,11 @@ pub struct ApiChannelConfig {
     /// `[[channels.api.tokens]]`: more tokens, each bound to one user and a role.
     pub tokens: Vec<ApiToken>,
     /// API user ids that may send messages (empty: anyone).
-    #[serde(deserialize_with = "secret::strings")]
+    #[serde(deserialize_with = "secret::ids")]
     pub allowed_users: Vec<String>,
     /// API user ids whose turns run as admin (needs tokens: a token-less API cannot tell who
     /// is asking).
-    #[serde(deserialize_with = "secret::strings")]
+    #[serde(deserialize_with = "secret::ids")]
     pub admins: Vec<String>,
 }
 
@@ -668,13 +668,13 @@ pub struct TelegramConfig {
     #[serde(deserialize_with = "secret::string")]
     pub api_url: String,
     /// Platform user ids that may talk to the bot (with `allowed_chats` and `dm_policy`).
-    #[serde(deserialize_with = "secret::strings")]
+    #[serde(deserialize_with = "secret::ids")]
     pub allowed_users: Vec<String>,
     /// Platform chat ids in which anyone may talk to the bot.
-    #[serde(deserialize_with = "secret::strings")]
+    #[serde(deserialize_with = "secret::ids")]
     pub allowed_chats: Vec<String>,
     /// Platform user ids that are operators: always allowed, and their turns run as admin.
-    #[serde(deserialize_with = "secret::strings")]
+    #[serde(deserialize_with = "secret::ids")]
     pub admins: Vec<String>,
     /// Who may write to the bot privately ([`DmPolicy`]); unset: `pairing` when
     /// `allowed_users` and `allowed_chats` are both empty, else `allowlist`.
@@ -741,20 +741,20 @@ pub struct SlackConfig {
     pub command: String,
     /// Other bots (`B…` bot ids or `A…` app ids) whose messages are answered like a person's;
     /// the rest are ignored.
-    #[serde(deserialize_with = "secret::strings")]
+    #[serde(deserialize_with = "secret::ids")]
     pub allowed_bots: Vec<String>,
     /// React to the user's message while its turn runs (👀) and when it ends (✅ or ❌).
     pub progress_reactions: bool,
     /// Who sees a slash command's answer (posted through the command's `response_url`).
     pub slash_response: SlashResponse,
     /// Platform user ids that may talk to the bot (with `allowed_chats` and `dm_policy`).
-    #[serde(deserialize_with = "secret::strings")]
+    #[serde(deserialize_with = "secret::ids")]
     pub allowed_users: Vec<String>,
     /// Platform chat ids in which anyone may talk to the bot.
-    #[serde(deserialize_with = "secret::strings")]
+    #[serde(deserialize_with = "secret::ids")]
     pub allowed_chats: Vec<String>,
     /// Platform user ids that are operators: always allowed, and their turns run as admin.
-    #[serde(deserialize_with = "secret::strings")]
+    #[serde(deserialize_with = "secret::ids")]
     pub admins: Vec<String>,
     /// Who may write to the bot privately ([`DmPolicy`]); unset: `pairing` when
     /// `allowed_users` and `allowed_chats` are both empty, else `allowlist`.
@@ -826,19 +826,19 @@ pub struct DiscordConfig {
     pub api_url: String,
     /// Servers (guild ids) whose members may use the bot; empty: any server it is in. DMs are
     /// decided by the allowlists alone.
-    #[serde(deserialize_with = "secret::strings")]
+    #[serde(deserialize_with = "secret::ids")]
     pub allowed_guilds: Vec<String>,
     /// Also connect to Discord's Gateway (websocket) for plain @mentions in servers and DMs,
     /// answered as the bot's own messages. Off: application commands only.
     pub gateway: bool,
     /// Platform user ids that may talk to the bot (with `allowed_chats` and `dm_policy`).
-    #[serde(deserialize_with = "secret::strings")]
+    #[serde(deserialize_with = "secret::ids")]
     pub allowed_users: Vec<String>,
     /// Platform chat ids in which anyone may talk to the bot.
-    #[serde(deserialize_with = "secret::strings")]
+    #[serde(deserialize_with = "secret::ids")]
     pub allowed_chats: Vec<String>,
     /// Platform user ids that are operators: always allowed, and their turns run as admin.
-    #[serde(deserialize_with = "secret::strings")]
+    #[serde(deserialize_with = "secret::ids")]
     pub admins: Vec<String>,
     /// Who may write to the bot privately ([`DmPolicy`]); unset: `pairing` when
     /// `allowed_users` and `allowed_chats` are both empty, else `allowlist`.
@@ -891,13 +891,13 @@ pub struct FeishuConfig {
     /// text messages, sent when the answer is complete.
     pub cards: bool,
     /// Platform user ids that may talk to the bot (with `allowed_chats` and `dm_policy`).
-    #[serde(deserialize_with = "secret::strings")]
+    #[serde(deserialize_with = "secret::ids")]
     pub allowed_users: Vec<String>,
     /// Platform chat ids in which anyone may talk to the bot.
-    #[serde(deserialize_with = "secret::strings")]
+    #[serde(deserialize_with = "secret::ids")]
     pub allowed_chats: Vec<String>,
     /// Platform user ids that are operators: always allowed, and their turns run as admin.
-    #[serde(deserialize_with = "secret::strings")]
+    #[serde(deserialize_with = "secret::ids")]
     pub admins: Vec<String>,
     /// Who may write to the bot privately ([`DmPolicy`]); unset: `pairing` when
     /// `allowed_users` and `allowed_chats` are both empty, else `allowlist`.

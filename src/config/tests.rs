@@ -2026,6 +2026,9 @@ fn local_default_turns_each_platform_on_from_its_token() {
         ("ANTLER_FEISHU_APP_SECRET", "feishu-secret"),
         ("ANTLER_METRICS_TOKEN", "metrics-token-0123456789"),
         ("ANTLER_OPS_LISTEN", "127.0.0.1:9090"),
+        ("ANTLER_TELEGRAM_ALLOWED_USERS", "5550001001, 5550001002"),
+        ("ANTLER_TELEGRAM_ADMINS", "5550001001"),
+        ("ANTLER_SLACK_ALLOWED_CHATS", "C0OPS"),
     ];
     let env = env_of(&pairs);
     let config = Config::from_toml_str(LOCAL, &env).unwrap();
@@ -2043,6 +2046,23 @@ fn local_default_turns_each_platform_on_from_its_token() {
     assert_eq!(
         config.server.ops_listen,
         Some(SocketAddr::from(([127, 0, 0, 1], 9090)))
+    );
+    assert_eq!(
+        channels.telegram.allowed_users,
+        ["5550001001", "5550001002"],
+        "a list from one variable, commas and spaces between"
+    );
+    assert_eq!(channels.telegram.admins, ["5550001001"]);
+    assert_eq!(channels.slack.allowed_chats, ["C0OPS"]);
+    assert!(channels.discord.allowed_users.is_empty(), "unset: empty");
+    let discord = &channels.discord;
+    assert_eq!(
+        DmPolicy::effective(
+            discord.dm_policy,
+            &discord.allowed_users,
+            &discord.allowed_chats
+        ),
+        DmPolicy::Pairing
     );
 
     // One token alone turns on its platform alone.
@@ -2263,5 +2283,28 @@ fn who_may_talk_the_prompt_skills_and_log_level_change_without_a_restart() {
         super::needs_restart(&running, &new),
         ["model", "skills"],
         "switching skills off changes the chain; another model, the client"
+    );
+}
+
+#[test]
+fn an_id_list_is_a_toml_list_or_one_string_of_comma_separated_ids() {
+    let text = "[channels.telegram]\nallowed_users = \"${USERS:-}\"\nadmins = [42, \"43\"]\n";
+    let config = Config::from_toml_str(text, &env_of(&[("USERS", "1, 2,,3 ")])).unwrap();
+    assert_eq!(config.channels.telegram.allowed_users, ["1", "2", "3"]);
+    assert_eq!(config.channels.telegram.admins, ["42", "43"]);
+    let config = Config::from_toml_str(text, &env_of(&[])).unwrap();
+    assert!(config.channels.telegram.allowed_users.is_empty());
+    let config = Config::from_toml_str(text, &env_of(&[("USERS", "5550001001")])).unwrap();
+    assert_eq!(
+        config.channels.telegram.allowed_users,
+        ["5550001001"],
+        "one numeric id"
+    );
+    let wrong = Config::from_toml_str("[channels.telegram]\nadmins = true\n", &env_of(&[]))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        wrong.contains("channels.telegram.admins") && wrong.contains("comma"),
+        "{wrong}"
     );
 }
