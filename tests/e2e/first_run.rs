@@ -1,5 +1,6 @@
 //! A new user's first run, through the real binary: `antler init --non-interactive` writes a
-//! config that `check-config` accepts and that serves Telegram by polling; commands find
+//! config that `check-config` accepts and that serves Telegram by polling; the interactive
+//! `antler init` asks again for a model it cannot reach and before overwriting; commands find
 //! `./config/antler.toml` without `--config` and say where they looked when there is none; the
 //! shipped config serves Telegram from environment variables alone, as the container does.
 
@@ -160,6 +161,85 @@ async fn init_writes_a_config_that_serves_telegram_by_polling_and_never_overwrit
         config
     );
     assert_eq!(std::fs::read_to_string(&env_file).unwrap(), secrets);
+}
+
+/// Runs `antler init` (interactive) in `dir`, typing `lines`: (exit code, stdout, stderr).
+async fn init_typing(dir: &Path, lines: &[&str]) -> (Option<i32>, String, String) {
+    use tokio::io::AsyncWriteExt as _;
+    let mut child = antler(dir, &["init"], &[])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn antler init");
+    let mut stdin = child.stdin.take().unwrap();
+    stdin
+        .write_all(format!("{}\n", lines.join("\n")).as_bytes())
+        .await
+        .unwrap();
+    drop(stdin);
+    let output = tokio::time::timeout(DEADLINE, child.wait_with_output())
+        .await
+        .expect("init finishes")
+        .unwrap();
+    (
+        output.status.code(),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+/// The interactive setup: a model it cannot reach is asked for again (nothing written), the
+/// answers then make a config `check-config` accepts, and a second run asks before
+/// overwriting it, keeping it when told no.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn interactive_init_asks_again_for_an_unreachable_model_and_before_overwriting() {
+    let model = MockModel::start(Behaviour::Echo).await;
+    let dir = tempfile::tempdir().unwrap();
+    let base_url = model.base_url();
+    // The endpoint, key, model, Telegram token, Slack token, public URL: Enter keeps "none".
+    let good = [base_url.as_str(), "sk-e2e-test-key", MODEL_NAME, "", "", ""];
+    let unreachable = [
+        "http://127.0.0.1:9/v1",
+        "sk-e2e-test-key",
+        MODEL_NAME,
+        "",
+        "",
+        "",
+    ];
+    let mut typed: Vec<&str> = unreachable.to_vec();
+    typed.push("n"); // do not write it anyway
+    typed.extend(good);
+    let (code, stdout, stderr) = init_typing(dir.path(), &typed).await;
+    assert_eq!(code, Some(0), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("Let's try the model settings again."),
+        "{stdout}"
+    );
+    assert!(
+        stderr.contains("Write the configuration anyway? (y/N)"),
+        "{stderr}"
+    );
+    assert!(stdout.contains("serves `mock-model-e2e`"), "{stdout}");
+    let written = std::fs::read_to_string(dir.path().join("config/antler.toml")).unwrap();
+    assert!(written.contains(&base_url), "the second answers: {written}");
+    assert!(!written.contains("127.0.0.1:9/"), "{written}");
+    let (code, stdout, stderr) = run(dir.path(), &["check-config"], &[]).await;
+    assert_eq!(code, Some(0), "{stdout}\n{stderr}");
+
+    // Again, answering no to the overwrite: the file stays, exit 73.
+    let mut typed: Vec<&str> = good.to_vec();
+    typed.push("n");
+    let (code, stdout, stderr) = init_typing(dir.path(), &typed).await;
+    assert_eq!(code, Some(73), "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains("antler.toml exists. Overwrite it? (y/N)"),
+        "{stderr}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("config/antler.toml")).unwrap(),
+        written
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
