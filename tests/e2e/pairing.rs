@@ -2,7 +2,7 @@
 //! writes privately gets a code naming their id, the same code when they ask again, and
 //! nothing runs; `antler pairing approve` (the real binary, talking to the running serve
 //! through its admin-only API) lets them talk at once, `--admin` as an admin; `deny` makes a
-//! code unusable; approvals survive a restart.
+//! code unusable; approvals survive a restart. Slack DMs and Feishu p2p chats pair the same way.
 
 use antler_testkit::telegram::{MockTelegram, SECRET, post};
 use reqwest::StatusCode;
@@ -223,4 +223,85 @@ async fn an_unknown_user_pairs_with_a_code_an_operator_approves_through_the_runn
     );
     let sent = api.wait_for_sends(8).await;
     assert_eq!(sent[7]["text"], "echo: still here");
+}
+
+/// Approves `code` through the running antler's admin-only pairing API.
+async fn approve(base: &str, code: &str) {
+    let approved = reqwest::Client::new()
+        .post(format!("{base}/api/v1/pairing/approve"))
+        .bearer_auth(ADMIN_TOKEN)
+        .json(&json!({"code": code}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(approved.status(), StatusCode::OK);
+}
+
+/// Slack: a DM (`channel_type: "im"`) from an unknown user gets a pairing code and runs
+/// nothing; once approved, their next DM is answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_slack_user_pairs_from_a_dm() {
+    use antler_testkit::slack::{MockSlack, fixture, post_event};
+    let model = MockModel::start(Behaviour::Echo).await;
+    let api = MockSlack::start().await;
+    let config = format!(
+        "{}[channels.api]\ntoken = \"{ADMIN_TOKEN}\"\n",
+        api.config("dm_policy = \"pairing\"\n")
+    );
+    let app = crate::support::TestApp::spawn(&model, &config).await;
+    let dm = fixture("slack_message_im.json");
+    assert_eq!(post_event(&app.base, &dm).await, StatusCode::OK);
+    let posted = api.wait_for_posts(1).await;
+    assert_eq!(posted[0]["channel"], "D0ADA00001", "answered in the DM");
+    let text = posted[0]["text"].as_str().unwrap_or_default();
+    assert!(
+        text.contains("U0ADA00001"),
+        "the user learns their id: {text}"
+    );
+    let code = code_in(&posted[0]);
+    assert_eq!(model.count(), 0, "nothing ran");
+
+    approve(&app.base, &code).await;
+    let again = dm
+        .replace("Ev0OPS0000A2", "Ev0OPS0000A3")
+        .replace("1767225700.000300", "1767225710.000400")
+        .replace("status payments-api", "hello again");
+    assert_eq!(post_event(&app.base, &again).await, StatusCode::OK);
+    let posted = api.wait_for_posts(2).await;
+    assert_eq!(posted[1]["text"], "echo: hello again");
+    app.shutdown().await;
+}
+
+/// Feishu: a p2p message from an unknown user gets a pairing code and runs nothing; once
+/// approved, their next message is answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_feishu_user_pairs_from_a_p2p_chat() {
+    use antler_testkit::feishu::{ADA as FEISHU_ADA, MockFeishu, p2p, post};
+    let model = MockModel::start(Behaviour::Echo).await;
+    let api = MockFeishu::start().await;
+    let config = format!(
+        "{}[channels.api]\ntoken = \"{ADMIN_TOKEN}\"\n",
+        api.config("dm_policy = \"pairing\"\n")
+    );
+    let app = crate::support::TestApp::spawn(&model, &config).await;
+    let first = p2p("om_pair_1", "text", &json!({"text": "hello"}));
+    assert_eq!(post(&app.base, &first).await, StatusCode::OK);
+    let replies = api.wait_for_replies(1).await;
+    let shown = antler_testkit::feishu::shown(&replies[0].1);
+    assert!(
+        shown.contains(FEISHU_ADA),
+        "the user learns their id: {shown}"
+    );
+    let code = code_in(&json!({ "text": shown }));
+    assert_eq!(model.count(), 0, "nothing ran");
+
+    approve(&app.base, &code).await;
+    let second = p2p("om_pair_2", "text", &json!({"text": "and now?"}));
+    assert_eq!(post(&app.base, &second).await, StatusCode::OK);
+    let replies = api.wait_for_replies(2).await;
+    assert!(
+        antler_testkit::feishu::shown(&replies[1].1).contains("echo: and now?"),
+        "{replies:?}"
+    );
+    app.shutdown().await;
 }
