@@ -188,7 +188,8 @@ async fn a_disconnect_opens_a_new_connection_where_events_are_answered() {
 }
 
 /// An app token Slack refuses (`invalid_auth`) is logged, without the token, and tried again
-/// with growing waits (antler's retry policy: 0.5-1 s, then 1-2 s, …); antler keeps serving.
+/// with growing waits (antler's retry policy: 0.5-1 s, then 1-2 s, …); antler keeps serving,
+/// and `/readyz` shows Slack unhealthy.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_app_token_is_logged_and_retried_with_backoff() {
     const WRONG: &str = "xapp-1-A0OPSBOT001-1-REVOKED-token";
@@ -211,4 +212,19 @@ async fn a_refused_app_token_is_logged_and_retried_with_backoff() {
     let log = child.log_text();
     assert!(log.contains("invalid_auth"), "{log}");
     assert!(!log.contains("REVOKED"), "the token is not logged: {log}");
+    // `/readyz` shows Slack refused, and why, without the token; antler stays ready.
+    let readyz = child.client.get("/readyz").await.json;
+    let slack = &readyz["channels"]["slack"];
+    assert_eq!(
+        (&readyz["ready"], &slack["ok"]),
+        (&json!(true), &json!(false)),
+        "{readyz}"
+    );
+    assert!(
+        slack["refused"]
+            .as_str()
+            .is_some_and(|why| why.contains("invalid_auth")),
+        "{slack}"
+    );
+    assert!(!readyz.to_string().contains("REVOKED"), "{readyz}");
 }
