@@ -41,6 +41,7 @@ mod intake;
 pub(crate) mod lanes;
 pub mod logging;
 pub(crate) mod memory;
+pub(crate) mod opcommands;
 pub mod pairing;
 pub(crate) mod retry;
 pub(crate) mod sandbox;

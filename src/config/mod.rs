@@ -89,6 +89,8 @@ pub struct Config {
     pub(crate) subagents: SubagentsConfig,
     /// `[skills]`: instructions the model reads when a task needs them.
     pub(crate) skills: SkillsConfig,
+    /// `[[commands]]`: operator commands, run as `/name` in chat and `cmd_<name>` as tools.
+    pub(crate) commands: Vec<crate::opcommands::CommandConfig>,
 }
 
 /// The sections (`[server]`, `[channels.telegram]`…) in which `new` differs from `running` in
@@ -110,6 +112,7 @@ pub(crate) fn needs_restart(running: &Config, new: &Config) -> Vec<&'static str>
     check("memory", running.memory == new.memory);
     check("subagents", running.subagents == new.subagents);
     check("skills", running.skills == new.skills);
+    check("commands", running.commands == new.commands);
     // Who may talk aside, each channel must be as it runs.
     let mut channels = new.channels.clone();
     let (old, now) = (&running.channels, &mut channels);
