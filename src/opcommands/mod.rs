@@ -23,7 +23,7 @@ pub(crate) mod validate;
 mod tests;
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use regex::Regex;
@@ -334,22 +334,52 @@ fn split_words(text: &str) -> Result<Vec<String>, ArgsError> {
     Ok(words)
 }
 
-/// The configured commands. Cloning shares them.
+/// The configured commands and what runs them. Cloning shares them.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct OperatorCommands {
     commands: Arc<[Arc<OperatorCommand>]>,
+    /// `None` only when there are no commands.
+    runner: Option<Arc<exec::Runner>>,
 }
 
 impl OperatorCommands {
     /// The commands of a validated config (an entry whose pattern does not compile, which
-    /// validation refuses, is left out).
-    pub(crate) fn from_config(configs: &[CommandConfig]) -> Self {
-        let commands = configs
+    /// validation refuses, is left out), audited under `data_root`, keeping at most
+    /// `max_output_bytes` of a run's output.
+    pub(crate) fn from_config(
+        configs: &[CommandConfig],
+        data_root: &Path,
+        max_output_bytes: usize,
+    ) -> Self {
+        let commands: Arc<[Arc<OperatorCommand>]> = configs
             .iter()
             .filter_map(|config| OperatorCommand::new(config.clone()).ok())
             .map(Arc::new)
             .collect();
-        Self { commands }
+        let runner = (!commands.is_empty())
+            .then(|| Arc::new(exec::Runner::new(data_root, max_output_bytes)));
+        Self { commands, runner }
+    }
+
+    /// What runs them (`None`: there are none).
+    pub(crate) fn runner(&self) -> Option<&Arc<exec::Runner>> {
+        self.runner.as_ref()
+    }
+
+    /// The tools of the commands offered to the model (`tool = true`).
+    pub(crate) fn tools(&self) -> Vec<Arc<dyn crate::agent::tools::Tool>> {
+        let Some(runner) = &self.runner else {
+            return Vec::new();
+        };
+        self.iter()
+            .filter(|command| command.config.tool)
+            .map(|command| {
+                Arc::new(tool::CommandTool::new(
+                    Arc::clone(command),
+                    Arc::clone(runner),
+                )) as Arc<dyn crate::agent::tools::Tool>
+            })
+            .collect()
     }
 
     /// The command `/name` runs, if one has that name.

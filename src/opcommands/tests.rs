@@ -159,7 +159,9 @@ fn help_lists_the_commands_before_its_last_line() {
     open.description = "How long the hosts are up".into();
     open.args.clear();
     open.roles = vec![CommandRole::User];
-    let commands = OperatorCommands::from_config(&[deploy(), open]);
+    let commands =
+        OperatorCommands::from_config(&[deploy(), open], Path::new("/nonexistent"), 1024);
+    assert_eq!(commands.tools().len(), 2);
     assert_eq!(
         commands.help("Commands:\n/help — this list\nAnything else."),
         "Commands:\n/help — this list\n\

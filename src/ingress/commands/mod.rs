@@ -77,7 +77,12 @@ pub(crate) fn parse(text: &str) -> Option<Command> {
         .next()
         .unwrap_or_default()
         .to_ascii_lowercase();
-    if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+    // `-` for operator commands (`/db-backup`).
+    if name.is_empty()
+        || !name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+    {
         // "/", "/ path", "/etc/hosts" are text, not commands.
         return None;
     }
@@ -113,6 +118,10 @@ mod tests {
         assert_eq!(
             parse("/deploy now"),
             Some(Command::Unknown("deploy".into()))
+        );
+        assert_eq!(
+            parse("/db-backup@opsbot_bot now"),
+            Some(Command::Unknown("db-backup".into()))
         );
     }
 
