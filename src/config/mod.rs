@@ -13,6 +13,7 @@
 //! Secrets are [`Secret`]s: they print as `***` and are never serialized. An empty secret (for
 //! example `"${OPENAI_API_KEY:-}"` with the variable unset) counts as absent.
 
+mod commands;
 mod env;
 mod locate;
 pub(crate) mod settings;

@@ -17,7 +17,6 @@
 
 pub(crate) mod exec;
 pub(crate) mod tool;
-pub(crate) mod validate;
 
 #[cfg(test)]
 mod tests;
@@ -35,6 +34,14 @@ use crate::secret::Secret;
 
 /// The prefix of a command's tool name: `cmd_deploy`.
 pub(crate) const TOOL_PREFIX: &str = "cmd_";
+
+/// The names an operator command may not take: the built-in chat commands and their aliases
+/// (`ingress::commands` tests that every one is here) and Discord's `/ask`. A list rather than
+/// `COMMANDS` itself, which config validation cannot reach (it sits below the ingress).
+pub(crate) const BUILTIN_NAMES: &[&str] = &[
+    "help", "start", "new", "reset", "status", "stop", "cancel", "plan", "memory", "tasks",
+    "skills", "ask",
+];
 
 /// The longest argument value accepted, in bytes.
 pub(crate) const MAX_VALUE_BYTES: usize = 1024;
@@ -257,7 +264,7 @@ impl OperatorCommand {
 }
 
 /// `pattern`, matched as a whole.
-fn anchored(pattern: &str) -> Result<Regex, regex::Error> {
+pub(crate) fn anchored(pattern: &str) -> Result<Regex, regex::Error> {
     regex::RegexBuilder::new(&format!("^(?:{pattern})$"))
         .size_limit(1 << 20)
         .build()

@@ -187,51 +187,6 @@ fn admin_commands_join_the_guardrails_admin_only_list() {
 }
 
 #[test]
-fn validation_names_the_key_and_the_problem() {
-    let config: CommandConfig = toml::from_str(
-        r#"
-        name = "help"
-        description = ""
-        run = ["deploy.sh", "{servce}"]
-        args = [ { name = "service", pattern = "([a-z" , optional = true },
-                 { name = "Bad", pattern = "x" } ]
-        roles = []
-        timeout_secs = 0
-        cwd = "relative"
-        env = { "A-B" = "x" }
-        "#,
-    )
-    .unwrap();
-    let mut second = deploy();
-    second.name = "Deploy!".into();
-    let issues = validate::issues(&[config, deploy(), deploy(), second]);
-    let keys: Vec<&str> = issues.iter().map(|(key, _)| key.as_str()).collect();
-    assert_eq!(
-        keys,
-        [
-            "commands[0].name",
-            "commands[0].description",
-            "commands[0].run",
-            "commands[0].run",
-            "commands[0].args[0].pattern",
-            "commands[0].args[1].name",
-            "commands[0].args[1].optional",
-            "commands[0].roles",
-            "commands[0].timeout_secs",
-            "commands[0].cwd",
-            "commands[0].env.A-B",
-            "commands[2].name",
-            "commands[3].name",
-        ],
-        "{issues:#?}"
-    );
-    assert!(issues[0].1.contains("built-in"), "{issues:?}");
-    assert!(issues[3].1.contains("{servce}"), "{issues:?}");
-    assert!(issues[11].1.contains("earlier"), "{issues:?}");
-    assert!(validate::issues(&[deploy()]).is_empty());
-}
-
-#[test]
 fn fences_cannot_be_closed_by_the_output() {
     assert_eq!(fenced("hi"), "```\nhi\n```\n");
     assert_eq!(fenced("a ```` b"), "`````\na ```` b\n`````\n");

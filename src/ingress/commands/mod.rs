@@ -161,6 +161,18 @@ mod tests {
     }
 
     #[test]
+    fn operator_commands_cannot_take_a_built_in_name() {
+        for info in COMMANDS {
+            for name in std::iter::once(&info.name).chain(info.aliases) {
+                assert!(
+                    crate::opcommands::BUILTIN_NAMES.contains(name),
+                    "/{name} is missing from opcommands::BUILTIN_NAMES"
+                );
+            }
+        }
+    }
+
+    #[test]
     fn plan_takes_on_off_or_nothing() {
         assert_eq!(parse("/plan"), Some(Command::Plan(PlanSwitch::Toggle)));
         assert_eq!(parse("/PLAN On"), Some(Command::Plan(PlanSwitch::On)));

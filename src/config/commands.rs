@@ -3,9 +3,8 @@
 use std::collections::HashSet;
 use std::path::Component;
 
-use super::{CommandConfig, anchored, placeholder};
-use crate::config::settings::{at, entry, key};
-use crate::ingress::commands::COMMANDS;
+use super::settings::{at, entry, key};
+use crate::opcommands::{BUILTIN_NAMES, CommandConfig, anchored, placeholder};
 
 /// The longest command name: Telegram's and Discord's limit.
 const MAX_NAME_CHARS: usize = 32;
@@ -33,10 +32,7 @@ pub(crate) fn issues(commands: &[CommandConfig]) -> Vec<(String, String)> {
                 at(key!("commands[].name"), index),
                 format!("must be 1 to {MAX_NAME_CHARS} lowercase letters, digits, `_` or `-`"),
             );
-        } else if COMMANDS
-            .iter()
-            .any(|info| info.name == name || info.aliases.contains(&name.as_str()))
-        {
+        } else if BUILTIN_NAMES.contains(&name.as_str()) {
             push(
                 at(key!("commands[].name"), index),
                 format!("/{name} is a built-in command"),
@@ -161,4 +157,66 @@ pub(crate) fn issues(commands: &[CommandConfig]) -> Vec<(String, String)> {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn deploy() -> CommandConfig {
+        toml::from_str(
+            r#"
+            name = "deploy"
+            description = "Deploy a service"
+            run = ["/opt/ops/deploy.sh", "{service}"]
+            args = [ { name = "service", pattern = "[a-z]+" } ]
+            "#,
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn validation_names_the_key_and_the_problem() {
+        let config: CommandConfig = toml::from_str(
+            r#"
+            name = "help"
+            description = ""
+            run = ["deploy.sh", "{servce}"]
+            args = [ { name = "service", pattern = "([a-z" , optional = true },
+                     { name = "Bad", pattern = "x" } ]
+            roles = []
+            timeout_secs = 0
+            cwd = "relative"
+            env = { "A-B" = "x" }
+            "#,
+        )
+        .unwrap();
+        let mut second = deploy();
+        second.name = "Deploy!".into();
+        let issues = issues(&[config, deploy(), deploy(), second]);
+        let keys: Vec<&str> = issues.iter().map(|(key, _)| key.as_str()).collect();
+        assert_eq!(
+            keys,
+            [
+                "commands[0].name",
+                "commands[0].description",
+                "commands[0].run",
+                "commands[0].run",
+                "commands[0].args[0].pattern",
+                "commands[0].args[1].name",
+                "commands[0].args[1].optional",
+                "commands[0].roles",
+                "commands[0].timeout_secs",
+                "commands[0].cwd",
+                "commands[0].env.A-B",
+                "commands[2].name",
+                "commands[3].name",
+            ],
+            "{issues:#?}"
+        );
+        assert!(issues[0].1.contains("built-in"), "{issues:?}");
+        assert!(issues[3].1.contains("{servce}"), "{issues:?}");
+        assert!(issues[11].1.contains("earlier"), "{issues:?}");
+        assert!(super::issues(&[deploy()]).is_empty());
+    }
 }
