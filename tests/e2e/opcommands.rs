@@ -390,3 +390,47 @@ async fn a_bad_tool_call_and_a_non_admins_model_run_nothing() {
     assert!(audit_lines(&app.store).is_empty());
     app.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_telegram_the_output_streams_into_a_draft_that_ends_as_the_answer() {
+    use antler_testkit::telegram::{MockTelegram, SECRET, fixture, post};
+
+    let scripts = Scripts::new();
+    let model = MockModel::start(Behaviour::Echo).await;
+    let api = MockTelegram::start().await;
+    let overrides = format!(
+        "{}\n{}",
+        api.config("admins = [5550001001]\n"),
+        scripts.overrides()
+    );
+    let app = TestApp::spawn(&model, &overrides).await;
+    let mut update: Value = serde_json::from_str(&fixture("tg_private_text")).unwrap();
+    update["message"]["text"] = json!("/gate@opsbot_bot");
+    assert_eq!(
+        post(&app.base, &update.to_string(), Some(SECRET)).await,
+        StatusCode::OK
+    );
+    // The command waits for `open`: whatever the chat shows now came while it ran.
+    let draft = crate::support::wait_until("the draft shows the first line", || async {
+        api.sent().await.into_iter().find(|sent| {
+            sent["text"]
+                .as_str()
+                .is_some_and(|text| text.contains("one"))
+        })
+    })
+    .await;
+    assert!(!draft["text"].as_str().unwrap().contains("two"), "{draft}");
+    std::fs::write(scripts.path("open"), "").unwrap();
+    crate::support::wait_until("the draft ends as the answer", || async {
+        api.calls("EditMessageText").await.into_iter().find(|edit| {
+            edit["text"].as_str().is_some_and(|text| {
+                text.contains("one\ntwo") && text.contains("✅ /gate finished: exit code 0")
+            })
+        })
+    })
+    .await;
+    as_token(&app, ADMIN_TOKEN).wait_idle().await;
+    assert_eq!(api.sent().await.len(), 1, "one message: the draft, edited");
+    assert_eq!(model.count(), 0);
+    app.shutdown().await;
+}
