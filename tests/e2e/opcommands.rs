@@ -434,3 +434,57 @@ async fn on_telegram_the_output_streams_into_a_draft_that_ends_as_the_answer() {
     assert_eq!(model.count(), 0);
     app.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_slack_antler_runs_a_command_named_after_it_and_its_help_lists_them() {
+    use antler_testkit::now_secs;
+    use antler_testkit::slack::{MockSlack, SIGNING_SECRET, post_signed};
+
+    let scripts = Scripts::new();
+    let model = MockModel::start(Behaviour::Echo).await;
+    let api = MockSlack::start().await;
+    let overrides = format!("{}\n{}", api.config(""), scripts.overrides());
+    let app = TestApp::spawn(&model, &overrides).await;
+    for (text, trigger) in [("/uptime", "8001.1"), ("", "8001.2")] {
+        // One invocation, one trigger id (the event id).
+        let form = api.slash_command(text).replace(
+            "trigger_id=8001.1767225800.abc123",
+            &format!("trigger_id={trigger}"),
+        );
+        let (status, _) = post_signed(
+            &app.base,
+            "commands",
+            &form,
+            SIGNING_SECRET,
+            now_secs(),
+            None,
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK);
+    }
+    let responses = crate::support::wait_until("both answers", || async {
+        let responses = api.responses().await;
+        (responses.len() == 2).then_some(responses)
+    })
+    .await;
+    let texts: Vec<&str> = responses
+        .iter()
+        .map(|r| r["text"].as_str().unwrap_or_default())
+        .collect();
+    let ran = texts
+        .iter()
+        .find(|text| text.contains("✅ /uptime finished: exit code 0"))
+        .unwrap_or_else(|| panic!("{texts:?}"));
+    assert!(ran.contains("uptime\n"), "{ran}");
+    assert!(
+        texts
+            .iter()
+            // Escaped as Slack wants `<`, `>` and `&`.
+            .any(|text| text.contains("/deploy &lt;service&gt; [version] — Deploy a service")),
+        "{texts:?}"
+    );
+    assert_eq!(scripts.runs(), 1);
+    as_token(&app, ADMIN_TOKEN).wait_idle().await;
+    assert_eq!(model.count(), 0);
+    app.shutdown().await;
+}
