@@ -218,18 +218,17 @@ impl OperatorCommand {
         for ((arg, pattern), value) in self.config.args.iter().zip(&self.patterns).zip(&values) {
             match value {
                 None if !arg.optional => return Err(ArgsError::Missing(arg.name.clone())),
-                None => {}
-                Some(value) => {
+                Some(value)
                     if value.len() > MAX_VALUE_BYTES
                         || value.contains('\0')
-                        || !pattern.is_match(value)
-                    {
-                        return Err(ArgsError::NoMatch {
-                            name: arg.name.clone(),
-                            pattern: arg.pattern.clone(),
-                        });
-                    }
+                        || !pattern.is_match(value) =>
+                {
+                    return Err(ArgsError::NoMatch {
+                        name: arg.name.clone(),
+                        pattern: arg.pattern.clone(),
+                    });
                 }
+                None | Some(_) => {}
             }
         }
         Ok(values)
@@ -363,6 +362,18 @@ impl OperatorCommands {
             .filter_map(|config| OperatorCommand::new(config.clone()).ok())
             .map(Arc::new)
             .collect();
+        for command in commands.iter() {
+            let config = &command.config;
+            if let Some(program) = config.run.first()
+                && !Path::new(program).is_file()
+            {
+                tracing::warn!(
+                    command = %config.name,
+                    program = %program,
+                    "an operator command's program is not there; running it fails until it is"
+                );
+            }
+        }
         let runner = (!commands.is_empty())
             .then(|| Arc::new(exec::Runner::new(data_root, max_output_bytes)));
         Self { commands, runner }

@@ -488,3 +488,38 @@ async fn on_slack_antler_runs_a_command_named_after_it_and_its_help_lists_them()
     assert_eq!(model.count(), 0);
     app.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stop_kills_a_running_command() {
+    let scripts = Scripts::new();
+    let mock = MockModel::start(Behaviour::Echo).await;
+    let app = TestApp::spawn(&mock, &scripts.overrides()).await;
+    let admin = as_token(&app, ADMIN_TOKEN);
+
+    let response = admin
+        .http
+        .post(format!("{}/api/v1/messages", admin.base))
+        .bearer_auth(ADMIN_TOKEN)
+        .json(&json!({"conversation": "stop", "text": "/gate", "message_id": "m-gate", "stream": true}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let reader = tokio::spawn(read_sse_until(response, |events| {
+        events.iter().any(|(name, _)| name == "final")
+    }));
+    let gate = scripts.path("gate.sh").display().to_string();
+    crate::support::wait_until("the command runs", || async { alive(&gate).then_some(()) }).await;
+
+    let reply = ask(&admin, "stop", "/stop").await;
+    assert!(reply.starts_with("⏹ Stopped"), "{reply}");
+    let events = reader.await.unwrap();
+    let (_, last) = events.last().unwrap();
+    let text = last["text"].as_str().unwrap();
+    assert!(
+        text.starts_with("```\none\n```\n❌ /gate failed: killed by signal 9 (it was stopped) · "),
+        "{text}"
+    );
+    assert!(!alive(&gate), "the command's process is gone");
+    app.shutdown().await;
+}
