@@ -523,3 +523,54 @@ async fn stop_kills_a_running_command() {
     assert!(!alive(&gate), "the command's process is gone");
     app.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_cut_short_by_a_crash_is_not_run_again_and_the_chat_is_told() {
+    use antler_testkit::telegram::{MockTelegram, SECRET, fixture, post};
+
+    let scripts = Scripts::new();
+    let model = MockModel::start(Behaviour::Echo).await;
+    let api = MockTelegram::start().await;
+    let overrides = format!(
+        "{}\n{}",
+        api.config("admins = [5550001001]\n"),
+        scripts.overrides()
+    );
+    let rig = crate::support::ChildRig::new(&model, &overrides);
+    let mut first = rig.serve().await;
+    let mut update: Value = serde_json::from_str(&fixture("tg_private_text")).unwrap();
+    update["message"]["text"] = json!("/gate");
+    assert_eq!(
+        post(&first.base, &update.to_string(), Some(SECRET)).await,
+        StatusCode::OK
+    );
+    let gate = scripts.path("gate.sh").display().to_string();
+    crate::support::wait_until("the command runs", || async { alive(&gate).then_some(()) }).await;
+    first.kill().await;
+    // The program outlives antler's crash (it leads its own group); let it end.
+    std::fs::write(scripts.path("open"), "").unwrap();
+
+    let second = rig.serve().await;
+    let told = crate::support::wait_until("the chat is told", || async {
+        let mut texts = api.sent().await;
+        texts.extend(api.calls("EditMessageText").await);
+        texts.into_iter().find_map(|sent| {
+            sent["text"]
+                .as_str()
+                .filter(|text| text.contains("is not run again"))
+                .map(str::to_owned)
+        })
+    })
+    .await;
+    assert!(told.contains("/gate"), "{told}");
+    Client {
+        token: Some(ADMIN_TOKEN.to_owned()),
+        ..second.client.clone()
+    }
+    .wait_idle()
+    .await;
+    let audit = audit_lines(&rig.dir.path().join("store"));
+    let starts = audit.iter().filter(|line| line["event"] == "start").count();
+    assert_eq!(starts, 1, "it ran once: {audit:?}");
+    assert_eq!(model.count(), 0);
+}
