@@ -89,6 +89,13 @@ run = [{argv}, "uptime"]
 roles = ["user"]
 
 [[commands]]
+name = "say"
+description = "Says its words"
+run = [{argv}, "{{first}}", "{{second}}"]
+args = [ {{ name = "first", pattern = "[a-z]+" }}, {{ name = "second", pattern = "[a-z]+", optional = true }} ]
+roles = ["user"]
+
+[[commands]]
 name = "fail"
 description = "Always fails"
 run = [{fail}]
@@ -573,4 +580,32 @@ async fn a_command_cut_short_by_a_crash_is_not_run_again_and_the_chat_is_told() 
     let starts = audit.iter().filter(|line| line["event"] == "start").count();
     assert_eq!(starts, 1, "it ran once: {audit:?}");
     assert_eq!(model.count(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_discord_a_command_with_its_options_runs_and_edits_the_original() {
+    use antler_testkit::discord::{MockDiscord, ask, post};
+
+    let scripts = Scripts::new();
+    let model = MockModel::start(Behaviour::Echo).await;
+    let api = MockDiscord::start().await;
+    let overrides = format!("{}\n{}", api.config(""), scripts.overrides());
+    let app = TestApp::spawn(&model, &overrides).await;
+    let mut interaction = ask("1300000000000000977", "tok-say", "unused");
+    interaction["data"]["name"] = json!("say");
+    interaction["data"]["options"] = json!([
+        {"name": "first", "type": 3, "value": "hello"},
+        {"name": "second", "type": 3, "value": "world"}
+    ]);
+    assert_eq!(post(&app.base, &interaction).await, json!({"type": 5}));
+    let edits = api.wait_for_edit("tok-say").await;
+    let content = edits[0]["content"].as_str().unwrap();
+    assert!(
+        content.contains("hello\nworld\n") && content.contains("✅ /say finished: exit code 0"),
+        "{content}"
+    );
+    assert_eq!(scripts.runs(), 1);
+    as_token(&app, ADMIN_TOKEN).wait_idle().await;
+    assert_eq!(model.count(), 0);
+    app.shutdown().await;
 }
