@@ -388,8 +388,9 @@ pub(crate) async fn run_watched(
             running.stop();
         }
     };
-    if let Some(group) = running.group {
-        // A host program's leftovers hold the pipe open; the launcher kills its own.
+    if let Some(group) = running.group.take() {
+        // A host program's leftovers hold the pipe open; the launcher kills its own. Once
+        // only: with the program reaped, its id may be reused once its group is empty.
         kill_group(group);
     }
     // The launcher killed what the command left, so the write ends are closed; what is left
