@@ -157,7 +157,9 @@ fn middleware_chain(
     if let Some(m) = DanglingToolCallMiddleware::from_config(&cfg.dangling_tool_call) {
         items.push(Arc::new(m));
     }
-    if let Some(m) = GuardrailMiddleware::from_config(&cfg.guardrail) {
+    // Commands only operators may run are theirs as tools too.
+    let guardrail = crate::opcommands::guardrail_config(&cfg.guardrail, &config.commands);
+    if let Some(m) = GuardrailMiddleware::from_config(&guardrail) {
         items.push(Arc::new(m));
     }
     if let Some(m) = SandboxAuditMiddleware::from_config(&cfg.sandbox_audit, &config.store.path)
@@ -257,8 +259,9 @@ async fn platform_channels(config: &Config) -> Result<Platforms, AppError> {
             }
             // A webhook bot gets its menu from `set-webhook`; a polling one from here.
             let api = channel.api().clone();
+            let menu = crate::setup::telegram_menu(config);
             tokio::spawn(async move {
-                if let Err(e) = crate::setup::sync_telegram_menu(&api).await {
+                if let Err(e) = crate::setup::sync_telegram_menu(&api, &menu).await {
                     tracing::warn!(error = %e, "cannot set the Telegram command menu");
                 }
             });
@@ -495,6 +498,16 @@ fn tool_registry(
         // `task` waits for its subagent: the slowest type's timeout and a margin, unless
         // configured (validation refuses less); each call's own limit follows its type.
         timeouts.entry(TASK_TOOL.to_owned()).or_insert(longest);
+    }
+    for command in &config.commands {
+        // An operator command stops itself at its own limit and reports how it ended.
+        timeouts
+            .entry(format!(
+                "{}{}",
+                crate::opcommands::TOOL_PREFIX,
+                command.name
+            ))
+            .or_insert(Duration::from_secs(command.timeout_secs.saturating_add(10)));
     }
     registry.with_timeouts(Duration::from_secs(agent.tool_timeout_secs), timeouts)
 }
@@ -751,6 +764,9 @@ where
     // Cancelled when running turns must stop (and their subagents with them).
     let turn_cancel = stops.turns.clone();
     let sandbox = shell.as_ref().and_then(|d| d.sandbox.as_ref());
+    let commands = operator_commands(&config);
+    let mut extra_tools = extra_tools;
+    extra_tools.extend(commands.tools());
     let mut tools = tool_registry(&config, extra_tools, &mcp, sandbox);
     let skills = Arc::new(Live::new(load_skills(&config).await));
     let chain = middleware_chain(&config, &store, &skills)?;
@@ -845,7 +861,7 @@ where
         runtime,
         hub.clone(),
         delivery,
-        &turn_settings(&config, &skills, &pairing),
+        &turn_settings(&config, &skills, &pairing, commands),
         turn_cancel.clone(),
     );
     let ingress = Ingress::new(
@@ -1072,12 +1088,28 @@ async fn load_skills(config: &Config) -> Arc<Catalogue> {
     Arc::new(catalogue)
 }
 
+/// `[[commands]]`, audited in the store's folder, their output bounded like the shell's.
+fn operator_commands(config: &Config) -> crate::opcommands::OperatorCommands {
+    crate::opcommands::OperatorCommands::from_config(
+        &config.commands,
+        &config.store.path,
+        config
+            .agent
+            .tools
+            .bash
+            .max_output_bytes
+            .clamp(1, crate::agent::tools::bash::MAX_OUTPUT_BYTES_LIMIT),
+    )
+}
+
 fn turn_settings(
     config: &Config,
     skills: &Arc<Live<Catalogue>>,
     pairing: &Arc<Pairing>,
+    commands: crate::opcommands::OperatorCommands,
 ) -> TurnSettings {
     TurnSettings {
+        commands,
         pairing: Some(Arc::clone(pairing)),
         skills: Arc::clone(skills),
         max_attempts: config.agent.max_turn_attempts,

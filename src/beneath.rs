@@ -128,6 +128,13 @@ pub(crate) struct Dir {
     fd: OwnedFd,
 }
 
+impl AsFd for Dir {
+    /// The folder's descriptor (a process started in it uses `/proc/self/fd/<fd>`).
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}
+
 /// The plain names of `relative`, or [`Refused::Outside`] when it has `..`, a root or a
 /// prefix. `.` parts are dropped; no names means the folder itself.
 fn names(relative: &Path) -> Result<Vec<&OsStr>, Refused> {

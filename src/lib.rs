@@ -42,6 +42,7 @@ pub(crate) mod lanes;
 mod live;
 pub mod logging;
 pub(crate) mod memory;
+pub(crate) mod opcommands;
 pub mod pairing;
 pub(crate) mod retry;
 pub(crate) mod sandbox;

@@ -105,15 +105,23 @@ pub fn telegram_api(config: &Config) -> Result<TelegramApi, SetupError> {
     Ok(TelegramApi::new(token.expose(), &telegram.api_url)?)
 }
 
-/// The command menu antler's chat commands make.
-pub fn telegram_menu() -> Vec<MenuCommand> {
-    COMMANDS
+/// The command menu antler's chat commands make, the operator commands (`[[commands]]`) of
+/// `config` after the built-in ones. Telegram's menu takes no `-` in a name: such a command
+/// still runs when typed, it is only left out of the menu.
+pub fn telegram_menu(config: &Config) -> Vec<MenuCommand> {
+    let builtin = COMMANDS.iter().map(|command| MenuCommand {
+        command: command.name.to_owned(),
+        description: command.menu.to_owned(),
+    });
+    let operator = config
+        .commands
         .iter()
+        .filter(|command| !command.name.contains('-'))
         .map(|command| MenuCommand {
-            command: command.name.to_owned(),
-            description: command.menu.to_owned(),
-        })
-        .collect()
+            command: command.name.clone(),
+            description: command.description.clone(),
+        });
+    builtin.chain(operator).collect()
 }
 
 /// The path Discord's interactions are served at, under `server.public_url`: the
@@ -124,9 +132,10 @@ pub const DISCORD_INTERACTIONS_PATH: &str = "/webhooks/discord/interactions";
 pub const DISCORD_MESSAGE_COMMAND: &str = "Ask antler";
 
 /// The application commands antler answers: `/ask prompt:…`, each chat command of the menu
-/// (`/plan`, `/memory` and `/skills` with their optional words as `args`), and the "Ask antler" message
-/// command.
-pub fn discord_commands() -> Vec<CommandSpec> {
+/// (`/plan`, `/memory` and `/skills` with their optional words as `args`), each operator
+/// command of `config` (one string option per argument, in order), and the "Ask antler"
+/// message command.
+pub fn discord_commands(config: &Config) -> Vec<CommandSpec> {
     let option = |name: &str, description: &str, required: bool| OptionSpec {
         name: name.to_owned(),
         description: description.to_owned(),
@@ -153,6 +162,21 @@ pub fn discord_commands() -> Vec<CommandSpec> {
             )],
             _ => Vec::new(),
         },
+    }));
+    commands.extend(config.commands.iter().map(|command| {
+        CommandSpec {
+            name: command.name.clone(),
+            kind: 1,
+            description: command.description.clone(),
+            options: command
+                .args
+                .iter()
+                .map(|arg| {
+                    let pattern: String = arg.pattern.chars().take(80).collect();
+                    option(&arg.name, &format!("Matches {pattern}"), !arg.optional)
+                })
+                .collect(),
+        }
     }));
     commands.push(CommandSpec {
         name: DISCORD_MESSAGE_COMMAND.to_owned(),
@@ -194,7 +218,7 @@ pub async fn register_discord_commands(
         });
     }
     let api = DiscordApi::new(&discord.api_url, application_id, token.expose())?;
-    let commands = discord_commands();
+    let commands = discord_commands(&config);
     let outcome = api.register_commands(guild, &commands).await?;
     let scope = guild.map_or_else(|| "global".to_owned(), |guild| format!("guild {guild}"));
     let names: Vec<String> = commands
@@ -276,20 +300,25 @@ pub async fn set_webhook(
     if drop_pending_updates {
         let _ = writeln!(out, "pending updates: dropped");
     }
-    report_menu(&api, out).await
+    report_menu(&api, &config, out).await
 }
 
 /// `antler telegram set-commands`: sets the bot's command menu when Telegram's differs, in
 /// either mode (`serve` does the same at start).
 pub async fn set_commands(config_path: &Path, out: &mut dyn Write) -> Result<(), SetupError> {
     let config = load(config_path)?;
-    report_menu(&telegram_api(&config)?, out).await
+    report_menu(&telegram_api(&config)?, &config, out).await
 }
 
 /// [`sync_telegram_menu`], saying which it was.
-async fn report_menu(api: &TelegramApi, out: &mut dyn Write) -> Result<(), SetupError> {
-    let changed = sync_telegram_menu(api).await?;
-    let names = telegram_menu()
+async fn report_menu(
+    api: &TelegramApi,
+    config: &Config,
+    out: &mut dyn Write,
+) -> Result<(), SetupError> {
+    let menu = telegram_menu(config);
+    let changed = sync_telegram_menu(api, &menu).await?;
+    let names = menu
         .iter()
         .map(|c| format!("/{}", c.command))
         .collect::<Vec<_>>()
@@ -302,12 +331,14 @@ async fn report_menu(api: &TelegramApi, out: &mut dyn Write) -> Result<(), Setup
 /// Sets antler's command menu when Telegram's differs; whether it did. Telegram's own menu is
 /// the truth to compare with, not a copy in the store: BotFather or another deployment may
 /// have changed it, and a running antler holds the store.
-pub(crate) async fn sync_telegram_menu(api: &TelegramApi) -> Result<bool, SetupError> {
-    let menu = telegram_menu();
+pub(crate) async fn sync_telegram_menu(
+    api: &TelegramApi,
+    menu: &[MenuCommand],
+) -> Result<bool, SetupError> {
     if api.get_my_commands().await? == menu {
         return Ok(false);
     }
-    api.set_my_commands(&menu).await?;
+    api.set_my_commands(menu).await?;
     Ok(true)
 }
 
@@ -464,8 +495,25 @@ mod tests {
 
     #[test]
     fn discord_commands_follow_discords_rules() {
-        let commands = discord_commands();
+        let commands = discord_commands(&config(
+            r#"
+            [[commands]]
+            name = "db-backup"
+            description = "Back a database up"
+            run = ["/opt/ops/backup.sh", "{db}", "{label}"]
+            args = [ { name = "db", pattern = "[a-z]+" }, { name = "label", pattern = "[a-z]+", optional = true } ]
+            "#,
+        ));
         assert_eq!(commands[0].name, "ask");
+        let backup = commands.iter().find(|c| c.name == "db-backup").unwrap();
+        assert_eq!(
+            backup
+                .options
+                .iter()
+                .map(|o| (o.name.as_str(), o.required, o.kind))
+                .collect::<Vec<_>>(),
+            [("db", true, 3), ("label", false, 3)]
+        );
         assert!(commands[0].options[0].required);
         assert_eq!(
             commands.last().map(|c| (c.name.as_str(), c.kind)),
@@ -575,12 +623,34 @@ mod tests {
 
     #[test]
     fn the_menu_is_antlers_commands() {
-        let names: Vec<_> = telegram_menu().into_iter().map(|c| c.command).collect();
+        let names: Vec<_> = telegram_menu(&Config::default())
+            .into_iter()
+            .map(|c| c.command)
+            .collect();
         assert_eq!(
             names,
             [
                 "help", "new", "status", "stop", "plan", "memory", "tasks", "skills"
             ]
+        );
+        let with_commands = config(
+            r#"
+            [[commands]]
+            name = "deploy"
+            description = "Deploy a service"
+            run = ["/opt/ops/deploy.sh"]
+            [[commands]]
+            name = "db-backup"
+            description = "Back a database up"
+            run = ["/opt/ops/backup.sh"]
+            "#,
+        );
+        let menu = telegram_menu(&with_commands);
+        let last = menu.last().unwrap();
+        assert_eq!(
+            (last.command.as_str(), last.description.as_str(), menu.len()),
+            ("deploy", "Deploy a service", names.len() + 1),
+            "a name with `-` is not allowed in Telegram's menu"
         );
     }
 }

@@ -13,6 +13,7 @@
 //! Secrets are [`Secret`]s: they print as `***` and are never serialized. An empty secret (for
 //! example `"${OPENAI_API_KEY:-}"` with the variable unset) counts as absent.
 
+mod commands;
 mod env;
 mod locate;
 pub(crate) mod settings;
@@ -89,6 +90,8 @@ pub struct Config {
     pub(crate) subagents: SubagentsConfig,
     /// `[skills]`: instructions the model reads when a task needs them.
     pub(crate) skills: SkillsConfig,
+    /// `[[commands]]`: operator commands, run as `/name` in chat and `cmd_<name>` as tools.
+    pub(crate) commands: Vec<crate::opcommands::CommandConfig>,
 }
 
 /// The sections (`[server]`, `[channels.telegram]`…) in which `new` differs from `running` in
@@ -121,6 +124,7 @@ pub(crate) fn needs_restart(running: &Config, new: &Config) -> Vec<&'static str>
     check("subagents", running.subagents == new.subagents);
     // The skill folders are read again; only switching skills on or off needs a restart.
     check("skills", running.skills.enabled == new.skills.enabled);
+    check("commands", running.commands == new.commands);
     // Who may talk aside, each channel must be as it runs.
     let mut channels = new.channels.clone();
     let (old, now) = (&running.channels, &mut channels);

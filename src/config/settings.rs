@@ -300,6 +300,17 @@ pub(crate) const SETTINGS: &[Setting] = &[
     unset("subagents.types.<name>.max_turns", "150 (general-purpose), 60 (bash), 50 (custom)", "Model calls it may make."),
     unset("subagents.types.<name>.timeout_seconds", "subagents.timeout_seconds", "How long it may run, in seconds."),
     unset("subagents.types.<name>.token_budget", "subagents.token_budget", "Tokens one task may use; 0 for no budget."),
+    // [[commands]]
+    tables("commands", "Operator commands: vetted programs run as `/name` in chat and offered to the model as `cmd_<name>`."),
+    required("commands[].name", "What follows the `/`: 1 to 32 lowercase letters, digits, `_` or `-`, not a built-in command."),
+    required("commands[].description", "Its line in `/help`, the menus and the tool's description (1 to 100 characters)."),
+    required("commands[].run", "The program (an absolute path) and its arguments, never a shell string; `{arg}` is replaced by that argument."),
+    value("commands[].args", "[]", "Its arguments in typed order, each `{ name, pattern, optional }`; a value must match its pattern as a whole."),
+    value("commands[].roles", r#"["admin"]"#, "Who may run it, in chat and as a tool: `admin`, `user`."),
+    value("commands[].timeout_secs", "300", "How long it may run before its process group is killed, in seconds."),
+    value("commands[].tool", "true", "Whether the model is offered it as the tool `cmd_<name>`."),
+    unset("commands[].cwd", "the thread's workspace", "The folder it runs in."),
+    value("commands[].env", "{}", "Its whole environment (nothing else of antler's reaches it); `${VAR}` takes antler's."),
 ];
 
 /// Whether [`SETTINGS`] declares `key` (written as declared, placeholders included).

@@ -44,6 +44,9 @@ pub(crate) fn validate(config: &Config) -> Vec<ConfigIssue> {
     memory(config, &mut v);
     subagents(config, &mut v);
     skills(config, &mut v);
+    for (key, problem) in super::commands::issues(&config.commands) {
+        v.push(&key, problem);
+    }
     v.0
 }
 

@@ -127,6 +127,7 @@ pub(crate) fn harness_with(max_attempts: u32, access: Access) -> Harness {
             memory_groups: crate::agent::memory::sharing::GroupPolicy::default(),
             skills: std::sync::Arc::default(),
             pairing: None,
+            commands: crate::opcommands::OperatorCommands::default(),
         },
         turn_cancel.clone(),
     );

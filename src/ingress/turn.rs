@@ -20,6 +20,8 @@ use tokio::time::Instant;
 use tokio_util::sync::{CancellationToken, DropGuard};
 use tracing::Instrument;
 
+mod operator;
+
 use super::attachments;
 use super::commands::{self, Command, PlanSwitch};
 use super::dispatcher::Dispatcher;
@@ -37,6 +39,7 @@ use crate::agent::thread::{RunningTurn, ThreadState};
 use crate::delivery::{Delivery, Draft};
 use crate::events::{EventHub, ThreadEvent, ToolState};
 use crate::live::Live;
+use crate::opcommands::OperatorCommands;
 use crate::retry::{Backoff, RetryPolicy};
 use crate::store::{FinishTurn, InboxItem, InboxStatus, OutboxItem, Store, StoreError};
 
@@ -110,6 +113,8 @@ pub(crate) struct TurnSettings {
     pub(crate) skills: Arc<Live<Catalogue>>,
     /// DM pairing: a refused author writing privately gets a pairing code (`None`: never).
     pub(crate) pairing: Option<Arc<Pairing>>,
+    /// `[[commands]]`: operator commands, run as `/name`.
+    pub(crate) commands: OperatorCommands,
 }
 
 #[derive(Debug)]
@@ -131,6 +136,8 @@ struct Inner {
     skills: Arc<Live<Catalogue>>,
     /// DM pairing, for refused authors writing privately.
     pairing: Option<Arc<Pairing>>,
+    /// Operator commands, for `/name` and `/help`.
+    commands: OperatorCommands,
     /// The running agent turn of each conversation, for `/stop`: its inbox seq and token.
     running: Mutex<HashMap<String, (u64, CancellationToken)>>,
     /// `/stop` items (inbox seqs) that stopped a turn when they arrived; each is removed
@@ -292,6 +299,7 @@ impl TurnRunner {
                 memory_groups: settings.memory_groups,
                 skills: Arc::clone(&settings.skills),
                 pairing: settings.pairing.clone(),
+                commands: settings.commands.clone(),
                 turn_timeout: settings.turn_timeout,
                 running: Mutex::default(),
                 stops: Mutex::default(),
@@ -535,6 +543,11 @@ impl TurnRunner {
         let command = commands::parse(&item.event.text);
         if item.attempts > self.inner.max_attempts {
             return self.give_up(item, command.is_none()).await;
+        }
+        if let Some(Command::Unknown(name)) = &command
+            && let Some(operator) = self.inner.commands.find(name).cloned()
+        {
+            return self.operator_command(item, &operator).await;
         }
         match command {
             Some(Command::Plan(switch)) => self.switch_plan_mode(item, switch).await,
@@ -938,9 +951,9 @@ impl TurnRunner {
 
     async fn command(&self, item: &InboxItem, command: Command) -> String {
         match command {
-            Command::Help => commands::help().to_owned(),
+            Command::Help => self.inner.commands.help(commands::help()),
             Command::New => commands::new::answer(&item.thread_id),
-            Command::Unknown(name) => commands::help::unknown(&name),
+            Command::Unknown(name) => self.inner.commands.help(&commands::help::unknown(&name)),
             Command::Status => self.status(item).await,
             Command::Tasks => {
                 commands::tasks::answer(self.inner.store.as_ref(), &item.thread_id).await

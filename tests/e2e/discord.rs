@@ -264,7 +264,10 @@ async fn register_commands_writes_only_when_changed_and_doctor_checks_the_bot_to
         .up_to_n_times(1)
         .mount(&api)
         .await;
-    let mut registered = serde_json::to_value(antler::setup::discord_commands()).unwrap();
+    let mut registered = serde_json::to_value(antler::setup::discord_commands(
+        &antler::config::Config::default(),
+    ))
+    .unwrap();
     for command in registered.as_array_mut().unwrap() {
         command["id"] = json!("1600000000000000001");
         command["application_id"] = json!(APPLICATION_ID);

@@ -19,6 +19,7 @@ mod memory;
 mod memory_api;
 mod memory_trust;
 mod model_failures;
+mod opcommands;
 mod ordering;
 mod pairing;
 mod plan_mode;

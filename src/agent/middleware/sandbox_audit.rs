@@ -609,28 +609,8 @@ impl SandboxAuditMiddleware {
 
     /// Appends one line to the audit log, making it (0600, in a 0700 folder) if needed.
     async fn append(&self, line: String) -> std::io::Result<()> {
-        use std::io::Write as _;
-        use std::os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _};
-
         let _turn = self.writing.lock().await;
-        let path = self.log.clone();
-        tokio::task::spawn_blocking(move || {
-            if let Some(folder) = path.parent() {
-                std::fs::DirBuilder::new()
-                    .recursive(true)
-                    .mode(0o700)
-                    .create(folder)?;
-            }
-            let mut file = std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .mode(0o600)
-                .open(&path)?;
-            file.write_all(format!("{line}\n").as_bytes())?;
-            file.sync_data()
-        })
-        .await
-        .map_err(std::io::Error::other)?
+        append_audit_line(self.log.clone(), line).await
     }
 
     fn line(
@@ -669,6 +649,31 @@ impl SandboxAuditMiddleware {
         })
         .to_string()
     }
+}
+
+/// Appends `line` to the audit log at `path`, made (0600, in a 0700 folder) if needed, and
+/// synced: callers hold their own lock so lines are never interleaved.
+pub(crate) async fn append_audit_line(path: PathBuf, line: String) -> std::io::Result<()> {
+    use std::io::Write as _;
+    use std::os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _};
+
+    tokio::task::spawn_blocking(move || {
+        if let Some(folder) = path.parent() {
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(folder)?;
+        }
+        let mut file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .mode(0o600)
+            .open(&path)?;
+        file.write_all(format!("{line}\n").as_bytes())?;
+        file.sync_data()
+    })
+    .await
+    .map_err(std::io::Error::other)?
 }
 
 #[async_trait::async_trait]

@@ -161,24 +161,40 @@ fn scrubbed_env(workspace: &Path, tmp: Option<&Path>) -> Vec<(String, String)> {
     env
 }
 
-/// The running launcher. Dropping it (the call ended, timed out or was cancelled) closes the
-/// control pipe, which makes the launcher kill the command's whole tree and exit; a launcher
-/// that does not exit within [`STOP_GRACE`] is killed with its process group.
+/// The running launcher (or, [`Watch::own_group`], a host program leading its own process
+/// group). Dropping it (the call ended, timed out or was cancelled) closes the control pipe,
+/// which makes the launcher kill the command's whole tree and exit; a launcher that does not
+/// exit within [`STOP_GRACE`] is killed with its process group. A host program's group is
+/// killed at once, also when the program itself ended: what it left running goes with it.
 struct Running {
     child: Option<tokio::process::Child>,
     control: Option<tokio::process::ChildStdin>,
+    /// The process group to kill when stopping: a host program's own (no launcher).
+    group: Option<rustix::process::Pid>,
+}
+
+/// Kills process group `group`.
+fn kill_group(group: rustix::process::Pid) {
+    // ESRCH: the group is already gone, which is what we want.
+    let _ = rustix::process::kill_process_group(group, rustix::process::Signal::KILL);
 }
 
 impl Running {
-    /// Asks the launcher to stop everything now.
+    /// Asks the launcher to stop everything now (kills a host program's group).
     fn stop(&mut self) {
         self.control = None;
+        if let Some(group) = self.group {
+            kill_group(group);
+        }
     }
 }
 
 impl Drop for Running {
     fn drop(&mut self) {
         self.control = None;
+        if let Some(group) = self.group {
+            kill_group(group);
+        }
         let Some(mut child) = self.child.take() else {
             return;
         };
@@ -191,8 +207,7 @@ impl Drop for Running {
             .and_then(rustix::process::Pid::from_raw);
         let kill = move || {
             if let Some(group) = group {
-                // ESRCH: the group is already gone, which is what we want.
-                let _ = rustix::process::kill_process_group(group, rustix::process::Signal::KILL);
+                kill_group(group);
             }
         };
         match tokio::runtime::Handle::try_current() {
@@ -214,24 +229,45 @@ impl Drop for Running {
 
 /// What a finished command left for the model.
 #[derive(Debug)]
-struct Finished {
+pub(crate) struct Finished {
     /// The kept head of the output.
-    kept: Vec<u8>,
+    pub(crate) kept: Vec<u8>,
     /// All output bytes, kept or not.
-    total: u64,
+    pub(crate) total: u64,
     /// The exit code, or how it was stopped.
-    status: String,
+    pub(crate) status: String,
+    /// Whether it exited with code 0.
+    pub(crate) success: bool,
     /// Why antler stopped it early, if it did.
-    stopped: Option<String>,
+    pub(crate) stopped: Option<String>,
 }
 
-/// Reads `pipe` into `kept` (at most `cap` bytes), counting the rest; `Err` once more than
-/// [`MAX_DRAIN_BYTES`] came.
+/// Receives each piece of a command's output as it comes.
+pub(crate) type OutputSink<'a> = &'a mut (dyn FnMut(&[u8]) + Send);
+
+/// How [`run_watched`] watches a started command.
+pub(crate) struct Watch<'a> {
+    /// At most this many bytes of output are kept.
+    pub(crate) cap: usize,
+    /// When it is stopped (`None`: only when the caller drops the call).
+    pub(crate) deadline: Option<tokio::time::Instant>,
+    /// Stops it when cancelled.
+    pub(crate) cancel: Option<tokio_util::sync::CancellationToken>,
+    /// Gets the output as it comes.
+    pub(crate) output: Option<OutputSink<'a>>,
+    /// The command is a host program that leads its own process group (no launcher):
+    /// stopping it, and its end, kill that group.
+    pub(crate) own_group: bool,
+}
+
+/// Reads `pipe` into `kept` (at most `cap` bytes), counting the rest and handing each piece
+/// to `output`; `Err` once more than [`MAX_DRAIN_BYTES`] came.
 async fn pump(
     pipe: &mut tokio::net::unix::pipe::Receiver,
     kept: &mut Vec<u8>,
     total: &mut u64,
     cap: usize,
+    output: &mut Option<OutputSink<'_>>,
 ) -> std::io::Result<bool> {
     let mut buffer = [0_u8; 16 * 1024];
     let n = pipe.read(&mut buffer).await?;
@@ -241,10 +277,39 @@ async fn pump(
     *total += n as u64;
     let room = cap.saturating_sub(kept.len());
     kept.extend_from_slice(buffer.get(..n.min(room)).unwrap_or_default());
+    if let Some(output) = output.as_mut() {
+        output(buffer.get(..n).unwrap_or_default());
+    }
     Ok(*total <= MAX_DRAIN_BYTES)
 }
 
-async fn run(mut command: tokio::process::Command, cap: usize) -> Result<Finished, ToolError> {
+async fn run(command: tokio::process::Command, cap: usize) -> Result<Finished, ToolError> {
+    run_watched(
+        command,
+        Watch {
+            cap,
+            deadline: None,
+            cancel: None,
+            output: None,
+            own_group: false,
+        },
+    )
+    .await
+}
+
+/// Runs `command` with stdout and stderr on one pipe, bounded as [`Watch`] says: a flood of
+/// output, the deadline or the cancellation stop it (and its whole tree).
+pub(crate) async fn run_watched(
+    mut command: tokio::process::Command,
+    watch: Watch<'_>,
+) -> Result<Finished, ToolError> {
+    let Watch {
+        cap,
+        deadline,
+        cancel,
+        mut output,
+        own_group,
+    } = watch;
     let failed = |what: &str, e: std::io::Error| ToolError::Failed(format!("{what}: {e}"));
     let (writer, mut pipe) =
         tokio::net::unix::pipe::pipe().map_err(|e| failed("cannot make a pipe", e))?;
@@ -256,15 +321,41 @@ async fn run(mut command: tokio::process::Command, cap: usize) -> Result<Finishe
         .try_clone()
         .map_err(|e| failed("cannot make a pipe", e))?;
     command.stdout(writer).stderr(writer_too);
-    let mut child = command
-        .spawn()
-        .map_err(|e| failed("cannot start the sandbox", e))?;
+    let mut child = command.spawn().map_err(|e| {
+        failed(
+            if own_group {
+                "cannot start the program"
+            } else {
+                "cannot start the sandbox"
+            },
+            e,
+        )
+    })?;
     // The parent's copies of the write end must go, or the pipe never reports its end.
     drop(command);
+    let group = own_group
+        .then(|| child.id().and_then(|id| i32::try_from(id).ok()))
+        .flatten()
+        .and_then(rustix::process::Pid::from_raw);
     let mut running = Running {
         control: child.stdin.take(),
         child: Some(child),
+        group,
     };
+    let deadline = async {
+        match deadline {
+            Some(deadline) => tokio::time::sleep_until(deadline).await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::pin!(deadline);
+    let cancelled = async {
+        match &cancel {
+            Some(cancel) => cancel.cancelled().await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::pin!(cancelled);
 
     let mut kept = Vec::new();
     let mut total = 0_u64;
@@ -276,10 +367,18 @@ async fn run(mut command: tokio::process::Command, cap: usize) -> Result<Finishe
         };
         tokio::select! {
             status = child.wait() => break status,
-            more = pump(&mut pipe, &mut kept, &mut total, cap), if open => match more {
+            more = pump(&mut pipe, &mut kept, &mut total, cap, &mut output), if open => match more {
                 Ok(true) => {}
                 Ok(false) | Err(_) => open = false,
             },
+            () = &mut deadline, if stopped.is_none() => {
+                stopped = Some("it did not finish in time".to_owned());
+                running.stop();
+            }
+            () = &mut cancelled, if stopped.is_none() => {
+                stopped = Some("it was stopped".to_owned());
+                running.stop();
+            }
         }
         if total > MAX_DRAIN_BYTES && stopped.is_none() {
             stopped = Some(format!(
@@ -289,11 +388,16 @@ async fn run(mut command: tokio::process::Command, cap: usize) -> Result<Finishe
             running.stop();
         }
     };
+    if let Some(group) = running.group.take() {
+        // A host program's leftovers hold the pipe open; the launcher kills its own. Once
+        // only: with the program reaped, its id may be reused once its group is empty.
+        kill_group(group);
+    }
     // The launcher killed what the command left, so the write ends are closed; what is left
     // in the pipe is read (bounded, in case something held on to it).
     let drain = async {
         while open {
-            match pump(&mut pipe, &mut kept, &mut total, cap).await {
+            match pump(&mut pipe, &mut kept, &mut total, cap, &mut output).await {
                 Ok(true) => {}
                 Ok(false) | Err(_) => open = false,
             }
@@ -301,7 +405,7 @@ async fn run(mut command: tokio::process::Command, cap: usize) -> Result<Finishe
     };
     let _ = tokio::time::timeout(DRAIN_AFTER_EXIT, drain).await;
     let status = status.map_err(|e| failed("lost the sandbox", e))?;
-    if status.code() == Some(SETUP_FAILED) {
+    if !own_group && status.code() == Some(SETUP_FAILED) {
         let text = String::from_utf8_lossy(&kept);
         if let Some(why) = text
             .lines()
@@ -316,6 +420,7 @@ async fn run(mut command: tokio::process::Command, cap: usize) -> Result<Finishe
         kept,
         total,
         status: describe(status),
+        success: status.success(),
         stopped,
     })
 }

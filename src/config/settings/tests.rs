@@ -34,7 +34,7 @@ fn in_entry(key: &str) -> bool {
 fn sections() -> BTreeSet<&'static str> {
     SETTINGS
         .iter()
-        .map(|setting| setting.key.split('.').next().unwrap())
+        .map(|setting| setting.key.split(['.', '[']).next().unwrap())
         .collect()
 }
 
@@ -71,8 +71,10 @@ fn keys_are_unique_and_well_formed() {
             "{} is declared twice",
             setting.key
         );
+        // A top-level table array (`[[commands]]`) is a section of its own.
+        let top_level_tables = setting.default == Absent::Tables && !setting.key.contains('.');
         assert!(
-            shape.is_match(setting.key),
+            shape.is_match(setting.key) || top_level_tables,
             "{} is not a dotted key",
             setting.key
         );

@@ -77,7 +77,12 @@ pub(crate) fn parse(text: &str) -> Option<Command> {
         .next()
         .unwrap_or_default()
         .to_ascii_lowercase();
-    if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+    // `-` for operator commands (`/db-backup`).
+    if name.is_empty()
+        || !name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+    {
         // "/", "/ path", "/etc/hosts" are text, not commands.
         return None;
     }
@@ -114,6 +119,10 @@ mod tests {
             parse("/deploy now"),
             Some(Command::Unknown("deploy".into()))
         );
+        assert_eq!(
+            parse("/db-backup@opsbot_bot now"),
+            Some(Command::Unknown("db-backup".into()))
+        );
     }
 
     #[test]
@@ -148,6 +157,18 @@ mod tests {
                         .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_'),
                 "{name}"
             );
+        }
+    }
+
+    #[test]
+    fn operator_commands_cannot_take_a_built_in_name() {
+        for info in COMMANDS {
+            for name in std::iter::once(&info.name).chain(info.aliases) {
+                assert!(
+                    crate::opcommands::BUILTIN_NAMES.contains(name),
+                    "/{name} is missing from opcommands::BUILTIN_NAMES"
+                );
+            }
         }
     }
 
