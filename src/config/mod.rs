@@ -15,6 +15,7 @@
 
 mod env;
 mod locate;
+mod schedules;
 pub(crate) mod settings;
 mod validate;
 pub(crate) use crate::secret::mask_url;
@@ -57,6 +58,7 @@ use crate::secret;
 pub use crate::secret::Secret;
 
 pub use locate::{CONFIG_VAR, ConfigNotFound, ENV_FILE, EnvFileError, SEARCH_PATHS, locate};
+pub(crate) use schedules::ScheduleConfig;
 
 /// The config file `antler init` writes, and the first place commands look for one.
 pub const DEFAULT_PATH: &str = "config/antler.toml";
@@ -89,6 +91,8 @@ pub struct Config {
     pub(crate) subagents: SubagentsConfig,
     /// `[skills]`: instructions the model reads when a task needs them.
     pub(crate) skills: SkillsConfig,
+    /// `[[schedules]]`: prompts sent to a conversation on a timetable.
+    pub(crate) schedules: Vec<ScheduleConfig>,
 }
 
 /// The sections (`[server]`, `[channels.telegram]`…) in which `new` differs from `running` in
@@ -110,6 +114,7 @@ pub(crate) fn needs_restart(running: &Config, new: &Config) -> Vec<&'static str>
     check("memory", running.memory == new.memory);
     check("subagents", running.subagents == new.subagents);
     check("skills", running.skills == new.skills);
+    check("schedules", running.schedules == new.schedules);
     // Who may talk aside, each channel must be as it runs.
     let mut channels = new.channels.clone();
     let (old, now) = (&running.channels, &mut channels);

@@ -44,6 +44,7 @@ pub(crate) fn validate(config: &Config) -> Vec<ConfigIssue> {
     memory(config, &mut v);
     subagents(config, &mut v);
     skills(config, &mut v);
+    v.0.extend(super::schedules::validate(config));
     v.0
 }
 
