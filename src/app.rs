@@ -64,6 +64,7 @@ use crate::ingress::{Ingress, IngressSettings, TurnRunner, TurnSettings};
 use crate::memory::queue::{MemoryWorker, WorkerSettings};
 use crate::retry::{Backoff, RetryPolicy};
 use crate::sandbox::{self, Backend, Detection, Sandbox};
+use crate::schedule::{Clock, Schedule, Schedules, SystemClock};
 use crate::store::{
     Claimed, InboxItem, OutboxItem, SledStore, Store, StoreDocuments, StoreError, StoreRegistry,
     StoreSkillSwitches,
@@ -101,6 +102,9 @@ pub enum AppError {
     /// A platform channel could not be set up.
     #[error("{0}")]
     Channel(String),
+    /// A config schedule could not be read.
+    #[error("{0}")]
+    Schedule(String),
 }
 
 impl From<StoreError> for AppError {
@@ -660,7 +664,15 @@ pub async fn serve_reloading<F>(
 where
     F: Future<Output = ()> + Send + 'static,
 {
-    run_app(config, listener, shutdown, Vec::new(), Some(reloads)).await
+    run_app(
+        config,
+        listener,
+        shutdown,
+        Vec::new(),
+        Some(reloads),
+        Arc::new(SystemClock),
+    )
+    .await
 }
 
 /// [`serve`] with more tools in the registry (the tests' slow and inspecting tools).
@@ -673,7 +685,29 @@ pub(crate) async fn serve_with_tools<F>(
 where
     F: Future<Output = ()> + Send + 'static,
 {
-    run_app(config, listener, shutdown, extra_tools, None).await
+    run_app(
+        config,
+        listener,
+        shutdown,
+        extra_tools,
+        None,
+        Arc::new(SystemClock),
+    )
+    .await
+}
+
+/// [`serve`] with the scheduler reading `clock` (the tests' clock that moves when told).
+#[cfg(test)]
+pub(crate) async fn serve_with_clock<F>(
+    config: Config,
+    listener: TcpListener,
+    shutdown: F,
+    clock: Arc<dyn Clock>,
+) -> Result<(), AppError>
+where
+    F: Future<Output = ()> + Send + 'static,
+{
+    run_app(config, listener, shutdown, Vec::new(), None, clock).await
 }
 
 /// Applies each configuration `reloads` brings: the access rules at once; the sections that
@@ -704,6 +738,7 @@ async fn run_app<F>(
     shutdown: F,
     extra_tools: Vec<Arc<dyn Tool>>,
     reloads: Option<tokio::sync::mpsc::Receiver<Config>>,
+    clock: Arc<dyn Clock>,
 ) -> Result<(), AppError>
 where
     F: Future<Output = ()> + Send + 'static,
@@ -821,12 +856,18 @@ where
     if paired > 0 {
         tracing::info!(users = paired, "users approved through pairing may talk");
     }
+    let schedules = Arc::new(Schedules::new(
+        config_schedules(&config)?,
+        Arc::clone(&store),
+        clock,
+        config.agent.timezone.clone(),
+    ));
     let runner = TurnRunner::new(
         Arc::clone(&store),
         runtime,
         hub.clone(),
         delivery,
-        &turn_settings(&config, &skills, &pairing),
+        &turn_settings(&config, &skills, &pairing, &schedules),
         turn_cancel.clone(),
     );
     let ingress = Ingress::new(
@@ -846,6 +887,12 @@ where
     );
 
     ingress.recover(inbox);
+    // After the recovered items: a firing enqueued again after a crash is found a duplicate.
+    let scheduler = tokio::spawn(crate::schedule::run(
+        schedules,
+        Arc::new(ingress.clone()),
+        intake_stop.clone(),
+    ));
     let poller = platforms.telegram_polling.map(|channel| {
         tokio::spawn(crate::intake::poll_telegram(
             channel,
@@ -929,6 +976,7 @@ where
     }
     let intake_tasks = [
         Some(sweeper),
+        Some(scheduler),
         poller,
         discord_gateway,
         slack_socket,
@@ -1053,8 +1101,27 @@ async fn load_skills(config: &Config) -> Arc<Catalogue> {
     Arc::new(catalogue)
 }
 
-fn turn_settings(config: &Config, skills: &Arc<Catalogue>, pairing: &Arc<Pairing>) -> TurnSettings {
+/// The config's `[[schedules]]`, read (validation checked them already).
+fn config_schedules(config: &Config) -> Result<Vec<Schedule>, AppError> {
+    config
+        .schedules
+        .iter()
+        .map(|entry| {
+            entry
+                .schedule(&config.agent.timezone)
+                .map_err(|e| AppError::Schedule(format!("schedules `{}`: {e}", entry.name)))
+        })
+        .collect()
+}
+
+fn turn_settings(
+    config: &Config,
+    skills: &Arc<Catalogue>,
+    pairing: &Arc<Pairing>,
+    schedules: &Arc<Schedules>,
+) -> TurnSettings {
     TurnSettings {
+        schedules: Arc::clone(schedules),
         pairing: Some(Arc::clone(pairing)),
         skills: Arc::clone(skills),
         max_attempts: config.agent.max_turn_attempts,
@@ -1214,6 +1281,8 @@ mod shutdown;
 
 use shutdown::{Shutdown, Stops};
 
+#[cfg(test)]
+mod schedule_tests;
 #[cfg(test)]
 mod tool_tests;
 

@@ -127,6 +127,12 @@ pub(crate) fn harness_with(max_attempts: u32, access: Access) -> Harness {
             memory_groups: crate::agent::memory::sharing::GroupPolicy::default(),
             skills: std::sync::Arc::default(),
             pairing: None,
+            schedules: std::sync::Arc::new(crate::schedule::Schedules::new(
+                Vec::new(),
+                store.clone(),
+                std::sync::Arc::new(crate::schedule::SystemClock),
+                "UTC".to_owned(),
+            )),
         },
         turn_cancel.clone(),
     );

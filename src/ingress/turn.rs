@@ -37,6 +37,7 @@ use crate::agent::thread::{RunningTurn, ThreadState};
 use crate::delivery::{Delivery, Draft};
 use crate::events::{EventHub, ThreadEvent, ToolState};
 use crate::retry::{Backoff, RetryPolicy};
+use crate::schedule::Schedules;
 use crate::store::{FinishTurn, InboxItem, InboxStatus, OutboxItem, Store, StoreError};
 
 /// The first wait before retrying a failed store operation; it doubles up to the cap.
@@ -109,6 +110,8 @@ pub(crate) struct TurnSettings {
     pub(crate) skills: Arc<Catalogue>,
     /// DM pairing: a refused author writing privately gets a pairing code (`None`: never).
     pub(crate) pairing: Option<Arc<Pairing>>,
+    /// The schedules, for `/schedules` and `/schedule`.
+    pub(crate) schedules: Arc<Schedules>,
 }
 
 #[derive(Debug)]
@@ -130,6 +133,8 @@ struct Inner {
     skills: Arc<Catalogue>,
     /// DM pairing, for refused authors writing privately.
     pairing: Option<Arc<Pairing>>,
+    /// The schedules, for `/schedules` and `/schedule`.
+    schedules: Arc<Schedules>,
     /// The running agent turn of each conversation, for `/stop`: its inbox seq and token.
     running: Mutex<HashMap<String, (u64, CancellationToken)>>,
     /// `/stop` items (inbox seqs) that stopped a turn when they arrived; each is removed
@@ -291,6 +296,7 @@ impl TurnRunner {
                 memory_groups: settings.memory_groups,
                 skills: Arc::clone(&settings.skills),
                 pairing: settings.pairing.clone(),
+                schedules: Arc::clone(&settings.schedules),
                 turn_timeout: settings.turn_timeout,
                 running: Mutex::default(),
                 stops: Mutex::default(),
@@ -966,6 +972,9 @@ impl TurnRunner {
                     action,
                 )
                 .await
+            }
+            Command::Schedules(action) => {
+                commands::schedules::answer(&self.inner.schedules, &item.event, action).await
             }
             // `plan` answers `/plan` itself, since it writes the thread; were it ever routed
             // here, the user would learn how to use it rather than nothing.

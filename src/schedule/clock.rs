@@ -48,11 +48,6 @@ impl ManualClock {
     pub(crate) fn set(&self, now_ms: u64) {
         self.0.send_replace(now_ms);
     }
-
-    /// Moves the time forward by `ms`.
-    pub(crate) fn advance(&self, ms: u64) {
-        self.set(self.now_ms() + ms);
-    }
 }
 
 #[cfg(test)]
