@@ -169,3 +169,138 @@ async fn a_schedule_is_answered_on_time_once_and_caught_up_once_after_downtime()
     assert_eq!(sent.len(), 5, "{sent:?}");
     app.stop().await;
 }
+
+const ADMIN_TOKEN: &str = "admin-token-0123456789";
+const USER_TOKEN: &str = "user-token-0123456789a";
+
+/// Posts `text` on `conversation` with `token` and waits for the reply: (reply, thread id).
+async fn ask(base: &str, token: &str, conversation: &str, text: &str) -> (String, String) {
+    let answer: Value = reqwest::Client::new()
+        .post(format!("{base}/api/v1/messages"))
+        .bearer_auth(token)
+        .json(&serde_json::json!({"conversation": conversation, "text": text, "wait": true}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    (
+        answer["reply"].as_str().unwrap_or_default().to_owned(),
+        answer["thread_id"].as_str().unwrap_or_default().to_owned(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admins_add_list_and_remove_schedules_in_chat_and_they_fire_there() {
+    let model = MockModel::start(Behaviour::Echo).await;
+    let dir = tempfile::tempdir().unwrap();
+    let text = format!(
+        r#"
+[store]
+path = {store:?}
+[model]
+base_url = "{model}"
+model = "{name}"
+[agent]
+timezone = "Europe/Berlin"
+[agent.middleware.title]
+use_model = false
+[memory]
+enabled = false
+[channels.api]
+token = "{ADMIN_TOKEN}"
+[[channels.api.tokens]]
+token = "{USER_TOKEN}"
+user = "ana"
+"#,
+        store = dir.path().join("store").display().to_string(),
+        model = model.base_url(),
+        name = antler_testkit::mock_model::MODEL_NAME,
+    );
+    let config = Config::from_toml_str(&text, &|_| None).unwrap();
+    let clock = ManualClock::new(utc("2026-12-04T08:05"));
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let (stop, stopped) = oneshot::channel::<()>();
+    let task = tokio::spawn(serve_with_clock(
+        config,
+        listener,
+        async move {
+            let _ = stopped.await;
+        },
+        Arc::new(clock.clone()),
+    ));
+    let app = App { stop, task };
+
+    let (refused, _) = ask(&base, USER_TOKEN, "ops", r#"/schedule add x "every 1h" hi"#).await;
+    assert_eq!(refused, "Only admins can add or remove schedules.");
+    let (added, thread) = ask(
+        &base,
+        ADMIN_TOKEN,
+        "ops",
+        r#"/schedule add ticks "every 15m" status please"#,
+    )
+    .await;
+    assert_eq!(
+        added,
+        "Schedule ticks added: every 15m; next run 2026-12-04 08:15 UTC."
+    );
+    let (bad, _) = ask(
+        &base,
+        ADMIN_TOKEN,
+        "ops",
+        r#"/schedule add daily "0 9 * *" hi"#,
+    )
+    .await;
+    assert!(
+        bad.starts_with("Not added: the time must have five fields"),
+        "{bad}"
+    );
+    let (berlin, _) = ask(
+        &base,
+        ADMIN_TOKEN,
+        "ops",
+        r#"/schedule add daily "0 9 * * *" hi"#,
+    )
+    .await;
+    assert!(
+        berlin.contains("0 9 \\* \\* \\* (Europe/Berlin); next run 2026-12-05 09:00 CET"),
+        "{berlin}"
+    );
+    let (listed, _) = ask(&base, ADMIN_TOKEN, "ops", "/schedules").await;
+    assert!(
+        listed.contains("• ticks — every 15m — next run 2026-12-04 08:15 UTC"),
+        "{listed}"
+    );
+    let (elsewhere, _) = ask(&base, USER_TOKEN, "ops", "/schedules").await;
+    assert!(
+        elsewhere.starts_with("No schedules here."),
+        "ana's `ops` is hers: {elsewhere}"
+    );
+
+    // It fires into the conversation it was made in, answered there.
+    clock.set(utc("2026-12-04T08:15"));
+    let http = reqwest::Client::new();
+    wait_until("the scheduled turn's answer in the thread", || async {
+        let view: Value = http
+            .get(format!("{base}/api/v1/threads/{thread}"))
+            .bearer_auth(ADMIN_TOKEN)
+            .send()
+            .await
+            .ok()?
+            .json()
+            .await
+            .ok()?;
+        view.to_string()
+            .contains("echo: status please")
+            .then_some(())
+    })
+    .await;
+
+    let (removed, _) = ask(&base, ADMIN_TOKEN, "ops", "/schedule remove ticks").await;
+    assert_eq!(removed, "Schedule ticks removed.");
+    let (again, _) = ask(&base, ADMIN_TOKEN, "ops", "/schedule remove ticks").await;
+    assert_eq!(again, "there is no schedule named ticks.");
+    app.stop().await;
+}

@@ -134,7 +134,7 @@ pub(crate) trait Enqueue: Send + Sync {
 pub(crate) enum AddError {
     #[error("{0}")]
     Invalid(String),
-    #[error("a schedule named `{0}` exists already")]
+    #[error("a schedule named {0} exists already")]
     Exists(String),
     #[error("there are {MAX_CHAT_SCHEDULES} schedules already; remove one first")]
     Full,
@@ -145,9 +145,9 @@ pub(crate) enum AddError {
 /// Why `/schedule remove` did not remove.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum RemoveError {
-    #[error("`{0}` is set in the config file; it cannot be removed from chat")]
+    #[error("{0} is set in the config file; it cannot be removed from chat")]
     InConfig(String),
-    #[error("there is no schedule named `{0}`")]
+    #[error("there is no schedule named {0}")]
     Unknown(String),
     #[error(transparent)]
     Store(#[from] StoreError),
