@@ -95,28 +95,18 @@ impl When {
                 let latest = until_ms / period_ms * period_ms;
                 (latest > after_ms).then_some(latest)
             }
-            Self::Cron { .. } => {
-                let mut latest = None;
-                let mut at = after_ms;
-                // Bounded: a firing a minute for a long downtime is many steps, and only the
-                // last is wanted; past the bound the latest found so far is good enough.
-                for _ in 0..MAX_CATCH_UP_STEPS {
-                    match self.next_after(at) {
-                        Some(next) if next <= until_ms => {
-                            latest = Some(next);
-                            at = next;
-                        }
-                        _ => break,
-                    }
-                }
-                latest
+            Self::Cron { cron, zone } => {
+                let until = i64::try_from(until_ms).ok()?;
+                let until = Timestamp::from_millisecond(until)
+                    .ok()?
+                    .to_zoned(zone.clone());
+                let latest = cron.find_previous_occurrence(&until, true).ok()?;
+                let latest = u64::try_from(latest.timestamp().as_millisecond()).ok()?;
+                (latest > after_ms).then_some(latest)
             }
         }
     }
 }
-
-/// How many firings a catch-up steps through looking for the latest missed one.
-const MAX_CATCH_UP_STEPS: usize = 100_000;
 
 /// A schedule name: `^[a-z0-9-]{1,40}$`.
 pub(crate) fn check_name(name: &str) -> Result<(), String> {

@@ -77,6 +77,27 @@ fn daylight_saving_changes_neither_skip_nor_double_a_firing() {
 }
 
 #[test]
+fn a_catch_up_after_a_long_downtime_is_the_latest_missed_firing() {
+    let when = When::cron("* * * * *", "Europe/Berlin").unwrap();
+    let until = at("2026-12-04T10:07", "UTC") + 30_000;
+    assert_eq!(
+        when.latest_in(at("2025-01-01T00:00", "UTC"), until),
+        Some(at("2026-12-04T10:07", "UTC")),
+        "found at once, not by stepping through two years of minutes"
+    );
+    assert_eq!(when.latest_in(until, until + 10_000), None);
+    let daily = When::cron("30 2 * * *", "Europe/Berlin").unwrap();
+    assert_eq!(
+        daily.latest_in(
+            at("2026-03-01T00:00", "UTC"),
+            at("2026-03-29T12:00", "Europe/Berlin")
+        ),
+        Some(at("2026-03-29T03:00", "Europe/Berlin")),
+        "the gap's firing, as the forward search has it"
+    );
+}
+
+#[test]
 fn every_fires_at_multiples_of_its_period() {
     let when = When::parse("every 15m", "UTC").unwrap();
     let start = at("2026-12-04T10:07", "UTC");
