@@ -65,6 +65,7 @@ use crate::live::Live;
 use crate::memory::queue::{MemoryWorker, WorkerSettings};
 use crate::retry::{Backoff, RetryPolicy};
 use crate::sandbox::{self, Backend, Detection, Sandbox};
+use crate::schedule::{Clock, Schedule, Schedules, SystemClock};
 use crate::store::{
     Claimed, InboxItem, OutboxItem, SledStore, Store, StoreDocuments, StoreError, StoreRegistry,
     StoreSkillSwitches,
@@ -102,6 +103,9 @@ pub enum AppError {
     /// A platform channel could not be set up.
     #[error("{0}")]
     Channel(String),
+    /// A config schedule could not be read.
+    #[error("{0}")]
+    Schedule(String),
 }
 
 impl From<StoreError> for AppError {
@@ -674,7 +678,15 @@ pub async fn serve_reloading<F>(
 where
     F: Future<Output = ()> + Send + 'static,
 {
-    run_app(config, listener, shutdown, Vec::new(), Some(reloads)).await
+    run_app(
+        config,
+        listener,
+        shutdown,
+        Vec::new(),
+        Some(reloads),
+        Arc::new(SystemClock),
+    )
+    .await
 }
 
 /// [`serve`] with more tools in the registry (the tests' slow and inspecting tools).
@@ -687,7 +699,29 @@ pub(crate) async fn serve_with_tools<F>(
 where
     F: Future<Output = ()> + Send + 'static,
 {
-    run_app(config, listener, shutdown, extra_tools, None).await
+    run_app(
+        config,
+        listener,
+        shutdown,
+        extra_tools,
+        None,
+        Arc::new(SystemClock),
+    )
+    .await
+}
+
+/// [`serve`] with the scheduler reading `clock` (the tests' clock that moves when told).
+#[cfg(test)]
+pub(crate) async fn serve_with_clock<F>(
+    config: Config,
+    listener: TcpListener,
+    shutdown: F,
+    clock: Arc<dyn Clock>,
+) -> Result<(), AppError>
+where
+    F: Future<Output = ()> + Send + 'static,
+{
+    run_app(config, listener, shutdown, Vec::new(), None, clock).await
 }
 
 /// What a configuration reload changes in the running antler.
@@ -734,6 +768,7 @@ async fn run_app<F>(
     shutdown: F,
     extra_tools: Vec<Arc<dyn Tool>>,
     reloads: Option<tokio::sync::mpsc::Receiver<Config>>,
+    clock: Arc<dyn Clock>,
 ) -> Result<(), AppError>
 where
     F: Future<Output = ()> + Send + 'static,
@@ -856,12 +891,18 @@ where
     if paired > 0 {
         tracing::info!(users = paired, "users approved through pairing may talk");
     }
+    let schedules = Arc::new(Schedules::new(
+        config_schedules(&config)?,
+        Arc::clone(&store),
+        clock,
+        config.agent.timezone.clone(),
+    ));
     let runner = TurnRunner::new(
         Arc::clone(&store),
         runtime,
         hub.clone(),
         delivery,
-        &turn_settings(&config, &skills, &pairing, commands),
+        &turn_settings(&config, &skills, &pairing, commands, &schedules),
         turn_cancel.clone(),
     );
     let ingress = Ingress::new(
@@ -881,6 +922,12 @@ where
     );
 
     ingress.recover(inbox);
+    // After the recovered items: a firing enqueued again after a crash is found a duplicate.
+    let scheduler = tokio::spawn(crate::schedule::run(
+        schedules,
+        Arc::new(ingress.clone()),
+        intake_stop.clone(),
+    ));
     let poller = platforms.telegram_polling.map(|channel| {
         tokio::spawn(crate::intake::poll_telegram(
             channel,
@@ -964,6 +1011,7 @@ where
     }
     let intake_tasks = [
         Some(sweeper),
+        Some(scheduler),
         poller,
         discord_gateway,
         slack_socket,
@@ -1102,14 +1150,29 @@ fn operator_commands(config: &Config) -> crate::opcommands::OperatorCommands {
     )
 }
 
+/// The config's `[[schedules]]`, read (validation checked them already).
+fn config_schedules(config: &Config) -> Result<Vec<Schedule>, AppError> {
+    config
+        .schedules
+        .iter()
+        .map(|entry| {
+            entry
+                .schedule(&config.agent.timezone)
+                .map_err(|e| AppError::Schedule(format!("schedules `{}`: {e}", entry.name)))
+        })
+        .collect()
+}
+
 fn turn_settings(
     config: &Config,
     skills: &Arc<Live<Catalogue>>,
     pairing: &Arc<Pairing>,
     commands: crate::opcommands::OperatorCommands,
+    schedules: &Arc<Schedules>,
 ) -> TurnSettings {
     TurnSettings {
         commands,
+        schedules: Arc::clone(schedules),
         pairing: Some(Arc::clone(pairing)),
         skills: Arc::clone(skills),
         max_attempts: config.agent.max_turn_attempts,
@@ -1269,6 +1332,8 @@ mod shutdown;
 
 use shutdown::{Shutdown, Stops};
 
+#[cfg(test)]
+mod schedule_tests;
 #[cfg(test)]
 mod tool_tests;
 

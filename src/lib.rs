@@ -10,6 +10,7 @@
 //! - `delivery`: the outbox and a delivery worker per channel.
 //! - `agent`: the runtime (model client, tools, middleware chain), free of HTTP and platforms.
 //! - `memory`: long-term memory documents and their update queue.
+//! - `schedule`: prompts sent to a conversation on a timetable, through the inbox.
 //! - `store`: the `Store` trait and its sled implementation.
 //! - `sandbox`: how shell commands are confined; [`main_if_launcher`] is its launcher process.
 //! - `beneath`: files opened beneath a folder handle, links refused.
@@ -46,6 +47,7 @@ pub(crate) mod opcommands;
 pub mod pairing;
 pub(crate) mod retry;
 pub(crate) mod sandbox;
+pub(crate) mod schedule;
 pub(crate) mod secret;
 pub mod setup;
 pub(crate) mod store;

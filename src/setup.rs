@@ -132,9 +132,9 @@ pub const DISCORD_INTERACTIONS_PATH: &str = "/webhooks/discord/interactions";
 pub const DISCORD_MESSAGE_COMMAND: &str = "Ask antler";
 
 /// The application commands antler answers: `/ask prompt:…`, each chat command of the menu
-/// (`/plan`, `/memory` and `/skills` with their optional words as `args`), each operator
-/// command of `config` (one string option per argument, in order), and the "Ask antler"
-/// message command.
+/// (`/plan`, `/memory`, `/skills` and `/schedule` with their optional words as `args`), each
+/// operator command of `config` (one string option per argument, in order), and the "Ask
+/// antler" message command.
 pub fn discord_commands(config: &Config) -> Vec<CommandSpec> {
     let option = |name: &str, description: &str, required: bool| OptionSpec {
         name: name.to_owned(),
@@ -158,6 +158,11 @@ pub fn discord_commands(config: &Config) -> Vec<CommandSpec> {
             "skills" => vec![option(
                 "args",
                 "enable <name>, disable <name> (admins)",
+                false,
+            )],
+            "schedule" => vec![option(
+                "args",
+                "add <name> \"<cron or every 15m>\" <prompt>, remove <name> (admins)",
                 false,
             )],
             _ => Vec::new(),
@@ -630,7 +635,16 @@ mod tests {
         assert_eq!(
             names,
             [
-                "help", "new", "status", "stop", "plan", "memory", "tasks", "skills"
+                "help",
+                "new",
+                "status",
+                "stop",
+                "plan",
+                "memory",
+                "tasks",
+                "skills",
+                "schedules",
+                "schedule"
             ]
         );
         let with_commands = config(

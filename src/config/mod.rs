@@ -16,6 +16,7 @@
 mod commands;
 mod env;
 mod locate;
+mod schedules;
 pub(crate) mod settings;
 mod validate;
 pub(crate) use crate::secret::mask_url;
@@ -58,6 +59,7 @@ use crate::secret;
 pub use crate::secret::Secret;
 
 pub use locate::{CONFIG_VAR, ConfigNotFound, ENV_FILE, EnvFileError, SEARCH_PATHS, locate};
+pub(crate) use schedules::ScheduleConfig;
 
 /// The config file `antler init` writes, and the first place commands look for one.
 pub const DEFAULT_PATH: &str = "config/antler.toml";
@@ -92,6 +94,8 @@ pub struct Config {
     pub(crate) skills: SkillsConfig,
     /// `[[commands]]`: operator commands, run as `/name` in chat and `cmd_<name>` as tools.
     pub(crate) commands: Vec<crate::opcommands::CommandConfig>,
+    /// `[[schedules]]`: prompts sent to a conversation on a timetable.
+    pub(crate) schedules: Vec<ScheduleConfig>,
 }
 
 /// The sections (`[server]`, `[channels.telegram]`…) in which `new` differs from `running` in
@@ -125,6 +129,7 @@ pub(crate) fn needs_restart(running: &Config, new: &Config) -> Vec<&'static str>
     // The skill folders are read again; only switching skills on or off needs a restart.
     check("skills", running.skills.enabled == new.skills.enabled);
     check("commands", running.commands == new.commands);
+    check("schedules", running.schedules == new.schedules);
     // Who may talk aside, each channel must be as it runs.
     let mut channels = new.channels.clone();
     let (old, now) = (&running.channels, &mut channels);

@@ -270,6 +270,15 @@ pub(crate) const SETTINGS: &[Setting] = &[
     unset("mcp.servers[].bearer_token", "none", "Streamable HTTP: sent as `Authorization: Bearer <token>`."),
     value("mcp.servers[].headers", "{}", "Streamable HTTP: headers sent with every request."),
     value("mcp.servers[].enabled", "true", "Whether the server is started."),
+    // [[schedules]]
+    tables("schedules", "Prompts sent to a conversation on a timetable; each firing is answered there like a message."),
+    required("schedules[].name", "The schedule's name: 1 to 40 lowercase letters, digits or `-`; unique."),
+    unset("schedules[].cron", "not a cron schedule (give cron or every)", "When it fires: a five-field cron expression (`0 9 * * 1-5`)."),
+    unset("schedules[].every", "not an interval schedule (give cron or every)", "When it fires: a period such as `15m` or `2h` (at least a minute), at its multiples since the epoch."),
+    unset("schedules[].timezone", "`agent.timezone`", "The IANA time zone `cron` is read in."),
+    required("schedules[].conversation", "Where the prompt goes and the answer appears: a conversation key on an enabled channel (`slack:T0ACME:C0OPS`)."),
+    required("schedules[].prompt", "What is sent to the assistant at each firing."),
+    value("schedules[].missed", r#""once""#, "Firings missed while antler was down: `once` (run one catch-up) or `skip`."),
     // [memory]
     value("memory.enabled", "true", "Whether antler learns and injects long-term memory at all."),
     value("memory.debounce_seconds", "30", "Seconds a queued conversation waits before the updater reads it."),

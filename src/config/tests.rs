@@ -2308,3 +2308,73 @@ fn an_id_list_is_a_toml_list_or_one_string_of_comma_separated_ids() {
         "{wrong}"
     );
 }
+
+#[test]
+fn schedules_are_checked_naming_the_key_and_read_in_their_zone() {
+    let config = parse(
+        r#"
+        [agent]
+        timezone = "Europe/Berlin"
+        [[schedules]]
+        name = "morning-errors"
+        cron = "0 9 * * 1-5"
+        conversation = "api:ops"
+        prompt = "Summarise the errors"
+        [[schedules]]
+        name = "queue"
+        every = "15m"
+        timezone = "UTC"
+        conversation = "api:ops"
+        prompt = "Queue depth?"
+        missed = "skip"
+        "#,
+    )
+    .unwrap();
+    let morning = config.schedules[0]
+        .schedule(&config.agent.timezone)
+        .unwrap();
+    assert_eq!(morning.when_text, "0 9 * * 1-5 (Europe/Berlin)");
+    assert_eq!(morning.missed, crate::schedule::Missed::Once);
+    let queue = config.schedules[1]
+        .schedule(&config.agent.timezone)
+        .unwrap();
+    assert_eq!(queue.when_text, "every 15m");
+    assert_eq!(queue.missed, crate::schedule::Missed::Skip);
+
+    let found = issues(
+        r#"
+        [[schedules]]
+        name = "a"
+        cron = "0 9 * * *"
+        conversation = "telegram:42"
+        prompt = "hi"
+        [[schedules]]
+        name = "a"
+        conversation = "api:ops"
+        prompt = "hi"
+        [[schedules]]
+        name = "b"
+        every = "5s"
+        conversation = "api"
+        prompt = "hi"
+        "#,
+    );
+    assert_eq!(
+        found,
+        [
+            "schedules[0].conversation: is on `telegram`, which is not an enabled channel",
+            "schedules[1].name: is used by an earlier schedule",
+            "schedules[1].cron: set cron (`0 9 * * 1-5`) or every (`15m`)",
+            "schedules[2].every: must be at least a minute",
+            "schedules[2].conversation: must be a conversation key `<channel>:<chat>` such as \
+             `slack:T0ACME:C0OPS` or `telegram:-1001234567890`, at most 300 characters",
+        ]
+    );
+    let unknown = issues("[[schedules]]\nname = \"a\"\nwhen = \"daily\"\n");
+    assert!(
+        unknown
+            .iter()
+            .any(|issue| issue.starts_with("schedules[0].when")),
+        "{unknown:?}"
+    );
+}

@@ -47,6 +47,7 @@ pub(crate) fn validate(config: &Config) -> Vec<ConfigIssue> {
     for (key, problem) in super::commands::issues(&config.commands) {
         v.push(&key, problem);
     }
+    v.0.extend(super::schedules::validate(config));
     v.0
 }
 

@@ -22,6 +22,7 @@ pub(crate) mod attachments;
 pub(crate) mod commands;
 mod dispatcher;
 pub(crate) mod pairing;
+mod scheduled;
 mod turn;
 
 pub(crate) use dispatcher::{Dispatcher, RunTurn};

@@ -128,6 +128,12 @@ pub(crate) fn harness_with(max_attempts: u32, access: Access) -> Harness {
             skills: std::sync::Arc::default(),
             pairing: None,
             commands: crate::opcommands::OperatorCommands::default(),
+            schedules: std::sync::Arc::new(crate::schedule::Schedules::new(
+                Vec::new(),
+                store.clone(),
+                std::sync::Arc::new(crate::schedule::SystemClock),
+                "UTC".to_owned(),
+            )),
         },
         turn_cancel.clone(),
     );

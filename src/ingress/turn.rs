@@ -41,6 +41,7 @@ use crate::events::{EventHub, ThreadEvent, ToolState};
 use crate::live::Live;
 use crate::opcommands::OperatorCommands;
 use crate::retry::{Backoff, RetryPolicy};
+use crate::schedule::Schedules;
 use crate::store::{FinishTurn, InboxItem, InboxStatus, OutboxItem, Store, StoreError};
 
 /// The first wait before retrying a failed store operation; it doubles up to the cap.
@@ -115,6 +116,8 @@ pub(crate) struct TurnSettings {
     pub(crate) pairing: Option<Arc<Pairing>>,
     /// `[[commands]]`: operator commands, run as `/name`.
     pub(crate) commands: OperatorCommands,
+    /// The schedules, for `/schedules` and `/schedule`.
+    pub(crate) schedules: Arc<Schedules>,
 }
 
 #[derive(Debug)]
@@ -138,6 +141,8 @@ struct Inner {
     pairing: Option<Arc<Pairing>>,
     /// Operator commands, for `/name` and `/help`.
     commands: OperatorCommands,
+    /// The schedules, for `/schedules` and `/schedule`.
+    schedules: Arc<Schedules>,
     /// The running agent turn of each conversation, for `/stop`: its inbox seq and token.
     running: Mutex<HashMap<String, (u64, CancellationToken)>>,
     /// `/stop` items (inbox seqs) that stopped a turn when they arrived; each is removed
@@ -300,6 +305,7 @@ impl TurnRunner {
                 skills: Arc::clone(&settings.skills),
                 pairing: settings.pairing.clone(),
                 commands: settings.commands.clone(),
+                schedules: Arc::clone(&settings.schedules),
                 turn_timeout: settings.turn_timeout,
                 running: Mutex::default(),
                 stops: Mutex::default(),
@@ -980,6 +986,9 @@ impl TurnRunner {
                     action,
                 )
                 .await
+            }
+            Command::Schedules(action) => {
+                commands::schedules::answer(&self.inner.schedules, &item.event, action).await
             }
             // `plan` answers `/plan` itself, since it writes the thread; were it ever routed
             // here, the user would learn how to use it rather than nothing.

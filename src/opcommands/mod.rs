@@ -39,8 +39,20 @@ pub(crate) const TOOL_PREFIX: &str = "cmd_";
 /// (`ingress::commands` tests that every one is here) and Discord's `/ask`. A list rather than
 /// `COMMANDS` itself, which config validation cannot reach (it sits below the ingress).
 pub(crate) const BUILTIN_NAMES: &[&str] = &[
-    "help", "start", "new", "reset", "status", "stop", "cancel", "plan", "memory", "tasks",
-    "skills", "ask",
+    "help",
+    "start",
+    "new",
+    "reset",
+    "status",
+    "stop",
+    "cancel",
+    "plan",
+    "memory",
+    "tasks",
+    "skills",
+    "schedule",
+    "schedules",
+    "ask",
 ];
 
 /// The longest argument value accepted, in bytes.

@@ -15,6 +15,7 @@ use super::{
     Accept, Accepted, Claimed, ClearedMemory, FinishTurn, InboxItem, InboxStatus, InboxStore,
     OutboxStatus, PairedUser, PairingRequest, Store, StoreError, ThreadChoice,
 };
+use super::{AddedSchedule, ScheduleRecord};
 use crate::agent::memory::{MemoryDocument, MemoryUpdate};
 use crate::agent::message::{ChatMessage, TokenUsage};
 use crate::agent::subagents::{SubagentChange, SubagentRecord, SubagentStatus, Transition};
@@ -57,6 +58,7 @@ macro_rules! conformance {
             a_batch_is_accepted_in_order_and_sees_its_own_redeliveries,
             a_thread_read_while_turns_commit_is_consistent,
             skill_switches_are_kept_and_survive_reopening,
+            schedules_are_added_once_within_the_limit_and_removed_with_their_marks,
             pairing_requests_and_approved_users_are_kept_and_settled_together,
             a_turn_that_absorbed_album_parts_finishes_them_with_it,
             a_moved_conversation_goes_on_with_its_thread_and_remembers_the_old_chat);
@@ -352,6 +354,89 @@ pub(crate) async fn skill_switches_are_kept_and_survive_reopening(backend: &dyn 
             ("postmortem".to_owned(), false)
         ]
     );
+}
+
+pub(crate) async fn schedules_are_added_once_within_the_limit_and_removed_with_their_marks(
+    backend: &dyn Backend,
+) {
+    let schedule = |name: &str, prompt: &str| ScheduleRecord {
+        name: name.to_owned(),
+        when: "0 9 * * 1-5".to_owned(),
+        timezone: "Europe/Berlin".to_owned(),
+        conversation: "slack:T1:C2".to_owned(),
+        prompt: prompt.to_owned(),
+        created_by: "slack:U1".to_owned(),
+        created_at_ms: 1_000,
+    };
+    {
+        let store = backend.open();
+        assert!(store.schedules().await.unwrap().is_empty());
+        let morning = schedule("morning", "errors?");
+        assert_eq!(
+            store.add_schedule(&morning, 2).await.unwrap(),
+            AddedSchedule::Added
+        );
+        // The name is taken: the first one stays as it was.
+        assert_eq!(
+            store
+                .add_schedule(&schedule("morning", "other"), 2)
+                .await
+                .unwrap(),
+            AddedSchedule::Exists
+        );
+        assert_eq!(
+            store
+                .add_schedule(&schedule("evening", "wrap up"), 2)
+                .await
+                .unwrap(),
+            AddedSchedule::Added
+        );
+        assert_eq!(
+            store
+                .add_schedule(&schedule("night", "sleep"), 2)
+                .await
+                .unwrap(),
+            AddedSchedule::Full
+        );
+        store.set_schedule_mark("morning", 5_000).await.unwrap();
+        // A config schedule has a mark and no record.
+        store.set_schedule_mark("from-config", 7_000).await.unwrap();
+        store.set_schedule_mark("morning", 6_000).await.unwrap();
+    }
+    let store = backend.open();
+    let names: Vec<(String, String)> = store
+        .schedules()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|s| (s.name, s.prompt))
+        .collect();
+    assert_eq!(
+        names,
+        [
+            ("evening".to_owned(), "wrap up".to_owned()),
+            ("morning".to_owned(), "errors?".to_owned())
+        ]
+    );
+    let marks = store.schedule_marks().await.unwrap();
+    assert_eq!(marks.get("morning"), Some(&6_000));
+    assert_eq!(marks.get("from-config"), Some(&7_000));
+
+    assert!(store.remove_schedule("morning").await.unwrap());
+    assert!(!store.remove_schedule("morning").await.unwrap());
+    assert!(!store.remove_schedule("from-config").await.unwrap());
+    let marks = store.schedule_marks().await.unwrap();
+    assert_eq!(marks.get("morning"), None, "removed with its schedule");
+    assert_eq!(marks.get("from-config"), Some(&7_000));
+    // Room again, and a new schedule of the old name starts without the old mark.
+    assert_eq!(
+        store
+            .add_schedule(&schedule("morning", "again"), 2)
+            .await
+            .unwrap(),
+        AddedSchedule::Added
+    );
+    assert_eq!(store.schedule_marks().await.unwrap().get("morning"), None);
 }
 
 pub(crate) async fn pairing_requests_and_approved_users_are_kept_and_settled_together(

@@ -13,6 +13,7 @@ use super::{
     OutboxStore, PairedUser, PairingRequest, PairingStore, SkillStore, Store, StoreError,
     StoreStats, SubagentStore, ThreadStore,
 };
+use super::{AddedSchedule, ScheduleRecord, ScheduleStore};
 use crate::agent::memory::{MemoryDocument, MemoryUpdate};
 use crate::agent::subagents::{SubagentChange, SubagentRecord, Transition};
 use crate::agent::thread::ThreadState;
@@ -324,6 +325,29 @@ impl PairingStore for FaultyStore {
     }
     async fn paired_users(&self) -> Result<Vec<PairedUser>, StoreError> {
         self.inner.paired_users().await
+    }
+}
+
+#[async_trait::async_trait]
+impl ScheduleStore for FaultyStore {
+    async fn schedules(&self) -> Result<Vec<ScheduleRecord>, StoreError> {
+        self.inner.schedules().await
+    }
+    async fn add_schedule(
+        &self,
+        record: &ScheduleRecord,
+        limit: usize,
+    ) -> Result<AddedSchedule, StoreError> {
+        self.inner.add_schedule(record, limit).await
+    }
+    async fn remove_schedule(&self, name: &str) -> Result<bool, StoreError> {
+        self.inner.remove_schedule(name).await
+    }
+    async fn schedule_marks(&self) -> Result<BTreeMap<String, u64>, StoreError> {
+        self.inner.schedule_marks().await
+    }
+    async fn set_schedule_mark(&self, name: &str, fire_ms: u64) -> Result<(), StoreError> {
+        self.inner.set_schedule_mark(name, fire_ms).await
     }
 }
 

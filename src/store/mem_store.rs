@@ -16,6 +16,7 @@ use super::{
     MemoryStore, OutboxItem, OutboxStatus, OutboxStore, PairedUser, PairingRequest, PairingStore,
     SkillStore, StoreError, StoreStats, SubagentStore, ThreadStore, outbox_seq,
 };
+use super::{AddedSchedule, ScheduleRecord, ScheduleStore};
 use crate::agent::memory::{MemoryDocument, MemoryUpdate};
 use crate::agent::subagents::{SubagentChange, SubagentRecord, SubagentStatus, Transition};
 use crate::agent::thread::ThreadState;
@@ -44,6 +45,10 @@ struct Collections {
     pairing_requests: BTreeMap<(String, String), PairingRequest>,
     /// By (channel, user id).
     paired_users: BTreeMap<(String, String), PairedUser>,
+    /// Chat-made schedules by name.
+    schedules: BTreeMap<String, ScheduleRecord>,
+    /// Schedule name → the fire time enqueued last.
+    schedule_marks: BTreeMap<String, u64>,
 }
 
 /// The in-memory store.
@@ -577,6 +582,44 @@ impl SkillStore for MemStore {
     }
     async fn set_skill_switch(&self, name: &str, on: bool) -> Result<(), StoreError> {
         self.data()?.skills.insert(name.to_owned(), on);
+        Ok(())
+    }
+}
+
+#[async_trait::async_trait]
+impl ScheduleStore for MemStore {
+    async fn schedules(&self) -> Result<Vec<ScheduleRecord>, StoreError> {
+        Ok(self.data()?.schedules.values().cloned().collect())
+    }
+    async fn add_schedule(
+        &self,
+        record: &ScheduleRecord,
+        limit: usize,
+    ) -> Result<AddedSchedule, StoreError> {
+        let mut data = self.data()?;
+        if data.schedules.contains_key(&record.name) {
+            return Ok(AddedSchedule::Exists);
+        }
+        if data.schedules.len() >= limit {
+            return Ok(AddedSchedule::Full);
+        }
+        data.schedules.insert(record.name.clone(), record.clone());
+        data.schedule_marks.remove(&record.name);
+        Ok(AddedSchedule::Added)
+    }
+    async fn remove_schedule(&self, name: &str) -> Result<bool, StoreError> {
+        let mut data = self.data()?;
+        let found = data.schedules.remove(name).is_some();
+        if found {
+            data.schedule_marks.remove(name);
+        }
+        Ok(found)
+    }
+    async fn schedule_marks(&self) -> Result<BTreeMap<String, u64>, StoreError> {
+        Ok(self.data()?.schedule_marks.clone())
+    }
+    async fn set_schedule_mark(&self, name: &str, fire_ms: u64) -> Result<(), StoreError> {
+        self.data()?.schedule_marks.insert(name.to_owned(), fire_ms);
         Ok(())
     }
 }

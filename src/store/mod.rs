@@ -1,6 +1,6 @@
 //! Durable state behind one trait: conversations, threads, the inbox, the dedupe set, the
 //! outbox, memory documents, the memory update queue, the subagent registry, the skill
-//! switches and DM pairing (pending codes, approved users).
+//! switches, DM pairing (pending codes, approved users) and schedules.
 //!
 //! Each method that changes more than one collection is one transaction, so a crash leaves
 //! the state before or the state after, never half (docs/architecture.md, "Crash safety").
@@ -587,6 +587,52 @@ pub(crate) trait PairingStore: Send + Sync + std::fmt::Debug {
     async fn paired_users(&self) -> Result<Vec<PairedUser>, StoreError>;
 }
 
+/// A schedule made in chat (`/schedule add`): what to send, when and where. Config schedules
+/// are read at start and never stored.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct ScheduleRecord {
+    pub(crate) name: String,
+    /// When it fires, as written: a cron expression or `every 15m`.
+    pub(crate) when: String,
+    /// The IANA time zone a cron expression is read in.
+    pub(crate) timezone: String,
+    /// The conversation its firings go to.
+    pub(crate) conversation: String,
+    pub(crate) prompt: String,
+    /// Who made it (`<channel>:<user id>`).
+    pub(crate) created_by: String,
+    pub(crate) created_at_ms: u64,
+}
+
+/// What [`ScheduleStore::add_schedule`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AddedSchedule {
+    Added,
+    /// A schedule of that name is stored already; nothing changed.
+    Exists,
+    /// `limit` schedules are stored already; nothing changed.
+    Full,
+}
+
+/// Chat-made schedules, and how far each schedule's firings (config ones too) were enqueued.
+#[async_trait::async_trait]
+pub(crate) trait ScheduleStore: Send + Sync + std::fmt::Debug {
+    /// Every chat-made schedule, in name order.
+    async fn schedules(&self) -> Result<Vec<ScheduleRecord>, StoreError>;
+    /// Stores `record` unless its name is taken or `limit` schedules are stored. *Durable.*
+    async fn add_schedule(
+        &self,
+        record: &ScheduleRecord,
+        limit: usize,
+    ) -> Result<AddedSchedule, StoreError>;
+    /// Removes the chat-made schedule `name` and its mark; says whether there was one. *Durable.*
+    async fn remove_schedule(&self, name: &str) -> Result<bool, StoreError>;
+    /// Each schedule's mark: the fire time (ms) up to which its firings were enqueued.
+    async fn schedule_marks(&self) -> Result<BTreeMap<String, u64>, StoreError>;
+    /// Sets the mark of schedule `name`. *Durable.*
+    async fn set_schedule_mark(&self, name: &str, fire_ms: u64) -> Result<(), StoreError>;
+}
+
 /// The whole store, one value for the wiring; each consumer takes only the part it uses.
 pub(crate) trait Store:
     InboxStore
@@ -598,6 +644,7 @@ pub(crate) trait Store:
     + LeaseStore
     + SkillStore
     + PairingStore
+    + ScheduleStore
     + std::fmt::Debug
 {
 }
@@ -612,6 +659,7 @@ impl<T> Store for T where
         + LeaseStore
         + SkillStore
         + PairingStore
+        + ScheduleStore
         + std::fmt::Debug
 {
 }

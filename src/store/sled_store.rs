@@ -17,6 +17,8 @@
 //! | `subagent_calls` | (thread id, turn, call id) | task id |
 //! | `skills` | skill name | `{"on": bool}` |
 //! | `pairing_requests`, `paired_users` | (channel, user id) | [`PairingRequest`], [`PairedUser`] |
+//! | `schedules` | schedule name | [`ScheduleRecord`] |
+//! | `schedule_marks` | schedule name | fire time enqueued last (ms, big-endian u64) |
 
 mod migrate;
 #[cfg(test)]
@@ -42,6 +44,7 @@ use super::{
     PairedUser, PairingRequest, PairingStore, SCHEMA_VERSION, SkillStore, StoreError, StoreStats,
     SubagentStore, ThreadStore, keys, outbox_seq,
 };
+use super::{AddedSchedule, ScheduleRecord, ScheduleStore};
 use super::{Claimed, Lease, LeaseStore};
 use crate::agent::memory::{MemoryDocument, MemoryUpdate};
 use crate::agent::message::ChatMessage;
@@ -86,6 +89,12 @@ pub(crate) struct SledStore {
     pairing_requests: sled::Tree,
     /// (channel, user id) → [`PairedUser`] (JSON).
     paired_users: sled::Tree,
+    /// Schedule name → [`ScheduleRecord`] (JSON): the chat-made schedules.
+    schedules: sled::Tree,
+    /// Schedule name → the fire time enqueued last.
+    schedule_marks: sled::Tree,
+    /// Held while a schedule is added: the count and the insert are one step.
+    adding_schedule: Arc<Mutex<()>>,
     commit: GroupCommit,
     /// `meta`: the schema version and the lease.
     meta: sled::Tree,
@@ -438,6 +447,9 @@ impl SledStore {
             skills: db.open_tree("skills")?,
             pairing_requests: db.open_tree("pairing_requests")?,
             paired_users: db.open_tree("paired_users")?,
+            schedules: db.open_tree("schedules")?,
+            schedule_marks: db.open_tree("schedule_marks")?,
+            adding_schedule: Arc::default(),
             meta,
             db,
             commit,
@@ -1427,6 +1439,82 @@ impl SkillStore for SledStore {
             name.as_bytes(),
             encode("skill switch", &SkillSwitch { on })?,
         )?;
+        self.commit.flush().await
+    }
+}
+
+#[async_trait::async_trait]
+impl ScheduleStore for SledStore {
+    async fn schedules(&self) -> Result<Vec<ScheduleRecord>, StoreError> {
+        self.schedules
+            .iter()
+            .values()
+            .map(|value| decode("schedule", &value?))
+            .collect()
+    }
+    async fn add_schedule(
+        &self,
+        record: &ScheduleRecord,
+        limit: usize,
+    ) -> Result<AddedSchedule, StoreError> {
+        let value = encode("schedule", record)?;
+        let added = {
+            let _adding = self
+                .adding_schedule
+                .lock()
+                .map_err(|_| StoreError::backend("the schedule lock is poisoned"))?;
+            if self.schedules.contains_key(record.name.as_bytes())? {
+                AddedSchedule::Exists
+            } else if self.schedules.len() >= limit {
+                AddedSchedule::Full
+            } else {
+                (&self.schedules, &self.schedule_marks)
+                    .transaction(|(schedules, marks)| {
+                        schedules.insert(record.name.as_bytes(), value.as_slice())?;
+                        // A schedule of the same name removed earlier left no mark; this
+                        // one starts from its own creation.
+                        marks.remove(record.name.as_bytes())?;
+                        Ok(())
+                    })
+                    .map_err(from_tx)?;
+                AddedSchedule::Added
+            }
+        };
+        if added == AddedSchedule::Added {
+            self.commit.flush().await?;
+        }
+        Ok(added)
+    }
+    async fn remove_schedule(&self, name: &str) -> Result<bool, StoreError> {
+        let found = (&self.schedules, &self.schedule_marks)
+            .transaction(|(schedules, marks)| {
+                let found = schedules.remove(name.as_bytes())?.is_some();
+                if found {
+                    marks.remove(name.as_bytes())?;
+                }
+                Ok(found)
+            })
+            .map_err(from_tx)?;
+        self.commit.flush().await?;
+        Ok(found)
+    }
+    async fn schedule_marks(&self) -> Result<BTreeMap<String, u64>, StoreError> {
+        let mut marks = BTreeMap::new();
+        for item in self.schedule_marks.iter() {
+            let (key, value) = item?;
+            let fire_ms = <[u8; 8]>::try_from(value.as_ref())
+                .map(u64::from_be_bytes)
+                .map_err(|_| StoreError::Codec {
+                    what: "schedule mark",
+                    detail: format!("{} bytes", value.len()),
+                })?;
+            marks.insert(String::from_utf8_lossy(&key).into_owned(), fire_ms);
+        }
+        Ok(marks)
+    }
+    async fn set_schedule_mark(&self, name: &str, fire_ms: u64) -> Result<(), StoreError> {
+        self.schedule_marks
+            .insert(name.as_bytes(), &fire_ms.to_be_bytes())?;
         self.commit.flush().await
     }
 }

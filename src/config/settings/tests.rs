@@ -30,7 +30,7 @@ fn in_entry(key: &str) -> bool {
     key.contains("[]") || key.contains("<name>")
 }
 
-/// The top-level tables the declaration has (`server`, `store`, ...).
+/// The top-level tables the declaration has (`server`, `store`, ..., `schedules`).
 fn sections() -> BTreeSet<&'static str> {
     SETTINGS
         .iter()
@@ -670,6 +670,25 @@ fn segment_matches(pattern: &str, concrete: &str) -> bool {
 
 /// Configurations that break most rules, each rule once at least.
 const BROKEN: &[&str] = &[
+    r#"
+    [[schedules]]
+    name = "Bad Name"
+    cron = "0 9 * *"
+    timezone = "Mars/Olympus"
+    conversation = "slack:T1:C1"
+    prompt = "/new"
+    [[schedules]]
+    name = "ok"
+    cron = "0 9 * * *"
+    every = "15m"
+    conversation = "nowhere"
+    prompt = ""
+    [[schedules]]
+    name = "ok"
+    every = "10s"
+    conversation = "api:ops"
+    prompt = "hi"
+    "#,
     r#"
     [server]
     listen = "0.0.0.0:8080"

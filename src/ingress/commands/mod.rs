@@ -1,5 +1,5 @@
 //! Chat commands, the same on every channel: `/help`, `/new`, `/status`, `/stop`, `/plan`,
-//! `/memory`, `/tasks`, `/skills`; one file each, with its name and description ([`CommandInfo`]), how
+//! `/memory`, `/tasks`, `/skills`, `/schedules` and `/schedule`; one file each, with its name and description ([`CommandInfo`]), how
 //! its words are read and its answer. `/help` and the platforms' command menus are made from
 //! [`COMMANDS`]; the turn runner gathers what an answer needs and calls the command's file.
 //!
@@ -10,6 +10,7 @@ pub(crate) mod help;
 pub(crate) mod memory;
 pub(crate) mod new;
 pub(crate) mod plan;
+pub(crate) mod schedules;
 pub(crate) mod skills;
 pub(crate) mod status;
 pub(crate) mod stop;
@@ -18,6 +19,7 @@ pub(crate) mod tasks;
 pub(crate) use help::help;
 pub(crate) use memory::MemoryAction;
 pub(crate) use plan::PlanSwitch;
+pub(crate) use schedules::ScheduleAction;
 pub(crate) use skills::SkillsAction;
 
 /// A recognised command.
@@ -36,6 +38,8 @@ pub(crate) enum Command {
     Tasks,
     /// The skills, and switching them (admins).
     Skills(SkillsAction),
+    /// The schedules, and adding or removing one (admins).
+    Schedules(ScheduleAction),
     /// Something that looks like a command but is not one of ours.
     Unknown(String),
 }
@@ -65,6 +69,8 @@ pub(crate) const COMMANDS: &[CommandInfo] = &[
     memory::INFO,
     tasks::INFO,
     skills::INFO,
+    schedules::LIST_INFO,
+    schedules::INFO,
 ];
 
 /// The text after `/new`, etc. is ignored; `None` for ordinary messages.
@@ -101,6 +107,11 @@ pub(crate) fn parse(text: &str) -> Option<Command> {
         "memory" => Command::Memory(memory::parse(&mut words)),
         "tasks" => Command::Tasks,
         "skills" => Command::Skills(skills::parse(&mut words)),
+        "schedules" => Command::Schedules(ScheduleAction::List),
+        // The time is quoted and the prompt keeps its spacing: the raw text, not words.
+        "schedule" => Command::Schedules(schedules::parse(
+            text.trim_start().get(first.len()..).unwrap_or_default(),
+        )),
         _ => Command::Unknown(name),
     })
 }
@@ -138,6 +149,8 @@ mod tests {
              /memory — what I remember about you (/memory forget <n>, /memory clear)\n\
              /tasks — the tasks this conversation delegated, with their status\n\
              /skills — the assistant's skills (admins: /skills enable <name>, /skills disable <name>)\n\
+             /schedules — the schedules of this conversation and their next run\n\
+             /schedule — admins: /schedule add <name> \"<cron or every 15m>\" <prompt>, /schedule remove <name>\n\
              Anything else is a message for the assistant."
         );
         for CommandInfo { name, menu, .. } in COMMANDS {
