@@ -89,6 +89,8 @@ pub struct Config {
     pub(crate) subagents: SubagentsConfig,
     /// `[skills]`: instructions the model reads when a task needs them.
     pub(crate) skills: SkillsConfig,
+    /// `[approvals]`: tool calls that wait for a person.
+    pub(crate) approvals: crate::agent::middleware::approval::ApprovalsConfig,
 }
 
 /// The sections (`[server]`, `[channels.telegram]`…) in which `new` differs from `running` in
@@ -110,6 +112,7 @@ pub(crate) fn needs_restart(running: &Config, new: &Config) -> Vec<&'static str>
     check("memory", running.memory == new.memory);
     check("subagents", running.subagents == new.subagents);
     check("skills", running.skills == new.skills);
+    check("approvals", running.approvals == new.approvals);
     // Who may talk aside, each channel must be as it runs.
     let mut channels = new.channels.clone();
     let (old, now) = (&running.channels, &mut channels);
@@ -1130,6 +1133,11 @@ impl Config {
         if self.skills.enabled {
             let at = position_of_middleware(&names, "skills");
             names.insert(at, "skills");
+        }
+        // And `approval`, by `[approvals]`, when a tool needs one.
+        if !self.approvals.tools.is_empty() {
+            let at = position_of_middleware(&names, "approval");
+            names.insert(at, "approval");
         }
         names
     }

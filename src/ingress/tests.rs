@@ -127,6 +127,10 @@ pub(crate) fn harness_with(max_attempts: u32, access: Access) -> Harness {
             memory_groups: crate::agent::memory::sharing::GroupPolicy::default(),
             skills: std::sync::Arc::default(),
             pairing: None,
+            approvals: crate::ingress::approvals::Approvals::new(
+                store.clone(),
+                crate::agent::middleware::approval::ApprovalsConfig::default(),
+            ),
         },
         turn_cancel.clone(),
     );

@@ -17,7 +17,9 @@
 //! | `subagent_calls` | (thread id, turn, call id) | task id |
 //! | `skills` | skill name | `{"on": bool}` |
 //! | `pairing_requests`, `paired_users` | (channel, user id) | [`PairingRequest`], [`PairedUser`] |
+//! | `approvals`, `approval_calls`, `approvals_open` | see `approvals` | approval records |
 
+mod approvals;
 mod migrate;
 #[cfg(test)]
 mod schema2;
