@@ -579,7 +579,17 @@ mod tests {
         assert_eq!(
             names,
             [
-                "help", "new", "status", "stop", "plan", "memory", "tasks", "skills"
+                "help",
+                "new",
+                "status",
+                "stop",
+                "plan",
+                "memory",
+                "tasks",
+                "skills",
+                "approvals",
+                "approve",
+                "deny"
             ]
         );
     }

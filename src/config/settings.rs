@@ -285,7 +285,7 @@ pub(crate) const SETTINGS: &[Setting] = &[
     // [approvals]
     value("approvals.tools", "[]", "Tool names (`*` matches any run of characters) whose calls wait for a person's `/approve`."),
     value("approvals.approvers", "\"admins\"", "Who may decide: `\"admins\"` (the channel's admins) or a list of `<channel>:<user id>`."),
-    value("approvals.timeout_secs", "900", "Unanswered this long (10 to 604800 seconds), a call is denied as expired."),
+    value("approvals.timeout_secs", "900", "Unanswered this long (1 to 604800 seconds), a call is denied as expired."),
     value("approvals.self_approval", "true", "Whether the person whose message led to the call may approve it."),
     // [skills]
     value("skills.enabled", "true", "Whether skills are listed to the model and readable at `/mnt/skills`."),

@@ -89,11 +89,11 @@ fn approvals(config: &Config, v: &mut Issues) {
             }
         }
     }
-    if !(10..=604_800).contains(&approvals.timeout_secs) {
+    if !(1..=604_800).contains(&approvals.timeout_secs) {
         v.push(
             key!("approvals.timeout_secs"),
             format!(
-                "must be between 10 and 604800 (got {})",
+                "must be between 1 and 604800 (got {})",
                 approvals.timeout_secs
             ),
         );

@@ -20,7 +20,7 @@ use super::AppState;
 use super::api::read_body;
 use super::error::ApiError;
 use super::extract::{Admin, AdminApi, ApiPath};
-use crate::agent::middleware::approval::ApprovalRecord;
+use crate::agent::approvals::ApprovalRecord;
 use crate::ingress::approvals::{DecideError, Decider};
 use crate::store::Decided;
 

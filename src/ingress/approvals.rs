@@ -21,9 +21,9 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use super::WeakIngress;
+use crate::agent::approvals::{ApprovalLedger, ApprovalRecord, ApprovalState, Opened};
 use crate::agent::middleware::approval::{
-    ApprovalLedger, ApprovalRecord, ApprovalState, ApprovalsConfig, MAX_PENDING_PER_CONVERSATION,
-    MAX_REASON_CHARS, Opened, bounded,
+    ApprovalsConfig, MAX_PENDING_PER_CONVERSATION, MAX_REASON_CHARS, bounded,
 };
 use crate::store::{ApprovalDecision, Decided, Store, StoreError};
 
@@ -94,11 +94,11 @@ impl ApprovalLedger for Ledger {
     async fn for_call(
         &self,
         thread_id: &str,
-        call_id: &str,
+        call_key: &str,
     ) -> Result<Option<ApprovalRecord>, String> {
         self.0
             .store
-            .approval_for_call(thread_id, call_id)
+            .approval_for_call(thread_id, call_key)
             .await
             .map_err(|e| e.to_string())
     }
@@ -270,6 +270,13 @@ impl Approvals {
         };
         let mut next: Option<u64> = None;
         for record in open {
+            if record.state == ApprovalState::Withdrawn {
+                // Its call was answered by the turn that withdrew it: nothing to resume.
+                if let Err(e) = self.store.approval_queued(&record.id).await {
+                    tracing::warn!(approval = %record.id, error = %e, "cannot close a withdrawn approval");
+                }
+                continue;
+            }
             if record.state != ApprovalState::Pending {
                 if !self.queue_resume(&record).await {
                     earliest(&mut next, now_ms.saturating_add(RETRY_MS));

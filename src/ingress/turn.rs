@@ -25,13 +25,13 @@ use super::attachments;
 use super::commands::{self, Command, PlanSwitch};
 use super::dispatcher::Dispatcher;
 use super::pairing::Pairing;
+use crate::agent::approvals::{ApprovalRecord, ApprovalState};
 use crate::agent::input::{Attachment, Author, ChannelFlags, Role, RunInput};
 use crate::agent::memory::MemoryUpdate;
 use crate::agent::memory::identity::MemoryIdentities;
 use crate::agent::memory::sharing::GroupPolicy;
 use crate::agent::message::ChatMessage;
 use crate::agent::middleware::RunEnding;
-use crate::agent::middleware::approval::{ApprovalRecord, ApprovalState};
 use crate::agent::middleware::todo::TodoConfig;
 use crate::agent::runtime::{CheckpointError, RunLimits, RunObserver, Runtime, ToolProgress};
 use crate::agent::skills::Catalogue;
@@ -735,8 +735,9 @@ impl TurnRunner {
     /// model sees a whole exchange and a late decision cannot run it behind the user's back.
     async fn withdraw_held_calls(&self, thread: &mut ThreadState) {
         let store = &self.inner.store;
-        for call_id in held_calls(&thread.messages) {
-            let record = match store.approval_for_call(&thread.id, &call_id).await {
+        for (message, call_id) in held_calls(&thread.messages) {
+            let key = crate::agent::approvals::call_key(message, &call_id);
+            let record = match store.approval_for_call(&thread.id, &key).await {
                 Ok(Some(record)) => record,
                 // Not an approval's (a crash left it): the dangling-call repair answers it.
                 Ok(None) => continue,
@@ -800,7 +801,9 @@ impl TurnRunner {
         let opening = approval.as_ref().map(commands::approvals::outcome);
         if let Some(record) = &approval {
             let rerun = thread.running.is_some_and(|r| r.inbox_seq == item.seq);
-            if !rerun && !held_calls(&thread.messages).contains(&record.call_id) {
+            if !rerun
+                && !held_calls(&thread.messages).contains(&(record.message, record.call_id.clone()))
+            {
                 return TurnResult {
                     thread: None,
                     text: join_text(
@@ -1174,9 +1177,9 @@ fn join_text(a: &str, b: &str) -> String {
     }
 }
 
-/// The ids of the last round's tool calls that have no result yet (held for an approval, or
-/// left by a crash).
-fn held_calls(messages: &[ChatMessage]) -> Vec<String> {
+/// The last round's tool calls that have no result yet (held for an approval, or left by a
+/// crash): the index of the message holding them, and each id.
+fn held_calls(messages: &[ChatMessage]) -> Vec<(usize, String)> {
     let Some(position) = messages
         .iter()
         .rposition(|m| matches!(m, ChatMessage::Assistant { .. } | ChatMessage::User { .. }))
@@ -1198,7 +1201,7 @@ fn held_calls(messages: &[ChatMessage]) -> Vec<String> {
     tool_calls
         .iter()
         .filter(|call| !answered.contains(&call.id.as_str()))
-        .map(|call| call.id.clone())
+        .map(|call| (position, call.id.clone()))
         .collect()
 }
 

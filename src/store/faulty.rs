@@ -331,27 +331,27 @@ impl PairingStore for FaultyStore {
 impl crate::store::ApprovalStore for FaultyStore {
     async fn open_approval(
         &self,
-        record: &crate::agent::middleware::approval::ApprovalRecord,
+        record: &crate::agent::approvals::ApprovalRecord,
         max_pending: usize,
-    ) -> Result<crate::agent::middleware::approval::Opened, StoreError> {
+    ) -> Result<crate::agent::approvals::Opened, StoreError> {
         self.inner.open_approval(record, max_pending).await
     }
     async fn approval(
         &self,
         id: &str,
-    ) -> Result<Option<crate::agent::middleware::approval::ApprovalRecord>, StoreError> {
+    ) -> Result<Option<crate::agent::approvals::ApprovalRecord>, StoreError> {
         self.inner.approval(id).await
     }
     async fn approval_for_call(
         &self,
         thread_id: &str,
         call_id: &str,
-    ) -> Result<Option<crate::agent::middleware::approval::ApprovalRecord>, StoreError> {
+    ) -> Result<Option<crate::agent::approvals::ApprovalRecord>, StoreError> {
         self.inner.approval_for_call(thread_id, call_id).await
     }
     async fn open_approvals(
         &self,
-    ) -> Result<Vec<crate::agent::middleware::approval::ApprovalRecord>, StoreError> {
+    ) -> Result<Vec<crate::agent::approvals::ApprovalRecord>, StoreError> {
         self.inner.open_approvals().await
     }
     async fn decide_approval(

@@ -17,8 +17,8 @@ use super::{
     SkillStore, StoreError, StoreStats, SubagentStore, ThreadStore, outbox_seq,
 };
 use super::{ApprovalDecision, ApprovalStore, Decided};
+use crate::agent::approvals::{ApprovalRecord, ApprovalState, Opened};
 use crate::agent::memory::{MemoryDocument, MemoryUpdate};
-use crate::agent::middleware::approval::{ApprovalRecord, ApprovalState, Opened};
 use crate::agent::subagents::{SubagentChange, SubagentRecord, SubagentStatus, Transition};
 use crate::agent::thread::ThreadState;
 
@@ -48,7 +48,7 @@ struct Collections {
     paired_users: BTreeMap<(String, String), PairedUser>,
     /// By id.
     approvals: BTreeMap<String, ApprovalRecord>,
-    /// (thread id, call id) → approval id.
+    /// (thread id, call key) → approval id.
     approval_calls: BTreeMap<(String, String), String>,
 }
 
@@ -632,7 +632,7 @@ impl ApprovalStore for MemStore {
         max_pending: usize,
     ) -> Result<Opened, StoreError> {
         let mut data = self.data()?;
-        let call = (record.thread_id.clone(), record.call_id.clone());
+        let call = (record.thread_id.clone(), record.call_key());
         if let Some(id) = data.approval_calls.get(&call) {
             let existing = data
                 .approvals

@@ -34,8 +34,8 @@ use std::sync::Arc;
 use antler_channel::{ChatMove, InboundEvent, OutboundMessage, Receipt};
 use serde::{Deserialize, Serialize};
 
+use crate::agent::approvals::{ApprovalRecord, ApprovalState, Opened};
 use crate::agent::memory::{MemoryDocument, MemoryDocuments, MemoryUpdate};
-use crate::agent::middleware::approval::{ApprovalRecord, ApprovalState, Opened};
 use crate::agent::skills::SkillSwitches;
 use crate::agent::subagents::{
     RegistryError, SubagentChange, SubagentRecord, SubagentRegistry, Transition,
@@ -608,7 +608,7 @@ pub(crate) enum Decided {
 /// Tool calls waiting for a person (`[approvals]`), each decided once.
 #[async_trait::async_trait]
 pub(crate) trait ApprovalStore: Send + Sync + std::fmt::Debug {
-    /// Stores a pending approval unless its (thread, call) has one, or its conversation holds
+    /// Stores a pending approval unless its (thread, call key) has one, or its conversation holds
     /// `max_pending` pending ones already. *Durable.*
     async fn open_approval(
         &self,
@@ -616,10 +616,11 @@ pub(crate) trait ApprovalStore: Send + Sync + std::fmt::Debug {
         max_pending: usize,
     ) -> Result<Opened, StoreError>;
     async fn approval(&self, id: &str) -> Result<Option<ApprovalRecord>, StoreError>;
+    /// The approval of a thread's call, by its key (`approval::call_key`).
     async fn approval_for_call(
         &self,
         thread_id: &str,
-        call_id: &str,
+        call_key: &str,
     ) -> Result<Option<ApprovalRecord>, StoreError>;
     /// Approvals still to act on: pending, or decided with their resume not yet queued.
     async fn open_approvals(&self) -> Result<Vec<ApprovalRecord>, StoreError>;

@@ -327,10 +327,10 @@ pub(crate) fn release_lease(current: Option<&Lease>, owner: &str) -> Option<Leas
 /// Applies `decision` to a pending approval; `false` (nothing changed) when it was decided
 /// already: the first decision wins.
 pub(crate) fn decide_approval(
-    record: &mut crate::agent::middleware::approval::ApprovalRecord,
+    record: &mut crate::agent::approvals::ApprovalRecord,
     decision: &super::ApprovalDecision,
 ) -> bool {
-    use crate::agent::middleware::approval::ApprovalState;
+    use crate::agent::approvals::ApprovalState;
     if record.state != ApprovalState::Pending || decision.state == ApprovalState::Pending {
         return false;
     }

@@ -28,7 +28,10 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use super::{FailurePolicy, Middleware, MiddlewareError, RunContext, ToolDecision, ToolOutput};
-use crate::agent::message::ToolCall;
+use crate::agent::approvals::{
+    ApprovalLedger, ApprovalRecord, ApprovalState, Opened, Requester, call_key,
+};
+use crate::agent::message::{ChatMessage, ToolCall};
 
 /// The stop reason of a run that waits for an approval.
 pub(crate) const AWAITING_APPROVAL: &str = "awaiting_approval";
@@ -121,127 +124,6 @@ pub(crate) fn glob(pattern: &str, name: &str) -> bool {
     rest.ends_with(last)
 }
 
-/// Where an approval stands. Only `Pending` changes, once.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub(crate) enum ApprovalState {
-    Pending,
-    Approved,
-    Denied,
-    /// Nobody decided within `timeout_secs`: denied by antler.
-    Expired,
-    /// A new message in the conversation came first; the call was answered as not run.
-    Withdrawn,
-}
-
-impl ApprovalState {
-    /// Its name in lists and the API.
-    pub(crate) fn as_str(self) -> &'static str {
-        match self {
-            Self::Pending => "pending",
-            Self::Approved => "approved",
-            Self::Denied => "denied",
-            Self::Expired => "expired",
-            Self::Withdrawn => "withdrawn",
-        }
-    }
-}
-
-/// Who asked: the author of the message whose run made the call.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) struct Requester {
-    pub(crate) user_id: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) name: Option<String>,
-    /// An admin where they wrote (the resumed run keeps their role).
-    pub(crate) admin: bool,
-    /// They wrote in a group chat.
-    #[serde(default)]
-    pub(crate) group: bool,
-}
-
-/// One call waiting for (or past) a person's decision.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) struct ApprovalRecord {
-    /// Short and typeable: `/approve k3x9p2ab`.
-    pub(crate) id: String,
-    /// Where the call was made and where the decision resumes it.
-    pub(crate) conversation: String,
-    pub(crate) channel: String,
-    pub(crate) thread_id: String,
-    pub(crate) call_id: String,
-    pub(crate) tool: String,
-    /// The arguments, pretty JSON, cut to [`MAX_ARGUMENT_CHARS`].
-    pub(crate) arguments: String,
-    pub(crate) requester: Requester,
-    pub(crate) created_at_ms: u64,
-    pub(crate) expires_at_ms: u64,
-    pub(crate) state: ApprovalState,
-    /// Who decided, as shown (`alice (telegram:42)`, `antler`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) decided_by: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) reason: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) decided_at_ms: Option<u64>,
-    /// The decision's resume item is in the inbox (set after it was accepted).
-    #[serde(default)]
-    pub(crate) queued: bool,
-}
-
-impl ApprovalRecord {
-    /// The requester as `<channel>:<user id>`.
-    pub(crate) fn requester_key(&self) -> String {
-        format!("{}:{}", self.channel, self.requester.user_id)
-    }
-
-    /// What the model is told about a call that was decided and is not run; `None` when it
-    /// runs (approved) or nobody decided yet.
-    pub(crate) fn refusal(&self) -> Option<String> {
-        let by = self.decided_by.as_deref().unwrap_or("someone");
-        let reason = self.reason.as_deref().filter(|r| !r.trim().is_empty());
-        match self.state {
-            ApprovalState::Pending | ApprovalState::Approved => None,
-            ApprovalState::Denied => Some(match reason {
-                Some(reason) => format!("Denied by {by}: {reason}"),
-                None => format!("Denied by {by}."),
-            }),
-            ApprovalState::Expired => Some(format!(
-                "Denied by antler: nobody approved `{}` in time (the approval expired). Not run.",
-                self.tool
-            )),
-            ApprovalState::Withdrawn => Some(format!(
-                "Not run: a new message arrived before anyone approved `{}`.",
-                self.tool
-            )),
-        }
-    }
-}
-
-/// What opening an approval found.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Opened {
-    /// Stored now.
-    New(ApprovalRecord),
-    /// The call had one already (a re-run); it is returned as stored.
-    Existing(ApprovalRecord),
-    /// The conversation holds [`MAX_PENDING_PER_CONVERSATION`] pending approvals.
-    Full,
-}
-
-/// Where approvals are kept (the store), as the middleware sees it.
-#[async_trait::async_trait]
-pub(crate) trait ApprovalLedger: Send + Sync {
-    /// The approval of a thread's tool call, if one was opened.
-    async fn for_call(
-        &self,
-        thread_id: &str,
-        call_id: &str,
-    ) -> Result<Option<ApprovalRecord>, String>;
-    /// Stores `record` unless its call has one (durable when it returns).
-    async fn open(&self, record: ApprovalRecord) -> Result<Opened, String>;
-}
-
 /// `text` cut to `max` characters, with `…` when cut.
 pub(crate) fn bounded(text: &str, max: usize) -> String {
     match text.char_indices().nth(max) {
@@ -294,7 +176,7 @@ impl ApprovalMiddleware {
         })
     }
 
-    fn record(&self, cx: &RunContext<'_>, call: &ToolCall) -> ApprovalRecord {
+    fn record(&self, cx: &RunContext<'_>, call: &ToolCall, message: usize) -> ApprovalRecord {
         let now = crate::now_ms();
         let author = &cx.input.author;
         ApprovalRecord {
@@ -302,6 +184,7 @@ impl ApprovalMiddleware {
             conversation: cx.thread.conversation.clone(),
             channel: author.channel.clone(),
             thread_id: cx.thread.id.clone(),
+            message,
             call_id: call.id.clone(),
             tool: call.name.clone(),
             arguments: readable_arguments(&call.arguments),
@@ -347,16 +230,25 @@ impl Middleware for ApprovalMiddleware {
                 call.name
             ))));
         }
+        // The response holding the call is in the thread before its calls are decided.
+        let Some(message) = cx.thread.messages.iter().rposition(|m| {
+            matches!(m, ChatMessage::Assistant { tool_calls, .. } if tool_calls.iter().any(|c| c.id == call.id))
+        }) else {
+            return Err(MiddlewareError(format!(
+                "the call {} is not in the thread",
+                call.id
+            )));
+        };
         let found = self
             .ledger
-            .for_call(&cx.thread.id, &call.id)
+            .for_call(&cx.thread.id, &call_key(message, &call.id))
             .await
             .map_err(MiddlewareError)?;
         let record = match found {
             Some(record) => record,
             None => match self
                 .ledger
-                .open(self.record(cx, call))
+                .open(self.record(cx, call, message))
                 .await
                 .map_err(MiddlewareError)?
             {
@@ -405,18 +297,18 @@ mod tests {
         async fn for_call(
             &self,
             thread_id: &str,
-            call_id: &str,
+            call_key: &str,
         ) -> Result<Option<ApprovalRecord>, String> {
             Ok(self
                 .0
                 .lock()
                 .unwrap()
-                .get(&(thread_id.to_owned(), call_id.to_owned()))
+                .get(&(thread_id.to_owned(), call_key.to_owned()))
                 .cloned())
         }
         async fn open(&self, record: ApprovalRecord) -> Result<Opened, String> {
             let mut map = self.0.lock().unwrap();
-            let key = (record.thread_id.clone(), record.call_id.clone());
+            let key = (record.thread_id.clone(), record.call_key());
             if let Some(existing) = map.get(&key) {
                 return Ok(Opened::Existing(existing.clone()));
             }
@@ -444,6 +336,15 @@ mod tests {
 
     fn running_thread() -> ThreadState {
         let mut thread = ThreadState::new("t1".into(), "api:ops".into(), 0, 0);
+        thread.messages.push(ChatMessage::user("go"));
+        thread.messages.push(ChatMessage::Assistant {
+            content: String::new(),
+            tool_calls: ["bash", "read_file", "mcp__github__merge"]
+                .into_iter()
+                .map(call)
+                .collect(),
+            reasoning: None,
+        });
         thread.running = Some(RunningTurn {
             inbox_seq: 7,
             start: 0,
@@ -505,6 +406,33 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_call_id_used_again_in_a_later_round_asks_again() {
+        let ledger = Arc::new(Ledger::default());
+        let m = middleware(&ledger);
+        let mut thread = running_thread();
+        {
+            let mut cx = test_context(&mut thread);
+            m.before_tool(&mut cx, &call("bash"), None).await.unwrap();
+        }
+        ledger.0.lock().unwrap().values_mut().for_each(|r| {
+            r.state = ApprovalState::Approved;
+        });
+        // The model uses `call_1` again in a new round: a new call, a new question.
+        thread.messages.push(ChatMessage::tool("call_1", "done"));
+        thread.messages.push(ChatMessage::Assistant {
+            content: String::new(),
+            tool_calls: vec![call("bash")],
+            reasoning: None,
+        });
+        let mut cx = test_context(&mut thread);
+        assert_eq!(
+            m.before_tool(&mut cx, &call("bash"), None).await.unwrap(),
+            ToolDecision::Hold
+        );
+        assert_eq!(ledger.0.lock().unwrap().len(), 2);
+    }
+
+    #[tokio::test]
     async fn a_denied_call_is_answered_with_who_and_why() {
         let ledger = Arc::new(Ledger::default());
         let m = middleware(&ledger);
@@ -545,7 +473,8 @@ mod tests {
             ToolDecision::Run
         );
         // A subagent's run has no inbox turn: it cannot wait.
-        let mut child = ThreadState::new("t1".into(), "api:ops".into(), 0, 0);
+        let mut child = running_thread();
+        child.running = None;
         let mut cx = test_context(&mut child);
         assert!(matches!(
             m.before_tool(&mut cx, &call("bash"), None).await.unwrap(),

@@ -8,7 +8,8 @@
 //! bounded and escaped: arguments sit in a code block whose fence is longer than any run of
 //! backticks in them; the rest is escaped for Markdown.
 
-use crate::agent::middleware::approval::{ApprovalRecord, ApprovalState, MAX_REASON_CHARS};
+use crate::agent::approvals::{ApprovalRecord, ApprovalState};
+use crate::agent::middleware::approval::MAX_REASON_CHARS;
 use crate::ingress::approvals::{Approvals, DecideError, Decider};
 use crate::memory::edit::escape_markdown;
 use crate::store::Decided;
@@ -228,7 +229,7 @@ pub(crate) async fn list(approvals: &Approvals, conversation: &str, admin: bool)
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::agent::middleware::approval::Requester;
+    use crate::agent::approvals::Requester;
 
     fn record() -> ApprovalRecord {
         ApprovalRecord {
@@ -236,6 +237,7 @@ mod tests {
             conversation: "api:ops".into(),
             channel: "telegram".into(),
             thread_id: "t".into(),
+            message: 1,
             call_id: "c".into(),
             tool: "write_file".into(),
             arguments: "{\n  \"text\": \"```\\n*bold* <b>\"\n}".into(),

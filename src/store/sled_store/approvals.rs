@@ -3,7 +3,7 @@
 //! | tree | key | value |
 //! |---|---|---|
 //! | `approvals` | approval id | [`ApprovalRecord`] |
-//! | `approval_calls` | (thread id, call id) | approval id |
+//! | `approval_calls` | (thread id, call key: message index and call id) | approval id |
 //! | `approvals_open` | approval id | nothing: pending, or decided and its resume not queued |
 //!
 //! The open index keeps the expiry timer and `/approvals` from reading every record ever made.
@@ -11,12 +11,12 @@
 use sled::Transactional;
 
 use super::{SledStore, abort, decode, encode, from_tx, keys, tx_decode, tx_encode};
-use crate::agent::middleware::approval::{ApprovalRecord, ApprovalState, Opened};
+use crate::agent::approvals::{ApprovalRecord, ApprovalState, Opened};
 use crate::store::rules;
 use crate::store::{ApprovalDecision, ApprovalStore, Decided, StoreError};
 
-fn call_key(thread_id: &str, call_id: &str) -> Vec<u8> {
-    keys::tuple(&[thread_id.as_bytes(), call_id.as_bytes()])
+fn call_key(thread_id: &str, call_key: &str) -> Vec<u8> {
+    keys::tuple(&[thread_id.as_bytes(), call_key.as_bytes()])
 }
 
 impl SledStore {
@@ -56,7 +56,7 @@ impl ApprovalStore for SledStore {
             .filter(|r| r.conversation == record.conversation && r.state == ApprovalState::Pending)
             .count();
         let value = encode("approval", record)?;
-        let call = call_key(&record.thread_id, &record.call_id);
+        let call = call_key(&record.thread_id, &record.call_key());
         let opened = (&records, &calls, &open)
             .transaction(|(records, calls, open)| {
                 if let Some(id) = calls.get(call.as_slice())? {
@@ -97,10 +97,10 @@ impl ApprovalStore for SledStore {
     async fn approval_for_call(
         &self,
         thread_id: &str,
-        call_id: &str,
+        call: &str,
     ) -> Result<Option<ApprovalRecord>, StoreError> {
         let (records, calls, _) = self.approval_trees()?;
-        let Some(id) = calls.get(call_key(thread_id, call_id))? else {
+        let Some(id) = calls.get(call_key(thread_id, call))? else {
             return Ok(None);
         };
         Self::get(&records, "approval", &id)
