@@ -124,7 +124,8 @@ pub const DISCORD_INTERACTIONS_PATH: &str = "/webhooks/discord/interactions";
 pub const DISCORD_MESSAGE_COMMAND: &str = "Ask antler";
 
 /// The application commands antler answers: `/ask prompt:…`, each chat command of the menu
-/// (`/plan`, `/memory` and `/skills` with their optional words as `args`), and the "Ask antler" message
+/// (`/plan`, `/memory` and `/skills` with their optional words as `args`, `/approve` and
+/// `/deny` with theirs required), and the "Ask antler" message
 /// command.
 pub fn discord_commands() -> Vec<CommandSpec> {
     let option = |name: &str, description: &str, required: bool| OptionSpec {
@@ -150,6 +151,12 @@ pub fn discord_commands() -> Vec<CommandSpec> {
                 "args",
                 "enable <name>, disable <name> (admins)",
                 false,
+            )],
+            "approve" => vec![option("args", "the approval's id", true)],
+            "deny" => vec![option(
+                "args",
+                "the approval's id, then why (optional)",
+                true,
             )],
             _ => Vec::new(),
         },

@@ -123,10 +123,8 @@ async fn only_an_approver_runs_the_call_and_only_once() {
     assert!(!tool_results(&thread)[0].starts_with("Denied"), "{thread}");
 
     // Approving again, twice at once: nothing changes, nothing runs again.
-    let (again, twice) = tokio::join!(
-        say(&app, "boss", &format!("/approve {id}")),
-        say(&app, "boss", &format!("/deny {id} too late")),
-    );
+    let (approve, deny) = (format!("/approve {id}"), format!("/deny {id} too late"));
+    let (again, twice) = tokio::join!(say(&app, "boss", &approve), say(&app, "boss", &deny));
     for reply in [again, twice] {
         assert!(
             reply["reply"]
