@@ -10,7 +10,9 @@
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
-use crate::support::{Behaviour, MockModel, TestApp, searchable_tempdir, wait_until};
+use crate::support::{
+    Behaviour, MockModel, TestApp, read_sse_until, searchable_tempdir, wait_until,
+};
 
 const TOKEN: &str = "approvals-e2e-admin-token";
 
@@ -199,10 +201,32 @@ async fn a_restart_between_the_question_and_the_decision_loses_nothing() {
 async fn an_unanswered_approval_expires_as_denied_and_the_chat_is_told() {
     let mock = MockModel::start(Behaviour::ToolThenAnswer).await;
     let dir = searchable_tempdir();
-    let app = start(&mock, &dir.path().join("store"), 1).await;
+    let app = start(&mock, &dir.path().join("store"), 3).await;
     let (id, thread_id) = ask_and_pause(&app, &mock).await;
+    // Listening to the conversation's thread well before its 3 s are up.
+    let events = app
+        .http
+        .get(format!("{}/api/v1/threads/{thread_id}/events", app.base))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(events.status(), StatusCode::OK);
 
-    // Nobody decides: the gateway denies it when its second is up.
+    // Nobody decides: the gateway denies it when its time is up, and says so in the chat.
+    let events = read_sse_until(events, |events| {
+        events.iter().any(|(name, _)| name == "final")
+    })
+    .await;
+    let (_, last) = events.iter().rfind(|(name, _)| name == "final").unwrap();
+    let told = last["text"].as_str().unwrap();
+    assert!(
+        told.starts_with(&format!(
+            "⌛ current\\_time ({id}) expired: nobody decided in time"
+        )),
+        "{told}"
+    );
+    assert!(told.contains("The time is Denied by antler"), "{told}");
     let (thread, answer) = answer_after(&app, &thread_id, 1).await;
     assert!(
         tool_results(&thread)[0].contains("the approval expired"),
@@ -212,7 +236,6 @@ async fn an_unanswered_approval_expires_as_denied_and_the_chat_is_told() {
         answer.starts_with("The time is Denied by antler"),
         "{answer}"
     );
-    // The chat was told: the resumed turn's reply opens with the expiry.
     app.wait_idle().await;
     let late = say(&app, "boss", &format!("/approve {id}")).await;
     assert!(
@@ -293,5 +316,65 @@ async fn the_admin_api_lists_and_decides_approvals() {
             .unwrap()
             .is_empty()
     );
+    app.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_message_withdraws_the_waiting_call() {
+    let mock = MockModel::start(Behaviour::ToolThenAnswer).await;
+    let dir = searchable_tempdir();
+    let app = start(&mock, &dir.path().join("store"), 900).await;
+    let (id, thread_id) = ask_and_pause(&app, &mock).await;
+
+    // The requester moves on: the waiting call is answered as not run, the message runs
+    // (and the model, asking for the time again, waits for a new approval).
+    let next = say(&app, "tester", "never mind, something else").await;
+    let text = next["reply"].as_str().unwrap();
+    assert_ne!(approval_id(text), id, "{text}");
+    let thread = app.thread(&thread_id).await;
+    assert_eq!(
+        tool_results(&thread),
+        ["Not run: a new message arrived before anyone approved `current_time`."]
+    );
+    // A late decision changes nothing and runs nothing.
+    let late = say(&app, "boss", &format!("/approve {id}")).await;
+    assert!(
+        late["reply"]
+            .as_str()
+            .unwrap()
+            .contains("was withdrawn by a new message already"),
+        "{late}"
+    );
+    app.wait_idle().await;
+    assert_eq!(tool_results(&app.thread(&thread_id).await).len(), 1);
+    app.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_self_approval_the_requester_cannot_approve_their_own_call() {
+    let mock = MockModel::start(Behaviour::ToolThenAnswer).await;
+    let dir = searchable_tempdir();
+    let overrides = format!(
+        "[channels.api]\ntoken = \"{TOKEN}\"\n\n[approvals]\ntools = [\"current_*\"]\n\
+         approvers = [\"api:boss\", \"api:tester\"]\nself_approval = false\n"
+    );
+    let mut app = TestApp::start(&mock, &dir.path().join("store"), &overrides).await;
+    app.client.token = Some(TOKEN.to_owned());
+    let (id, thread_id) = ask_and_pause(&app, &mock).await;
+
+    let own = say(&app, "tester", &format!("/approve {id}")).await;
+    assert!(
+        own["reply"]
+            .as_str()
+            .unwrap()
+            .contains("another approver must approve it"),
+        "{own}"
+    );
+    app.wait_idle().await;
+    assert!(tool_results(&app.thread(&thread_id).await).is_empty());
+    // Another approver may.
+    say(&app, "boss", &format!("/approve {id}")).await;
+    let (_, answer) = answer_after(&app, &thread_id, 1).await;
+    assert!(answer.starts_with("The time is "), "{answer}");
     app.shutdown().await;
 }
