@@ -926,7 +926,8 @@ where
         subagents: subagents.clone(),
         skills: Arc::clone(&skills),
         pairing,
-        approvals: Arc::clone(&approvals),
+        // The last use: nothing else may hold the store once the app has drained.
+        approvals,
         started: std::time::Instant::now(),
     });
     let grace = Duration::from_secs(server.shutdown_grace_secs);
