@@ -729,7 +729,8 @@ async fn telegram_set_webhook_points_at_the_public_url_and_sets_the_menu_only_wh
     assert!(stdout.contains("pending updates: dropped\n"), "{stdout}");
     assert!(
         stdout.contains(
-            "commands: set (/help, /new, /status, /stop, /plan, /memory, /tasks, /skills)"
+            "commands: set (/help, /new, /status, /stop, /plan, /memory, /tasks, /skills, \
+             /approvals, /approve, /deny)"
         ),
         "{stdout}"
     );
