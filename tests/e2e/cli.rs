@@ -758,7 +758,17 @@ async fn telegram_set_webhook_points_at_the_public_url_and_sets_the_menu_only_wh
     assert_eq!(
         names,
         [
-            "help", "new", "status", "stop", "plan", "memory", "tasks", "skills"
+            "help",
+            "new",
+            "status",
+            "stop",
+            "plan",
+            "memory",
+            "tasks",
+            "skills",
+            "approvals",
+            "approve",
+            "deny"
         ]
     );
 
