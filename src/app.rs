@@ -20,6 +20,7 @@ use tokio_util::task::{AbortOnDropHandle, TaskTracker};
 
 use crate::agent::memory::identity::MemoryIdentities;
 use crate::agent::memory::sharing::GroupPolicy;
+use crate::agent::middleware::approval::ApprovalMiddleware;
 use crate::agent::middleware::clarification::ClarificationMiddleware;
 use crate::agent::middleware::dangling_tool_call::DanglingToolCallMiddleware;
 use crate::agent::middleware::deferred_tools::DeferredToolsMiddleware;
@@ -59,6 +60,7 @@ use crate::http::guard::{ApiAuth, HostPolicy};
 use crate::http::serve::{ServeLimits, serve as serve_http};
 use crate::http::{AppContext, AppState, api::ApiChannel, ops_router, router};
 use crate::ingress::access::Access;
+use crate::ingress::approvals::Approvals;
 use crate::ingress::pairing::Pairing;
 use crate::ingress::{Ingress, IngressSettings, TurnRunner, TurnSettings};
 use crate::live::Live;
@@ -144,6 +146,7 @@ fn middleware_chain(
     config: &Config,
     store: &Arc<dyn Store>,
     skills: &Arc<Live<Catalogue>>,
+    approvals: &Arc<Approvals>,
 ) -> Result<MiddlewareChain, AppError> {
     let cfg = &config.agent.middleware;
     let mut items: Vec<Arc<dyn Middleware>> = Vec::new();
@@ -204,6 +207,9 @@ fn middleware_chain(
         items.push(Arc::new(m));
     }
     if let Some(m) = LoopDetectionMiddleware::from_config(&cfg.loop_detection) {
+        items.push(Arc::new(m));
+    }
+    if let Some(m) = ApprovalMiddleware::from_config(&config.approvals, approvals.ledger()) {
         items.push(Arc::new(m));
     }
     if let Some(m) = ClarificationMiddleware::from_config(&cfg.clarification) {
@@ -804,7 +810,8 @@ where
     extra_tools.extend(commands.tools());
     let mut tools = tool_registry(&config, extra_tools, &mcp, sandbox);
     let skills = Arc::new(Live::new(load_skills(&config).await));
-    let chain = middleware_chain(&config, &store, &skills)?;
+    let approvals = Approvals::new(Arc::clone(&store), config.approvals.clone());
+    let chain = middleware_chain(&config, &store, &skills, &approvals)?;
     let subagents = subagent_executor(
         &config,
         &store,
@@ -902,7 +909,7 @@ where
         runtime,
         hub.clone(),
         delivery,
-        &turn_settings(&config, &skills, &pairing, commands, &schedules),
+        &turn_settings(&config, &skills, &pairing, commands, &schedules, &approvals),
         turn_cancel.clone(),
     );
     let ingress = Ingress::new(
@@ -928,6 +935,10 @@ where
         Arc::new(ingress.clone()),
         intake_stop.clone(),
     ));
+    // After the recovered items, so a resume queued now comes after what was waiting.
+    approvals.attach(ingress.downgrade());
+    let approval_timer = (!config.approvals.tools.is_empty())
+        .then(|| tokio::spawn(Arc::clone(&approvals).run(intake_stop.clone())));
     let poller = platforms.telegram_polling.map(|channel| {
         tokio::spawn(crate::intake::poll_telegram(
             channel,
@@ -997,6 +1008,8 @@ where
         subagents: subagents.clone(),
         skills: Arc::clone(&skills),
         pairing,
+        // The last use: nothing else may hold the store once the app has drained.
+        approvals,
         started: std::time::Instant::now(),
     });
     let grace = Duration::from_secs(server.shutdown_grace_secs);
@@ -1016,6 +1029,7 @@ where
         discord_gateway,
         slack_socket,
         feishu_socket,
+        approval_timer,
     ]
     .into_iter()
     .flatten()
@@ -1169,10 +1183,12 @@ fn turn_settings(
     pairing: &Arc<Pairing>,
     commands: crate::opcommands::OperatorCommands,
     schedules: &Arc<Schedules>,
+    approvals: &Arc<Approvals>,
 ) -> TurnSettings {
     TurnSettings {
         commands,
         schedules: Arc::clone(schedules),
+        approvals: Arc::clone(approvals),
         pairing: Some(Arc::clone(pairing)),
         skills: Arc::clone(skills),
         max_attempts: config.agent.max_turn_attempts,
@@ -1351,7 +1367,8 @@ mod tests {
     fn the_default_chain_and_registry_hold_the_shell_and_its_guards_in_order() {
         let config = Config::default();
         let store: Arc<dyn Store> = Arc::new(crate::store::MemStore::new());
-        let chain = middleware_chain(&config, &store, &Arc::default()).unwrap();
+        let approvals = Approvals::new(Arc::clone(&store), config.approvals.clone());
+        let chain = middleware_chain(&config, &store, &Arc::default(), &approvals).unwrap();
         assert_eq!(
             chain.names(),
             config.middleware_names(),
@@ -1383,7 +1400,7 @@ mod tests {
         off.agent.middleware.input_sanitization.enabled = false;
         assert!(!registry(&off, Some(&sandbox)).contains("bash"));
         off.memory.enabled = false;
-        let names = middleware_chain(&off, &store, &Arc::default())
+        let names = middleware_chain(&off, &store, &Arc::default(), &approvals)
             .unwrap()
             .names();
         assert!(!names.contains(&"memory"));

@@ -132,9 +132,9 @@ pub const DISCORD_INTERACTIONS_PATH: &str = "/webhooks/discord/interactions";
 pub const DISCORD_MESSAGE_COMMAND: &str = "Ask antler";
 
 /// The application commands antler answers: `/ask prompt:…`, each chat command of the menu
-/// (`/plan`, `/memory`, `/skills` and `/schedule` with their optional words as `args`), each
-/// operator command of `config` (one string option per argument, in order), and the "Ask
-/// antler" message command.
+/// (`/plan`, `/memory`, `/skills` and `/schedule` with their optional words as `args`,
+/// `/approve` and `/deny` with theirs required), each operator command of `config` (one string
+/// option per argument, in order), and the "Ask antler" message command.
 pub fn discord_commands(config: &Config) -> Vec<CommandSpec> {
     let option = |name: &str, description: &str, required: bool| OptionSpec {
         name: name.to_owned(),
@@ -164,6 +164,12 @@ pub fn discord_commands(config: &Config) -> Vec<CommandSpec> {
                 "args",
                 "add <name> \"<cron or every 15m>\" <prompt>, remove <name> (admins)",
                 false,
+            )],
+            "approve" => vec![option("args", "the approval's id", true)],
+            "deny" => vec![option(
+                "args",
+                "the approval's id, then why (optional)",
+                true,
             )],
             _ => Vec::new(),
         },
@@ -644,7 +650,10 @@ mod tests {
                 "tasks",
                 "skills",
                 "schedules",
-                "schedule"
+                "schedule",
+                "approvals",
+                "approve",
+                "deny"
             ]
         );
         let with_commands = config(

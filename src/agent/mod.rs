@@ -1,6 +1,7 @@
 //! The agent runtime: a thread, a model, tools and the middleware chain, with no knowledge of
 //! HTTP, ingress, delivery or any platform (a test enforces the boundary).
 
+pub(crate) mod approvals;
 pub(crate) mod input;
 pub(crate) mod memory;
 pub(crate) mod message;

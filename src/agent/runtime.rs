@@ -15,7 +15,10 @@
 //!   to after it, with [`ANSWER_TIME`] to answer. A checkpoint that fails fails the run:
 //!   going on would risk running the same tools twice after a crash.
 //! - **Control**: hooks may send the model back (`Continue`, capped per run), end the run
-//!   with a question (`Interrupt`; the user's next message answers it) or `Stop` it.
+//!   with a question (`Interrupt`; the user's next message answers it) or `Stop` it. A call
+//!   a hook holds for a person (`ToolDecision::Hold`) gets no result: the round's other calls
+//!   run, the thread is checkpointed and the run stops (`awaiting_approval`); a later
+//!   `resume` runs the held call first, as it does the calls a crash left unanswered.
 //! - **Endings**: the run ends answered, interrupted, stopped, failed or timed out, and
 //!   `after_run` hooks see every ending. The answer is all the text the user was shown,
 //!   across rounds, not only the last round's.
@@ -40,6 +43,7 @@ use tracing::Instrument;
 
 use super::input::{RunInput, ThreadFolders};
 use super::message::{ChatMessage, TokenUsage, ToolCall};
+use super::middleware::approval::AWAITING_APPROVAL;
 use super::middleware::dangling_tool_call;
 use super::middleware::{
     ChainAbort, MiddlewareChain, RunContext, RunControl, RunEnding, RunOutputs, ToolDecision,
@@ -478,9 +482,14 @@ impl Runtime {
         let system_prompt = self.settings.system_prompt.current();
         let unanswered = unanswered_calls(&cx.thread.messages);
         if !unanswered.is_empty() {
-            tracing::info!(thread = %cx.thread.id, calls = unanswered.len(), "running the tool calls a crash left unanswered");
-            self.run_tools(cx, &unanswered, observer, cancel, deadline)
-                .await?;
+            tracing::info!(thread = %cx.thread.id, calls = unanswered.len(), "running the tool calls left unanswered");
+            if self
+                .run_tools(cx, &unanswered, observer, cancel, deadline)
+                .await?
+            {
+                observer.checkpoint(cx.thread).await?;
+                return Ok(Finish::Stopped(AWAITING_APPROVAL.to_owned()));
+            }
         }
         loop {
             let last_call = cx.model_calls + 1 >= self.settings.max_model_calls;
@@ -589,8 +598,14 @@ impl Runtime {
                 None => {}
             }
             if !calls.is_empty() {
-                self.run_tools(cx, &calls, observer, cancel, deadline)
-                    .await?;
+                if self
+                    .run_tools(cx, &calls, observer, cancel, deadline)
+                    .await?
+                {
+                    // The held call stays unanswered in the saved thread; a decision resumes it.
+                    observer.checkpoint(cx.thread).await?;
+                    return Ok(Finish::Stopped(AWAITING_APPROVAL.to_owned()));
+                }
                 match cx.take_control() {
                     Some(RunControl::Stop { reason }) => return Ok(Finish::Stopped(reason)),
                     Some(RunControl::Interrupt { question, options }) => {
@@ -665,7 +680,7 @@ impl Runtime {
 
     /// Runs one response's tool calls: hooks first (in order, one at a time), then the
     /// approved calls concurrently, bounded; results go into the thread in call order, each
-    /// checkpointed.
+    /// checkpointed. Returns whether a call was held for a person (it has no result).
     async fn run_tools(
         &self,
         cx: &mut RunContext<'_>,
@@ -673,8 +688,10 @@ impl Runtime {
         observer: &dyn RunObserver,
         cancel: &CancellationToken,
         deadline: &TurnDeadline,
-    ) -> Result<(), RunError> {
+    ) -> Result<bool, RunError> {
         let mut slots: Vec<Option<ToolOutput>> = Vec::with_capacity(calls.len());
+        // Calls that wait for a person: no result now; the run ends after this round.
+        let mut held = vec![false; calls.len()];
         let mut approved = Vec::new();
         for (index, call) in calls.iter().enumerate() {
             let ended = matches!(
@@ -694,8 +711,15 @@ impl Runtime {
                     approved.push(index);
                 }
                 ToolDecision::Skip(output) => slots.push(Some(output)),
+                ToolDecision::Hold => {
+                    slots.push(None);
+                    if let Some(flag) = held.get_mut(index) {
+                        *flag = true;
+                    }
+                }
             }
         }
+        let holding = held.contains(&true);
 
         // Calls that start long work (a subagent task) are saved before they run, so a turn
         // re-run after a crash runs the same calls (with the same ids, which find the work
@@ -780,13 +804,20 @@ impl Runtime {
 
         let mut next = 0;
         loop {
-            while let Some(output) = slots.get_mut(next).and_then(Option::take) {
+            while next < calls.len() {
+                if held.get(next).copied().unwrap_or(false) {
+                    next += 1;
+                    continue;
+                }
+                let Some(output) = slots.get_mut(next).and_then(Option::take) else {
+                    break;
+                };
                 let Some(call) = calls.get(next) else { break };
                 self.record_result(cx, call, output, observer).await?;
                 next += 1;
             }
             if next >= calls.len() {
-                return Ok(());
+                return Ok(holding);
             }
             tokio::select! {
                 biased;
@@ -803,7 +834,7 @@ impl Runtime {
                             (e.id(), ToolOutput::error("Error: the tool crashed."))
                         }
                         // Unreachable while a slot is empty; end rather than spin.
-                        None => return Ok(()),
+                        None => return Ok(holding),
                     };
                     if let Some(&index) = index_of.get(&id) {
                         if let Some(call) = calls.get(index) {

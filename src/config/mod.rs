@@ -96,6 +96,8 @@ pub struct Config {
     pub(crate) commands: Vec<crate::opcommands::CommandConfig>,
     /// `[[schedules]]`: prompts sent to a conversation on a timetable.
     pub(crate) schedules: Vec<ScheduleConfig>,
+    /// `[approvals]`: tool calls that wait for a person.
+    pub(crate) approvals: crate::agent::middleware::approval::ApprovalsConfig,
 }
 
 /// The sections (`[server]`, `[channels.telegram]`…) in which `new` differs from `running` in
@@ -130,6 +132,7 @@ pub(crate) fn needs_restart(running: &Config, new: &Config) -> Vec<&'static str>
     check("skills", running.skills.enabled == new.skills.enabled);
     check("commands", running.commands == new.commands);
     check("schedules", running.schedules == new.schedules);
+    check("approvals", running.approvals == new.approvals);
     // Who may talk aside, each channel must be as it runs.
     let mut channels = new.channels.clone();
     let (old, now) = (&running.channels, &mut channels);
@@ -1155,6 +1158,11 @@ impl Config {
         if self.skills.enabled {
             let at = position_of_middleware(&names, "skills");
             names.insert(at, "skills");
+        }
+        // And `approval`, by `[approvals]`, when a tool needs one.
+        if !self.approvals.tools.is_empty() {
+            let at = position_of_middleware(&names, "approval");
+            names.insert(at, "approval");
         }
         names
     }

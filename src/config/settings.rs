@@ -292,6 +292,11 @@ pub(crate) const SETTINGS: &[Setting] = &[
     tables("memory.identities", "Ids on several platforms that are one person, sharing one memory."),
     required("memory.identities[].name", "The person's name; their memory is `person:<name>`."),
     required("memory.identities[].ids", "Their ids, each `<channel>:<user id>`."),
+    // [approvals]
+    value("approvals.tools", "[]", "Tool names (`*` matches any run of characters) whose calls wait for a person's `/approve`."),
+    value("approvals.approvers", "\"admins\"", "Who may decide: `\"admins\"` (the channel's admins) or a list of `<channel>:<user id>`."),
+    value("approvals.timeout_secs", "900", "Unanswered this long (1 to 604800 seconds), a call is denied as expired."),
+    value("approvals.self_approval", "true", "Whether the person whose message led to the call may approve it."),
     // [skills]
     value("skills.enabled", "true", "Whether skills are listed to the model and readable at `/mnt/skills`."),
     unset("skills.paths", "`skills/public` and `skills/custom` in the config file's folder", "Folders holding skill folders (relative ones from the config file's folder)."),

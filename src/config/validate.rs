@@ -48,7 +48,60 @@ pub(crate) fn validate(config: &Config) -> Vec<ConfigIssue> {
         v.push(&key, problem);
     }
     v.0.extend(super::schedules::validate(config));
+    approvals(config, &mut v);
     v.0
+}
+
+/// `[approvals]`: tool names as the model API spells them (plus `*`), approvers that name
+/// someone, a timeout a person can meet.
+fn approvals(config: &Config, v: &mut Issues) {
+    use crate::agent::middleware::approval::Approvers;
+    let approvals = &config.approvals;
+    for (index, tool) in approvals.tools.iter().enumerate() {
+        let valid = !tool.is_empty()
+            && tool.len() <= 128
+            && tool
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '*'));
+        if !valid {
+            v.push(
+                &element(key!("approvals.tools"), index),
+                "must be a tool name of letters, digits, `_` and `-` (at most 128), `*` matching any run",
+            );
+        }
+    }
+    match &approvals.approvers {
+        Approvers::Named(name) if name != "admins" => v.push(
+            key!("approvals.approvers"),
+            "must be \"admins\" or a list of \"<channel>:<user id>\"",
+        ),
+        Approvers::Named(_) => {}
+        Approvers::Users(users) => {
+            if users.is_empty() {
+                v.push(key!("approvals.approvers"), "must name at least one user");
+            }
+            for (index, user) in users.iter().enumerate() {
+                let well_formed = user
+                    .split_once(':')
+                    .is_some_and(|(channel, id)| !channel.is_empty() && !id.is_empty());
+                if !well_formed {
+                    v.push(
+                        &element(key!("approvals.approvers"), index),
+                        "must be \"<channel>:<user id>\", e.g. \"telegram:42\"",
+                    );
+                }
+            }
+        }
+    }
+    if !(1..=604_800).contains(&approvals.timeout_secs) {
+        v.push(
+            key!("approvals.timeout_secs"),
+            format!(
+                "must be between 1 and 604800 (got {})",
+                approvals.timeout_secs
+            ),
+        );
+    }
 }
 
 /// `[skills]`: the folders must be named (a missing or invalid skill is reported at start,

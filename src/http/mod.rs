@@ -2,6 +2,7 @@
 //! metrics, and the accept loop that serves it.
 
 pub(crate) mod api;
+mod approvals;
 mod error;
 mod extract;
 pub(crate) mod guard;
@@ -79,6 +80,8 @@ pub(crate) struct AppContext {
     pub(crate) skills: Arc<Live<Catalogue>>,
     /// DM pairing, for the pairing API.
     pub(crate) pairing: Arc<crate::ingress::pairing::Pairing>,
+    /// Tool calls waiting for a person, for the approvals API.
+    pub(crate) approvals: Arc<crate::ingress::approvals::Approvals>,
     /// When antler started serving, for the uptime `/readyz` reports.
     pub(crate) started: std::time::Instant,
 }
@@ -138,6 +141,8 @@ pub(crate) fn router(
             .route("/api/v1/pairing", get(pairing::list))
             .route("/api/v1/pairing/approve", post(pairing::approve))
             .route("/api/v1/pairing/deny", post(pairing::deny))
+            .route("/api/v1/approvals", get(approvals::list))
+            .route("/api/v1/approvals/{id}", post(approvals::decide))
             .route_layer(axum::middleware::from_fn_with_state(
                 state.clone(),
                 guard::api_guard,

@@ -18,6 +18,7 @@
 //! later.
 
 pub(crate) mod access;
+pub(crate) mod approvals;
 pub(crate) mod attachments;
 pub(crate) mod commands;
 mod dispatcher;
@@ -102,6 +103,16 @@ struct Inner {
     acceptor: mpsc::UnboundedSender<Request>,
     /// Read for follow-ups (is the bot part of their conversation?); written by the acceptor.
     store: Arc<dyn Store>,
+}
+
+/// An [`Ingress`] that may be gone.
+#[derive(Debug, Clone)]
+pub(crate) struct WeakIngress(std::sync::Weak<Inner>);
+
+impl WeakIngress {
+    pub(crate) fn upgrade(&self) -> Option<Ingress> {
+        self.0.upgrade().map(|inner| Ingress { inner })
+    }
 }
 
 /// An event handed to the acceptor, and how to answer it.
@@ -243,6 +254,22 @@ impl Ingress {
                 acceptor,
             }),
         }
+    }
+
+    /// A handle that does not keep the ingress alive (the approvals service holds one: the
+    /// ingress owns the runner, which owns the service).
+    pub(crate) fn downgrade(&self) -> WeakIngress {
+        WeakIngress(Arc::downgrade(&self.inner))
+    }
+
+    /// Accepts antler's own item resuming a decided approval (`approvals`): stored and
+    /// queued like a message, deduplicated by its event id, without the access check (the
+    /// requester was admitted when they asked).
+    pub(crate) async fn resume(&self, event: InboundEvent) -> Result<Admission, IngressError> {
+        if self.inner.stop.is_cancelled() {
+            return Err(IngressError::ShuttingDown);
+        }
+        self.admit(event, false).await
     }
 
     /// Items accepted and not yet finished.

@@ -134,6 +134,10 @@ pub(crate) fn harness_with(max_attempts: u32, access: Access) -> Harness {
                 std::sync::Arc::new(crate::schedule::SystemClock),
                 "UTC".to_owned(),
             )),
+            approvals: crate::ingress::approvals::Approvals::new(
+                store.clone(),
+                crate::agent::middleware::approval::ApprovalsConfig::default(),
+            ),
         },
         turn_cancel.clone(),
     );

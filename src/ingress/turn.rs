@@ -22,10 +22,12 @@ use tracing::Instrument;
 
 mod operator;
 
+use super::approvals::{self, Approvals, Decider};
 use super::attachments;
 use super::commands::{self, Command, PlanSwitch};
 use super::dispatcher::Dispatcher;
 use super::pairing::Pairing;
+use crate::agent::approvals::{ApprovalRecord, ApprovalState};
 use crate::agent::input::{Attachment, Author, ChannelFlags, Role, RunInput};
 use crate::agent::memory::MemoryUpdate;
 use crate::agent::memory::identity::MemoryIdentities;
@@ -118,6 +120,8 @@ pub(crate) struct TurnSettings {
     pub(crate) commands: OperatorCommands,
     /// The schedules, for `/schedules` and `/schedule`.
     pub(crate) schedules: Arc<Schedules>,
+    /// Tool calls waiting for a person: `/approve`, `/deny`, `/approvals` and resumes.
+    pub(crate) approvals: Arc<Approvals>,
 }
 
 #[derive(Debug)]
@@ -143,6 +147,8 @@ struct Inner {
     commands: OperatorCommands,
     /// The schedules, for `/schedules` and `/schedule`.
     schedules: Arc<Schedules>,
+    /// Tool calls waiting for a person.
+    approvals: Arc<Approvals>,
     /// The running agent turn of each conversation, for `/stop`: its inbox seq and token.
     running: Mutex<HashMap<String, (u64, CancellationToken)>>,
     /// `/stop` items (inbox seqs) that stopped a turn when they arrived; each is removed
@@ -306,6 +312,7 @@ impl TurnRunner {
                 pairing: settings.pairing.clone(),
                 commands: settings.commands.clone(),
                 schedules: Arc::clone(&settings.schedules),
+                approvals: Arc::clone(&settings.approvals),
                 turn_timeout: settings.turn_timeout,
                 running: Mutex::default(),
                 stops: Mutex::default(),
@@ -389,10 +396,16 @@ impl TurnRunner {
             files: result.files,
             reply_context: item.event.reply_context.clone(),
         };
+        // A resume with nothing to say (its call was answered another way) sends nothing.
+        let replies = if reply.text.is_empty() && reply.files.is_empty() {
+            Vec::new()
+        } else {
+            vec![reply]
+        };
         let finish = Arc::new(FinishTurn {
             inbox_seq: item.seq,
             thread: result.thread,
-            replies: vec![reply],
+            replies,
             memory_update: result.memory_update,
             draft: result.draft,
             now_ms: crate::now_ms(),
@@ -546,6 +559,9 @@ impl TurnRunner {
                 files: Vec::new(),
             };
         }
+        if let Some(id) = approvals::resumed_id(&item.event) {
+            return self.resume_approval(item, id).await;
+        }
         let command = commands::parse(&item.event.text);
         if item.attempts > self.inner.max_attempts {
             return self.give_up(item, command.is_none()).await;
@@ -596,16 +612,24 @@ impl TurnRunner {
     /// The item's thread, loaded (with retries) or new; when it cannot be read, the answer
     /// that says so (nothing is written over the stored thread).
     async fn load_thread(&self, item: &InboxItem) -> Result<ThreadState, TurnResult> {
+        self.load_thread_by_id(item, &item.thread_id).await
+    }
+
+    /// [`TurnRunner::load_thread`] of thread `thread_id` (an approval's, which `/new` may
+    /// have made an older thread of the conversation).
+    async fn load_thread_by_id(
+        &self,
+        item: &InboxItem,
+        thread_id: &str,
+    ) -> Result<ThreadState, TurnResult> {
         let store = &self.inner.store;
         match self
-            .retry("load the thread", item.seq, || {
-                store.thread(&item.thread_id)
-            })
+            .retry("load the thread", item.seq, || store.thread(thread_id))
             .await
         {
             Ok(Some(thread)) => Ok(thread),
             Ok(None) => Ok(ThreadState::new(
-                item.thread_id.clone(),
+                thread_id.to_owned(),
                 item.event.conversation.to_string(),
                 0,
                 crate::now_ms(),
@@ -677,12 +701,109 @@ impl TurnRunner {
     async fn agent_turn(&self, item: &InboxItem) -> TurnResult {
         let input = self.run_input(&item.event);
         let span = turn_span(item, &input.trace_id);
-        self.agent_turn_in_span(item, input).instrument(span).await
+        self.agent_turn_in_span(item, input, None)
+            .instrument(span)
+            .await
     }
 
-    async fn agent_turn_in_span(&self, item: &InboxItem, mut input: RunInput) -> TurnResult {
+    /// The turn of an approval's resume item: the held call is run (approved) or answered
+    /// (denied, expired) and the run goes on to its answer, which opens with how the
+    /// approval was decided. A call answered meanwhile (a new message withdrew it) is not run
+    /// again: the chat is told the decision came too late.
+    async fn resume_approval(&self, item: &InboxItem, id: &str) -> TurnResult {
+        let store = &self.inner.store;
+        let record = match self
+            .retry("read an approval", item.seq, || store.approval(id))
+            .await
+        {
+            Ok(Some(record))
+                if record.conversation == item.event.conversation.as_str()
+                    && !matches!(
+                        record.state,
+                        ApprovalState::Pending | ApprovalState::Withdrawn
+                    ) =>
+            {
+                record
+            }
+            // Not an approval of this conversation that a decision resumes: nothing to do.
+            Ok(_) | Err(_) => {
+                tracing::warn!(
+                    seq = item.seq,
+                    approval = id,
+                    "a resume item without a decided approval is dropped"
+                );
+                return TurnResult {
+                    thread: None,
+                    text: String::new(),
+                    outcome: "approval_gone",
+                    memory_update: None,
+                    draft: None,
+                    files: Vec::new(),
+                };
+            }
+        };
+        let input = self.run_input(&item.event);
+        let span = turn_span(item, &input.trace_id);
+        self.agent_turn_in_span(item, input, Some(record))
+            .instrument(span)
+            .await
+    }
+
+    /// Answers the calls of the thread's last round that wait for an approval, before a new
+    /// message runs: each pending approval is withdrawn (the first decision wins, so one
+    /// decided meanwhile keeps its decision) and its call is answered as not run, so the
+    /// model sees a whole exchange and a late decision cannot run it behind the user's back.
+    async fn withdraw_held_calls(&self, thread: &mut ThreadState) {
+        let store = &self.inner.store;
+        for (message, call_id) in held_calls(&thread.messages) {
+            let key = crate::agent::approvals::call_key(message, &call_id);
+            let record = match store.approval_for_call(&thread.id, &key).await {
+                Ok(Some(record)) => record,
+                // Not an approval's (a crash left it): the dangling-call repair answers it.
+                Ok(None) => continue,
+                Err(e) => {
+                    tracing::warn!(thread = %thread.id, error = %e, "cannot read a held call's approval");
+                    continue;
+                }
+            };
+            let withdrawal = crate::store::ApprovalDecision {
+                state: ApprovalState::Withdrawn,
+                by: "a new message".to_owned(),
+                reason: None,
+                at_ms: crate::now_ms(),
+            };
+            let decided = match store.decide_approval(&record.id, &withdrawal).await {
+                Ok(crate::store::Decided::Now(record) | crate::store::Decided::Before(record)) => {
+                    record
+                }
+                Err(e) => {
+                    tracing::warn!(approval = %record.id, error = %e, "cannot withdraw an approval");
+                    continue;
+                }
+            };
+            let text = match decided.state {
+                ApprovalState::Approved => format!(
+                    "Not run: approved by {}, but a new message arrived first.",
+                    decided.decided_by.as_deref().unwrap_or("someone")
+                ),
+                _ => decided.refusal().unwrap_or_default(),
+            };
+            thread.messages.push(ChatMessage::tool(call_id, text));
+        }
+    }
+
+    async fn agent_turn_in_span(
+        &self,
+        item: &InboxItem,
+        mut input: RunInput,
+        approval: Option<ApprovalRecord>,
+    ) -> TurnResult {
         let inner = &self.inner;
-        let mut thread = match self.load_thread(item).await {
+        let loaded = match &approval {
+            Some(record) => self.load_thread_by_id(item, &record.thread_id).await,
+            None => self.load_thread(item).await,
+        };
+        let mut thread = match loaded {
             Ok(thread) => thread,
             Err(unreadable) => return unreadable,
         };
@@ -695,8 +816,29 @@ impl TurnRunner {
         // so its user message is not added twice and finished tool calls do not run again.
         let (start, resume) = match thread.running {
             Some(running) if running.inbox_seq == item.seq => (running.start, true),
-            _ => (thread.messages.len(), false),
+            _ => (thread.messages.len(), approval.is_some()),
         };
+        let opening = approval.as_ref().map(commands::approvals::outcome);
+        if let Some(record) = &approval {
+            let rerun = thread.running.is_some_and(|r| r.inbox_seq == item.seq);
+            if !rerun
+                && !held_calls(&thread.messages).contains(&(record.message, record.call_id.clone()))
+            {
+                return TurnResult {
+                    thread: None,
+                    text: join_text(
+                        opening.as_deref().unwrap_or_default(),
+                        "The conversation moved on before the decision, so nothing was run.",
+                    ),
+                    outcome: "approval_late",
+                    memory_update: None,
+                    draft: None,
+                    files: Vec::new(),
+                };
+            }
+        } else if !resume {
+            self.withdraw_held_calls(&mut thread).await;
+        }
         thread.running = Some(RunningTurn {
             inbox_seq: item.seq,
             start,
@@ -726,10 +868,11 @@ impl TurnRunner {
             .delivery
             .channel(&item.event.channel)
             .and_then(|channel| Draft::start(inner.store.clone(), channel, item));
+        let thread_id = thread.id.clone();
         let observer = TurnObserver {
             store: inner.store.as_ref(),
             hub: &inner.hub,
-            thread_id: &item.thread_id,
+            thread_id: &thread_id,
             in_reply_to: &in_reply_to,
             draft: draft.as_ref(),
         };
@@ -776,11 +919,19 @@ impl TurnRunner {
                     "turn finished"
                 );
                 memory_update = outcome.outputs.memory_update.take();
-                let text = if outcome.answer.trim().is_empty() {
-                    "(The model returned an empty answer.)".to_owned()
-                } else {
-                    outcome.answer.clone()
-                };
+                let mut text =
+                    if outcome.answer.trim().is_empty() && outcome.outputs.approvals.is_empty() {
+                        "(The model returned an empty answer.)".to_owned()
+                    } else {
+                        outcome.answer.clone()
+                    };
+                if let Some(opening) = &opening {
+                    text = join_text(opening, &text);
+                }
+                let now = crate::now_ms();
+                for record in &outcome.outputs.approvals {
+                    text = join_text(&text, &commands::approvals::request(record, now));
+                }
                 let label = match outcome.ending {
                     RunEnding::Answered => "ok",
                     other => other.as_str(),
@@ -993,6 +1144,22 @@ impl TurnRunner {
             // `plan` answers `/plan` itself, since it writes the thread; were it ever routed
             // here, the user would learn how to use it rather than nothing.
             Command::Plan(_) => commands::plan::USAGE.to_owned(),
+            Command::Decide(decision) => {
+                let decider = Decider {
+                    key: Some(format!("{}:{}", item.event.channel, item.event.user.id)),
+                    name: item.event.user.name.clone(),
+                    admin: item.event.user.admin,
+                };
+                commands::approvals::decide(&self.inner.approvals, &decider, decision).await
+            }
+            Command::Approvals => {
+                commands::approvals::list(
+                    &self.inner.approvals,
+                    item.event.conversation.as_str(),
+                    item.event.user.admin,
+                )
+                .await
+            }
             Command::Stop => {
                 let stopped = self
                     .inner
@@ -1022,6 +1189,43 @@ impl TurnRunner {
             backlog,
         })
     }
+}
+
+/// `a`, a blank line, then `b`; either alone when the other is empty.
+fn join_text(a: &str, b: &str) -> String {
+    match (a.trim().is_empty(), b.trim().is_empty()) {
+        (true, _) => b.to_owned(),
+        (false, true) => a.to_owned(),
+        (false, false) => format!("{a}\n\n{b}"),
+    }
+}
+
+/// The last round's tool calls that have no result yet (held for an approval, or left by a
+/// crash): the index of the message holding them, and each id.
+fn held_calls(messages: &[ChatMessage]) -> Vec<(usize, String)> {
+    let Some(position) = messages
+        .iter()
+        .rposition(|m| matches!(m, ChatMessage::Assistant { .. } | ChatMessage::User { .. }))
+    else {
+        return Vec::new();
+    };
+    let Some(ChatMessage::Assistant { tool_calls, .. }) = messages.get(position) else {
+        return Vec::new();
+    };
+    let answered: Vec<&str> = messages
+        .get(position + 1..)
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|m| match m {
+            ChatMessage::Tool { tool_call_id, .. } => Some(tool_call_id.as_str()),
+            _ => None,
+        })
+        .collect();
+    tool_calls
+        .iter()
+        .filter(|call| !answered.contains(&call.id.as_str()))
+        .map(|call| (position, call.id.clone()))
+        .collect()
 }
 
 /// Ends a failed turn that started at message `start`: its user message (added if the run

@@ -61,7 +61,8 @@ macro_rules! conformance {
             schedules_are_added_once_within_the_limit_and_removed_with_their_marks,
             pairing_requests_and_approved_users_are_kept_and_settled_together,
             a_turn_that_absorbed_album_parts_finishes_them_with_it,
-            a_moved_conversation_goes_on_with_its_thread_and_remembers_the_old_chat);
+            a_moved_conversation_goes_on_with_its_thread_and_remembers_the_old_chat,
+            approvals_open_once_decide_once_and_survive_reopening);
     };
     (@cases $backend:expr; $($case:ident),* $(,)?) => {
         $(
@@ -1376,4 +1377,149 @@ pub(crate) async fn a_lease_is_held_renewed_released_and_taken_over(backend: &dy
         }
     );
     store.renew("c", 700).await.unwrap();
+}
+
+pub(crate) async fn approvals_open_once_decide_once_and_survive_reopening(backend: &dyn Backend) {
+    use super::{ApprovalDecision, Decided};
+    use crate::agent::approvals::{ApprovalRecord, ApprovalState, Opened, Requester};
+    let record = |id: &str, conversation: &str, message: usize, at: u64| ApprovalRecord {
+        id: id.to_owned(),
+        conversation: conversation.to_owned(),
+        channel: "api".to_owned(),
+        thread_id: format!("t-{conversation}"),
+        message,
+        call_id: "call_1".to_owned(),
+        tool: "bash".to_owned(),
+        arguments: "{}".to_owned(),
+        requester: Requester {
+            user_id: "ada".to_owned(),
+            name: None,
+            admin: false,
+            group: false,
+        },
+        created_at_ms: at,
+        expires_at_ms: at + 1000,
+        state: ApprovalState::Pending,
+        decided_by: None,
+        reason: None,
+        decided_at_ms: None,
+        queued: false,
+    };
+    let decision = |state, by: &str| ApprovalDecision {
+        state,
+        by: by.to_owned(),
+        reason: Some("why".to_owned()),
+        at_ms: 5,
+    };
+    {
+        let store = backend.open();
+        let first = record("aaaa2222", "api:a", 1, 1);
+        assert_eq!(
+            store.open_approval(&first, 2).await.unwrap(),
+            Opened::New(first.clone())
+        );
+        // The same call again (a re-run): the stored one, whatever the new id.
+        assert_eq!(
+            store
+                .open_approval(&record("bbbb3333", "api:a", 1, 2), 2)
+                .await
+                .unwrap(),
+            Opened::Existing(first.clone())
+        );
+        // The same call id in a later message is another call.
+        let later = record("cccc4444", "api:a", 3, 3);
+        assert_eq!(
+            store.open_approval(&later, 2).await.unwrap(),
+            Opened::New(later.clone())
+        );
+        // The conversation's cap: two pending already.
+        assert_eq!(
+            store
+                .open_approval(&record("dddd5555", "api:a", 5, 4), 2)
+                .await
+                .unwrap(),
+            Opened::Full
+        );
+        // Another conversation has its own.
+        let other = record("eeee6666", "api:b", 1, 5);
+        assert!(matches!(
+            store.open_approval(&other, 2).await.unwrap(),
+            Opened::New(_)
+        ));
+        assert_eq!(
+            store
+                .approval_for_call("t-api:a", &later.call_key())
+                .await
+                .unwrap(),
+            Some(later.clone())
+        );
+        assert_eq!(
+            store
+                .approval_for_call("t-api:a", "9:call_1")
+                .await
+                .unwrap(),
+            None
+        );
+        // Decided once: the first decision stands.
+        let Decided::Now(approved) = store
+            .decide_approval("aaaa2222", &decision(ApprovalState::Approved, "bob"))
+            .await
+            .unwrap()
+        else {
+            panic!("the first decision must be stored");
+        };
+        assert_eq!(approved.state, ApprovalState::Approved);
+        assert_eq!(approved.decided_by.as_deref(), Some("bob"));
+        assert_eq!(
+            store
+                .decide_approval("aaaa2222", &decision(ApprovalState::Denied, "eve"))
+                .await
+                .unwrap(),
+            Decided::Before(approved.clone())
+        );
+        assert!(matches!(
+            store
+                .decide_approval("zzzz9999", &decision(ApprovalState::Denied, "eve"))
+                .await,
+            Err(StoreError::Missing { .. })
+        ));
+    }
+    // Two deciders at once: exactly one wins.
+    let store = backend.open();
+    let (approve, deny) = (
+        decision(ApprovalState::Approved, "bob"),
+        decision(ApprovalState::Denied, "eve"),
+    );
+    let (a, b) = tokio::join!(
+        store.decide_approval("cccc4444", &approve),
+        store.decide_approval("cccc4444", &deny),
+    );
+    let wins = [a.unwrap(), b.unwrap()]
+        .iter()
+        .filter(|d| matches!(d, Decided::Now(_)))
+        .count();
+    assert_eq!(wins, 1);
+    // Open: pending ones and decided ones not queued yet, oldest first.
+    let open: Vec<String> = store
+        .open_approvals()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| r.id)
+        .collect();
+    assert_eq!(open, ["aaaa2222", "cccc4444", "eeee6666"]);
+    store.approval_queued("aaaa2222").await.unwrap();
+    drop(store);
+    let store = backend.open();
+    let open: Vec<String> = store
+        .open_approvals()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| r.id)
+        .collect();
+    assert_eq!(open, ["cccc4444", "eeee6666"]);
+    let kept = store.approval("aaaa2222").await.unwrap().unwrap();
+    assert!(kept.queued);
+    assert_eq!(kept.state, ApprovalState::Approved);
 }

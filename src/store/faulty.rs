@@ -351,6 +351,45 @@ impl ScheduleStore for FaultyStore {
     }
 }
 
+#[async_trait::async_trait]
+impl crate::store::ApprovalStore for FaultyStore {
+    async fn open_approval(
+        &self,
+        record: &crate::agent::approvals::ApprovalRecord,
+        max_pending: usize,
+    ) -> Result<crate::agent::approvals::Opened, StoreError> {
+        self.inner.open_approval(record, max_pending).await
+    }
+    async fn approval(
+        &self,
+        id: &str,
+    ) -> Result<Option<crate::agent::approvals::ApprovalRecord>, StoreError> {
+        self.inner.approval(id).await
+    }
+    async fn approval_for_call(
+        &self,
+        thread_id: &str,
+        call_id: &str,
+    ) -> Result<Option<crate::agent::approvals::ApprovalRecord>, StoreError> {
+        self.inner.approval_for_call(thread_id, call_id).await
+    }
+    async fn open_approvals(
+        &self,
+    ) -> Result<Vec<crate::agent::approvals::ApprovalRecord>, StoreError> {
+        self.inner.open_approvals().await
+    }
+    async fn decide_approval(
+        &self,
+        id: &str,
+        decision: &crate::store::ApprovalDecision,
+    ) -> Result<crate::store::Decided, StoreError> {
+        self.inner.decide_approval(id, decision).await
+    }
+    async fn approval_queued(&self, id: &str) -> Result<(), StoreError> {
+        self.inner.approval_queued(id).await
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -17,6 +17,8 @@ use super::{
     SkillStore, StoreError, StoreStats, SubagentStore, ThreadStore, outbox_seq,
 };
 use super::{AddedSchedule, ScheduleRecord, ScheduleStore};
+use super::{ApprovalDecision, ApprovalStore, Decided};
+use crate::agent::approvals::{ApprovalRecord, ApprovalState, Opened};
 use crate::agent::memory::{MemoryDocument, MemoryUpdate};
 use crate::agent::subagents::{SubagentChange, SubagentRecord, SubagentStatus, Transition};
 use crate::agent::thread::ThreadState;
@@ -49,6 +51,10 @@ struct Collections {
     schedules: BTreeMap<String, ScheduleRecord>,
     /// Schedule name → the fire time enqueued last.
     schedule_marks: BTreeMap<String, u64>,
+    /// By id.
+    approvals: BTreeMap<String, ApprovalRecord>,
+    /// (thread id, call key) → approval id.
+    approval_calls: BTreeMap<(String, String), String>,
 }
 
 /// The in-memory store.
@@ -662,5 +668,93 @@ mod lease_tests {
                 owner: "a".to_owned()
             }
         );
+    }
+}
+
+#[async_trait::async_trait]
+impl ApprovalStore for MemStore {
+    async fn open_approval(
+        &self,
+        record: &ApprovalRecord,
+        max_pending: usize,
+    ) -> Result<Opened, StoreError> {
+        let mut data = self.data()?;
+        let call = (record.thread_id.clone(), record.call_key());
+        if let Some(id) = data.approval_calls.get(&call) {
+            let existing = data
+                .approvals
+                .get(id)
+                .cloned()
+                .ok_or_else(|| missing("approval", id))?;
+            return Ok(Opened::Existing(existing));
+        }
+        let pending = data
+            .approvals
+            .values()
+            .filter(|r| r.conversation == record.conversation && r.state == ApprovalState::Pending)
+            .count();
+        if pending >= max_pending {
+            return Ok(Opened::Full);
+        }
+        if data.approvals.contains_key(&record.id) {
+            return Err(StoreError::Conflict(format!(
+                "approval id {} is taken",
+                record.id
+            )));
+        }
+        data.approvals.insert(record.id.clone(), record.clone());
+        data.approval_calls.insert(call, record.id.clone());
+        Ok(Opened::New(record.clone()))
+    }
+    async fn approval(&self, id: &str) -> Result<Option<ApprovalRecord>, StoreError> {
+        Ok(self.data()?.approvals.get(id).cloned())
+    }
+    async fn approval_for_call(
+        &self,
+        thread_id: &str,
+        call_id: &str,
+    ) -> Result<Option<ApprovalRecord>, StoreError> {
+        let data = self.data()?;
+        Ok(data
+            .approval_calls
+            .get(&(thread_id.to_owned(), call_id.to_owned()))
+            .and_then(|id| data.approvals.get(id))
+            .cloned())
+    }
+    async fn open_approvals(&self) -> Result<Vec<ApprovalRecord>, StoreError> {
+        let mut open: Vec<ApprovalRecord> = self
+            .data()?
+            .approvals
+            .values()
+            .filter(|r| !r.queued)
+            .cloned()
+            .collect();
+        open.sort_by_key(|record| record.created_at_ms);
+        Ok(open)
+    }
+    async fn decide_approval(
+        &self,
+        id: &str,
+        decision: &ApprovalDecision,
+    ) -> Result<Decided, StoreError> {
+        let mut data = self.data()?;
+        let record = data
+            .approvals
+            .get_mut(id)
+            .ok_or_else(|| missing("approval", id))?;
+        Ok(if rules::decide_approval(record, decision) {
+            Decided::Now(record.clone())
+        } else {
+            Decided::Before(record.clone())
+        })
+    }
+    async fn approval_queued(&self, id: &str) -> Result<(), StoreError> {
+        let mut data = self.data()?;
+        let record = data
+            .approvals
+            .get_mut(id)
+            .ok_or_else(|| missing("approval", id))?;
+        record.queued = true;
+        Ok(())
     }
 }

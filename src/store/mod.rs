@@ -34,6 +34,7 @@ use std::sync::Arc;
 use antler_channel::{ChatMove, InboundEvent, OutboundMessage, Receipt};
 use serde::{Deserialize, Serialize};
 
+use crate::agent::approvals::{ApprovalRecord, ApprovalState, Opened};
 use crate::agent::memory::{MemoryDocument, MemoryDocuments, MemoryUpdate};
 use crate::agent::skills::SkillSwitches;
 use crate::agent::subagents::{
@@ -633,6 +634,55 @@ pub(crate) trait ScheduleStore: Send + Sync + std::fmt::Debug {
     async fn set_schedule_mark(&self, name: &str, fire_ms: u64) -> Result<(), StoreError>;
 }
 
+/// A decision on a pending approval, for [`ApprovalStore::decide_approval`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ApprovalDecision {
+    /// Approved, denied, expired or withdrawn (never pending).
+    pub(crate) state: ApprovalState,
+    pub(crate) by: String,
+    pub(crate) reason: Option<String>,
+    pub(crate) at_ms: u64,
+}
+
+/// What [`ApprovalStore::decide_approval`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Decided {
+    /// This decision was stored: the record as it is now.
+    Now(ApprovalRecord),
+    /// An earlier decision stands; nothing changed.
+    Before(ApprovalRecord),
+}
+
+/// Tool calls waiting for a person (`[approvals]`), each decided once.
+#[async_trait::async_trait]
+pub(crate) trait ApprovalStore: Send + Sync + std::fmt::Debug {
+    /// Stores a pending approval unless its (thread, call key) has one, or its conversation holds
+    /// `max_pending` pending ones already. *Durable.*
+    async fn open_approval(
+        &self,
+        record: &ApprovalRecord,
+        max_pending: usize,
+    ) -> Result<Opened, StoreError>;
+    async fn approval(&self, id: &str) -> Result<Option<ApprovalRecord>, StoreError>;
+    /// The approval of a thread's call, by its key (`approval::call_key`).
+    async fn approval_for_call(
+        &self,
+        thread_id: &str,
+        call_key: &str,
+    ) -> Result<Option<ApprovalRecord>, StoreError>;
+    /// Approvals still to act on: pending, or decided with their resume not yet queued.
+    async fn open_approvals(&self) -> Result<Vec<ApprovalRecord>, StoreError>;
+    /// Decides a pending approval (compare and set): the first decision wins, a later one
+    /// changes nothing. *Durable.*
+    async fn decide_approval(
+        &self,
+        id: &str,
+        decision: &ApprovalDecision,
+    ) -> Result<Decided, StoreError>;
+    /// Records that the decision's resume item is in the inbox. *Durable.*
+    async fn approval_queued(&self, id: &str) -> Result<(), StoreError>;
+}
+
 /// The whole store, one value for the wiring; each consumer takes only the part it uses.
 pub(crate) trait Store:
     InboxStore
@@ -645,6 +695,7 @@ pub(crate) trait Store:
     + SkillStore
     + PairingStore
     + ScheduleStore
+    + ApprovalStore
     + std::fmt::Debug
 {
 }
@@ -660,6 +711,7 @@ impl<T> Store for T where
         + SkillStore
         + PairingStore
         + ScheduleStore
+        + ApprovalStore
         + std::fmt::Debug
 {
 }

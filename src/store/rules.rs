@@ -323,3 +323,20 @@ pub(crate) fn release_lease(current: Option<&Lease>, owner: &str) -> Option<Leas
         ..lease.clone()
     })
 }
+
+/// Applies `decision` to a pending approval; `false` (nothing changed) when it was decided
+/// already: the first decision wins.
+pub(crate) fn decide_approval(
+    record: &mut crate::agent::approvals::ApprovalRecord,
+    decision: &super::ApprovalDecision,
+) -> bool {
+    use crate::agent::approvals::ApprovalState;
+    if record.state != ApprovalState::Pending || decision.state == ApprovalState::Pending {
+        return false;
+    }
+    record.state = decision.state;
+    record.decided_by = Some(decision.by.clone());
+    record.reason.clone_from(&decision.reason);
+    record.decided_at_ms = Some(decision.at_ms);
+    true
+}

@@ -19,7 +19,9 @@
 //! | `pairing_requests`, `paired_users` | (channel, user id) | [`PairingRequest`], [`PairedUser`] |
 //! | `schedules` | schedule name | [`ScheduleRecord`] |
 //! | `schedule_marks` | schedule name | fire time enqueued last (ms, big-endian u64) |
+//! | `approvals`, `approval_calls`, `approvals_open` | see `approvals` | approval records |
 
+mod approvals;
 mod migrate;
 #[cfg(test)]
 mod schema2;

@@ -730,7 +730,7 @@ async fn telegram_set_webhook_points_at_the_public_url_and_sets_the_menu_only_wh
     assert!(
         stdout.contains(
             "commands: set (/help, /new, /status, /stop, /plan, /memory, /tasks, /skills, \
-             /schedules, /schedule)"
+             /schedules, /schedule, /approvals, /approve, /deny)"
         ),
         "{stdout}"
     );
@@ -767,7 +767,10 @@ async fn telegram_set_webhook_points_at_the_public_url_and_sets_the_menu_only_wh
             "tasks",
             "skills",
             "schedules",
-            "schedule"
+            "schedule",
+            "approvals",
+            "approve",
+            "deny"
         ]
     );
 

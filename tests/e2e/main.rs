@@ -5,6 +5,7 @@
 
 mod agent_run;
 mod api;
+mod approvals;
 mod cli;
 mod config;
 mod crash;

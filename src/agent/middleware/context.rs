@@ -78,6 +78,8 @@ pub(crate) struct RunOutputs {
     pub(crate) memory_update: Option<MemoryUpdate>,
     /// Files the model presented to the user (`present_files`), to deliver with the answer.
     pub(crate) files: Vec<PresentedFile>,
+    /// Tool calls held for a person's approval, to show in the chat.
+    pub(crate) approvals: Vec<crate::agent::approvals::ApprovalRecord>,
 }
 
 /// What middlewares keep for one run only (a loop-detection window, a tool catalogue): one

@@ -216,7 +216,7 @@ mod tests {
                 assert!(output.is_error);
                 output.content
             }
-            ToolDecision::Run => panic!("expected a refusal"),
+            ToolDecision::Run | ToolDecision::Hold => panic!("expected a refusal"),
         }
     }
 

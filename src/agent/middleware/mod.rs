@@ -8,6 +8,7 @@
 //! why; [`MiddlewareChain::new`] refuses a chain that breaks it. Observers fail open (an error
 //! is logged and the run goes on); guards fail closed (an error stops what they guard).
 
+pub(crate) mod approval;
 pub(crate) mod clarification;
 mod context;
 pub(crate) mod dangling_tool_call;
@@ -107,6 +108,10 @@ pub(crate) const CHAIN_ORDER: &[(&str, &str)] = &[
         "must see the raw tool calls first (its after_model runs early) and inject warnings last",
     ),
     (
+        "approval",
+        "asks a person only about calls every other guard let through; before clarification",
+    ),
+    (
         "clarification",
         "interrupts the run at the tool call; always last",
     ),
@@ -119,6 +124,10 @@ pub(crate) enum ToolDecision {
     Run,
     /// Do not run it; answer the model with this result instead.
     Skip(ToolOutput),
+    /// Do not run it and do not answer it: it waits for a person (`approval`). The
+    /// response's other calls run, then the run ends with this call unanswered in the
+    /// thread; a later run resumes it.
+    Hold,
 }
 
 /// How a middleware's own failure is treated.
@@ -350,16 +359,19 @@ impl MiddlewareChain {
     }
 
     /// Asks every middleware in order; the first `Skip` wins, and later hooks still see the
-    /// call (with that refusal). A failing guard refuses the call.
+    /// call (with that refusal); a `Hold` stands unless a hook refuses. A failing guard
+    /// refuses the call.
     pub(crate) async fn before_tool(
         &self,
         cx: &mut RunContext<'_>,
         call: &ToolCall,
     ) -> ToolDecision {
         let mut refusal: Option<ToolOutput> = None;
+        let mut held = false;
         for item in &self.items {
             match item.before_tool(cx, call, refusal.as_ref()).await {
                 Ok(ToolDecision::Run) => {}
+                Ok(ToolDecision::Hold) => held = true,
                 Ok(ToolDecision::Skip(output)) => {
                     refusal.get_or_insert(output);
                 }
@@ -376,7 +388,11 @@ impl MiddlewareChain {
                 }
             }
         }
-        refusal.map_or(ToolDecision::Run, ToolDecision::Skip)
+        match refusal {
+            Some(output) => ToolDecision::Skip(output),
+            None if held => ToolDecision::Hold,
+            None => ToolDecision::Run,
+        }
     }
 
     /// The tools the middlewares contribute, in chain order.

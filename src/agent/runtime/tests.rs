@@ -1100,3 +1100,76 @@ async fn a_run_over_its_token_budget_stops_before_its_next_round() {
         .count();
     assert_eq!(results, 1);
 }
+
+/// Holds `sleep` calls (as `approval` does) until released.
+#[derive(Default)]
+struct Holder {
+    released: std::sync::atomic::AtomicBool,
+}
+
+#[async_trait::async_trait]
+impl Middleware for Holder {
+    fn name(&self) -> &'static str {
+        "approval"
+    }
+
+    async fn before_tool(
+        &self,
+        _cx: &mut RunContext<'_>,
+        call: &ToolCall,
+        _refused: Option<&ToolOutput>,
+    ) -> Result<ToolDecision, MiddlewareError> {
+        let released = self.released.load(std::sync::atomic::Ordering::SeqCst);
+        Ok(if call.name == "sleep" && !released {
+            ToolDecision::Hold
+        } else {
+            ToolDecision::Run
+        })
+    }
+}
+
+#[tokio::test]
+async fn a_held_call_stops_the_run_unanswered_and_a_resume_runs_it() {
+    let model = Arc::new(ScriptedModel::new(vec![
+        ScriptedModel::calls(&[
+            ("held", "sleep", r#"{"seconds":0}"#),
+            ("free", "current_time", "{}"),
+        ]),
+        ScriptedModel::text("all done"),
+    ]));
+    let holder = Arc::new(Holder::default());
+    let runtime = runtime_with(
+        model.clone(),
+        vec![holder.clone() as Arc<dyn Middleware>],
+        settings(5),
+    );
+    let mut thread = thread();
+    let recorder = Recorder::default();
+    let outcome = runtime
+        .run(&mut thread, &input("two things"), &recorder, &limits())
+        .await;
+    assert_eq!(outcome.ending, RunEnding::Stopped);
+    assert_eq!(outcome.stop_reason.as_deref(), Some(AWAITING_APPROVAL));
+    // user, assistant(calls), the free call's result; the held one has none.
+    assert_eq!(thread.messages.len(), 3, "{:?}", thread.messages);
+    assert!(matches!(
+        &thread.messages[2],
+        ChatMessage::Tool { tool_call_id, .. } if tool_call_id == "free"
+    ));
+    // Saved with the call unanswered, and the model was not asked again.
+    assert_eq!(recorder.checkpoints.lock().unwrap().last(), Some(&3));
+    assert_eq!(model.requests().len(), 1);
+
+    holder
+        .released
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    let outcome = runtime
+        .resume(&mut thread, &input(""), &recorder, &limits())
+        .await;
+    assert_eq!(outcome.answer, "all done");
+    assert!(matches!(
+        &thread.messages[3],
+        ChatMessage::Tool { tool_call_id, content } if tool_call_id == "held" && content.starts_with("slept 0s")
+    ));
+    assert_eq!(model.requests().len(), 2);
+}

@@ -11,7 +11,8 @@
 /// named here): the ground (thread_data), the guards (guardrail, sandbox_audit: a subagent
 /// runs with its parent's rights), what keeps a long run within its context
 /// (dangling_tool_call, tool_output_budget, summarization, deferred_tools), its token count
-/// (token_usage) and loop_detection (its `loop_capped` stop). Left out: what concerns the
+/// (token_usage), loop_detection (its `loop_capped` stop) and approval (a task cannot wait
+/// for a person, so a tool listed in `[approvals]` is refused in it). Left out: what concerns the
 /// user's side of a conversation (uploads, input_sanitization, todo, title, memory,
 /// view_image, clarification) and subagent_limit (a subagent has no `task`).
 pub(crate) const SUBAGENT_CHAIN: &[&str] = &[
@@ -24,6 +25,7 @@ pub(crate) const SUBAGENT_CHAIN: &[&str] = &[
     "token_usage",
     "deferred_tools",
     "loop_detection",
+    "approval",
 ];
 
 pub(crate) mod config;

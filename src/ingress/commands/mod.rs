@@ -1,11 +1,12 @@
 //! Chat commands, the same on every channel: `/help`, `/new`, `/status`, `/stop`, `/plan`,
-//! `/memory`, `/tasks`, `/skills`, `/schedules` and `/schedule`; one file each, with its name and description ([`CommandInfo`]), how
+//! `/memory`, `/tasks`, `/skills`, `/schedules` and `/schedule`, `/approvals` (with `/approve` and `/deny`); one file each, with its name and description ([`CommandInfo`]), how
 //! its words are read and its answer. `/help` and the platforms' command menus are made from
 //! [`COMMANDS`]; the turn runner gathers what an answer needs and calls the command's file.
 //!
 //! A command is a message whose first token starts with `/`, matched case-insensitively, with
 //! a Telegram-style `@botname` suffix ignored (`/status@opsbot_bot`).
 
+pub(crate) mod approvals;
 pub(crate) mod help;
 pub(crate) mod memory;
 pub(crate) mod new;
@@ -40,6 +41,10 @@ pub(crate) enum Command {
     Skills(SkillsAction),
     /// The schedules, and adding or removing one (admins).
     Schedules(ScheduleAction),
+    /// `/approve ID` or `/deny ID [reason]`: a decision on a tool call waiting for a person.
+    Decide(approvals::Decision),
+    /// The tool calls waiting for a person.
+    Approvals,
     /// Something that looks like a command but is not one of ours.
     Unknown(String),
 }
@@ -71,6 +76,9 @@ pub(crate) const COMMANDS: &[CommandInfo] = &[
     skills::INFO,
     schedules::LIST_INFO,
     schedules::INFO,
+    approvals::LIST,
+    approvals::APPROVE,
+    approvals::DENY,
 ];
 
 /// The text after `/new`, etc. is ignored; `None` for ordinary messages.
@@ -112,6 +120,9 @@ pub(crate) fn parse(text: &str) -> Option<Command> {
         "schedule" => Command::Schedules(schedules::parse(
             text.trim_start().get(first.len()..).unwrap_or_default(),
         )),
+        "approvals" => Command::Approvals,
+        "approve" => Command::Decide(approvals::parse(true, &mut words)),
+        "deny" => Command::Decide(approvals::parse(false, &mut words)),
         _ => Command::Unknown(name),
     })
 }
@@ -151,6 +162,9 @@ mod tests {
              /skills — the assistant's skills (admins: /skills enable <name>, /skills disable <name>)\n\
              /schedules — the schedules of this conversation and their next run\n\
              /schedule — admins: /schedule add <name> \"<cron or every 15m>\" <prompt>, /schedule remove <name>\n\
+             /approvals — the tool calls waiting for approval here (admins: everywhere)\n\
+             /approve — run a tool call that waits for approval (/approve <id>)\n\
+             /deny — refuse a tool call that waits for approval (/deny <id> [reason])\n\
              Anything else is a message for the assistant."
         );
         for CommandInfo { name, menu, .. } in COMMANDS {
