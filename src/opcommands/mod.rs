@@ -52,6 +52,9 @@ pub(crate) const BUILTIN_NAMES: &[&str] = &[
     "skills",
     "schedule",
     "schedules",
+    "approvals",
+    "approve",
+    "deny",
     "ask",
 ];
 
