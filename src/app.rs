@@ -735,11 +735,13 @@ struct Reloadable {
     access: Arc<Access>,
     system_prompt: Arc<Live<str>>,
     skills: Arc<Live<Catalogue>>,
+    schedules: Arc<Schedules>,
 }
 
-/// Applies each configuration `reloads` brings: who may talk, the system prompt and the skills
-/// (their folders read again) at once, for the next message and the next run; the sections
-/// that differ otherwise from what runs (`running`) are named, for a restart.
+/// Applies each configuration `reloads` brings: who may talk, the system prompt, the skills
+/// (their folders read again) and the config's schedules at once, for the next message and
+/// the next run; the sections that differ otherwise from what runs (`running`) are named, for
+/// a restart.
 async fn apply_reloads(
     running: Config,
     live: Reloadable,
@@ -753,16 +755,33 @@ async fn apply_reloads(
         if config.skills.enabled == running.skills.enabled {
             live.skills.set(load_skills(&config).await);
         }
-        let restart = crate::config::needs_restart(&running, &config);
+        let mut restart = crate::config::needs_restart(&running, &config);
+        // A schedule may be for a channel this reload turns on: while channels wait for a
+        // restart, so do the schedules.
+        if restart
+            .iter()
+            .any(|section| section.starts_with("channels."))
+        {
+            if config.schedules != running.schedules {
+                restart.push("schedules");
+            }
+        } else {
+            match config_schedules(&config) {
+                Ok(schedules) => live.schedules.set_configured(schedules),
+                Err(e) => tracing::warn!(error = %e, "schedules: not reloaded"),
+            }
+        }
         if restart.is_empty() {
             tracing::info!(
-                "configuration reloaded: who may talk, the system prompt and the skills are applied"
+                "configuration reloaded: who may talk, the system prompt, the skills and the \
+                 schedules are applied"
             );
         } else {
             tracing::warn!(
                 restart = ?restart,
-                "configuration reloaded: who may talk, the system prompt and the skills are \
-                 applied; the other changes take effect at the next start"
+                "configuration reloaded: who may talk, the system prompt, the skills and the \
+                 schedules are applied where they can be; the other changes take effect at the \
+                 next start"
             );
         }
     }
@@ -885,14 +904,6 @@ where
     delivery.enqueue(outbox);
     let access = Arc::new(Access::from_config(&config.channels));
     warn_open_channels(&config, &access);
-    if let Some(reloads) = reloads {
-        let live = Reloadable {
-            access: Arc::clone(&access),
-            system_prompt,
-            skills: Arc::clone(&skills),
-        };
-        tokio::spawn(apply_reloads(config.clone(), live, reloads));
-    }
     let pairing = Arc::new(Pairing::new(store.clone(), Arc::clone(&access)));
     let paired = pairing.load().await?;
     if paired > 0 {
@@ -904,6 +915,15 @@ where
         clock,
         config.agent.timezone.clone(),
     ));
+    if let Some(reloads) = reloads {
+        let live = Reloadable {
+            access: Arc::clone(&access),
+            system_prompt,
+            skills: Arc::clone(&skills),
+            schedules: Arc::clone(&schedules),
+        };
+        tokio::spawn(apply_reloads(config.clone(), live, reloads));
+    }
     let runner = TurnRunner::new(
         Arc::clone(&store),
         runtime,

@@ -131,7 +131,7 @@ pub(crate) fn needs_restart(running: &Config, new: &Config) -> Vec<&'static str>
     // The skill folders are read again; only switching skills on or off needs a restart.
     check("skills", running.skills.enabled == new.skills.enabled);
     check("commands", running.commands == new.commands);
-    check("schedules", running.schedules == new.schedules);
+    // The config's schedules are applied by the reload (`app::apply_reloads`).
     check("approvals", running.approvals == new.approvals);
     // Who may talk aside, each channel must be as it runs.
     let mut channels = new.channels.clone();

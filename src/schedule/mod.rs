@@ -29,6 +29,7 @@ use antler_channel::{ConversationKey, InboundEvent, UserRef};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
+use crate::live::Live;
 use crate::store::{AddedSchedule, ScheduleRecord, Store, StoreError};
 pub(crate) use clock::{Clock, SystemClock};
 pub(crate) use spec::{Missed, When};
@@ -153,11 +154,12 @@ pub(crate) enum RemoveError {
     Store(#[from] StoreError),
 }
 
-/// Every schedule: the config's, read at start, and the chat-made ones in the store. Shared
-/// by the scheduler and the `/schedule` commands, which wake it on a change.
+/// Every schedule: the config's, read at start and again by a reload, and the chat-made ones
+/// in the store. Shared by the scheduler and the `/schedule` commands, which wake it on a
+/// change.
 #[derive(Debug)]
 pub(crate) struct Schedules {
-    config: Vec<Schedule>,
+    config: Live<Vec<Schedule>>,
     store: Arc<dyn Store>,
     clock: Arc<dyn Clock>,
     /// The time zone of chat-made cron schedules (`agent.timezone`).
@@ -173,7 +175,7 @@ impl Schedules {
         timezone: String,
     ) -> Self {
         Self {
-            config,
+            config: Live::new(Arc::new(config)),
             store,
             clock,
             timezone,
@@ -185,12 +187,25 @@ impl Schedules {
         self.clock.now_ms()
     }
 
+    /// Replaces the config's schedules (a reload); the scheduler takes them up at once. A new
+    /// one starts from now, a removed one stops.
+    pub(crate) fn set_configured(&self, schedules: Vec<Schedule>) {
+        self.config.set(Arc::new(schedules));
+        self.changed.notify_one();
+    }
+
+    /// Whether the config has a schedule called `name`.
+    fn configured(&self, name: &str) -> bool {
+        self.config.current().iter().any(|s| s.name == name)
+    }
+
     /// The config's schedules, then the chat-made ones, by name. A stored one that no longer
     /// reads (its time zone left the database) or whose name the config took is left out.
     pub(crate) async fn all(&self) -> Result<Vec<Schedule>, StoreError> {
-        let mut all = self.config.clone();
+        let config = self.config.current();
+        let mut all = Vec::clone(&config);
         for record in self.store.schedules().await? {
-            if self.config.iter().any(|s| s.name == record.name) {
+            if config.iter().any(|s| s.name == record.name) {
                 tracing::warn!(
                     schedule = %record.name,
                     "a chat-made schedule has the name of a config schedule; the config's runs"
@@ -221,7 +236,7 @@ impl Schedules {
     ) -> Result<Schedule, AddError> {
         spec::check_name(name).map_err(|e| AddError::Invalid(format!("the name {e}")))?;
         spec::check_prompt(prompt).map_err(|e| AddError::Invalid(format!("the prompt {e}")))?;
-        if self.config.iter().any(|s| s.name == name) {
+        if self.configured(name) {
             return Err(AddError::Exists(name.to_owned()));
         }
         let record = ScheduleRecord {
@@ -247,7 +262,7 @@ impl Schedules {
 
     /// Removes the chat-made schedule `name`. *Durable*.
     pub(crate) async fn remove(&self, name: &str) -> Result<(), RemoveError> {
-        if self.config.iter().any(|s| s.name == name) {
+        if self.configured(name) {
             return Err(RemoveError::InConfig(name.to_owned()));
         }
         if !self.store.remove_schedule(name).await? {

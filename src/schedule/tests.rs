@@ -422,3 +422,35 @@ async fn chat_made_schedules_start_at_once_and_stop_when_removed() {
     assert_eq!(running.inbox.ids().len(), 1, "removed: no more firings");
     running.stop().await;
 }
+
+/// A reload replaces the config's schedules: a new one starts from then, a removed one stops,
+/// and the names follow (a chat-made schedule may take a name the config gave up).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_replaces_the_config_schedules_at_once() {
+    let store = MemStore::new();
+    let clock = ManualClock::new(at("2026-12-04T08:00", "UTC"));
+    let config = vec![config_schedule("old", "0 9 * * *", Missed::Once)];
+    let running = Running::start(&store, &clock, config);
+    let book = Arc::clone(&running.book);
+
+    book.set_configured(vec![config_schedule("new", "30 8 * * *", Missed::Once)]);
+    // Taken up at once: it starts now.
+    running
+        .wait_for_mark(&store, "new", at("2026-12-04T08:00", "UTC"))
+        .await;
+    let half_past = at("2026-12-04T08:30", "UTC");
+    clock.set(half_past);
+    running.wait_for_mark(&store, "new", half_past).await;
+    clock.set(at("2026-12-04T09:05", "UTC"));
+    settle().await;
+    assert_eq!(
+        running.inbox.ids(),
+        [format!("schedule:new:{half_past}")],
+        "the removed schedule did not fire at 9"
+    );
+    let slack = ConversationKey::from("slack:T1:C2".to_owned());
+    book.add("old", "every 1h", "hi", &slack, "slack:U1")
+        .await
+        .unwrap();
+    running.stop().await;
+}
