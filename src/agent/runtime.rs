@@ -876,14 +876,19 @@ impl Runtime {
 /// The calls of the current turn's last assistant message that have no result after it. Only
 /// messages after the turn's user message count: an earlier turn's calls are never run again.
 fn unanswered_calls(messages: &[ChatMessage]) -> Vec<ToolCall> {
-    let Some(position) = messages
+    unanswered_calls_at(messages)
+        .map(|(_, calls)| calls.into_iter().cloned().collect())
+        .unwrap_or_default()
+}
+
+/// [`unanswered_calls`], by reference, with the index of the message holding them (`None`
+/// when it has none).
+pub(crate) fn unanswered_calls_at(messages: &[ChatMessage]) -> Option<(usize, Vec<&ToolCall>)> {
+    let position = messages
         .iter()
-        .rposition(|m| matches!(m, ChatMessage::Assistant { .. } | ChatMessage::User { .. }))
-    else {
-        return Vec::new();
-    };
+        .rposition(|m| matches!(m, ChatMessage::Assistant { .. } | ChatMessage::User { .. }))?;
     let Some(ChatMessage::Assistant { tool_calls, .. }) = messages.get(position) else {
-        return Vec::new();
+        return None;
     };
     let answered: Vec<&str> = messages
         .get(position + 1..)
@@ -894,11 +899,11 @@ fn unanswered_calls(messages: &[ChatMessage]) -> Vec<ToolCall> {
             _ => None,
         })
         .collect();
-    tool_calls
+    let unanswered = tool_calls
         .iter()
         .filter(|call| !answered.contains(&call.id.as_str()))
-        .cloned()
-        .collect()
+        .collect();
+    Some((position, unanswered))
 }
 
 /// What the user is told about an answer the model did not finish.

@@ -35,7 +35,9 @@ use crate::agent::memory::sharing::GroupPolicy;
 use crate::agent::message::ChatMessage;
 use crate::agent::middleware::RunEnding;
 use crate::agent::middleware::todo::TodoConfig;
-use crate::agent::runtime::{CheckpointError, RunLimits, RunObserver, Runtime, ToolProgress};
+use crate::agent::runtime::{
+    CheckpointError, RunLimits, RunObserver, Runtime, ToolProgress, unanswered_calls_at,
+};
 use crate::agent::skills::Catalogue;
 use crate::agent::thread::{RunningTurn, ThreadState};
 use crate::delivery::{Delivery, Draft};
@@ -1203,29 +1205,14 @@ fn join_text(a: &str, b: &str) -> String {
 /// The last round's tool calls that have no result yet (held for an approval, or left by a
 /// crash): the index of the message holding them, and each id.
 fn held_calls(messages: &[ChatMessage]) -> Vec<(usize, String)> {
-    let Some(position) = messages
-        .iter()
-        .rposition(|m| matches!(m, ChatMessage::Assistant { .. } | ChatMessage::User { .. }))
-    else {
-        return Vec::new();
-    };
-    let Some(ChatMessage::Assistant { tool_calls, .. }) = messages.get(position) else {
-        return Vec::new();
-    };
-    let answered: Vec<&str> = messages
-        .get(position + 1..)
-        .unwrap_or_default()
-        .iter()
-        .filter_map(|m| match m {
-            ChatMessage::Tool { tool_call_id, .. } => Some(tool_call_id.as_str()),
-            _ => None,
+    unanswered_calls_at(messages)
+        .map(|(position, calls)| {
+            calls
+                .into_iter()
+                .map(|call| (position, call.id.clone()))
+                .collect()
         })
-        .collect();
-    tool_calls
-        .iter()
-        .filter(|call| !answered.contains(&call.id.as_str()))
-        .map(|call| (position, call.id.clone()))
-        .collect()
+        .unwrap_or_default()
 }
 
 /// Ends a failed turn that started at message `start`: its user message (added if the run
