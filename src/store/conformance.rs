@@ -1522,4 +1522,19 @@ pub(crate) async fn approvals_open_once_decide_once_and_survive_reopening(backen
     let kept = store.approval("aaaa2222").await.unwrap().unwrap();
     assert!(kept.queued);
     assert_eq!(kept.state, ApprovalState::Approved);
+
+    // The sweep forgets what is decided, queued and past the retention (decided at 5, the
+    // cutoff 100): with its call's entry. What is still open stays, decided or not.
+    assert!(store.sweep(1_000, 900).await.unwrap() >= 1);
+    assert_eq!(store.approval("aaaa2222").await.unwrap(), None);
+    assert_eq!(
+        store
+            .approval_for_call("t-api:a", &kept.call_key())
+            .await
+            .unwrap(),
+        None
+    );
+    for open in ["cccc4444", "eeee6666"] {
+        assert!(store.approval(open).await.unwrap().is_some(), "{open}");
+    }
 }

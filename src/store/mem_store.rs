@@ -476,7 +476,8 @@ impl SubagentStore for MemStore {
 impl MaintenanceStore for MemStore {
     async fn sweep(&self, now_ms: u64, retain_ms: u64) -> Result<usize, StoreError> {
         let mut data = self.data()?;
-        let before = data.dedupe.len() + data.outbox.len() + data.subagents.len();
+        let before =
+            data.dedupe.len() + data.outbox.len() + data.subagents.len() + data.approvals.len();
         data.dedupe
             .retain(|_, entry| entry.duplicate_at(now_ms).is_some());
         let cutoff = now_ms.saturating_sub(retain_ms);
@@ -497,7 +498,20 @@ impl MaintenanceStore for MemStore {
                 record.parent_call_id,
             ));
         }
-        Ok(before - (data.dedupe.len() + data.outbox.len() + data.subagents.len()))
+        let cutoff = now_ms.saturating_sub(retain_ms);
+        let swept: Vec<ApprovalRecord> = data
+            .approvals
+            .values()
+            .filter(|record| rules::approval_expired(record, cutoff))
+            .cloned()
+            .collect();
+        for record in swept {
+            data.approvals.remove(&record.id);
+            data.approval_calls
+                .remove(&(record.thread_id.clone(), record.call_key()));
+        }
+        Ok(before
+            - (data.dedupe.len() + data.outbox.len() + data.subagents.len() + data.approvals.len()))
     }
     async fn stats(&self) -> Result<StoreStats, StoreError> {
         let data = self.data()?;

@@ -257,6 +257,15 @@ pub(crate) fn subagent_expired(record: &SubagentRecord, cutoff: u64) -> bool {
     record.status.is_terminal() && record.finished_at_ms.is_none_or(|t| t <= cutoff)
 }
 
+/// Whether the sweep may forget an approval: decided before `cutoff` and its resume queued
+/// (what is still open, the timer and `/approvals` need).
+pub(crate) fn approval_expired(
+    record: &crate::agent::approvals::ApprovalRecord,
+    cutoff: u64,
+) -> bool {
+    record.queued && record.decided_at_ms.is_some_and(|at| at <= cutoff)
+}
+
 /// A claim of the lease by `owner` at `now_ms` until `until_ms`, given the stored lease: the
 /// lease to store and how the previous owner left. `holder_gone`: the backend knows that no
 /// other process can be working (sled's file lock), so a live lease of another owner is a

@@ -518,6 +518,7 @@ impl SledStore {
             }
         }
         removed += self.sweep_subagents(rules::subagent_cutoff(now_ms, retain_ms))?;
+        removed += self.sweep_approvals(cutoff)?;
         Ok(removed)
     }
 

@@ -41,6 +41,25 @@ impl SledStore {
         found.sort_by_key(|record| record.created_at_ms);
         Ok(found)
     }
+
+    /// Removes the approvals decided before `cutoff` whose resume is queued, with their call
+    /// index entries (first, so a crash between the two leaves a record the next sweep finds).
+    /// Ids are random, so every record is read (off the async workers): a retention's worth of
+    /// approvals, a day's by default.
+    pub(super) fn sweep_approvals(&self, cutoff: u64) -> Result<usize, StoreError> {
+        let (records, calls, _) = self.approval_trees()?;
+        let mut removed = 0;
+        for entry in records.iter() {
+            let (id, bytes) = entry?;
+            let record: ApprovalRecord = decode("approval", &bytes)?;
+            if rules::approval_expired(&record, cutoff) {
+                calls.remove(call_key(&record.thread_id, &record.call_key()))?;
+                records.remove(id)?;
+                removed += 1;
+            }
+        }
+        Ok(removed)
+    }
 }
 
 #[async_trait::async_trait]
