@@ -173,7 +173,13 @@ pub(crate) fn normalize_command(command: &CommandInteraction, received_at_ms: u6
     }))
 }
 
-/// Appends a command's subcommands and values, space-separated.
+/// The option the built-in commands take their words in (`/memory args: forget 3`): its value
+/// is words to split. Any other option (an operator command's argument) is one value.
+const WORDS_OPTION: &str = "args";
+
+/// Appends a command's subcommands and values, space-separated. A value of one option that
+/// holds spaces or quotes is written in double quotes (`\"` and `\\` escaped), so the words
+/// parsed from the text give it back whole.
 fn options_text(options: &[CommandDataOption], text: &mut String) {
     for option in options {
         match &option.value {
@@ -184,8 +190,17 @@ fn options_text(options: &[CommandDataOption], text: &mut String) {
                 options_text(inner, text);
             }
             CommandDataOptionValue::String(value) if !value.trim().is_empty() => {
+                let value = value.trim();
                 text.push(' ');
-                text.push_str(value.trim());
+                if option.name != WORDS_OPTION
+                    && value.contains(|c: char| c.is_whitespace() || "\"'\\".contains(c))
+                {
+                    text.push('"');
+                    text.push_str(&value.replace('\\', "\\\\").replace('"', "\\\""));
+                    text.push('"');
+                } else {
+                    text.push_str(value);
+                }
             }
             CommandDataOptionValue::Integer(value) => {
                 text.push(' ');
@@ -248,6 +263,26 @@ mod tests {
         );
         assert_eq!(read_reply_context(&ReplyContext::new("x")), None);
         assert_eq!(read_reply_context(&ReplyContext::new("1:")), None);
+    }
+
+    #[test]
+    fn an_argument_with_spaces_or_quotes_stays_one_value_and_args_stay_words() {
+        let options: Vec<CommandDataOption> = serde_json::from_value(serde_json::json!([
+            {"name": "service", "type": 3, "value": "api server"},
+            {"name": "note", "type": 3, "value": "say \"hi\" \\ bye"},
+            {"name": "version", "type": 3, "value": "v1.2.3"}
+        ]))
+        .unwrap();
+        let mut text = "/deploy".to_owned();
+        options_text(&options, &mut text);
+        assert_eq!(text, r#"/deploy "api server" "say \"hi\" \\ bye" v1.2.3"#);
+        let words: Vec<CommandDataOption> = serde_json::from_value(serde_json::json!([
+            {"name": "args", "type": 3, "value": "forget 3"}
+        ]))
+        .unwrap();
+        let mut text = "/memory".to_owned();
+        options_text(&words, &mut text);
+        assert_eq!(text, "/memory forget 3");
     }
 
     #[test]
