@@ -735,7 +735,9 @@ struct Reloadable {
     access: Arc<Access>,
     system_prompt: Arc<Live<str>>,
     skills: Arc<Live<Catalogue>>,
-    schedules: Arc<Schedules>,
+    /// Weak: the schedules hold the store, which a stopped antler must have let go of (the
+    /// reloads go on as long as the signal handler lives).
+    schedules: std::sync::Weak<Schedules>,
 }
 
 /// Applies each configuration `reloads` brings: who may talk, the system prompt, the skills
@@ -766,9 +768,10 @@ async fn apply_reloads(
                 restart.push("schedules");
             }
         } else {
-            match config_schedules(&config) {
-                Ok(schedules) => live.schedules.set_configured(schedules),
-                Err(e) => tracing::warn!(error = %e, "schedules: not reloaded"),
+            match (live.schedules.upgrade(), config_schedules(&config)) {
+                (Some(book), Ok(schedules)) => book.set_configured(schedules),
+                (None, _) => return,
+                (_, Err(e)) => tracing::warn!(error = %e, "schedules: not reloaded"),
             }
         }
         if restart.is_empty() {
@@ -920,7 +923,7 @@ where
             access: Arc::clone(&access),
             system_prompt,
             skills: Arc::clone(&skills),
-            schedules: Arc::clone(&schedules),
+            schedules: Arc::downgrade(&schedules),
         };
         tokio::spawn(apply_reloads(config.clone(), live, reloads));
     }
