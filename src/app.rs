@@ -1549,6 +1549,7 @@ mod tests {
                     inbox_seq: item.seq,
                     thread: None,
                     replies: vec![OutboundMessage {
+                        prompts: Vec::new(),
                         idempotency_key: format!("{}:{}:0", item.thread_id, item.seq),
                         conversation: event.conversation,
                         thread_id: item.thread_id.clone(),

@@ -89,6 +89,7 @@ impl Draft {
             return None;
         };
         let message = OutboundMessage {
+            prompts: Vec::new(),
             idempotency_key: format!("{}:{}:draft", item.thread_id, item.seq),
             conversation: item.event.conversation.clone(),
             thread_id: item.thread_id.clone(),
@@ -254,7 +255,11 @@ impl Writer {
 
     /// Creates the draft (and saves its id at once) or edits it to `body`.
     async fn write(&mut self, body: &str) -> Result<(), ChannelError> {
-        let part = Part { index: 0, body };
+        let part = Part {
+            index: 0,
+            body,
+            buttons: &[],
+        };
         if let Some(draft) = &self.draft {
             return self.channel.edit(&self.message, draft, part).await;
         }

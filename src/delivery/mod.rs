@@ -28,7 +28,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use antler_channel::{
-    Channel, ChannelError, FileContent, OutboundFile, OutboundMessage, Part, Receipt,
+    Button, Channel, ChannelError, FileContent, OutboundFile, OutboundMessage, Part, Receipt,
 };
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -244,41 +244,94 @@ fn text_with_file_names(message: &OutboundMessage, sends_files: bool) -> String 
     text
 }
 
+/// One platform message of a reply, in the order they are sent.
+enum Planned<'a> {
+    /// A part of the text.
+    Text(&'a str),
+    /// A file, on a channel that sends files.
+    File(&'a OutboundFile),
+    /// A part of a prompt, with its buttons on the last.
+    Prompt(&'a str, &'a [Button]),
+}
+
 /// Sends the parts of `item` not sent yet, recording each as it goes, so a retry never sends
 /// a part twice. The first part replaces the turn's draft when there is one (an edit); if the
 /// draft is gone, it is sent as a new message. The reply's files follow its text, one part
 /// each, on channels that send files; a file that can never be sent (gone, refused by the
-/// platform) is logged and skipped, so it does not hold back the files after it.
+/// platform) is logged and skipped, so it does not hold back the files after it. Its prompts
+/// come last, each its own messages, with its buttons under its last part on channels that
+/// show buttons.
 async fn send_parts(
     store: &dyn OutboxStore,
     channel: &dyn Channel,
     files: &ReplyFiles,
     item: &mut OutboxItem,
 ) -> Result<(), SendError> {
-    let sends_files = channel.capabilities().files;
-    let text = text_with_file_names(&item.message, sends_files);
+    // The plan borrows the message while `item` is updated after each part.
+    let message = item.message.clone();
+    let capabilities = channel.capabilities();
+    let text = text_with_file_names(&message, capabilities.files);
     let parts = channel.render(&text).map_err(SendError::Channel)?;
-    if parts.is_empty() {
+    let prompts = message
+        .prompts
+        .iter()
+        .map(|prompt| {
+            let buttons: &[Button] = if capabilities.buttons {
+                &prompt.buttons
+            } else {
+                &[]
+            };
+            Ok((channel.render(&prompt.text)?, buttons))
+        })
+        .collect::<Result<Vec<_>, ChannelError>>()
+        .map_err(SendError::Channel)?;
+    let mut plan: Vec<Planned<'_>> = parts.iter().map(|body| Planned::Text(body)).collect();
+    if capabilities.files {
+        plan.extend(message.files.iter().map(Planned::File));
+    }
+    for (bodies, buttons) in &prompts {
+        let last = bodies.len().saturating_sub(1);
+        plan.extend(
+            bodies
+                .iter()
+                .enumerate()
+                .map(|(i, body)| Planned::Prompt(body, if i == last { buttons } else { &[] })),
+        );
+    }
+    if parts.is_empty() && prompts.is_empty() {
         return Err(SendError::Channel(ChannelError::Permanent(
             "the answer is empty".to_owned(),
         )));
     }
-    let file_parts = if sends_files {
-        item.message.files.len()
-    } else {
-        0
-    };
-    let total = parts.len() + file_parts;
+    let total = plan.len();
     while item.parts.len() < total {
         let index = item.parts.len();
-        let receipt = match parts.get(index) {
-            Some(body) => send_text(channel, item, Part { index, body }).await?,
-            None => {
-                let Some(file) = item.message.files.get(index - parts.len()) else {
-                    break;
-                };
-                send_file(channel, files, item, index, file).await?
+        let receipt = match plan.get(index) {
+            Some(Planned::Text(body)) => {
+                send_text(
+                    channel,
+                    item,
+                    Part {
+                        index,
+                        body,
+                        buttons: &[],
+                    },
+                )
+                .await?
             }
+            Some(Planned::File(file)) => send_file(channel, files, item, index, file).await?,
+            Some(Planned::Prompt(body, buttons)) => channel
+                .send(
+                    &message,
+                    Part {
+                        index,
+                        body,
+                        buttons,
+                    },
+                )
+                .await
+                .map_err(SendError::Channel)?,
+            None => break,
         };
         let complete = index + 1 == total;
         *item = store
@@ -316,7 +369,14 @@ async fn send_file(
                 });
             };
             return channel
-                .send(&item.message, Part { index, body })
+                .send(
+                    &item.message,
+                    Part {
+                        index,
+                        body,
+                        buttons: &[],
+                    },
+                )
                 .await
                 .map_err(SendError::Channel);
         }

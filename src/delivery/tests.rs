@@ -20,6 +20,7 @@ async fn outbox_with_draft(
     let replies = texts
         .iter()
         .map(|text| OutboundMessage {
+            prompts: Vec::new(),
             idempotency_key: (*text).to_owned(),
             conversation: ConversationKey::new("api", ["c1"]),
             thread_id: "t1".to_owned(),
@@ -154,6 +155,7 @@ async fn a_retry_goes_on_from_the_first_part_not_sent() {
         .send(
             &items[0].message,
             Part {
+                buttons: &[],
                 index: 0,
                 body: "one",
             },
@@ -242,6 +244,7 @@ async fn outbox_with_files(
             inbox_seq,
             thread: None,
             replies: vec![OutboundMessage {
+                prompts: Vec::new(),
                 idempotency_key: format!("k{inbox_seq}"),
                 conversation: ConversationKey::new("api", ["c1"]),
                 thread_id: "t1".to_owned(),
@@ -300,7 +303,14 @@ async fn files_follow_the_text_each_once_and_a_lost_file_is_skipped() {
     let seq = items[0].seq;
     for (index, body) in ["one", "two"].into_iter().enumerate() {
         let receipt = channel
-            .send(&items[0].message, Part { index, body })
+            .send(
+                &items[0].message,
+                Part {
+                    index,
+                    body,
+                    buttons: &[],
+                },
+            )
             .await
             .unwrap();
         store.part_delivered(seq, receipt, false, 2).await.unwrap();

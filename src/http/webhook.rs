@@ -74,6 +74,10 @@ pub(crate) async fn respond(
             ingress.move_chat(&chat_move).await?;
             Ok(StatusCode::OK.into_response())
         }
+        Parsed::Press(press) => Ok(match ingress.press(channel, &press).await {
+            Some(body) => (StatusCode::OK, Json(body)).into_response(),
+            None => StatusCode::OK.into_response(),
+        }),
     }
 }
 

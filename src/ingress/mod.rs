@@ -33,7 +33,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use antler_channel::{ChatMove, InboundEvent};
+use antler_channel::{Channel, ChatMove, InboundEvent, Press};
 use futures_util::FutureExt;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
@@ -103,6 +103,8 @@ struct Inner {
     acceptor: mpsc::UnboundedSender<Request>,
     /// Read for follow-ups (is the bot part of their conversation?); written by the acceptor.
     store: Arc<dyn Store>,
+    /// Decides what a button press asks (an approval's Approve or Deny).
+    approvals: Arc<approvals::Approvals>,
 }
 
 /// An [`Ingress`] that may be gone.
@@ -226,6 +228,7 @@ impl Ingress {
             backlog: Arc::clone(&backlog),
             next: AtomicU64::new(0),
         });
+        let approvals = runner.approvals();
         let queue: Arc<dyn turn::QueueView> = Arc::new(dispatcher.clone());
         runner.attach_queue(Arc::downgrade(&queue));
         let (acceptor, requests) = mpsc::unbounded_channel();
@@ -252,6 +255,7 @@ impl Ingress {
                 store,
                 stop,
                 acceptor,
+                approvals,
             }),
         }
     }
@@ -270,6 +274,29 @@ impl Ingress {
             return Err(IngressError::ShuttingDown);
         }
         self.admit(event, false).await
+    }
+
+    /// Answers a press of one of the bot's buttons on `channel`: decides what it asks (an
+    /// approval's decision is stored once, whoever presses again), then has the channel show
+    /// the presser the outcome and replace the button's message. The answer is the body the
+    /// press's request is answered with ([`Channel::answer_press`]). A failure to answer is
+    /// logged: the decision stands, and a press delivered again answers again.
+    pub(crate) async fn press(
+        &self,
+        channel: &dyn Channel,
+        press: &Press,
+    ) -> Option<serde_json::Value> {
+        metrics::counter!("antler_button_presses_total", "channel" => channel.name()).increment(1);
+        let answer = commands::approvals::press(&self.inner.approvals, press).await;
+        match channel.answer_press(press, &answer).await {
+            Ok(body) => body,
+            Err(e) => {
+                tracing::warn!(channel = channel.name(), error = %e, "cannot answer a button press");
+                metrics::counter!("antler_button_answers_failed_total", "channel" => channel.name())
+                    .increment(1);
+                None
+            }
+        }
     }
 
     /// Items accepted and not yet finished.

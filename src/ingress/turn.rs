@@ -13,7 +13,7 @@ use std::future::Future;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use antler_channel::{InboundEvent, OutboundFile, OutboundMessage, Progress, Receipt};
+use antler_channel::{InboundEvent, OutboundFile, OutboundMessage, Progress, Prompt, Receipt};
 use futures_util::FutureExt;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
@@ -74,6 +74,10 @@ const ALBUM_MAX_WAIT: Duration = Duration::from_secs(10);
 
 /// The most parts of one album (Telegram's `sendMediaGroup` takes 2–10).
 const MAX_ALBUM_PARTS: usize = 10;
+
+/// The reply of a turn whose model said nothing before calls that wait for approval (their
+/// prompts follow it).
+const WAITING_FOR_APPROVAL: &str = "⏸ Waiting for approval before going on.";
 
 /// The answer to a turn that panicked.
 const PANIC_REPLY: &str = "⚠️ Sorry, something went wrong inside antler while answering this \
@@ -188,6 +192,8 @@ struct TurnResult {
     draft: Option<Receipt>,
     /// Files the agent presented, delivered with the reply.
     files: Vec<OutboundFile>,
+    /// Messages with buttons sent after the reply (the calls waiting for approval).
+    prompts: Vec<Prompt>,
 }
 
 /// Starts inbox item `seq`'s turn; `None` when the item is gone (an album's part that an
@@ -287,6 +293,11 @@ impl RunObserver for TurnObserver<'_> {
 }
 
 impl TurnRunner {
+    /// The approval service its turns open approvals in.
+    pub(crate) fn approvals(&self) -> Arc<Approvals> {
+        Arc::clone(&self.inner.approvals)
+    }
+
     pub(crate) fn new(
         store: Arc<dyn Store>,
         runtime: Runtime,
@@ -390,6 +401,7 @@ impl TurnRunner {
             return false;
         };
         let reply = OutboundMessage {
+            prompts: result.prompts,
             idempotency_key: format!("{}:{}:0", item.thread_id, item.seq),
             conversation: item.event.conversation.clone(),
             thread_id: item.thread_id.clone(),
@@ -399,7 +411,8 @@ impl TurnRunner {
             reply_context: item.event.reply_context.clone(),
         };
         // A resume with nothing to say (its call was answered another way) sends nothing.
-        let replies = if reply.text.is_empty() && reply.files.is_empty() {
+        let replies = if reply.text.is_empty() && reply.files.is_empty() && reply.prompts.is_empty()
+        {
             Vec::new()
         } else {
             vec![reply]
@@ -539,6 +552,7 @@ impl TurnRunner {
             let (text, outcome) =
                 super::pairing::refusal(self.inner.pairing.as_deref(), &item.event).await;
             return TurnResult {
+                prompts: Vec::new(),
                 thread: None,
                 text,
                 outcome,
@@ -550,6 +564,7 @@ impl TurnRunner {
         if let Some(kind) = &item.event.unsupported {
             // Nothing to read: say so rather than leave the user waiting for an answer.
             return TurnResult {
+                prompts: Vec::new(),
                 thread: None,
                 text: format!(
                     "Sorry, I can't read {kind} messages yet. Send me text, or the content as \
@@ -576,6 +591,7 @@ impl TurnRunner {
         match command {
             Some(Command::Plan(switch)) => self.switch_plan_mode(item, switch).await,
             Some(command) => TurnResult {
+                prompts: Vec::new(),
                 thread: None,
                 text: self.command(item, command).await,
                 outcome: "command",
@@ -591,6 +607,7 @@ impl TurnRunner {
     async fn switch_plan_mode(&self, item: &InboxItem, switch: PlanSwitch) -> TurnResult {
         let config = &self.inner.todo;
         let answer = |thread: Option<ThreadState>, text: &str| TurnResult {
+            prompts: Vec::new(),
             thread,
             text: text.to_owned(),
             outcome: "command",
@@ -638,6 +655,7 @@ impl TurnRunner {
             )),
             // When cancelled, the turn is being dropped and this answer is never stored.
             Err(Stopped::Failed | Stopped::Cancelled) => Err(TurnResult {
+                prompts: Vec::new(),
                 thread: None,
                 text: UNREADABLE_THREAD.to_owned(),
                 outcome: "store_error",
@@ -688,6 +706,7 @@ impl TurnRunner {
             None
         };
         TurnResult {
+            prompts: Vec::new(),
             thread,
             text,
             outcome: "abandoned",
@@ -735,6 +754,7 @@ impl TurnRunner {
                     "a resume item without a decided approval is dropped"
                 );
                 return TurnResult {
+                    prompts: Vec::new(),
                     thread: None,
                     text: String::new(),
                     outcome: "approval_gone",
@@ -827,6 +847,7 @@ impl TurnRunner {
                 && !held_calls(&thread.messages).contains(&(record.message, record.call_id.clone()))
             {
                 return TurnResult {
+                    prompts: Vec::new(),
                     thread: None,
                     text: join_text(
                         opening.as_deref().unwrap_or_default(),
@@ -852,6 +873,7 @@ impl TurnRunner {
                     // Nothing ran: the message and the reason stay in the thread, failed.
                     record_failure(&mut thread, start, &item.event.text, &text);
                     return TurnResult {
+                        prompts: Vec::new(),
                         thread: Some(thread),
                         text,
                         outcome: "failed",
@@ -902,6 +924,7 @@ impl TurnRunner {
         };
         let mut memory_update = None;
         let mut files = Vec::new();
+        let mut prompts = Vec::new();
         let (text, outcome, failed) = match result {
             Ok(mut outcome) => {
                 if let Some(e) = &outcome.error {
@@ -921,19 +944,23 @@ impl TurnRunner {
                     "turn finished"
                 );
                 memory_update = outcome.outputs.memory_update.take();
-                let mut text =
-                    if outcome.answer.trim().is_empty() && outcome.outputs.approvals.is_empty() {
-                        "(The model returned an empty answer.)".to_owned()
-                    } else {
-                        outcome.answer.clone()
-                    };
+                let mut text = if !outcome.answer.trim().is_empty() {
+                    outcome.answer.clone()
+                } else if outcome.outputs.approvals.is_empty() {
+                    "(The model returned an empty answer.)".to_owned()
+                } else {
+                    WAITING_FOR_APPROVAL.to_owned()
+                };
                 if let Some(opening) = &opening {
                     text = join_text(opening, &text);
                 }
                 let now = crate::now_ms();
-                for record in &outcome.outputs.approvals {
-                    text = join_text(&text, &commands::approvals::request(record, now));
-                }
+                prompts = outcome
+                    .outputs
+                    .approvals
+                    .iter()
+                    .map(|record| commands::approvals::prompt(record, now))
+                    .collect();
                 let label = match outcome.ending {
                     RunEnding::Answered => "ok",
                     other => other.as_str(),
@@ -977,6 +1004,7 @@ impl TurnRunner {
             thread.updated_at_ms = crate::now_ms();
         }
         TurnResult {
+            prompts,
             thread: Some(thread),
             text,
             outcome,

@@ -132,6 +132,9 @@ async fn answer_envelope(channel: &SlackChannel, ingress: &Ingress, envelope: &E
     let (mut events, reply) = match parsed {
         Parsed::Events(events) => (events, None),
         Parsed::EventsWithReply { events, reply } => (events, Some(reply)),
+        Parsed::Press(press) => {
+            return Answer::Ack(ingress.press(channel as &dyn Channel, &press).await);
+        }
         Parsed::Reply(_) | Parsed::Ignore | Parsed::Moved(_) => return Answer::Ack(None),
     };
     if reply.is_some()

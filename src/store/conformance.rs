@@ -95,6 +95,7 @@ pub(crate) fn accept(event_id: &str, thread: ThreadChoice, now_ms: u64) -> Accep
 
 fn reply(thread_id: &str, text: &str) -> OutboundMessage {
     OutboundMessage {
+        prompts: Vec::new(),
         idempotency_key: format!("{thread_id}:{text}"),
         conversation: ConversationKey::new("api", ["c1"]),
         thread_id: thread_id.to_owned(),

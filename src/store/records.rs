@@ -429,6 +429,7 @@ impl Record for OutboxItem {
         Ok(Self {
             seq: record.seq,
             message: OutboundMessage {
+                prompts: Vec::new(),
                 idempotency_key: record.idempotency_key.into_owned(),
                 conversation: ConversationKey::from(record.conversation.into_owned()),
                 thread_id: record.thread_id.into_owned(),

@@ -242,6 +242,80 @@ pub struct OutboundMessage {
     /// The answered message's [`InboundEvent::reply_context`], for the channel alone.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reply_context: Option<ReplyContext>,
+    /// Messages with buttons sent after the text and the files, one message each (a tool
+    /// call waiting for approval, with Approve and Deny).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub prompts: Vec<Prompt>,
+}
+
+/// A message with buttons under it: its own message, so that a press can replace it (the
+/// decision shown, the buttons gone) without touching the rest of the reply. A channel that
+/// cannot show buttons ([`crate::Capabilities::buttons`]) sends its text alone, which says how
+/// to answer in words.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Prompt {
+    /// Markdown text.
+    pub text: String,
+    /// The buttons, in one row, under the prompt's last part.
+    pub buttons: Vec<Button>,
+}
+
+/// A button. Pressing it comes back as a [`Press`] carrying its `action`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Button {
+    /// What it says (plain text).
+    pub label: String,
+    /// What pressing it does, as antler reads it back (`approve:k3x9p2ab`): ASCII, at most
+    /// [`Button::MAX_ACTION_BYTES`] bytes, which every platform carries as it is.
+    pub action: String,
+    /// How it looks.
+    pub style: ButtonStyle,
+}
+
+impl Button {
+    /// The longest action: Telegram's `callback_data` holds 1-64 bytes.
+    pub const MAX_ACTION_BYTES: usize = 64;
+}
+
+/// How a button looks, where the platform has styles.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ButtonStyle {
+    /// The expected choice (Slack `primary`, Discord Success, Feishu `primary`).
+    Primary,
+    /// A destructive or refusing choice (Slack and Feishu `danger`, Discord Danger).
+    Danger,
+}
+
+/// Someone pressed one of the bot's buttons, normalized from any platform.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Press {
+    /// The channel name.
+    pub channel: String,
+    /// Where the button's message is.
+    pub conversation: ConversationKey,
+    /// Who pressed (its `admin` set by the channel, as for a message).
+    pub user: UserRef,
+    /// The platform's chat id (as `allowed_chats` names it).
+    pub chat: Option<String>,
+    /// The button's [`Button::action`], as it came back: untrusted.
+    pub action: String,
+    /// The platform's id of the message the button is on.
+    pub message_id: String,
+    /// What the channel needs to answer this press (a callback query id, an interaction
+    /// token, a `response_url`): secret, never shown or logged.
+    pub answer_context: Option<ReplyContext>,
+}
+
+/// How antler answers a [`Press`] ([`crate::Channel::answer_press`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PressAnswer {
+    /// Shown to the presser alone where the platform can (an ephemeral message, a toast, a
+    /// callback alert): what happened, or why nothing did.
+    pub notice: String,
+    /// The button's message as it reads now, in Markdown, its buttons removed (the decision:
+    /// who and when). `None`: the message stays as it is, buttons and all (a refusal).
+    pub update: Option<String>,
 }
 
 /// A file to deliver with a reply: a file the agent made in its thread's `outputs` folder.

@@ -21,8 +21,8 @@ pub use addressing::{Addressing, addressed};
 pub use outbound::{header_secs, mask_secrets, read_bounded};
 
 pub use event::{
-    AttachmentRef, AttachmentSource, ChatMove, ConversationKey, InboundEvent, OutboundFile,
-    OutboundMessage, Receipt, ReplyContext, UserRef,
+    AttachmentRef, AttachmentSource, Button, ButtonStyle, ChatMove, ConversationKey, InboundEvent,
+    OutboundFile, OutboundMessage, Press, PressAnswer, Prompt, Receipt, ReplyContext, UserRef,
 };
 
 use std::time::Duration;
@@ -64,6 +64,9 @@ pub enum Parsed {
     /// A chat moved (a group upgraded to a supergroup): move its conversation, then answer
     /// HTTP 200 with nothing.
     Moved(ChatMove),
+    /// Someone pressed one of the bot's buttons: decide what it asks, then answer through
+    /// [`Channel::answer_press`]. Nothing is stored in the inbox for the press itself.
+    Press(Press),
 }
 
 /// The errors of the channel boundary. Each variant carries what the caller's policy needs.
@@ -173,6 +176,19 @@ pub trait Channel: Send + Sync + 'static {
         Err(ChannelError::Unsupported)
     }
 
+    /// Answers `press` with `answer`: shows the notice to the presser alone and, when
+    /// [`PressAnswer::update`] is set, replaces the button's message with it, buttons removed.
+    /// Returns the body to answer the press's request with (HTTP 200, JSON: a Discord
+    /// interaction response, a Feishu card callback's toast and card); `None`, an empty 200.
+    /// Channels whose [`Capabilities::buttons`] is set implement it.
+    async fn answer_press(
+        &self,
+        _press: &Press,
+        _answer: &PressAnswer,
+    ) -> Result<Option<serde_json::Value>, ChannelError> {
+        Err(ChannelError::Unsupported)
+    }
+
     /// Marks the user's message `message_id` in `conversation` with where its turn is (a
     /// reaction: 👀 while working, ✅ or ❌ at the end). Channels whose
     /// [`Capabilities::progress_marks`] is set implement it. Best effort: a failure only loses
@@ -255,6 +271,9 @@ pub struct Capabilities {
     pub typing: bool,
     /// It marks the user's message with the turn's progress ([`Channel::mark`]).
     pub progress_marks: bool,
+    /// It shows a part's [`Part::buttons`] and reads presses back ([`Parsed::Press`],
+    /// [`Channel::answer_press`]).
+    pub buttons: bool,
 }
 
 /// Where the turn answering a message is, for [`Channel::mark`].
@@ -275,6 +294,9 @@ pub struct Part<'a> {
     pub index: usize,
     /// The platform's markup, within its size limit.
     pub body: &'a str,
+    /// Buttons to show under it, in one row (the last part of a [`Prompt`]); empty for
+    /// every other part, and ignored by a channel without [`Capabilities::buttons`].
+    pub buttons: &'a [Button],
 }
 
 /// A platform's limits on what the bot sends.

@@ -768,6 +768,7 @@ mod tests {
 
     fn outbound(conversation: &str, context: Option<ReplyContext>) -> OutboundMessage {
         OutboundMessage {
+            prompts: Vec::new(),
             idempotency_key: "k".into(),
             conversation: ConversationKey::new("discord", conversation.split(':')),
             thread_id: "t".into(),
@@ -841,6 +842,7 @@ mod tests {
             .send(
                 &fresh,
                 Part {
+                    buttons: &[],
                     index: 0,
                     body: "one",
                 },
@@ -852,6 +854,7 @@ mod tests {
             .send(
                 &fresh,
                 Part {
+                    buttons: &[],
                     index: 1,
                     body: "two",
                 },
@@ -864,6 +867,7 @@ mod tests {
                 &fresh,
                 &first,
                 Part {
+                    buttons: &[],
                     index: 0,
                     body: "one!",
                 },
@@ -875,6 +879,7 @@ mod tests {
                 &fresh,
                 &second,
                 Part {
+                    buttons: &[],
                     index: 1,
                     body: "two!",
                 },
@@ -894,6 +899,7 @@ mod tests {
             .send(
                 &expired,
                 Part {
+                    buttons: &[],
                     index: 0,
                     body: "late",
                 },
@@ -961,6 +967,7 @@ mod tests {
             )),
         );
         let part = Part {
+            buttons: &[],
             index: 0,
             body: "x",
         };

@@ -517,6 +517,7 @@ impl Channel for FeishuChannel {
             images: true,
             typing: false,
             progress_marks: false,
+            buttons: false,
         }
     }
 
@@ -1173,6 +1174,7 @@ mod tests {
                 images: true,
                 typing: false,
                 progress_marks: false,
+                buttons: false,
             }
         );
         assert_eq!(
@@ -1316,6 +1318,7 @@ mod tests {
 
     fn outbound(reply_to: Option<&str>) -> OutboundMessage {
         OutboundMessage {
+            prompts: Vec::new(),
             idempotency_key: "reply-0001".into(),
             conversation: ConversationKey::new("feishu", [TENANT, "oc_chat1", "om_user1"]),
             thread_id: "t".into(),
@@ -1351,6 +1354,7 @@ mod tests {
         let parts = channel.render(&message.text).unwrap();
         assert_eq!(parts, ["**done** &amp; dusted"]);
         let part = Part {
+            buttons: &[],
             index: 0,
             body: &parts[0],
         };
@@ -1361,6 +1365,7 @@ mod tests {
                 &message,
                 &receipt,
                 Part {
+                    buttons: &[],
                     index: 0,
                     body: "**done**, really",
                 },
@@ -1404,6 +1409,7 @@ mod tests {
             .send(
                 &message,
                 Part {
+                    buttons: &[],
                     index: 2,
                     body: "done & dusted",
                 },
@@ -1416,6 +1422,7 @@ mod tests {
                     &message,
                     &receipt,
                     Part {
+                        buttons: &[],
                         index: 2,
                         body: "x"
                     }
@@ -1439,6 +1446,7 @@ mod tests {
             .send(
                 &outbound(None),
                 Part {
+                    buttons: &[],
                     index: 0,
                     body: "hi",
                 },
@@ -1454,6 +1462,7 @@ mod tests {
         assert_eq!(body["receive_id"], "oc_chat1");
 
         let stray = OutboundMessage {
+            prompts: Vec::new(),
             conversation: ConversationKey::new("slack", ["T1", "C1"]),
             ..outbound(None)
         };
@@ -1462,6 +1471,7 @@ mod tests {
                 .send(
                     &stray,
                     Part {
+                        buttons: &[],
                         index: 0,
                         body: "x"
                     }

@@ -543,6 +543,7 @@ impl Channel for SlackChannel {
             images: true,
             typing: false,
             progress_marks: self.progress_reactions,
+            buttons: false,
         }
     }
 
@@ -991,6 +992,7 @@ mod tests {
             })
         );
         let reply = |context| OutboundMessage {
+            prompts: Vec::new(),
             idempotency_key: "k".into(),
             conversation: events[0].conversation.clone(),
             thread_id: "t".into(),
@@ -1027,6 +1029,7 @@ mod tests {
         let server = MockSlack::start().await;
         let channel = SlackChannel::new(&settings(&server.api_url()), || 31 * 60 * 1000).unwrap();
         let message = OutboundMessage {
+            prompts: Vec::new(),
             idempotency_key: "k".into(),
             conversation: ConversationKey::new("slack", ["T0OPS00001", "C0SRE00001"]),
             thread_id: "t".into(),
@@ -1046,6 +1049,7 @@ mod tests {
             .send(
                 &message,
                 Part {
+                    buttons: &[],
                     index: 0,
                     body: "the answer",
                 },
@@ -1075,6 +1079,7 @@ mod tests {
                 &message,
                 &receipt,
                 Part {
+                    buttons: &[],
                     index: 0,
                     body: "edited",
                 },
@@ -1228,6 +1233,7 @@ mod tests {
                 images: true,
                 typing: false,
                 progress_marks: true,
+                buttons: false,
             }
         );
         assert_eq!(channel.routes(), ["events", "commands"]);
@@ -1306,6 +1312,7 @@ mod tests {
             .await;
         let channel = SlackChannel::new(&settings(&server.api_url()), || 0).unwrap();
         let message = |conversation: &str| OutboundMessage {
+            prompts: Vec::new(),
             idempotency_key: "k".into(),
             conversation: ConversationKey::new("slack", conversation.split(':')),
             thread_id: "t".into(),
@@ -1320,6 +1327,7 @@ mod tests {
             .send(
                 &in_thread,
                 Part {
+                    buttons: &[],
                     index: 0,
                     body: &body[0],
                 },
@@ -1331,6 +1339,7 @@ mod tests {
             .send(
                 &message("T0OPS00001:D0ADA00001"),
                 Part {
+                    buttons: &[],
                     index: 1,
                     body: "dm",
                 },
@@ -1342,6 +1351,7 @@ mod tests {
                 &in_thread,
                 &receipt,
                 Part {
+                    buttons: &[],
                     index: 0,
                     body: &body[0],
                 },
@@ -1367,6 +1377,7 @@ mod tests {
         server.verify().await;
 
         let stray = OutboundMessage {
+            prompts: Vec::new(),
             conversation: ConversationKey::new("telegram", ["42"]),
             ..in_thread
         };
@@ -1375,6 +1386,7 @@ mod tests {
                 .send(
                     &stray,
                     Part {
+                        buttons: &[],
                         index: 0,
                         body: "x"
                     }

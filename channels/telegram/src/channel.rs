@@ -439,6 +439,7 @@ impl Channel for TelegramChannel {
             images: true,
             typing: true,
             progress_marks: false,
+            buttons: false,
         }
     }
 
@@ -631,6 +632,7 @@ mod tests {
 
     fn answer(conversation: &str, text: &str) -> OutboundMessage {
         OutboundMessage {
+            prompts: Vec::new(),
             idempotency_key: "k".into(),
             conversation: antler_channel::ConversationKey::new("telegram", conversation.split(':')),
             thread_id: "t".into(),
@@ -645,7 +647,19 @@ mod tests {
     async fn send_all(channel: &TelegramChannel, message: &OutboundMessage) -> Vec<Receipt> {
         let mut receipts = Vec::new();
         for (index, body) in channel.render(&message.text).unwrap().iter().enumerate() {
-            receipts.push(channel.send(message, Part { index, body }).await.unwrap());
+            receipts.push(
+                channel
+                    .send(
+                        message,
+                        Part {
+                            index,
+                            body,
+                            buttons: &[],
+                        },
+                    )
+                    .await
+                    .unwrap(),
+            );
         }
         receipts
     }
@@ -818,7 +832,11 @@ mod tests {
         let sent_id = Receipt {
             platform_message_id: "5".into(),
         };
-        let part = |body| Part { index: 0, body };
+        let part = |body| Part {
+            index: 0,
+            body,
+            buttons: &[],
+        };
         channel
             .edit(&message, &sent_id, part("SAME"))
             .await

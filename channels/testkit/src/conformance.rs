@@ -476,6 +476,7 @@ fn answered_event<C: Conformance>(channel: &C::Channel) -> InboundEvent {
 /// The reply to `event`, as a turn makes it.
 fn reply_to(event: &InboundEvent, text: &str) -> OutboundMessage {
     OutboundMessage {
+        prompts: Vec::new(),
         idempotency_key: "conformance:1:0".to_owned(),
         conversation: event.conversation.clone(),
         thread_id: "conformance".to_owned(),
@@ -500,6 +501,7 @@ async fn send_first_part<C: Channel>(
         .send(
             message,
             Part {
+                buttons: &[],
                 index: 0,
                 body: &body,
             },
@@ -536,6 +538,7 @@ pub async fn edits_a_sent_message<C: Conformance>() {
             &message,
             &receipt,
             Part {
+                buttons: &[],
                 index: 0,
                 body: &edited,
             },

@@ -335,17 +335,31 @@ impl Channel for ApiChannel {
     }
 
     /// Publishes the reply, with links to its files, to the thread's subscribers; the thread
-    /// already holds it. The API renders nothing, so the one part is the whole reply.
+    /// already holds it. The API renders nothing, so part 0 is the whole reply: its text and
+    /// then its prompts' texts (which say how to decide in words, as buttons cannot be shown
+    /// here). The prompts' own parts publish nothing more.
     async fn send(
         &self,
         message: &OutboundMessage,
-        _part: Part<'_>,
+        part: Part<'_>,
     ) -> Result<Receipt, ChannelError> {
+        if part.index > 0 {
+            return Ok(Receipt {
+                platform_message_id: format!("{}:{}", message.idempotency_key, part.index),
+            });
+        }
+        let mut text = message.text.clone();
+        for prompt in &message.prompts {
+            if !text.is_empty() {
+                text.push_str("\n\n");
+            }
+            text.push_str(&prompt.text);
+        }
         self.hub.publish(
             &message.thread_id,
             ThreadEvent::Final {
                 in_reply_to: message.reply_to.clone().unwrap_or_default(),
-                text: message.text.clone(),
+                text,
                 attachments: file_links(&message.thread_id, &message.files),
             },
         );

@@ -8,6 +8,8 @@
 //! bounded and escaped: arguments sit in a code block whose fence is longer than any run of
 //! backticks in them; the rest is escaped for Markdown.
 
+use antler_channel::{Button, ButtonStyle, Press, PressAnswer, Prompt};
+
 use crate::agent::approvals::{ApprovalRecord, ApprovalState};
 use crate::agent::middleware::approval::MAX_REASON_CHARS;
 use crate::ingress::approvals::{Approvals, DecideError, Decider};
@@ -39,6 +41,12 @@ pub(crate) const LIST: CommandInfo = CommandInfo {
     help: "the tool calls waiting for approval here (admins: everywhere)",
     menu: "The tool calls waiting for approval",
 };
+
+/// An Approve button's action: this and the approval's id.
+const APPROVE_ACTION: &str = "approve:";
+
+/// A Deny button's action.
+const DENY_ACTION: &str = "deny:";
 
 /// The longest id echoed back.
 const MAX_SHOWN_ID: usize = 16;
@@ -97,18 +105,103 @@ fn code_block(text: &str) -> String {
     format!("{fence}\n{text}\n{fence}")
 }
 
-/// What the chat is shown when a call waits: the tool, its arguments, who asked, the id and
-/// how to decide.
-pub(crate) fn request(record: &ApprovalRecord, now_ms: u64) -> String {
+/// The call as the chat is shown it: the tool, who asked, the arguments.
+fn call(record: &ApprovalRecord) -> String {
     format!(
-        "⏸ Approval needed: {tool} (asked by {who})\n{arguments}\nApprove with /approve {id} \
-         or refuse with /deny {id} [reason]. Unanswered, it is denied in {left}.",
+        "⏸ Approval needed: {tool} (asked by {who})\n{arguments}",
         tool = escape_markdown(&record.tool, 128),
         who = requester(record),
         arguments = code_block(&record.arguments),
+    )
+}
+
+/// What the chat is shown when a call waits: the tool, its arguments, who asked, the id and
+/// how to decide in words (where buttons cannot be shown, or were not pressed).
+pub(crate) fn request(record: &ApprovalRecord, now_ms: u64) -> String {
+    format!(
+        "{call}\nApprove with /approve {id} or refuse with /deny {id} [reason]. Unanswered, it \
+         is denied in {left}.",
+        call = call(record),
         id = record.id,
         left = time_left(record.expires_at_ms, now_ms),
     )
+}
+
+/// The message a waiting call is shown in: [`request`] with Approve and Deny buttons.
+pub(crate) fn prompt(record: &ApprovalRecord, now_ms: u64) -> Prompt {
+    Prompt {
+        text: request(record, now_ms),
+        buttons: vec![
+            Button {
+                label: "✅ Approve".to_owned(),
+                action: format!("{APPROVE_ACTION}{}", record.id),
+                style: ButtonStyle::Primary,
+            },
+            Button {
+                label: "❌ Deny".to_owned(),
+                action: format!("{DENY_ACTION}{}", record.id),
+                style: ButtonStyle::Danger,
+            },
+        ],
+    }
+}
+
+/// A decided call's message, its buttons gone: the call and who decided when.
+pub(crate) fn settled(record: &ApprovalRecord) -> String {
+    let when = record
+        .decided_at_ms
+        .and_then(|ms| jiff::Timestamp::from_millisecond(i64::try_from(ms).ok()?).ok())
+        .map(|at| format!(" at {}", at.strftime("%Y-%m-%d %H:%M UTC")))
+        .unwrap_or_default();
+    let by = escape_markdown(record.decided_by.as_deref().unwrap_or("someone"), 120);
+    let reason = record
+        .reason
+        .as_deref()
+        .filter(|r| !r.trim().is_empty())
+        .map(|r| format!(": {}", escape_markdown(r, MAX_REASON_CHARS)))
+        .unwrap_or_default();
+    let decision = match record.state {
+        ApprovalState::Approved => format!("✅ Approved by {by}{when}."),
+        ApprovalState::Denied => format!("❌ Denied by {by}{when}{reason}."),
+        ApprovalState::Expired => format!("⌛ Expired{when}: nobody decided in time; not run."),
+        ApprovalState::Withdrawn => {
+            format!("↩️ Withdrawn{when}: a new message came first; not run.")
+        }
+        ApprovalState::Pending => String::new(),
+    };
+    format!("{}\n{decision}", call(record))
+}
+
+/// The answer to a press of an approval's button by `presser`: decided once, as `/approve`
+/// and `/deny` decide. The message is replaced with the decision whenever one stands (also a
+/// decision taken before, which corrects a message still showing its buttons); a refusal
+/// changes nothing and is shown to the presser alone.
+pub(crate) async fn press(approvals: &Approvals, press: &Press) -> PressAnswer {
+    let parsed = press
+        .action
+        .strip_prefix(APPROVE_ACTION)
+        .map(|id| (true, id))
+        .or_else(|| press.action.strip_prefix(DENY_ACTION).map(|id| (false, id)));
+    let Some((approve, id)) = parsed else {
+        return PressAnswer {
+            notice: "This button does nothing any more.".to_owned(),
+            update: None,
+        };
+    };
+    let decider = Decider {
+        key: Some(format!("{}:{}", press.channel, press.user.id)),
+        name: press.user.name.clone(),
+        admin: press.user.admin,
+    };
+    let decided = approvals.decide(id, &decider, approve, None).await;
+    let update = match &decided {
+        Ok(Decided::Now(record) | Decided::Before(record)) => Some(settled(record)),
+        Err(_) => None,
+    };
+    PressAnswer {
+        notice: decision_answer(id, decided),
+        update,
+    }
 }
 
 /// The line a resumed turn opens with: how the approval was decided.
@@ -138,16 +231,21 @@ pub(crate) async fn decide(approvals: &Approvals, decider: &Decider, decision: D
     if decision.id.is_empty() {
         return format!("Use /{verb} <id>: the id is in the message that asked for approval.");
     }
-    let id = escape_markdown(&decision.id, MAX_SHOWN_ID);
-    match approvals
+    let decided = approvals
         .decide(
             &decision.id,
             decider,
             decision.approve,
             decision.reason.as_deref(),
         )
-        .await
-    {
+        .await;
+    decision_answer(&decision.id, decided)
+}
+
+/// What the decider is told about deciding approval `id`.
+fn decision_answer(id: &str, decided: Result<Decided, DecideError>) -> String {
+    let id = escape_markdown(id, MAX_SHOWN_ID);
+    match decided {
         Ok(Decided::Now(record)) if record.state == ApprovalState::Approved => format!(
             "✅ Approved {} ({id}); it runs now and the answer follows.",
             escape_markdown(&record.tool, 128)

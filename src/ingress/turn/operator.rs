@@ -20,6 +20,7 @@ impl TurnRunner {
         command: &OperatorCommand,
     ) -> TurnResult {
         let answer = |text: String| TurnResult {
+            prompts: Vec::new(),
             thread: None,
             text,
             outcome: "command",
@@ -119,6 +120,7 @@ impl TurnRunner {
             None => item.draft.clone(),
         };
         TurnResult {
+            prompts: Vec::new(),
             draft,
             ..answer(outcome.text)
         }

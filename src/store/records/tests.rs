@@ -81,6 +81,7 @@ fn outbox_item(status: OutboxStatus) -> OutboxItem {
     OutboxItem {
         seq: 300 * 65_536 + 1,
         message: OutboundMessage {
+            prompts: Vec::new(),
             idempotency_key: "t:300:1".to_owned(),
             conversation: ConversationKey::new("feishu", ["t1", "oc_1", "om_1"]),
             thread_id: "t".to_owned(),

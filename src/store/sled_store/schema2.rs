@@ -142,6 +142,7 @@ pub(super) fn turn_messages() -> Vec<ChatMessage> {
 /// The finished turn's replies: the first is delivered in two parts, the second fails.
 pub(super) fn replies(thread_id: &str, inbox_seq: u64) -> Vec<OutboundMessage> {
     let reply = |index: u64, text: &str| OutboundMessage {
+        prompts: Vec::new(),
         idempotency_key: format!("{thread_id}:{inbox_seq}:{index}"),
         conversation: ConversationKey::new("slack", ["T1", "C1", "1700.1"]),
         thread_id: thread_id.to_owned(),
@@ -153,6 +154,7 @@ pub(super) fn replies(thread_id: &str, inbox_seq: u64) -> Vec<OutboundMessage> {
     vec![
         reply(0, "Deployed. All pods run."),
         OutboundMessage {
+            prompts: Vec::new(),
             files: vec![OutboundFile {
                 name: "charts/cpu.png".to_owned(),
                 media_type: "image/png".to_owned(),

@@ -163,6 +163,7 @@ fn write_v1_store(path: &std::path::Path) -> String {
     let item = OutboxItem {
         seq: 3,
         message: OutboundMessage {
+            prompts: Vec::new(),
             idempotency_key: format!("{thread_id}:7:0"),
             conversation: ConversationKey::new("api", ["ops:eu"]),
             thread_id: thread_id.clone(),
