@@ -294,6 +294,17 @@ impl Access {
             || rules.allows(&event.user, event.chat.as_deref(), moved_from)
     }
 
+    /// Whether `user` is an operator on `channel`: in its `admins`, approved as one through
+    /// pairing, or marked so by the channel itself (the API's admin token).
+    pub(crate) fn is_admin(&self, channel: &str, user: &UserRef) -> bool {
+        user.admin
+            || self.paired_as(channel, user) == Some(true)
+            || self
+                .rules()
+                .get(channel)
+                .is_some_and(|rules| rules.is_admin(user))
+    }
+
     /// Whether `event` passes as it is (its author is an operator or allowed there), with no
     /// chat it moved from to consider.
     pub(crate) fn admits(&self, event: &InboundEvent) -> bool {

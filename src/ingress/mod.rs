@@ -287,8 +287,11 @@ impl Ingress {
         press: &Press,
     ) -> Option<serde_json::Value> {
         metrics::counter!("antler_button_presses_total", "channel" => channel.name()).increment(1);
-        let answer = commands::approvals::press(&self.inner.approvals, press).await;
-        match channel.answer_press(press, &answer).await {
+        let mut press = press.clone();
+        // As for a message: the channel's `admins` (and pairing) make an operator.
+        press.user.admin = self.inner.access.is_admin(&press.channel, &press.user);
+        let answer = commands::approvals::press(&self.inner.approvals, &press).await;
+        match channel.answer_press(&press, &answer).await {
             Ok(body) => body,
             Err(e) => {
                 tracing::warn!(channel = channel.name(), error = %e, "cannot answer a button press");
