@@ -478,7 +478,22 @@ fn describe(status: &WebhookStatus) -> String {
         .max_connections
         .map_or_else(|| "default (40)".to_owned(), |n| n.to_string());
     let allowed_updates = match &status.allowed_updates {
-        Some(kinds) if !kinds.is_empty() => sanitize_for_terminal(&kinds.join(", ")),
+        Some(kinds) if !kinds.is_empty() => {
+            let missing: Vec<&str> = ALLOWED_UPDATES
+                .iter()
+                .copied()
+                .filter(|kind| !kinds.iter().any(|k| k == kind))
+                .collect();
+            let shown = sanitize_for_terminal(&kinds.join(", "));
+            if missing.is_empty() {
+                shown
+            } else {
+                format!(
+                    "{shown} (missing {}: run `antler telegram set-webhook` again)",
+                    missing.join(", ")
+                )
+            }
+        }
         _ => "Telegram's default (all but chat_member and reactions)".to_owned(),
     };
     format!(
@@ -617,7 +632,13 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("max connections: default (40)\n"), "{text}");
-        assert!(text.contains("allowed updates: message\n"), "{text}");
+        assert!(
+            text.contains(
+                "allowed updates: message (missing callback_query: run `antler telegram \
+                 set-webhook` again)\n"
+            ),
+            "{text}"
+        );
         let none = describe(&WebhookStatus {
             url: None,
             pending_update_count: 0,

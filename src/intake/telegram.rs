@@ -61,6 +61,10 @@ pub(crate) async fn poll_telegram(
                         return;
                     }
                 }
+                Ok(Parsed::Press(press)) => {
+                    // Answered through the Bot API; a failure to decide is told to the presser.
+                    ingress.press(channel.as_ref(), &press).await;
+                }
                 Ok(_) => {}
                 Err(ChannelError::Transient(e)) => {
                     // It may be for the bot, whose username is not known yet: not confirmed,

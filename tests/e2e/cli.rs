@@ -725,7 +725,10 @@ async fn telegram_set_webhook_points_at_the_public_url_and_sets_the_menu_only_wh
         stdout.contains("webhook: https://bot.example.com/webhooks/telegram\n"),
         "{stdout}"
     );
-    assert!(stdout.contains("allowed updates: message\n"), "{stdout}");
+    assert!(
+        stdout.contains("allowed updates: message, callback_query\n"),
+        "{stdout}"
+    );
     assert!(stdout.contains("pending updates: dropped\n"), "{stdout}");
     assert!(
         stdout.contains(
@@ -744,7 +747,7 @@ async fn telegram_set_webhook_points_at_the_public_url_and_sets_the_menu_only_wh
         "{fields:?}"
     );
     assert_eq!(fields["secret_token"], TG_SECRET);
-    assert_eq!(fields["allowed_updates"], r#"["message"]"#);
+    assert_eq!(fields["allowed_updates"], r#"["message","callback_query"]"#);
     assert_eq!(fields["drop_pending_updates"], "true");
     let menus = calls(&api, "SetMyCommands").await;
     assert_eq!(menus.len(), 1);

@@ -6,9 +6,9 @@ use std::time::Duration;
 
 use antler_channel::render::{self, Limit, TelegramHtml};
 use antler_channel::{
-    AttachmentRef, AttachmentSource, Capabilities, Channel, ChannelError, ConversationKey,
-    EditRate, FileContent, Limits, OutboundFile, OutboundMessage, Parsed, Part, Receipt,
-    WebhookRequest, verify,
+    AttachmentRef, AttachmentSource, Button, Capabilities, Channel, ChannelError, ConversationKey,
+    EditRate, FileContent, Limits, OutboundFile, OutboundMessage, Parsed, Part, Press, PressAnswer,
+    Receipt, WebhookRequest, verify,
 };
 use teloxide_core::types::Update;
 
@@ -143,6 +143,7 @@ impl TelegramChannel {
                 Parsed::Ignore
             }
             Normalized::Moved(chat_move) => Parsed::Moved(chat_move),
+            Normalized::Press(press) => Parsed::Press(*press),
             Normalized::Ignored(why) => {
                 tracing::debug!(update_id = update.id.0, why, "telegram update ignored");
                 Parsed::Ignore
@@ -164,10 +165,38 @@ impl TelegramChannel {
 
     /// Sends one chunk of HTML to `target`, again as the same words without markup when
     /// Telegram cannot parse it.
-    async fn send_html(&self, target: &Target, body: &str) -> Result<i32, SendFailure> {
-        match self.api.send_text(target, body, true).await {
-            Err(SendFailure::Markup) => self.api.send_text(target, &plain(body), false).await,
+    async fn send_html(
+        &self,
+        target: &Target,
+        body: &str,
+        buttons: &[Button],
+    ) -> Result<i32, SendFailure> {
+        match self.api.send_text(target, body, true, buttons).await {
+            Err(SendFailure::Markup) => {
+                self.api
+                    .send_text(target, &plain(body), false, buttons)
+                    .await
+            }
             sent => sent,
+        }
+    }
+
+    /// Replaces the text of message `message_id` in `chat_id` with `body` (HTML, or the same
+    /// words plain when Telegram cannot parse it); its inline keyboard goes with the old text.
+    async fn edit_html(
+        &self,
+        chat_id: i64,
+        message_id: i32,
+        body: &str,
+    ) -> Result<(), ChannelError> {
+        match self.api.edit_text(chat_id, message_id, body, true).await {
+            Ok(()) => Ok(()),
+            Err(SendFailure::Markup) => self
+                .api
+                .edit_text(chat_id, message_id, &plain(body), false)
+                .await
+                .map_err(markup_refused),
+            Err(failure) => Err(markup_refused(failure)),
         }
     }
 
@@ -308,7 +337,7 @@ impl Channel for TelegramChannel {
         let mut body = std::borrow::Cow::Borrowed(part.body);
         // A refused topic, then a migrated group: at most one detour each.
         for _ in 0..3 {
-            match self.send_html(&target, &body).await {
+            match self.send_html(&target, &body, part.buttons).await {
                 Err(SendFailure::TopicGone) if target.topic.is_some() => {
                     // The topic is closed or deleted: the General topic takes the answer, with
                     // a note on its first part saying where it belongs.
@@ -406,19 +435,35 @@ impl Channel for TelegramChannel {
                 sent.platform_message_id
             ))
         })?;
-        match self
-            .api
-            .edit_text(chat_id, message_id, part.body, true)
-            .await
-        {
-            Ok(()) => Ok(()),
-            Err(SendFailure::Markup) => self
-                .api
-                .edit_text(chat_id, message_id, &plain(part.body), false)
-                .await
-                .map_err(markup_refused),
-            Err(failure) => Err(markup_refused(failure)),
+        self.edit_html(chat_id, message_id, part.body).await
+    }
+
+    /// Answers the press's callback query with the notice (an alert when nothing changed, so
+    /// a refusal is not missed), then replaces the button's message with the update, which
+    /// removes its keyboard. A callback query Telegram no longer knows (answered late) does
+    /// not stop the update.
+    async fn answer_press(
+        &self,
+        press: &Press,
+        answer: &PressAnswer,
+    ) -> Result<Option<serde_json::Value>, ChannelError> {
+        let answered = match &press.answer_context {
+            Some(query) => {
+                self.api
+                    .answer_callback(query.expose(), &answer.notice, answer.update.is_none())
+                    .await
+            }
+            None => Ok(()),
+        };
+        if let Some(update) = &answer.update {
+            let (chat_id, _) = chat_of(&press.conversation)?;
+            let message_id: i32 = press.message_id.parse().map_err(|_| {
+                ChannelError::Malformed(format!("not a Telegram message id: {}", press.message_id))
+            })?;
+            let body = self.render(update)?.into_iter().next().unwrap_or_default();
+            self.edit_html(chat_id, message_id, &body).await?;
         }
+        answered.map(|()| None)
     }
 
     /// 4096 UTF-16 units a message; edits at most once a second in private chats and once
@@ -439,7 +484,7 @@ impl Channel for TelegramChannel {
             images: true,
             typing: true,
             progress_marks: false,
-            buttons: false,
+            buttons: true,
         }
     }
 
@@ -800,6 +845,88 @@ mod tests {
             None,
             "private chats get no reply quote"
         );
+    }
+
+    #[tokio::test]
+    async fn a_prompt_shows_its_buttons_and_a_press_is_answered_and_its_message_replaced() {
+        let server = MockTelegram::start().await;
+        let channel = channel_at(&server.uri());
+        assert!(channel.capabilities().buttons);
+        let message = answer("-1002200330044:77", "");
+        let buttons = [
+            Button {
+                label: "✅ Approve".into(),
+                action: "approve:k3x9p2ab".into(),
+                style: antler_channel::ButtonStyle::Primary,
+            },
+            Button {
+                label: "❌ Deny".into(),
+                action: "deny:k3x9p2ab".into(),
+                style: antler_channel::ButtonStyle::Danger,
+            },
+        ];
+        let part = Part {
+            index: 1,
+            body: "⏸ Approval needed",
+            buttons: &buttons,
+        };
+        channel.send(&message, part).await.unwrap();
+        let sent = server.calls("SendMessage").await;
+        assert_eq!(
+            sent[0]["reply_markup"],
+            serde_json::json!({"inline_keyboard": [[
+                {"text": "✅ Approve", "callback_data": "approve:k3x9p2ab"},
+                {"text": "❌ Deny", "callback_data": "deny:k3x9p2ab"}
+            ]]})
+        );
+        assert_eq!(sent[0]["message_thread_id"], 77);
+
+        // Too long for callback_data: Telegram refuses it, and so does the channel, for good.
+        let long = [Button {
+            action: "x".repeat(65),
+            ..buttons[0].clone()
+        }];
+        let refused = channel
+            .send(
+                &message,
+                Part {
+                    buttons: &long,
+                    ..part
+                },
+            )
+            .await
+            .unwrap_err();
+        assert!(!refused.is_retryable(), "{refused:?}");
+
+        let raw: serde_json::Value =
+            serde_json::from_str(&antler_testkit::telegram::fixture("tg_callback_query")).unwrap();
+        let Parsed::Press(press) = channel.parse_json(&raw).unwrap() else {
+            panic!("not a press");
+        };
+        let refusal = PressAnswer {
+            notice: "Sorry, only approvers can decide".into(),
+            update: None,
+        };
+        assert_eq!(channel.answer_press(&press, &refusal).await.unwrap(), None);
+        let decided = PressAnswer {
+            notice: "n".repeat(300),
+            update: Some("⏸ Approval needed\n✅ Approved by **Lin**".into()),
+        };
+        channel.answer_press(&press, &decided).await.unwrap();
+        let answers = server.calls("AnswerCallbackQuery").await;
+        assert_eq!(answers.len(), 2);
+        assert_eq!(answers[0]["callback_query_id"], "4382bfdwdsb323b2d9");
+        assert_eq!(answers[0]["show_alert"], true, "a refusal is not missed");
+        assert_eq!(answers[1]["show_alert"], false);
+        // "Text of the notification [...] 0-200 characters".
+        assert_eq!(answers[1]["text"].as_str().unwrap().chars().count(), 200);
+        let edits = server.calls("EditMessageText").await;
+        assert_eq!(edits.len(), 1, "a refusal leaves the message as it is");
+        assert_eq!(edits[0]["chat_id"], -1_002_200_330_044i64);
+        assert_eq!(edits[0]["message_id"], 1310);
+        assert!(edits[0]["text"].as_str().unwrap().contains("<b>Lin</b>"));
+        // editMessageText without reply_markup removes the inline keyboard.
+        assert!(edits[0].get("reply_markup").is_none());
     }
 
     #[tokio::test]

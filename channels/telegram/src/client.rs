@@ -11,20 +11,20 @@
 
 use std::sync::Arc;
 
-use antler_channel::ChannelError;
+use antler_channel::{Button, ChannelError};
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 use teloxide_core::Bot;
 use teloxide_core::errors::{ApiError, RequestError};
 use teloxide_core::net::Download;
 use teloxide_core::payloads::{
-    DeleteWebhookSetters, EditMessageTextSetters, GetUpdatesSetters, SendChatActionSetters,
-    SendMessageSetters, SetWebhookSetters,
+    AnswerCallbackQuerySetters, DeleteWebhookSetters, EditMessageTextSetters, GetUpdatesSetters,
+    SendChatActionSetters, SendMessageSetters, SetWebhookSetters,
 };
 use teloxide_core::requests::{HasPayload, Payload, Request, Requester};
 use teloxide_core::types::{
-    AllowedUpdate, BotCommand, ChatAction, ChatId, FileId, MessageId, ParseMode, ReplyParameters,
-    Seconds, ThreadId,
+    AllowedUpdate, BotCommand, CallbackQueryId, ChatAction, ChatId, FileId, InlineKeyboardButton,
+    InlineKeyboardMarkup, MessageId, ParseMode, ReplyParameters, Seconds, ThreadId,
 };
 
 use crate::normalize::BotIdentity;
@@ -64,8 +64,21 @@ pub enum SendFailure {
     Other(ChannelError),
 }
 
-/// The update types antler asks Telegram for: it acts on messages only.
-pub const ALLOWED_UPDATES: &[&str] = &["message"];
+/// The update types antler asks Telegram for: messages, and presses of its buttons.
+pub const ALLOWED_UPDATES: &[&str] = &["message", "callback_query"];
+
+/// The longest notice `answerCallbackQuery` shows ("Text of the notification. If not specified,
+/// nothing will be shown to the user, 0-200 characters").
+const CALLBACK_TEXT_LIMIT: usize = 200;
+
+/// `buttons` as one row of an inline keyboard, each sending its action back as
+/// `callback_data` (1-64 bytes, which [`Button::MAX_ACTION_BYTES`] keeps).
+fn keyboard(buttons: &[Button]) -> InlineKeyboardMarkup {
+    InlineKeyboardMarkup::new([buttons
+        .iter()
+        .map(|button| InlineKeyboardButton::callback(button.label.clone(), button.action.clone()))
+        .collect::<Vec<_>>()])
+}
 
 /// What `setWebhook` is told.
 #[derive(Clone, PartialEq, Eq)]
@@ -311,7 +324,8 @@ impl TelegramApi {
         .await
     }
 
-    /// Sends one message (`sendMessage`) and returns its id. `html` selects Telegram's HTML
+    /// Sends one message (`sendMessage`), with `buttons` as an inline keyboard under it, and
+    /// returns its id. `html` selects Telegram's HTML
     /// parse mode; a message Telegram cannot parse as HTML is [`SendFailure::Markup`], so the
     /// caller can send the same words plain.
     pub async fn send_text(
@@ -319,10 +333,14 @@ impl TelegramApi {
         target: &Target,
         text: &str,
         html: bool,
+        buttons: &[Button],
     ) -> Result<i32, SendFailure> {
         let mut request = self.bot.send_message(ChatId(target.chat_id), text);
         if html {
             request = request.parse_mode(ParseMode::Html);
+        }
+        if !buttons.is_empty() {
+            request = request.reply_markup(keyboard(buttons));
         }
         if let Some(topic) = target.topic {
             request = request.message_thread_id(ThreadId(MessageId(topic)));
@@ -418,6 +436,27 @@ impl TelegramApi {
         }
     }
 
+    /// Answers a button press (`answerCallbackQuery`): `text` shown to the presser alone, as
+    /// an alert they close with `alert`, else as a passing notice. Telegram shows at most 200
+    /// characters; the rest is cut.
+    pub async fn answer_callback(
+        &self,
+        query_id: &str,
+        text: &str,
+        alert: bool,
+    ) -> Result<(), ChannelError> {
+        let text: String = text.chars().take(CALLBACK_TEXT_LIMIT).collect();
+        let request = self
+            .bot
+            .answer_callback_query(CallbackQueryId(query_id.to_owned()))
+            .text(text)
+            .show_alert(alert);
+        self.call::<_, Value>(request.payload_ref())
+            .await
+            .map(|_| ())
+            .map_err(|e| self.call_error(e))
+    }
+
     /// Points Telegram at the webhook (`setWebhook`), asking for [`ALLOWED_UPDATES`] only.
     pub async fn set_webhook(&self, settings: &WebhookSettings<'_>) -> Result<(), ChannelError> {
         let url = reqwest::Url::parse(settings.url).map_err(|e| {
@@ -429,7 +468,7 @@ impl TelegramApi {
         self.bot
             .set_webhook(url)
             .secret_token(settings.secret_token)
-            .allowed_updates([AllowedUpdate::Message])
+            .allowed_updates([AllowedUpdate::Message, AllowedUpdate::CallbackQuery])
             .drop_pending_updates(settings.drop_pending_updates)
             .send()
             .await
@@ -515,7 +554,7 @@ impl TelegramApi {
             .bot
             .get_updates()
             .timeout(wait_secs)
-            .allowed_updates(vec![AllowedUpdate::Message]);
+            .allowed_updates(vec![AllowedUpdate::Message, AllowedUpdate::CallbackQuery]);
         if let Some(offset) = offset {
             request = request.offset(offset);
         }
@@ -935,7 +974,7 @@ mod tests {
             reply_to: None,
         };
         let started = std::time::Instant::now();
-        let sent = api.send_text(&target, "hi", true).await.unwrap_err();
+        let sent = api.send_text(&target, "hi", true, &[]).await.unwrap_err();
         assert!(
             matches!(&sent, SendFailure::Other(ChannelError::Transient(text)) if text.contains("502") && text.contains("Bad Gateway")),
             "{sent:?}"

@@ -90,6 +90,26 @@ impl wiremock::Match for InvalidHtml {
     }
 }
 
+/// Matches a message whose inline keyboard holds a `callback_data` outside 1-64 bytes.
+#[derive(Debug, Clone, Copy)]
+pub struct LongCallbackData;
+
+impl wiremock::Match for LongCallbackData {
+    fn matches(&self, request: &wiremock::Request) -> bool {
+        let Ok(body) = serde_json::from_slice::<Value>(&request.body) else {
+            return false;
+        };
+        body["reply_markup"]["inline_keyboard"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_array)
+            .flatten()
+            .filter_map(|button| button["callback_data"].as_str())
+            .any(|data| data.is_empty() || data.len() > 64)
+    }
+}
+
 /// Whether Telegram refuses `html` for a nesting its rules forbid (see [`InvalidHtml`]).
 #[must_use]
 pub fn refused_nesting(html: &str) -> bool {
@@ -212,6 +232,23 @@ impl MockTelegram {
                 .mount(&server)
                 .await;
         }
+        // Bot API, InlineKeyboardButton: "callback_data: Data to be sent in a callback query to
+        // the bot when the button is pressed, 1-64 bytes"; longer is refused.
+        route("SendMessage")
+            .and(LongCallbackData)
+            .respond_with(ResponseTemplate::new(400).set_body_json(json!({
+                "ok": false, "error_code": 400, "description": "Bad Request: BUTTON_DATA_INVALID"
+            })))
+            .with_priority(1)
+            .mount(&server)
+            .await;
+        // answerCallbackQuery: "On success, True is returned."
+        route("AnswerCallbackQuery")
+            .respond_with(
+                ResponseTemplate::new(200).set_body_json(json!({"ok": true, "result": true})),
+            )
+            .mount(&server)
+            .await;
         route("SendChatAction")
             .respond_with(
                 ResponseTemplate::new(200).set_body_json(json!({"ok": true, "result": true})),
