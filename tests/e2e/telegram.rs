@@ -623,3 +623,191 @@ async fn a_polled_group_mention_before_get_me_answers_is_not_confirmed_until_the
     assert_eq!(model.count(), 1);
     app.shutdown().await;
 }
+
+/// A press of `data` by `from` (id, first name) on the bot's message [`MESSAGE_ID`] in Ada's
+/// private chat, as Telegram delivers a `callback_query` update.
+fn press(update_id: u64, query_id: &str, from: (u64, &str), data: &str) -> String {
+    json!({
+        "update_id": update_id,
+        "callback_query": {
+            "id": query_id,
+            "from": {"id": from.0, "is_bot": false, "first_name": from.1},
+            "message": {
+                "message_id": antler_testkit::telegram::MESSAGE_ID,
+                "from": {"id": 7_000_000_001u64, "is_bot": true, "first_name": "Ops Bot", "username": "opsbot_bot"},
+                "chat": {"id": 5_550_001_001u64, "first_name": "Ada", "type": "private"},
+                "date": 1_767_225_700,
+                "text": "⏸ Approval needed: current_time"
+            },
+            "chat_instance": "-88237128934",
+            "data": data
+        }
+    })
+    .to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_approval_is_decided_once_with_its_buttons_and_a_stranger_is_refused_privately() {
+    let model = MockModel::start(Behaviour::ToolThenAnswer).await;
+    let api = MockTelegram::start().await;
+    let config = format!(
+        "{}\n[approvals]\ntools = [\"current_time\"]\napprovers = \"admins\"\n",
+        api.config("admins = [\"5550001001\"]\n")
+    );
+    let app = TestApp::spawn(&model, &config).await;
+    assert_eq!(
+        post(&app.base, &fixture("tg_private_text"), Some(SECRET)).await,
+        StatusCode::OK
+    );
+    // The reply, then the prompt: its own message, with the call and two buttons.
+    let sent = api.wait_for_sends(2).await;
+    let prompt = &sent[1];
+    assert!(
+        prompt["text"]
+            .as_str()
+            .unwrap()
+            .contains("Approval needed: current_time"),
+        "{prompt}"
+    );
+    let keyboard = prompt["reply_markup"]["inline_keyboard"][0]
+        .as_array()
+        .unwrap();
+    assert_eq!(keyboard.len(), 2, "{prompt}");
+    let approve = keyboard[0]["callback_data"].as_str().unwrap().to_owned();
+    assert!(approve.starts_with("approve:"), "{approve}");
+    assert!(
+        keyboard[1]["callback_data"]
+            .as_str()
+            .unwrap()
+            .starts_with("deny:")
+    );
+    app.wait_idle().await;
+    assert_eq!(model.count(), 1, "the call waits");
+
+    // Someone who is not an approver: told privately, and nothing changes.
+    let stranger = press(730_100_501, "q-stranger", (5_550_001_002, "Lin"), &approve);
+    assert_eq!(
+        post(&app.base, &stranger, Some(SECRET)).await,
+        StatusCode::OK
+    );
+    let answers = wait_until("the stranger's refusal", || async {
+        let answers = api.calls("AnswerCallbackQuery").await;
+        (!answers.is_empty()).then_some(answers)
+    })
+    .await;
+    assert_eq!(answers[0]["callback_query_id"], "q-stranger");
+    assert_eq!(answers[0]["show_alert"], true);
+    assert!(
+        answers[0]["text"]
+            .as_str()
+            .unwrap()
+            .contains("only approvers")
+    );
+    app.wait_idle().await;
+    assert!(api.calls("EditMessageText").await.is_empty());
+    assert_eq!(model.count(), 1, "nothing ran");
+
+    // The admin approves; the same press delivered again changes nothing.
+    let admin = press(730_100_502, "q-admin", (5_550_001_001, "Ada"), &approve);
+    assert_eq!(post(&app.base, &admin, Some(SECRET)).await, StatusCode::OK);
+    assert_eq!(post(&app.base, &admin, Some(SECRET)).await, StatusCode::OK);
+    let answer = wait_until("the answer after the approval", || async {
+        api.sent().await.into_iter().find(|m| {
+            m["text"]
+                .as_str()
+                .is_some_and(|t| t.contains("The time is"))
+        })
+    })
+    .await;
+    assert_eq!(answer["chat_id"], 5_550_001_001u64);
+    app.wait_idle().await;
+    assert_eq!(
+        model.count(),
+        2,
+        "the tool ran once, and the model was asked once more"
+    );
+    let edits = api.calls("EditMessageText").await;
+    assert_eq!(
+        edits.len(),
+        2,
+        "each approver's press shows the decision: {edits:?}"
+    );
+    for edit in &edits {
+        assert_eq!(edit["message_id"], antler_testkit::telegram::MESSAGE_ID);
+        let text = edit["text"].as_str().unwrap();
+        assert!(
+            text.contains("✅ Approved by Ada (telegram:5550001001) at "),
+            "{text}"
+        );
+        assert!(edit.get("reply_markup").is_none(), "the buttons are gone");
+    }
+    let answers = api.calls("AnswerCallbackQuery").await;
+    assert_eq!(answers.len(), 3);
+    assert!(
+        answers[1]["text"]
+            .as_str()
+            .unwrap()
+            .starts_with("✅ Approved")
+    );
+    assert!(
+        answers[2]["text"].as_str().unwrap().contains("already"),
+        "{}",
+        answers[2]
+    );
+    app.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_press_polled_after_a_restart_resumes_the_waiting_call() {
+    let model = MockModel::start(Behaviour::ToolThenAnswer).await;
+    let api = MockTelegram::start_polling("").await;
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let config = format!(
+        "{}admins = [\"5550001001\"]\n\n[approvals]\ntools = [\"current_time\"]\n",
+        api.polling_config()
+    );
+    let app = TestApp::start(&model, &store, &config).await;
+    let sent = api.wait_for_sends(2).await;
+    let approve = sent[1]["reply_markup"]["inline_keyboard"][0][0]["callback_data"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    app.wait_idle().await;
+    app.shutdown().await;
+
+    // Pressed while antler was down: the press waits in Telegram's queue.
+    let pressed = press(
+        730_100_002,
+        "q-after-restart",
+        (5_550_001_001, "Ada"),
+        &approve,
+    );
+    api.poll_next(730_100_001, serde_json::from_str(&pressed).unwrap())
+        .await;
+    let again = TestApp::start(&model, &store, &config).await;
+    let answer = wait_until("the answer after the restart", || async {
+        api.sent().await.into_iter().find(|m| {
+            m["text"]
+                .as_str()
+                .is_some_and(|t| t.contains("The time is"))
+        })
+    })
+    .await;
+    assert_eq!(answer["chat_id"], 5_550_001_001u64);
+    again.wait_idle().await;
+    assert_eq!(model.count(), 2);
+    let answers = api.calls("AnswerCallbackQuery").await;
+    assert_eq!(answers.len(), 1);
+    assert_eq!(answers[0]["callback_query_id"], "q-after-restart");
+    assert_eq!(api.calls("EditMessageText").await.len(), 1);
+    // Polling asks for presses too.
+    let polls = api.calls("GetUpdates").await;
+    assert!(
+        polls
+            .iter()
+            .all(|p| p["allowed_updates"] == json!(["message", "callback_query"])),
+        "{polls:?}"
+    );
+    again.shutdown().await;
+}
