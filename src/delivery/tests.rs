@@ -184,6 +184,52 @@ async fn a_retry_goes_on_from_the_first_part_not_sent() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn prompts_follow_the_reply_each_its_own_message_with_buttons_where_they_show() {
+    let prompt = |id: &str| antler_channel::Prompt {
+        text: format!("approve {id}?|really?"),
+        buttons: vec![antler_channel::Button {
+            label: "Approve".into(),
+            action: format!("approve:{id}"),
+            style: antler_channel::ButtonStyle::Primary,
+        }],
+    };
+    for shows_buttons in [true, false] {
+        let store = Arc::new(MemStore::new());
+        let mut items = outbox(&store, &["one|two"]).await;
+        items[0].message.prompts = vec![prompt("a"), prompt("b")];
+        let channel = Arc::new(RecordingChannel {
+            separator: Some("|"),
+            shows_buttons,
+            ..RecordingChannel::default()
+        });
+        run(Arc::clone(&channel), Arc::clone(&store), items.clone(), 5).await;
+        let expected: &[&str] = if shows_buttons {
+            &[
+                "one",
+                "two",
+                "approve a?",
+                "really? [approve:a]",
+                "approve b?",
+                "really? [approve:b]",
+            ]
+        } else {
+            &[
+                "one",
+                "two",
+                "approve a?",
+                "really?",
+                "approve b?",
+                "really?",
+            ]
+        };
+        assert_eq!(channel.sent(), expected);
+        let done = store.outbox_item(items[0].seq).await.unwrap().unwrap();
+        assert_eq!(done.status, OutboxStatus::Sent);
+        assert_eq!(done.parts.len(), 6);
+    }
+}
+
+#[tokio::test(start_paused = true)]
 async fn the_first_part_replaces_the_draft_and_the_rest_are_new_messages() {
     let store = Arc::new(MemStore::new());
     let items = outbox_with_draft(&store, 1, &["one|two"], Some("draft-1")).await;

@@ -25,6 +25,9 @@ pub struct RecordingChannel {
     pub edit_rate: Option<EditRate>,
     /// It sends files itself: each is recorded in `sent` as `file:<name>`.
     pub sends_files: bool,
+    /// It shows buttons ([`antler_channel::Capabilities::buttons`]); a part's buttons are
+    /// recorded after its body (`body [approve:x|deny:x]`).
+    pub shows_buttons: bool,
 }
 
 impl RecordingChannel {
@@ -76,7 +79,12 @@ impl Channel for RecordingChannel {
         if let Some(failure) = self.next_failure() {
             return Err(failure);
         }
-        self.sent.lock().unwrap().push(part.body.to_owned());
+        let mut sent = part.body.to_owned();
+        if !part.buttons.is_empty() {
+            let actions: Vec<&str> = part.buttons.iter().map(|b| b.action.as_str()).collect();
+            sent.push_str(&format!(" [{}]", actions.join("|")));
+        }
+        self.sent.lock().unwrap().push(sent);
         Ok(Receipt {
             platform_message_id: format!("pm-{}", part.body),
         })
@@ -85,6 +93,7 @@ impl Channel for RecordingChannel {
     fn capabilities(&self) -> antler_channel::Capabilities {
         antler_channel::Capabilities {
             files: self.sends_files,
+            buttons: self.shows_buttons,
             ..antler_channel::Capabilities::default()
         }
     }

@@ -370,6 +370,95 @@ mod tests {
     }
 
     #[test]
+    fn a_settled_call_says_who_decided_when_and_keeps_no_way_to_decide() {
+        let mut approved = record();
+        approved.state = ApprovalState::Approved;
+        approved.decided_by = Some("bob (telegram:7)".into());
+        approved.decided_at_ms = Some(1_796_461_200_000);
+        let text = settled(&approved);
+        assert!(
+            text.starts_with("⏸ Approval needed: write\\_file"),
+            "{text}"
+        );
+        assert!(
+            text.ends_with("\n✅ Approved by bob (telegram:7) at 2026-12-05 09:00 UTC."),
+            "{text}"
+        );
+        assert!(!text.contains("/approve"), "{text}");
+        let mut expired = record();
+        expired.state = ApprovalState::Expired;
+        expired.decided_at_ms = Some(0);
+        assert!(
+            settled(&expired)
+                .ends_with("⌛ Expired at 1970-01-01 00:00 UTC: nobody decided in time; not run.")
+        );
+    }
+
+    #[tokio::test]
+    async fn a_press_decides_once_and_a_refusal_changes_nothing() {
+        use crate::agent::middleware::approval::{ApprovalsConfig, Approvers};
+        use crate::store::{ApprovalStore, MemStore};
+        use antler_channel::{ConversationKey, UserRef};
+
+        let store = std::sync::Arc::new(MemStore::new());
+        store.open_approval(&record(), 5).await.unwrap();
+        let config = ApprovalsConfig {
+            tools: vec!["write_file".into()],
+            approvers: Approvers::Users(vec!["telegram:7".into()]),
+            ..ApprovalsConfig::default()
+        };
+        let approvals = Approvals::new(store, config);
+        let by = |id: &str, action: &str| Press {
+            channel: "telegram".into(),
+            conversation: ConversationKey::new("telegram", ["42"]),
+            user: UserRef {
+                id: id.into(),
+                name: Some("Bob".into()),
+                admin: false,
+                aliases: Vec::new(),
+            },
+            chat: Some("42".into()),
+            action: action.into(),
+            message_id: "700".into(),
+            answer_context: None,
+        };
+        let refused = press(&approvals, &by("42", "approve:k3x9p2ab")).await;
+        assert_eq!(refused.update, None);
+        assert!(
+            refused.notice.contains("only approvers"),
+            "{}",
+            refused.notice
+        );
+        let unknown = press(&approvals, &by("7", "launch:k3x9p2ab")).await;
+        assert_eq!(unknown.update, None);
+
+        let denied = press(&approvals, &by("7", "deny:k3x9p2ab")).await;
+        assert!(
+            denied.notice.starts_with("❌ Denied write\\_file"),
+            "{}",
+            denied.notice
+        );
+        let update = denied.update.unwrap();
+        assert!(
+            update.contains("❌ Denied by Bob (telegram:7) at "),
+            "{update}"
+        );
+        let again = press(&approvals, &by("7", "approve:k3x9p2ab")).await;
+        assert!(
+            again
+                .notice
+                .contains("was denied by Bob (telegram:7) already"),
+            "{}",
+            again.notice
+        );
+        assert_eq!(
+            again.update.as_deref(),
+            Some(update.as_str()),
+            "the message shows the decision"
+        );
+    }
+
+    #[test]
     fn decisions_are_parsed_with_the_reason_for_deny_only() {
         let words = |text: &'static str| text.split_whitespace();
         assert_eq!(
