@@ -489,7 +489,7 @@ fn describe(status: &WebhookStatus) -> String {
                 shown
             } else {
                 format!(
-                    "{shown} (missing {}: run `antler telegram set-webhook` again)",
+                    "{shown} (missing {}: approval buttons do nothing)",
                     missing.join(", ")
                 )
             }
@@ -634,8 +634,8 @@ mod tests {
         assert!(text.contains("max connections: default (40)\n"), "{text}");
         assert!(
             text.contains(
-                "allowed updates: message (missing callback_query: run `antler telegram \
-                 set-webhook` again)\n"
+                "allowed updates: message (missing callback_query: approval buttons do \
+                 nothing)\n"
             ),
             "{text}"
         );
