@@ -646,6 +646,18 @@ fn press(update_id: u64, query_id: &str, from: (u64, &str), data: &str) -> Strin
     .to_string()
 }
 
+/// The answer the approved `current_time` call leads to, once it is sent.
+async fn time_answer(api: &MockTelegram) -> Value {
+    wait_until("the answer after the approval", || async {
+        api.sent().await.into_iter().find(|m| {
+            m["text"]
+                .as_str()
+                .is_some_and(|t| t.contains("The time is"))
+        })
+    })
+    .await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_approval_is_decided_once_with_its_buttons_and_a_stranger_is_refused_privately() {
     let model = MockModel::start(Behaviour::ToolThenAnswer).await;
@@ -711,14 +723,7 @@ async fn an_approval_is_decided_once_with_its_buttons_and_a_stranger_is_refused_
     let admin = press(730_100_502, "q-admin", (5_550_001_001, "Ada"), &approve);
     assert_eq!(post(&app.base, &admin, Some(SECRET)).await, StatusCode::OK);
     assert_eq!(post(&app.base, &admin, Some(SECRET)).await, StatusCode::OK);
-    let answer = wait_until("the answer after the approval", || async {
-        api.sent().await.into_iter().find(|m| {
-            m["text"]
-                .as_str()
-                .is_some_and(|t| t.contains("The time is"))
-        })
-    })
-    .await;
+    let answer = time_answer(&api).await;
     assert_eq!(answer["chat_id"], 5_550_001_001u64);
     app.wait_idle().await;
     assert_eq!(
@@ -786,14 +791,7 @@ async fn a_press_polled_after_a_restart_resumes_the_waiting_call() {
     api.poll_next(730_100_001, serde_json::from_str(&pressed).unwrap())
         .await;
     let again = TestApp::start(&model, &store, &config).await;
-    let answer = wait_until("the answer after the restart", || async {
-        api.sent().await.into_iter().find(|m| {
-            m["text"]
-                .as_str()
-                .is_some_and(|t| t.contains("The time is"))
-        })
-    })
-    .await;
+    let answer = time_answer(&api).await;
     assert_eq!(answer["chat_id"], 5_550_001_001u64);
     again.wait_idle().await;
     assert_eq!(model.count(), 2);

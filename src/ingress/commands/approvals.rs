@@ -146,13 +146,8 @@ pub(crate) fn prompt(record: &ApprovalRecord, now_ms: u64) -> Prompt {
     }
 }
 
-/// A decided call's message, its buttons gone: the call and who decided when.
-pub(crate) fn settled(record: &ApprovalRecord) -> String {
-    let when = record
-        .decided_at_ms
-        .and_then(|ms| jiff::Timestamp::from_millisecond(i64::try_from(ms).ok()?).ok())
-        .map(|at| format!(" at {}", at.strftime("%Y-%m-%d %H:%M UTC")))
-        .unwrap_or_default();
+/// Who decided, and `: why` when they said, escaped.
+fn decided_by(record: &ApprovalRecord) -> (String, String) {
     let by = escape_markdown(record.decided_by.as_deref().unwrap_or("someone"), 120);
     let reason = record
         .reason
@@ -160,6 +155,17 @@ pub(crate) fn settled(record: &ApprovalRecord) -> String {
         .filter(|r| !r.trim().is_empty())
         .map(|r| format!(": {}", escape_markdown(r, MAX_REASON_CHARS)))
         .unwrap_or_default();
+    (by, reason)
+}
+
+/// A decided call's message, its buttons gone: the call and who decided when.
+pub(crate) fn settled(record: &ApprovalRecord) -> String {
+    let when = record
+        .decided_at_ms
+        .and_then(|ms| jiff::Timestamp::from_millisecond(i64::try_from(ms).ok()?).ok())
+        .map(|at| format!(" at {}", at.strftime("%Y-%m-%d %H:%M UTC")))
+        .unwrap_or_default();
+    let (by, reason) = decided_by(record);
     let decision = match record.state {
         ApprovalState::Approved => format!("✅ Approved by {by}{when}."),
         ApprovalState::Denied => format!("❌ Denied by {by}{when}{reason}."),
@@ -207,13 +213,7 @@ pub(crate) async fn press(approvals: &Approvals, press: &Press) -> PressAnswer {
 /// The line a resumed turn opens with: how the approval was decided.
 pub(crate) fn outcome(record: &ApprovalRecord) -> String {
     let tool = escape_markdown(&record.tool, 128);
-    let by = escape_markdown(record.decided_by.as_deref().unwrap_or("someone"), 120);
-    let reason = record
-        .reason
-        .as_deref()
-        .filter(|r| !r.trim().is_empty())
-        .map(|r| format!(": {}", escape_markdown(r, MAX_REASON_CHARS)))
-        .unwrap_or_default();
+    let (by, reason) = decided_by(record);
     match record.state {
         ApprovalState::Approved => format!("✅ {tool} ({}) approved by {by}.", record.id),
         ApprovalState::Denied => format!("❌ {tool} ({}) denied by {by}{reason}.", record.id),
