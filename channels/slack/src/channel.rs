@@ -1,5 +1,7 @@
-//! Slack as an antler [`Channel`]: signed requests on two routes (Events API and slash
-//! commands), events normalized, replies posted in the user's thread and edited in place.
+//! Slack as an antler [`Channel`]: signed requests on three routes (Events API, slash
+//! commands and interactions), events normalized, replies posted in the user's thread and
+//! edited in place, prompts posted with Block Kit buttons whose presses are answered through
+//! the Web API.
 
 use std::sync::RwLock;
 use std::time::Duration;
@@ -8,14 +10,17 @@ use antler_channel::render::{self, Limit, SlackMrkdwn};
 use antler_channel::verify::SignedHeaders;
 use antler_channel::{
     AttachmentRef, AttachmentSource, Capabilities, Channel, ChannelError, ConversationKey,
-    EditRate, Limits, OutboundMessage, Parsed, Part, Progress, Receipt, WebhookRequest, verify,
+    EditRate, Limits, OutboundMessage, Parsed, Part, Press, PressAnswer, Progress, Receipt,
+    WebhookRequest, verify,
 };
 use serde::Deserialize;
 use slack_morphism::SlackSigningSecret;
 use slack_morphism::events::SlackPushEvent;
 use slack_morphism::signature_verifier::SlackEventSignatureVerifier;
 
+use crate::blocks;
 use crate::client::{DEFAULT_API_URL, Posted, Responded, SlackApi, SlackIdentity};
+use crate::interaction::{Interacted, PressTo, normalize_interaction};
 use crate::normalize::{
     Context, NAME, Normalized, ReplyTo, SlashCommand, normalize_callback, normalize_command,
 };
@@ -194,8 +199,8 @@ impl SlackChannel {
     }
 
     /// A Socket Mode envelope's payload, as the webhooks would have it: `events_api` carries
-    /// the Events API body, `slash_commands` the command's form fields as JSON. Interactions
-    /// (and anything newer) are not handled, as on the webhooks.
+    /// the Events API body, `slash_commands` the command's form fields as JSON, `interactive`
+    /// an interaction's payload (a button press). Anything newer is not handled.
     pub fn parse_socket(
         &self,
         kind: &str,
@@ -208,6 +213,7 @@ impl SlackChannel {
                     .map_err(|e| ChannelError::Malformed(format!("not a slash command: {e}")))?;
                 Ok(self.command(&command))
             }
+            "interactive" => self.interaction(payload),
             kind => {
                 tracing::debug!(kind, "a Socket Mode envelope antler does not handle");
                 Ok(Parsed::Ignore)
@@ -267,6 +273,37 @@ impl SlackChannel {
         })
     }
 
+    /// An interaction request: a form whose one field, `payload`, is the JSON.
+    fn parse_interaction(&self, body: &[u8]) -> Result<Parsed, ChannelError> {
+        #[derive(Deserialize)]
+        struct Form {
+            payload: String,
+        }
+        let form: Form = serde_urlencoded::from_bytes(body)
+            .map_err(|e| ChannelError::Malformed(format!("not an interaction: {e}")))?;
+        let raw: serde_json::Value = serde_json::from_str(&form.payload).map_err(|e| {
+            ChannelError::Malformed(format!("an interaction that is not JSON: {e}"))
+        })?;
+        self.interaction(&raw)
+    }
+
+    fn interaction(&self, raw: &serde_json::Value) -> Result<Parsed, ChannelError> {
+        let me = self.identity();
+        match normalize_interaction(raw, &self.context(me.as_ref())) {
+            Ok(Interacted::Press(press)) => Ok(Parsed::Press(*press)),
+            Ok(Interacted::Ignored(reason)) => {
+                tracing::debug!(reason, "Slack interaction ignored");
+                Ok(Parsed::Ignore)
+            }
+            Err(e) => Err(ChannelError::Malformed(e)),
+        }
+    }
+
+    /// `markdown` as one mrkdwn text, its parts joined (an answer to a press is short).
+    fn mrkdwn(&self, markdown: &str) -> Result<String, ChannelError> {
+        Ok(self.render(markdown)?.join("\n"))
+    }
+
     fn parse_command(&self, body: &[u8]) -> Result<Parsed, ChannelError> {
         let command: SlashCommand = serde_urlencoded::from_bytes(body)
             .map_err(|e| ChannelError::Malformed(format!("not a slash command: {e}")))?;
@@ -312,7 +349,11 @@ impl SlackChannel {
     ) -> Result<Receipt, ChannelError> {
         let dm = self.api.open_dm(user).await?;
         let text = format!("{note}\n{}", part.body);
-        match self.api.post(&dm, &text, None).await? {
+        match self
+            .api
+            .post(&dm, &text, None, with_buttons(&text, &part))
+            .await?
+        {
             Posted::Ts(ts) => Ok(Receipt {
                 platform_message_id: format!("{dm}/{ts}"),
             }),
@@ -331,6 +372,11 @@ impl SlackChannel {
             received_at_ms: (self.now_ms)(),
         }
     }
+}
+
+/// `text` with `part`'s buttons under it as blocks, when it has any.
+fn with_buttons(text: &str, part: &Part<'_>) -> Option<Vec<slack_morphism::prelude::SlackBlock>> {
+    (!part.buttons.is_empty()).then(|| blocks::with_buttons(text, part.buttons))
 }
 
 /// The channel and thread of `slack:<team>:<channel>[:<thread ts>]`.
@@ -370,9 +416,10 @@ impl Channel for SlackChannel {
         NAME
     }
 
-    /// `events` for the Events API, `commands` for slash commands.
+    /// `events` for the Events API, `commands` for slash commands, `interactions` for button
+    /// presses (the app's Interactivity Request URL).
     fn routes(&self) -> &'static [&'static str] {
-        &["events", "commands"]
+        &["events", "commands", "interactions"]
     }
 
     /// Both signature headers present and the timestamp within 5 minutes of now.
@@ -381,7 +428,7 @@ impl Channel for SlackChannel {
     }
 
     /// `v0=HMAC-SHA256(signing secret, "v0:{ts}:{body}")`, compared in constant time by
-    /// slack-morphism's verifier. Events and slash commands are signed alike. The verifier
+    /// slack-morphism's verifier. Events, slash commands and interactions are signed alike. The verifier
     /// judges the timestamp's age by the wall clock as well as [`Channel::verify_headers`]
     /// does by `now_ms`, so a replayed request fails even under a test clock.
     fn verify(&self, request: &WebhookRequest<'_>) -> Result<(), ChannelError> {
@@ -401,6 +448,7 @@ impl Channel for SlackChannel {
         match request.route {
             "events" => self.parse_event(request.body),
             "commands" => self.parse_command(request.body),
+            "interactions" => self.parse_interaction(request.body),
             route => Err(ChannelError::Malformed(format!(
                 "Slack has no route {route:?}"
             ))),
@@ -418,7 +466,9 @@ impl Channel for SlackChannel {
     /// (30 minutes, 5 uses), a private answer goes to the user's DM and a public one to the
     /// channel. Anything else is posted in the conversation's thread (top level in a DM
     /// without one). Where the bot cannot post (`not_in_channel`, `channel_not_found`) the
-    /// answer goes to the user's DM with a note, rather than being lost.
+    /// answer goes to the user's DM with a note, rather than being lost. A part with buttons
+    /// is posted with them as Block Kit blocks, and never through a `response_url`: a press
+    /// replaces it with `chat.update`, which only a posted message takes.
     async fn send(
         &self,
         message: &OutboundMessage,
@@ -429,7 +479,8 @@ impl Channel for SlackChannel {
         if let Some(reply) = &reply
             && reply.response_url.is_some()
         {
-            if let Some(url) = self.live_response_url(reply)
+            if part.buttons.is_empty()
+                && let Some(url) = self.live_response_url(reply)
                 && self
                     .api
                     .respond(url, part.body, self.slash_in_channel)
@@ -445,7 +496,8 @@ impl Channel for SlackChannel {
                 return self.send_dm(&reply.user, &note, &part).await;
             }
         }
-        match self.api.post(channel, part.body, thread_ts).await? {
+        let blocks = with_buttons(part.body, &part);
+        match self.api.post(channel, part.body, thread_ts, blocks).await? {
             Posted::Ts(ts) => Ok(Receipt {
                 platform_message_id: ts,
             }),
@@ -543,8 +595,47 @@ impl Channel for SlackChannel {
             images: true,
             typing: false,
             progress_marks: self.progress_reactions,
-            buttons: false,
+            buttons: true,
         }
+    }
+
+    /// The notice goes to the presser alone (`chat.postEphemeral`, in the message's thread);
+    /// an update replaces the button's message (`chat.update` with the text in sections, the
+    /// buttons gone). The press's request is answered with an empty 200: the Web API is used
+    /// rather than the payload's `response_url`, a URL from the request. Both calls are made;
+    /// the first failure is returned.
+    async fn answer_press(
+        &self,
+        press: &Press,
+        answer: &PressAnswer,
+    ) -> Result<Option<serde_json::Value>, ChannelError> {
+        let to = press
+            .answer_context
+            .as_ref()
+            .and_then(PressTo::read)
+            .ok_or_else(|| {
+                ChannelError::Permanent("a Slack press without where to answer it".to_owned())
+            })?;
+        let updated = match &answer.update {
+            Some(update) => {
+                let text = self.mrkdwn(update)?;
+                self.api
+                    .update_blocks(
+                        &to.channel,
+                        &press.message_id,
+                        &text,
+                        blocks::sections(&text),
+                    )
+                    .await
+            }
+            None => Ok(()),
+        };
+        let notice = self.mrkdwn(&answer.notice)?;
+        let noticed = self
+            .api
+            .post_ephemeral(&to.channel, &to.user, &notice, to.thread_ts.as_deref())
+            .await;
+        updated.and(noticed).map(|()| None)
     }
 
     async fn fetch_attachment(
@@ -1233,10 +1324,10 @@ mod tests {
                 images: true,
                 typing: false,
                 progress_marks: true,
-                buttons: false,
+                buttons: true,
             }
         );
-        assert_eq!(channel.routes(), ["events", "commands"]);
+        assert_eq!(channel.routes(), ["events", "commands", "interactions"]);
         assert_eq!(
             channel.render("**hi** & <you>").unwrap(),
             ["*hi* &amp; &lt;you&gt;"]
