@@ -1497,4 +1497,278 @@ mod tests {
             Err(ChannelError::Unsupported)
         );
     }
+
+    /// The `block_actions` fixture as the interactions route receives it.
+    fn press_form() -> Vec<u8> {
+        let payload: serde_json::Value =
+            serde_json::from_slice(&fixture("slack_block_actions.json")).unwrap();
+        antler_testkit::slack::interaction_form(&payload).into_bytes()
+    }
+
+    fn approve_deny() -> Vec<antler_channel::Button> {
+        use antler_channel::{Button, ButtonStyle};
+        vec![
+            Button {
+                label: "✅ Approve".into(),
+                action: "approve:k3x9p2ab".into(),
+                style: ButtonStyle::Primary,
+            },
+            Button {
+                label: "❌ Deny".into(),
+                action: "deny:k3x9p2ab".into(),
+                style: ButtonStyle::Danger,
+            },
+        ]
+    }
+
+    /// Slack signs an interaction like any request ("Handling user interaction": the
+    /// Interactivity Request URL gets `payload=<JSON>`, form-encoded, with the same
+    /// `X-Slack-Signature`), so the same check refuses a forged or stale press.
+    #[test]
+    fn a_signed_press_verifies_and_parses_on_the_interactions_route() {
+        let live = SlackChannel::new(&settings("http://127.0.0.1:9/api"), wall_clock_ms).unwrap();
+        let body = press_form();
+        let now = (wall_clock_ms() / 1000).to_string();
+        let fresh = signed_headers(&now, &sign(&now, &body));
+        let request = WebhookRequest {
+            route: "interactions",
+            headers: &fresh,
+            body: &body,
+        };
+        assert_eq!(live.verify(&request), Ok(()));
+        let Parsed::Press(press) = live.parse(&request).unwrap() else {
+            panic!("a press")
+        };
+        assert_eq!(
+            press.conversation.as_str(),
+            "slack:T0OPS00001:C0SRE00001:1767225500.000100"
+        );
+        assert_eq!(press.user.id, "U0GRC00001");
+        assert_eq!(press.action, "approve:k3x9p2ab");
+        assert_eq!(press.message_id, "1767229999.000900");
+
+        let mut tampered = body.clone();
+        let at = tampered.len() - 3;
+        tampered[at] ^= 1;
+        assert_eq!(
+            live.verify(&WebhookRequest {
+                body: &tampered,
+                ..request
+            }),
+            Err(ChannelError::Unauthorized)
+        );
+        let stale = signed_headers("1767225600", &sign("1767225600", &body));
+        assert_eq!(
+            live.verify(&WebhookRequest {
+                headers: &stale,
+                ..request
+            }),
+            Err(ChannelError::Unauthorized)
+        );
+
+        // The same payload over Socket Mode, as JSON.
+        let payload: serde_json::Value =
+            serde_json::from_slice(&fixture("slack_block_actions.json")).unwrap();
+        assert_eq!(
+            live.parse_socket("interactive", &payload).unwrap(),
+            Parsed::Press(press)
+        );
+    }
+
+    #[test]
+    fn a_malformed_interaction_is_refused_and_others_are_ignored() {
+        let channel = channel();
+        let request = |body: &[u8]| {
+            let headers = http::HeaderMap::new();
+            channel.parse(&WebhookRequest {
+                route: "interactions",
+                headers: &headers,
+                body,
+            })
+        };
+        let nobody = antler_testkit::slack::interaction_form(&serde_json::json!({
+            "type": "block_actions",
+            "container": {"type": "message", "message_ts": "1767229999.000900"},
+            "actions": [{"type": "button", "action_id": "approve:k3x9p2ab"}]
+        }));
+        for body in [
+            &b"nothing=here"[..],
+            b"payload=not%20json",
+            nobody.as_bytes(),
+        ] {
+            assert!(
+                matches!(request(body), Err(ChannelError::Malformed(_))),
+                "{}",
+                String::from_utf8_lossy(body)
+            );
+        }
+        let shortcut = antler_testkit::slack::interaction_form(&serde_json::json!({
+            "type": "shortcut", "callback_id": "x", "trigger_id": "1.2.3"
+        }));
+        assert_eq!(request(shortcut.as_bytes()), Ok(Parsed::Ignore));
+    }
+
+    fn prompt_message(
+        conversation: &str,
+        context: Option<antler_channel::ReplyContext>,
+    ) -> OutboundMessage {
+        OutboundMessage {
+            prompts: Vec::new(),
+            idempotency_key: "k".into(),
+            conversation: ConversationKey::new("slack", conversation.split(':')),
+            thread_id: "t".into(),
+            text: "x".into(),
+            reply_to: None,
+            files: Vec::new(),
+            reply_context: context,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_prompt_is_posted_with_buttons_and_a_press_replaces_it_and_answers_privately() {
+        let server = MockSlack::start().await;
+        let channel = SlackChannel::new(&settings(&server.api_url()), || 0).unwrap();
+        let buttons = approve_deny();
+        let message = prompt_message("T0OPS00001:C0SRE00001:1767225500.000100", None);
+        let receipt = channel
+            .send(
+                &message,
+                Part {
+                    buttons: &buttons,
+                    index: 0,
+                    body: "⏸ *Approval needed*",
+                },
+            )
+            .await
+            .unwrap();
+        assert_eq!(
+            receipt.platform_message_id,
+            antler_testkit::slack::POSTED_TS
+        );
+        let posted = server.posted().await;
+        assert_eq!(posted[0]["channel"], "C0SRE00001");
+        assert_eq!(posted[0]["thread_ts"], "1767225500.000100");
+        assert_eq!(posted[0]["text"], "⏸ *Approval needed*", "the fallback");
+        assert_eq!(
+            posted[0]["blocks"][0],
+            serde_json::json!({"type": "section",
+                               "text": {"type": "mrkdwn", "text": "⏸ *Approval needed*"}})
+        );
+        let elements = &posted[0]["blocks"][1]["elements"];
+        assert_eq!(posted[0]["blocks"][1]["type"], "actions");
+        assert_eq!(elements[0]["value"], "approve:k3x9p2ab");
+        assert_eq!(elements[0]["style"], "primary");
+        assert_eq!(elements[1]["action_id"], "deny:k3x9p2ab");
+        assert_eq!(elements[1]["style"], "danger");
+
+        // The press of that button, answered: the message replaced, the presser told.
+        let Parsed::Press(press) = parse(&channel, "interactions", &press_form()) else {
+            panic!("a press")
+        };
+        let answered = channel
+            .answer_press(
+                &press,
+                &PressAnswer {
+                    notice: "✅ Approved current\\_time (k3x9p2ab)".into(),
+                    update: Some("⏸ Approval needed\n✅ Approved by **grace**".into()),
+                },
+            )
+            .await
+            .unwrap();
+        assert_eq!(answered, None, "an empty 200");
+        let updates = server.updates().await;
+        assert_eq!(updates.len(), 1);
+        assert_eq!(updates[0]["channel"], "C0SRE00001");
+        assert_eq!(updates[0]["ts"], "1767229999.000900");
+        let text = "⏸ Approval needed\n✅ Approved by *grace*";
+        assert_eq!(updates[0]["text"], text);
+        assert_eq!(
+            updates[0]["blocks"],
+            serde_json::json!([{"type": "section", "text": {"type": "mrkdwn", "text": text}}]),
+            "the buttons are gone"
+        );
+        let ephemerals = server.ephemerals().await;
+        assert_eq!(ephemerals.len(), 1);
+        assert_eq!(ephemerals[0]["channel"], "C0SRE00001");
+        assert_eq!(ephemerals[0]["user"], "U0GRC00001");
+        assert_eq!(ephemerals[0]["thread_ts"], "1767225500.000100");
+        assert_eq!(ephemerals[0]["text"], "✅ Approved current_time (k3x9p2ab)");
+
+        // A refusal changes nothing but tells the presser.
+        let refused = PressAnswer {
+            notice: "Only approvers can decide.".into(),
+            update: None,
+        };
+        channel.answer_press(&press, &refused).await.unwrap();
+        assert_eq!(server.updates().await.len(), 1);
+        assert_eq!(server.ephemerals().await.len(), 2);
+
+        // Without its context a press cannot be answered; a Web API error is the channel's.
+        let lost = Press {
+            answer_context: None,
+            ..press.clone()
+        };
+        assert!(matches!(
+            channel.answer_press(&lost, &refused).await,
+            Err(ChannelError::Permanent(_))
+        ));
+        wiremock::Mock::given(wiremock::matchers::path("/api/chat.postEphemeral"))
+            .respond_with(
+                wiremock::ResponseTemplate::new(200)
+                    .set_body_json(serde_json::json!({"ok": false, "error": "ratelimited"})),
+            )
+            .with_priority(1)
+            .mount(&server)
+            .await;
+        assert!(matches!(
+            channel.answer_press(&press, &refused).await,
+            Err(ChannelError::RateLimited { .. })
+        ));
+    }
+
+    /// A slash command's prompt cannot go through its `response_url` (an ephemeral answer
+    /// there is no message `chat.update` can replace): a private one goes to the user's DM,
+    /// with its buttons.
+    #[tokio::test]
+    async fn a_slash_commands_prompt_goes_to_the_dm_with_its_buttons() {
+        let server = MockSlack::start().await;
+        let channel = SlackChannel::new(&settings(&server.api_url()), || 0).unwrap();
+        let context = ReplyTo {
+            user: "U0ADA00001".into(),
+            response_url: Some(server.response_url()),
+            received_at_ms: 0,
+        }
+        .context();
+        let buttons = approve_deny();
+        let receipt = channel
+            .send(
+                &prompt_message("T0OPS00001:C0SRE00001", Some(context)),
+                Part {
+                    buttons: &buttons,
+                    index: 0,
+                    body: "approve?",
+                },
+            )
+            .await
+            .unwrap();
+        assert!(server.responses().await.is_empty());
+        assert_eq!(server.dms_opened().await, ["U0ADA00001"]);
+        let posted = server.posted().await;
+        assert_eq!(posted[0]["channel"], antler_testkit::slack::DM);
+        assert_eq!(posted[0]["blocks"][1]["type"], "actions");
+        assert!(
+            posted[0]["blocks"][0]["text"]["text"]
+                .as_str()
+                .unwrap()
+                .ends_with("\napprove?")
+        );
+        assert_eq!(
+            receipt.platform_message_id,
+            format!(
+                "{}/{}",
+                antler_testkit::slack::DM,
+                antler_testkit::slack::POSTED_TS
+            )
+        );
+    }
 }
