@@ -351,7 +351,7 @@ impl SlackChannel {
         let text = format!("{note}\n{}", part.body);
         match self
             .api
-            .post(&dm, &text, None, with_buttons(&text, &part))
+            .post(&dm, &text, None, with_buttons(&text, part))
             .await?
         {
             Posted::Ts(ts) => Ok(Receipt {
@@ -602,8 +602,8 @@ impl Channel for SlackChannel {
     /// The notice goes to the presser alone (`chat.postEphemeral`, in the message's thread);
     /// an update replaces the button's message (`chat.update` with the text in sections, the
     /// buttons gone). The press's request is answered with an empty 200: the Web API is used
-    /// rather than the payload's `response_url`, a URL from the request. Both calls are made;
-    /// the first failure is returned.
+    /// rather than the payload's `response_url`, a URL from the request. Both calls are made,
+    /// at once; the update's failure is returned first.
     async fn answer_press(
         &self,
         press: &Press,
@@ -616,25 +616,27 @@ impl Channel for SlackChannel {
             .ok_or_else(|| {
                 ChannelError::Permanent("a Slack press without where to answer it".to_owned())
             })?;
-        let updated = match &answer.update {
-            Some(update) => {
-                let text = self.mrkdwn(update)?;
-                self.api
-                    .update_blocks(
-                        &to.channel,
-                        &press.message_id,
-                        &text,
-                        blocks::sections(&text),
-                    )
-                    .await
-            }
-            None => Ok(()),
-        };
+        let updated = answer
+            .update
+            .as_deref()
+            .map(|update| self.mrkdwn(update))
+            .transpose()?;
         let notice = self.mrkdwn(&answer.notice)?;
-        let noticed = self
+        let update = async {
+            match &updated {
+                Some(text) => {
+                    self.api
+                        .update_blocks(&to.channel, &press.message_id, text, blocks::sections(text))
+                        .await
+                }
+                None => Ok(()),
+            }
+        };
+        let tell = self
             .api
-            .post_ephemeral(&to.channel, &to.user, &notice, to.thread_ts.as_deref())
-            .await;
+            .post_ephemeral(&to.channel, &to.user, &notice, to.thread_ts.as_deref());
+        // Together: Slack waits 3 seconds for the press's answer.
+        let (updated, noticed) = tokio::join!(update, tell);
         updated.and(noticed).map(|()| None)
     }
 
