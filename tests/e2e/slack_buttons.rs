@@ -189,11 +189,17 @@ async fn only_an_approvers_press_runs_the_call_once_and_replaces_the_buttons() {
     app.shutdown().await;
 }
 
+/// With `approvers = "admins"`, the channel's `admins` decide: a press is judged like a
+/// message from its user.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_deny_press_refuses_the_call_and_a_forged_press_is_refused() {
+async fn an_admins_deny_press_refuses_the_call_and_a_forged_press_is_refused() {
     let model = MockModel::start(Behaviour::ToolThenAnswer).await;
     let api = MockSlack::start().await;
-    let app = TestApp::spawn(&model, &format!("{}{}", api.config(""), approvals())).await;
+    let config = format!(
+        "{}\n[approvals]\ntools = [\"current_time\"]\napprovers = \"admins\"\n",
+        api.config(&format!("admins = [\"{PRESSER}\"]\n"))
+    );
+    let app = TestApp::spawn(&model, &config).await;
     post_event(&app.base, &fixture("slack_app_mention_thread.json")).await;
     let actions = actions(&prompt(&api).await);
 
