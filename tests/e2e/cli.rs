@@ -1074,6 +1074,14 @@ async fn slack_manifest_names_antlers_urls_events_and_scopes() {
     for event in ["app_mention", "message.im", "message.channels"] {
         assert!(events.contains(event), "{events}");
     }
+    assert_eq!(
+        manifest["settings"]["interactivity"],
+        serde_json::json!({
+            "is_enabled": true,
+            "request_url": "https://bot.example.com/webhooks/slack/interactions"
+        }),
+        "approval buttons' presses come to the interactions route"
+    );
     let command = &manifest["features"]["slash_commands"][0];
     assert_eq!(command["command"], "/ops");
     assert_eq!(
@@ -1173,6 +1181,10 @@ async fn slack_socket_mode_manifest_and_doctor_check_the_app_token() {
         None
     );
     assert_eq!(manifest["features"]["slash_commands"][0].get("url"), None);
+    assert_eq!(
+        manifest["settings"]["interactivity"],
+        serde_json::json!({"is_enabled": true})
+    );
 
     let (code, stdout, _) = run_binary(&["doctor", "--config", &config]).await;
     assert_eq!(code, Some(0), "{stdout}");

@@ -32,6 +32,7 @@ mod seams;
 mod shell;
 mod skills;
 mod slack;
+mod slack_buttons;
 mod slack_socket;
 mod subagents;
 mod support;

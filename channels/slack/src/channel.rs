@@ -1,5 +1,7 @@
-//! Slack as an antler [`Channel`]: signed requests on two routes (Events API and slash
-//! commands), events normalized, replies posted in the user's thread and edited in place.
+//! Slack as an antler [`Channel`]: signed requests on three routes (Events API, slash
+//! commands and interactions), events normalized, replies posted in the user's thread and
+//! edited in place, prompts posted with Block Kit buttons whose presses are answered through
+//! the Web API.
 
 use std::sync::RwLock;
 use std::time::Duration;
@@ -8,14 +10,17 @@ use antler_channel::render::{self, Limit, SlackMrkdwn};
 use antler_channel::verify::SignedHeaders;
 use antler_channel::{
     AttachmentRef, AttachmentSource, Capabilities, Channel, ChannelError, ConversationKey,
-    EditRate, Limits, OutboundMessage, Parsed, Part, Progress, Receipt, WebhookRequest, verify,
+    EditRate, Limits, OutboundMessage, Parsed, Part, Press, PressAnswer, Progress, Receipt,
+    WebhookRequest, verify,
 };
 use serde::Deserialize;
 use slack_morphism::SlackSigningSecret;
 use slack_morphism::events::SlackPushEvent;
 use slack_morphism::signature_verifier::SlackEventSignatureVerifier;
 
+use crate::blocks;
 use crate::client::{DEFAULT_API_URL, Posted, Responded, SlackApi, SlackIdentity};
+use crate::interaction::{Interacted, PressTo, normalize_interaction};
 use crate::normalize::{
     Context, NAME, Normalized, ReplyTo, SlashCommand, normalize_callback, normalize_command,
 };
@@ -194,8 +199,8 @@ impl SlackChannel {
     }
 
     /// A Socket Mode envelope's payload, as the webhooks would have it: `events_api` carries
-    /// the Events API body, `slash_commands` the command's form fields as JSON. Interactions
-    /// (and anything newer) are not handled, as on the webhooks.
+    /// the Events API body, `slash_commands` the command's form fields as JSON, `interactive`
+    /// an interaction's payload (a button press). Anything newer is not handled.
     pub fn parse_socket(
         &self,
         kind: &str,
@@ -208,6 +213,7 @@ impl SlackChannel {
                     .map_err(|e| ChannelError::Malformed(format!("not a slash command: {e}")))?;
                 Ok(self.command(&command))
             }
+            "interactive" => self.interaction(payload),
             kind => {
                 tracing::debug!(kind, "a Socket Mode envelope antler does not handle");
                 Ok(Parsed::Ignore)
@@ -267,6 +273,37 @@ impl SlackChannel {
         })
     }
 
+    /// An interaction request: a form whose one field, `payload`, is the JSON.
+    fn parse_interaction(&self, body: &[u8]) -> Result<Parsed, ChannelError> {
+        #[derive(Deserialize)]
+        struct Form {
+            payload: String,
+        }
+        let form: Form = serde_urlencoded::from_bytes(body)
+            .map_err(|e| ChannelError::Malformed(format!("not an interaction: {e}")))?;
+        let raw: serde_json::Value = serde_json::from_str(&form.payload).map_err(|e| {
+            ChannelError::Malformed(format!("an interaction that is not JSON: {e}"))
+        })?;
+        self.interaction(&raw)
+    }
+
+    fn interaction(&self, raw: &serde_json::Value) -> Result<Parsed, ChannelError> {
+        let me = self.identity();
+        match normalize_interaction(raw, &self.context(me.as_ref())) {
+            Ok(Interacted::Press(press)) => Ok(Parsed::Press(*press)),
+            Ok(Interacted::Ignored(reason)) => {
+                tracing::debug!(reason, "Slack interaction ignored");
+                Ok(Parsed::Ignore)
+            }
+            Err(e) => Err(ChannelError::Malformed(e)),
+        }
+    }
+
+    /// `markdown` as one mrkdwn text, its parts joined (an answer to a press is short).
+    fn mrkdwn(&self, markdown: &str) -> Result<String, ChannelError> {
+        Ok(self.render(markdown)?.join("\n"))
+    }
+
     fn parse_command(&self, body: &[u8]) -> Result<Parsed, ChannelError> {
         let command: SlashCommand = serde_urlencoded::from_bytes(body)
             .map_err(|e| ChannelError::Malformed(format!("not a slash command: {e}")))?;
@@ -312,7 +349,11 @@ impl SlackChannel {
     ) -> Result<Receipt, ChannelError> {
         let dm = self.api.open_dm(user).await?;
         let text = format!("{note}\n{}", part.body);
-        match self.api.post(&dm, &text, None).await? {
+        match self
+            .api
+            .post(&dm, &text, None, with_buttons(&text, part))
+            .await?
+        {
             Posted::Ts(ts) => Ok(Receipt {
                 platform_message_id: format!("{dm}/{ts}"),
             }),
@@ -331,6 +372,11 @@ impl SlackChannel {
             received_at_ms: (self.now_ms)(),
         }
     }
+}
+
+/// `text` with `part`'s buttons under it as blocks, when it has any.
+fn with_buttons(text: &str, part: &Part<'_>) -> Option<Vec<slack_morphism::prelude::SlackBlock>> {
+    (!part.buttons.is_empty()).then(|| blocks::with_buttons(text, part.buttons))
 }
 
 /// The channel and thread of `slack:<team>:<channel>[:<thread ts>]`.
@@ -370,9 +416,10 @@ impl Channel for SlackChannel {
         NAME
     }
 
-    /// `events` for the Events API, `commands` for slash commands.
+    /// `events` for the Events API, `commands` for slash commands, `interactions` for button
+    /// presses (the app's Interactivity Request URL).
     fn routes(&self) -> &'static [&'static str] {
-        &["events", "commands"]
+        &["events", "commands", "interactions"]
     }
 
     /// Both signature headers present and the timestamp within 5 minutes of now.
@@ -381,7 +428,7 @@ impl Channel for SlackChannel {
     }
 
     /// `v0=HMAC-SHA256(signing secret, "v0:{ts}:{body}")`, compared in constant time by
-    /// slack-morphism's verifier. Events and slash commands are signed alike. The verifier
+    /// slack-morphism's verifier. Events, slash commands and interactions are signed alike. The verifier
     /// judges the timestamp's age by the wall clock as well as [`Channel::verify_headers`]
     /// does by `now_ms`, so a replayed request fails even under a test clock.
     fn verify(&self, request: &WebhookRequest<'_>) -> Result<(), ChannelError> {
@@ -401,6 +448,7 @@ impl Channel for SlackChannel {
         match request.route {
             "events" => self.parse_event(request.body),
             "commands" => self.parse_command(request.body),
+            "interactions" => self.parse_interaction(request.body),
             route => Err(ChannelError::Malformed(format!(
                 "Slack has no route {route:?}"
             ))),
@@ -418,7 +466,9 @@ impl Channel for SlackChannel {
     /// (30 minutes, 5 uses), a private answer goes to the user's DM and a public one to the
     /// channel. Anything else is posted in the conversation's thread (top level in a DM
     /// without one). Where the bot cannot post (`not_in_channel`, `channel_not_found`) the
-    /// answer goes to the user's DM with a note, rather than being lost.
+    /// answer goes to the user's DM with a note, rather than being lost. A part with buttons
+    /// is posted with them as Block Kit blocks, and never through a `response_url`: a press
+    /// replaces it with `chat.update`, which only a posted message takes.
     async fn send(
         &self,
         message: &OutboundMessage,
@@ -429,7 +479,8 @@ impl Channel for SlackChannel {
         if let Some(reply) = &reply
             && reply.response_url.is_some()
         {
-            if let Some(url) = self.live_response_url(reply)
+            if part.buttons.is_empty()
+                && let Some(url) = self.live_response_url(reply)
                 && self
                     .api
                     .respond(url, part.body, self.slash_in_channel)
@@ -445,7 +496,8 @@ impl Channel for SlackChannel {
                 return self.send_dm(&reply.user, &note, &part).await;
             }
         }
-        match self.api.post(channel, part.body, thread_ts).await? {
+        let blocks = with_buttons(part.body, &part);
+        match self.api.post(channel, part.body, thread_ts, blocks).await? {
             Posted::Ts(ts) => Ok(Receipt {
                 platform_message_id: ts,
             }),
@@ -543,8 +595,49 @@ impl Channel for SlackChannel {
             images: true,
             typing: false,
             progress_marks: self.progress_reactions,
-            buttons: false,
+            buttons: true,
         }
+    }
+
+    /// The notice goes to the presser alone (`chat.postEphemeral`, in the message's thread);
+    /// an update replaces the button's message (`chat.update` with the text in sections, the
+    /// buttons gone). The press's request is answered with an empty 200: the Web API is used
+    /// rather than the payload's `response_url`, a URL from the request. Both calls are made,
+    /// at once; the update's failure is returned first.
+    async fn answer_press(
+        &self,
+        press: &Press,
+        answer: &PressAnswer,
+    ) -> Result<Option<serde_json::Value>, ChannelError> {
+        let to = press
+            .answer_context
+            .as_ref()
+            .and_then(PressTo::read)
+            .ok_or_else(|| {
+                ChannelError::Permanent("a Slack press without where to answer it".to_owned())
+            })?;
+        let updated = answer
+            .update
+            .as_deref()
+            .map(|update| self.mrkdwn(update))
+            .transpose()?;
+        let notice = self.mrkdwn(&answer.notice)?;
+        let update = async {
+            match &updated {
+                Some(text) => {
+                    self.api
+                        .update_blocks(&to.channel, &press.message_id, text, blocks::sections(text))
+                        .await
+                }
+                None => Ok(()),
+            }
+        };
+        let tell = self
+            .api
+            .post_ephemeral(&to.channel, &to.user, &notice, to.thread_ts.as_deref());
+        // Together: Slack waits 3 seconds for the press's answer.
+        let (updated, noticed) = tokio::join!(update, tell);
+        updated.and(noticed).map(|()| None)
     }
 
     async fn fetch_attachment(
@@ -1233,10 +1326,10 @@ mod tests {
                 images: true,
                 typing: false,
                 progress_marks: true,
-                buttons: false,
+                buttons: true,
             }
         );
-        assert_eq!(channel.routes(), ["events", "commands"]);
+        assert_eq!(channel.routes(), ["events", "commands", "interactions"]);
         assert_eq!(
             channel.render("**hi** & <you>").unwrap(),
             ["*hi* &amp; &lt;you&gt;"]
@@ -1404,6 +1497,280 @@ mod tests {
         assert_eq!(
             channel.fetch_attachment(&platform, 10).await,
             Err(ChannelError::Unsupported)
+        );
+    }
+
+    /// The `block_actions` fixture as the interactions route receives it.
+    fn press_form() -> Vec<u8> {
+        let payload: serde_json::Value =
+            serde_json::from_slice(&fixture("slack_block_actions.json")).unwrap();
+        antler_testkit::slack::interaction_form(&payload).into_bytes()
+    }
+
+    fn approve_deny() -> Vec<antler_channel::Button> {
+        use antler_channel::{Button, ButtonStyle};
+        vec![
+            Button {
+                label: "✅ Approve".into(),
+                action: "approve:k3x9p2ab".into(),
+                style: ButtonStyle::Primary,
+            },
+            Button {
+                label: "❌ Deny".into(),
+                action: "deny:k3x9p2ab".into(),
+                style: ButtonStyle::Danger,
+            },
+        ]
+    }
+
+    /// Slack signs an interaction like any request ("Handling user interaction": the
+    /// Interactivity Request URL gets `payload=<JSON>`, form-encoded, with the same
+    /// `X-Slack-Signature`), so the same check refuses a forged or stale press.
+    #[test]
+    fn a_signed_press_verifies_and_parses_on_the_interactions_route() {
+        let live = SlackChannel::new(&settings("http://127.0.0.1:9/api"), wall_clock_ms).unwrap();
+        let body = press_form();
+        let now = (wall_clock_ms() / 1000).to_string();
+        let fresh = signed_headers(&now, &sign(&now, &body));
+        let request = WebhookRequest {
+            route: "interactions",
+            headers: &fresh,
+            body: &body,
+        };
+        assert_eq!(live.verify(&request), Ok(()));
+        let Parsed::Press(press) = live.parse(&request).unwrap() else {
+            panic!("a press")
+        };
+        assert_eq!(
+            press.conversation.as_str(),
+            "slack:T0OPS00001:C0SRE00001:1767225500.000100"
+        );
+        assert_eq!(press.user.id, "U0GRC00001");
+        assert_eq!(press.action, "approve:k3x9p2ab");
+        assert_eq!(press.message_id, "1767229999.000900");
+
+        let mut tampered = body.clone();
+        let at = tampered.len() - 3;
+        tampered[at] ^= 1;
+        assert_eq!(
+            live.verify(&WebhookRequest {
+                body: &tampered,
+                ..request
+            }),
+            Err(ChannelError::Unauthorized)
+        );
+        let stale = signed_headers("1767225600", &sign("1767225600", &body));
+        assert_eq!(
+            live.verify(&WebhookRequest {
+                headers: &stale,
+                ..request
+            }),
+            Err(ChannelError::Unauthorized)
+        );
+
+        // The same payload over Socket Mode, as JSON.
+        let payload: serde_json::Value =
+            serde_json::from_slice(&fixture("slack_block_actions.json")).unwrap();
+        assert_eq!(
+            live.parse_socket("interactive", &payload).unwrap(),
+            Parsed::Press(press)
+        );
+    }
+
+    #[test]
+    fn a_malformed_interaction_is_refused_and_others_are_ignored() {
+        let channel = channel();
+        let request = |body: &[u8]| {
+            let headers = http::HeaderMap::new();
+            channel.parse(&WebhookRequest {
+                route: "interactions",
+                headers: &headers,
+                body,
+            })
+        };
+        let nobody = antler_testkit::slack::interaction_form(&serde_json::json!({
+            "type": "block_actions",
+            "container": {"type": "message", "message_ts": "1767229999.000900"},
+            "actions": [{"type": "button", "action_id": "approve:k3x9p2ab"}]
+        }));
+        for body in [
+            &b"nothing=here"[..],
+            b"payload=not%20json",
+            nobody.as_bytes(),
+        ] {
+            assert!(
+                matches!(request(body), Err(ChannelError::Malformed(_))),
+                "{}",
+                String::from_utf8_lossy(body)
+            );
+        }
+        let shortcut = antler_testkit::slack::interaction_form(&serde_json::json!({
+            "type": "shortcut", "callback_id": "x", "trigger_id": "1.2.3"
+        }));
+        assert_eq!(request(shortcut.as_bytes()), Ok(Parsed::Ignore));
+    }
+
+    fn prompt_message(
+        conversation: &str,
+        context: Option<antler_channel::ReplyContext>,
+    ) -> OutboundMessage {
+        OutboundMessage {
+            prompts: Vec::new(),
+            idempotency_key: "k".into(),
+            conversation: ConversationKey::new("slack", conversation.split(':')),
+            thread_id: "t".into(),
+            text: "x".into(),
+            reply_to: None,
+            files: Vec::new(),
+            reply_context: context,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_prompt_is_posted_with_buttons_and_a_press_replaces_it_and_answers_privately() {
+        let server = MockSlack::start().await;
+        let channel = SlackChannel::new(&settings(&server.api_url()), || 0).unwrap();
+        let buttons = approve_deny();
+        let message = prompt_message("T0OPS00001:C0SRE00001:1767225500.000100", None);
+        let receipt = channel
+            .send(
+                &message,
+                Part {
+                    buttons: &buttons,
+                    index: 0,
+                    body: "⏸ *Approval needed*",
+                },
+            )
+            .await
+            .unwrap();
+        assert_eq!(
+            receipt.platform_message_id,
+            antler_testkit::slack::POSTED_TS
+        );
+        let posted = server.posted().await;
+        assert_eq!(posted[0]["channel"], "C0SRE00001");
+        assert_eq!(posted[0]["thread_ts"], "1767225500.000100");
+        assert_eq!(posted[0]["text"], "⏸ *Approval needed*", "the fallback");
+        assert_eq!(
+            posted[0]["blocks"][0],
+            serde_json::json!({"type": "section",
+                               "text": {"type": "mrkdwn", "text": "⏸ *Approval needed*"}})
+        );
+        let elements = &posted[0]["blocks"][1]["elements"];
+        assert_eq!(posted[0]["blocks"][1]["type"], "actions");
+        assert_eq!(elements[0]["value"], "approve:k3x9p2ab");
+        assert_eq!(elements[0]["style"], "primary");
+        assert_eq!(elements[1]["action_id"], "deny:k3x9p2ab");
+        assert_eq!(elements[1]["style"], "danger");
+
+        // The press of that button, answered: the message replaced, the presser told.
+        let Parsed::Press(press) = parse(&channel, "interactions", &press_form()) else {
+            panic!("a press")
+        };
+        let answered = channel
+            .answer_press(
+                &press,
+                &PressAnswer {
+                    notice: "✅ Approved current\\_time (k3x9p2ab)".into(),
+                    update: Some("⏸ Approval needed\n✅ Approved by **grace**".into()),
+                },
+            )
+            .await
+            .unwrap();
+        assert_eq!(answered, None, "an empty 200");
+        let updates = server.updates().await;
+        assert_eq!(updates.len(), 1);
+        assert_eq!(updates[0]["channel"], "C0SRE00001");
+        assert_eq!(updates[0]["ts"], "1767229999.000900");
+        let text = "⏸ Approval needed\n✅ Approved by *grace*";
+        assert_eq!(updates[0]["text"], text);
+        assert_eq!(
+            updates[0]["blocks"],
+            serde_json::json!([{"type": "section", "text": {"type": "mrkdwn", "text": text}}]),
+            "the buttons are gone"
+        );
+        let ephemerals = server.ephemerals().await;
+        assert_eq!(ephemerals.len(), 1);
+        assert_eq!(ephemerals[0]["channel"], "C0SRE00001");
+        assert_eq!(ephemerals[0]["user"], "U0GRC00001");
+        assert_eq!(ephemerals[0]["thread_ts"], "1767225500.000100");
+        assert_eq!(ephemerals[0]["text"], "✅ Approved current_time (k3x9p2ab)");
+
+        // A refusal changes nothing but tells the presser.
+        let refused = PressAnswer {
+            notice: "Only approvers can decide.".into(),
+            update: None,
+        };
+        channel.answer_press(&press, &refused).await.unwrap();
+        assert_eq!(server.updates().await.len(), 1);
+        assert_eq!(server.ephemerals().await.len(), 2);
+
+        // Without its context a press cannot be answered; a Web API error is the channel's.
+        let lost = Press {
+            answer_context: None,
+            ..press.clone()
+        };
+        assert!(matches!(
+            channel.answer_press(&lost, &refused).await,
+            Err(ChannelError::Permanent(_))
+        ));
+        wiremock::Mock::given(wiremock::matchers::path("/api/chat.postEphemeral"))
+            .respond_with(
+                wiremock::ResponseTemplate::new(200)
+                    .set_body_json(serde_json::json!({"ok": false, "error": "ratelimited"})),
+            )
+            .with_priority(1)
+            .mount(&server)
+            .await;
+        assert!(matches!(
+            channel.answer_press(&press, &refused).await,
+            Err(ChannelError::RateLimited { .. })
+        ));
+    }
+
+    /// A slash command's prompt cannot go through its `response_url` (an ephemeral answer
+    /// there is no message `chat.update` can replace): a private one goes to the user's DM,
+    /// with its buttons.
+    #[tokio::test]
+    async fn a_slash_commands_prompt_goes_to_the_dm_with_its_buttons() {
+        let server = MockSlack::start().await;
+        let channel = SlackChannel::new(&settings(&server.api_url()), || 0).unwrap();
+        let context = ReplyTo {
+            user: "U0ADA00001".into(),
+            response_url: Some(server.response_url()),
+            received_at_ms: 0,
+        }
+        .context();
+        let buttons = approve_deny();
+        let receipt = channel
+            .send(
+                &prompt_message("T0OPS00001:C0SRE00001", Some(context)),
+                Part {
+                    buttons: &buttons,
+                    index: 0,
+                    body: "approve?",
+                },
+            )
+            .await
+            .unwrap();
+        assert!(server.responses().await.is_empty());
+        assert_eq!(server.dms_opened().await, ["U0ADA00001"]);
+        let posted = server.posted().await;
+        assert_eq!(posted[0]["channel"], antler_testkit::slack::DM);
+        assert_eq!(posted[0]["blocks"][1]["type"], "actions");
+        assert!(
+            posted[0]["blocks"][0]["text"]["text"]
+                .as_str()
+                .unwrap()
+                .ends_with("\napprove?")
+        );
+        assert_eq!(
+            receipt.platform_message_id,
+            format!(
+                "{}/{}",
+                antler_testkit::slack::DM,
+                antler_testkit::slack::POSTED_TS
+            )
         );
     }
 }

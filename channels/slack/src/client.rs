@@ -6,14 +6,15 @@ use std::time::Duration;
 
 use antler_channel::ChannelError;
 use slack_morphism::api::{
-    SlackApiChatPostMessageRequest, SlackApiChatUpdateRequest, SlackApiReactionsAddRequest,
-    SlackApiReactionsRemoveRequest,
+    SlackApiChatPostEphemeralRequest, SlackApiChatPostMessageRequest, SlackApiChatUpdateRequest,
+    SlackApiReactionsAddRequest, SlackApiReactionsRemoveRequest,
 };
 use slack_morphism::errors::SlackClientError;
 use slack_morphism::hyper_tokio::SlackClientHyperHttpsConnector;
+use slack_morphism::prelude::SlackBlock;
 use slack_morphism::{
     SlackApiToken, SlackApiTokenValue, SlackChannelId, SlackClient, SlackMessageContent,
-    SlackReactionName, SlackTs,
+    SlackReactionName, SlackTs, SlackUserId,
 };
 
 /// Where Slack's Web API is.
@@ -127,7 +128,7 @@ impl SlackApi {
         text: &str,
         thread_ts: Option<&str>,
     ) -> Result<String, ChannelError> {
-        match self.post(channel, text, thread_ts).await? {
+        match self.post(channel, text, thread_ts, None).await? {
             Posted::Ts(ts) => Ok(ts),
             Posted::NotThere(code) => {
                 Err(ChannelError::Permanent(format!("Slack answered {code}")))
@@ -135,17 +136,21 @@ impl SlackApi {
         }
     }
 
-    /// Posts like [`SlackApi::post_message`], but tells a channel the bot cannot post in
+    /// Posts like [`SlackApi::post_message`], with `blocks` when given (`text` is then the
+    /// notification's fallback), and tells a channel the bot cannot post in
     /// (`not_in_channel`, `channel_not_found`) from other failures.
     pub(crate) async fn post(
         &self,
         channel: &str,
         text: &str,
         thread_ts: Option<&str>,
+        blocks: Option<Vec<SlackBlock>>,
     ) -> Result<Posted, ChannelError> {
         let request = SlackApiChatPostMessageRequest::new(
             SlackChannelId(channel.to_owned()),
-            SlackMessageContent::new().with_text(text.to_owned()),
+            SlackMessageContent::new()
+                .with_text(text.to_owned())
+                .opt_blocks(blocks),
         )
         .opt_thread_ts(thread_ts.map(|ts| SlackTs(ts.to_owned())));
         let session = self.client.open_session(&self.token);
@@ -301,14 +306,67 @@ impl SlackApi {
         ts: &str,
         text: &str,
     ) -> Result<(), ChannelError> {
+        self.update(
+            channel,
+            ts,
+            SlackMessageContent::new().with_text(text.to_owned()),
+        )
+        .await
+    }
+
+    /// Replaces the bot's message `ts` in `channel` with `blocks`, `text` their fallback
+    /// (`chat.update`). Slack: "If you don't include this field, the message's previous blocks
+    /// will be retained": the new blocks replace the old ones, buttons and all.
+    pub(crate) async fn update_blocks(
+        &self,
+        channel: &str,
+        ts: &str,
+        text: &str,
+        blocks: Vec<SlackBlock>,
+    ) -> Result<(), ChannelError> {
+        let content = SlackMessageContent::new()
+            .with_text(text.to_owned())
+            .with_blocks(blocks);
+        self.update(channel, ts, content).await
+    }
+
+    async fn update(
+        &self,
+        channel: &str,
+        ts: &str,
+        content: SlackMessageContent,
+    ) -> Result<(), ChannelError> {
         let request = SlackApiChatUpdateRequest::new(
             SlackChannelId(channel.to_owned()),
-            SlackMessageContent::new().with_text(text.to_owned()),
+            content,
             SlackTs(ts.to_owned()),
         );
         let session = self.client.open_session(&self.token);
         session
             .chat_update(&request)
+            .await
+            .map_err(|e| self.error(e))?;
+        Ok(())
+    }
+
+    /// Shows `text` (mrkdwn) to `user` alone in `channel`, in the thread `thread_ts` when
+    /// given (`chat.postEphemeral`, scope `chat:write`).
+    pub(crate) async fn post_ephemeral(
+        &self,
+        channel: &str,
+        user: &str,
+        text: &str,
+        thread_ts: Option<&str>,
+    ) -> Result<(), ChannelError> {
+        let request = SlackApiChatPostEphemeralRequest::new(
+            SlackChannelId(channel.to_owned()),
+            SlackUserId(user.to_owned()),
+            SlackMessageContent::new().with_text(text.to_owned()),
+        )
+        .opt_thread_ts(thread_ts.map(|ts| SlackTs(ts.to_owned())));
+        let session = self.client.open_session(&self.token);
+        session
+            .chat_post_ephemeral(&request)
             .await
             .map_err(|e| self.error(e))?;
         Ok(())

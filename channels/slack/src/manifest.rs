@@ -1,15 +1,16 @@
 //! The Slack app manifest `antler setup slack` prints: what to paste into "Create an app →
-//! From a manifest" so the app has the scopes, events and command antler needs.
+//! From a manifest" so the app has the scopes, events, command and interactivity antler needs.
 
 /// The app manifest for an antler reachable at `public_url` (no trailing slash needed), or in
 /// Socket Mode without one (`None`), with the slash command `command` (`/antler`).
 ///
-/// With a URL, events go to `<public_url>/webhooks/slack/events` and the command to
-/// `<public_url>/webhooks/slack/commands`, and Socket Mode is off. Without one,
-/// `socket_mode_enabled` is on and the manifest names no request URL: Slack's manifest
-/// reference makes `event_subscriptions.request_url` and a slash command's `url` optional
-/// ("If set, you'll need to manually verify the Request URL"), and in Socket Mode both
-/// arrive over the app's connection instead.
+/// With a URL, events go to `<public_url>/webhooks/slack/events`, the command to
+/// `<public_url>/webhooks/slack/commands` and button presses to
+/// `<public_url>/webhooks/slack/interactions` (`settings.interactivity`), and Socket Mode is
+/// off. Without one, `socket_mode_enabled` is on and the manifest names no request URL:
+/// Slack's manifest reference makes `event_subscriptions.request_url`, a slash command's `url`
+/// and `interactivity.request_url` optional ("If set, you'll need to manually verify the
+/// Request URL"), and in Socket Mode all of them arrive over the app's connection instead.
 pub fn manifest(public_url: Option<&str>, command: &str) -> serde_json::Value {
     let command = if command.starts_with('/') {
         command.to_owned()
@@ -58,6 +59,10 @@ pub fn manifest(public_url: Option<&str>, command: &str) -> serde_json::Value {
                     "message.groups",
                 ],
             },
+            // Approve and Deny buttons: presses are interactions.
+            "interactivity": {
+                "is_enabled": true,
+            },
             "org_deploy_enabled": false,
             "socket_mode_enabled": public_url.is_none(),
             "token_rotation_enabled": false,
@@ -69,6 +74,8 @@ pub fn manifest(public_url: Option<&str>, command: &str) -> serde_json::Value {
             format!("{base}/webhooks/slack/commands").into();
         manifest["settings"]["event_subscriptions"]["request_url"] =
             format!("{base}/webhooks/slack/events").into();
+        manifest["settings"]["interactivity"]["request_url"] =
+            format!("{base}/webhooks/slack/interactions").into();
     }
     manifest
 }
@@ -113,6 +120,13 @@ mod tests {
                 "message.groups"
             ])
         );
+        assert_eq!(
+            m["settings"]["interactivity"],
+            serde_json::json!({
+                "is_enabled": true,
+                "request_url": "https://bot.example.com/webhooks/slack/interactions"
+            })
+        );
         assert_eq!(m["settings"]["socket_mode_enabled"], false);
         assert_eq!(m["settings"]["org_deploy_enabled"], false);
         assert_eq!(m["display_information"]["name"], "antler");
@@ -128,6 +142,11 @@ mod tests {
             None
         );
         assert_eq!(m["features"]["slash_commands"][0].get("url"), None);
+        assert_eq!(
+            m["settings"]["interactivity"],
+            serde_json::json!({"is_enabled": true}),
+            "presses come over the connection"
+        );
         assert_eq!(m["features"]["slash_commands"][0]["command"], "/antler");
         // Everything else is the webhooks' manifest: the same events, scopes and command.
         let mut expected = webhooks;
@@ -140,6 +159,10 @@ mod tests {
             .as_object_mut()
             .unwrap()
             .remove("url");
+        expected["settings"]["interactivity"]
+            .as_object_mut()
+            .unwrap()
+            .remove("request_url");
         assert_eq!(m, expected);
     }
 }

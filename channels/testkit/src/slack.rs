@@ -10,6 +10,11 @@
 //! "You can use a `response_url` up to five times within 30 minutes" (Handling user
 //! interaction); past that it answers HTTP 404 with the text `used_url`, and once expired
 //! `expired_url`.
+//!
+//! A button press comes to the Interactivity Request URL as a form with one field, `payload`,
+//! holding the interaction's JSON (`type: "block_actions"`), signed like events ("Handling
+//! user interaction"). The mock Web API answers `chat.postEphemeral` as Slack documents it:
+//! `{"ok": true, "message_ts": "…"}`.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -42,6 +47,12 @@ pub const RESPONSE_URL_USES: u64 = 5;
 pub const DM: &str = "D0ADA00001";
 /// The ts the mock Web API gives every message it posts.
 pub const POSTED_TS: &str = "1767229999.000900";
+/// The user who writes the fixtures' messages.
+pub const REQUESTER: &str = "U0ADA00001";
+/// The user who presses the button in the `block_actions` fixture.
+pub const PRESSER: &str = "U0GRC00001";
+/// The ts `chat.postEphemeral` answers with.
+pub const EPHEMERAL_TS: &str = "1767229999.000950";
 /// The header with the signing time.
 pub const TIMESTAMP_HEADER: &str = "x-slack-request-timestamp";
 /// The header with the signature.
@@ -77,7 +88,8 @@ pub fn signed_headers(secret: &str, timestamp: u64, body: &[u8]) -> http::Header
 }
 
 /// Posts `body` to `<base>/webhooks/slack/<route>` signed with `secret` at `timestamp`, as Slack
-/// does (a form for `commands`, JSON otherwise); `retry` adds `X-Slack-Retry-Num`.
+/// does (a form for `commands` and `interactions`, JSON otherwise); `retry` adds
+/// `X-Slack-Retry-Num`.
 pub async fn post_signed(
     base: &str,
     route: &str,
@@ -87,7 +99,7 @@ pub async fn post_signed(
     retry: Option<u32>,
 ) -> (reqwest::StatusCode, String) {
     let mut headers = signed_headers(secret, timestamp, body.as_bytes());
-    let content_type = if route == "commands" {
+    let content_type = if route == "commands" || route == "interactions" {
         "application/x-www-form-urlencoded"
     } else {
         "application/json"
@@ -125,6 +137,46 @@ pub async fn post_event(base: &str, body: &str) -> reqwest::StatusCode {
     )
     .await
     .0
+}
+
+/// A `block_actions` payload (the recorded fixture): `user` pressed the button `action` on
+/// the bot's message `message_ts` in [`CHANNEL`], in the thread `thread_ts` when given.
+#[must_use]
+pub fn block_actions(user: &str, action: &str, message_ts: &str, thread_ts: Option<&str>) -> Value {
+    let mut payload: Value =
+        serde_json::from_str(&fixture("slack_block_actions.json")).expect("the fixture is JSON");
+    payload["user"]["id"] = json!(user);
+    payload["container"]["message_ts"] = json!(message_ts);
+    payload["message"]["ts"] = json!(message_ts);
+    payload["actions"][0]["action_id"] = json!(action);
+    payload["actions"][0]["value"] = json!(action);
+    for place in ["container", "message"] {
+        let object = payload[place].as_object_mut().expect("an object");
+        match thread_ts {
+            Some(ts) => object.insert("thread_ts".to_owned(), json!(ts)),
+            None => object.remove("thread_ts"),
+        };
+    }
+    payload
+}
+
+/// An interaction's request body as Slack sends it: `payload=<the JSON, form-encoded>`.
+#[must_use]
+pub fn interaction_form(payload: &Value) -> String {
+    format!("payload={}", url_encode(&payload.to_string()))
+}
+
+/// Posts the interaction `payload` to `<base>/webhooks/slack/interactions`, signed now.
+pub async fn post_interaction(base: &str, payload: &Value) -> (reqwest::StatusCode, String) {
+    post_signed(
+        base,
+        "interactions",
+        &interaction_form(payload),
+        SIGNING_SECRET,
+        crate::now_secs(),
+        None,
+    )
+    .await
 }
 
 /// A message event in [`CHANNEL`] from a person, as Slack sends it for `message.channels`.
@@ -192,7 +244,7 @@ pub fn bot_message(
 }
 
 /// A mock Web API on 127.0.0.1 (`<uri>/api/<method>`): knows the bot (`auth.test`), accepts
-/// every post, update and reaction, opens a DM with anyone, serves slash commands'
+/// every post, ephemeral post, update and reaction, opens a DM with anyone, serves slash commands'
 /// `response_url`s (`<uri>/commands/…`) as Slack does, and records every request.
 #[derive(Debug)]
 pub struct MockSlack {
@@ -261,6 +313,16 @@ impl MockSlack {
                 .mount(&server)
                 .await;
         }
+        // chat.postEphemeral: "Ephemeral message delivery is not guaranteed"; the answer
+        // names the message: `{"ok": true, "message_ts": "1502210682.580145"}`.
+        Mock::given(method("POST"))
+            .and(path("/api/chat.postEphemeral"))
+            .respond_with(
+                ResponseTemplate::new(200)
+                    .set_body_json(json!({"ok": true, "message_ts": EPHEMERAL_TS})),
+            )
+            .mount(&server)
+            .await;
         Mock::given(method("POST"))
             .and(path("/api/conversations.open"))
             .respond_with(ResponseTemplate::new(200).set_body_json(json!({
@@ -392,6 +454,21 @@ impl MockSlack {
     /// The bodies of every `chat.postMessage`, in order.
     pub async fn posted(&self) -> Vec<Value> {
         self.calls("chat.postMessage").await
+    }
+
+    /// The bodies of every `chat.update`, in order.
+    pub async fn updates(&self) -> Vec<Value> {
+        self.calls("chat.update").await
+    }
+
+    /// The bodies of every `chat.postEphemeral`, in order.
+    pub async fn ephemerals(&self) -> Vec<Value> {
+        self.calls("chat.postEphemeral").await
+    }
+
+    /// Waits until at least `n` ephemeral messages were posted; their bodies.
+    pub async fn wait_for_ephemerals(&self, n: usize) -> Vec<Value> {
+        crate::wait_for_at_least(&format!("{n} ephemeral messages"), n, || self.ephemerals()).await
     }
 
     /// Waits until at least `n` messages were posted; their bodies.
@@ -719,7 +796,8 @@ impl MockSocket {
             .expect("the connection is open");
     }
 
-    /// Sends an envelope of `kind` (`events_api`, `slash_commands`) carrying `payload`; slash
+    /// Sends an envelope of `kind` (`events_api`, `slash_commands`, `interactive`) carrying
+    /// `payload`; slash
     /// commands accept a response payload, as Slack sends them.
     pub fn send_envelope(&self, envelope_id: &str, kind: &str, payload: Value, retry_attempt: u32) {
         self.send(&json!({
