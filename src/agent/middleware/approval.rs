@@ -51,7 +51,7 @@ pub(crate) const MAX_REASON_CHARS: usize = 300;
 pub(crate) enum Approvers {
     /// `"admins"`: the channel's admins (and the admin API).
     Named(String),
-    /// Users by `<channel>:<user id>` (`telegram:42`, `slack:T1:U9`).
+    /// Users by `<channel>:<user id>` (`telegram:42`, `slack:U0123ABCD`).
     Users(Vec<String>),
 }
 
