@@ -21,4 +21,4 @@ pub use channel::{
 pub use client::{
     CommandSpec, DEFAULT_API_URL, DiscordApi, DiscordIdentity, OptionSpec, Registration,
 };
-pub use gateway::DiscordGateway;
+pub use gateway::{DiscordGateway, GatewayEvent, GatewayPress};

@@ -122,6 +122,63 @@ pub fn user_installed(mut interaction: Value) -> Value {
     interaction
 }
 
+/// A press of the button `action` on the bot's message `message_id`, as Discord sends it to the
+/// Interactions Endpoint: a component interaction (type 3, `data.component_type` 2) with id
+/// `id` and token `token`, by [`ADA`] in the DM fixture's channel (`user`, no `member`, no
+/// `guild_id`: "`member` is sent when the interaction is invoked in a guild, and `user` is
+/// sent when invoked in a DM").
+#[must_use]
+pub fn press(id: &str, token: &str, action: &str, message_id: &str) -> Value {
+    let mut interaction = fixture("discord_button_guild.json");
+    let object = interaction.as_object_mut().expect("an object");
+    let member = object.remove("member").expect("the fixture's member");
+    for key in ["guild_id", "guild", "guild_locale", "app_permissions"] {
+        object.remove(key);
+    }
+    object.insert("user".to_owned(), member["user"].clone());
+    object.insert("channel_id".to_owned(), json!(DM_CHANNEL));
+    object.insert(
+        "channel".to_owned(),
+        json!({"id": DM_CHANNEL, "type": 1, "flags": 0, "last_message_id": null,
+               "recipients": [member["user"].clone()]}),
+    );
+    object.insert("context".to_owned(), json!(1));
+    interaction["id"] = json!(id);
+    interaction["token"] = json!(token);
+    interaction["data"]["custom_id"] = json!(action);
+    interaction["message"]["id"] = json!(message_id);
+    interaction["message"]["channel_id"] = json!(DM_CHANNEL);
+    interaction
+}
+
+/// `interaction` pressed by the user `user_id` named `name` instead.
+#[must_use]
+pub fn pressed_by(mut interaction: Value, user_id: &str, name: &str) -> Value {
+    interaction["user"]["id"] = json!(user_id);
+    interaction["user"]["username"] = json!(name);
+    interaction["user"]["global_name"] = json!(name);
+    interaction
+}
+
+/// The buttons of a message body the bot sent: its `components`' action rows' buttons, as
+/// (label, style, `custom_id`).
+#[must_use]
+pub fn buttons_of(body: &Value) -> Vec<(String, u64, String)> {
+    body["components"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|row| row["components"].as_array().cloned().unwrap_or_default())
+        .map(|button| {
+            (
+                button["label"].as_str().unwrap_or_default().to_owned(),
+                button["style"].as_u64().unwrap_or_default(),
+                button["custom_id"].as_str().unwrap_or_default().to_owned(),
+            )
+        })
+        .collect()
+}
+
 /// A message of the bot's as the API returns it.
 #[must_use]
 pub fn message(id: &str) -> Value {
@@ -180,6 +237,13 @@ impl MockDiscord {
         )
         .mount(&server)
         .await;
+        // "Interaction Callback: Create a response to an Interaction. Returns 204 unless
+        // `with_response` is set to `true`."
+        Mock::given(method("POST"))
+            .and(path_regex(r"^/api/v10/interactions/\d+/[^/]+/callback$"))
+            .respond_with(ResponseTemplate::new(204))
+            .mount(&server)
+            .await;
         server
     }
 
@@ -323,6 +387,36 @@ impl MockDiscord {
             .await;
     }
 
+    /// The bodies of every message the bot sent or edited with buttons under it (with
+    /// `components` that are not empty), in order.
+    pub async fn messages_with_buttons(&self) -> Vec<Value> {
+        self.calls()
+            .await
+            .into_iter()
+            .filter(|(_, p, body)| !p.contains("/callback") && !buttons_of(body).is_empty())
+            .map(|(_, _, body)| body)
+            .collect()
+    }
+
+    /// Every interaction callback (`POST /interactions/{id}/{token}/callback`, how an
+    /// interaction received over the Gateway is answered): (interaction id, body).
+    pub async fn interaction_callbacks(&self) -> Vec<(String, Value)> {
+        self.calls()
+            .await
+            .into_iter()
+            .filter(|(m, p, _)| m == "POST" && p.ends_with("/callback"))
+            .map(|(_, path, body)| {
+                let id = path
+                    .trim_start_matches("/api/v10/interactions/")
+                    .split('/')
+                    .next()
+                    .unwrap_or_default()
+                    .to_owned();
+                (id, body)
+            })
+            .collect()
+    }
+
     /// The bodies of every message the bot created in a channel with its token.
     pub async fn channel_messages(&self) -> Vec<Value> {
         self.calls()
@@ -402,22 +496,26 @@ impl Platform for Discord {
     }
 
     fn vectors() -> Vec<Vector> {
-        ["discord_ping.json", "discord_slash_guild.json"]
-            .into_iter()
-            .map(|name| {
-                let meta = fixture(&format!("{name}.meta.json"));
-                assert_eq!(meta["public_key_hex"], public_key_hex());
-                let header = |h: &str| meta["headers"][h].as_str().unwrap_or_default().to_owned();
-                Vector {
-                    name,
-                    body: crate::fixture_bytes("discord", &format!("{name}.body")),
-                    headers: crate::headers([
-                        (TIMESTAMP_HEADER, header("X-Signature-Timestamp").as_str()),
-                        (SIGNATURE_HEADER, header("X-Signature-Ed25519").as_str()),
-                    ]),
-                }
-            })
-            .collect()
+        [
+            "discord_ping.json",
+            "discord_slash_guild.json",
+            "discord_button_guild.json",
+        ]
+        .into_iter()
+        .map(|name| {
+            let meta = fixture(&format!("{name}.meta.json"));
+            assert_eq!(meta["public_key_hex"], public_key_hex());
+            let header = |h: &str| meta["headers"][h].as_str().unwrap_or_default().to_owned();
+            Vector {
+                name,
+                body: crate::fixture_bytes("discord", &format!("{name}.body")),
+                headers: crate::headers([
+                    (TIMESTAMP_HEADER, header("X-Signature-Timestamp").as_str()),
+                    (SIGNATURE_HEADER, header("X-Signature-Ed25519").as_str()),
+                ]),
+            }
+        })
+        .collect()
     }
 
     fn fixtures() -> Vec<Fixture> {
