@@ -9,7 +9,10 @@
 //! The mock model calls `current_time` until a tool result is last, then answers "The time is
 //! <result>".
 
-use antler_testkit::discord::{ADA, MockDiscord, ask, buttons_of, post, press, pressed_by};
+use antler_testkit::discord::{
+    ADA, APPLICATION_ID, MockDiscord, ask, buttons_of, mock_gateway_with_interactions, post, press,
+    press_in_server, pressed_by,
+};
 use serde_json::{Value, json};
 
 use crate::support::mock_model::{Behaviour, MockModel};
@@ -222,5 +225,94 @@ async fn a_press_on_a_button_antler_did_not_make_changes_nothing() {
     app.client.wait_idle().await;
     assert_eq!(model.count(), 0);
     assert!(api.calls().await.is_empty(), "{:?}", api.calls().await);
+    app.shutdown().await;
+}
+
+/// With the Gateway and no Interactions Endpoint URL, Discord sends a press as
+/// INTERACTION_CREATE; antler answers it through `POST /interactions/{id}/{token}/callback`
+/// with what the endpoint would have answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_the_gateway_a_press_is_answered_through_its_callback() {
+    let model = MockModel::start(Behaviour::ToolThenAnswer).await;
+    let api = MockDiscord::start().await;
+    let mention = json!({
+        "id": "1700000000000000002", "channel_id": "1100000000000000050",
+        "guild_id": "1100000000000000001",
+        "author": {"id": ADA, "username": "ada_ops", "discriminator": "0",
+                   "global_name": "Ada", "avatar": null},
+        "member": {"roles": [], "joined_at": "2024-03-01T10:00:00.000000+00:00", "deaf": false,
+                   "mute": false, "flags": 0},
+        "content": format!("<@{APPLICATION_ID}> what time is it?"),
+        "timestamp": "2026-01-01T00:00:00.000000+00:00", "edited_timestamp": null,
+        "tts": false, "mention_everyone": false,
+        "mentions": [{"id": APPLICATION_ID, "username": "antler", "discriminator": "0",
+                      "global_name": null, "avatar": null, "bot": true}],
+        "mention_roles": [], "attachments": [], "embeds": [], "pinned": false, "type": 0
+    });
+    let (url, interactions) = mock_gateway_with_interactions(mention).await;
+    api.serve_gateway_url(&url).await;
+    let app = TestApp::spawn(
+        &model,
+        &format!(
+            "{}\n[approvals]\ntools = [\"current_time\"]\napprovers = [\"discord:{ADA}\"]\n",
+            api.config("gateway = true\n")
+        ),
+    )
+    .await;
+    // The answer is the bot's own messages in the channel; the prompt's carries the buttons.
+    let prompt = wait_until("the prompt's buttons", || async {
+        api.messages_with_buttons().await.into_iter().next()
+    })
+    .await;
+    let approve = action(&prompt, "Approve");
+    let message = "1500000000000000003";
+
+    let eve = pressed_by(
+        press_in_server("1300000000000000970", "tok-gw-eve", &approve, message),
+        EVE,
+        "Eve",
+    );
+    interactions.send(eve).unwrap();
+    let callbacks = wait_until("the refusal's callback", || async {
+        let callbacks = api.interaction_callbacks().await;
+        (!callbacks.is_empty()).then_some(callbacks)
+    })
+    .await;
+    assert_eq!(callbacks[0].0, "1300000000000000970");
+    assert_eq!(callbacks[0].1["type"], 4, "{callbacks:?}");
+    assert_eq!(callbacks[0].1["data"]["flags"], 64, "{callbacks:?}");
+    app.client.wait_idle().await;
+    assert_eq!(model.count(), 1, "nothing ran");
+
+    let ada = press_in_server("1300000000000000971", "tok-gw-ada", &approve, message);
+    interactions.send(ada.clone()).unwrap();
+    interactions.send(ada).unwrap();
+    let callbacks = wait_until("the approval's callbacks", || async {
+        let callbacks = api.interaction_callbacks().await;
+        (callbacks.len() >= 3).then_some(callbacks)
+    })
+    .await;
+    for (id, body) in &callbacks[1..] {
+        assert_eq!(id, "1300000000000000971");
+        assert_eq!(body["type"], 7, "{body}");
+        assert_eq!(body["data"]["components"], json!([]), "{body}");
+        assert!(
+            body["data"]["content"]
+                .as_str()
+                .unwrap()
+                .contains("Approved by Ada"),
+            "{body}"
+        );
+    }
+    final_answer(&api).await;
+    app.client.wait_idle().await;
+    assert_eq!(model.count(), 2, "run once");
+    assert_eq!(tool_results(&model).len(), 1);
+    // The callbacks carry the interaction token in their path alone, never the bot token.
+    for request in api.received_requests().await.unwrap() {
+        if request.url.path().ends_with("/callback") {
+            assert!(request.headers.get("authorization").is_none());
+        }
+    }
     app.shutdown().await;
 }

@@ -151,12 +151,30 @@ pub fn press(id: &str, token: &str, action: &str, message_id: &str) -> Value {
     interaction
 }
 
-/// `interaction` pressed by the user `user_id` named `name` instead.
+/// [`press`] in the recorded server channel (`guild_id` 1100000000000000001, channel
+/// 1100000000000000050), by [`ADA`] as a member (`member.user`).
+#[must_use]
+pub fn press_in_server(id: &str, token: &str, action: &str, message_id: &str) -> Value {
+    let mut interaction = fixture("discord_button_guild.json");
+    interaction["id"] = json!(id);
+    interaction["token"] = json!(token);
+    interaction["data"]["custom_id"] = json!(action);
+    interaction["message"]["id"] = json!(message_id);
+    interaction
+}
+
+/// `interaction` pressed by the user `user_id` named `name` instead (`member.user` in a
+/// server, `user` in a DM).
 #[must_use]
 pub fn pressed_by(mut interaction: Value, user_id: &str, name: &str) -> Value {
-    interaction["user"]["id"] = json!(user_id);
-    interaction["user"]["username"] = json!(name);
-    interaction["user"]["global_name"] = json!(name);
+    let user = if interaction.get("member").is_some() {
+        &mut interaction["member"]["user"]
+    } else {
+        &mut interaction["user"]
+    };
+    user["id"] = json!(user_id);
+    user["username"] = json!(name);
+    user["global_name"] = json!(name);
     interaction
 }
 
@@ -619,4 +637,81 @@ pub async fn mock_gateway(message_create: Value) -> (String, Arc<AtomicUsize>) {
         }
     });
     (url, sent)
+}
+
+/// A Discord Gateway on 127.0.0.1 that stays connected: HELLO; IDENTIFY gets READY and then
+/// `message_create`; after that, every interaction sent on the returned sender is dispatched
+/// as INTERACTION_CREATE (how Discord delivers interactions to an app with no Interactions
+/// Endpoint URL). Returns its `ws://` URL and the sender.
+pub async fn mock_gateway_with_interactions(
+    message_create: Value,
+) -> (String, tokio::sync::mpsc::UnboundedSender<Value>) {
+    use futures_util::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::Message as Ws;
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind the gateway");
+    let url = format!("ws://{}", listener.local_addr().expect("its address"));
+    let (sender, mut interactions) = tokio::sync::mpsc::unbounded_channel::<Value>();
+    tokio::spawn(async move {
+        // One session: the interactions go to whichever connected last.
+        while let Ok((stream, _)) = listener.accept().await {
+            let Ok(mut ws) = tokio_tungstenite::accept_async(stream).await else {
+                continue;
+            };
+            let send = |value: Value| Ws::Text(value.to_string());
+            let _ = ws
+                .send(send(
+                    json!({"op": 10, "d": {"heartbeat_interval": 45000}, "s": null, "t": null}),
+                ))
+                .await;
+            let dispatch = |s: u64, t: &str, d: Value| json!({"op": 0, "s": s, "t": t, "d": d});
+            let mut seq = 0;
+            let mut identified = false;
+            loop {
+                tokio::select! {
+                    frame = ws.next() => {
+                        let Some(Ok(Ws::Text(text))) = frame else { break };
+                        let payload: Value = serde_json::from_str(&text).expect("Gateway JSON");
+                        match payload["op"].as_u64() {
+                            Some(1) => {
+                                let _ = ws
+                                    .send(send(json!({"op": 11, "d": null, "s": null, "t": null})))
+                                    .await;
+                            }
+                            Some(2) => {
+                                let ready = json!({
+                                    "v": 10, "session_id": "session-1",
+                                    "resume_gateway_url": "ws://127.0.0.1:9",
+                                    "user": {"id": APPLICATION_ID, "username": "antler",
+                                             "discriminator": "0", "global_name": null,
+                                             "avatar": null, "bot": true, "verified": true,
+                                             "mfa_enabled": false, "flags": 0},
+                                    "guilds": [], "shard": [0, 1],
+                                    "application": {"id": APPLICATION_ID, "flags": 0}
+                                });
+                                seq += 1;
+                                let _ = ws.send(send(dispatch(seq, "READY", ready))).await;
+                                seq += 1;
+                                let _ = ws
+                                    .send(send(dispatch(seq, "MESSAGE_CREATE", message_create.clone())))
+                                    .await;
+                                identified = true;
+                            }
+                            _ => {}
+                        }
+                    }
+                    interaction = interactions.recv(), if identified => {
+                        let Some(interaction) = interaction else { break };
+                        seq += 1;
+                        let _ = ws
+                            .send(send(dispatch(seq, "INTERACTION_CREATE", interaction)))
+                            .await;
+                    }
+                }
+            }
+        }
+    });
+    (url, sender)
 }
