@@ -177,11 +177,17 @@ async fn a_tool_call_shows_buttons_and_only_an_approvers_press_runs_it_once() {
     app.shutdown().await;
 }
 
+/// With `approvers = "admins"`, a presser named in `channels.discord.admins` decides, as their
+/// messages would run as an operator's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_deny_press_refuses_the_call_and_the_model_is_told() {
+async fn an_admins_deny_press_refuses_the_call_and_the_model_is_told() {
     let model = MockModel::start(Behaviour::ToolThenAnswer).await;
     let api = MockDiscord::start().await;
-    let app = TestApp::spawn(&model, &config(&api)).await;
+    let config = format!(
+        "{}\n[approvals]\ntools = [\"current_time\"]\napprovers = \"admins\"\n",
+        api.config(&format!("admins = [\"{ADA}\"]\n"))
+    );
+    let app = TestApp::spawn(&model, &config).await;
     let prompt = ask_and_see_buttons(&app, &api, "tok-deny").await;
     let deny = action(&prompt, "Deny");
     let denied = post(
