@@ -229,6 +229,8 @@ struct Platforms {
     telegram_polling: Option<Arc<TelegramChannel>>,
     feishu_socket: Option<Arc<FeishuChannel>>,
     slack_socket: Option<(Arc<SlackChannel>, SlackSocket)>,
+    /// Discord, whose Gateway (when on) answers button presses through it.
+    discord: Option<Arc<DiscordChannel>>,
 }
 
 async fn platform_channels(config: &Config) -> Result<Platforms, AppError> {
@@ -238,6 +240,7 @@ async fn platform_channels(config: &Config) -> Result<Platforms, AppError> {
         telegram_polling: None,
         feishu_socket: None,
         slack_socket: None,
+        discord: None,
     };
     let telegram = &config.channels.telegram;
     if telegram.enabled {
@@ -327,7 +330,8 @@ async fn platform_channels(config: &Config) -> Result<Platforms, AppError> {
         );
         // Interactions name everything they need: no identity to learn before serving.
         platforms.all.push(channel.clone());
-        platforms.webhooks.push(channel);
+        platforms.webhooks.push(channel.clone());
+        platforms.discord = Some(channel);
     }
     let feishu = &config.channels.feishu;
     if feishu.enabled {
@@ -969,7 +973,8 @@ where
             intake_stop.clone(),
         ))
     });
-    let discord_gateway = discord_gateway(&config, &ingress, &intake_stop).await?;
+    let discord_gateway =
+        discord_gateway(&config, platforms.discord, &ingress, &intake_stop).await?;
     let slack_socket = platforms.slack_socket.map(|(channel, socket)| {
         tokio::spawn(crate::intake::read_slack_socket(
             channel,
@@ -1081,13 +1086,14 @@ where
 /// into the ingress, until `stop`.
 async fn discord_gateway(
     config: &Config,
+    channel: Option<Arc<DiscordChannel>>,
     ingress: &Ingress,
     stop: &CancellationToken,
 ) -> Result<Option<tokio::task::JoinHandle<()>>, AppError> {
     let discord = &config.channels.discord;
-    if !(discord.enabled && discord.gateway) {
+    let Some(channel) = channel.filter(|_| discord.enabled && discord.gateway) else {
         return Ok(None);
-    }
+    };
     let gateway = antler_discord::DiscordGateway::start(
         &exposed(&discord.bot_token),
         &discord.api_url,
@@ -1097,6 +1103,7 @@ async fn discord_gateway(
     .map_err(|e| AppError::Channel(format!("channels.discord.gateway: {e}")))?;
     Ok(Some(tokio::spawn(crate::intake::read_discord_gateway(
         gateway,
+        channel,
         ingress.clone(),
         stop.clone(),
     ))))

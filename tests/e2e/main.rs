@@ -10,6 +10,7 @@ mod cli;
 mod config;
 mod crash;
 mod discord;
+mod discord_buttons;
 mod feishu;
 mod feishu_ws;
 mod first_run;

@@ -1,21 +1,27 @@
 //! Discord as an antler [`Channel`]: Ed25519-signed interactions on
 //! `/webhooks/discord/interactions`, application commands deferred at once and answered by
-//! editing the deferred response, further parts as follow-ups.
+//! editing the deferred response, further parts as follow-ups. A part with buttons carries
+//! them as message components; a press comes back as a component interaction (type 3) on the
+//! same endpoint (or over the Gateway) and is answered by updating the button's message
+//! (type 7) or privately (type 4, ephemeral).
 
 use std::time::Duration;
 
 use antler_channel::render::{self, DiscordMarkdown, Limit};
 use antler_channel::verify::SignedHeaders;
 use antler_channel::{
-    Capabilities, Channel, ChannelError, EditRate, Limits, OutboundMessage, Parsed, Part, Receipt,
-    WebhookRequest, verify,
+    Capabilities, Channel, ChannelError, EditRate, Limits, OutboundMessage, Parsed, Part, Press,
+    PressAnswer, Receipt, WebhookRequest, verify,
 };
 use serenity::interactions_endpoint::Verifier;
-use serenity::model::application::Interaction;
+use serenity::model::application::{ComponentInteraction, Interaction};
+use serenity::model::id::GuildId;
 
 use crate::client::{DEFAULT_API_URL, DiscordApi};
+use crate::gateway::GatewayPress;
 use crate::normalize::{
-    Answering, NAME, Normalized, channel_of, normalize_command, read_reply_context,
+    Answering, NAME, Normalized, Pressed, channel_of, normalize_command, normalize_press,
+    read_reply_context,
 };
 
 /// The most a message holds, in characters.
@@ -173,7 +179,55 @@ impl DiscordChannel {
             ))
         })?;
         let reply_to = message.reply_to.as_deref().filter(|_| part.index == 0);
-        self.api.create_message(channel, part.body, reply_to).await
+        self.api
+            .create_message(channel, part.body, reply_to, part.buttons)
+            .await
+    }
+
+    /// Whether `guild` may not use the bot (`allowed_guilds` names others); logged.
+    fn guild_refused(&self, guild: Option<GuildId>) -> bool {
+        let refused = guild.is_some_and(|guild| {
+            !self.allowed_guilds.is_empty() && !self.allowed_guilds.contains(&guild.to_string())
+        });
+        if refused {
+            tracing::info!(
+                guild = ?guild.map(|g| g.to_string()),
+                "an interaction from a server that is not in channels.discord.allowed_guilds"
+            );
+        }
+        refused
+    }
+
+    /// A button press: from a server outside `allowed_guilds`, or on a component antler does
+    /// not make, refused privately at once; else a [`Parsed::Press`].
+    fn parse_component(&self, component: &ComponentInteraction) -> Parsed {
+        if self.guild_refused(component.guild_id) {
+            return Parsed::Reply(ephemeral("Sorry, this server may not use this bot."));
+        }
+        match normalize_press(component) {
+            Pressed::Press(press) => Parsed::Press(*press),
+            Pressed::Refused(text) => Parsed::Reply(ephemeral(&text)),
+        }
+    }
+
+    /// A button press received over the Gateway, read as one received on the endpoint: a
+    /// [`Parsed::Press`] to decide, or a [`Parsed::Reply`] to answer with at once
+    /// ([`DiscordChannel::answer_gateway`]).
+    pub fn parse_gateway(&self, press: &GatewayPress) -> Parsed {
+        self.parse_component(press.component())
+    }
+
+    /// Answers a press received over the Gateway with `response` (what the endpoint would have
+    /// answered its request with): `POST /interactions/{id}/{token}/callback`.
+    pub async fn answer_gateway(
+        &self,
+        press: &GatewayPress,
+        response: &serde_json::Value,
+    ) -> Result<(), ChannelError> {
+        let component = press.component();
+        self.api
+            .interaction_callback(&component.id.to_string(), &component.token, response)
+            .await
     }
 
     fn parse_interaction(&self, body: &[u8]) -> Result<Parsed, ChannelError> {
@@ -195,18 +249,13 @@ impl DiscordChannel {
                     serde_json::json!({"type": 8, "data": {"choices": []}}),
                 ));
             }
-            Interaction::Component(_) | Interaction::Modal(_) => {
-                return Ok(Parsed::Reply(ephemeral(
-                    "antler does not handle buttons or forms.",
-                )));
+            Interaction::Component(component) => return Ok(self.parse_component(&component)),
+            Interaction::Modal(_) => {
+                return Ok(Parsed::Reply(ephemeral("antler does not handle forms.")));
             }
             _ => return Ok(Parsed::Ignore),
         };
-        if let Some(guild) = command.guild_id
-            && !self.allowed_guilds.is_empty()
-            && !self.allowed_guilds.contains(&guild.to_string())
-        {
-            tracing::info!(%guild, "a command from a server that is not in channels.discord.allowed_guilds");
+        if self.guild_refused(command.guild_id) {
             return Ok(Parsed::Reply(ephemeral(
                 "Sorry, this server may not use this bot.",
             )));
@@ -230,7 +279,15 @@ fn ephemeral(text: &str) -> serde_json::Value {
     })
 }
 
-/// A header's value as text, if present and readable.
+/// The answer to a component interaction: the button's message replaced by `content` with no
+/// components left (type 7 UPDATE_MESSAGE), pinging no one.
+fn update_message(content: &str) -> serde_json::Value {
+    serde_json::json!({
+        "type": 7,
+        "data": {"content": content, "components": [], "allowed_mentions": {"parse": []}},
+    })
+}
+
 impl DiscordChannel {
     /// The signature headers: present, fresh by `now_ms`, the signature 64 bytes in hex.
     fn signed_headers<'a>(
@@ -315,12 +372,16 @@ impl Channel for DiscordChannel {
     ) -> Result<Receipt, ChannelError> {
         let sent = match self.live_interaction(message) {
             Some(interaction) if part.index == 0 => {
-                self.api.edit_original(interaction.token, part.body).await?
+                self.api
+                    .edit_original(interaction.token, part.body, part.buttons)
+                    .await?
             }
             Some(interaction)
                 if !interaction.user_install || part.index <= USER_INSTALL_FOLLOW_UPS =>
             {
-                self.api.follow_up(interaction.token, part.body).await?
+                self.api
+                    .follow_up(interaction.token, part.body, part.buttons)
+                    .await?
             }
             Some(_) => {
                 tracing::debug!(
@@ -355,13 +416,18 @@ impl Channel for DiscordChannel {
         match self.live_interaction(message) {
             Some(interaction) if part.index == 0 => self
                 .api
-                .edit_original(interaction.token, part.body)
+                .edit_original(interaction.token, part.body, part.buttons)
                 .await?
                 .map(drop)
                 .ok_or_else(unknown),
             Some(interaction) if !sent.platform_message_id.is_empty() => self
                 .api
-                .webhook_message(interaction.token, &sent.platform_message_id, part.body)
+                .webhook_message(
+                    interaction.token,
+                    &sent.platform_message_id,
+                    part.body,
+                    part.buttons,
+                )
                 .await?
                 .map(drop)
                 .ok_or_else(unknown),
@@ -391,9 +457,39 @@ impl Channel for DiscordChannel {
         }
     }
 
-    /// Text only (the deferred response already shows "thinking…").
+    /// Text and buttons (the deferred response already shows "thinking…").
     fn capabilities(&self) -> Capabilities {
-        Capabilities::default()
+        Capabilities {
+            buttons: true,
+            ..Capabilities::default()
+        }
+    }
+
+    /// The interaction response that answers the press's request (or, over the Gateway, its
+    /// callback): with an update, the button's message edited to it, buttons removed (type 7:
+    /// the presser sees the decision there); without, the notice to the presser alone (type 4,
+    /// ephemeral). Discord wants it within 3 seconds; nothing here calls its API.
+    async fn answer_press(
+        &self,
+        _press: &Press,
+        answer: &PressAnswer,
+    ) -> Result<Option<serde_json::Value>, ChannelError> {
+        Ok(Some(match &answer.update {
+            Some(update) => update_message(&self.first_part(update)?),
+            None => ephemeral(&self.first_part(&answer.notice)?),
+        }))
+    }
+}
+
+impl DiscordChannel {
+    /// `markdown` rendered for one message: its first part (an interaction response is one
+    /// message; what is longer than 2,000 characters is cut there).
+    fn first_part(&self, markdown: &str) -> Result<String, ChannelError> {
+        Ok(self
+            .render(markdown)?
+            .into_iter()
+            .next()
+            .unwrap_or_default())
     }
 }
 
@@ -402,7 +498,7 @@ mod tests {
     use ed25519_dalek::SigningKey;
 
     use super::*;
-    use antler_channel::{ConversationKey, InboundEvent, ReplyContext};
+    use antler_channel::{Button, ButtonStyle, ConversationKey, InboundEvent, ReplyContext};
 
     /// The vectors' public key (seed `sha256("discord-fixture-seed")`).
     const VECTOR_KEY: &str = "976269d7368c52d1d3d87cc2c6b0e0d72897944669f5691d23d8cffa921f2e47";
@@ -482,6 +578,8 @@ mod tests {
             "discord_slash_dm.json",
             "discord_ping.json.body",
             "discord_slash_guild.json.body",
+            "discord_button_guild.json",
+            "discord_button_guild.json.body",
         ] {
             let parsed: Result<Interaction, _> = serde_json::from_slice(&fixture(name));
             assert!(parsed.is_ok(), "{name}: {parsed:?}");
@@ -491,7 +589,11 @@ mod tests {
     #[test]
     fn the_vectors_verify_and_a_flipped_byte_does_not() {
         let channel = channel();
-        for name in ["discord_ping.json", "discord_slash_guild.json"] {
+        for name in [
+            "discord_ping.json",
+            "discord_slash_guild.json",
+            "discord_button_guild.json",
+        ] {
             let body = fixture(&format!("{name}.body"));
             let headers = recorded(name);
             let request = |body: &[u8]| {
@@ -921,6 +1023,398 @@ mod tests {
                 assert!(!request.url.path().contains(token));
             }
         }
+    }
+
+    fn press_of(channel: &DiscordChannel, body: &[u8]) -> Press {
+        match parse(channel, body) {
+            Parsed::Press(press) => press,
+            other => panic!("not a press: {other:?}"),
+        }
+    }
+
+    fn json_fixture(name: &str) -> serde_json::Value {
+        serde_json::from_slice(&fixture(name)).unwrap()
+    }
+
+    #[test]
+    fn a_recorded_button_press_verifies_and_is_the_press_of_the_commands_user_and_place() {
+        let channel = channel();
+        let body = fixture("discord_button_guild.json.body");
+        let headers = recorded("discord_button_guild.json");
+        let request = WebhookRequest {
+            route: "interactions",
+            headers: &headers,
+            body: &body,
+        };
+        assert_eq!(channel.verify(&request), Ok(()));
+        let press = match channel.parse(&request).unwrap() {
+            Parsed::Press(press) => press,
+            other => panic!("not a press: {other:?}"),
+        };
+        assert_eq!(press.channel, "discord");
+        assert_eq!(press.action, "approve:k3x9p2ab");
+        assert_eq!(press.message_id, "1500000000000000004");
+        assert_eq!(press.chat.as_deref(), Some("1100000000000000050"));
+        let context = press.answer_context.as_ref().unwrap();
+        assert_eq!(
+            crate::normalize::read_press_context(context),
+            Some((
+                "1300000000000000903",
+                "aW50ZXJhY3Rpb246MTMwMDAwMDAwMDAwMDAwMDkwMzpidXR0b24"
+            ))
+        );
+        assert!(
+            !format!("{press:?}").contains("aW50ZXJhY3Rpb246"),
+            "the token never shows in Debug"
+        );
+        // The same person's command in the same place: the same conversation and user.
+        let mut command = json_fixture("discord_slash_guild.json");
+        command["member"]["nick"] = "Ada (SRE)".into();
+        let event = command_event(&channel, &serde_json::to_vec(&command).unwrap());
+        assert_eq!(press.conversation, event.conversation);
+        assert_eq!(press.user, event.user);
+        assert_eq!(press.user.name.as_deref(), Some("Ada (SRE)"));
+        assert!(!press.user.admin, "admin is the access rules' to set");
+
+        // In a DM: `user` instead of `member`, the DM's conversation.
+        let dm_press = antler_testkit::discord::press("1300000000000000904", "tok", "deny:x", "15");
+        let dm_press = press_of(&channel, &serde_json::to_vec(&dm_press).unwrap());
+        let dm = command_event(&channel, &fixture("discord_slash_dm.json"));
+        assert_eq!(dm_press.conversation, dm.conversation);
+        assert_eq!(dm_press.user, dm.user);
+        assert_eq!(dm_press.chat, dm.chat);
+        assert_eq!(
+            (dm_press.action.as_str(), dm_press.message_id.as_str()),
+            ("deny:x", "15")
+        );
+    }
+
+    #[test]
+    fn presses_antler_cannot_have_made_are_refused_privately_and_broken_ones_are_malformed() {
+        let channel = channel();
+        let with = |edit: &dyn Fn(&mut serde_json::Value)| {
+            let mut json = json_fixture("discord_button_guild.json");
+            edit(&mut json);
+            serde_json::to_vec(&json).unwrap()
+        };
+        let refused = |body: &[u8]| match parse(&channel, body) {
+            Parsed::Reply(reply) => {
+                assert_eq!(reply["type"], 4, "{reply}");
+                assert_eq!(reply["data"]["flags"], 64, "{reply}");
+                reply["data"]["content"].as_str().unwrap().to_owned()
+            }
+            other => panic!("not refused: {other:?}"),
+        };
+        // Discord's custom_id holds up to 100 characters; antler's are at most 64 ASCII bytes.
+        let long = with(&|json| json["data"]["custom_id"] = "a".repeat(65).into());
+        assert!(refused(&long).contains("not one antler answers"));
+        let unicode = with(&|json| json["data"]["custom_id"] = "approve:ü".into());
+        assert!(refused(&unicode).contains("not one antler answers"));
+        let empty = with(&|json| json["data"]["custom_id"] = "".into());
+        assert!(refused(&empty).contains("not one antler answers"));
+        // A select menu (component_type 3) is not a button.
+        let menu = with(&|json| {
+            json["data"] =
+                serde_json::json!({"component_type": 3, "custom_id": "m", "values": ["a"]});
+        });
+        assert!(refused(&menu).contains("menus"));
+        // No message, or no data: not a component interaction Discord sends.
+        for broken in [
+            with(&|json| {
+                json.as_object_mut().unwrap().remove("message");
+            }),
+            with(&|json| {
+                json.as_object_mut().unwrap().remove("data");
+            }),
+        ] {
+            let error = channel
+                .parse(&WebhookRequest {
+                    route: "interactions",
+                    headers: &http::HeaderMap::new(),
+                    body: &broken,
+                })
+                .unwrap_err();
+            assert!(
+                matches!(&error, ChannelError::Malformed(text) if !text.contains("aW50ZXJh")),
+                "{error:?}"
+            );
+        }
+        // A server outside allowed_guilds: refused as its commands are.
+        let guarded = DiscordChannel::new(
+            &DiscordSettings {
+                allowed_guilds: vec!["42".into()],
+                ..settings("http://127.0.0.1:9", VECTOR_KEY)
+            },
+            vector_clock_ms,
+        )
+        .unwrap();
+        let Parsed::Reply(reply) = parse(&guarded, &fixture("discord_button_guild.json")) else {
+            panic!("refused at once")
+        };
+        assert_eq!(reply["data"]["flags"], 64);
+        assert!(
+            reply["data"]["content"]
+                .as_str()
+                .unwrap()
+                .contains("server")
+        );
+    }
+
+    #[tokio::test]
+    async fn a_press_is_answered_by_updating_its_message_or_privately() {
+        let channel = channel();
+        assert!(channel.capabilities().buttons);
+        let press = press_of(&channel, &fixture("discord_button_guild.json"));
+        let decided = channel
+            .answer_press(
+                &press,
+                &PressAnswer {
+                    notice: "✅ Approved".into(),
+                    update: Some("⏸ **deploy**\n✅ Approved by @everyone".into()),
+                },
+            )
+            .await
+            .unwrap()
+            .unwrap();
+        // UPDATE_MESSAGE: the button's message edited, its components gone, no pings.
+        assert_eq!(
+            decided,
+            serde_json::json!({"type": 7, "data": {
+                "content": "⏸ **deploy**\n✅ Approved by @everyone",
+                "components": [],
+                "allowed_mentions": {"parse": []},
+            }})
+        );
+        let refused = channel
+            .answer_press(
+                &press,
+                &PressAnswer {
+                    notice: "Only approvers can decide.".into(),
+                    update: None,
+                },
+            )
+            .await
+            .unwrap()
+            .unwrap();
+        // CHANNEL_MESSAGE_WITH_SOURCE, EPHEMERAL: only the presser sees it; the message stays.
+        assert_eq!(
+            refused,
+            channel.refusal_reply("Only approvers can decide.").unwrap()
+        );
+        assert_eq!(refused["type"], 4);
+        assert_eq!(refused["data"]["flags"], 64);
+        // An update longer than a message is cut to one.
+        let long = channel
+            .answer_press(
+                &press,
+                &PressAnswer {
+                    notice: String::new(),
+                    update: Some("word ".repeat(1000)),
+                },
+            )
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(long["data"]["content"].as_str().unwrap().chars().count() <= MESSAGE_LIMIT);
+    }
+
+    fn approve_deny() -> Vec<Button> {
+        vec![
+            Button {
+                label: "✅ Approve".into(),
+                action: "approve:k3x9p2ab".into(),
+                style: ButtonStyle::Primary,
+            },
+            Button {
+                label: "❌ Deny".into(),
+                action: "deny:k3x9p2ab".into(),
+                style: ButtonStyle::Danger,
+            },
+        ]
+    }
+
+    #[test]
+    fn buttons_are_action_rows_of_at_most_5_within_discords_limits() {
+        let components = crate::client::components(&approve_deny());
+        assert_eq!(
+            components,
+            serde_json::json!([{"type": 1, "components": [
+                {"type": 2, "style": 3, "label": "✅ Approve", "custom_id": "approve:k3x9p2ab"},
+                {"type": 2, "style": 4, "label": "❌ Deny", "custom_id": "deny:k3x9p2ab"},
+            ]}])
+        );
+        let mut many: Vec<Button> = (0..7)
+            .map(|n| Button {
+                label: "x".repeat(100),
+                action: format!("a:{n}"),
+                style: ButtonStyle::Primary,
+            })
+            .collect();
+        many.push(Button {
+            label: "too long".into(),
+            action: "b".repeat(101),
+            style: ButtonStyle::Danger,
+        });
+        let components = crate::client::components(&many);
+        let rows = components.as_array().unwrap();
+        assert_eq!(rows.len(), 2);
+        assert_eq!(rows[0]["components"].as_array().unwrap().len(), 5);
+        assert_eq!(rows[1]["components"].as_array().unwrap().len(), 2);
+        assert_eq!(
+            rows[0]["components"][0]["label"]
+                .as_str()
+                .unwrap()
+                .chars()
+                .count(),
+            80
+        );
+    }
+
+    #[tokio::test]
+    async fn buttons_go_under_the_original_a_follow_up_or_a_channel_message() {
+        use wiremock::matchers::{body_partial_json, method, path};
+        use wiremock::{Mock, MockServer, ResponseTemplate};
+
+        let server = MockServer::start().await;
+        let components = crate::client::components(&approve_deny());
+        let webhook = "/api/v10/webhooks/1300000000000000001/TOK";
+        for (verb, route, id) in [
+            (
+                "PATCH",
+                format!("{webhook}/messages/@original"),
+                "1500000000000000001",
+            ),
+            ("POST", webhook.to_owned(), "1500000000000000002"),
+            (
+                "POST",
+                "/api/v10/channels/1100000000000000050/messages".to_owned(),
+                "1500000000000000003",
+            ),
+        ] {
+            Mock::given(method(verb))
+                .and(path(route))
+                .and(body_partial_json(serde_json::json!({
+                    "components": components, "allowed_mentions": {"parse": []}
+                })))
+                .respond_with(
+                    ResponseTemplate::new(200).set_body_json(antler_testkit::discord::message(id)),
+                )
+                .expect(1)
+                .mount(&server)
+                .await;
+        }
+        let channel =
+            DiscordChannel::new(&settings(&server.uri(), VECTOR_KEY), vector_clock_ms).unwrap();
+        let live = outbound(
+            "1100000000000000001:1100000000000000050",
+            Some(crate::normalize::reply_context(
+                vector_clock_ms(),
+                false,
+                "TOK",
+            )),
+        );
+        let buttons = approve_deny();
+        let part = |index| Part {
+            index,
+            body: "⏸ Approval needed",
+            buttons: &buttons,
+        };
+        let sent: Vec<String> = [
+            channel.send(&live, part(0)).await,
+            channel.send(&live, part(1)).await,
+            channel
+                .send(
+                    &outbound("1100000000000000001:1100000000000000050", None),
+                    part(1),
+                )
+                .await,
+        ]
+        .into_iter()
+        .map(|r| r.unwrap().platform_message_id)
+        .collect();
+        assert_eq!(
+            sent,
+            [
+                "1500000000000000001",
+                "1500000000000000002",
+                "1500000000000000003"
+            ]
+        );
+        server.verify().await;
+        // A part without buttons carries no components (an edit keeps the message's).
+        channel
+            .send(
+                &outbound("1100000000000000001:1100000000000000050", None),
+                Part {
+                    index: 1,
+                    body: "plain",
+                    buttons: &[],
+                },
+            )
+            .await
+            .unwrap_err();
+        let last = server.received_requests().await.unwrap().pop().unwrap();
+        let body: serde_json::Value = serde_json::from_slice(&last.body).unwrap();
+        assert!(body.get("components").is_none(), "{body}");
+    }
+
+    #[tokio::test]
+    async fn a_press_over_the_gateway_is_answered_through_its_callback() {
+        use wiremock::matchers::{method, path};
+        use wiremock::{Mock, MockServer, ResponseTemplate};
+
+        let server = MockServer::start().await;
+        let token = "aW50ZXJhY3Rpb246MTMwMDAwMDAwMDAwMDAwMDkwMzpidXR0b24";
+        Mock::given(method("POST"))
+            .and(path(format!(
+                "/api/v10/interactions/1300000000000000903/{token}/callback"
+            )))
+            .respond_with(ResponseTemplate::new(204))
+            .up_to_n_times(1)
+            .expect(1)
+            .mount(&server)
+            .await;
+        // "Unknown interaction" once it has been answered or its 3 seconds passed.
+        Mock::given(method("POST"))
+            .respond_with(ResponseTemplate::new(404).set_body_json(
+                serde_json::json!({"message": "Unknown interaction", "code": 10062}),
+            ))
+            .mount(&server)
+            .await;
+        let channel =
+            DiscordChannel::new(&settings(&server.uri(), VECTOR_KEY), vector_clock_ms).unwrap();
+        let component: serenity::model::application::ComponentInteraction =
+            serde_json::from_slice(&fixture("discord_button_guild.json")).unwrap();
+        let gateway_press = crate::gateway::GatewayPress(Box::new(component));
+        assert!(!format!("{gateway_press:?}").contains(token));
+        let Parsed::Press(press) = channel.parse_gateway(&gateway_press) else {
+            panic!("a press")
+        };
+        assert_eq!(
+            press,
+            press_of(&channel, &fixture("discord_button_guild.json"))
+        );
+        let response = update_message("done");
+        channel
+            .answer_gateway(&gateway_press, &response)
+            .await
+            .unwrap();
+        let call = server.received_requests().await.unwrap().pop().unwrap();
+        assert!(call.headers.get("authorization").is_none());
+        assert_eq!(
+            serde_json::from_slice::<serde_json::Value>(&call.body).unwrap(),
+            response
+        );
+        // Discord refusing the callback (the token is spent): an error, without the token.
+        let error = channel
+            .answer_gateway(&gateway_press, &response)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&error, ChannelError::Permanent(text) if text.contains("10062") && !text.contains(token)),
+            "{error:?}"
+        );
+        server.verify().await;
     }
 
     #[tokio::test]

@@ -16,7 +16,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use antler_channel::ChannelError;
+use antler_channel::{Button, ButtonStyle, ChannelError};
 use serde::Deserialize;
 use tokio::time::Instant;
 
@@ -143,24 +143,28 @@ impl DiscordApi {
         &self.application_id
     }
 
-    /// `PATCH /webhooks/{app}/{token}/messages/@original`: the deferred response's text.
-    /// Returns the message's id; `None` when Discord does not know the interaction's webhook
-    /// (Unknown Webhook).
+    /// `PATCH /webhooks/{app}/{token}/messages/@original`: the deferred response's text, with
+    /// `buttons` under it when there are any. Returns the message's id; `None` when Discord
+    /// does not know the interaction's webhook (Unknown Webhook).
     pub async fn edit_original(
         &self,
         token: &str,
         content: &str,
+        buttons: &[Button],
     ) -> Result<Option<String>, ChannelError> {
-        self.webhook_message(token, "@original", content).await
+        self.webhook_message(token, "@original", content, buttons)
+            .await
     }
 
-    /// `PATCH /webhooks/{app}/{token}/messages/{id}`: a follow-up's text; `None` when Discord
-    /// does not know the interaction's webhook.
+    /// `PATCH /webhooks/{app}/{token}/messages/{id}`: a follow-up's text (and `buttons`, when
+    /// there are any: none leaves the message's as they are); `None` when Discord does not
+    /// know the interaction's webhook.
     pub async fn webhook_message(
         &self,
         token: &str,
         message_id: &str,
         content: &str,
+        buttons: &[Button],
     ) -> Result<Option<String>, ChannelError> {
         let path = format!(
             "/webhooks/{}/{}/messages/{}",
@@ -173,17 +177,19 @@ impl DiscordApi {
             &path,
             &format!("webhook:{token}"),
             Auth::Webhook,
-            content,
+            message_body(content, buttons),
         )
         .await
     }
 
-    /// `POST /webhooks/{app}/{token}?wait=true`: a follow-up message. Returns its id; `None`
-    /// when Discord does not know the interaction's webhook.
+    /// `POST /webhooks/{app}/{token}?wait=true`: a follow-up message, with `buttons` under
+    /// it when there are any. Returns its id; `None` when Discord does not know the
+    /// interaction's webhook.
     pub async fn follow_up(
         &self,
         token: &str,
         content: &str,
+        buttons: &[Button],
     ) -> Result<Option<String>, ChannelError> {
         let path = format!(
             "/webhooks/{}/{}?wait=true",
@@ -195,21 +201,23 @@ impl DiscordApi {
             &path,
             &format!("webhook:{token}"),
             Auth::Webhook,
-            content,
+            message_body(content, buttons),
         )
         .await
     }
 
     /// `POST /channels/{channel}/messages` with the bot token: a message of the bot's own
-    /// (after the interaction token expired). Returns its id.
+    /// (after the interaction token expired), with `buttons` under it when there are any.
+    /// Returns its id.
     pub async fn create_message(
         &self,
         channel_id: &str,
         content: &str,
         reply_to: Option<&str>,
+        buttons: &[Button],
     ) -> Result<String, ChannelError> {
         let path = format!("/channels/{}/messages", segment(channel_id)?);
-        let mut body = message_body(content);
+        let mut body = message_body(content, buttons);
         if let Some(reply_to) = reply_to {
             // A reply to the user's message; still sent if that message is gone.
             body["message_reference"] = serde_json::json!({
@@ -248,10 +256,36 @@ impl DiscordApi {
                 &path,
                 &format!("channel:{channel_id}"),
                 Auth::Bot,
-                Some(message_body(content)),
+                Some(message_body(content, &[])),
             )
             .await?;
         Ok(())
+    }
+
+    /// `POST /interactions/{id}/{token}/callback`: answers an interaction received over the
+    /// Gateway with `response` (an interaction response: `{"type": 7, …}`, `{"type": 4, …}`),
+    /// authenticated by the token in the path. Discord answers 204 No Content.
+    pub async fn interaction_callback(
+        &self,
+        interaction_id: &str,
+        token: &str,
+        response: &serde_json::Value,
+    ) -> Result<(), ChannelError> {
+        let path = format!(
+            "/interactions/{}/{}/callback",
+            segment(interaction_id)?,
+            token_segment(token)?
+        );
+        self.request(
+            reqwest::Method::POST,
+            &path,
+            &format!("interaction:{interaction_id}"),
+            Auth::Webhook,
+            Some(response.clone()),
+        )
+        .await
+        .map(drop)
+        .map_err(|failed| failed.error)
     }
 
     /// `GET /users/@me`: who the bot token belongs to (`antler doctor`).
@@ -334,12 +368,9 @@ impl DiscordApi {
         path: &str,
         route: &str,
         auth: Auth,
-        content: &str,
+        body: serde_json::Value,
     ) -> Result<Option<String>, ChannelError> {
-        match self
-            .request(method, path, route, auth, Some(message_body(content)))
-            .await
-        {
+        match self.request(method, path, route, auth, Some(body)).await {
             Ok(bytes) => Ok(Some(message_id(&bytes))),
             Err(Failed {
                 code: Some(UNKNOWN_WEBHOOK),
@@ -474,12 +505,64 @@ fn message_id(body: &[u8]) -> String {
 }
 
 /// A message body: the text, with no mention allowed to ping anyone (a model's answer must not
-/// notify `@everyone`).
-fn message_body(content: &str) -> serde_json::Value {
-    serde_json::json!({
+/// notify `@everyone`), and `buttons` as its components when there are any.
+fn message_body(content: &str, buttons: &[Button]) -> serde_json::Value {
+    let mut body = serde_json::json!({
         "content": content,
         "allowed_mentions": {"parse": []},
-    })
+    });
+    if !buttons.is_empty() {
+        body["components"] = components(buttons);
+    }
+    body
+}
+
+/// The most buttons in one action row ("An Action Row can contain up to 5 Buttons").
+const BUTTONS_PER_ROW: usize = 5;
+
+/// The most action rows on a message.
+const MAX_ROWS: usize = 5;
+
+/// The longest button label, in characters ("label: Text that appears on the button; max 80
+/// characters").
+const MAX_LABEL_CHARS: usize = 80;
+
+/// The longest `custom_id`, in characters ("a developer-defined identifier for the component;
+/// max 100 characters").
+const MAX_CUSTOM_ID_CHARS: usize = 100;
+
+/// `buttons` as message components: action rows (type 1) of at most 5 buttons (type 2),
+/// each with its action as `custom_id`; Primary is Success (style 3, green), Danger is Danger
+/// (style 4, red). A button whose action Discord would refuse is left out (logged), so the
+/// message still goes.
+pub(crate) fn components(buttons: &[Button]) -> serde_json::Value {
+    let buttons: Vec<serde_json::Value> = buttons
+        .iter()
+        .filter(|button| {
+            let fits =
+                !button.action.is_empty() && button.action.chars().count() <= MAX_CUSTOM_ID_CHARS;
+            if !fits {
+                tracing::warn!("a button's action does not fit Discord's custom_id; left out");
+            }
+            fits
+        })
+        .map(|button| {
+            serde_json::json!({
+                "type": 2,
+                "style": match button.style {
+                    ButtonStyle::Primary => 3,
+                    ButtonStyle::Danger => 4,
+                },
+                "label": button.label.chars().take(MAX_LABEL_CHARS).collect::<String>(),
+                "custom_id": button.action,
+            })
+        })
+        .collect();
+    buttons
+        .chunks(BUTTONS_PER_ROW)
+        .take(MAX_ROWS)
+        .map(|row| serde_json::json!({"type": 1, "components": row}))
+        .collect()
 }
 
 /// An id as a path segment: digits only (snowflakes) or `@original`, so nothing from a

@@ -8,11 +8,19 @@
 //! so a message Discord replays on a resumed session (or that a second session sees) is
 //! recognised by the inbox's dedupe and answered once. Answers are ordinary bot messages in the
 //! channel (no interaction token), replying to the message.
+//!
+//! Without an Interactions Endpoint URL set in the Developer Portal, Discord sends interactions
+//! over the Gateway (INTERACTION_CREATE) instead: a press of one of antler's buttons comes as a
+//! [`GatewayEvent::Press`], answered through `/interactions/{id}/{token}/callback`
+//! ([`crate::DiscordChannel::answer_gateway`]). Other interactions stay the endpoint's.
 
 use std::sync::{Arc, RwLock};
 
 use antler_channel::{ChannelError, InboundEvent, UserRef};
-use serenity::all::{Context, EventHandler, GatewayIntents, Message, Ready, UserId};
+use serenity::all::{
+    ComponentInteraction, Context, EventHandler, GatewayIntents, Interaction, Message, Ready,
+    UserId,
+};
 use serenity::http::HttpBuilder;
 use tokio::sync::mpsc;
 
@@ -26,10 +34,39 @@ const QUEUE: usize = 256;
 /// characters).
 const MAX_TEXT_BYTES: usize = 32 * 1024;
 
-/// A running Gateway connection: the messages it receives, and the means to stop it.
+/// What the Gateway received for antler.
+#[derive(Debug)]
+pub enum GatewayEvent {
+    /// A message for the bot (a DM, an @mention).
+    Message(Box<InboundEvent>),
+    /// A press of a button on one of the bot's messages.
+    Press(GatewayPress),
+}
+
+/// A button press received over the Gateway: read it with
+/// [`crate::DiscordChannel::parse_gateway`], answer it with
+/// [`crate::DiscordChannel::answer_gateway`]. Its token is secret: Debug does not show it.
+pub struct GatewayPress(pub(crate) Box<ComponentInteraction>);
+
+impl GatewayPress {
+    /// The component interaction.
+    pub(crate) fn component(&self) -> &ComponentInteraction {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for GatewayPress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GatewayPress")
+            .field("id", &self.0.id)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A running Gateway connection: what it receives, and the means to stop it.
 pub struct DiscordGateway {
-    /// Messages for the bot, in the order Discord sent them.
-    pub events: mpsc::Receiver<InboundEvent>,
+    /// Messages for the bot and presses of its buttons, in the order Discord sent them.
+    pub events: mpsc::Receiver<GatewayEvent>,
     shards: Arc<serenity::gateway::ShardManager>,
     task: tokio::task::JoinHandle<()>,
 }
@@ -104,7 +141,7 @@ fn redact(error: &serenity::Error) -> String {
 }
 
 struct Handler {
-    sender: mpsc::Sender<InboundEvent>,
+    sender: mpsc::Sender<GatewayEvent>,
     /// The bot's user id, from READY.
     me: RwLock<Option<UserId>>,
     now_ms: fn() -> u64,
@@ -123,9 +160,25 @@ impl EventHandler for Handler {
         let me = self.me.read().ok().and_then(|me| *me);
         if let Some(event) = normalize_message(&message, me, (self.now_ms)()) {
             // Waits while the reader is behind: the websocket is read no faster than accepted.
-            if self.sender.send(event).await.is_err() {
+            if self
+                .sender
+                .send(GatewayEvent::Message(Box::new(event)))
+                .await
+                .is_err()
+            {
                 tracing::debug!("a gateway message after the gateway's reader stopped");
             }
+        }
+    }
+
+    async fn interaction_create(&self, _: Context, interaction: Interaction) {
+        let Interaction::Component(component) = interaction else {
+            tracing::debug!("an interaction other than a button press over the gateway; ignored");
+            return;
+        };
+        let press = GatewayEvent::Press(GatewayPress(Box::new(component)));
+        if self.sender.send(press).await.is_err() {
+            tracing::debug!("a gateway button press after the gateway's reader stopped");
         }
     }
 }

@@ -6,7 +6,9 @@
 //! key; each is deferred at once (`{"type":5}`) and answered by editing the deferred response,
 //! longer answers continued in follow-ups, streamed answers edited in place at most once a
 //! second. With [`DiscordGateway`] (`gateway = true`), plain @mentions and DMs arrive over Discord's
-//! websocket too and are answered as the bot's own messages.
+//! websocket too and are answered as the bot's own messages. Approval buttons are message
+//! components under the prompt's message; a press is a component interaction on the same
+//! endpoint (or over the Gateway when no endpoint is set), answered by updating that message.
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
 
 mod channel;
@@ -21,4 +23,4 @@ pub use channel::{
 pub use client::{
     CommandSpec, DEFAULT_API_URL, DiscordApi, DiscordIdentity, OptionSpec, Registration,
 };
-pub use gateway::DiscordGateway;
+pub use gateway::{DiscordGateway, GatewayEvent, GatewayPress};

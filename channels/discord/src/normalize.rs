@@ -5,11 +5,14 @@
 //! command (`/new`, `/status`, `/memory args:forget 2`) its name and values as a chat command
 //! (`/memory forget 2`), which the gateway's command handling reads like anyone's.
 
-use antler_channel::{ConversationKey, InboundEvent, ReplyContext, UserRef};
+use antler_channel::{Button, ConversationKey, InboundEvent, Press, ReplyContext, UserRef};
 use serenity::model::application::{
-    AuthorizingIntegrationOwner, CommandDataOption, CommandDataOptionValue, CommandInteraction,
-    CommandType, ResolvedTarget,
+    AuthorizingIntegrationOwner, AuthorizingIntegrationOwners, CommandDataOption,
+    CommandDataOptionValue, CommandInteraction, CommandType, ComponentInteraction,
+    ComponentInteractionDataKind, ResolvedTarget,
 };
+use serenity::model::guild::Member;
+use serenity::model::user::User;
 
 /// The channel's name.
 pub(crate) const NAME: &str = "discord";
@@ -68,8 +71,8 @@ pub(crate) fn read_reply_context(context: &ReplyContext) -> Option<Answering<'_>
 /// `authorizing_integration_owners` names a user install, key `1`, and no guild install,
 /// key `0`): "Apps installed to a user ... are limited to 5 followup messages per
 /// interaction".
-fn user_install_only(command: &CommandInteraction) -> bool {
-    let owners = &command.authorizing_integration_owners.0;
+fn user_install_only(owners: &AuthorizingIntegrationOwners) -> bool {
+    let owners = &owners.0;
     owners
         .iter()
         .any(|owner| matches!(owner, AuthorizingIntegrationOwner::UserInstall(_)))
@@ -136,23 +139,11 @@ pub(crate) fn normalize_command(command: &CommandInteraction, received_at_ms: u6
         .then(|| "a message without text".to_owned());
     let guild = command.guild_id.map(|id| id.to_string());
     let channel = command.channel_id.to_string();
-    let user = &command.user;
-    let name = command
-        .member
-        .as_ref()
-        .and_then(|member| member.nick.clone())
-        .or_else(|| user.global_name.clone())
-        .unwrap_or_else(|| user.name.clone());
     Normalized::Event(Box::new(InboundEvent {
         channel: NAME.to_owned(),
         event_id: command.id.to_string(),
         conversation: conversation(guild.as_deref(), &channel),
-        user: UserRef {
-            id: user.id.to_string(),
-            name: Some(name),
-            admin: false,
-            aliases: Vec::new(),
-        },
+        user: user_ref(command.member.as_deref(), &command.user),
         text: truncate(text, MAX_TEXT_BYTES),
         reply_to: None,
         received_at_ms,
@@ -166,11 +157,75 @@ pub(crate) fn normalize_command(command: &CommandInteraction, received_at_ms: u6
         interactive: true,
         reply_context: Some(reply_context(
             received_at_ms,
-            user_install_only(command),
+            user_install_only(&command.authorizing_integration_owners),
             &command.token,
         )),
         media_group: None,
     }))
+}
+
+/// Who sent an interaction: their id, and the name the server shows (the member's nickname),
+/// else their display name, else their username. `admin` is decided by the gateway's access
+/// rules, as for every message.
+fn user_ref(member: Option<&Member>, user: &User) -> UserRef {
+    let name = member
+        .and_then(|member| member.nick.clone())
+        .or_else(|| user.global_name.clone())
+        .unwrap_or_else(|| user.name.clone());
+    UserRef {
+        id: user.id.to_string(),
+        name: Some(name),
+        admin: false,
+        aliases: Vec::new(),
+    }
+}
+
+/// What a component interaction became.
+#[derive(Debug)]
+pub(crate) enum Pressed {
+    Press(Box<Press>),
+    /// Not a button antler could have made (a select menu, an action too long or not ASCII):
+    /// the presser is told at once, privately.
+    Refused(String),
+}
+
+/// A press of a button on one of the bot's messages, with the conversation and user a command
+/// from the same person in the same place gets; what answering it needs (the interaction's id
+/// and token) is its answer context.
+pub(crate) fn normalize_press(component: &ComponentInteraction) -> Pressed {
+    if !matches!(component.data.kind, ComponentInteractionDataKind::Button) {
+        return Pressed::Refused("antler does not handle menus or forms.".to_owned());
+    }
+    let action = &component.data.custom_id;
+    // antler's actions are short ASCII ([`Button::MAX_ACTION_BYTES`]); anything else is not
+    // one of its buttons, and is not carried further.
+    if action.is_empty() || action.len() > Button::MAX_ACTION_BYTES || !action.is_ascii() {
+        return Pressed::Refused("This button is not one antler answers.".to_owned());
+    }
+    let guild = component.guild_id.map(|id| id.to_string());
+    let channel = component.channel_id.to_string();
+    Pressed::Press(Box::new(Press {
+        channel: NAME.to_owned(),
+        conversation: conversation(guild.as_deref(), &channel),
+        user: user_ref(component.member.as_ref(), &component.user),
+        chat: Some(channel),
+        action: action.clone(),
+        message_id: component.message.id.to_string(),
+        answer_context: Some(press_context(&component.id.to_string(), &component.token)),
+    }))
+}
+
+/// The answer context of a press: the interaction's id and its token (an answer over the
+/// Gateway goes to `/interactions/{id}/{token}/callback`).
+pub(crate) fn press_context(interaction_id: &str, token: &str) -> ReplyContext {
+    ReplyContext::new(format!("{interaction_id}:{token}"))
+}
+
+/// The interaction id and token of a context made by [`press_context`].
+#[cfg(test)]
+pub(crate) fn read_press_context(context: &ReplyContext) -> Option<(&str, &str)> {
+    let (id, token) = context.expose().split_once(':')?;
+    (!id.is_empty() && !token.is_empty()).then_some((id, token))
 }
 
 /// The option the built-in commands take their words in (`/memory args: forget 3`): its value

@@ -122,6 +122,81 @@ pub fn user_installed(mut interaction: Value) -> Value {
     interaction
 }
 
+/// A press of the button `action` on the bot's message `message_id`, as Discord sends it to the
+/// Interactions Endpoint: a component interaction (type 3, `data.component_type` 2) with id
+/// `id` and token `token`, by [`ADA`] in the DM fixture's channel (`user`, no `member`, no
+/// `guild_id`: "`member` is sent when the interaction is invoked in a guild, and `user` is
+/// sent when invoked in a DM").
+#[must_use]
+pub fn press(id: &str, token: &str, action: &str, message_id: &str) -> Value {
+    let mut interaction = fixture("discord_button_guild.json");
+    let object = interaction.as_object_mut().expect("an object");
+    let member = object.remove("member").expect("the fixture's member");
+    for key in ["guild_id", "guild", "guild_locale", "app_permissions"] {
+        object.remove(key);
+    }
+    object.insert("user".to_owned(), member["user"].clone());
+    object.insert("channel_id".to_owned(), json!(DM_CHANNEL));
+    object.insert(
+        "channel".to_owned(),
+        json!({"id": DM_CHANNEL, "type": 1, "flags": 0, "last_message_id": null,
+               "recipients": [member["user"].clone()]}),
+    );
+    object.insert("context".to_owned(), json!(1));
+    interaction["id"] = json!(id);
+    interaction["token"] = json!(token);
+    interaction["data"]["custom_id"] = json!(action);
+    interaction["message"]["id"] = json!(message_id);
+    interaction["message"]["channel_id"] = json!(DM_CHANNEL);
+    interaction
+}
+
+/// [`press`] in the recorded server channel (`guild_id` 1100000000000000001, channel
+/// 1100000000000000050), by [`ADA`] as a member (`member.user`).
+#[must_use]
+pub fn press_in_server(id: &str, token: &str, action: &str, message_id: &str) -> Value {
+    let mut interaction = fixture("discord_button_guild.json");
+    interaction["id"] = json!(id);
+    interaction["token"] = json!(token);
+    interaction["data"]["custom_id"] = json!(action);
+    interaction["message"]["id"] = json!(message_id);
+    interaction
+}
+
+/// `interaction` pressed by the user `user_id` named `name` instead (`member.user` in a
+/// server, `user` in a DM).
+#[must_use]
+pub fn pressed_by(mut interaction: Value, user_id: &str, name: &str) -> Value {
+    let user = if interaction.get("member").is_some() {
+        &mut interaction["member"]["user"]
+    } else {
+        &mut interaction["user"]
+    };
+    user["id"] = json!(user_id);
+    user["username"] = json!(name);
+    user["global_name"] = json!(name);
+    interaction
+}
+
+/// The buttons of a message body the bot sent: its `components`' action rows' buttons, as
+/// (label, style, `custom_id`).
+#[must_use]
+pub fn buttons_of(body: &Value) -> Vec<(String, u64, String)> {
+    body["components"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|row| row["components"].as_array().cloned().unwrap_or_default())
+        .map(|button| {
+            (
+                button["label"].as_str().unwrap_or_default().to_owned(),
+                button["style"].as_u64().unwrap_or_default(),
+                button["custom_id"].as_str().unwrap_or_default().to_owned(),
+            )
+        })
+        .collect()
+}
+
 /// A message of the bot's as the API returns it.
 #[must_use]
 pub fn message(id: &str) -> Value {
@@ -180,6 +255,13 @@ impl MockDiscord {
         )
         .mount(&server)
         .await;
+        // "Interaction Callback: Create a response to an Interaction. Returns 204 unless
+        // `with_response` is set to `true`."
+        Mock::given(method("POST"))
+            .and(path_regex(r"^/api/v10/interactions/\d+/[^/]+/callback$"))
+            .respond_with(ResponseTemplate::new(204))
+            .mount(&server)
+            .await;
         server
     }
 
@@ -323,6 +405,36 @@ impl MockDiscord {
             .await;
     }
 
+    /// The bodies of every message the bot sent or edited with buttons under it (with
+    /// `components` that are not empty), in order.
+    pub async fn messages_with_buttons(&self) -> Vec<Value> {
+        self.calls()
+            .await
+            .into_iter()
+            .filter(|(_, p, body)| !p.contains("/callback") && !buttons_of(body).is_empty())
+            .map(|(_, _, body)| body)
+            .collect()
+    }
+
+    /// Every interaction callback (`POST /interactions/{id}/{token}/callback`, how an
+    /// interaction received over the Gateway is answered): (interaction id, body).
+    pub async fn interaction_callbacks(&self) -> Vec<(String, Value)> {
+        self.calls()
+            .await
+            .into_iter()
+            .filter(|(m, p, _)| m == "POST" && p.ends_with("/callback"))
+            .map(|(_, path, body)| {
+                let id = path
+                    .trim_start_matches("/api/v10/interactions/")
+                    .split('/')
+                    .next()
+                    .unwrap_or_default()
+                    .to_owned();
+                (id, body)
+            })
+            .collect()
+    }
+
     /// The bodies of every message the bot created in a channel with its token.
     pub async fn channel_messages(&self) -> Vec<Value> {
         self.calls()
@@ -402,22 +514,26 @@ impl Platform for Discord {
     }
 
     fn vectors() -> Vec<Vector> {
-        ["discord_ping.json", "discord_slash_guild.json"]
-            .into_iter()
-            .map(|name| {
-                let meta = fixture(&format!("{name}.meta.json"));
-                assert_eq!(meta["public_key_hex"], public_key_hex());
-                let header = |h: &str| meta["headers"][h].as_str().unwrap_or_default().to_owned();
-                Vector {
-                    name,
-                    body: crate::fixture_bytes("discord", &format!("{name}.body")),
-                    headers: crate::headers([
-                        (TIMESTAMP_HEADER, header("X-Signature-Timestamp").as_str()),
-                        (SIGNATURE_HEADER, header("X-Signature-Ed25519").as_str()),
-                    ]),
-                }
-            })
-            .collect()
+        [
+            "discord_ping.json",
+            "discord_slash_guild.json",
+            "discord_button_guild.json",
+        ]
+        .into_iter()
+        .map(|name| {
+            let meta = fixture(&format!("{name}.meta.json"));
+            assert_eq!(meta["public_key_hex"], public_key_hex());
+            let header = |h: &str| meta["headers"][h].as_str().unwrap_or_default().to_owned();
+            Vector {
+                name,
+                body: crate::fixture_bytes("discord", &format!("{name}.body")),
+                headers: crate::headers([
+                    (TIMESTAMP_HEADER, header("X-Signature-Timestamp").as_str()),
+                    (SIGNATURE_HEADER, header("X-Signature-Ed25519").as_str()),
+                ]),
+            }
+        })
+        .collect()
     }
 
     fn fixtures() -> Vec<Fixture> {
@@ -521,4 +637,81 @@ pub async fn mock_gateway(message_create: Value) -> (String, Arc<AtomicUsize>) {
         }
     });
     (url, sent)
+}
+
+/// A Discord Gateway on 127.0.0.1 that stays connected: HELLO; IDENTIFY gets READY and then
+/// `message_create`; after that, every interaction sent on the returned sender is dispatched
+/// as INTERACTION_CREATE (how Discord delivers interactions to an app with no Interactions
+/// Endpoint URL). Returns its `ws://` URL and the sender.
+pub async fn mock_gateway_with_interactions(
+    message_create: Value,
+) -> (String, tokio::sync::mpsc::UnboundedSender<Value>) {
+    use futures_util::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::Message as Ws;
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind the gateway");
+    let url = format!("ws://{}", listener.local_addr().expect("its address"));
+    let (sender, mut interactions) = tokio::sync::mpsc::unbounded_channel::<Value>();
+    tokio::spawn(async move {
+        // One session: the interactions go to whichever connected last.
+        while let Ok((stream, _)) = listener.accept().await {
+            let Ok(mut ws) = tokio_tungstenite::accept_async(stream).await else {
+                continue;
+            };
+            let send = |value: Value| Ws::Text(value.to_string());
+            let _ = ws
+                .send(send(
+                    json!({"op": 10, "d": {"heartbeat_interval": 45000}, "s": null, "t": null}),
+                ))
+                .await;
+            let dispatch = |s: u64, t: &str, d: Value| json!({"op": 0, "s": s, "t": t, "d": d});
+            let mut seq = 0;
+            let mut identified = false;
+            loop {
+                tokio::select! {
+                    frame = ws.next() => {
+                        let Some(Ok(Ws::Text(text))) = frame else { break };
+                        let payload: Value = serde_json::from_str(&text).expect("Gateway JSON");
+                        match payload["op"].as_u64() {
+                            Some(1) => {
+                                let _ = ws
+                                    .send(send(json!({"op": 11, "d": null, "s": null, "t": null})))
+                                    .await;
+                            }
+                            Some(2) => {
+                                let ready = json!({
+                                    "v": 10, "session_id": "session-1",
+                                    "resume_gateway_url": "ws://127.0.0.1:9",
+                                    "user": {"id": APPLICATION_ID, "username": "antler",
+                                             "discriminator": "0", "global_name": null,
+                                             "avatar": null, "bot": true, "verified": true,
+                                             "mfa_enabled": false, "flags": 0},
+                                    "guilds": [], "shard": [0, 1],
+                                    "application": {"id": APPLICATION_ID, "flags": 0}
+                                });
+                                seq += 1;
+                                let _ = ws.send(send(dispatch(seq, "READY", ready))).await;
+                                seq += 1;
+                                let _ = ws
+                                    .send(send(dispatch(seq, "MESSAGE_CREATE", message_create.clone())))
+                                    .await;
+                                identified = true;
+                            }
+                            _ => {}
+                        }
+                    }
+                    interaction = interactions.recv(), if identified => {
+                        let Some(interaction) = interaction else { break };
+                        seq += 1;
+                        let _ = ws
+                            .send(send(dispatch(seq, "INTERACTION_CREATE", interaction)))
+                            .await;
+                    }
+                }
+            }
+        }
+    });
+    (url, sender)
 }
