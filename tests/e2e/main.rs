@@ -11,6 +11,7 @@ mod config;
 mod crash;
 mod discord;
 mod feishu;
+mod feishu_buttons;
 mod feishu_ws;
 mod first_run;
 mod hardening;
