@@ -5,7 +5,7 @@
 //! long connection, and is answered in the callback's response: a toast for the presser
 //! alone and, once decided, the card replaced without its buttons. A non-approver's press
 //! changes nothing; an approver's runs the tool exactly once however often it is delivered,
-//! and the final answer follows.
+//! and the final answer follows; a press after a restart still resumes the call.
 //!
 //! Feishu's "Card callback communication" page: the response to a callback is
 //! `{"toast": {"type": "success|error|info|warning", "content": …}, "card": {"type": "raw",
@@ -21,7 +21,7 @@ use reqwest::StatusCode;
 use serde_json::Value;
 
 use crate::support::mock_model::{Behaviour, MockModel};
-use crate::support::{TestApp, wait_until};
+use crate::support::{TestApp, searchable_tempdir, wait_until};
 
 /// The approver's open_id (an admin of the channel).
 const BOSS: &str = "ou_b0550000000000000000000000000b055";
@@ -324,6 +324,44 @@ async fn on_the_long_connection_a_card_frame_is_answered_with_the_toast_and_card
     }
     let (answer, _) = final_answer(&api).await;
     assert!(answer.contains("approved by"), "{answer}");
+    app.wait_idle().await;
+    assert_eq!(model.count(), 2);
+    assert_eq!(tool_results(&model), 1);
+    app.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_press_after_a_restart_still_resumes_the_call() {
+    let model = MockModel::start(Behaviour::ToolThenAnswer).await;
+    let api = MockFeishu::start().await;
+    let config = api.config(&format!("admins = [\"{BOSS}\"]\n")) + &approvals("\"admins\"");
+    let dir = searchable_tempdir();
+    let store = dir.path().join("store");
+    let app = TestApp::start(&model, &store, &config).await;
+    let asked = post_raw(
+        &app.base,
+        fixture("feishu_im_p2p_thread_reply.json")
+            .to_string()
+            .into_bytes(),
+        &http::HeaderMap::new(),
+    )
+    .await;
+    assert_eq!(asked.status, StatusCode::OK);
+    let (_, row) = prompt(&api).await;
+    let approve = row[0]["value"].clone();
+    app.wait_idle().await;
+    app.shutdown().await;
+
+    // The button's card outlives antler: a press after the restart is decided and resumes.
+    let app = TestApp::start(&model, &store, &config).await;
+    let by_boss = card_action("ev-after", &approve, (BOSS, "boss01"), REPLY_ID, P2P_CHAT);
+    let (status, answer) = press(&app, &by_boss).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(answer["toast"]["type"], "success", "{answer}");
+    assert!(settled_text(&answer).contains("Approved by"), "{answer}");
+    let (answer, chat) = final_answer(&api).await;
+    assert!(answer.contains("approved by"), "{answer}");
+    assert_eq!(chat, P2P_CHAT);
     app.wait_idle().await;
     assert_eq!(model.count(), 2);
     assert_eq!(tool_results(&model), 1);
