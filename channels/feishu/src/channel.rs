@@ -1,5 +1,6 @@
-//! Feishu as an antler [`Channel`]: event subscriptions on one route, decrypted and verified,
-//! messages normalized, answers sent as replies (message cards edited in place, or text).
+//! Feishu as an antler [`Channel`]: event subscriptions and card callbacks on one route,
+//! decrypted and verified, messages and button presses normalized, answers sent as replies
+//! (message cards edited in place, or text; cards with buttons for prompts).
 
 use std::sync::RwLock;
 use std::time::Duration;
@@ -376,11 +377,7 @@ impl FeishuChannel {
         buttons: &[Button],
         root: Option<&str>,
     ) -> (&'static str, String) {
-        let content = json!({
-            "config": {"wide_screen_mode": true, "update_multi": true},
-            "elements": [self.text_element(body), button_row(buttons, root)],
-        })
-        .to_string();
+        let content = card_of(vec![self.text_element(body), button_row(buttons, root)]).to_string();
         let size = client::reply_body("interactive", &content, &part_uuid("", 0))
             .to_string()
             .len()
@@ -403,10 +400,7 @@ impl FeishuChannel {
     /// is, with no buttons. An update longer than a part keeps its first part.
     fn settled_card(&self, update: &str) -> Result<Value, ChannelError> {
         let first = self.render(update)?.into_iter().next().unwrap_or_default();
-        Ok(json!({
-            "config": {"wide_screen_mode": true, "update_multi": true},
-            "elements": [self.text_element(&first)],
-        }))
+        Ok(card_of(vec![self.text_element(&first)]))
     }
 }
 
@@ -481,9 +475,14 @@ fn old_schema(event: &Value) -> Parsed {
 /// A message card holding `markdown`; `update_multi` makes it editable for everyone who sees
 /// it (Feishu wants it both when sending and when patching).
 fn card(markdown: &str) -> Value {
+    card_of(vec![json!({"tag": "markdown", "content": markdown})])
+}
+
+/// A message card of `elements`, editable for everyone who sees it ([`card`]).
+fn card_of(elements: Vec<Value>) -> Value {
     json!({
         "config": {"wide_screen_mode": true, "update_multi": true},
-        "elements": [{"tag": "markdown", "content": markdown}],
+        "elements": elements,
     })
 }
 
@@ -1733,7 +1732,7 @@ mod tests {
     }
 
     /// The card a message body carries.
-    fn card_of(body: &Value) -> Value {
+    fn sent_card(body: &Value) -> Value {
         serde_json::from_str(body["content"].as_str().unwrap()).unwrap()
     }
 
@@ -1760,7 +1759,7 @@ mod tests {
         let sent = bodies(&server).await;
         assert_eq!(sent.len(), 1);
         assert_eq!(sent[0].2["msg_type"], "interactive", "buttons need a card");
-        card_of(&sent[0].2)
+        sent_card(&sent[0].2)
     }
 
     #[tokio::test]
