@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use antler_channel::{ChannelError, Parsed};
+use antler_channel::{Channel, ChannelError, Parsed};
 use antler_feishu::{Delivery, FeishuChannel, FeishuSocket, SocketConfig};
 use tokio_util::sync::CancellationToken;
 
@@ -92,7 +92,8 @@ async fn open_feishu_socket(channel: &FeishuChannel) -> Result<FeishuSocket, Cha
 /// holds and answers the frame as the webhook answers: 200 once accepted (stored and synced),
 /// or when there is nothing to take; 500 when it should come again, where the webhook answers
 /// 503 (the bot's identity is not known yet, the backlog is full, the store failed). `false`
-/// once antler stops (the frame unanswered: Feishu delivers it again).
+/// once antler stops (the frame unanswered: Feishu delivers it again). A card callback (a
+/// button pressed) is decided and answered with the toast and card the webhook would answer.
 async fn answer_feishu(channel: &FeishuChannel, ingress: &Ingress, delivery: Delivery) -> bool {
     let parsed = serde_json::from_slice(&delivery.payload)
         .map_err(|_| ChannelError::Malformed("not JSON".to_owned()))
@@ -113,6 +114,13 @@ async fn answer_feishu(channel: &FeishuChannel, ingress: &Ingress, delivery: Del
                 }
             }
             code
+        }
+        Ok(Parsed::Press(press)) => {
+            match ingress.press(channel as &dyn Channel, &press).await {
+                Some(result) => delivery.answer_with(&result),
+                None => delivery.answer(200),
+            }
+            return true;
         }
         Ok(_) => 200,
         Err(ChannelError::Transient(e)) => {

@@ -12,6 +12,7 @@ mod crash;
 mod discord;
 mod discord_buttons;
 mod feishu;
+mod feishu_buttons;
 mod feishu_ws;
 mod first_run;
 mod hardening;

@@ -1,13 +1,15 @@
-//! Feishu as an antler [`Channel`]: event subscriptions on one route, decrypted and verified,
-//! messages normalized, answers sent as replies (message cards edited in place, or text).
+//! Feishu as an antler [`Channel`]: event subscriptions and card callbacks on one route,
+//! decrypted and verified, messages and button presses normalized, answers sent as replies
+//! (message cards edited in place, or text; cards with buttons for prompts).
 
 use std::sync::RwLock;
 use std::time::Duration;
 
 use antler_channel::render::{self, FeishuMarkdown, Limit, PlainText};
 use antler_channel::{
-    AttachmentRef, AttachmentSource, Capabilities, Channel, ChannelError, ConversationKey,
-    EditRate, Limits, OutboundMessage, Parsed, Part, Receipt, WebhookRequest, verify,
+    AttachmentRef, AttachmentSource, Button, ButtonStyle, Capabilities, Channel, ChannelError,
+    ConversationKey, EditRate, Limits, OutboundMessage, Parsed, Part, Press, PressAnswer, Receipt,
+    WebhookRequest, verify,
 };
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -15,7 +17,10 @@ use sha2::{Digest, Sha256};
 
 use crate::client::{self, DEFAULT_API_URL, FeishuApi, FeishuIdentity};
 use crate::crypto;
-use crate::normalize::{Context, MessageReceived, NAME, Normalized, normalize_message};
+use crate::normalize::{
+    CardAction, Context, MessageReceived, NAME, Normalized, PressNormalized, VALUE_ACTION,
+    VALUE_ROOT, normalize_message, normalize_press,
+};
 
 /// The most Markdown one card holds, in UTF-8 bytes, before the request body is measured
 /// ([`CARD_BODY_LIMIT`]): an ordinary answer fits a card at this size.
@@ -39,6 +44,20 @@ const TEXT_BODY_LIMIT: usize = 150_000;
 /// The smallest Markdown limit the body fitting shrinks to: even all control characters
 /// (seven bytes each on the wire) stay under [`CARD_BODY_LIMIT`] at this size.
 const MIN_PART_LIMIT: usize = 4_000;
+
+/// The bytes a card part's body keeps free for a row of buttons under it ([`button_row`]):
+/// two buttons with the longest action, a topic id and labels of [`MAX_LABEL_CHARS`] take
+/// about 850. A row that does not fit is left out ([`FeishuChannel::prompt_content`]).
+const BUTTONS_RESERVE: usize = 1_000;
+
+/// The most characters of a button's label shown.
+const MAX_LABEL_CHARS: usize = 40;
+
+/// The most bytes of a toast: it is one line on the presser's screen.
+const TOAST_LIMIT: usize = 300;
+
+/// The card callback's event type: a button of the bot's card was pressed.
+const CARD_ACTION: &str = "card.action.trigger";
 
 /// Stands for the chat id a measured body names: longer than any (chat ids are `oc_` and 32
 /// hex digits).
@@ -212,6 +231,9 @@ impl FeishuChannel {
         }
         let schema = event.get("schema").and_then(Value::as_str);
         let event_type = event.pointer("/header/event_type").and_then(Value::as_str);
+        if schema == Some("2.0") && event_type == Some(CARD_ACTION) {
+            return self.parse_press(event);
+        }
         if schema != Some("2.0") || event_type != Some("im.message.receive_v1") {
             tracing::debug!(
                 ?schema,
@@ -248,6 +270,23 @@ impl FeishuChannel {
                 ));
             }
         })
+    }
+
+    /// A card callback: a press of one of antler's buttons, or nothing for antler.
+    fn parse_press(&self, event: &Value) -> Result<Parsed, ChannelError> {
+        let action = CardAction::deserialize(event).map_err(|_| {
+            ChannelError::Malformed("a card callback antler cannot read".to_owned())
+        })?;
+        match normalize_press(&action, &self.app_id) {
+            PressNormalized::Press(press) => Ok(Parsed::Press(*press)),
+            PressNormalized::Ignored(reason) => {
+                tracing::debug!(reason, "Feishu card callback ignored");
+                Ok(Parsed::Ignore)
+            }
+            PressNormalized::Malformed(reason) => Err(ChannelError::Malformed(format!(
+                "a Feishu card callback: {reason}"
+            ))),
+        }
     }
 
     /// The body's JSON, decrypted when an Encrypt Key is set. A body of the other kind
@@ -306,6 +345,7 @@ impl FeishuChannel {
         .map(|body| body.to_string().len())
         .max()
         .unwrap_or(0)
+            + if self.cards { BUTTONS_RESERVE } else { 0 }
     }
 
     /// The card or text message a part is sent as: `(msg_type, content)`.
@@ -316,6 +356,98 @@ impl FeishuChannel {
             ("text", json!({"text": body}).to_string())
         }
     }
+
+    /// The element showing a part: Markdown with cards; without, the plain text as it is (a
+    /// card only to carry buttons).
+    fn text_element(&self, body: &str) -> Value {
+        if self.cards {
+            json!({"tag": "markdown", "content": body})
+        } else {
+            json!({"tag": "div", "text": {"tag": "plain_text", "content": body}})
+        }
+    }
+
+    /// The message a part with `buttons` is sent as: a card with the part and the buttons
+    /// under it, whose presses come back naming the topic `root` (in groups). A card too large
+    /// for Feishu (only possible with a long plain-text part) goes as the part alone: the
+    /// prompt's text says how to answer in words.
+    fn prompt_content(
+        &self,
+        body: &str,
+        buttons: &[Button],
+        root: Option<&str>,
+    ) -> (&'static str, String) {
+        let content = card_of(vec![self.text_element(body), button_row(buttons, root)]).to_string();
+        let size = client::reply_body("interactive", &content, &part_uuid("", 0))
+            .to_string()
+            .len()
+            .max(
+                client::send_body(MEASURED_CHAT, "interactive", &content, &part_uuid("", 0))
+                    .to_string()
+                    .len(),
+            );
+        if size > CARD_BODY_LIMIT {
+            tracing::warn!(
+                size,
+                "a Feishu prompt is too long for a card; sent without its buttons"
+            );
+            return self.content(body);
+        }
+        ("interactive", content)
+    }
+
+    /// The card a pressed button's message becomes: `update` (Markdown) rendered as a part
+    /// is, with no buttons. An update longer than a part keeps its first part.
+    fn settled_card(&self, update: &str) -> Result<Value, ChannelError> {
+        let first = self.render(update)?.into_iter().next().unwrap_or_default();
+        Ok(card_of(vec![self.text_element(&first)]))
+    }
+}
+
+/// The action element holding `buttons` in one row. Each button's `value` carries its
+/// action and, in a group, the topic its card is in ([`VALUE_ROOT`]): Feishu sends the value
+/// back with the press as the card set it.
+fn button_row(buttons: &[Button], root: Option<&str>) -> Value {
+    let actions: Vec<Value> = buttons
+        .iter()
+        .map(|button| {
+            let mut value = serde_json::Map::new();
+            value.insert(VALUE_ACTION.to_owned(), button.action.clone().into());
+            if let Some(root) = root {
+                value.insert(VALUE_ROOT.to_owned(), root.into());
+            }
+            json!({
+                "tag": "button",
+                "text": {
+                    "tag": "plain_text",
+                    "content": button.label.chars().take(MAX_LABEL_CHARS).collect::<String>(),
+                },
+                "type": match button.style {
+                    ButtonStyle::Primary => "primary",
+                    ButtonStyle::Danger => "danger",
+                },
+                "value": value,
+            })
+        })
+        .collect();
+    json!({"tag": "action", "actions": actions})
+}
+
+/// The topic of a group conversation (`feishu:<tenant>:<chat>:<root>`); `None` in a private one.
+fn root_of(conversation: &ConversationKey) -> Option<&str> {
+    conversation
+        .as_str()
+        .split(':')
+        .nth(3)
+        .filter(|root| !root.is_empty())
+}
+
+/// `notice` (Markdown) as the plain text of a toast, within [`TOAST_LIMIT`].
+fn toast_text(notice: &str) -> String {
+    render::parts(notice, &PlainText, Limit::Bytes(TOAST_LIMIT))
+        .ok()
+        .and_then(|parts| parts.into_iter().next())
+        .unwrap_or_default()
 }
 
 /// What a schema 1.0 event (`{"type": "event_callback", "event": {"type": …}}`, apps whose
@@ -343,9 +475,14 @@ fn old_schema(event: &Value) -> Parsed {
 /// A message card holding `markdown`; `update_multi` makes it editable for everyone who sees
 /// it (Feishu wants it both when sending and when patching).
 fn card(markdown: &str) -> Value {
+    card_of(vec![json!({"tag": "markdown", "content": markdown})])
+}
+
+/// A message card of `elements`, editable for everyone who sees it ([`card`]).
+fn card_of(elements: Vec<Value>) -> Value {
     json!({
         "config": {"wide_screen_mode": true, "update_multi": true},
-        "elements": [{"tag": "markdown", "content": markdown}],
+        "elements": elements,
     })
 }
 
@@ -459,7 +596,11 @@ impl Channel for FeishuChannel {
         message: &OutboundMessage,
         part: Part<'_>,
     ) -> Result<Receipt, ChannelError> {
-        let (msg_type, content) = self.content(part.body);
+        let (msg_type, content) = if part.buttons.is_empty() {
+            self.content(part.body)
+        } else {
+            self.prompt_content(part.body, part.buttons, root_of(&message.conversation))
+        };
         let uuid = part_uuid(&message.idempotency_key, part.index);
         let id = match message.reply_to.as_deref().filter(|id| !id.is_empty()) {
             Some(reply_to) => self.api.reply(reply_to, msg_type, &content, &uuid).await?,
@@ -517,8 +658,32 @@ impl Channel for FeishuChannel {
             images: true,
             typing: false,
             progress_marks: false,
-            buttons: false,
+            // Card buttons (with or without `cards`: a part with buttons is always a card).
+            buttons: true,
         }
+    }
+
+    /// The card callback's answer, the body of its HTTP 200 (the long connection carries the
+    /// same): a toast only the presser sees (`success`, or `error` for a refusal) and, when the
+    /// message changes, the card that replaces it for everyone (`type: raw`, buttons gone).
+    /// Feishu's "Card callback communication" page: `{"toast": {"type":
+    /// "info|success|error|warning", "content": …}, "card": {"type": "raw", "data": {…}}}`,
+    /// answered within 3 seconds.
+    async fn answer_press(
+        &self,
+        _press: &Press,
+        answer: &PressAnswer,
+    ) -> Result<Option<Value>, ChannelError> {
+        let kind = if answer.update.is_some() {
+            "success"
+        } else {
+            "error"
+        };
+        let mut body = json!({"toast": {"type": kind, "content": toast_text(&answer.notice)}});
+        if let Some(update) = &answer.update {
+            body["card"] = json!({"type": "raw", "data": self.settled_card(update)?});
+        }
+        Ok(Some(body))
     }
 
     /// The message resource named by `<message_id>/<key>/<image|file>`.
@@ -1174,7 +1339,7 @@ mod tests {
                 images: true,
                 typing: false,
                 progress_marks: false,
-                buttons: false,
+                buttons: true,
             }
         );
         assert_eq!(
@@ -1547,5 +1712,334 @@ mod tests {
             channel.fetch_attachment(&url, 100).await,
             Err(ChannelError::Unsupported)
         );
+    }
+
+    // ---- buttons ----
+
+    fn approve_deny() -> Vec<Button> {
+        vec![
+            Button {
+                label: "✅ Approve".into(),
+                action: "approve:k3x9p2ab".into(),
+                style: ButtonStyle::Primary,
+            },
+            Button {
+                label: "❌ Deny".into(),
+                action: "deny:k3x9p2ab".into(),
+                style: ButtonStyle::Danger,
+            },
+        ]
+    }
+
+    /// The card a message body carries.
+    fn sent_card(body: &Value) -> Value {
+        serde_json::from_str(body["content"].as_str().unwrap()).unwrap()
+    }
+
+    /// Sends a prompt's part with Approve and Deny in `conversation`; the card sent.
+    async fn send_prompt(cards: bool, conversation: ConversationKey) -> Value {
+        let server = mock_api().await;
+        let channel = live(&server, cards);
+        let message = OutboundMessage {
+            conversation,
+            ..outbound(Some("om_user1"))
+        };
+        let buttons = approve_deny();
+        channel
+            .send(
+                &message,
+                Part {
+                    buttons: &buttons,
+                    index: 1,
+                    body: "⏸ Approval needed: current_time",
+                },
+            )
+            .await
+            .unwrap();
+        let sent = bodies(&server).await;
+        assert_eq!(sent.len(), 1);
+        assert_eq!(sent[0].2["msg_type"], "interactive", "buttons need a card");
+        sent_card(&sent[0].2)
+    }
+
+    #[tokio::test]
+    async fn a_part_with_buttons_is_a_card_with_a_button_row_naming_its_topic() {
+        // Feishu's card JSON 1.0: an `action` element holds `button`s, each with `text`
+        // (plain_text), `type` (primary, danger) and a `value` sent back when pressed.
+        let card = send_prompt(
+            true,
+            ConversationKey::new("feishu", [TENANT, "oc_chat1", "om_root1"]),
+        )
+        .await;
+        assert_eq!(card["config"]["update_multi"], true);
+        assert_eq!(
+            card["elements"],
+            json!([
+                {"tag": "markdown", "content": "⏸ Approval needed: current_time"},
+                {"tag": "action", "actions": [
+                    {"tag": "button", "text": {"tag": "plain_text", "content": "✅ Approve"},
+                     "type": "primary",
+                     "value": {"action": "approve:k3x9p2ab", "root": "om_root1"}},
+                    {"tag": "button", "text": {"tag": "plain_text", "content": "❌ Deny"},
+                     "type": "danger",
+                     "value": {"action": "deny:k3x9p2ab", "root": "om_root1"}}
+                ]}
+            ])
+        );
+        // In a private chat there is no topic to name.
+        let card = send_prompt(true, ConversationKey::new("feishu", [TENANT, "oc_p2p1"])).await;
+        assert_eq!(
+            card["elements"][1]["actions"][0]["value"],
+            json!({"action": "approve:k3x9p2ab"})
+        );
+    }
+
+    #[tokio::test]
+    async fn without_cards_a_part_with_buttons_is_a_card_of_plain_text() {
+        let card = send_prompt(false, ConversationKey::new("feishu", [TENANT, "oc_p2p1"])).await;
+        assert_eq!(
+            card["elements"][0],
+            json!({"tag": "div", "text": {"tag": "plain_text",
+                   "content": "⏸ Approval needed: current_time"}})
+        );
+        assert_eq!(card["elements"][1]["actions"][1]["type"], "danger");
+    }
+
+    #[tokio::test]
+    async fn a_plain_text_prompt_too_long_for_a_card_goes_without_its_buttons() {
+        let server = mock_api().await;
+        let channel = live(&server, false);
+        let long = "x".repeat(40_000);
+        let buttons = approve_deny();
+        channel
+            .send(
+                &outbound(Some("om_user1")),
+                Part {
+                    buttons: &buttons,
+                    index: 0,
+                    body: &long,
+                },
+            )
+            .await
+            .unwrap();
+        let sent = bodies(&server).await;
+        assert_eq!(sent[0].2["msg_type"], "text");
+    }
+
+    fn press_of(parsed: Parsed) -> Press {
+        match parsed {
+            Parsed::Press(press) => press,
+            other => panic!("expected a press: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_recorded_press_is_the_presser_in_the_cards_conversation() {
+        let press = press_of(parse(
+            &channel(),
+            &fixture("feishu_card_action_trigger.json"),
+        ));
+        // The author of the group mention, and the conversation its answer is in.
+        let message = event_of(&fixture("feishu_im_group_mention.json"));
+        assert_eq!(press.channel, "feishu");
+        assert_eq!(press.conversation, message.conversation);
+        assert_eq!(press.user, message.user);
+        assert_eq!(press.user.aliases, ["ada01"]);
+        assert!(!press.user.admin, "the ingress marks admins");
+        assert_eq!(press.chat, message.chat);
+        assert_eq!(press.action, "approve:k3x9p2ab");
+        assert_eq!(press.message_id, REPLY_ID);
+        assert_eq!(press.answer_context, None);
+    }
+
+    #[tokio::test]
+    async fn a_press_comes_back_in_the_conversation_its_card_was_sent_in() {
+        for conversation in [
+            ConversationKey::new("feishu", [TENANT, "oc_5ad11d72b830411d72b836c20b1c9d1f"]),
+            ConversationKey::new(
+                "feishu",
+                [TENANT, "oc_5ad11d72b830411d72b836c20b1c9d1f", "om_root1"],
+            ),
+        ] {
+            let card = send_prompt(true, conversation.clone()).await;
+            let value = card["elements"][1]["actions"][1]["value"].clone();
+            let body = press_variant(|e| e["action"]["value"] = value);
+            let press = press_of(parse(&channel(), &body));
+            assert_eq!(press.conversation, conversation);
+            assert_eq!(press.action, "deny:k3x9p2ab");
+        }
+    }
+
+    /// The recorded press with its `event` changed by `edit`.
+    fn press_variant(edit: impl FnOnce(&mut Value)) -> Vec<u8> {
+        variant("feishu_card_action_trigger.json", edit)
+    }
+
+    #[test]
+    fn presses_that_are_not_antlers_are_ignored_and_broken_ones_refused() {
+        let channel = channel();
+        let headers = http::HeaderMap::new();
+        let outcome = |body: &[u8]| {
+            let request = request(&headers, body);
+            channel.verify(&request).unwrap();
+            channel.parse(&request)
+        };
+        for (name, body) in [
+            (
+                "another card's button",
+                press_variant(|e| e["action"]["value"] = json!({"key": "v"})),
+            ),
+            (
+                "a select menu",
+                press_variant(|e| e["action"]["tag"] = "select_static".into()),
+            ),
+            (
+                "no value",
+                press_variant(|e| e["action"]["value"] = Value::Null),
+            ),
+        ] {
+            assert_eq!(outcome(&body), Ok(Parsed::Ignore), "{name}");
+        }
+        let mut other_app: Value =
+            serde_json::from_slice(&fixture("feishu_card_action_trigger.json")).unwrap();
+        other_app["header"]["app_id"] = "cli_someone_else".into();
+        assert_eq!(
+            outcome(&serde_json::to_vec(&other_app).unwrap()),
+            Ok(Parsed::Ignore)
+        );
+        for (name, body) in [
+            (
+                "a long action",
+                press_variant(|e| e["action"]["value"]["action"] = "a".repeat(65).into()),
+            ),
+            (
+                "an action that is not text",
+                press_variant(|e| e["action"]["value"]["action"] = json!(7)),
+            ),
+            (
+                "a topic that is not an id",
+                press_variant(|e| e["action"]["value"]["root"] = "om_1:x".into()),
+            ),
+            (
+                "no presser",
+                press_variant(|e| {
+                    e.as_object_mut().unwrap().remove("operator");
+                }),
+            ),
+            (
+                "no message",
+                press_variant(|e| e["context"]["open_message_id"] = "".into()),
+            ),
+            (
+                "a chat id that would change the key",
+                press_variant(|e| e["context"]["open_chat_id"] = "oc_1:om_2".into()),
+            ),
+            (
+                "an operator that is not an object",
+                press_variant(|e| e["operator"] = json!("ou_1")),
+            ),
+        ] {
+            assert!(
+                matches!(outcome(&body), Err(ChannelError::Malformed(_))),
+                "{name}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_press_is_verified_like_an_event() {
+        let plain: Value =
+            serde_json::from_slice(&fixture("feishu_card_action_trigger.json")).unwrap();
+        let mut forged = plain.clone();
+        forged["header"]["token"] = "not-the-token".into();
+        let headers = http::HeaderMap::new();
+        assert_eq!(
+            channel().verify(&request(&headers, &serde_json::to_vec(&forged).unwrap())),
+            Err(ChannelError::Unauthorized)
+        );
+        // Encrypted and signed with the Encrypt Key, as Feishu sends callbacks when one is set.
+        let channel = channel_with(Some(ENCRYPT_KEY), vector_clock_ms);
+        let (body, headers) = sealed(&plain, ENCRYPT_KEY, 1_767_225_720);
+        let signed = request(&headers, &body);
+        assert_eq!(channel.verify(&signed), Ok(()));
+        assert_eq!(
+            press_of(channel.parse(&signed).unwrap()).action,
+            "approve:k3x9p2ab"
+        );
+        let unsigned = http::HeaderMap::new();
+        assert_eq!(
+            channel.verify(&request(&unsigned, &body)),
+            Err(ChannelError::Unauthorized)
+        );
+        let (body, headers) = sealed(&forged, ENCRYPT_KEY, 1_767_225_720);
+        assert_eq!(
+            channel.verify(&request(&headers, &body)),
+            Err(ChannelError::Unauthorized)
+        );
+    }
+
+    #[tokio::test]
+    async fn a_decision_answers_with_a_toast_and_the_card_without_buttons() {
+        let press = press_of(parse(
+            &channel(),
+            &fixture("feishu_card_action_trigger.json"),
+        ));
+        let answer = PressAnswer {
+            notice: "✅ Approved current\\_time (k3x9p2ab); it runs now.".into(),
+            update: Some("⏸ Approval needed: current\\_time\n✅ Approved by Ada & co.".into()),
+        };
+        let body = channel()
+            .answer_press(&press, &answer)
+            .await
+            .unwrap()
+            .unwrap();
+        // "Card callback communication": the response holds `toast` ({type, content}) and
+        // `card` ({"type": "raw", "data": <card JSON>}) replacing the card pressed.
+        assert_eq!(
+            body["toast"],
+            json!({"type": "success",
+                   "content": "✅ Approved current_time (k3x9p2ab); it runs now."})
+        );
+        assert_eq!(body["card"]["type"], "raw");
+        let card = &body["card"]["data"];
+        assert_eq!(card["config"]["update_multi"], true);
+        assert_eq!(
+            card["elements"],
+            json!([{"tag": "markdown",
+                    "content": "⏸ Approval needed: current&#95;time\n✅ Approved by Ada &amp; co."}])
+        );
+    }
+
+    #[tokio::test]
+    async fn a_refusal_is_an_error_toast_and_the_card_stays() {
+        let press = press_of(parse(
+            &channel(),
+            &fixture("feishu_card_action_trigger.json"),
+        ));
+        let answer = PressAnswer {
+            notice: "Sorry, only approvers can decide on tool calls; nothing changed.".into(),
+            update: None,
+        };
+        let body = channel()
+            .answer_press(&press, &answer)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            body,
+            json!({"toast": {"type": "error",
+                   "content": "Sorry, only approvers can decide on tool calls; nothing changed."}})
+        );
+        // A long notice is cut to one toast.
+        let long = PressAnswer {
+            notice: "word ".repeat(500),
+            update: None,
+        };
+        let body = channel()
+            .answer_press(&press, &long)
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(body["toast"]["content"].as_str().unwrap().len() <= TOAST_LIMIT);
     }
 }

@@ -96,11 +96,16 @@ impl Frame {
 
     /// The answer to this data frame, as the SDKs write it: the same frame, with a `biz_rt`
     /// header (the milliseconds the event took) and the payload
-    /// `{"code": <HTTP status>, "headers": null, "data": null}` (Go's `ws.Response`).
-    pub(crate) fn answer(mut self, code: u16, took_ms: u64) -> Self {
+    /// `{"code": <HTTP status>, "headers": null, "data": <data>}` (Go's `ws.Response`, whose
+    /// `Data []byte` JSON holds in base64; the Python SDK writes `base64(JSON(result))`
+    /// alike). `data` is a handler's result, such as a card callback's toast and card; `null`
+    /// when there is none.
+    pub(crate) fn answer(mut self, code: u16, took_ms: u64, data: Option<&[u8]>) -> Self {
+        use base64::Engine as _;
         self.headers.push(header(BIZ_RT, &took_ms.to_string()));
+        let data = data.map(|data| base64::engine::general_purpose::STANDARD.encode(data));
         self.payload = Some(
-            serde_json::json!({"code": code, "headers": null, "data": null})
+            serde_json::json!({"code": code, "headers": null, "data": data})
                 .to_string()
                 .into_bytes(),
         );
@@ -169,7 +174,9 @@ mod tests {
 
     #[test]
     fn an_answer_is_the_frame_with_biz_rt_and_the_status() {
-        let answer = Frame::decode(&DATA_FRAME[..]).unwrap().answer(200, 12);
+        let answer = Frame::decode(&DATA_FRAME[..])
+            .unwrap()
+            .answer(200, 12, None);
         assert_eq!(answer.seq_id, 1);
         assert_eq!(answer.header(TYPE), Some("event"));
         assert_eq!(answer.header(BIZ_RT), Some("12"));
@@ -179,5 +186,21 @@ mod tests {
             payload,
             serde_json::json!({"code": 200, "headers": null, "data": null})
         );
+    }
+
+    #[test]
+    fn an_answer_with_data_carries_it_in_base64_as_go_marshals_bytes() {
+        use base64::Engine as _;
+        let result = br#"{"toast":{"type":"success","content":"ok"}}"#;
+        let answer = Frame::decode(&DATA_FRAME[..])
+            .unwrap()
+            .answer(200, 3, Some(result));
+        let payload: serde_json::Value =
+            serde_json::from_slice(answer.payload.as_deref().unwrap()).unwrap();
+        assert_eq!(payload["code"], 200);
+        let data = base64::engine::general_purpose::STANDARD
+            .decode(payload["data"].as_str().unwrap())
+            .unwrap();
+        assert_eq!(data, result);
     }
 }

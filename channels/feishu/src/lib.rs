@@ -33,6 +33,11 @@
 //! - A message's event id is its message_id, which every redelivery keeps.
 //! - A file or image is [`antler_channel::AttachmentSource::Platform`] with the id
 //!   `<message_id>/<key>/<image|file>`, fetched through the message resource endpoint.
+//! - Buttons (an approval's Approve and Deny) are `action` buttons on an interactive card;
+//!   pressing one is the `card.action.trigger` callback (on the events route, verified like
+//!   events, or a `card` frame on the long connection), answered in its response with a toast
+//!   for the presser and the card replaced. A button's `value` names the group topic its card
+//!   is in, so the press lands in the conversation a message there would.
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
 
 mod channel;

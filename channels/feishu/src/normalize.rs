@@ -8,7 +8,9 @@
 //! by the gateway's command handler). Messages from anything but a user (other apps) are
 //! ignored, so two bots cannot answer each other forever.
 
-use antler_channel::{AttachmentRef, AttachmentSource, ConversationKey, InboundEvent, UserRef};
+use antler_channel::{
+    AttachmentRef, AttachmentSource, Button, ConversationKey, InboundEvent, Press, UserRef,
+};
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -200,6 +202,155 @@ pub(crate) fn normalize_message(received: &MessageReceived, context: &Context<'_
         interactive: true,
         reply_context: None,
         media_group: None,
+    }))
+}
+
+/// The field of a button's `value` holding its [`Button::action`].
+pub(crate) const VALUE_ACTION: &str = "action";
+
+/// The field of a button's `value` naming the topic (root message) of the group conversation
+/// its card was sent in: a press carries only the chat and the card's message, and a group
+/// conversation is one topic of its chat ([`normalize_message`]). Absent in private chats.
+pub(crate) const VALUE_ROOT: &str = "root";
+
+/// The longest id read from a press (open_id, chat, message, tenant, user_id), in bytes:
+/// Feishu's are 20 to 40.
+const MAX_ID_BYTES: usize = 128;
+
+/// A schema 2.0 `card.action.trigger` callback (the fields antler uses): someone pressed a
+/// button of a card the bot sent.
+#[derive(Debug, Deserialize)]
+pub(crate) struct CardAction {
+    header: Header,
+    event: CardActionEvent,
+}
+
+#[derive(Debug, Deserialize)]
+struct CardActionEvent {
+    #[serde(default)]
+    operator: Operator,
+    #[serde(default)]
+    action: Action,
+    #[serde(default)]
+    context: CardContext,
+}
+
+/// Who pressed: the same ids a message's sender has.
+#[derive(Debug, Default, Deserialize)]
+struct Operator {
+    #[serde(default)]
+    tenant_key: String,
+    #[serde(default)]
+    open_id: Option<String>,
+    #[serde(default)]
+    user_id: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct Action {
+    /// The button's `value` as the card set it (a JSON object for antler's buttons).
+    #[serde(default)]
+    value: Value,
+    #[serde(default)]
+    tag: String,
+}
+
+/// Where the card is.
+#[derive(Debug, Default, Deserialize)]
+struct CardContext {
+    #[serde(default)]
+    open_message_id: String,
+    #[serde(default)]
+    open_chat_id: String,
+}
+
+/// What a card callback means to antler.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum PressNormalized {
+    /// A press of one of antler's buttons.
+    Press(Box<Press>),
+    /// Not for antler (another app, another card's component); the reason is for the log.
+    Ignored(&'static str),
+    /// A press antler cannot read; the reason is for the log.
+    Malformed(&'static str),
+}
+
+/// `id` is an id as Feishu writes them: 1 to [`MAX_ID_BYTES`] ASCII letters, digits, `_` or
+/// `-` (so it is safe in a conversation key and a path).
+fn is_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= MAX_ID_BYTES
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+/// Normalizes a card callback: the presser formed as a message's author is, the conversation
+/// as a message in that chat (and topic) gets, the card's message id, the button's action.
+pub(crate) fn normalize_press(received: &CardAction, app_id: &str) -> PressNormalized {
+    let event = &received.event;
+    if !received.header.app_id.is_empty() && received.header.app_id != app_id {
+        return PressNormalized::Ignored("addressed to another app");
+    }
+    if event.action.tag != "button" {
+        return PressNormalized::Ignored("not a button");
+    }
+    let Some(action) = event.action.value.get(VALUE_ACTION) else {
+        return PressNormalized::Ignored("a button that is not antler's");
+    };
+    let Some(action) = action
+        .as_str()
+        .filter(|a| !a.is_empty() && a.len() <= Button::MAX_ACTION_BYTES && a.is_ascii())
+    else {
+        return PressNormalized::Malformed("the button's action is not one antler writes");
+    };
+    let Some(user) = event.operator.open_id.as_deref().filter(|id| is_id(id)) else {
+        return PressNormalized::Malformed("no operator open_id");
+    };
+    let (chat, message) = (
+        event.context.open_chat_id.as_str(),
+        event.context.open_message_id.as_str(),
+    );
+    if !is_id(chat) || !is_id(message) {
+        return PressNormalized::Malformed("no chat or message id");
+    }
+    let tenant = if received.header.tenant_key.is_empty() {
+        event.operator.tenant_key.as_str()
+    } else {
+        received.header.tenant_key.as_str()
+    };
+    if !is_id(tenant) {
+        return PressNormalized::Malformed("no tenant_key");
+    }
+    let conversation = match event.action.value.get(VALUE_ROOT) {
+        None => ConversationKey::new(NAME, [tenant, chat]),
+        Some(root) => match root.as_str().filter(|root| is_id(root)) {
+            Some(root) => ConversationKey::new(NAME, [tenant, chat, root]),
+            None => return PressNormalized::Malformed("the button's topic is not a message id"),
+        },
+    };
+    PressNormalized::Press(Box::new(Press {
+        channel: NAME.to_owned(),
+        conversation,
+        // As a message's author ([`normalize_message`]): the open_id, the user_id as an alias;
+        // the ingress marks admins from the channel's `admins`.
+        user: UserRef {
+            id: user.to_owned(),
+            name: None,
+            admin: false,
+            aliases: event
+                .operator
+                .user_id
+                .iter()
+                .filter(|id| !id.is_empty() && id.len() <= MAX_ID_BYTES)
+                .cloned()
+                .collect(),
+        },
+        chat: Some(chat.to_owned()),
+        action: action.to_owned(),
+        message_id: message.to_owned(),
+        // The callback is answered in its own response: nothing to keep.
+        answer_context: None,
     }))
 }
 

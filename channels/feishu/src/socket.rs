@@ -13,7 +13,12 @@
 //!    `message_id`), reassembled before use.
 //! 4. The client answers a data frame by sending it back with a `biz_rt` header and the
 //!    payload `{"code": 200, …}` ([`Frame::answer`]); unanswered, Feishu delivers the event
-//!    again. Card frames are not answered (the SDKs drop them).
+//!    again.
+//! 5. A card callback (`card.action.trigger`, when the app subscribes it on the long
+//!    connection) comes in a data frame of type `card` (or `event`), its payload the same JSON
+//!    a webhook callback holds in clear; its answer carries the callback's response (toast,
+//!    card) as `data`, base64 as the SDKs marshal it. The Go SDK drops `card` frames; the
+//!    Python SDK's handler answers both kinds alike, which antler does.
 //!
 //! [`FeishuSocket`] is one connection: it reads, pings and writes answers on its own task and
 //! hands each event to the caller as a [`Delivery`], answered when the caller says so. The
@@ -135,12 +140,16 @@ impl std::fmt::Debug for SocketEndpoint {
     }
 }
 
-/// One event received on the long connection, to be answered once it was handled.
+/// How a frame is answered: the status, and the handler's result (JSON) if any.
+type Reply = (u16, Option<Vec<u8>>);
+
+/// One event (or card callback) received on the long connection, to be answered once it was
+/// handled.
 #[derive(Debug)]
 pub struct Delivery {
     /// The event JSON.
     pub payload: Vec<u8>,
-    answer: oneshot::Sender<u16>,
+    answer: oneshot::Sender<Reply>,
 }
 
 impl Delivery {
@@ -148,7 +157,15 @@ impl Delivery {
     /// again). A delivery dropped unanswered is not answered at all (Feishu delivers it again).
     pub fn answer(self, code: u16) {
         // The connection may have closed meanwhile: then the event comes again anyway.
-        let _ = self.answer.send(code);
+        let _ = self.answer.send((code, None));
+    }
+
+    /// Answers the frame with 200 and `result`, the JSON a webhook would answer with (a card
+    /// callback's toast and card).
+    pub fn answer_with(self, result: &serde_json::Value) {
+        let _ = self
+            .answer
+            .send((200, Some(result.to_string().into_bytes())));
     }
 }
 
@@ -270,8 +287,8 @@ fn handshake_error(error: tokio_tungstenite::tungstenite::Error) -> ChannelError
 type Socket =
     tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
 
-/// An answered event: the frame to send back, its status and when it arrived.
-type Answered = Option<(Frame, u16, Instant)>;
+/// An answered event: the frame to send back, its answer and when it arrived.
+type Answered = Option<(Frame, Reply, Instant)>;
 
 /// Reads, pings and answers until the server closes, the socket fails or `close` fires.
 async fn run(
@@ -305,9 +322,9 @@ async fn run(
             }
             Some(answered) = answers.next(), if !answers.is_empty() => {
                 let answered: Answered = answered;
-                let Some((frame, code, arrived)) = answered else { continue };
+                let Some((frame, (code, data), arrived)) = answered else { continue };
                 let took_ms = u64::try_from(arrived.elapsed().as_millis()).unwrap_or(u64::MAX);
-                let bytes = frame.answer(code, took_ms).encode_to_vec();
+                let bytes = frame.answer(code, took_ms, data.as_deref()).encode_to_vec();
                 if let Err(e) = ws.send(Message::binary(bytes)).await {
                     tracing::warn!(error = %e, "feishu long connection: an answer failed");
                     return;
@@ -345,9 +362,7 @@ async fn run(
                     }
                     frame::DATA => {
                         let Some((frame, payload)) = parts.complete(frame) else { continue };
-                        if frame.header(frame::TYPE) != Some("event") {
-                            // Card actions arrive here only for apps that route them to the
-                            // long connection; the SDKs leave them unanswered, and so does antler.
+                        if !matches!(frame.header(frame::TYPE), Some("event" | "card")) {
                             tracing::debug!(kind = ?frame.header(frame::TYPE), "feishu long connection: a frame antler does not handle");
                             continue;
                         }
@@ -358,7 +373,7 @@ async fn run(
                             return;
                         }
                         answers.push(async move {
-                            answered.await.ok().map(|code| (frame, code, arrived))
+                            answered.await.ok().map(|reply| (frame, reply, arrived))
                         });
                     }
                     other => tracing::debug!(method = other, "feishu long connection: an unknown frame"),

@@ -151,6 +151,42 @@ pub fn p2p(message_id: &str, message_type: &str, content: &Value) -> Value {
     event
 }
 
+/// A `card.action.trigger` callback (schema 2.0, as Feishu's "Card callback communication"
+/// page shows it): `open_id` (with `user_id`) pressed the button whose `value` is `value` on
+/// the card `message_id` in `chat_id`. `event_id` tells deliveries apart; a redelivery keeps it.
+#[must_use]
+pub fn card_action(
+    event_id: &str,
+    value: &Value,
+    (open_id, user_id): (&str, &str),
+    message_id: &str,
+    chat_id: &str,
+) -> Value {
+    let mut press = fixture("feishu_card_action_trigger.json");
+    press["header"]["event_id"] = json!(event_id);
+    press["event"]["operator"]["open_id"] = json!(open_id);
+    press["event"]["operator"]["user_id"] = json!(user_id);
+    press["event"]["action"]["value"] = value.clone();
+    press["event"]["context"]["open_message_id"] = json!(message_id);
+    press["event"]["context"]["open_chat_id"] = json!(chat_id);
+    press
+}
+
+/// The buttons of the card a reply or message body carries (its `action` elements'
+/// `actions`), in order; none for a text message or a card without them.
+#[must_use]
+pub fn buttons(body: &Value) -> Vec<Value> {
+    let card: Value =
+        serde_json::from_str(body["content"].as_str().unwrap_or("null")).unwrap_or(Value::Null);
+    card["elements"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|e| e["tag"] == "action")
+        .flat_map(|e| e["actions"].as_array().cloned().unwrap_or_default())
+        .collect()
+}
+
 /// The markup a reply or patch body carries: the `content` of its card's markdown element
 /// (the card is a JSON string inside the body), or the text of a text message.
 #[must_use]

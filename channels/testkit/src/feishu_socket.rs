@@ -82,6 +82,18 @@ impl Frame {
             .and_then(|p| serde_json::from_slice(p).ok())
             .unwrap_or(Value::Null)
     }
+
+    /// An answer's `data` as JSON: the handler's result (a card callback's toast and card),
+    /// base64 in the payload as Go marshals `[]byte` (`ws.Response.Data`); `null` when none.
+    #[must_use]
+    pub fn data(&self) -> Value {
+        use base64::Engine as _;
+        self.json()["data"]
+            .as_str()
+            .and_then(|data| base64::engine::general_purpose::STANDARD.decode(data).ok())
+            .and_then(|data| serde_json::from_slice(&data).ok())
+            .unwrap_or(Value::Null)
+    }
 }
 
 fn header(key: &str, value: &str) -> Header {
@@ -214,9 +226,20 @@ impl MockFeishuSocket {
         self.send_split(message_id, event, 1).await;
     }
 
+    /// Sends a card callback (`card.action.trigger`) as one data frame of type `card`, as
+    /// Feishu does for apps that subscribe card callbacks on the long connection.
+    pub async fn send_card(&self, message_id: &str, callback: &Value) {
+        self.send_frames("card", message_id, callback, 1).await;
+    }
+
     /// Sends `event` split into `sum` data frames (`seq` 0..sum), last part first, so that
     /// order does not decide the reassembly.
     pub async fn send_split(&self, message_id: &str, event: &Value, sum: usize) {
+        self.send_frames("event", message_id, event, sum).await;
+    }
+
+    /// Sends `payload` in `sum` data frames of type `kind`, last part first.
+    async fn send_frames(&self, kind: &str, message_id: &str, event: &Value, sum: usize) {
         let payload = event.to_string().into_bytes();
         let size = payload.len().div_ceil(sum);
         let parts: Vec<&[u8]> = payload.chunks(size).collect();
@@ -232,7 +255,7 @@ impl MockFeishuSocket {
                 service: SERVICE_ID,
                 method: 1,
                 headers: vec![
-                    header("type", "event"),
+                    header("type", kind),
                     header("message_id", message_id),
                     header("sum", &sum.to_string()),
                     header("seq", &seq.to_string()),
