@@ -58,20 +58,30 @@ async fn press(app: &TestApp, callback: &Value) -> (StatusCode, Value) {
     (status, answered.json())
 }
 
-/// Waits for the reply with the final answer.
-/// Waits for the final answer: the resumed turn answers in the conversation's chat (it has no
-/// user message to reply to). Its text and the chat it was sent to.
+/// Waits for the final answer: the resumed turn has no user message to reply to, so it posts
+/// to a private chat and replies to a group conversation's topic root. Its text and where it
+/// went: the chat id, or `reply:<message id>`.
 async fn final_answer(api: &MockFeishu) -> (String, String) {
     wait_until("the final answer", || async {
-        api.calls("POST", "/open-apis/im/v1/messages")
+        let posted = api
+            .calls("POST", "/open-apis/im/v1/messages")
             .await
-            .iter()
+            .into_iter()
             .map(|(_, body)| {
-                (
-                    shown(body),
-                    body["receive_id"].as_str().unwrap_or_default().to_owned(),
-                )
-            })
+                let chat = body["receive_id"].as_str().unwrap_or_default().to_owned();
+                (shown(&body), chat)
+            });
+        let replied = api.replies().await.into_iter().map(|(path, body)| {
+            let to = path
+                .trim_end_matches("/reply")
+                .rsplit('/')
+                .next()
+                .unwrap_or_default()
+                .to_owned();
+            (shown(&body), format!("reply:{to}"))
+        });
+        posted
+            .chain(replied)
             .find(|(text, _)| text.contains("The time is "))
     })
     .await
@@ -261,9 +271,9 @@ async fn an_encrypted_deny_in_a_group_topic_is_decided_there_and_the_model_is_to
     );
 
     // The model is told, and its answer is a reply in the topic.
-    let (answer, chat) = final_answer(&api).await;
+    let (answer, to) = final_answer(&api).await;
     assert!(answer.contains("denied by"), "{answer}");
-    assert_eq!(chat, GROUP_CHAT);
+    assert_eq!(to, format!("reply:{GROUP_MESSAGE}"));
     let replies = api.replies().await;
     assert!(
         replies

@@ -590,7 +590,8 @@ impl Channel for FeishuChannel {
     }
 
     /// Replies to the user's message (every part, so they stay together under it); without
-    /// one, posts to the chat.
+    /// one (a resumed approval, a schedule's firing), a group conversation's answer replies to
+    /// its topic's root, so it stays in the topic, and a private one posts to the chat.
     async fn send(
         &self,
         message: &OutboundMessage,
@@ -602,7 +603,12 @@ impl Channel for FeishuChannel {
             self.prompt_content(part.body, part.buttons, root_of(&message.conversation))
         };
         let uuid = part_uuid(&message.idempotency_key, part.index);
-        let id = match message.reply_to.as_deref().filter(|id| !id.is_empty()) {
+        let reply_to = message
+            .reply_to
+            .as_deref()
+            .filter(|id| !id.is_empty())
+            .or_else(|| root_of(&message.conversation));
+        let id = match reply_to {
             Some(reply_to) => self.api.reply(reply_to, msg_type, &content, &uuid).await?,
             None => {
                 let chat = chat_of(&message.conversation)?;
@@ -1604,12 +1610,33 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn without_a_message_to_reply_to_the_chat_gets_it() {
+    async fn without_a_message_to_reply_to_a_topic_gets_it_and_a_private_chat_too() {
         let server = mock_api().await;
         let channel = live(&server, true);
-        let receipt = channel
+        channel
             .send(
                 &outbound(None),
+                Part {
+                    buttons: &[],
+                    index: 0,
+                    body: "hi",
+                },
+            )
+            .await
+            .unwrap();
+        let requests = server.received_requests().await.unwrap();
+        assert_eq!(
+            requests.last().unwrap().url.path(),
+            "/open-apis/im/v1/messages/om_user1/reply",
+            "a group conversation's answer stays in its topic"
+        );
+        let private = OutboundMessage {
+            conversation: ConversationKey::new("feishu", [TENANT, "oc_chat1"]),
+            ..outbound(None)
+        };
+        let receipt = channel
+            .send(
+                &private,
                 Part {
                     buttons: &[],
                     index: 0,
