@@ -1218,24 +1218,9 @@ mod tests {
         assert!(long["data"]["content"].as_str().unwrap().chars().count() <= MESSAGE_LIMIT);
     }
 
-    fn approve_deny() -> Vec<Button> {
-        vec![
-            Button {
-                label: "✅ Approve".into(),
-                action: "approve:k3x9p2ab".into(),
-                style: ButtonStyle::Primary,
-            },
-            Button {
-                label: "❌ Deny".into(),
-                action: "deny:k3x9p2ab".into(),
-                style: ButtonStyle::Danger,
-            },
-        ]
-    }
-
     #[test]
     fn buttons_are_action_rows_of_at_most_5_within_discords_limits() {
-        let components = crate::client::components(&approve_deny());
+        let components = crate::client::components(&antler_testkit::approve_deny());
         assert_eq!(
             components,
             serde_json::json!([{"type": 1, "components": [
@@ -1276,7 +1261,7 @@ mod tests {
         use wiremock::{Mock, MockServer, ResponseTemplate};
 
         let server = MockServer::start().await;
-        let components = crate::client::components(&approve_deny());
+        let components = crate::client::components(&antler_testkit::approve_deny());
         let webhook = "/api/v10/webhooks/1300000000000000001/TOK";
         for (verb, route, id) in [
             (
@@ -1313,7 +1298,7 @@ mod tests {
                 "TOK",
             )),
         );
-        let buttons = approve_deny();
+        let buttons = antler_testkit::approve_deny();
         let part = |index| Part {
             index,
             body: "⏸ Approval needed",

@@ -1743,21 +1743,6 @@ mod tests {
 
     // ---- buttons ----
 
-    fn approve_deny() -> Vec<Button> {
-        vec![
-            Button {
-                label: "✅ Approve".into(),
-                action: "approve:k3x9p2ab".into(),
-                style: ButtonStyle::Primary,
-            },
-            Button {
-                label: "❌ Deny".into(),
-                action: "deny:k3x9p2ab".into(),
-                style: ButtonStyle::Danger,
-            },
-        ]
-    }
-
     /// The card a message body carries.
     fn sent_card(body: &Value) -> Value {
         serde_json::from_str(body["content"].as_str().unwrap()).unwrap()
@@ -1771,7 +1756,7 @@ mod tests {
             conversation,
             ..outbound(Some("om_user1"))
         };
-        let buttons = approve_deny();
+        let buttons = antler_testkit::approve_deny();
         channel
             .send(
                 &message,
@@ -1837,7 +1822,7 @@ mod tests {
         let server = mock_api().await;
         let channel = live(&server, false);
         let long = "x".repeat(40_000);
-        let buttons = approve_deny();
+        let buttons = antler_testkit::approve_deny();
         channel
             .send(
                 &outbound(Some("om_user1")),

@@ -1507,22 +1507,6 @@ mod tests {
         antler_testkit::slack::interaction_form(&payload).into_bytes()
     }
 
-    fn approve_deny() -> Vec<antler_channel::Button> {
-        use antler_channel::{Button, ButtonStyle};
-        vec![
-            Button {
-                label: "✅ Approve".into(),
-                action: "approve:k3x9p2ab".into(),
-                style: ButtonStyle::Primary,
-            },
-            Button {
-                label: "❌ Deny".into(),
-                action: "deny:k3x9p2ab".into(),
-                style: ButtonStyle::Danger,
-            },
-        ]
-    }
-
     /// Slack signs an interaction like any request ("Handling user interaction": the
     /// Interactivity Request URL gets `payload=<JSON>`, form-encoded, with the same
     /// `X-Slack-Signature`), so the same check refuses a forged or stale press.
@@ -1630,7 +1614,7 @@ mod tests {
     async fn a_prompt_is_posted_with_buttons_and_a_press_replaces_it_and_answers_privately() {
         let server = MockSlack::start().await;
         let channel = SlackChannel::new(&settings(&server.api_url()), || 0).unwrap();
-        let buttons = approve_deny();
+        let buttons = antler_testkit::approve_deny();
         let message = prompt_message("T0OPS00001:C0SRE00001:1767225500.000100", None);
         let receipt = channel
             .send(
@@ -1741,7 +1725,7 @@ mod tests {
             received_at_ms: 0,
         }
         .context();
-        let buttons = approve_deny();
+        let buttons = antler_testkit::approve_deny();
         let receipt = channel
             .send(
                 &prompt_message("T0OPS00001:C0SRE00001", Some(context)),

@@ -853,18 +853,7 @@ mod tests {
         let channel = channel_at(&server.uri());
         assert!(channel.capabilities().buttons);
         let message = answer("-1002200330044:77", "");
-        let buttons = [
-            Button {
-                label: "✅ Approve".into(),
-                action: "approve:k3x9p2ab".into(),
-                style: antler_channel::ButtonStyle::Primary,
-            },
-            Button {
-                label: "❌ Deny".into(),
-                action: "deny:k3x9p2ab".into(),
-                style: antler_channel::ButtonStyle::Danger,
-            },
-        ];
+        let buttons = antler_testkit::approve_deny();
         let part = Part {
             index: 1,
             body: "⏸ Approval needed",

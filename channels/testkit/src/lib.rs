@@ -257,3 +257,22 @@ pub fn open_unless_listed(more: &str) -> &'static str {
         "dm_policy = \"open\"\n"
     }
 }
+
+/// An approval prompt's buttons, as the gateway makes them: Approve (`approve:k3x9p2ab`) and
+/// Deny (`deny:k3x9p2ab`).
+#[must_use]
+pub fn approve_deny() -> Vec<antler_channel::Button> {
+    use antler_channel::{Button, ButtonStyle};
+    vec![
+        Button {
+            label: "✅ Approve".into(),
+            action: "approve:k3x9p2ab".into(),
+            style: ButtonStyle::Primary,
+        },
+        Button {
+            label: "❌ Deny".into(),
+            action: "deny:k3x9p2ab".into(),
+            style: ButtonStyle::Danger,
+        },
+    ]
+}
