@@ -87,6 +87,19 @@ async fn final_answer(api: &MockFeishu) -> (String, String) {
     .await
 }
 
+/// Ada asks in her private chat (the p2p thread-reply fixture), unencrypted.
+async fn ask_in_private(app: &TestApp) {
+    let asked = post_raw(
+        &app.base,
+        fixture("feishu_im_p2p_thread_reply.json")
+            .to_string()
+            .into_bytes(),
+        &http::HeaderMap::new(),
+    )
+    .await;
+    assert_eq!(asked.status, StatusCode::OK);
+}
+
 /// The tool results the model was sent, over all its requests (the last request holds all).
 fn tool_results(model: &MockModel) -> usize {
     model
@@ -116,15 +129,7 @@ async fn only_an_approvers_press_runs_the_call_once_and_the_card_shows_who_decid
     let api = MockFeishu::start().await;
     let config = api.config(&format!("admins = [\"{BOSS}\"]\n")) + &approvals("\"admins\"");
     let app = TestApp::spawn(&model, &config).await;
-    let asked = post_raw(
-        &app.base,
-        fixture("feishu_im_p2p_thread_reply.json")
-            .to_string()
-            .into_bytes(),
-        &http::HeaderMap::new(),
-    )
-    .await;
-    assert_eq!(asked.status, StatusCode::OK);
+    ask_in_private(&app).await;
 
     // The call is shown as a reply card with Approve and Deny under it.
     let (card, row) = prompt(&api).await;
@@ -348,15 +353,7 @@ async fn a_press_after_a_restart_still_resumes_the_call() {
     let dir = searchable_tempdir();
     let store = dir.path().join("store");
     let app = TestApp::start(&model, &store, &config).await;
-    let asked = post_raw(
-        &app.base,
-        fixture("feishu_im_p2p_thread_reply.json")
-            .to_string()
-            .into_bytes(),
-        &http::HeaderMap::new(),
-    )
-    .await;
-    assert_eq!(asked.status, StatusCode::OK);
+    ask_in_private(&app).await;
     let (_, row) = prompt(&api).await;
     let approve = row[0]["value"].clone();
     app.wait_idle().await;

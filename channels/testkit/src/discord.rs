@@ -599,16 +599,7 @@ pub async fn mock_gateway(message_create: Value) -> (String, Arc<AtomicUsize>) {
                                 .await;
                         }
                         Some(2) => {
-                            let ready = json!({
-                                "v": 10, "session_id": "session-1",
-                                "resume_gateway_url": "ws://127.0.0.1:9",
-                                "user": {"id": APPLICATION_ID, "username": "antler",
-                                         "discriminator": "0", "global_name": null,
-                                         "avatar": null, "bot": true, "verified": true,
-                                         "mfa_enabled": false, "flags": 0},
-                                "guilds": [], "shard": [0, 1],
-                                "application": {"id": APPLICATION_ID, "flags": 0}
-                            });
+                            let ready = ready();
                             let _ = ws.send(send(dispatch(1, "READY", ready))).await;
                             let _ = ws
                                 .send(send(dispatch(2, "MESSAGE_CREATE", message_create.clone())))
@@ -681,16 +672,7 @@ pub async fn mock_gateway_with_interactions(
                                     .await;
                             }
                             Some(2) => {
-                                let ready = json!({
-                                    "v": 10, "session_id": "session-1",
-                                    "resume_gateway_url": "ws://127.0.0.1:9",
-                                    "user": {"id": APPLICATION_ID, "username": "antler",
-                                             "discriminator": "0", "global_name": null,
-                                             "avatar": null, "bot": true, "verified": true,
-                                             "mfa_enabled": false, "flags": 0},
-                                    "guilds": [], "shard": [0, 1],
-                                    "application": {"id": APPLICATION_ID, "flags": 0}
-                                });
+                                let ready = ready();
                                 seq += 1;
                                 let _ = ws.send(send(dispatch(seq, "READY", ready))).await;
                                 seq += 1;
@@ -714,4 +696,18 @@ pub async fn mock_gateway_with_interactions(
         }
     });
     (url, sender)
+}
+
+/// The Gateway's READY for the bot (`APPLICATION_ID`), as the mock Gateways send it.
+fn ready() -> Value {
+    json!({
+        "v": 10, "session_id": "session-1",
+        "resume_gateway_url": "ws://127.0.0.1:9",
+        "user": {"id": APPLICATION_ID, "username": "antler",
+                 "discriminator": "0", "global_name": null,
+                 "avatar": null, "bot": true, "verified": true,
+                 "mfa_enabled": false, "flags": 0},
+        "guilds": [], "shard": [0, 1],
+        "application": {"id": APPLICATION_ID, "flags": 0}
+    })
 }
