@@ -708,7 +708,14 @@ async fn every_line_of_a_turn_names_its_conversation_channel_and_trace() {
         .await
         .unwrap();
     until("the failure reply", || h.sent().len() == 1).await;
-    let text = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
+    let logged = || String::from_utf8_lossy(&logs.0.lock().unwrap()).into_owned();
+    // Waited for, not assumed: the lines need not be written by the time the reply is.
+    until("the turn's lines", || {
+        let text = logged();
+        text.contains("turn failed") && text.contains("turn finished")
+    })
+    .await;
+    let text = logged();
     let failed = text
         .lines()
         .find(|line| line.contains("turn failed"))
