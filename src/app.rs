@@ -1442,25 +1442,8 @@ mod tests {
     /// drain is over (it used to wait out its 5 s bound, and warn, on every stop).
     #[tokio::test]
     async fn a_clean_stop_releases_the_store_without_waiting_for_it() {
-        let logs = Arc::new(std::sync::Mutex::new(Vec::<u8>::new()));
-        struct Shared(Arc<std::sync::Mutex<Vec<u8>>>);
-        impl std::io::Write for Shared {
-            fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-                self.0.lock().unwrap().extend_from_slice(buf);
-                Ok(buf.len())
-            }
-            fn flush(&mut self) -> std::io::Result<()> {
-                Ok(())
-            }
-        }
-        let writer = Arc::clone(&logs);
-        let subscriber = tracing_subscriber::fmt()
-            .with_writer(move || Shared(Arc::clone(&writer)))
-            .with_max_level(tracing::Level::INFO)
-            .with_ansi(false)
-            .finish();
         // A current-thread runtime: `serve` and what it spawns log on this thread.
-        let _guard = tracing::subscriber::set_default(subscriber);
+        let logs = crate::test_support::capture_logs(tracing::Level::INFO);
         let dir = tempfile::tempdir().unwrap();
         let mut config = Config::default();
         config.store.path = dir.path().join("store");
@@ -1468,7 +1451,7 @@ mod tests {
         config.agent.tools.bash.enabled = false;
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         serve(config, listener, async {}).await.unwrap();
-        let text = String::from_utf8(logs.lock().unwrap().clone()).unwrap();
+        let text = logs.text();
         assert!(text.contains("stopped"), "{text}");
         assert!(!text.contains("still in use"), "{text}");
         let store =

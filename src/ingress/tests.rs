@@ -681,25 +681,7 @@ async fn a_moved_chat_takes_its_place_in_the_allowlists_and_its_memory_along() {
 #[tokio::test]
 async fn every_line_of_a_turn_names_its_conversation_channel_and_trace() {
     // A current-thread runtime: the turn's task logs on this thread, to this subscriber.
-    #[derive(Clone, Default)]
-    struct Captured(Arc<Mutex<Vec<u8>>>);
-    impl std::io::Write for Captured {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(buf);
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-    let logs = Captured::default();
-    let writer = logs.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(move || writer.clone())
-        .with_max_level(tracing::Level::DEBUG)
-        .with_ansi(false)
-        .finish();
-    let _guard = tracing::subscriber::set_default(subscriber);
+    let logs = crate::test_support::capture_logs(tracing::Level::DEBUG);
 
     let h = harness(3);
     let accepted = h
@@ -708,7 +690,7 @@ async fn every_line_of_a_turn_names_its_conversation_channel_and_trace() {
         .await
         .unwrap();
     until("the failure reply", || h.sent().len() == 1).await;
-    let logged = || String::from_utf8_lossy(&logs.0.lock().unwrap()).into_owned();
+    let logged = || logs.text();
     // Waited for, not assumed: the lines need not be written by the time the reply is.
     until("the turn's lines", || {
         let text = logged();
