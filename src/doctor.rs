@@ -722,6 +722,18 @@ async fn check_telegram(config: &Config) -> Vec<Finding> {
             ),
         )),
     }
+    // A webhook set before approval buttons existed delivers no presses.
+    let missing = setup::missing_updates(status.allowed_updates.as_deref());
+    if status.url.is_some() && !missing.is_empty() {
+        findings.push(Finding::warn(
+            "webhook",
+            format!(
+                "Telegram delivers no {} updates: the approval buttons do nothing",
+                missing.join(", ")
+            ),
+            SET_IT,
+        ));
+    }
     if let Some(message) = &status.last_error_message {
         let when = status
             .last_error_date

@@ -460,6 +460,19 @@ pub(crate) fn unix_time(seconds: i64) -> String {
         .unwrap_or_else(|| seconds.to_string())
 }
 
+/// The update types antler asks for that a webhook's `allowed_updates` leaves out (none when
+/// it names none: Telegram's default sends them all but chat members and reactions).
+pub(crate) fn missing_updates(allowed: Option<&[String]>) -> Vec<&'static str> {
+    match allowed {
+        Some(kinds) if !kinds.is_empty() => ALLOWED_UPDATES
+            .iter()
+            .copied()
+            .filter(|kind| !kinds.iter().any(|k| k == kind))
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
 /// The lines of `webhook-info`; Telegram's texts are made safe for a terminal.
 fn describe(status: &WebhookStatus) -> String {
     let url = match &status.url {
@@ -479,11 +492,7 @@ fn describe(status: &WebhookStatus) -> String {
         .map_or_else(|| "default (40)".to_owned(), |n| n.to_string());
     let allowed_updates = match &status.allowed_updates {
         Some(kinds) if !kinds.is_empty() => {
-            let missing: Vec<&str> = ALLOWED_UPDATES
-                .iter()
-                .copied()
-                .filter(|kind| !kinds.iter().any(|k| k == kind))
-                .collect();
+            let missing = missing_updates(Some(kinds));
             let shown = sanitize_for_terminal(&kinds.join(", "));
             if missing.is_empty() {
                 shown

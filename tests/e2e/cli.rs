@@ -906,6 +906,14 @@ async fn doctor_checks_the_telegram_token_and_webhook() {
         stdout.contains("the last delivery failed (2026-05-28T20:26:40Z): Wrong response"),
         "{stdout}"
     );
+    // Set before approval buttons existed: `allowed_updates` names messages only.
+    assert!(
+        stdout.contains(
+            "warn  webhook  Telegram delivers no callback_query updates: the approval buttons \
+             do nothing"
+        ),
+        "{stdout}"
+    );
     assert!(
         stdout.contains("fix: run `antler telegram set-webhook`"),
         "{stdout}"
