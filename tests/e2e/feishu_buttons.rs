@@ -205,6 +205,7 @@ async fn only_an_approvers_press_runs_the_call_once_and_the_card_shows_who_decid
         let again = card_action(event_id, &approve, (who, "boss01"), REPLY_ID, P2P_CHAT);
         let (status, answer) = press(&app, &again).await;
         assert_eq!(status, StatusCode::OK);
+        assert_eq!(answer["toast"]["type"], "info", "nothing changed: {answer}");
         assert!(
             answer["toast"]["content"]
                 .as_str()
@@ -323,7 +324,7 @@ async fn on_the_long_connection_a_card_frame_is_answered_with_the_toast_and_card
     assert_eq!(model.count(), 1);
 
     // The admin's press, delivered twice: decided once, the card replaced both times.
-    for frame in ["frame-boss", "frame-boss-again"] {
+    for (frame, toast) in [("frame-boss", "success"), ("frame-boss-again", "info")] {
         let by_boss = card_action("ev-ws-boss", &approve, (BOSS, "boss01"), REPLY_ID, P2P_CHAT);
         socket.send_card(frame, &by_boss).await;
         let answered = wait_until("the press's answer", || async {
@@ -334,7 +335,7 @@ async fn on_the_long_connection_a_card_frame_is_answered_with_the_toast_and_card
         })
         .await;
         let data = answered.data();
-        assert_eq!(data["toast"]["type"], "success", "{data}");
+        assert_eq!(data["toast"]["type"], toast, "{data}");
         assert!(settled_text(&data).contains("Approved by"), "{data}");
     }
     let (answer, _) = final_answer(&api).await;

@@ -316,6 +316,9 @@ pub struct PressAnswer {
     /// The button's message as it reads now, in Markdown, its buttons removed (the decision:
     /// who and when). `None`: the message stays as it is, buttons and all (a refusal).
     pub update: Option<String>,
+    /// This press took the decision; `false` for a refusal, or for a decision that stood
+    /// before (shown as information rather than success where the platform tells them apart).
+    pub decided_now: bool,
 }
 
 /// A file to deliver with a reply: a file the agent made in its thread's `outputs` folder.

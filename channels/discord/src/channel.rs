@@ -1171,6 +1171,7 @@ mod tests {
                 &PressAnswer {
                     notice: "✅ Approved".into(),
                     update: Some("⏸ **deploy**\n✅ Approved by @everyone".into()),
+                    decided_now: true,
                 },
             )
             .await
@@ -1191,6 +1192,7 @@ mod tests {
                 &PressAnswer {
                     notice: "Only approvers can decide.".into(),
                     update: None,
+                    decided_now: false,
                 },
             )
             .await
@@ -1210,6 +1212,7 @@ mod tests {
                 &PressAnswer {
                     notice: String::new(),
                     update: Some("word ".repeat(1000)),
+                    decided_now: true,
                 },
             )
             .await

@@ -680,10 +680,11 @@ impl Channel for FeishuChannel {
         _press: &Press,
         answer: &PressAnswer,
     ) -> Result<Option<Value>, ChannelError> {
-        let kind = if answer.update.is_some() {
-            "success"
-        } else {
-            "error"
+        let kind = match (&answer.update, answer.decided_now) {
+            (Some(_), true) => "success",
+            // A decision that stood before: nothing changed, and the card shows it.
+            (Some(_), false) => "info",
+            (None, _) => "error",
         };
         let mut body = json!({"toast": {"type": kind, "content": toast_text(&answer.notice)}});
         if let Some(update) = &answer.update {
@@ -1999,6 +2000,7 @@ mod tests {
         let answer = PressAnswer {
             notice: "✅ Approved current\\_time (k3x9p2ab); it runs now.".into(),
             update: Some("⏸ Approval needed: current\\_time\n✅ Approved by Ada & co.".into()),
+            decided_now: true,
         };
         let body = channel()
             .answer_press(&press, &answer)
@@ -2031,6 +2033,7 @@ mod tests {
         let answer = PressAnswer {
             notice: "Sorry, only approvers can decide on tool calls; nothing changed.".into(),
             update: None,
+            decided_now: false,
         };
         let body = channel()
             .answer_press(&press, &answer)
@@ -2046,6 +2049,7 @@ mod tests {
         let long = PressAnswer {
             notice: "word ".repeat(500),
             update: None,
+            decided_now: false,
         };
         let body = channel()
             .answer_press(&press, &long)

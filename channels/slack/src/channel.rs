@@ -1657,6 +1657,7 @@ mod tests {
                 &PressAnswer {
                     notice: "✅ Approved current\\_time (k3x9p2ab)".into(),
                     update: Some("⏸ Approval needed\n✅ Approved by **grace**".into()),
+                    decided_now: true,
                 },
             )
             .await
@@ -1684,6 +1685,7 @@ mod tests {
         let refused = PressAnswer {
             notice: "Only approvers can decide.".into(),
             update: None,
+            decided_now: false,
         };
         channel.answer_press(&press, &refused).await.unwrap();
         assert_eq!(server.updates().await.len(), 1);

@@ -895,11 +895,13 @@ mod tests {
         let refusal = PressAnswer {
             notice: "Sorry, only approvers can decide".into(),
             update: None,
+            decided_now: false,
         };
         assert_eq!(channel.answer_press(&press, &refusal).await.unwrap(), None);
         let decided = PressAnswer {
             notice: "n".repeat(300),
             update: Some("⏸ Approval needed\n✅ Approved by **Lin**".into()),
+            decided_now: true,
         };
         channel.answer_press(&press, &decided).await.unwrap();
         let answers = server.calls("AnswerCallbackQuery").await;

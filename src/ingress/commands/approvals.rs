@@ -192,6 +192,7 @@ pub(crate) async fn press(approvals: &Approvals, press: &Press) -> PressAnswer {
         return PressAnswer {
             notice: "This button does nothing any more.".to_owned(),
             update: None,
+            decided_now: false,
         };
     };
     let decider = Decider {
@@ -205,6 +206,7 @@ pub(crate) async fn press(approvals: &Approvals, press: &Press) -> PressAnswer {
         Err(_) => None,
     };
     PressAnswer {
+        decided_now: matches!(decided, Ok(Decided::Now(_))),
         notice: decision_answer(id, decided),
         update,
     }
@@ -424,6 +426,7 @@ mod tests {
         };
         let refused = press(&approvals, &by("42", "approve:k3x9p2ab")).await;
         assert_eq!(refused.update, None);
+        assert!(!refused.decided_now);
         assert!(
             refused.notice.contains("only approvers"),
             "{}",
@@ -438,6 +441,7 @@ mod tests {
             "{}",
             denied.notice
         );
+        assert!(denied.decided_now);
         let update = denied.update.unwrap();
         assert!(
             update.contains("❌ Denied by Bob (telegram:7) at "),
@@ -456,6 +460,7 @@ mod tests {
             Some(update.as_str()),
             "the message shows the decision"
         );
+        assert!(!again.decided_now, "nothing changed");
     }
 
     #[test]
