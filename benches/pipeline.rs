@@ -979,7 +979,7 @@ async fn queued(a: &Args, r: usize, client: &reqwest::Client, model: &MockModel)
     eprintln!("  queued: antler pid {}", antler.pid());
     let url = format!("{}/api/v1/messages", antler.url);
     model.hold();
-    // Posted in two parts when Q is larger than WAITING, RSS read between them.
+    // Posted in two parts when Q is larger than WAITING, RSS read after the first.
     let first = q.min(WAITING);
     let mut wall = Duration::ZERO;
     let mut waiting = None;
