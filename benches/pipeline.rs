@@ -793,6 +793,8 @@ async fn sequential_turns(
     }
 }
 
+/// The first answered turn and the RSS around it, then K plain turns on that antler and K tool
+/// turns on a second one against a `current_time`-calling mock.
 async fn sequential(a: &Args, r: usize, client: &reqwest::Client, model: &MockModel) -> Sequential {
     let (antler, ready) =
         start_antler(&model.base_url(), 1000, Duration::from_secs(30), None).await;
