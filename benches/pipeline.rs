@@ -3,11 +3,12 @@
 //!
 //! `cargo bench --bench pipeline -- [--quick] [--runs R] [--messages N] [--concurrency C]
 //! [--threads T] [--queued Q] [--queued-concurrency QC] [--thread-turns L] [--startups S]
-//! [--only PHASE,...] [--timeout-secs X]`
+//! [--sequential K] [--only PHASE,...] [--timeout-secs X]`
 //!
-//! Defaults: R=3, N=5000, C=64, T=1000, Q=60000, QC=256, L=20, S=5, X=600 (per load phase).
-//! `--quick` is a smoke run: N=500, Q=5000, R=1, S=1. `--only` takes a comma-separated subset
-//! of `startup,acks,turns,queued,growth,telegram,memory` (the ceiling always runs).
+//! Defaults: R=3, N=5000, C=64, T=1000, Q=60000, QC=256, L=20, S=5, K=200, X=600 (per load
+//! phase). `--quick` is a smoke run: N=500, Q=5000, R=1, S=1. `--only` takes a comma-separated
+//! subset of `startup,sequential,acks,turns,queued,growth,telegram,memory,subagents,sandbox`
+//! (the ceiling always runs).
 //!
 //! In one process: the mock model, a bare axum handler (the HTTP ceiling) and a mock Telegram
 //! Bot API, all on 127.0.0.1:0, and the load generator (one shared reqwest client, HTTP/1.1
@@ -18,6 +19,16 @@
 //!
 //! - **ceiling**: N posts of the API's body shape to a bare axum handler answering 202, with
 //!   the same client and concurrency C;
+//! - **sequential**: the shapes of issue 27's table, one client, every turn on a new
+//!   conversation (so each is its thread's first turn). A fresh antler against an echoing
+//!   mock: spawn → its first `wait: true` turn answered (spawn → `/readyz` 200, plus that
+//!   turn's round trip; the RSS read between them is not counted), RSS idle (`/readyz` 200,
+//!   no turn yet) and after that first turn; then K sequential plain turns: p50 latency,
+//!   antler's CPU per turn (utime + stime of `/proc/<pid>/stat` over the K turns and their
+//!   delivery receipts, ÷ K) and model calls per turn (the mock's count), and peak RSS after
+//!   them. Then a second antler against a mock in `Behaviour::ToolThenAnswer` (it calls
+//!   `current_time`, then answers with its result): one warm-up tool turn, then K sequential
+//!   tool turns with the same figures;
 //! - **acks**: N plain posts (no `wait`: answered 202 once durable), one per conversation,
 //!   while the mock model is held so that turns do not compete for CPU: the ack rate, its
 //!   p50/p99 latency, antler's CPU per ack and the group-committed syncs per ack
@@ -58,7 +69,10 @@
 //! of the R runs; ratios are taken within a run, against that run's ceiling. Each phase prints
 //! its antler's pid on stderr (for `perf`; the release profile strips symbols, so profile a
 //! `cargo build --profile profiling` binary: `ANTLER_BENCH_BIN=target/profiling/antler`).
-//! Prints a table and one JSON line.
+//! Prints a table and one JSON line. The table's target column holds issue 27's targets (with
+//! met / NOT met) where a row measures one, and its baseline column the issue's figure at its
+//! start (`ISSUE27`; where the issue measured another shape, the metric's text says so); the
+//! JSON line has the same under `issue27`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -90,14 +104,17 @@ struct Args {
     queued: usize,
     queued_concurrency: usize,
     thread_turns: usize,
+    /// Sequential turns of each kind in the `sequential` phase.
+    sequential: usize,
     timeout: Duration,
     /// The phases to run (`--only`); all by default.
     only: Vec<String>,
 }
 
 /// The phases `--only` may name.
-const PHASES: [&str; 9] = [
+const PHASES: [&str; 10] = [
     "startup",
+    "sequential",
     "acks",
     "turns",
     "queued",
@@ -119,6 +136,7 @@ impl Args {
             queued: 60_000,
             queued_concurrency: 256,
             thread_turns: 20,
+            sequential: 200,
             timeout: Duration::from_secs(600),
             only: PHASES.iter().map(|p| (*p).to_owned()).collect(),
         };
@@ -139,6 +157,7 @@ impl Args {
                 "--queued-concurrency" => a.queued_concurrency = value().max(1),
                 // Growth is compared over the first and the last five turns.
                 "--thread-turns" => a.thread_turns = value().max(10),
+                "--sequential" => a.sequential = value().max(1),
                 "--timeout-secs" => a.timeout = Duration::from_secs(value() as u64),
                 "--only" => {
                     let list = it.next().expect("--only needs a list of phases");
@@ -701,6 +720,126 @@ fn dir_bytes(dir: &Path) -> u64 {
 
 // ---- the phases ----
 
+/// Sequential turns from one client, each on a new conversation: issue 27's table's shapes.
+#[derive(Debug, Clone, serde::Serialize)]
+struct Sequential {
+    /// Spawn → `/readyz` 200, plus the first `wait: true` plain turn's round trip.
+    first_turn_ms: f64,
+    /// Spawn → `/readyz` 200 alone.
+    ready_ms: f64,
+    /// With `/readyz` 200, before any turn.
+    idle: Mem,
+    after_first_turn: Mem,
+    /// After the K plain turns (its `hwm` is the peak so far).
+    after_plain: Mem,
+    plain: SequentialTurns,
+    tool: SequentialTurns,
+}
+
+/// K sequential `wait: true` turns of one kind.
+#[derive(Debug, Clone, Copy, serde::Serialize)]
+struct SequentialTurns {
+    p50_ms: f64,
+    /// Antler's CPU over the K turns and their delivery receipts, ÷ K.
+    cpu_us_per_turn: f64,
+    model_calls_per_turn: f64,
+}
+
+/// Posts one `wait: true` message on `conversation`; returns the reply and the round trip.
+async fn wait_turn(client: &reqwest::Client, url: &str, conversation: &str) -> (String, Duration) {
+    let started = Instant::now();
+    let answer: Value = client
+        .post(url)
+        .json(
+            &json!({"conversation": conversation, "user": "bench", "text": "hello", "wait": true}),
+        )
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let took = started.elapsed();
+    let reply = answer["reply"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no reply: {answer}"));
+    (reply.to_owned(), took)
+}
+
+/// K sequential turns on antler, each on a new conversation named `{prefix}{i}`, whose replies
+/// must start with `reply`; the delivery receipts are drained before the CPU is read.
+async fn sequential_turns(
+    a: &Args,
+    client: &reqwest::Client,
+    antler: &Antler,
+    model: &MockModel,
+    prefix: &str,
+    reply: &str,
+) -> SequentialTurns {
+    let url = format!("{}/api/v1/messages", antler.url);
+    let k = a.sequential;
+    let (calls0, cpu0) = (model.count(), antler.cpu_secs());
+    let mut latencies = Vec::with_capacity(k);
+    for i in 0..k {
+        let (answer, took) = wait_turn(client, &url, &format!("{prefix}{i}")).await;
+        assert!(answer.starts_with(reply), "turn {i}: {answer}");
+        latencies.push(took.as_secs_f64() * 1e3);
+    }
+    antler.drain(client, true, a.timeout).await;
+    SequentialTurns {
+        p50_ms: median(latencies),
+        cpu_us_per_turn: (antler.cpu_secs() - cpu0) * 1e6 / k as f64,
+        model_calls_per_turn: (model.count() - calls0) as f64 / k as f64,
+    }
+}
+
+/// The first answered turn and the RSS around it, then K plain turns on that antler and K tool
+/// turns on a second one against a `current_time`-calling mock.
+async fn sequential(a: &Args, r: usize, client: &reqwest::Client, model: &MockModel) -> Sequential {
+    let (antler, ready) =
+        start_antler(&model.base_url(), 1000, Duration::from_secs(30), None).await;
+    let idle = antler.mem();
+    eprintln!("  sequential (plain): antler pid {}", antler.pid());
+    let url = format!("{}/api/v1/messages", antler.url);
+    let (answer, took) = wait_turn(client, &url, &format!("s{r}-first")).await;
+    assert_eq!(answer, "echo: hello");
+    let first_turn_ms = (ready + took).as_secs_f64() * 1e3;
+    let ready_ms = ready.as_secs_f64() * 1e3;
+    let after_first_turn = antler.mem();
+    let plain =
+        sequential_turns(a, client, &antler, model, &format!("s{r}-p"), "echo: hello").await;
+    let after_plain = antler.mem();
+    antler.stop();
+
+    let tool_model = MockModel::start_unrecorded(Behaviour::ToolThenAnswer).await;
+    let (antler, _) =
+        start_antler(&tool_model.base_url(), 1000, Duration::from_secs(30), None).await;
+    eprintln!("  sequential (tool): antler pid {}", antler.pid());
+    let url = format!("{}/api/v1/messages", antler.url);
+    // Warm-up: the plain turns above come after a first turn too.
+    let (answer, _) = wait_turn(client, &url, &format!("s{r}-warm")).await;
+    assert!(answer.starts_with("The time is "), "{answer}");
+    let tool = sequential_turns(
+        a,
+        client,
+        &antler,
+        &tool_model,
+        &format!("s{r}-t"),
+        "The time is ",
+    )
+    .await;
+    antler.stop();
+    Sequential {
+        first_turn_ms,
+        ready_ms,
+        idle,
+        after_first_turn,
+        after_plain,
+        plain,
+        tool,
+    }
+}
+
 /// Acknowledgements with the model held, then the drain.
 #[derive(Debug, Clone, serde::Serialize)]
 struct Acks {
@@ -823,11 +962,17 @@ async fn turns(a: &Args, r: usize, client: &reqwest::Client, model: &MockModel) 
 struct Queued {
     /// Acks per second while posting with concurrency QC.
     post_acks_per_s: f64,
+    /// With the first [`WAITING`] queued (when Q is at least that): issue 27's "conversations
+    /// waiting".
+    waiting: Option<Mem>,
     before: Mem,
     after: Mem,
     drain_s: f64,
     store_mib: f64,
 }
+
+/// Conversations with a message queued at which issue 27 sets an RSS target (≤ 40 MB).
+const WAITING: usize = 15_000;
 
 async fn queued(a: &Args, r: usize, client: &reqwest::Client, model: &MockModel) -> Queued {
     let q = a.queued;
@@ -836,21 +981,35 @@ async fn queued(a: &Args, r: usize, client: &reqwest::Client, model: &MockModel)
     eprintln!("  queued: antler pid {}", antler.pid());
     let url = format!("{}/api/v1/messages", antler.url);
     model.hold();
-    let body = move |i: usize| {
-        json!({"conversation": format!("q{i}"), "user": "bench", "text": format!("hello {i}"),
-               "message_id": format!("r{r}-q{i}")})
-    };
-    let l = load(
-        client,
-        &url,
-        q,
-        a.queued_concurrency,
-        a.timeout,
-        202,
-        body,
-        |_, v| v["duplicate"] == false,
-    )
-    .await;
+    // Posted in two parts when Q is larger than WAITING, RSS read after the first.
+    let first = q.min(WAITING);
+    let mut wall = Duration::ZERO;
+    let mut waiting = None;
+    for (from, count) in [(0, first), (first, q - first)] {
+        if count == 0 {
+            continue;
+        }
+        let body = move |i: usize| {
+            let i = from + i;
+            json!({"conversation": format!("q{i}"), "user": "bench", "text": format!("hello {i}"),
+                   "message_id": format!("r{r}-q{i}")})
+        };
+        let l = load(
+            client,
+            &url,
+            count,
+            a.queued_concurrency,
+            a.timeout,
+            202,
+            body,
+            |_, v| v["duplicate"] == false,
+        )
+        .await;
+        wall += l.wall;
+        if from == 0 && count == WAITING {
+            waiting = Some(antler.mem());
+        }
+    }
     let before = antler.mem();
     let started = Instant::now();
     model.release();
@@ -860,7 +1019,8 @@ async fn queued(a: &Args, r: usize, client: &reqwest::Client, model: &MockModel)
     let store_mib = dir_bytes(&antler.store_path()) as f64 / 1_048_576.0;
     antler.stop();
     Queued {
-        post_acks_per_s: l.rate(),
+        post_acks_per_s: q as f64 / wall.as_secs_f64(),
+        waiting,
         before,
         after,
         drain_s,
@@ -1402,6 +1562,7 @@ struct Run {
     ceiling_req_per_s: f64,
     ceiling_p50_ms: f64,
     ceiling_p99_ms: f64,
+    sequential: Option<Sequential>,
     acks: Option<Acks>,
     /// Acks/s ÷ this run's ceiling.
     ack_ratio: Option<f64>,
@@ -1423,6 +1584,128 @@ struct TelegramRatios {
     acks: f64,
     drain: f64,
     turns: f64,
+}
+
+/// One of issue 27's figures: its key in the JSON line's `issue27` (the unit in its name), its
+/// target as the table shows it (empty: the issue sets none) and the figure at the issue's start
+/// ("now" in its table, and its wrk figures), measured on the same 2-core machine.
+struct Issue27 {
+    key: &'static str,
+    target: &'static str,
+    baseline: &'static str,
+}
+
+const ISSUE27: [Issue27; 15] = [
+    Issue27 {
+        key: "first_turn_ms",
+        target: "≤ 15 ms",
+        baseline: "22 ms",
+    },
+    Issue27 {
+        key: "rss_idle_mib",
+        target: "≤ 15 MB",
+        baseline: "22 MB",
+    },
+    Issue27 {
+        key: "rss_after_first_turn_mib",
+        target: "",
+        baseline: "30 MB / peak 70 MB (8-thread bench)",
+    },
+    Issue27 {
+        key: "plain_turn_p50_ms",
+        target: "",
+        baseline: "2.2 ms (2 model calls: answer + title)",
+    },
+    Issue27 {
+        key: "cpu_plain_turn_ms",
+        target: "≤ 0.4 ms",
+        baseline: "1.27 ms",
+    },
+    Issue27 {
+        key: "tool_turn_p50_ms",
+        target: "",
+        baseline: "3.7 ms",
+    },
+    Issue27 {
+        key: "cpu_tool_turn_ms",
+        target: "≤ 0.6 ms",
+        baseline: "not in the issue",
+    },
+    Issue27 {
+        key: "turns_per_s",
+        target: "≥ 5,000/s",
+        baseline: "1,800–2,150/s (wrk); 976/s (8 client threads)",
+    },
+    Issue27 {
+        key: "cpu_plain_turn_under_load_ms",
+        target: "≤ 0.4 ms",
+        baseline: "1.27 ms (shape not stated)",
+    },
+    Issue27 {
+        key: "rss_peak_under_load_mib",
+        target: "≤ 50 MB",
+        baseline: "99 MB (default 10k backlog full, wrk)",
+    },
+    Issue27 {
+        key: "ack_ratio",
+        target: "≥ 0.50",
+        baseline: "0.06 (8,300 acks/s against 134,000 req/s, wrk)",
+    },
+    Issue27 {
+        key: "rss_15000_waiting_mib",
+        target: "≤ 40 MB",
+        baseline: "83 MB",
+    },
+    Issue27 {
+        key: "rss_60000_queued_mib",
+        target: "≤ 60 MB",
+        baseline: "111 MB (~66k queued)",
+    },
+    Issue27 {
+        key: "stored_bytes_per_turn",
+        target: "≤ 4 KB",
+        baseline: "7–9 KB",
+    },
+    Issue27 {
+        key: "stored_growth_flat",
+        target: "flat in thread length",
+        baseline: "not in the issue",
+    },
+];
+
+/// The printed table's rows (metric, value, target, baseline) and the JSON line's `issue27`.
+#[derive(Default)]
+struct Table {
+    rows: Vec<[String; 4]>,
+    issue27: serde_json::Map<String, Value>,
+}
+
+impl Table {
+    /// A row that measures none of issue 27's figures; `target` may hold an older one.
+    fn row(&mut self, metric: String, value: String, target: String) {
+        self.rows.push([metric, value, target, String::new()]);
+    }
+
+    /// A row that measures issue 27's `key`: `figure` goes to the JSON line, `ok` says whether
+    /// its target is met (`None`: no target, or not at this run's size).
+    fn goal(&mut self, key: &str, metric: String, value: String, figure: f64, ok: Option<bool>) {
+        let goal = ISSUE27
+            .iter()
+            .find(|g| g.key == key)
+            .unwrap_or_else(|| panic!("no issue 27 figure {key}"));
+        let target = match (goal.target, ok) {
+            ("", _) => String::new(),
+            (target, Some(ok)) => format!("{target}: {}", met(ok)),
+            (target, None) => format!("{target}: n/a at this size"),
+        };
+        self.rows
+            .push([metric, value, target, goal.baseline.to_owned()]);
+        self.issue27.insert(
+            key.to_owned(),
+            json!({"figure": figure, "target": goal.target, "met": ok,
+                   "baseline": goal.baseline}),
+        );
+    }
 }
 
 fn main() {
@@ -1500,6 +1783,11 @@ async fn bench(a: Args) {
                    "message_id": format!("r{r}-a{i}")})
         };
         let ceiling = load(&client, &bare_url, n, c, a.timeout, 202, body, |_, _| true).await;
+        let sequential = if a.runs("sequential") {
+            Some(sequential(&a, r, &client, &model).await)
+        } else {
+            None
+        };
         let acks = if a.runs("acks") {
             Some(acks(&a, r, &client, &model).await)
         } else {
@@ -1546,6 +1834,7 @@ async fn bench(a: Args) {
             ceiling_p99_ms: ceiling.pct(0.99),
             ack_ratio: acks.as_ref().map(|x| x.acks_per_s / ceiling.rate()),
             turn_ratio: turns.as_ref().map(|x| x.turns_per_s / ceiling.rate()),
+            sequential,
             acks,
             turns,
             queued,
@@ -1569,14 +1858,10 @@ async fn bench(a: Args) {
         runs.push(run);
     }
 
-    let mut rows: Vec<(String, String, String)> = Vec::new();
+    let mut table = Table::default();
     let mut report = serde_json::Map::new();
-    let row = |rows: &mut Vec<_>, metric: String, value: String, target: String| {
-        rows.push((metric, value, target));
-    };
     if a.runs("startup") {
-        row(
-            &mut rows,
+        table.row(
             format!("startup: spawn → /readyz 200 (median of {})", a.startups),
             format!("{startup_ms:.1} ms"),
             String::new(),
@@ -1589,8 +1874,7 @@ async fn bench(a: Args) {
     let ceiling = median(runs.iter().map(|r| r.ceiling_req_per_s).collect());
     let ceiling_p50 = median(runs.iter().map(|r| r.ceiling_p50_ms).collect());
     let ceiling_p99 = median(runs.iter().map(|r| r.ceiling_p99_ms).collect());
-    row(
-        &mut rows,
+    table.row(
         format!("ceiling: bare axum handler, 202, C={c}"),
         format!("{ceiling:.0} req/s (p50 {ceiling_p50:.2}, p99 {ceiling_p99:.2} ms)"),
         String::new(),
@@ -1600,6 +1884,83 @@ async fn bench(a: Args) {
         json!({"req_per_s": ceiling, "p50_ms": ceiling_p50, "p99_ms": ceiling_p99}),
     );
 
+    if a.runs("sequential") {
+        let x = |f: fn(&Sequential) -> f64| med(&runs, |r| r.sequential.as_ref(), f);
+        let k = a.sequential;
+        let (first, ready) = (x(|s| s.first_turn_ms), x(|s| s.ready_ms));
+        let (idle, after, peak) = (
+            x(|s| s.idle.rss),
+            x(|s| s.after_first_turn.rss),
+            x(|s| s.after_plain.hwm),
+        );
+        let (plain_p50, plain_cpu, plain_calls) = (
+            x(|s| s.plain.p50_ms),
+            x(|s| s.plain.cpu_us_per_turn),
+            x(|s| s.plain.model_calls_per_turn),
+        );
+        let (tool_p50, tool_cpu, tool_calls) = (
+            x(|s| s.tool.p50_ms),
+            x(|s| s.tool.cpu_us_per_turn),
+            x(|s| s.tool.model_calls_per_turn),
+        );
+        table.goal(
+            "first_turn_ms",
+            "start → first answered turn (spawn → /readyz 200 → wait: true)".into(),
+            format!("{first:.1} ms (/readyz 200 at {ready:.1})"),
+            first,
+            Some(first <= 15.0),
+        );
+        table.goal(
+            "rss_idle_mib",
+            "RSS idle (/readyz 200, no turn yet)".into(),
+            format!("{idle:.1} MiB"),
+            idle,
+            Some(idle <= 15.0 * MB_IN_MIB),
+        );
+        table.goal(
+            "rss_after_first_turn_mib",
+            format!("RSS after the first turn / peak after {k} sequential turns"),
+            format!("{after:.1} / {peak:.1} MiB"),
+            after,
+            None,
+        );
+        table.goal(
+            "plain_turn_p50_ms",
+            format!("plain turn, sequential p50, {k} new threads (HTTP included)"),
+            format!("{plain_p50:.2} ms ({plain_calls:.2} model calls)"),
+            plain_p50,
+            None,
+        );
+        table.goal(
+            "cpu_plain_turn_ms",
+            "antler CPU per plain turn, sequential".into(),
+            format!("{:.3} ms", plain_cpu / 1e3),
+            plain_cpu / 1e3,
+            Some(plain_cpu <= 400.0),
+        );
+        table.goal(
+            "tool_turn_p50_ms",
+            format!("tool turn (current_time), sequential p50, {k} new threads"),
+            format!("{tool_p50:.2} ms ({tool_calls:.2} model calls)"),
+            tool_p50,
+            None,
+        );
+        table.goal(
+            "cpu_tool_turn_ms",
+            "antler CPU per tool turn, sequential".into(),
+            format!("{:.3} ms", tool_cpu / 1e3),
+            tool_cpu / 1e3,
+            Some(tool_cpu <= 600.0),
+        );
+        report.insert(
+            "sequential".into(),
+            json!({"turns": k, "first_turn_ms": first, "ready_ms": ready, "rss_idle_mib": idle,
+                   "rss_after_first_turn_mib": after, "peak_rss_mib": peak,
+                   "plain": {"p50_ms": plain_p50, "cpu_us": plain_cpu, "model_calls_per_turn": plain_calls},
+                   "tool": {"p50_ms": tool_p50, "cpu_us": tool_cpu, "model_calls_per_turn": tool_calls}}),
+        );
+    }
+
     if a.runs("acks") {
         let x = |f: fn(&Acks) -> f64| med(&runs, |r| r.acks.as_ref(), f);
         let ratio = median(runs.iter().filter_map(|r| r.ack_ratio).collect());
@@ -1607,38 +1968,34 @@ async fn bench(a: Args) {
         let syncs = x(|x| x.syncs_per_ack);
         let (cpu, bench_cpu) = (x(|x| x.cpu_us_per_ack), x(|x| x.bench_cpu_us_per_ack));
         let drain = x(|x| x.drain_turns_per_s);
-        row(
-            &mut rows,
+        table.row(
             format!("durable acks (202, model held), C={c}"),
             format!("{rate:.0} acks/s"),
             String::new(),
         );
-        row(
-            &mut rows,
-            "acks ÷ ceiling (median of per-run ratios)".into(),
+        table.goal(
+            "ack_ratio",
+            "acks ÷ ceiling (median of per-run ratios; issue: wrk)".into(),
             format!("{ratio:.3}"),
-            format!("≥ 0.25: {}", met(ratio >= 0.25)),
+            ratio,
+            Some(ratio >= 0.5),
         );
-        row(
-            &mut rows,
+        table.row(
             "ack latency p50 / p99".into(),
             format!("{p50:.2} / {p99:.2} ms"),
             String::new(),
         );
-        row(
-            &mut rows,
+        table.row(
             "group-committed syncs per ack".into(),
             format!("{syncs:.3}"),
             String::new(),
         );
-        row(
-            &mut rows,
+        table.row(
             "CPU per ack: antler / load generator + mock".into(),
             format!("{cpu:.0} / {bench_cpu:.0} µs"),
             String::new(),
         );
-        row(
-            &mut rows,
+        table.row(
             "drain of those N after release (no client waits)".into(),
             format!("{drain:.0} turns/s"),
             String::new(),
@@ -1659,41 +2016,41 @@ async fn bench(a: Args) {
         let (cpu, bench_cpu) = (x(|x| x.cpu_us_per_turn), x(|x| x.bench_cpu_us_per_turn));
         let (syncs, calls) = (x(|x| x.syncs_per_turn), x(|x| x.model_calls_per_turn));
         let (rss, hwm) = (x(|x| x.mem.rss), x(|x| x.mem.hwm));
-        row(
-            &mut rows,
-            format!("turns end to end (wait: true), T={t}, C={c}"),
+        table.goal(
+            "turns_per_s",
+            format!("turns end to end (wait: true), T={t}, C={c} (issue: wrk; 8 threads)"),
             format!("{tps:.0} turns/s"),
-            format!("≥ 1000/s: {}", met(tps >= 1000.0)),
+            tps,
+            Some(tps >= 5000.0),
         );
-        row(
-            &mut rows,
+        table.row(
             "turn latency p50 / p90 / p99".into(),
             format!("{p50:.1} / {p90:.1} / {p99:.1} ms"),
             String::new(),
         );
-        row(
-            &mut rows,
+        table.row(
             "turns ÷ ceiling".into(),
             format!("{ratio:.3}"),
             String::new(),
         );
-        row(
-            &mut rows,
-            "CPU per turn: antler / load generator + mock".into(),
-            format!("{cpu:.0} / {bench_cpu:.0} µs"),
-            String::new(),
+        table.goal(
+            "cpu_plain_turn_under_load_ms",
+            format!("CPU per turn under load (C={c}): antler / load generator + mock"),
+            format!("{:.3} / {:.3} ms", cpu / 1e3, bench_cpu / 1e3),
+            cpu / 1e3,
+            Some(cpu <= 400.0),
         );
-        row(
-            &mut rows,
+        table.row(
             "syncs per turn / model calls per turn".into(),
             format!("{syncs:.2} / {calls:.2}"),
             String::new(),
         );
-        row(
-            &mut rows,
-            format!("RSS / peak RSS at {t} threads"),
+        table.goal(
+            "rss_peak_under_load_mib",
+            format!("RSS / peak RSS at {t} threads (under load, backlog not full)"),
             format!("{rss:.1} / {hwm:.1} MiB"),
-            String::new(),
+            hwm,
+            Some(hwm <= 50.0 * MB_IN_MIB),
         );
         report.insert(
             "turns".into(),
@@ -1718,33 +2075,46 @@ async fn bench(a: Args) {
                 "n/a below Q=60000".to_owned()
             }
         };
-        row(
-            &mut rows,
+        table.row(
             format!("{q} queued, one per conversation: posting, QC={qc}"),
             format!("{rate:.0} acks/s"),
             String::new(),
         );
-        row(
-            &mut rows,
+        let waiting: Vec<f64> = runs
+            .iter()
+            .filter_map(|r| r.queued.as_ref()?.waiting.map(|m| m.rss))
+            .collect();
+        let waiting = (!waiting.is_empty()).then(|| median(waiting));
+        if let Some(rss) = waiting {
+            table.goal(
+                "rss_15000_waiting_mib",
+                format!("RSS with the first {WAITING} queued (one per conversation, model held)"),
+                format!("{rss:.1} MiB"),
+                rss,
+                Some(rss <= 40.0 * MB_IN_MIB),
+            );
+        }
+        table.goal(
+            "rss_60000_queued_mib",
             format!("RSS with {q} queued (peak so far; anonymous)"),
             format!("{rss:.1} MiB ({hwm:.1}; {anon:.1})"),
-            target(format!("≤ 60 MB: {}", met(rss <= 60.0 * MB_IN_MIB))),
+            rss,
+            (q >= 60_000).then_some(rss <= 60.0 * MB_IN_MIB),
         );
-        row(
-            &mut rows,
+        table.row(
             "RSS after the drain (peak; anonymous)".into(),
             format!("{after:.1} MiB ({after_hwm:.1}; {after_anon:.1})"),
             target(format!("< 40 MB: {}", met(after < 40.0 * MB_IN_MIB))),
         );
-        row(
-            &mut rows,
+        table.row(
             "drain time / store size after".into(),
             format!("{drain:.1} s / {store:.1} MiB"),
             String::new(),
         );
         report.insert(
             "queued".into(),
-            json!({"post_acks_per_s": rate, "rss_mib": rss, "peak_rss_mib": hwm, "anon_mib": anon,
+            json!({"post_acks_per_s": rate, "rss_waiting_mib": waiting, "waiting": WAITING,
+                   "rss_mib": rss, "peak_rss_mib": hwm, "anon_mib": anon,
                    "rss_after_drain_mib": after, "peak_rss_after_drain_mib": after_hwm,
                    "anon_after_drain_mib": after_anon,
                    "drain_s": drain, "store_mib": store}),
@@ -1774,20 +2144,21 @@ async fn bench(a: Args) {
         // few turns, so the five-turn means get some slack.
         let flat = min_late <= min_early * 1.1 && mean_late <= mean_early * 2.0;
         let window = format!("turns 1–5 / {}–{l}", l - 4);
-        row(
-            &mut rows,
+        table.goal(
+            "stored_bytes_per_turn",
             format!("store growth per turn, mean, {window}"),
             format!("{mean_early:.0} / {mean_late:.0} B"),
-            String::new(),
+            mean_late,
+            Some(mean_early <= 4000.0 && mean_late <= 4000.0),
         );
-        row(
-            &mut rows,
+        table.goal(
+            "stored_growth_flat",
             format!("store growth per turn, smallest, {window}"),
             format!("{min_early:.0} / {min_late:.0} B"),
-            format!("flat: {}", met(flat)),
+            min_late / min_early,
+            Some(flat),
         );
-        row(
-            &mut rows,
+        table.row(
             format!("bytes written per turn (4 KiB pages), {window}"),
             format!("{w_early:.0} / {w_late:.0} B"),
             String::new(),
@@ -1804,14 +2175,12 @@ async fn bench(a: Args) {
         let x = |f: fn(&Memory) -> f64| med(&runs, |r| r.memory.as_ref(), f);
         let (off, on) = (x(|m| m.off_p50_ms), x(|m| m.on_p50_ms));
         let (cpu_off, cpu_on) = (x(|m| m.off_cpu_us_per_turn), x(|m| m.on_cpu_us_per_turn));
-        row(
-            &mut rows,
+        table.row(
             format!("memory: turn p50 off / on ({l} turns, one user)"),
             format!("{off:.1} / {on:.1} ms (×{:.2})", on / off),
             String::new(),
         );
-        row(
-            &mut rows,
+        table.row(
             "memory: antler CPU per turn off / on (on: + updater)".into(),
             format!("{cpu_off:.0} / {cpu_on:.0} µs (×{:.2})", cpu_on / cpu_off),
             String::new(),
@@ -1820,14 +2189,12 @@ async fn bench(a: Args) {
             x(|m| m.updater_prompt_tokens_p50),
             x(|m| m.updater_prompt_tokens_last),
         );
-        row(
-            &mut rows,
+        table.row(
             "memory: updater prompt tokens per turn, median / last".into(),
             format!("{p50:.0} / {last:.0}"),
             format!("{:.1} model requests per turn", x(|m| m.requests_per_turn)),
         );
-        row(
-            &mut rows,
+        table.row(
             format!("memory: injected block after {l} facts; updater delay p50"),
             format!(
                 "{:.0} tokens; {:.0} ms",
@@ -1853,8 +2220,7 @@ async fn bench(a: Args) {
             x(|s| s.direct_cpu_us_per_turn),
             x(|s| s.delegated_cpu_us_per_turn),
         );
-        row(
-            &mut rows,
+        table.row(
             format!("subagents: turn p50 direct / 3 tasks delegated ({l} turns each)"),
             format!(
                 "{direct:.1} / {delegated:.1} ms (×{:.2})",
@@ -1865,8 +2231,7 @@ async fn bench(a: Args) {
                 x(|s| s.requests_per_turn)
             ),
         );
-        row(
-            &mut rows,
+        table.row(
             "subagents: antler CPU per turn direct / delegated".into(),
             format!(
                 "{cpu_direct:.0} / {cpu_delegated:.0} µs (×{:.2})",
@@ -1907,8 +2272,7 @@ async fn bench(a: Args) {
             };
             shown.push(text);
         }
-        row(
-            &mut rows,
+        table.row(
             format!("sandbox: turn p50 with one `bash -c true` ({l} turns each)"),
             shown.join(" / "),
             String::new(),
@@ -1954,50 +2318,42 @@ async fn bench(a: Args) {
             per_turn(|c| c.send_chat_action),
             per_turn(|c| c.edit_message_text),
         );
-        row(
-            &mut rows,
+        table.row(
             format!("telegram: webhook acks (200, model held), C={c}"),
             format!("{rate:.0} acks/s"),
             String::new(),
         );
-        row(
-            &mut rows,
+        table.row(
             "telegram: webhook acks ÷ ceiling".into(),
             format!("{ack_ratio:.3}"),
             String::new(),
         );
-        row(
-            &mut rows,
+        table.row(
             "telegram: webhook ack latency p50 / p99".into(),
             format!("{p50:.2} / {p99:.2} ms"),
             String::new(),
         );
-        row(
-            &mut rows,
+        table.row(
             "telegram: antler CPU per webhook ack".into(),
             format!("{cpu:.0} µs"),
             String::new(),
         );
-        row(
-            &mut rows,
+        table.row(
             "telegram: answered turns, drain after release".into(),
             format!("{drain:.0} turns/s (÷ ceiling {drain_ratio:.3})"),
             String::new(),
         );
-        row(
-            &mut rows,
+        table.row(
             format!("telegram: answered turns under load, T={t}, C={c}"),
             format!("{tps:.0} turns/s (÷ ceiling {turn_ratio:.3})"),
             String::new(),
         );
-        row(
-            &mut rows,
+        table.row(
             "telegram: under load, ack p50 / p99; CPU per turn".into(),
             format!("{load_p50:.2} / {load_p99:.2} ms; {turn_cpu:.0} µs"),
             String::new(),
         );
-        row(
-            &mut rows,
+        table.row(
             "telegram: SendChatAction / EditMessageText per turn".into(),
             format!("{actions:.2} / {edits:.2}"),
             String::new(),
@@ -2020,12 +2376,13 @@ async fn bench(a: Args) {
         begun.elapsed().as_secs_f64()
     );
     println!(
-        "| {:<52} | {:<38} | {:<18} |\n|{:-<54}|{:-<40}|{:-<20}|",
-        "metric", "value", "target", "", "", ""
+        "| {:<60} | {:<34} | {:<22} | {:<40} |\n|{:-<62}|{:-<36}|{:-<24}|{:-<42}|",
+        "metric", "value", "target (issue 27)", "baseline (issue 27's start)", "", "", "", ""
     );
-    for (metric, value, target) in rows {
-        println!("| {metric:<52} | {value:<38} | {target:<18} |");
+    for [metric, value, target, baseline] in table.rows {
+        println!("| {metric:<60} | {value:<34} | {target:<22} | {baseline:<40} |");
     }
+    report.insert("issue27".into(), Value::Object(table.issue27));
     report.insert(
         "args".into(),
         json!({"messages": n, "concurrency": c, "threads": t, "queued": q,
