@@ -397,10 +397,7 @@ user = "bob"
 async fn each_token_reaches_only_its_users_conversations() {
     let mock = MockModel::start(Behaviour::Echo).await;
     let app = TestApp::spawn(&mock, TOKENS).await;
-    let as_user = |token: &str| Client {
-        token: Some(token.to_owned()),
-        ..app.client.clone()
-    };
+    let as_user = |token: &str| app.client.with_token(token);
     let (ana, bob, admin) = (
         as_user("ana-token-0123456789"),
         as_user("bob-token-0123456789"),
@@ -471,10 +468,7 @@ async fn metrics_take_their_own_token_or_their_own_listener() {
     .await;
     assert_eq!(app.get("/metrics").await.status, StatusCode::UNAUTHORIZED);
     assert!(app.get("/readyz").await.json.get("inbox").is_none());
-    let scraper = Client {
-        token: Some("metrics-token-0123456789".to_owned()),
-        ..app.client.clone()
-    };
+    let scraper = app.client.with_token("metrics-token-0123456789");
     let metrics = scraper.get("/metrics").await;
     assert_eq!(metrics.status, StatusCode::OK);
     assert!(metrics.text.contains("antler_"), "{}", metrics.text);

@@ -119,13 +119,6 @@ run = [{gate}]
     }
 }
 
-fn as_token(app: &TestApp, token: &str) -> Client {
-    Client {
-        token: Some(token.to_owned()),
-        ..app.client.clone()
-    }
-}
-
 /// Posts `text` on `conversation` and waits for the reply.
 async fn ask(client: &Client, conversation: &str, text: &str) -> String {
     let answer = client
@@ -161,7 +154,7 @@ async fn a_command_runs_from_chat_with_its_arguments_as_argv_and_injection_runs_
     let scripts = Scripts::new();
     let mock = MockModel::start(Behaviour::Echo).await;
     let app = TestApp::spawn(&mock, &scripts.overrides()).await;
-    let admin = as_token(&app, ADMIN_TOKEN);
+    let admin = app.client.with_token(ADMIN_TOKEN);
 
     let reply = ask(&admin, "ops", r#"/deploy "api" v1.4.2"#).await;
     let (output, ending) = reply.rsplit_once('\n').unwrap();
@@ -229,7 +222,7 @@ async fn a_non_admin_is_refused_an_admin_command_and_may_run_an_open_one() {
     let scripts = Scripts::new();
     let mock = MockModel::start(Behaviour::Echo).await;
     let app = TestApp::spawn(&mock, &scripts.overrides()).await;
-    let ana = as_token(&app, USER_TOKEN);
+    let ana = app.client.with_token(USER_TOKEN);
 
     let reply = ask(&ana, "ana-ops", "/deploy api").await;
     assert_eq!(reply, "⛔ /deploy is for admins only. Nothing was run.");
@@ -245,7 +238,7 @@ async fn a_failing_exit_is_a_failure_and_a_timeout_kills_the_tree() {
     let scripts = Scripts::new();
     let mock = MockModel::start(Behaviour::Echo).await;
     let app = TestApp::spawn(&mock, &scripts.overrides()).await;
-    let admin = as_token(&app, ADMIN_TOKEN);
+    let admin = app.client.with_token(ADMIN_TOKEN);
 
     let reply = ask(&admin, "ops", "/fail").await;
     assert!(
@@ -286,7 +279,7 @@ async fn the_output_streams_while_the_command_runs() {
     let scripts = Scripts::new();
     let mock = MockModel::start(Behaviour::Echo).await;
     let app = TestApp::spawn(&mock, &scripts.overrides()).await;
-    let admin = as_token(&app, ADMIN_TOKEN);
+    let admin = app.client.with_token(ADMIN_TOKEN);
 
     let request = admin
         .http
@@ -335,7 +328,7 @@ async fn the_model_runs_a_command_as_a_tool_and_gets_the_same_output() {
     let scripts = Scripts::new();
     let mock = MockModel::start(deploy_call(json!({"service": "api", "version": "v2.0.0"}))).await;
     let app = TestApp::spawn(&mock, &scripts.overrides()).await;
-    let admin = as_token(&app, ADMIN_TOKEN);
+    let admin = app.client.with_token(ADMIN_TOKEN);
 
     let reply = ask(&admin, "ops", "deploy api 2.0.0 please").await;
     let results = tool_results(&mock);
@@ -374,7 +367,7 @@ async fn a_bad_tool_call_and_a_non_admins_model_run_nothing() {
     let scripts = Scripts::new();
     let mock = MockModel::start(deploy_call(json!({"service": "api; rm -rf /"}))).await;
     let app = TestApp::spawn(&mock, &scripts.overrides()).await;
-    let admin = as_token(&app, ADMIN_TOKEN);
+    let admin = app.client.with_token(ADMIN_TOKEN);
     ask(&admin, "ops", "deploy it").await;
     let results = tool_results(&mock);
     assert!(
@@ -382,7 +375,7 @@ async fn a_bad_tool_call_and_a_non_admins_model_run_nothing() {
         "{results:?}"
     );
 
-    let ana = as_token(&app, USER_TOKEN);
+    let ana = app.client.with_token(USER_TOKEN);
     ask(&ana, "ana-ops", "deploy it").await;
     let requests = mock.requests();
     let offered = requests.last().unwrap().body["tools"].to_string();
@@ -436,7 +429,7 @@ async fn on_telegram_the_output_streams_into_a_draft_that_ends_as_the_answer() {
         })
     })
     .await;
-    as_token(&app, ADMIN_TOKEN).wait_idle().await;
+    app.client.with_token(ADMIN_TOKEN).wait_idle().await;
     assert_eq!(api.sent().await.len(), 1, "one message: the draft, edited");
     assert_eq!(model.count(), 0);
     app.shutdown().await;
@@ -491,7 +484,7 @@ async fn on_slack_antler_runs_a_command_named_after_it_and_its_help_lists_them()
         "{texts:?}"
     );
     assert_eq!(scripts.runs(), 1);
-    as_token(&app, ADMIN_TOKEN).wait_idle().await;
+    app.client.with_token(ADMIN_TOKEN).wait_idle().await;
     assert_eq!(model.count(), 0);
     app.shutdown().await;
 }
@@ -501,7 +494,7 @@ async fn stop_kills_a_running_command() {
     let scripts = Scripts::new();
     let mock = MockModel::start(Behaviour::Echo).await;
     let app = TestApp::spawn(&mock, &scripts.overrides()).await;
-    let admin = as_token(&app, ADMIN_TOKEN);
+    let admin = app.client.with_token(ADMIN_TOKEN);
 
     let response = admin
         .http
@@ -570,12 +563,7 @@ async fn a_command_cut_short_by_a_crash_is_not_run_again_and_the_chat_is_told() 
     })
     .await;
     assert!(told.contains("/gate"), "{told}");
-    Client {
-        token: Some(ADMIN_TOKEN.to_owned()),
-        ..second.client.clone()
-    }
-    .wait_idle()
-    .await;
+    second.client.with_token(ADMIN_TOKEN).wait_idle().await;
     let audit = audit_lines(&rig.dir.path().join("store"));
     let starts = audit.iter().filter(|line| line["event"] == "start").count();
     assert_eq!(starts, 1, "it ran once: {audit:?}");
@@ -605,7 +593,7 @@ async fn on_discord_a_command_with_its_options_runs_and_edits_the_original() {
         "{content}"
     );
     assert_eq!(scripts.runs(), 1);
-    as_token(&app, ADMIN_TOKEN).wait_idle().await;
+    app.client.with_token(ADMIN_TOKEN).wait_idle().await;
     assert_eq!(model.count(), 0);
     app.shutdown().await;
 }

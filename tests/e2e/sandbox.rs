@@ -122,10 +122,7 @@ async fn start(
         as_user,
     )
     .await;
-    let client = Client {
-        token: Some(ADMIN_TOKEN.to_owned()),
-        ..child.client.clone()
-    };
+    let client = child.client.with_token(ADMIN_TOKEN);
     let ready = client.get("/readyz").await;
     let shell = &ready.json["shell"];
     if shell["offered"] != Value::Bool(true) {
@@ -383,10 +380,7 @@ async fn network_only_through_the_proxy(backend: &str) {
     );
     let rig = ChildRig::new(&mock, &with_network);
     let child = crate::support::Child::serve(&rig.config, rig.port, &rig.log).await;
-    let client = Client {
-        token: Some(ADMIN_TOKEN.to_owned()),
-        ..child.client.clone()
-    };
+    let client = child.client.with_token(ADMIN_TOKEN);
     let shell = client.get("/readyz").await.json["shell"].clone();
     if shell["offered"] != Value::Bool(true) {
         eprintln!(
@@ -459,10 +453,7 @@ async fn skills_are_read_only(backend: &str) {
     let text = "---\nname: probe\ndescription: A probe\n---\n# Probe body\n";
     std::fs::write(skill.join("SKILL.md"), text).unwrap();
     let child = rig.serve().await;
-    let client = Client {
-        token: Some(ADMIN_TOKEN.to_owned()),
-        ..child.client.clone()
-    };
+    let client = child.client.with_token(ADMIN_TOKEN);
     let ready = client.get("/readyz").await;
     if ready.json["shell"]["offered"] != Value::Bool(true) {
         eprintln!(

@@ -33,13 +33,6 @@ fn bash(command: &str) -> Behaviour {
     )])
 }
 
-fn as_token(app: &TestApp, token: &str) -> Client {
-    Client {
-        token: Some(token.to_owned()),
-        ..app.client.clone()
-    }
-}
-
 /// Posts `text` on `conversation` and waits for the reply.
 async fn ask(client: &Client, conversation: &str, text: &str) -> String {
     let answer = client
@@ -91,7 +84,7 @@ async fn an_admins_command_runs_in_the_workspace_with_virtual_paths() {
     ))
     .await;
     let app = TestApp::spawn(&mock, OVERRIDES).await;
-    let admin = as_token(&app, ADMIN_TOKEN);
+    let admin = app.client.with_token(ADMIN_TOKEN);
 
     let reply = ask(&admin, "ops", "make a file").await;
     assert_eq!(reply, "done: hi\n/mnt/user-data/workspace\n[exit code 0]");
@@ -137,7 +130,7 @@ async fn a_blocked_command_is_not_run_and_is_audited() {
     let command = "touch /mnt/user-data/workspace/marker && false && rm -rf /";
     let mock = MockModel::start(bash(command)).await;
     let app = TestApp::spawn(&mock, OVERRIDES).await;
-    let admin = as_token(&app, ADMIN_TOKEN);
+    let admin = app.client.with_token(ADMIN_TOKEN);
 
     let reply = ask(&admin, "ops", "clean up everything").await;
     assert!(
@@ -170,7 +163,7 @@ async fn a_blocked_command_is_not_run_and_is_audited() {
 async fn a_users_bash_call_is_refused_and_not_run() {
     let mock = MockModel::start(bash("touch /mnt/user-data/workspace/user-marker")).await;
     let app = TestApp::spawn(&mock, OVERRIDES).await;
-    let ana = as_token(&app, USER_TOKEN);
+    let ana = app.client.with_token(USER_TOKEN);
 
     let reply = ask(&ana, "mine", "touch a file").await;
     assert!(
@@ -194,7 +187,7 @@ async fn a_users_bash_call_is_refused_and_not_run() {
 async fn the_commands_environment_holds_nothing_of_antlers() {
     let mock = MockModel::start(bash("env")).await;
     let app = TestApp::spawn(&mock, OVERRIDES).await;
-    let admin = as_token(&app, ADMIN_TOKEN);
+    let admin = app.client.with_token(ADMIN_TOKEN);
 
     let reply = ask(&admin, "ops", "show the environment").await;
     assert!(reply.ends_with("[exit code 0]"), "{reply}");

@@ -36,13 +36,6 @@ fn overrides(folder: &Path) -> String {
     )
 }
 
-fn as_token(app: &TestApp, token: &str) -> Client {
-    Client {
-        token: Some(token.to_owned()),
-        ..app.client.clone()
-    }
-}
-
 /// Posts `text` on `conversation` and waits for the reply.
 async fn ask(client: &Client, conversation: &str, text: &str) -> String {
     let answer = client
@@ -141,7 +134,7 @@ async fn a_skill_is_listed_readable_not_writable_and_holds_the_run_to_its_tools(
     ]))
     .await;
     let app = TestApp::spawn(&mock, &overrides(folder.path())).await;
-    let admin = as_token(&app, ADMIN_TOKEN);
+    let admin = app.client.with_token(ADMIN_TOKEN);
 
     let reply = ask(&admin, "skills", "probe it").await;
     assert!(reply.starts_with("done: "), "{reply}");
@@ -211,8 +204,8 @@ async fn skills_disable_takes_a_skill_out_of_the_next_request_and_enable_brings_
     )]))
     .await;
     let app = TestApp::spawn(&mock, &overrides(folder.path())).await;
-    let admin = as_token(&app, ADMIN_TOKEN);
-    let ana = as_token(&app, USER_TOKEN);
+    let admin = app.client.with_token(ADMIN_TOKEN);
+    let ana = app.client.with_token(USER_TOKEN);
 
     let list = ask(&ana, "ana", "/skills").await;
     assert!(
@@ -298,7 +291,7 @@ async fn the_shipped_skills_are_listed_to_the_model_and_readable() {
     let app = TestApp::spawn(&mock, &overrides(&shipped)).await;
 
     let reply = ask(
-        &as_token(&app, USER_TOKEN),
+        &app.client.with_token(USER_TOKEN),
         "ship",
         "the API is down, what happened?",
     )
@@ -391,10 +384,7 @@ async fn a_skill_added_while_running_is_listed_after_sighup() {
     let folder = skills_folder();
     let rig = crate::support::ChildRig::new(&model, &overrides(folder.path()));
     let mut child = rig.serve().await;
-    let client = Client {
-        token: Some(ADMIN_TOKEN.to_owned()),
-        ..child.client.clone()
-    };
+    let client = child.client.with_token(ADMIN_TOKEN);
     let before = ask(&client, "ops", "/skills").await;
     assert!(
         before.contains("probe") && !before.contains("digest"),
@@ -408,19 +398,7 @@ async fn a_skill_added_while_running_is_listed_after_sighup() {
         "---\nname: digest\ndescription: Sums up a day of alerts\n---\n\nList them.\n",
     )
     .unwrap();
-    let pid = child.process.id().unwrap().to_string();
-    let hup = std::process::Command::new("kill")
-        .args(["-HUP", &pid])
-        .status()
-        .unwrap();
-    assert!(hup.success());
-    antler_testkit::wait_until("the reload is logged", || async {
-        child
-            .log_text()
-            .contains("configuration reloaded")
-            .then_some(())
-    })
-    .await;
+    child.reload().await;
     let after = ask(&client, "ops", "/skills").await;
     assert!(
         after.contains("probe") && after.contains("digest"),

@@ -616,19 +616,7 @@ async fn sighup_applies_a_new_allowlist_without_dropping_a_turn() {
         !child.log_text().contains("log level applied"),
         "a debug line, hidden at the first level"
     );
-    let pid = child.process.id().unwrap().to_string();
-    let hup = std::process::Command::new("kill")
-        .args(["-HUP", &pid])
-        .status()
-        .unwrap();
-    assert!(hup.success());
-    antler_testkit::wait_until("the reload is logged", || async {
-        child
-            .log_text()
-            .contains("configuration reloaded")
-            .then_some(())
-    })
-    .await;
+    child.reload().await;
     let log = child.log_text();
     assert!(
         log.contains("restart=[\"server\"]"),

@@ -118,6 +118,14 @@ pub struct Client {
 }
 
 impl Client {
+    /// The same client, sending `token` as its bearer token.
+    pub fn with_token(&self, token: &str) -> Self {
+        Self {
+            token: Some(token.to_owned()),
+            ..self.clone()
+        }
+    }
+
     pub fn new(base: String) -> Self {
         Self {
             base,
@@ -504,6 +512,22 @@ impl Child {
     /// What the process logged so far.
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Sends SIGHUP and waits until antler logged that it read its configuration again.
+    pub async fn reload(&self) {
+        let pid = self.process.id().expect("the child is running").to_string();
+        let hup = std::process::Command::new("kill")
+            .args(["-HUP", &pid])
+            .status()
+            .expect("run kill");
+        assert!(hup.success(), "kill -HUP {pid}");
+        antler_testkit::wait_until("the reload is logged", || async {
+            self.log_text()
+                .contains("configuration reloaded")
+                .then_some(())
+        })
+        .await;
     }
 }
 
