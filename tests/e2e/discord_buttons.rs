@@ -66,21 +66,6 @@ async fn edits_of(api: &MockDiscord, id: &str) -> Vec<Value> {
         .collect()
 }
 
-/// Every tool result the model was sent in its last request.
-fn tool_results(model: &MockModel) -> Vec<String> {
-    let requests = model.requests();
-    let Some(last) = requests.last() else {
-        return Vec::new();
-    };
-    last.body["messages"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|m| m["role"] == "tool")
-        .map(|m| m["content"].as_str().unwrap_or_default().to_owned())
-        .collect()
-}
-
 /// Waits for the bot to say "The time is …" anywhere; what it said.
 async fn final_answer(api: &MockDiscord) -> String {
     wait_until("the answer after the approval", || async {
@@ -169,7 +154,7 @@ async fn a_tool_call_shows_buttons_and_only_an_approvers_press_runs_it_once() {
     assert!(!answer.contains("Denied"), "{answer}");
     app.client.wait_idle().await;
     assert_eq!(model.count(), 2, "the tool ran and the model answered once");
-    let results = tool_results(&model);
+    let results = model.tool_results();
     assert_eq!(results.len(), 1, "{results:?}");
     assert!(!results[0].starts_with("Denied"), "{results:?}");
     // Answered in the responses alone: no edit of the message through the API.
@@ -313,7 +298,7 @@ async fn over_the_gateway_a_press_is_answered_through_its_callback() {
     final_answer(&api).await;
     app.client.wait_idle().await;
     assert_eq!(model.count(), 2, "run once");
-    assert_eq!(tool_results(&model).len(), 1);
+    assert_eq!(model.tool_results().len(), 1);
     // The callbacks carry the interaction token in their path alone, never the bot token.
     for request in api.received_requests().await.unwrap() {
         if request.url.path().ends_with("/callback") {

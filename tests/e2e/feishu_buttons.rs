@@ -100,18 +100,6 @@ async fn ask_in_private(app: &TestApp) {
     assert_eq!(asked.status, StatusCode::OK);
 }
 
-/// The tool results the model was sent, over all its requests (the last request holds all).
-fn tool_results(model: &MockModel) -> usize {
-    model
-        .requests()
-        .last()
-        .and_then(|r| r.body["messages"].as_array().cloned())
-        .unwrap_or_default()
-        .iter()
-        .filter(|m| m["role"] == "tool")
-        .count()
-}
-
 /// The card a callback's answer puts in place of the pressed one: its Markdown.
 fn settled_text(answer: &Value) -> String {
     assert_eq!(answer["card"]["type"], "raw", "{answer}");
@@ -225,7 +213,7 @@ async fn only_an_approvers_press_runs_the_call_once_and_the_card_shows_who_decid
     assert_eq!(chat, P2P_CHAT);
     app.wait_idle().await;
     assert_eq!(model.count(), 2, "one request before, one after the call");
-    assert_eq!(tool_results(&model), 1, "the tool ran exactly once");
+    assert_eq!(model.tool_results().len(), 1, "the tool ran exactly once");
     app.shutdown().await;
 }
 
@@ -342,7 +330,7 @@ async fn on_the_long_connection_a_card_frame_is_answered_with_the_toast_and_card
     assert!(answer.contains("approved by"), "{answer}");
     app.wait_idle().await;
     assert_eq!(model.count(), 2);
-    assert_eq!(tool_results(&model), 1);
+    assert_eq!(model.tool_results().len(), 1);
     app.shutdown().await;
 }
 
@@ -372,6 +360,6 @@ async fn a_press_after_a_restart_still_resumes_the_call() {
     assert_eq!(chat, P2P_CHAT);
     app.wait_idle().await;
     assert_eq!(model.count(), 2);
-    assert_eq!(tool_results(&model), 1);
+    assert_eq!(model.tool_results().len(), 1);
     app.shutdown().await;
 }

@@ -137,18 +137,6 @@ fn audit_lines(store: &Path) -> Vec<Value> {
         .collect()
 }
 
-/// The tool results the model was sent, in order.
-fn tool_results(mock: &MockModel) -> Vec<String> {
-    mock.requests()
-        .last()
-        .map(|request| request.messages())
-        .unwrap_or_default()
-        .iter()
-        .filter(|m| m["role"] == "tool")
-        .map(|m| m["content"].as_str().unwrap_or_default().to_owned())
-        .collect()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_command_runs_from_chat_with_its_arguments_as_argv_and_injection_runs_nothing() {
     let scripts = Scripts::new();
@@ -331,7 +319,7 @@ async fn the_model_runs_a_command_as_a_tool_and_gets_the_same_output() {
     let admin = app.client.with_token(ADMIN_TOKEN);
 
     let reply = ask(&admin, "ops", "deploy api 2.0.0 please").await;
-    let results = tool_results(&mock);
+    let results = mock.tool_results();
     assert_eq!(results.len(), 1);
     assert!(
         results[0].starts_with(
@@ -369,7 +357,7 @@ async fn a_bad_tool_call_and_a_non_admins_model_run_nothing() {
     let app = TestApp::spawn(&mock, &scripts.overrides()).await;
     let admin = app.client.with_token(ADMIN_TOKEN);
     ask(&admin, "ops", "deploy it").await;
-    let results = tool_results(&mock);
+    let results = mock.tool_results();
     assert!(
         results[0].contains("`service` must match ^[a-z0-9-]{1,40}$"),
         "{results:?}"
@@ -384,7 +372,7 @@ async fn a_bad_tool_call_and_a_non_admins_model_run_nothing() {
         "a non-admin's model is not offered it"
     );
     assert!(offered.contains("cmd_uptime"), "{offered}");
-    let results = tool_results(&mock);
+    let results = mock.tool_results();
     assert!(results[0].contains("needs an operator"), "{results:?}");
     assert_eq!(scripts.runs(), 0);
     assert!(audit_lines(&app.store).is_empty());

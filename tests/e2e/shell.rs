@@ -65,18 +65,6 @@ fn files_named(store: &Path, name: &str) -> Vec<PathBuf> {
         .collect()
 }
 
-/// The tool results the model was sent, in order.
-fn tool_results(mock: &MockModel) -> Vec<String> {
-    mock.requests()
-        .last()
-        .map(|request| request.messages())
-        .unwrap_or_default()
-        .iter()
-        .filter(|m| m["role"] == "tool")
-        .map(|m| m["content"].as_str().unwrap_or_default().to_owned())
-        .collect()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_admins_command_runs_in_the_workspace_with_virtual_paths() {
     let mock = MockModel::start(bash(
@@ -97,7 +85,7 @@ async fn an_admins_command_runs_in_the_workspace_with_virtual_paths() {
         .filter_map(|t| t["function"]["name"].as_str())
         .collect();
     assert!(offered.contains(&"bash"), "{offered:?}");
-    let results = tool_results(&mock);
+    let results = mock.tool_results();
     assert_eq!(results, ["hi\n/mnt/user-data/workspace\n[exit code 0]"]);
     let store = app.store.display().to_string();
     assert!(

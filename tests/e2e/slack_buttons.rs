@@ -63,19 +63,6 @@ async fn replaced(api: &MockSlack) -> Vec<Value> {
         .collect()
 }
 
-/// The tool results the model was given in its last request.
-fn tool_results(model: &MockModel) -> Vec<String> {
-    let requests = model.requests();
-    let Some(last) = requests.last() else {
-        return Vec::new();
-    };
-    last.messages()
-        .into_iter()
-        .filter(|m| m["role"] == "tool")
-        .map(|m| m["content"].as_str().unwrap_or_default().to_owned())
-        .collect()
-}
-
 /// Whether `message` is (a draft of) the resumed turn's answer: the decision, then the
 /// model's "The time is …".
 fn is_answer(message: &Value) -> bool {
@@ -168,7 +155,7 @@ async fn only_an_approvers_press_runs_the_call_once_and_replaces_the_buttons() {
     );
     app.wait_idle().await;
     assert_eq!(model.count(), 2, "one resumed turn");
-    assert_eq!(tool_results(&model).len(), 1, "the tool ran once");
+    assert_eq!(model.tool_results().len(), 1, "the tool ran once");
 
     // The message now says who decided, its buttons gone (each press set it so).
     let replaced = replaced(&api).await;
@@ -230,8 +217,8 @@ async fn an_admins_deny_press_refuses_the_call_and_a_forged_press_is_refused() {
         "{replaced}"
     );
     app.wait_idle().await;
-    assert_eq!(tool_results(&model).len(), 1);
-    assert!(tool_results(&model)[0].starts_with("Denied"));
+    assert_eq!(model.tool_results().len(), 1);
+    assert!(model.tool_results()[0].starts_with("Denied"));
     app.shutdown().await;
 }
 
@@ -259,6 +246,6 @@ async fn in_socket_mode_a_press_comes_as_an_interactive_envelope() {
     assert_eq!(told[0]["user"], PRESSER);
     assert!(!replaced(&api).await.is_empty());
     app.wait_idle().await;
-    assert_eq!(tool_results(&model).len(), 1);
+    assert_eq!(model.tool_results().len(), 1);
     app.shutdown().await;
 }

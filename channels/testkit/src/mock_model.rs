@@ -302,6 +302,19 @@ impl MockModel {
         self.state.requests.lock().expect("requests lock").clone()
     }
 
+    /// The tool results the model was sent in its last request (which holds them all), in
+    /// order.
+    pub fn tool_results(&self) -> Vec<String> {
+        self.requests()
+            .last()
+            .map(Recorded::messages)
+            .unwrap_or_default()
+            .iter()
+            .filter(|m| m["role"] == "tool")
+            .map(|m| m["content"].as_str().unwrap_or_default().to_owned())
+            .collect()
+    }
+
     /// How many chat-completion requests arrived.
     pub fn count(&self) -> usize {
         self.state.served.load(Ordering::SeqCst)
