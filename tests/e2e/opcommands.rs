@@ -262,6 +262,20 @@ fn alive(marker: &str) -> bool {
     })
 }
 
+/// The admin runs `/gate` in `conversation`, streamed: the open SSE response.
+async fn gate_streamed(admin: &Client, conversation: &str) -> reqwest::Response {
+    let response = admin
+        .http
+        .post(format!("{}/api/v1/messages", admin.base))
+        .bearer_auth(ADMIN_TOKEN)
+        .json(&json!({"conversation": conversation, "text": "/gate", "message_id": "m-gate", "stream": true}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    response
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_output_streams_while_the_command_runs() {
     let scripts = Scripts::new();
@@ -269,15 +283,7 @@ async fn the_output_streams_while_the_command_runs() {
     let app = TestApp::spawn(&mock, &scripts.overrides()).await;
     let admin = app.client.with_token(ADMIN_TOKEN);
 
-    let request = admin
-        .http
-        .post(format!("{}/api/v1/messages", admin.base))
-        .bearer_auth(ADMIN_TOKEN)
-        .json(&json!({"conversation": "stream", "text": "/gate", "message_id": "m-gate", "stream": true}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(request.status(), StatusCode::OK);
+    let request = gate_streamed(&admin, "stream").await;
     let open = scripts.path("open");
     let events = read_sse_until(request, move |events| {
         let streamed: String = events
@@ -484,15 +490,7 @@ async fn stop_kills_a_running_command() {
     let app = TestApp::spawn(&mock, &scripts.overrides()).await;
     let admin = app.client.with_token(ADMIN_TOKEN);
 
-    let response = admin
-        .http
-        .post(format!("{}/api/v1/messages", admin.base))
-        .bearer_auth(ADMIN_TOKEN)
-        .json(&json!({"conversation": "stop", "text": "/gate", "message_id": "m-gate", "stream": true}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status(), StatusCode::OK);
+    let response = gate_streamed(&admin, "stop").await;
     let reader = tokio::spawn(read_sse_until(response, |events| {
         events.iter().any(|(name, _)| name == "final")
     }));
