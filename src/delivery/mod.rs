@@ -267,10 +267,9 @@ async fn send_parts(
     files: &ReplyFiles,
     item: &mut OutboxItem,
 ) -> Result<(), SendError> {
-    // The plan borrows the message while `item` is updated after each part.
-    let message = item.message.clone();
+    let message = &item.message;
     let capabilities = channel.capabilities();
-    let text = text_with_file_names(&message, capabilities.files);
+    let text = text_with_file_names(message, capabilities.files);
     let parts = channel.render(&text).map_err(SendError::Channel)?;
     let prompts = message
         .prompts
@@ -304,8 +303,10 @@ async fn send_parts(
         )));
     }
     let total = plan.len();
-    while item.parts.len() < total {
-        let index = item.parts.len();
+    // The item as the store has it after the last part recorded here; `item` itself, which
+    // the plan borrows, is replaced once the parts are sent.
+    let mut recorded = None;
+    for index in item.parts.len()..total {
         let receipt = match plan.get(index) {
             Some(Planned::Text(body)) => {
                 send_text(
@@ -322,7 +323,7 @@ async fn send_parts(
             Some(Planned::File(file)) => send_file(channel, files, item, index, file).await?,
             Some(Planned::Prompt(body, buttons)) => channel
                 .send(
-                    &message,
+                    message,
                     Part {
                         index,
                         body,
@@ -334,10 +335,15 @@ async fn send_parts(
             None => break,
         };
         let complete = index + 1 == total;
-        *item = store
-            .part_delivered(item.seq, receipt, complete, crate::now_ms())
-            .await
-            .map_err(SendError::Store)?;
+        recorded = Some(
+            store
+                .part_delivered(item.seq, receipt, complete, crate::now_ms())
+                .await
+                .map_err(SendError::Store)?,
+        );
+    }
+    if let Some(recorded) = recorded {
+        *item = recorded;
     }
     Ok(())
 }
