@@ -72,7 +72,11 @@
 //! Prints a table and one JSON line. The table's target column holds issue 27's targets (with
 //! met / NOT met) where a row measures one, and its baseline column the issue's figure at its
 //! start (`ISSUE27`; where the issue measured another shape, the metric's text says so); the
-//! JSON line has the same under `issue27`.
+//! JSON line has the same under `issue27`. With `ANTLER_BENCH_BASELINE` naming another
+//! antler binary (e.g. the release build of issue 27's start), every run first measures that
+//! binary's issue-27 phases (sequential, acks, turns, queued, growth, as chosen by `--only`),
+//! then this one's, interleaved; the baseline column then shows the baseline's figure measured
+//! in the same runs, beside the issue's.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -95,6 +99,7 @@ use antler_testkit::mock_model::{self, Behaviour, MODEL_NAME, MockModel};
 /// MB as in the targets (10^6 bytes), in MiB.
 const MB_IN_MIB: f64 = 1e6 / 1_048_576.0;
 
+#[derive(Clone)]
 struct Args {
     messages: usize,
     concurrency: usize,
@@ -442,14 +447,29 @@ impl Drop for Antler {
 
 /// The antler under test: this build's, or `ANTLER_BENCH_BIN` (another build, e.g. a
 /// baseline commit's, measured by the same bench).
-fn antler_binary() -> &'static str {
-    static PATH: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    let path = PATH.get_or_init(|| {
-        std::env::var("ANTLER_BENCH_BIN")
-            .unwrap_or_else(|_| env!("CARGO_BIN_EXE_antler").to_owned())
-    });
-    assert!(Path::new(path).exists(), "antler binary missing at {path}");
+fn antler_binary() -> String {
+    if let Some(path) = BASELINE_PASS.lock().unwrap().clone() {
+        return path;
+    }
+    let path = std::env::var("ANTLER_BENCH_BIN")
+        .unwrap_or_else(|_| env!("CARGO_BIN_EXE_antler").to_owned());
+    assert!(Path::new(&path).exists(), "antler binary missing at {path}");
     path
+}
+
+/// While the baseline's phases run: its binary (`ANTLER_BENCH_BASELINE`), measured instead of
+/// [`antler_binary`]'s.
+static BASELINE_PASS: std::sync::Mutex<Option<String>> = std::sync::Mutex::new(None);
+
+/// The baseline binary measured beside this one in every run (`ANTLER_BENCH_BASELINE`), if any.
+fn baseline_binary() -> Option<String> {
+    let path = std::env::var("ANTLER_BENCH_BASELINE").ok()?;
+    let path = path.trim().to_owned();
+    if path.is_empty() {
+        return None;
+    }
+    assert!(Path::new(&path).exists(), "baseline binary missing at {path}");
+    Some(path)
 }
 
 /// Spawns antler with a fresh store and room for `backlog` waiting messages, and with the
@@ -1589,6 +1609,9 @@ struct TelegramRatios {
 /// One of issue 27's figures: its key in the JSON line's `issue27` (the unit in its name), its
 /// target as the table shows it (empty: the issue sets none) and the figure at the issue's start
 /// ("now" in its table, and its wrk figures), measured on the same 2-core machine.
+/// The phases that measure issue 27's figures: what a baseline binary runs.
+const ISSUE27_PHASES: [&str; 5] = ["sequential", "acks", "turns", "queued", "growth"];
+
 struct Issue27 {
     key: &'static str,
     target: &'static str,
@@ -1677,6 +1700,8 @@ const ISSUE27: [Issue27; 15] = [
 #[derive(Default)]
 struct Table {
     rows: Vec<[String; 4]>,
+    /// The issue 27 figure each row measures, if any (parallel to `rows`).
+    keys: Vec<Option<String>>,
     issue27: serde_json::Map<String, Value>,
 }
 
@@ -1684,6 +1709,26 @@ impl Table {
     /// A row that measures none of issue 27's figures; `target` may hold an older one.
     fn row(&mut self, metric: String, value: String, target: String) {
         self.rows.push([metric, value, target, String::new()]);
+        self.keys.push(None);
+    }
+
+    /// Puts the baseline binary's figures, measured in the same runs, into the baseline
+    /// column beside the issue's own: `measured` is the baseline's table.
+    fn measured_baseline(&mut self, measured: &Table) {
+        for (row, key) in self.rows.iter_mut().zip(&self.keys) {
+            let Some(key) = key else { continue };
+            let Some(index) = measured.keys.iter().position(|k| k.as_ref() == Some(key)) else {
+                continue;
+            };
+            let issue = std::mem::take(&mut row[3]);
+            row[3] = format!("{} (issue: {issue})", measured.rows[index][1]);
+            if let Some(Value::Object(entry)) = self.issue27.get_mut(key.as_str()) {
+                entry.insert(
+                    "baseline_measured".into(),
+                    measured.issue27[key.as_str()]["figure"].clone(),
+                );
+            }
+        }
     }
 
     /// A row that measures issue 27's `key`: `figure` goes to the JSON line, `ok` says whether
@@ -1700,6 +1745,7 @@ impl Table {
         };
         self.rows
             .push([metric, value, target, goal.baseline.to_owned()]);
+        self.keys.push(Some(key.to_owned()));
         self.issue27.insert(
             key.to_owned(),
             json!({"figure": figure, "target": goal.target, "met": ok,
@@ -1772,83 +1818,43 @@ async fn bench(a: Args) {
             antler.stop();
         }
     }
-    let startup_ms = median(startups.clone());
 
+    let rig = Rig {
+        client: &client,
+        tg_client: &tg_client,
+        model: &model,
+        bot: &bot,
+        bot_url: &bot_url,
+        bare_url: &bare_url,
+    };
+    let baseline = baseline_binary();
+    // The baseline measures only issue 27's phases.
+    let baseline_args = Args {
+        only: ISSUE27_PHASES
+            .iter()
+            .filter(|phase| a.runs(phase))
+            .map(|phase| (*phase).to_owned())
+            .collect(),
+        ..a.clone()
+    };
     let mut runs = Vec::new();
+    let mut baseline_runs = Vec::new();
     for r in 0..a.runs {
-        // The ceiling: the same client, body shape, concurrency and count against a bare
-        // handler, measured in this run so that the ratios compare like with like.
-        let body = move |i: usize| {
-            json!({"conversation": format!("a{i}"), "user": "bench", "text": format!("hello {i}"),
-                   "message_id": format!("r{r}-a{i}")})
-        };
-        let ceiling = load(&client, &bare_url, n, c, a.timeout, 202, body, |_, _| true).await;
-        let sequential = if a.runs("sequential") {
-            Some(sequential(&a, r, &client, &model).await)
-        } else {
-            None
-        };
-        let acks = if a.runs("acks") {
-            Some(acks(&a, r, &client, &model).await)
-        } else {
-            None
-        };
-        let turns = if a.runs("turns") {
-            Some(turns(&a, r, &client, &model).await)
-        } else {
-            None
-        };
-        let queued = if a.runs("queued") {
-            Some(queued(&a, r, &client, &model).await)
-        } else {
-            None
-        };
-        let growth = if a.runs("growth") {
-            Some(growth(&a, r, &client, &model).await)
-        } else {
-            None
-        };
-        let memory = if a.runs("memory") {
-            Some(memory_phase(&a, &client).await)
-        } else {
-            None
-        };
-        let subagents = if a.runs("subagents") {
-            Some(subagents_phase(&a, &client).await)
-        } else {
-            None
-        };
-        let sandbox = if a.runs("sandbox") {
-            Some(sandbox_phase(&a, &client).await)
-        } else {
-            None
-        };
-        let telegram = if a.runs("telegram") {
-            Some(telegram(&a, &client, &tg_client, &model, &bot, &bot_url).await)
-        } else {
-            None
-        };
-        let run = Run {
-            ceiling_req_per_s: ceiling.rate(),
-            ceiling_p50_ms: ceiling.pct(0.50),
-            ceiling_p99_ms: ceiling.pct(0.99),
-            ack_ratio: acks.as_ref().map(|x| x.acks_per_s / ceiling.rate()),
-            turn_ratio: turns.as_ref().map(|x| x.turns_per_s / ceiling.rate()),
-            sequential,
-            acks,
-            turns,
-            queued,
-            growth,
-            memory,
-            subagents,
-            sandbox,
-            telegram_ratios: telegram.as_ref().map(|x| TelegramRatios {
-                acks: x.acks_per_s / ceiling.rate(),
-                drain: x.drain_turns_per_s / ceiling.rate(),
-                turns: x.turns_per_s / ceiling.rate(),
-            }),
-            telegram,
-        };
+        // Interleaved, so that both binaries see the same moods of the machine.
+        if let Some(path) = &baseline {
+            *BASELINE_PASS.lock().unwrap() = Some(path.clone());
+            eprintln!("  run {} baseline: {path}", r + 1);
+            let run = measure(&baseline_args, r, &rig).await;
+            *BASELINE_PASS.lock().unwrap() = None;
+            eprintln!(
+                "  run {} baseline ({:.0} s in): {}",
+                r + 1,
+                begun.elapsed().as_secs_f64(),
+                serde_json::to_string(&run).unwrap()
+            );
+            baseline_runs.push(run);
+        }
+        let run = measure(&a, r, &rig).await;
         eprintln!(
             "  run {} ({:.0} s in): {}",
             r + 1,
@@ -1858,6 +1864,161 @@ async fn bench(a: Args) {
         runs.push(run);
     }
 
+    let (mut table, mut report) = summarize(&a, &runs, &startups);
+    if baseline.is_some() {
+        let (measured, baseline_report) = summarize(&baseline_args, &baseline_runs, &[]);
+        table.measured_baseline(&measured);
+        report.insert("baseline".into(), Value::Object(baseline_report));
+        report.insert(
+            "baseline_runs_detail".into(),
+            serde_json::to_value(&baseline_runs).unwrap(),
+        );
+    }
+
+    println!(
+        "\nantler pipeline: N={n} messages, C={c} clients, T={t} threads, Q={q} queued \
+         (QC={qc}), L={l} turns on one thread; medians of {} runs; {:.0} s",
+        a.runs,
+        begun.elapsed().as_secs_f64()
+    );
+    println!(
+        "| {:<60} | {:<34} | {:<22} | {:<40} |\n|{:-<62}|{:-<36}|{:-<24}|{:-<42}|",
+        "metric",
+        "value",
+        "target (issue 27)",
+        if baseline.is_some() {
+            "baseline: measured (issue 27's start)"
+        } else {
+            "baseline (issue 27's start)"
+        },
+        "",
+        "",
+        "",
+        ""
+    );
+    for [metric, value, target, baseline] in table.rows {
+        println!("| {metric:<60} | {value:<34} | {target:<22} | {baseline:<40} |");
+    }
+    report.insert("issue27".into(), Value::Object(table.issue27));
+    report.insert(
+        "args".into(),
+        json!({"messages": n, "concurrency": c, "threads": t, "queued": q,
+               "queued_concurrency": qc, "thread_turns": l, "runs": a.runs,
+               "startups": a.startups, "phases": a.only}),
+    );
+    report.insert("runs_detail".into(), serde_json::to_value(&runs).unwrap());
+    println!("{}", Value::Object(report));
+}
+
+/// What stays the same for every run: the mock model, the ceiling's URL and the clients.
+struct Rig<'a> {
+    client: &'a reqwest::Client,
+    tg_client: &'a reqwest::Client,
+    model: &'a MockModel,
+    bot: &'a BotApi,
+    bot_url: &'a str,
+    bare_url: &'a str,
+}
+
+/// Run `r`: the ceiling, then every chosen phase on the binary of this pass.
+#[allow(clippy::too_many_lines)]
+async fn measure(a: &Args, r: usize, rig: &Rig<'_>) -> Run {
+    let Rig {
+        client,
+        tg_client,
+        model,
+        bot,
+        bot_url,
+        bare_url,
+    } = *rig;
+    let (n, c) = (a.messages, a.concurrency);
+    // The ceiling: the same client, body shape, concurrency and count against a bare
+    // handler, measured in this run so that the ratios compare like with like.
+    let body = move |i: usize| {
+        json!({"conversation": format!("a{i}"), "user": "bench", "text": format!("hello {i}"),
+               "message_id": format!("r{r}-a{i}")})
+    };
+    let ceiling = load(&client, &bare_url, n, c, a.timeout, 202, body, |_, _| true).await;
+    let sequential = if a.runs("sequential") {
+        Some(sequential(&a, r, &client, &model).await)
+    } else {
+        None
+    };
+    let acks = if a.runs("acks") {
+        Some(acks(&a, r, &client, &model).await)
+    } else {
+        None
+    };
+    let turns = if a.runs("turns") {
+        Some(turns(&a, r, &client, &model).await)
+    } else {
+        None
+    };
+    let queued = if a.runs("queued") {
+        Some(queued(&a, r, &client, &model).await)
+    } else {
+        None
+    };
+    let growth = if a.runs("growth") {
+        Some(growth(&a, r, &client, &model).await)
+    } else {
+        None
+    };
+    let memory = if a.runs("memory") {
+        Some(memory_phase(&a, &client).await)
+    } else {
+        None
+    };
+    let subagents = if a.runs("subagents") {
+        Some(subagents_phase(&a, &client).await)
+    } else {
+        None
+    };
+    let sandbox = if a.runs("sandbox") {
+        Some(sandbox_phase(&a, &client).await)
+    } else {
+        None
+    };
+    let telegram = if a.runs("telegram") {
+        Some(telegram(&a, &client, &tg_client, &model, &bot, &bot_url).await)
+    } else {
+        None
+    };
+    Run {
+        ceiling_req_per_s: ceiling.rate(),
+        ceiling_p50_ms: ceiling.pct(0.50),
+        ceiling_p99_ms: ceiling.pct(0.99),
+        ack_ratio: acks.as_ref().map(|x| x.acks_per_s / ceiling.rate()),
+        turn_ratio: turns.as_ref().map(|x| x.turns_per_s / ceiling.rate()),
+        sequential,
+        acks,
+        turns,
+        queued,
+        growth,
+        memory,
+        subagents,
+        sandbox,
+        telegram_ratios: telegram.as_ref().map(|x| TelegramRatios {
+            acks: x.acks_per_s / ceiling.rate(),
+            drain: x.drain_turns_per_s / ceiling.rate(),
+            turns: x.turns_per_s / ceiling.rate(),
+        }),
+        telegram,
+    }
+}
+
+/// The table and the JSON report of `runs` (and of the startups measured before them).
+#[allow(clippy::too_many_lines)]
+fn summarize(a: &Args, runs: &[Run], startups: &[f64]) -> (Table, serde_json::Map<String, Value>) {
+    let (n, c, t, q, qc, l) = (
+        a.messages,
+        a.concurrency,
+        a.threads,
+        a.queued,
+        a.queued_concurrency,
+        a.thread_turns,
+    );
+    let startup_ms = median(startups.to_vec());
     let mut table = Table::default();
     let mut report = serde_json::Map::new();
     if a.runs("startup") {
@@ -2368,27 +2529,5 @@ async fn bench(a: Args) {
                    "edits_per_turn": edits}),
         );
     }
-
-    println!(
-        "\nantler pipeline: N={n} messages, C={c} clients, T={t} threads, Q={q} queued \
-         (QC={qc}), L={l} turns on one thread; medians of {} runs; {:.0} s",
-        a.runs,
-        begun.elapsed().as_secs_f64()
-    );
-    println!(
-        "| {:<60} | {:<34} | {:<22} | {:<40} |\n|{:-<62}|{:-<36}|{:-<24}|{:-<42}|",
-        "metric", "value", "target (issue 27)", "baseline (issue 27's start)", "", "", "", ""
-    );
-    for [metric, value, target, baseline] in table.rows {
-        println!("| {metric:<60} | {value:<34} | {target:<22} | {baseline:<40} |");
-    }
-    report.insert("issue27".into(), Value::Object(table.issue27));
-    report.insert(
-        "args".into(),
-        json!({"messages": n, "concurrency": c, "threads": t, "queued": q,
-               "queued_concurrency": qc, "thread_turns": l, "runs": a.runs,
-               "startups": a.startups, "phases": a.only}),
-    );
-    report.insert("runs_detail".into(), serde_json::to_value(&runs).unwrap());
-    println!("{}", Value::Object(report));
+    (table, report)
 }
