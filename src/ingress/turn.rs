@@ -449,8 +449,9 @@ impl TurnRunner {
 
     /// Waits for the model's title of thread `thread_id`, whose first turn has just finished
     /// with the fallback title, and writes it if the thread still carries that fallback. The
-    /// reply is on its way already. Shutdown abandons the call; a failed write is logged and
-    /// loses only the model's title (and the count of its tokens): the thread keeps the
+    /// reply is on its way already. A shutdown lets the call finish within the grace period
+    /// for turns and abandons it when running turns are interrupted; a failed write is logged
+    /// and loses only the model's title (and the count of its tokens): the thread keeps the
     /// fallback.
     async fn write_title(&self, seq: u64, thread_id: &str, pending: PendingTitle) {
         let inner = &self.inner;

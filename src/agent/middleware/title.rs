@@ -25,7 +25,8 @@
 //! fallback title) and hands the reply to delivery, then, still holding the conversation's
 //! lane, waits for the call and writes the model's title if the thread still carries the
 //! fallback ([`TitleUpdate::apply`]). A crash (or a failed write) between the reply and the
-//! title write leaves the fallback title; shutdown abandons the call.
+//! title write leaves the fallback title; a shutdown that interrupts the running turns
+//! abandons the call, with the same result.
 //!
 //! Which turn is the first is decided in `before_run` and kept in the run's state: later in
 //! the run the thread may hold more user messages of the same turn (todo reminders).
@@ -442,9 +443,11 @@ mod tests {
         }
     }
 
-    /// A model that never answers; it notes when a call of it is dropped (abandoned).
+    /// A model that never answers; it notes when a call of it starts and when it is dropped
+    /// (abandoned).
     #[derive(Default)]
     struct Silent {
+        started: AtomicBool,
         abandoned: Arc<AtomicBool>,
     }
 
@@ -469,6 +472,7 @@ mod tests {
             _deltas: Option<DeltaSink<'_>>,
         ) -> Result<ModelResponse, ModelError> {
             let _flag = DropFlag(Arc::clone(&self.abandoned));
+            self.started.store(true, Ordering::SeqCst);
             std::future::pending().await
         }
     }
@@ -836,21 +840,27 @@ mod tests {
         assert!(model.abandoned.load(Ordering::SeqCst));
     }
 
+    /// Lets other tasks run until `done` holds (or a thousand times).
+    async fn yield_until(done: impl Fn() -> bool) {
+        for _ in 0..1000 {
+            if done() {
+                return;
+            }
+            tokio::task::yield_now().await;
+        }
+    }
+
     #[tokio::test]
     async fn a_pending_title_dropped_abandons_its_call() {
         let mut thread = thread_with(vec![ChatMessage::user("q"), ChatMessage::assistant("a")]);
         let model = Arc::new(Silent::default());
         let pending = title_with_a_silent_model(&mut thread, Arc::clone(&model)).await;
-        // Once the call is under way (it holds the flag)…
-        tokio::task::yield_now().await;
-        drop(pending);
+        // Once the call is under way…
+        yield_until(|| model.started.load(Ordering::SeqCst)).await;
+        assert!(!model.abandoned.load(Ordering::SeqCst));
         // …dropping it (shutdown) ends it.
-        for _ in 0..1000 {
-            if model.abandoned.load(Ordering::SeqCst) {
-                break;
-            }
-            tokio::task::yield_now().await;
-        }
+        drop(pending);
+        yield_until(|| model.abandoned.load(Ordering::SeqCst)).await;
         assert!(model.abandoned.load(Ordering::SeqCst));
     }
 
