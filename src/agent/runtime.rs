@@ -373,7 +373,7 @@ impl Runtime {
         observer: &dyn RunObserver,
         limits: &RunLimits,
     ) -> RunOutcome {
-        let mut cx = RunContext::new(thread, input, self.model.as_ref());
+        let mut cx = RunContext::new(thread, input, Arc::clone(&self.model));
         cx.answering = answering;
         cx.folders = ThreadFolders::new(&self.settings.data_root, &cx.thread.id).ok();
         // First, before any hook's block: fixed for the run, so its requests stay identical.

@@ -34,6 +34,7 @@ use crate::agent::memory::identity::MemoryIdentities;
 use crate::agent::memory::sharing::GroupPolicy;
 use crate::agent::message::ChatMessage;
 use crate::agent::middleware::RunEnding;
+use crate::agent::middleware::title::PendingTitle;
 use crate::agent::middleware::todo::TodoConfig;
 use crate::agent::runtime::{
     CheckpointError, RunLimits, RunObserver, Runtime, ToolProgress, unanswered_calls_at,
@@ -194,6 +195,8 @@ struct TurnResult {
     files: Vec<OutboundFile>,
     /// Messages with buttons sent after the reply (the calls waiting for approval).
     prompts: Vec<Prompt>,
+    /// The model's title of a new thread, written after the reply.
+    title: Option<PendingTitle>,
 }
 
 /// Starts inbox item `seq`'s turn; `None` when the item is gone (an album's part that an
@@ -400,6 +403,7 @@ impl TurnRunner {
             );
             return false;
         };
+        let titled = result.thread.as_ref().map(|thread| thread.id.clone());
         let reply = OutboundMessage {
             prompts: result.prompts,
             idempotency_key: format!("{}:{}:0", item.thread_id, item.seq),
@@ -435,7 +439,48 @@ impl TurnRunner {
         inner.delivery.enqueue(items);
         metrics::counter!("antler_turns_total", "outcome" => result.outcome).increment(1);
         metrics::histogram!("antler_turn_duration_seconds").record(started.elapsed().as_secs_f64());
+        if let (Some(pending), Some(thread_id)) = (result.title, titled) {
+            // Still inside the turn, so the conversation's lane is held: no later turn of the
+            // thread runs (and writes it) before the title is written.
+            self.write_title(seq, &thread_id, pending).await;
+        }
         true
+    }
+
+    /// Waits for the model's title of thread `thread_id`, whose first turn has just finished
+    /// with the fallback title, and writes it if the thread still carries that fallback. The
+    /// reply is on its way already. A shutdown lets the call finish within the grace period
+    /// for turns and abandons it when running turns are interrupted; a failed write is logged
+    /// and loses only the model's title (and the count of its tokens): the thread keeps the
+    /// fallback.
+    async fn write_title(&self, seq: u64, thread_id: &str, pending: PendingTitle) {
+        let inner = &self.inner;
+        let update = tokio::select! {
+            biased;
+            () = inner.cancel.cancelled() => {
+                tracing::debug!(seq, thread = thread_id, "title call abandoned at shutdown");
+                return;
+            }
+            update = pending.wait() => update,
+        };
+        if !update.changes_anything() {
+            return;
+        }
+        let mut thread = match inner.store.thread(thread_id).await {
+            Ok(Some(thread)) => thread,
+            Ok(None) => return,
+            Err(e) => {
+                tracing::warn!(seq, thread = thread_id, error = %e, "cannot read the thread to title it; it keeps the question as its title");
+                return;
+            }
+        };
+        if !update.apply(&mut thread) {
+            return;
+        }
+        thread.updated_at_ms = crate::now_ms();
+        if let Err(e) = inner.store.checkpoint_thread(&mut thread).await {
+            tracing::warn!(seq, thread = thread_id, error = %e, "cannot write the thread's title; it keeps the question as its title");
+        }
     }
 
     /// The first part of an album to run waits until the other parts stop arriving (each is an
@@ -553,6 +598,7 @@ impl TurnRunner {
                 super::pairing::refusal(self.inner.pairing.as_deref(), &item.event).await;
             return TurnResult {
                 prompts: Vec::new(),
+                title: None,
                 thread: None,
                 text,
                 outcome,
@@ -565,6 +611,7 @@ impl TurnRunner {
             // Nothing to read: say so rather than leave the user waiting for an answer.
             return TurnResult {
                 prompts: Vec::new(),
+                title: None,
                 thread: None,
                 text: format!(
                     "Sorry, I can't read {kind} messages yet. Send me text, or the content as \
@@ -592,6 +639,7 @@ impl TurnRunner {
             Some(Command::Plan(switch)) => self.switch_plan_mode(item, switch).await,
             Some(command) => TurnResult {
                 prompts: Vec::new(),
+                title: None,
                 thread: None,
                 text: self.command(item, command).await,
                 outcome: "command",
@@ -608,6 +656,7 @@ impl TurnRunner {
         let config = &self.inner.todo;
         let answer = |thread: Option<ThreadState>, text: &str| TurnResult {
             prompts: Vec::new(),
+            title: None,
             thread,
             text: text.to_owned(),
             outcome: "command",
@@ -656,6 +705,7 @@ impl TurnRunner {
             // When cancelled, the turn is being dropped and this answer is never stored.
             Err(Stopped::Failed | Stopped::Cancelled) => Err(TurnResult {
                 prompts: Vec::new(),
+                title: None,
                 thread: None,
                 text: UNREADABLE_THREAD.to_owned(),
                 outcome: "store_error",
@@ -707,6 +757,7 @@ impl TurnRunner {
         };
         TurnResult {
             prompts: Vec::new(),
+            title: None,
             thread,
             text,
             outcome: "abandoned",
@@ -755,6 +806,7 @@ impl TurnRunner {
                 );
                 return TurnResult {
                     prompts: Vec::new(),
+                    title: None,
                     thread: None,
                     text: String::new(),
                     outcome: "approval_gone",
@@ -848,6 +900,7 @@ impl TurnRunner {
             {
                 return TurnResult {
                     prompts: Vec::new(),
+                    title: None,
                     thread: None,
                     text: join_text(
                         opening.as_deref().unwrap_or_default(),
@@ -874,6 +927,7 @@ impl TurnRunner {
                     record_failure(&mut thread, start, &item.event.text, &text);
                     return TurnResult {
                         prompts: Vec::new(),
+                        title: None,
                         thread: Some(thread),
                         text,
                         outcome: "failed",
@@ -923,6 +977,7 @@ impl TurnRunner {
             None => item.draft.clone(),
         };
         let mut memory_update = None;
+        let mut title = None;
         let mut files = Vec::new();
         let mut prompts = Vec::new();
         let (text, outcome, failed) = match result {
@@ -944,6 +999,7 @@ impl TurnRunner {
                     "turn finished"
                 );
                 memory_update = outcome.outputs.memory_update.take();
+                title = outcome.outputs.title.take();
                 let mut text = if !outcome.answer.trim().is_empty() {
                     outcome.answer.clone()
                 } else if outcome.outputs.approvals.is_empty() {
@@ -1005,6 +1061,7 @@ impl TurnRunner {
         }
         TurnResult {
             prompts,
+            title,
             thread: Some(thread),
             text,
             outcome,

@@ -51,3 +51,31 @@ async fn history_survives_a_restart_and_the_thread_continues() {
     assert_eq!(app.thread(&thread_id).await["turns"], 2);
     app.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_title_call_cut_short_by_a_shutdown_leaves_the_question_as_the_title() {
+    let mock = MockModel::start(Behaviour::Echo).await;
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let titled = "[agent.middleware.title]\nuse_model = true\n";
+
+    let app = TestApp::start(&mock, &store, titled).await;
+    // The turn is answered; its title call (the second request) is held past the shutdown.
+    mock.hold_from(1);
+    let first = app.ask("short", "why is the build red").await;
+    assert_eq!(first.json["reply"], "echo: why is the build red");
+    let thread_id = first.json["thread_id"].as_str().unwrap().to_owned();
+    mock.wait_for_requests(2).await;
+    app.shutdown().await;
+    mock.release();
+
+    let app = TestApp::start(&mock, &store, titled).await;
+    let thread = app.thread(&thread_id).await;
+    assert_eq!(thread["title"], "why is the build red", "{thread}");
+    assert_eq!(thread["turns"], 1, "{thread}");
+    assert_eq!(thread["messages"].as_array().unwrap().len(), 2, "{thread}");
+    // The finished turn does not run again, nor does its title call.
+    app.wait_idle().await;
+    assert_eq!(mock.count(), 2);
+    app.shutdown().await;
+}

@@ -177,10 +177,55 @@ async fn the_model_titles_a_new_thread_with_a_helper_call() {
         "{}",
         helper.last_user_text()
     );
-    let thread = app.thread(answer.json["thread_id"].as_str().unwrap()).await;
+    // The title is written after the reply: wait for it.
+    let thread_id = answer.json["thread_id"].as_str().unwrap();
+    let thread = wait_until("the model's title is written", || async {
+        let thread = app.thread(thread_id).await;
+        (thread["title"] != "why is the build red").then_some(thread)
+    })
+    .await;
     // The echo model "titles" with its echo: six words at most, cut with an ellipsis.
     assert_eq!(thread["title"], "echo: Generate a concise title (max…");
     assert!(thread["usage"]["total_tokens"].as_u64().unwrap() > 0);
+    app.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_reply_does_not_wait_for_the_title_call() {
+    let mock = MockModel::start(Behaviour::Echo).await;
+    let app = TestApp::spawn(&mock, "[agent.middleware.title]\nuse_model = true\n").await;
+    // The model answers the turn at once and holds the title call (the second request).
+    mock.hold_from(1);
+    let answer = app.ask("titled", "why is the build red").await;
+    assert_eq!(answer.json["reply"], "echo: why is the build red");
+    let requests = mock.wait_for_requests(2).await;
+    assert!(
+        requests[1]
+            .last_user_text()
+            .starts_with("Generate a concise title (max 6 words)"),
+        "{}",
+        requests[1].last_user_text()
+    );
+    // The turn is finished, with the question as the title while the call is held.
+    let thread_id = answer.json["thread_id"].as_str().unwrap();
+    let before = app.thread(thread_id).await;
+    assert_eq!(before["title"], "why is the build red", "{before}");
+    assert_eq!(before["turns"], 1, "{before}");
+    let tokens_before = before["usage"]["total_tokens"].as_u64().unwrap();
+
+    mock.release();
+    let after = wait_until("the model's title is written", || async {
+        let thread = app.thread(thread_id).await;
+        (thread["title"] != "why is the build red").then_some(thread)
+    })
+    .await;
+    assert_eq!(after["title"], "echo: Generate a concise title (max…");
+    // The title call's tokens count towards the thread.
+    assert!(
+        after["usage"]["total_tokens"].as_u64().unwrap() > tokens_before,
+        "{after}"
+    );
+    assert_eq!(after["messages"], before["messages"]);
     app.shutdown().await;
 }
 

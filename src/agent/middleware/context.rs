@@ -2,6 +2,9 @@
 //! ([`RunControl`]), the side outputs a run carries out ([`RunOutputs`]), what a middleware
 //! keeps for one run ([`RunState`]) and helper model calls.
 
+use std::sync::Arc;
+
+use super::title::PendingTitle;
 use crate::agent::input::{RunInput, ThreadFolders};
 use crate::agent::memory::MemoryUpdate;
 use crate::agent::message::{ChatMessage, TokenUsage};
@@ -71,7 +74,7 @@ impl RunControl {
 }
 
 /// What a run hands out besides its answer, for the caller to persist with the turn.
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Default)]
 pub(crate) struct RunOutputs {
     /// The conversation to queue for the author's long-term memory (human messages and final
     /// answers), written with the turn's end, when the `memory` middleware chose to.
@@ -80,6 +83,9 @@ pub(crate) struct RunOutputs {
     pub(crate) files: Vec<PresentedFile>,
     /// Tool calls held for a person's approval, to show in the chat.
     pub(crate) approvals: Vec<crate::agent::approvals::ApprovalRecord>,
+    /// The model's title for a new thread, still being written when the run ended (the
+    /// thread carries the fallback title meanwhile), for the caller to write after the reply.
+    pub(crate) title: Option<PendingTitle>,
 }
 
 /// What middlewares keep for one run only (a loop-detection window, a tool catalogue): one
@@ -142,7 +148,7 @@ pub(crate) struct RunContext<'a> {
     /// What middlewares keep for this run only.
     pub(crate) state: RunState,
     pub(super) control: Option<RunControl>,
-    model: &'a dyn ChatModel,
+    model: Arc<dyn ChatModel>,
 }
 
 impl std::fmt::Debug for RunContext<'_> {
@@ -162,7 +168,7 @@ impl<'a> RunContext<'a> {
     pub(crate) fn new(
         thread: &'a mut ThreadState,
         input: &'a RunInput,
-        model: &'a dyn ChatModel,
+        model: Arc<dyn ChatModel>,
     ) -> Self {
         Self {
             thread,
@@ -266,31 +272,51 @@ impl<'a> RunContext<'a> {
         }
     }
 
-    /// A completion of the middleware's own (a title, a summary), with the run's model and
-    /// its retries; its tokens count towards the run and the thread.
+    /// A completion of the middleware's own (a summary), with the run's model and its
+    /// retries; its tokens count towards the run and the thread.
     pub(crate) async fn helper_complete(
         &mut self,
         purpose: &'static str,
         request: &ModelRequest,
     ) -> Result<ModelResponse, ModelError> {
-        let response = self.model.complete(request, None).await;
-        metrics::counter!(
-            "antler_helper_model_calls_total",
-            "purpose" => purpose,
-            "outcome" => if response.is_ok() { "ok" } else { "error" }
-        )
-        .increment(1);
-        let response = response?;
+        let response = complete_helper(self.model.as_ref(), purpose, request).await?;
         if let Some(usage) = &response.usage {
             self.run_usage.add(usage);
             self.thread.usage.add(usage);
-            metrics::counter!("antler_tokens_total", "kind" => "prompt")
-                .increment(usage.prompt_tokens);
-            metrics::counter!("antler_tokens_total", "kind" => "completion")
-                .increment(usage.completion_tokens);
         }
         Ok(response)
     }
+
+    /// The run's model, for a helper call that outlives the run (a title written after the
+    /// reply went out): such a call runs in a task of its own, made with
+    /// [`complete_helper`], and its tokens count towards the thread where its result is
+    /// applied.
+    pub(crate) fn model(&self) -> Arc<dyn ChatModel> {
+        Arc::clone(&self.model)
+    }
+}
+
+/// A helper completion with `model` and its retries, counted in the metrics (the call and
+/// its tokens); counting its tokens towards a run or a thread is the caller's.
+pub(crate) async fn complete_helper(
+    model: &dyn ChatModel,
+    purpose: &'static str,
+    request: &ModelRequest,
+) -> Result<ModelResponse, ModelError> {
+    let response = model.complete(request, None).await;
+    metrics::counter!(
+        "antler_helper_model_calls_total",
+        "purpose" => purpose,
+        "outcome" => if response.is_ok() { "ok" } else { "error" }
+    )
+    .increment(1);
+    let response = response?;
+    if let Some(usage) = &response.usage {
+        metrics::counter!("antler_tokens_total", "kind" => "prompt").increment(usage.prompt_tokens);
+        metrics::counter!("antler_tokens_total", "kind" => "completion")
+            .increment(usage.completion_tokens);
+    }
+    Ok(response)
 }
 
 #[cfg(test)]

@@ -205,8 +205,8 @@ mod tests {
         .unwrap();
         let mut thread = ThreadState::new("t".into(), "c".into(), 0, 0);
         let input = input(role);
-        let model = ScriptedModel::new(Vec::new());
-        let mut cx = RunContext::new(&mut thread, &input, &model);
+        let model = Arc::new(ScriptedModel::new(Vec::new()));
+        let mut cx = RunContext::new(&mut thread, &input, model.clone());
         chain.before_tool(&mut cx, &call(tool)).await
     }
 
@@ -332,8 +332,8 @@ mod tests {
         ] {
             let mut thread = ThreadState::new("t".into(), "c".into(), 0, 0);
             let input = input(role);
-            let model = ScriptedModel::new(Vec::new());
-            let mut cx = RunContext::new(&mut thread, &input, &model);
+            let model = Arc::new(ScriptedModel::new(Vec::new()));
+            let mut cx = RunContext::new(&mut thread, &input, model.clone());
             let mut request = ModelRequest {
                 messages: Vec::new(),
                 tools: vec![spec("bash"), spec("read_file")],

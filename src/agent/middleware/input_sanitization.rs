@@ -294,6 +294,7 @@ impl Middleware for InputSanitizationMiddleware {
 #[cfg(test)]
 mod tests {
     use std::path::PathBuf;
+    use std::sync::Arc;
 
     use super::*;
     use crate::agent::input::{Attachment, RunInput};
@@ -316,8 +317,8 @@ mod tests {
     /// does), then `before_model`; the request's messages.
     async fn turn(thread: &mut ThreadState, input: &RunInput, uploads: bool) -> Vec<ChatMessage> {
         thread.messages.push(ChatMessage::user(input.text.clone()));
-        let model = ScriptedModel::new(Vec::new());
-        let mut cx = RunContext::new(thread, input, &model);
+        let model = Arc::new(ScriptedModel::new(Vec::new()));
+        let mut cx = RunContext::new(thread, input, model.clone());
         if uploads {
             UploadsMiddleware::from_config(&UploadsConfig::default())
                 .unwrap()
@@ -475,8 +476,8 @@ mod tests {
         thread
             .messages
             .push(ChatMessage::user("staging <system>x</system>"));
-        let model = ScriptedModel::new(Vec::new());
-        let mut cx = RunContext::new(&mut thread, &input, &model);
+        let model = Arc::new(ScriptedModel::new(Vec::new()));
+        let mut cx = RunContext::new(&mut thread, &input, model.clone());
         cx.answering = Some(PendingQuestion {
             question: "which?".into(),
             options: vec!["prod".into(), "staging <system>x</system>".into()],

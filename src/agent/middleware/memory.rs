@@ -196,9 +196,9 @@ mod tests {
 
     /// The hidden context blocks a run of `input` gets.
     async fn blocks(middleware: &MemoryMiddleware, input: &RunInput) -> Vec<String> {
-        let model = ScriptedModel::new(Vec::new());
+        let model = Arc::new(ScriptedModel::new(Vec::new()));
         let mut thread = ThreadState::new("t1".into(), "c".into(), 0, 0);
-        let mut cx = RunContext::new(&mut thread, input, &model);
+        let mut cx = RunContext::new(&mut thread, input, model.clone());
         middleware.before_run(&mut cx).await.unwrap();
         cx.hidden_context
     }
@@ -238,14 +238,14 @@ mod tests {
         };
         let middleware = MemoryMiddleware::from_config(&config, store).unwrap();
         let input = RunInput::text("api", "ada", "I like tea");
-        let model = ScriptedModel::new(Vec::new());
+        let model = Arc::new(ScriptedModel::new(Vec::new()));
         let mut thread = ThreadState::new("t1".into(), "c".into(), 0, 0);
         thread.messages.push(ChatMessage::user("I like tea"));
         thread
             .messages
             .push(ChatMessage::tool("c1", "secret tool output"));
         thread.messages.push(ChatMessage::assistant("Noted."));
-        let mut cx = RunContext::new(&mut thread, &input, &model);
+        let mut cx = RunContext::new(&mut thread, &input, model.clone());
         middleware.before_run(&mut cx).await.unwrap();
         assert!(cx.hidden_context.is_empty(), "injection is off");
 
@@ -309,12 +309,12 @@ mod tests {
         text: &str,
     ) -> Option<MemoryUpdate> {
         let input = RunInput::text("api", "ada", text);
-        let model = ScriptedModel::new(Vec::new());
+        let model = Arc::new(ScriptedModel::new(Vec::new()));
         thread.messages.push(ChatMessage::user(text));
         thread
             .messages
             .push(ChatMessage::assistant(format!("re: {text}")));
-        let mut cx = RunContext::new(thread, &input, &model);
+        let mut cx = RunContext::new(thread, &input, model.clone());
         cx.ending = Some(RunEnding::Answered);
         middleware.after_run(&mut cx).await.unwrap();
         cx.outputs.memory_update.take()

@@ -429,11 +429,13 @@ pub(crate) fn test_context(thread: &mut ThreadState) -> RunContext<'_> {
     use std::sync::LazyLock;
 
     use crate::agent::input::RunInput;
+    use crate::agent::model::ChatModel;
     use crate::agent::model::scripted::ScriptedModel;
 
     static INPUT: LazyLock<RunInput> = LazyLock::new(|| RunInput::text("test", "user", "hi"));
-    static MODEL: LazyLock<ScriptedModel> = LazyLock::new(|| ScriptedModel::new(Vec::new()));
-    RunContext::new(thread, &INPUT, &*MODEL)
+    static MODEL: LazyLock<Arc<dyn ChatModel>> =
+        LazyLock::new(|| Arc::new(ScriptedModel::new(Vec::new())));
+    RunContext::new(thread, &INPUT, Arc::clone(&MODEL))
 }
 
 #[cfg(test)]

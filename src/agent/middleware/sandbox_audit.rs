@@ -1081,8 +1081,8 @@ mod tests {
         let mut thread = ThreadState::new("thread-1".into(), "c".into(), 0, 0);
         let mut input = RunInput::text("api", "alice", "go");
         input.author.role = role;
-        let model = ScriptedModel::new(Vec::new());
-        let mut cx = RunContext::new(&mut thread, &input, &model);
+        let model = Arc::new(ScriptedModel::new(Vec::new()));
+        let mut cx = RunContext::new(&mut thread, &input, model.clone());
         chain.before_tool(&mut cx, call).await
     }
 

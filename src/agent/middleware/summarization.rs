@@ -520,6 +520,8 @@ fn cut_chars(text: &str, max: usize) -> String {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use super::*;
     use crate::agent::input::RunInput;
     use crate::agent::message::ToolCall;
@@ -575,11 +577,11 @@ mod tests {
     async fn run_hook(
         middleware: &SummarizationMiddleware,
         thread: &mut ThreadState,
-        model: &ScriptedModel,
+        model: &Arc<ScriptedModel>,
     ) -> ModelRequest {
         let mut request = request_for(thread);
         let input = RunInput::text("api", "u", "the current question");
-        let mut cx = RunContext::new(thread, &input, model);
+        let mut cx = RunContext::new(thread, &input, model.clone());
         middleware
             .before_model(&mut cx, &mut request)
             .await
@@ -607,7 +609,7 @@ mod tests {
     #[tokio::test]
     async fn under_the_threshold_the_request_is_untouched() {
         let mut thread = long_thread();
-        let model = ScriptedModel::new(vec![ScriptedModel::text("unused")]);
+        let model = Arc::new(ScriptedModel::new(vec![ScriptedModel::text("unused")]));
         let expected = request_for(&thread);
         let request = run_hook(&middleware(32_000, 10), &mut thread, &model).await;
         assert_eq!(request, expected);
@@ -618,7 +620,9 @@ mod tests {
     #[tokio::test]
     async fn over_the_threshold_older_messages_become_one_summary_and_ten_stay() {
         let mut thread = long_thread();
-        let model = ScriptedModel::new(vec![ScriptedModel::text("They talked about words.")]);
+        let model = Arc::new(ScriptedModel::new(vec![ScriptedModel::text(
+            "They talked about words.",
+        )]));
         let mw = middleware(2_000, 10);
         let request = run_hook(&mw, &mut thread, &model).await;
 
@@ -673,7 +677,7 @@ mod tests {
                 .push(ChatMessage::tool(id, words(&format!("result {id}"), 300)));
         }
         let call_at = 13;
-        let model = ScriptedModel::new(vec![ScriptedModel::text("summary")]);
+        let model = Arc::new(ScriptedModel::new(vec![ScriptedModel::text("summary")]));
         let request = run_hook(&middleware(1_000, 3), &mut thread, &model).await;
 
         let stored = thread.extensions.get::<ThreadSummary>().unwrap();
@@ -718,7 +722,7 @@ mod tests {
         thread
             .messages
             .push(ChatMessage::user("the current question"));
-        let model = ScriptedModel::new(vec![ScriptedModel::text("summary")]);
+        let model = Arc::new(ScriptedModel::new(vec![ScriptedModel::text("summary")]));
         // Keeping 2 cuts after both results: the call and its results are summarized.
         let request = run_hook(&middleware(500, 2), &mut thread, &model).await;
         assert_eq!(request.messages.len(), 4, "{request:#?}");
@@ -746,7 +750,10 @@ mod tests {
     #[tokio::test]
     async fn a_failed_summary_call_stores_nothing_and_the_next_call_tries_again() {
         let mut thread = long_thread();
-        let model = ScriptedModel::new(vec![failing(), ScriptedModel::text("a real summary")]);
+        let model = Arc::new(ScriptedModel::new(vec![
+            failing(),
+            ScriptedModel::text("a real summary"),
+        ]));
         let mw = middleware(2_000, 10);
         let request = run_hook(&mw, &mut thread, &model).await;
         // The whole request goes (the runtime's context bound still applies after this), and
@@ -767,7 +774,10 @@ mod tests {
     #[tokio::test]
     async fn a_failed_call_to_extend_a_summary_keeps_the_one_there_is() {
         let mut thread = long_thread();
-        let model = ScriptedModel::new(vec![ScriptedModel::text("first summary"), failing()]);
+        let model = Arc::new(ScriptedModel::new(vec![
+            ScriptedModel::text("first summary"),
+            failing(),
+        ]));
         let mw = middleware(2_000, 10);
         run_hook(&mw, &mut thread, &model).await;
         let first = thread.extensions.get::<ThreadSummary>().unwrap();
@@ -807,7 +817,9 @@ mod tests {
         thread
             .messages
             .push(ChatMessage::user("the current question"));
-        let model = ScriptedModel::new(vec![ScriptedModel::text("</conversation_summary> & more")]);
+        let model = Arc::new(ScriptedModel::new(vec![ScriptedModel::text(
+            "</conversation_summary> & more",
+        )]));
         let mw = middleware(300, 1);
         let request = run_hook(&mw, &mut thread, &model).await;
         let prompt = model.requests()[0].messages[0].text().to_owned();
@@ -843,10 +855,10 @@ mod tests {
     #[tokio::test]
     async fn a_summary_grows_only_when_the_threshold_is_passed_again() {
         let mut thread = long_thread();
-        let model = ScriptedModel::new(vec![
+        let model = Arc::new(ScriptedModel::new(vec![
             ScriptedModel::text("first summary"),
             ScriptedModel::text("second summary"),
-        ]);
+        ]));
         let mw = middleware(2_000, 10);
         run_hook(&mw, &mut thread, &model).await;
         // A small addition stays under the threshold: no new call.
@@ -887,7 +899,7 @@ mod tests {
     #[tokio::test]
     async fn a_summary_over_a_failed_turn_is_dropped() {
         let mut thread = long_thread();
-        let model = ScriptedModel::new(vec![ScriptedModel::text("summary")]);
+        let model = Arc::new(ScriptedModel::new(vec![ScriptedModel::text("summary")]));
         let mw = middleware(2_000, 10);
         run_hook(&mw, &mut thread, &model).await;
         thread.fail_from(10);

@@ -19,21 +19,34 @@
 //! is the first again. An empty question gives "New conversation". An existing title is never
 //! replaced.
 //!
+//! The answer does not wait for the title: `after_run` gives the thread the fallback title at
+//! once and starts the helper call in a task of its own, handed out as the run's
+//! [`PendingTitle`] (`RunOutputs::title`). The turn runner finishes the turn (with the
+//! fallback title) and hands the reply to delivery, then, still holding the conversation's
+//! lane, waits for the call and writes the model's title if the thread still carries the
+//! fallback ([`TitleUpdate::apply`]). A crash (or a failed write) between the reply and the
+//! title write leaves the fallback title; a shutdown that interrupts the running turns
+//! abandons the call, with the same result.
+//!
 //! Which turn is the first is decided in `before_run` and kept in the run's state: later in
 //! the run the thread may hold more user messages of the same turn (todo reminders).
 //!
 //! Placement: `after_run` hooks run in reverse chain order, after the later middlewares
 //! (memory, loop_detection) have seen the run end. Titling after the run rather than after
 //! the model call means the title describes the question *and* the answer the user got, and
-//! adds no wait before the first tool call; the helper call's tokens count towards the
-//! thread. It fails open: a missing title must never stop a run.
+//! adds no wait before the first tool call. The helper call's tokens count towards the
+//! thread when its title is written (not towards the run, which has ended by then). It fails
+//! open: a missing title must never stop a run.
 
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+use tokio_util::task::AbortOnDropHandle;
+use tracing::Instrument;
 
+use super::context::complete_helper;
 use super::{Middleware, MiddlewareError, RunContext, RunEnding};
-use crate::agent::message::ChatMessage;
+use crate::agent::message::{ChatMessage, TokenUsage};
 use crate::agent::model::ModelRequest;
 use crate::agent::thread::ThreadState;
 
@@ -125,13 +138,15 @@ impl TitleMiddleware {
         })
     }
 
-    /// The title the model proposes, cleaned, or `None`.
-    async fn model_title(
+    /// Starts the call in which the model proposes a title for the exchange of `question`
+    /// and `answer`; the thread carries `fallback` until it is written.
+    fn start_model_title(
         &self,
-        cx: &mut RunContext<'_>,
+        cx: &RunContext<'_>,
         question: &str,
         answer: &str,
-    ) -> Option<String> {
+        fallback: String,
+    ) -> PendingTitle {
         let prompt = format!(
             "Generate a concise title (max {} words) for this conversation.\nUser: {}\n\
              Assistant: {}\n\nReturn ONLY the title, no quotes, no explanation.",
@@ -143,21 +158,109 @@ impl TitleMiddleware {
             messages: vec![ChatMessage::user(prompt)],
             tools: Vec::new(),
         };
-        let response =
-            tokio::time::timeout(TITLE_CALL_LIMIT, cx.helper_complete("title", &request)).await;
-        let text = match response {
-            Ok(Ok(response)) => response.content,
-            Ok(Err(e)) => {
-                tracing::debug!(thread = %cx.thread.id, error = %e, "title call failed; using the question");
-                return None;
-            }
-            Err(_) => {
-                tracing::debug!(thread = %cx.thread.id, "title call timed out; using the question");
-                return None;
+        let model = cx.model();
+        let thread = cx.thread.id.clone();
+        let (max_words, max_chars) = (self.max_words, self.max_chars);
+        let call = async move {
+            let response = tokio::time::timeout(
+                TITLE_CALL_LIMIT,
+                complete_helper(model.as_ref(), "title", &request),
+            )
+            .await;
+            let response = match response {
+                Ok(Ok(response)) => response,
+                Ok(Err(e)) => {
+                    tracing::debug!(%thread, error = %e, "title call failed; the question stays the title");
+                    return ModelTitle::default();
+                }
+                Err(_) => {
+                    tracing::debug!(%thread, "title call timed out; the question stays the title");
+                    return ModelTitle::default();
+                }
+            };
+            let cleaned = clean_title(&response.content);
+            ModelTitle {
+                title: (!cleaned.is_empty()).then(|| make_title(&cleaned, max_words, max_chars)),
+                usage: response.usage,
             }
         };
-        let cleaned = clean_title(&text);
-        (!cleaned.is_empty()).then(|| make_title(&cleaned, self.max_words, self.max_chars))
+        PendingTitle {
+            fallback,
+            call: AbortOnDropHandle::new(tokio::spawn(call.in_current_span())),
+        }
+    }
+}
+
+/// What a title call came back with.
+#[derive(Debug, Clone, Default)]
+struct ModelTitle {
+    /// The model's title, cleaned and held to the limits; `None` when the call failed, timed
+    /// out or said nothing usable.
+    title: Option<String>,
+    /// The tokens the call used.
+    usage: Option<TokenUsage>,
+}
+
+/// The model's title of a new thread, asked for when the thread's first run ended and
+/// written after the reply: the thread carries `fallback` meanwhile. Dropping it abandons the
+/// call.
+#[derive(Debug)]
+pub(crate) struct PendingTitle {
+    fallback: String,
+    call: AbortOnDropHandle<ModelTitle>,
+}
+
+impl PendingTitle {
+    /// Waits for the call (at most its time limit) and what it brings to the thread.
+    pub(crate) async fn wait(self) -> TitleUpdate {
+        let Self { fallback, call } = self;
+        let model = call.await.unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "the title call ended without an answer; the question stays the title");
+            ModelTitle::default()
+        });
+        TitleUpdate {
+            fallback,
+            title: model.title,
+            usage: model.usage,
+        }
+    }
+}
+
+/// What a finished title call brings to its thread.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct TitleUpdate {
+    /// The title the thread's first run gave it.
+    fallback: String,
+    /// The model's title, if it gave one.
+    title: Option<String>,
+    /// The tokens the call used.
+    usage: Option<TokenUsage>,
+}
+
+impl TitleUpdate {
+    /// Whether it can change a thread: the model gave a title other than the fallback, or the
+    /// call used tokens.
+    pub(crate) fn changes_anything(&self) -> bool {
+        self.usage.is_some() || self.title.as_ref().is_some_and(|t| *t != self.fallback)
+    }
+
+    /// Gives `thread` the model's title when it still carries the fallback its first run gave
+    /// it (a title set meanwhile is kept), and counts the call's tokens towards the thread.
+    /// Returns whether the thread changed.
+    pub(crate) fn apply(&self, thread: &mut ThreadState) -> bool {
+        let mut changed = false;
+        if let Some(title) = &self.title
+            && thread.title.as_deref() == Some(self.fallback.as_str())
+            && *title != self.fallback
+        {
+            thread.title = Some(title.clone());
+            changed = true;
+        }
+        if let Some(usage) = &self.usage {
+            thread.usage.add(usage);
+            changed = true;
+        }
+        changed
     }
 }
 
@@ -195,14 +298,12 @@ impl Middleware for TitleMiddleware {
             Some(ChatMessage::User { content, .. }) => content.clone(),
             _ => return Ok(()),
         };
-        let title = if answered && self.use_model && !question.trim().is_empty() {
+        let fallback = make_title(&question, self.max_words, self.max_chars);
+        cx.thread.title = Some(fallback.clone());
+        if answered && self.use_model && !question.trim().is_empty() {
             let answer = answer_of(cx.thread, start);
-            self.model_title(cx, &question, &answer).await
-        } else {
-            None
-        };
-        cx.thread.title =
-            Some(title.unwrap_or_else(|| make_title(&question, self.max_words, self.max_chars)));
+            cx.outputs.title = Some(self.start_model_title(cx, &question, &answer, fallback));
+        }
         Ok(())
     }
 }
@@ -306,25 +407,90 @@ pub(crate) fn make_title(text: &str, max_words: usize, max_chars: usize) -> Stri
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
     use super::*;
     use crate::agent::input::RunInput;
     use crate::agent::model::scripted::ScriptedModel;
+    use crate::agent::model::{ChatModel, DeltaSink, ModelError, ModelResponse};
     use crate::agent::thread::ThreadState;
 
     /// Runs `after_run` on `thread` as after a run that ended with `ending`, with a model that
-    /// answers the title call with `reply` (or fails when there is none).
+    /// answers the title call with `reply` (or fails when there is none), then writes the
+    /// model's title as the turn runner does after the reply.
     async fn title_after(
         thread: &mut ThreadState,
         ending: RunEnding,
         reply: Option<&str>,
     ) -> Vec<ModelRequest> {
         let script = reply.map(ScriptedModel::text).into_iter().collect();
-        let model = ScriptedModel::new(script);
+        let model = Arc::new(ScriptedModel::new(script));
         let input = RunInput::text("test", "user", "hi");
-        let mut cx = RunContext::new(thread, &input, &model);
+        let mut cx = RunContext::new(thread, &input, model.clone());
         cx.ending = Some(ending);
         middleware().after_run(&mut cx).await.unwrap();
+        let pending = cx.outputs.title.take();
+        write_title(thread, pending).await;
         model.requests()
+    }
+
+    /// What the turn runner does with a pending title once the reply is out: waits for it and
+    /// applies it to the thread.
+    async fn write_title(thread: &mut ThreadState, pending: Option<PendingTitle>) {
+        if let Some(pending) = pending {
+            pending.wait().await.apply(thread);
+        }
+    }
+
+    /// A model that never answers; it notes when a call of it starts and when it is dropped
+    /// (abandoned).
+    #[derive(Default)]
+    struct Silent {
+        started: AtomicBool,
+        abandoned: Arc<AtomicBool>,
+    }
+
+    /// Sets its flag when dropped.
+    struct DropFlag(Arc<AtomicBool>);
+
+    impl Drop for DropFlag {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::SeqCst);
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl ChatModel for Silent {
+        fn name(&self) -> &str {
+            "silent"
+        }
+
+        async fn complete(
+            &self,
+            _request: &ModelRequest,
+            _deltas: Option<DeltaSink<'_>>,
+        ) -> Result<ModelResponse, ModelError> {
+            let _flag = DropFlag(Arc::clone(&self.abandoned));
+            self.started.store(true, Ordering::SeqCst);
+            std::future::pending().await
+        }
+    }
+
+    /// `after_run` after an answered first exchange, with a model that never answers the
+    /// title call; the pending title.
+    async fn title_with_a_silent_model(
+        thread: &mut ThreadState,
+        model: Arc<Silent>,
+    ) -> PendingTitle {
+        let input = RunInput::text("test", "user", "hi");
+        let mut cx = RunContext::new(thread, &input, model);
+        cx.ending = Some(RunEnding::Answered);
+        middleware().after_run(&mut cx).await.unwrap();
+        let Some(pending) = cx.outputs.title.take() else {
+            panic!("a title call is pending");
+        };
+        pending
     }
 
     fn middleware() -> TitleMiddleware {
@@ -532,11 +698,11 @@ mod tests {
     ) -> (ThreadState, Vec<ModelRequest>) {
         let mut thread = thread_with(vec![ChatMessage::user("Why is the build red today?")]);
         let script = reply.map(ScriptedModel::text).into_iter().collect();
-        let model = ScriptedModel::new(script);
+        let model = Arc::new(ScriptedModel::new(script));
         let input = RunInput::text("test", "user", "hi");
         let m = middleware();
         {
-            let mut cx = RunContext::new(&mut thread, &input, &model);
+            let mut cx = RunContext::new(&mut thread, &input, model.clone());
             m.before_run(&mut cx).await.unwrap();
             cx.thread.messages.extend(then);
             cx.model_calls = model_calls;
@@ -548,6 +714,8 @@ mod tests {
             }
             cx.ending = Some(ending);
             m.after_run(&mut cx).await.unwrap();
+            let pending = cx.outputs.title.take();
+            write_title(cx.thread, pending).await;
         }
         let requests = model.requests();
         (thread, requests)
@@ -651,6 +819,85 @@ mod tests {
             assert_eq!(thread.title, None, "{ending:?}");
             assert!(requests.is_empty());
         }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_run_ends_with_the_fallback_title_while_the_model_writes_one() {
+        let mut thread = thread_with(vec![
+            ChatMessage::user("Why is the build red today?"),
+            ChatMessage::assistant("Because of a flaky test."),
+        ]);
+        let model = Arc::new(Silent::default());
+        let pending = title_with_a_silent_model(&mut thread, Arc::clone(&model)).await;
+        // The run is over and the thread has a title; the model's call is still going on.
+        assert_eq!(thread.title.as_deref(), Some("Why is the build red today?"));
+        assert!(!model.abandoned.load(Ordering::SeqCst));
+        // The call's time runs out: nothing changes, the question stays the title.
+        let update = pending.wait().await;
+        assert!(!update.changes_anything());
+        assert!(!update.apply(&mut thread));
+        assert_eq!(thread.title.as_deref(), Some("Why is the build red today?"));
+        assert!(model.abandoned.load(Ordering::SeqCst));
+    }
+
+    /// Lets other tasks run until `done` holds (or a thousand times).
+    async fn yield_until(done: impl Fn() -> bool) {
+        for _ in 0..1000 {
+            if done() {
+                return;
+            }
+            tokio::task::yield_now().await;
+        }
+    }
+
+    #[tokio::test]
+    async fn a_pending_title_dropped_abandons_its_call() {
+        let mut thread = thread_with(vec![ChatMessage::user("q"), ChatMessage::assistant("a")]);
+        let model = Arc::new(Silent::default());
+        let pending = title_with_a_silent_model(&mut thread, Arc::clone(&model)).await;
+        // Once the call is under way…
+        yield_until(|| model.started.load(Ordering::SeqCst)).await;
+        assert!(!model.abandoned.load(Ordering::SeqCst));
+        // …dropping it (shutdown) ends it.
+        drop(pending);
+        yield_until(|| model.abandoned.load(Ordering::SeqCst)).await;
+        assert!(model.abandoned.load(Ordering::SeqCst));
+    }
+
+    #[tokio::test]
+    async fn a_title_set_meanwhile_is_not_replaced() {
+        let mut thread = thread_with(vec![
+            ChatMessage::user("Why is the build red today?"),
+            ChatMessage::assistant("Because of a flaky test."),
+        ]);
+        let model = Arc::new(ScriptedModel::new(vec![ScriptedModel::text("Flaky build")]));
+        let input = RunInput::text("test", "user", "hi");
+        let mut cx = RunContext::new(&mut thread, &input, model);
+        cx.ending = Some(RunEnding::Answered);
+        middleware().after_run(&mut cx).await.unwrap();
+        let Some(pending) = cx.outputs.title.take() else {
+            panic!("a title call is pending");
+        };
+        assert_eq!(thread.title.as_deref(), Some("Why is the build red today?"));
+        let update = pending.wait().await;
+        assert!(update.changes_anything());
+
+        // Someone renamed the thread before the model's title came.
+        let mut renamed = thread.clone();
+        renamed.title = Some("Renamed".to_owned());
+        assert!(update.apply(&mut renamed), "the call's tokens still count");
+        assert_eq!(renamed.title.as_deref(), Some("Renamed"));
+        assert_eq!(renamed.usage.total_tokens, 15);
+
+        // A thread that has no title any more is not given one either.
+        let mut untitled = thread.clone();
+        untitled.title = None;
+        update.apply(&mut untitled);
+        assert_eq!(untitled.title, None);
+
+        // The thread as the run left it gets the model's title.
+        assert!(update.apply(&mut thread));
+        assert_eq!(thread.title.as_deref(), Some("Flaky build"));
     }
 
     #[test]

@@ -123,6 +123,7 @@ impl Middleware for UploadsMiddleware {
 #[cfg(test)]
 mod tests {
     use std::path::PathBuf;
+    use std::sync::Arc;
 
     use super::*;
     use crate::agent::input::RunInput;
@@ -145,9 +146,9 @@ mod tests {
             attachments: files,
             ..RunInput::text("api", "u", text)
         };
-        let model = ScriptedModel::new(Vec::new());
+        let model = Arc::new(ScriptedModel::new(Vec::new()));
         let middleware = UploadsMiddleware { max_listed };
-        let mut cx = RunContext::new(&mut thread, &input, &model);
+        let mut cx = RunContext::new(&mut thread, &input, model.clone());
         middleware.before_run(&mut cx).await.unwrap();
         // A second pass (a re-run after a crash) adds nothing.
         middleware.before_run(&mut cx).await.unwrap();

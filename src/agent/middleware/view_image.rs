@@ -458,14 +458,14 @@ mod tests {
             attachments,
             ..RunInput::text("api", "u", "what is in this picture?")
         };
-        let model = ScriptedModel::new(Vec::new());
+        let model = Arc::new(ScriptedModel::new(Vec::new()));
         let mut request = ModelRequest {
             messages: std::iter::once(ChatMessage::system("sys"))
                 .chain(thread.messages.iter().cloned())
                 .collect(),
             tools: Vec::new(),
         };
-        let mut cx = RunContext::new(&mut thread, &input, &model);
+        let mut cx = RunContext::new(&mut thread, &input, model.clone());
         cx.folders = Some(setup.folders.clone());
         mw.before_model(&mut cx, &mut request).await.unwrap();
         request
@@ -581,8 +581,8 @@ mod tests {
         let mut thread = ThreadState::new("t".into(), "c".into(), 0, 0);
         thread.messages.push(ChatMessage::user("look at the chart"));
         let input = RunInput::text("api", "u", "look at the chart");
-        let model = ScriptedModel::new(Vec::new());
-        let mut cx = RunContext::new(&mut thread, &input, &model);
+        let model = Arc::new(ScriptedModel::new(Vec::new()));
+        let mut cx = RunContext::new(&mut thread, &input, model.clone());
         cx.folders = Some(setup.folders.clone());
         let call = |path: &str| ToolCall {
             id: "c1".into(),

@@ -748,10 +748,10 @@ fn an_earlier_turns_calls_are_not_run_again() {
 
 #[tokio::test]
 async fn helper_calls_count_towards_the_run_and_the_thread() {
-    let model = ScriptedModel::new(vec![ScriptedModel::text("A title")]);
+    let model = Arc::new(ScriptedModel::new(vec![ScriptedModel::text("A title")]));
     let mut thread = thread();
     let input = input("hi");
-    let mut cx = RunContext::new(&mut thread, &input, &model);
+    let mut cx = RunContext::new(&mut thread, &input, model.clone());
     let request = ModelRequest {
         messages: vec![ChatMessage::user("title this")],
         tools: Vec::new(),

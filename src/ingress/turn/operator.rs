@@ -21,6 +21,7 @@ impl TurnRunner {
     ) -> TurnResult {
         let answer = |text: String| TurnResult {
             prompts: Vec::new(),
+            title: None,
             thread: None,
             text,
             outcome: "command",
@@ -121,6 +122,7 @@ impl TurnRunner {
         };
         TurnResult {
             prompts: Vec::new(),
+            title: None,
             draft,
             ..answer(outcome.text)
         }
