@@ -601,7 +601,7 @@ mod tests {
             "neither counting a short request nor building the chain tokenizes"
         );
         // Bytes past the threshold: then the tokenizer decides.
-        assert!(!over(&[ChatMessage::user(&" word".repeat(30))], 100));
+        assert!(!over(&[ChatMessage::user(" word".repeat(30))], 100));
         assert!(crate::agent::tokens::tokenized_on_this_thread() > before);
     }
 
