@@ -46,9 +46,10 @@ use crate::agent::skills::{self, Catalogue};
 use crate::agent::subagents::SUBAGENT_CHAIN;
 use crate::agent::subagents::executor::{INTERRUPTED, SubagentExecutor, SubagentKind};
 use crate::agent::subagents::task_tool::{ShellPolicy, TASK_TOOL, TaskTool};
-use crate::agent::tools::bash::bash_tool;
+use crate::agent::tools::bash::{BashTool, TOOL_NAME};
 use crate::agent::tools::egress::Egress;
 use crate::agent::tools::mcp::McpServers;
+use crate::agent::tools::probed_bash::{ProbedBash, ShellProbe, ShellRoles};
 use crate::agent::tools::web_fetch::WebFetch;
 use crate::agent::tools::{Tool, ToolRegistry};
 use crate::config::{Config, StoreConfig};
@@ -58,7 +59,7 @@ use crate::events::EventHub;
 use crate::health::ChannelHealth;
 use crate::http::guard::{ApiAuth, HostPolicy};
 use crate::http::serve::{ServeLimits, serve as serve_http};
-use crate::http::{AppContext, AppState, api::ApiChannel, ops_router, router};
+use crate::http::{AppContext, AppState, ShellStatus, api::ApiChannel, ops_router, router};
 use crate::ingress::access::Access;
 use crate::ingress::approvals::Approvals;
 use crate::ingress::pairing::Pairing;
@@ -483,16 +484,54 @@ fn shell_status(config: &Config, detection: Option<&Detection>) -> serde_json::V
     }
 }
 
+/// Starts the shell's proxy and the sandbox's probe in the background when the shell is
+/// enabled: the probe's verdict, and the task (aborted when dropped).
+fn start_shell_probe(config: &Config) -> Option<(ShellProbe, AbortOnDropHandle<()>)> {
+    if !config.agent.tools.bash.enabled {
+        return None;
+    }
+    let (probe, done) = ShellProbe::pending();
+    let config = config.clone();
+    let task = tokio::spawn(async move {
+        let egress = shell_egress(&config, config.store.path.join("egress.sock")).await;
+        let detection = shell_sandbox(&config, egress.as_ref()).await;
+        let status = shell_status(&config, detection.as_ref());
+        let bash = detection
+            .and_then(|found| found.sandbox)
+            .map(|sandbox| BashTool::new(&config.agent.tools.bash, sandbox));
+        // The shell's commands reach the network through the proxy: it lives as long as they can run.
+        let keep = egress
+            .filter(|_| bash.is_some())
+            .map(|egress| Arc::new(egress) as Arc<dyn std::any::Any + Send + Sync>);
+        done.settle(bash, status, keep);
+    });
+    Some((probe, AbortOnDropHandle::new(task)))
+}
+
+/// Who the guardrail (when enabled) lets run the shell, sandbox permitting.
+fn shell_roles(config: &Config) -> ShellRoles {
+    let guardrail = GuardrailMiddleware::from_config(&config.agent.middleware.guardrail);
+    Arc::new(move |role| {
+        guardrail
+            .as_ref()
+            .is_none_or(|guard| guard.allows(role, TOOL_NAME))
+    })
+}
+
 fn tool_registry(
     config: &Config,
     extra: Vec<Arc<dyn Tool>>,
     mcp: &McpServers,
-    sandbox: Option<&Sandbox>,
+    shell: Option<&ShellProbe>,
 ) -> ToolRegistry {
     let agent = &config.agent;
     let mut registry = ToolRegistry::builtin();
-    if let Some(bash) = bash_tool(&agent.tools.bash, sandbox) {
-        registry.register(bash);
+    if let Some(probe) = shell.filter(|_| agent.tools.bash.enabled) {
+        registry.register(Arc::new(ProbedBash::new(
+            &agent.tools.bash,
+            probe.clone(),
+            shell_roles(config),
+        )));
     }
     if let Some(tool) = WebFetch::from_config(&agent.tools.web_fetch) {
         registry.register(Arc::new(tool));
@@ -590,16 +629,12 @@ fn subagent_executor(
     )))
 }
 
-/// Who may run the shell: `bash` is there and the guardrail (when enabled) lets them.
-fn shell_policy(config: &Config, tools: &ToolRegistry) -> ShellPolicy {
-    let available = tools.contains("bash");
-    let guardrail = GuardrailMiddleware::from_config(&config.agent.middleware.guardrail);
-    Arc::new(move |role| {
-        available
-            && guardrail
-                .as_ref()
-                .is_none_or(|guard| guard.allows(role, "bash"))
-    })
+/// Who may run the shell: the probe proved a sandbox and the guardrail (when enabled) lets
+/// them.
+fn shell_policy(config: &Config, shell: Option<&ShellProbe>) -> ShellPolicy {
+    let shell = shell.cloned();
+    let roles = shell_roles(config);
+    Arc::new(move |role| shell.as_ref().is_some_and(ShellProbe::offered) && roles(role))
 }
 
 fn runtime_settings(config: &Config) -> RuntimeSettings {
@@ -815,26 +850,21 @@ where
     // servers): a second process must not get that far.
     let stops = Stops::default();
     let (owner, lease_keeper) = claim_lease(&store, &stops).await?;
-    // The sandbox's probe (most of the start-up time) runs while MCP servers start; after the
-    // store opened, which sets its folder's permissions, since the probe runs in that folder.
-    let find_shell = async {
-        let egress = shell_egress(&config, config.store.path.join("egress.sock")).await;
-        let shell = shell_sandbox(&config, egress.as_ref()).await;
-        (egress, shell)
-    };
-    // `_egress` lives as long as antler serves: the shell's commands reach the network through it.
-    let (mcp, (_egress, shell)) =
-        tokio::join!(McpServers::connect(&config.mcp.servers), find_shell);
+    // The sandbox's probe (most of the start-up time) runs in the background: antler answers
+    // before it is done, and only runs that may use the shell wait for its verdict
+    // (tools::probed_bash). After the store opened, which sets its folder's permissions, since
+    // the probe runs in that folder. Aborted (its probe process killed) when antler stops.
+    let (shell, _shell_probe) = start_shell_probe(&config).unzip();
+    let mcp = McpServers::connect(&config.mcp.servers).await;
     let model_health = ModelHealth::default();
     let client = model_client(&config, &config.model.model, model_health.clone())?;
     let memory_model: Arc<dyn ChatModel> = Arc::new(client.clone());
     // Cancelled when running turns must stop (and their subagents with them).
     let turn_cancel = stops.turns.clone();
-    let sandbox = shell.as_ref().and_then(|d| d.sandbox.as_ref());
     let commands = operator_commands(&config);
     let mut extra_tools = extra_tools;
     extra_tools.extend(commands.tools());
-    let mut tools = tool_registry(&config, extra_tools, &mcp, sandbox);
+    let mut tools = tool_registry(&config, extra_tools, &mcp, shell.as_ref());
     let skills = Arc::new(Live::new(load_skills(&config).await));
     let approvals = Approvals::new(Arc::clone(&store), config.approvals.clone());
     let chain = middleware_chain(&config, &store, &skills, &approvals)?;
@@ -848,7 +878,7 @@ where
         turn_cancel.clone(),
     )?;
     if let Some(executor) = &subagents {
-        let shell = shell_policy(&config, &tools);
+        let shell = shell_policy(&config, shell.as_ref());
         // The tool states the caps subagent_limit enforces on its calls.
         let limits = SubagentLimitMiddleware::from_config(&config.agent.middleware.subagent_limit)
             .and_then(|limit| limit.limits_of(TASK_TOOL));
@@ -1030,7 +1060,13 @@ where
         streams: Arc::new(Semaphore::new(server.max_streams.max(1))),
         metrics_token: server.metrics_token.clone(),
         mcp: mcp.live_status(),
-        shell: shell_status(&config, shell.as_ref()),
+        shell: {
+            let bash = config.agent.tools.bash.clone();
+            ShellStatus(Box::new(move || match &shell {
+                Some(probe) => probe.status(&bash),
+                None => serde_json::json!({ "enabled": false }),
+            }))
+        },
         memory_max_facts: config.memory.max_facts,
         memory_identities: MemoryIdentities::from_config(&config.memory),
         subagents: subagents.clone(),
@@ -1417,18 +1453,50 @@ mod tests {
             std::path::PathBuf::from("/antler"),
             None,
         );
-        let registry = |config: &Config, sandbox: Option<&Sandbox>| {
-            tool_registry(config, Vec::new(), &McpServers::default(), sandbox)
+        let registry = |config: &Config, shell: Option<&ShellProbe>| {
+            tool_registry(config, Vec::new(), &McpServers::default(), shell)
         };
-        assert!(registry(&config, Some(&sandbox)).contains("bash"));
+        let admin = crate::agent::input::Author {
+            channel: "api".to_owned(),
+            user_id: "op".to_owned(),
+            name: None,
+            role: crate::agent::input::Role::Admin,
+        };
+        let offered = |registry: &ToolRegistry| {
+            registry
+                .specs_for(&admin)
+                .iter()
+                .any(|spec| spec.name == "bash")
+        };
+        let (found, done) = ShellProbe::pending();
+        let policy = shell_policy(&config, Some(&found));
+        assert!(
+            !offered(&registry(&config, Some(&found))),
+            "not before the probe"
+        );
+        assert!(
+            !policy(admin.role),
+            "no bash subagents before the probe either"
+        );
+        done.settle(
+            Some(BashTool::new(&config.agent.tools.bash, sandbox)),
+            serde_json::json!({}),
+            None,
+        );
+        assert!(offered(&registry(&config, Some(&found))));
+        assert!(policy(admin.role));
+        assert!(!policy(crate::agent::input::Role::User), "the guardrail's");
         // No sandbox works: no shell.
-        assert!(!registry(&config, None).contains("bash"));
+        let (none, done) = ShellProbe::pending();
+        done.settle(None, serde_json::json!({}), None);
+        assert!(!offered(&registry(&config, Some(&none))));
+        assert!(!shell_policy(&config, Some(&none))(admin.role));
 
         let mut off = Config::default();
         off.agent.tools.bash.enabled = false;
         off.agent.middleware.sandbox_audit.enabled = false;
         off.agent.middleware.input_sanitization.enabled = false;
-        assert!(!registry(&off, Some(&sandbox)).contains("bash"));
+        assert!(!registry(&off, Some(&found)).contains("bash"));
         off.memory.enabled = false;
         let names = middleware_chain(&off, &store, &Arc::default(), &approvals)
             .unwrap()

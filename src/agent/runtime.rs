@@ -491,6 +491,8 @@ impl Runtime {
                 return Ok(Finish::Stopped(AWAITING_APPROVAL.to_owned()));
             }
         }
+        // The tools this run is offered are known (the shell's probe may still run at start).
+        self.tools.settle(&cx.input.author).await;
         loop {
             let last_call = cx.model_calls + 1 >= self.settings.max_model_calls;
             let mut request = ModelRequest {

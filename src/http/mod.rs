@@ -40,6 +40,22 @@ use guard::{ApiAuth, HostPolicy};
 /// What every handler can reach; cloned per request, so it is one `Arc`.
 pub(crate) type AppState = Arc<AppContext>;
 
+/// The shell's part of `/readyz`, made when asked.
+pub(crate) struct ShellStatus(pub(crate) Box<dyn Fn() -> serde_json::Value + Send + Sync>);
+
+impl ShellStatus {
+    /// What `/readyz` says of the shell now.
+    pub(crate) fn now(&self) -> serde_json::Value {
+        (self.0)()
+    }
+}
+
+impl std::fmt::Debug for ShellStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("ShellStatus").field(&self.now()).finish()
+    }
+}
+
 /// The shared state behind [`AppState`].
 #[derive(Debug)]
 pub(crate) struct AppContext {
@@ -68,8 +84,9 @@ pub(crate) struct AppContext {
     pub(crate) metrics_token: Option<Secret>,
     /// How each configured MCP server is doing, read live (reported by `/readyz`).
     pub(crate) mcp: McpStatus,
-    /// The shell's sandbox as found at start (reported by `/readyz`).
-    pub(crate) shell: serde_json::Value,
+    /// The shell's sandbox, as the probe at start found it or that it is still probing, read
+    /// live (reported by `/readyz`).
+    pub(crate) shell: ShellStatus,
     /// `memory.max_facts`: the most facts a document written through the API may hold.
     pub(crate) memory_max_facts: usize,
     /// `[[memory.identities]]`: whose queued updates a cleared memory drops.

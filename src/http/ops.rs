@@ -81,7 +81,7 @@ pub(crate) async fn readyz(
             "outbox_pending": stats.outbox_pending,
             "oldest_pending_age_secs": oldest_pending_age_secs(&stats),
             "mcp": state.mcp,
-            "shell": state.shell,
+            "shell": state.shell.now(),
             "channels": state.ingress.health().snapshot(),
             "version": env!("CARGO_PKG_VERSION"),
             "uptime_secs": state.started.elapsed().as_secs(),

@@ -143,12 +143,25 @@ pub(crate) async fn detect(
 
 /// Runs the probe under `sandbox`; what it saw, or why the backend is not good enough.
 pub(crate) async fn probe(sandbox: &Sandbox, probe_root: &Path) -> Result<ProbeReport, String> {
-    let dir = probe_root.join(format!("sandbox-probe-{}", std::process::id()));
-    let hidden = probe_root.join(format!("sandbox-probe-{}.secret", std::process::id()));
-    let result = probe_in(sandbox, probe_root, &dir, &hidden).await;
-    let _ = tokio::fs::remove_dir_all(&dir).await;
-    let _ = tokio::fs::remove_file(&hidden).await;
-    result
+    let leftovers = ProbeLeftovers {
+        dir: probe_root.join(format!("sandbox-probe-{}", std::process::id())),
+        hidden: probe_root.join(format!("sandbox-probe-{}.secret", std::process::id())),
+    };
+    probe_in(sandbox, probe_root, &leftovers.dir, &leftovers.hidden).await
+}
+
+/// The probe's folders and the file it must not read, removed when dropped: also when the
+/// probe is stopped halfway (antler stopping while the probe of its start runs).
+struct ProbeLeftovers {
+    dir: PathBuf,
+    hidden: PathBuf,
+}
+
+impl Drop for ProbeLeftovers {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+        let _ = std::fs::remove_file(&self.hidden);
+    }
 }
 
 async fn probe_in(

@@ -56,6 +56,19 @@ async fn run(client: &Client, mock: &MockModel, conversation: &str, command: &st
         .to_owned()
 }
 
+/// The shell's part of `/readyz` once the sandbox's probe has decided (antler answers while
+/// the probe of its start still runs).
+async fn settled_shell(client: &Client) -> Value {
+    let start = Instant::now();
+    loop {
+        let shell = client.get("/readyz").await.json["shell"].clone();
+        if shell["probing"] != Value::Bool(true) || start.elapsed() > Duration::from_secs(60) {
+            return shell;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// Whether a process with `marker` in its command line is alive.
 fn alive(marker: &str) -> bool {
     std::fs::read_dir("/proc")
@@ -123,8 +136,7 @@ async fn start(
     )
     .await;
     let client = child.client.with_token(ADMIN_TOKEN);
-    let ready = client.get("/readyz").await;
-    let shell = &ready.json["shell"];
+    let shell = &settled_shell(&client).await;
     if shell["offered"] != Value::Bool(true) {
         eprintln!(
             "skipped: the {backend} sandbox is not available here: {}",
@@ -381,7 +393,7 @@ async fn network_only_through_the_proxy(backend: &str) {
     let rig = ChildRig::new(&mock, &with_network);
     let child = crate::support::Child::serve(&rig.config, rig.port, &rig.log).await;
     let client = child.client.with_token(ADMIN_TOKEN);
-    let shell = client.get("/readyz").await.json["shell"].clone();
+    let shell = settled_shell(&client).await;
     if shell["offered"] != Value::Bool(true) {
         eprintln!(
             "skipped: the {backend} sandbox with the network is not available here: {}",
@@ -454,11 +466,11 @@ async fn skills_are_read_only(backend: &str) {
     std::fs::write(skill.join("SKILL.md"), text).unwrap();
     let child = rig.serve().await;
     let client = child.client.with_token(ADMIN_TOKEN);
-    let ready = client.get("/readyz").await;
-    if ready.json["shell"]["offered"] != Value::Bool(true) {
+    let shell = settled_shell(&client).await;
+    if shell["offered"] != Value::Bool(true) {
         eprintln!(
             "skipped: the {backend} sandbox is not available here: {}",
-            ready.json["shell"]["detail"]
+            shell["detail"]
         );
         return;
     }

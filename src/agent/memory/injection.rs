@@ -15,27 +15,18 @@
 //! ```
 //!
 //! The block fits in `max_tokens`, counted with the real tokenizer
-//! (`tokens::count_tokens`). What goes in, in this order of precedence: corrections
+//! (`tokens::count_tokens`) when its bytes alone do not show that it fits (`tokens::TokenBudget`). What goes in, in this order of precedence: corrections
 //! (most confident first), then the summaries, then the other facts by confidence, each
 //! line only if it still fits; so an oversized summary is what is left out, never a
 //! correction. All values are HTML-escaped, so a stored text cannot close the block.
 
 use super::MemoryDocument;
-use crate::agent::tokens::count_tokens;
+use crate::agent::tokens::TokenBudget;
 
 /// The block for `doc` within `max_tokens`, or `None` when there is nothing to say.
 pub(crate) fn render(doc: &MemoryDocument, max_tokens: usize) -> Option<String> {
     const OPEN: &str = "<memory>\n";
     const CLOSE: &str = "</memory>";
-    let mut budget = max_tokens.checked_sub(count_tokens(OPEN) + count_tokens(CLOSE) + 12)?;
-    let mut take = |line: String| -> Option<String> {
-        let cost = count_tokens(&line) + 1;
-        (cost <= budget).then(|| {
-            budget -= cost;
-            line
-        })
-    };
-
     let mut facts: Vec<_> = doc.facts.iter().collect();
     facts.sort_by(|a, b| {
         (b.category == "correction")
@@ -52,36 +43,41 @@ pub(crate) fn render(doc: &MemoryDocument, max_tokens: usize) -> Option<String> 
     };
     let (corrections, others): (Vec<_>, Vec<_>) =
         facts.into_iter().partition(|f| f.category == "correction");
-    let correction_lines: Vec<String> = corrections
-        .into_iter()
-        .filter_map(|f| take(line_of(f)))
-        .collect();
-
-    let section = |entries: [(&str, &str); 3], take: &mut dyn FnMut(String) -> Option<String>| {
+    let corrections: Vec<String> = corrections.into_iter().map(line_of).collect();
+    let others: Vec<String> = others.into_iter().map(line_of).collect();
+    let section = |entries: [(&str, &str); 3]| {
         entries
             .into_iter()
             .filter(|(_, text)| !text.trim().is_empty())
-            .filter_map(|(label, text)| take(format!("- {label}: {}", escape(text.trim()))))
+            .map(|(label, text)| format!("- {label}: {}", escape(text.trim())))
             .collect::<Vec<_>>()
     };
-    let user = section(
-        [
-            ("Work", &doc.user.work_context.summary),
-            ("Personal", &doc.user.personal_context.summary),
-            ("Current Focus", &doc.user.top_of_mind.summary),
-        ],
-        &mut take,
+    let user = section([
+        ("Work", &doc.user.work_context.summary),
+        ("Personal", &doc.user.personal_context.summary),
+        ("Current Focus", &doc.user.top_of_mind.summary),
+    ]);
+    let history = section([
+        ("Recent", &doc.history.recent_months.summary),
+        ("Earlier", &doc.history.earlier_context.summary),
+        ("Background", &doc.history.long_term_background.summary),
+    ]);
+
+    // The frame and some slack first, then each line (and its newline) in order of
+    // precedence, only if it still fits; the other facts stop at the first that does not.
+    let mut budget = TokenBudget::new(max_tokens);
+    if !(budget.take(OPEN, 0) && budget.take(CLOSE, 12)) {
+        return None;
+    }
+    let mut fact_lines = fitting(&mut budget, &corrections);
+    let user = fitting(&mut budget, &user);
+    let history = fitting(&mut budget, &history);
+    fact_lines.extend(
+        others
+            .iter()
+            .map(String::as_str)
+            .take_while(|line| budget.take(line, 1)),
     );
-    let history = section(
-        [
-            ("Recent", &doc.history.recent_months.summary),
-            ("Earlier", &doc.history.earlier_context.summary),
-            ("Background", &doc.history.long_term_background.summary),
-        ],
-        &mut take,
-    );
-    let mut fact_lines = correction_lines;
-    fact_lines.extend(others.into_iter().map_while(|f| take(line_of(f))));
 
     let mut parts = Vec::new();
     for (title, lines) in [
@@ -97,6 +93,15 @@ pub(crate) fn render(doc: &MemoryDocument, max_tokens: usize) -> Option<String> 
         return None;
     }
     Some(format!("{OPEN}{}\n{CLOSE}", parts.join("\n\n")))
+}
+
+/// The lines that still fit `budget` (each with its newline), in order.
+fn fitting<'a>(budget: &mut TokenBudget<'a>, lines: &'a [String]) -> Vec<&'a str> {
+    lines
+        .iter()
+        .map(String::as_str)
+        .filter(|line| budget.take(line, 1))
+        .collect()
 }
 
 /// `text` with `&`, `<` and `>` as entities: quoted inside a tag block of a prompt (the
@@ -119,6 +124,7 @@ pub(crate) fn escape(text: &str) -> String {
 mod tests {
     use super::*;
     use crate::agent::memory::schema::{Fact, FactSource};
+    use crate::agent::tokens::count_tokens;
 
     fn fact(content: &str, category: &str, confidence: f32) -> Fact {
         Fact {
@@ -132,6 +138,17 @@ mod tests {
             about: None,
             shareable: false,
         }
+    }
+
+    #[test]
+    fn a_memory_that_fits_by_its_bytes_is_rendered_without_the_tokenizer() {
+        let mut doc = MemoryDocument::default();
+        doc.user.work_context.summary = "Builds antler.".to_owned();
+        doc.facts = vec![fact("likes tea", "preference", 0.8)];
+        let before = crate::agent::tokens::tokenized_on_this_thread();
+        let block = render(&doc, 2_000).unwrap();
+        assert_eq!(crate::agent::tokens::tokenized_on_this_thread(), before);
+        assert!(block.contains("likes tea") && block.contains("Builds antler."));
     }
 
     #[test]

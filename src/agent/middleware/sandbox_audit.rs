@@ -58,6 +58,7 @@
 //! blocked command is never seen as run. It fails closed.
 
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
 use regex::Regex;
 use serde::{Deserialize, Serialize};
@@ -175,9 +176,52 @@ pub(crate) enum SandboxAuditError {
         /// What is wrong.
         problem: RuleProblem,
     },
-    /// A built-in normalising pattern does not compile (a bug, caught by the tests).
-    #[error("a built-in normalising pattern does not compile: {0}")]
-    Normaliser(regex::Error),
+}
+
+/// The built-in rules and the normaliser's patterns, compiled when the first shell command is
+/// judged: their Unicode classes take milliseconds to compile, which antler's start does not
+/// spend for a shell that may never run.
+#[derive(Debug)]
+struct Compiled {
+    block: Vec<Rule>,
+    warn: Vec<Rule>,
+    normaliser: Normaliser,
+}
+
+impl Compiled {
+    /// The built-in rules (none unless `with_builtin`) and the normaliser; an error is a bug
+    /// (the tests compile them).
+    fn new(with_builtin: bool) -> Result<Self, String> {
+        let mut block = Vec::new();
+        let mut warn = Vec::new();
+        if with_builtin {
+            for (name, pattern, blocks) in builtin_rules() {
+                let rule = AuditRule {
+                    name: name.to_owned(),
+                    pattern,
+                };
+                let regex = rule
+                    .check()
+                    .map_err(|problem| format!("built-in rule {name}: {}", problem.problem))?;
+                let rule = Rule {
+                    name: rule.name,
+                    regex,
+                };
+                if blocks {
+                    block.push(rule);
+                } else {
+                    warn.push(rule);
+                }
+            }
+        }
+        let normaliser = Normaliser::new()
+            .map_err(|e| format!("a built-in normalising pattern does not compile: {e}"))?;
+        Ok(Self {
+            block,
+            warn,
+            normaliser,
+        })
+    }
 }
 
 /// Verdict of one command.
@@ -220,9 +264,13 @@ pub(crate) struct SandboxAuditMiddleware {
     tools: Vec<String>,
     log: PathBuf,
     max_command_chars: usize,
+    /// Whether the built-in rules apply (before the configured ones).
+    builtin_rules: bool,
+    /// The built-in rules and the normaliser, compiled by the first shell command.
+    compiled: OnceLock<Result<Compiled, String>>,
+    /// The configured rules (compiled at start, where a bad one is an error).
     block: Vec<Rule>,
     warn: Vec<Rule>,
-    normaliser: Normaliser,
     /// One line at a time, so lines from concurrent calls never interleave.
     writing: tokio::sync::Mutex<()>,
 }
@@ -544,24 +592,8 @@ impl SandboxAuditMiddleware {
                 })
                 .collect::<Result<Vec<_>, _>>()
         };
-        let mut block = Vec::new();
-        let mut warn = Vec::new();
-        if cfg.builtin_rules {
-            for (name, pattern, blocks) in builtin_rules() {
-                let rule = AuditRule {
-                    name: name.to_owned(),
-                    pattern,
-                };
-                let compiled = compile(if blocks { "block" } else { "warn" }, &[rule])?;
-                if blocks {
-                    block.extend(compiled);
-                } else {
-                    warn.extend(compiled);
-                }
-            }
-        }
-        block.extend(compile("block", &cfg.block)?);
-        warn.extend(compile("warn", &cfg.warn)?);
+        let block = compile("block", &cfg.block)?;
+        let warn = compile("warn", &cfg.warn)?;
         Ok(Some(Self {
             tools: cfg.tools.clone(),
             log: cfg
@@ -569,11 +601,25 @@ impl SandboxAuditMiddleware {
                 .clone()
                 .unwrap_or_else(|| store.join("audit").join("shell.log")),
             max_command_chars: cfg.max_command_chars.max(1),
+            builtin_rules: cfg.builtin_rules,
+            compiled: OnceLock::new(),
             block,
             warn,
-            normaliser: Normaliser::new().map_err(SandboxAuditError::Normaliser)?,
             writing: tokio::sync::Mutex::new(()),
         }))
+    }
+
+    /// The built-in rules and the normaliser, compiled by the first call (logged once if
+    /// that fails, which the tests rule out).
+    fn compiled(&self) -> Result<&Compiled, &str> {
+        self.compiled
+            .get_or_init(|| {
+                Compiled::new(self.builtin_rules).inspect_err(|e| {
+                    tracing::error!(error = %e, "sandbox_audit: every shell command is blocked");
+                })
+            })
+            .as_ref()
+            .map_err(String::as_str)
     }
 
     fn is_shell(&self, tool: &str) -> bool {
@@ -594,17 +640,23 @@ impl SandboxAuditMiddleware {
         if command.chars().count() > self.max_command_chars {
             return Verdict::Block("too_long".to_owned());
         }
-        let forms = self.normaliser.forms(command);
-        let hit = |rules: &[Rule]| {
-            rules
+        let compiled = match self.compiled() {
+            Ok(compiled) => compiled,
+            // Fails closed: a command that cannot be judged does not run.
+            Err(_) => return Verdict::Block("audit_unavailable".to_owned()),
+        };
+        let forms = compiled.normaliser.forms(command);
+        let hit = |builtin: &[Rule], configured: &[Rule]| {
+            builtin
                 .iter()
+                .chain(configured)
                 .find(|rule| forms.iter().any(|form| rule.regex.is_match(form)))
                 .map(|rule| rule.name.clone())
         };
-        if let Some(rule) = hit(&self.block) {
+        if let Some(rule) = hit(&compiled.block, &self.block) {
             return Verdict::Block(rule);
         }
-        hit(&self.warn).map_or(Verdict::Pass, Verdict::Warn)
+        hit(&compiled.warn, &self.warn).map_or(Verdict::Pass, Verdict::Warn)
     }
 
     /// Appends one line to the audit log, making it (0600, in a 0700 folder) if needed.
@@ -927,10 +979,30 @@ mod tests {
     }
 
     #[test]
+    fn the_builtin_rules_are_compiled_by_the_first_command_not_at_start() {
+        let audit = middleware(Path::new("/nonexistent"));
+        assert!(
+            audit.compiled.get().is_none(),
+            "not when the chain is built"
+        );
+        assert_eq!(
+            audit.judge(Some("rm -rf /")),
+            Verdict::Block("rm_root".to_owned())
+        );
+        let compiled = audit.compiled().unwrap();
+        assert_eq!(
+            compiled.block.len() + compiled.warn.len(),
+            builtin_rules().len()
+        );
+    }
+
+    #[test]
     fn normalising_is_bounded() {
         // Every `$x` would be 5,000 characters: the expanded form stops growing.
         let command = format!("x={}; {}", "a".repeat(5_000), "$x".repeat(2_400));
         let forms = middleware(Path::new("/nonexistent"))
+            .compiled()
+            .unwrap()
             .normaliser
             .forms(&command);
         assert!(

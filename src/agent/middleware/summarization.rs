@@ -49,12 +49,12 @@
 //! counting skips the tokenizer when the request's bytes alone stay under the threshold (a
 //! token is at least one byte), and a text over 64 KiB is counted from its first 64 KiB,
 //! scaled (a hostile megabyte would otherwise cost ~0.3 s of tokenizing per model call); the
-//! tokenizer is built on a background thread when the chain is built, and counting runs
-//! with `block_in_place`, so neither stalls other turns; the messages are not flushed to
-//! memory before compaction (the memory middleware reads the stored thread, which keeps
+//! tokenizer is built by the first request whose bytes pass the threshold (about half a
+//! second of CPU and some 20 MiB that a process of short conversations never spends), and
+//! counting runs with `block_in_place`, so neither stalls other turns; the messages are not
+//! flushed to memory before compaction (the memory middleware reads the stored thread, which keeps
 //! every message).
 
-use std::sync::LazyLock;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -64,7 +64,7 @@ use crate::agent::memory::injection::escape;
 use crate::agent::message::{ChatMessage, ContentPart};
 use crate::agent::model::ModelRequest;
 use crate::agent::thread::{Extension, ThreadState};
-use crate::agent::tokens::{TOKENIZER, count_tokens};
+use crate::agent::tokens::count_tokens;
 
 /// How long the summary call may take before the fallback is used.
 const SUMMARY_CALL_LIMIT: Duration = Duration::from_secs(90);
@@ -224,11 +224,6 @@ struct Cut {
 impl SummarizationMiddleware {
     /// The middleware, or `None` when it is disabled. Limits below 1 are raised to 1.
     pub(crate) fn from_config(cfg: &SummarizationConfig) -> Option<Self> {
-        if cfg.enabled {
-            // Building the tokenizer takes about half a second: do it now, off the runtime,
-            // rather than in the first long request.
-            std::thread::spawn(|| LazyLock::force(&TOKENIZER));
-        }
         cfg.enabled.then(|| Self {
             trigger_tokens: cfg.trigger_tokens.max(1),
             keep_messages: cfg.keep_messages.max(1),
@@ -587,6 +582,29 @@ mod tests {
             .await
             .unwrap();
         request
+    }
+
+    #[test]
+    fn a_short_conversation_is_never_tokenized() {
+        let before = crate::agent::tokens::tokenized_on_this_thread();
+        let messages = [
+            ChatMessage::user("hello"),
+            ChatMessage::assistant("echo: hello"),
+            ChatMessage::user("what time is it?"),
+        ];
+        assert!(!over(
+            &messages,
+            SummarizationConfig::default().trigger_tokens
+        ));
+        assert!(SummarizationMiddleware::from_config(&SummarizationConfig::default()).is_some());
+        assert_eq!(
+            crate::agent::tokens::tokenized_on_this_thread(),
+            before,
+            "neither counting a short request nor building the chain tokenizes"
+        );
+        // Bytes past the threshold: then the tokenizer decides.
+        assert!(!over(&[ChatMessage::user(" word".repeat(30))], 100));
+        assert!(crate::agent::tokens::tokenized_on_this_thread() > before);
     }
 
     #[test]

@@ -6,7 +6,8 @@
 //!   not allowed) or, only when configured explicitly, `none`; in every backend the command
 //!   has no capabilities, runs as an unprivileged user when antler is root, under a seccomp
 //!   filter, with no network unless `network = true`, and within `[agent.tools.bash.limits]`.
-//!   The tool exists only when a backend works ([`crate::sandbox::detect`] proves it at start).
+//!   The tool is offered only when a backend works ([`crate::sandbox::detect`] proves it at
+//!   start, in the background: [`super::probed_bash`]).
 //! - **Paths.** Virtual paths (`/mnt/user-data/{workspace,uploads,outputs}`) in the command
 //!   become the thread's host folders before it runs, and host folders in the output become
 //!   virtual paths again (both longest prefix first, [`ThreadFolders::to_host`] and
@@ -35,7 +36,6 @@
 //! commands put what matters, and the model is told how to read the rest from a file.
 
 use std::path::Path;
-use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -120,8 +120,13 @@ impl BashTool {
         sandbox.adopt_folders();
         Self {
             sandbox,
-            max_output_bytes: cfg.max_output_bytes.clamp(1, MAX_OUTPUT_BYTES_LIMIT),
+            max_output_bytes: Self::output_limit(cfg),
         }
+    }
+
+    /// How much output a call keeps under `cfg`.
+    pub(crate) fn output_limit(cfg: &BashConfig) -> usize {
+        cfg.max_output_bytes.clamp(1, MAX_OUTPUT_BYTES_LIMIT)
     }
 }
 
@@ -464,32 +469,7 @@ fn render(finished: &Finished, folders: &ThreadFolders, skills: &SkillMounts) ->
 #[async_trait::async_trait]
 impl Tool for BashTool {
     fn spec(&self) -> ToolSpec {
-        let network = if self.sandbox.network() {
-            "It may use the network."
-        } else {
-            "It has no network access."
-        };
-        ToolSpec {
-            name: TOOL_NAME.to_owned(),
-            description: format!(
-                "Runs a bash command (`bash -c`) in /mnt/user-data/workspace and returns its \
-                 output (stdout and stderr together, at most {} bytes) and exit code. Use the \
-                 paths /mnt/user-data/workspace, /mnt/user-data/uploads (read-only) and \
-                 /mnt/user-data/outputs (files for the user). No input can be typed: use \
-                 non-interactive flags. Background processes are stopped when the command \
-                 ends. {network}",
-                self.max_output_bytes
-            ),
-            parameters: json!({
-                "type": "object",
-                "properties": {
-                    "command": {"type": "string", "description": "The bash command to run."},
-                    "description": {"type": "string", "description": "Optional: why you run it, in a few words."}
-                },
-                "required": ["command"],
-                "additionalProperties": false
-            }),
-        }
+        bash_spec(self.sandbox.network(), self.max_output_bytes)
     }
 
     async fn call(
@@ -533,18 +513,39 @@ impl Tool for BashTool {
     }
 }
 
-/// The shell tool, for the registry: when it is enabled and a sandbox works (`sandbox`, what
-/// [`crate::sandbox::detect`] found).
-pub(crate) fn bash_tool(cfg: &BashConfig, sandbox: Option<&Sandbox>) -> Option<Arc<dyn Tool>> {
-    if !cfg.enabled {
-        return None;
+/// The tool's spec: whether its commands may use the network, and how much output it keeps.
+pub(crate) fn bash_spec(network: bool, max_output_bytes: usize) -> ToolSpec {
+    let network = if network {
+        "It may use the network."
+    } else {
+        "It has no network access."
+    };
+    ToolSpec {
+        name: TOOL_NAME.to_owned(),
+        description: format!(
+            "Runs a bash command (`bash -c`) in /mnt/user-data/workspace and returns its \
+             output (stdout and stderr together, at most {} bytes) and exit code. Use the \
+             paths /mnt/user-data/workspace, /mnt/user-data/uploads (read-only) and \
+             /mnt/user-data/outputs (files for the user). No input can be typed: use \
+             non-interactive flags. Background processes are stopped when the command \
+             ends. {network}",
+            max_output_bytes
+        ),
+        parameters: json!({
+            "type": "object",
+            "properties": {
+                "command": {"type": "string", "description": "The bash command to run."},
+                "description": {"type": "string", "description": "Optional: why you run it, in a few words."}
+            },
+            "required": ["command"],
+            "additionalProperties": false
+        }),
     }
-    let sandbox = sandbox?.clone();
-    Some(Arc::new(BashTool::new(cfg, sandbox)))
 }
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
     use std::time::Instant as StdInstant;
 
     use tokio_util::sync::CancellationToken;

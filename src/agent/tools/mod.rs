@@ -12,6 +12,7 @@ pub(crate) mod files;
 pub(crate) mod mcp;
 pub(crate) mod paths;
 pub(crate) mod present_files;
+pub(crate) mod probed_bash;
 pub(crate) mod web_fetch;
 
 pub(crate) use current_time::CurrentTime;
@@ -133,6 +134,15 @@ pub(crate) trait Tool: Send + Sync {
     fn spec_for(&self, _author: &Author) -> Option<Arc<ToolSpec>> {
         None
     }
+
+    /// Whether the tool is offered now (a tool that waits for a check at start is not, until
+    /// the check found it works).
+    fn offered(&self) -> bool {
+        true
+    }
+
+    /// Waits until whether the tool is offered to `author` is decided ([`Tool::offered`]).
+    async fn settle(&self, _author: &Author) {}
 
     /// Whether the thread is saved before a call of this tool runs (calls that start long
     /// work the registry remembers, so a re-run finds it instead of starting it again).
@@ -306,17 +316,25 @@ impl ToolRegistry {
         self.specs.to_vec()
     }
 
-    /// The specs to offer the model in a run for `author`, sorted by name.
+    /// The specs to offer the model in a run for `author`, sorted by name: those of the tools
+    /// offered now.
     pub(crate) fn specs_for(&self, author: &Author) -> Vec<Arc<ToolSpec>> {
         self.specs
             .iter()
-            .map(|spec| {
-                self.tools
-                    .get(&spec.name)
-                    .and_then(|tool| tool.spec_for(author))
-                    .unwrap_or_else(|| Arc::clone(spec))
+            .filter_map(|spec| match self.tools.get(&spec.name) {
+                Some(tool) if !tool.offered() => None,
+                Some(tool) => Some(tool.spec_for(author).unwrap_or_else(|| Arc::clone(spec))),
+                None => Some(Arc::clone(spec)),
             })
             .collect()
+    }
+
+    /// Waits until every tool knows whether it is offered to `author` (the shell, while the
+    /// sandbox's probe runs at start).
+    pub(crate) async fn settle(&self, author: &Author) {
+        for tool in self.tools.values() {
+            tool.settle(author).await;
+        }
     }
 
     /// Runs one call until it ends, `cx.deadline` passes or `cx.cancel` fires; every
