@@ -64,7 +64,7 @@ use crate::agent::memory::injection::escape;
 use crate::agent::message::{ChatMessage, ContentPart};
 use crate::agent::model::ModelRequest;
 use crate::agent::thread::{Extension, ThreadState};
-use crate::agent::tokens::{TOKENIZER, count_tokens};
+use crate::agent::tokens::{count_tokens, tokenizer_ready};
 
 /// How long the summary call may take before the fallback is used.
 const SUMMARY_CALL_LIMIT: Duration = Duration::from_secs(90);
