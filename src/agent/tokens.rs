@@ -16,6 +16,19 @@ pub(crate) static TOKENIZER: LazyLock<Option<CoreBPE>> =
         }
     });
 
+/// Builds the tokenizer, if it is not built yet, on the blocking pool: building takes about
+/// half a second and the tokenizer holds about 36 MiB, so it is built when a count is first
+/// needed (a request that may pass the summarization threshold, a memory document to inject),
+/// never by a deployment whose requests stay short, and never on an async worker.
+pub(crate) async fn tokenizer_ready() {
+    if tokio::task::spawn_blocking(|| LazyLock::force(&TOKENIZER).is_some())
+        .await
+        .is_err()
+    {
+        tracing::warn!("building the tokenizer failed; it is built where it is first used");
+    }
+}
+
 /// Texts longer than this are counted from a sample of this many bytes, scaled: tokenizing
 /// costs about 0.3 µs a byte (release build) and more for long runs without spaces, and a
 /// hostile megabyte must not cost that on every model call.

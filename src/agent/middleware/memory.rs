@@ -41,6 +41,7 @@ use crate::agent::memory::identity::MemoryIdentities;
 use crate::agent::memory::sharing::GroupPolicy;
 use crate::agent::memory::{MemoryConfig, MemoryDocuments, MemoryUpdate, conversation, injection};
 use crate::agent::message::ChatMessage;
+use crate::agent::tokens::tokenizer_ready;
 
 use super::{Middleware, MiddlewareError, RunContext, RunEnding};
 
@@ -96,6 +97,9 @@ impl Middleware for MemoryMiddleware {
             Some(doc) if cx.input.flags.group => Some(self.group.group_view(&doc)),
             doc => doc,
         };
+        if doc.is_some() {
+            tokenizer_ready().await;
+        }
         if let Some(block) = doc.and_then(|doc| injection::render(&doc, max_tokens)) {
             cx.hidden_context.push(block);
         }

@@ -49,12 +49,12 @@
 //! counting skips the tokenizer when the request's bytes alone stay under the threshold (a
 //! token is at least one byte), and a text over 64 KiB is counted from its first 64 KiB,
 //! scaled (a hostile megabyte would otherwise cost ~0.3 s of tokenizing per model call); the
-//! tokenizer is built on a background thread when the chain is built, and counting runs
-//! with `block_in_place`, so neither stalls other turns; the messages are not flushed to
+//! tokenizer (~36 MiB) is built on the blocking pool the first time a request's bytes pass
+//! the threshold, so a deployment whose requests stay short never holds it, and building it
+//! never stalls other turns; the messages are not flushed to
 //! memory before compaction (the memory middleware reads the stored thread, which keeps
 //! every message).
 
-use std::sync::LazyLock;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -174,7 +174,7 @@ pub(crate) fn message_tokens(message: &ChatMessage) -> usize {
                         .map(|c| count_tokens(&c.name) + count_tokens(&c.arguments))
                         .sum::<usize>()
             }
-            ChatMessage::User { content, parts } => {
+            ChatMessage::User { content, parts, .. } => {
                 count_tokens(content)
                     + parts
                         .iter()
@@ -193,12 +193,13 @@ fn message_bytes_bound(message: &ChatMessage) -> usize {
     MESSAGE_OVERHEAD_TOKENS + message.payload_bytes(IMAGE_TOKENS)
 }
 
-/// Whether `messages` hold more than `limit` tokens; the tokenizer runs only when the byte
-/// bound says they might.
-fn over(messages: &[ChatMessage], limit: usize) -> bool {
+/// Whether `messages` hold more than `limit` tokens; the tokenizer is built and runs only
+/// when the byte bound says they might.
+async fn over(messages: &[ChatMessage], limit: usize) -> bool {
     if messages.iter().map(message_bytes_bound).sum::<usize>() <= limit {
         return false;
     }
+    tokenizer_ready().await;
     messages.iter().map(message_tokens).sum::<usize>() > limit
 }
 
@@ -224,11 +225,6 @@ struct Cut {
 impl SummarizationMiddleware {
     /// The middleware, or `None` when it is disabled. Limits below 1 are raised to 1.
     pub(crate) fn from_config(cfg: &SummarizationConfig) -> Option<Self> {
-        if cfg.enabled {
-            // Building the tokenizer takes about half a second: do it now, off the runtime,
-            // rather than in the first long request.
-            std::thread::spawn(|| LazyLock::force(&TOKENIZER));
-        }
         cfg.enabled.then(|| Self {
             trigger_tokens: cfg.trigger_tokens.max(1),
             keep_messages: cfg.keep_messages.max(1),
@@ -396,7 +392,9 @@ impl Middleware for SummarizationMiddleware {
         if !over(
             request.messages.get(lead..).unwrap_or_default(),
             self.trigger_tokens,
-        ) {
+        )
+        .await
+        {
             return Ok(());
         }
         let done = summary.as_ref().map_or(0, |s| s.upto);
