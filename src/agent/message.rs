@@ -21,6 +21,11 @@ pub(crate) enum ChatMessage {
         /// Further content after the text (images for vision models), sent as content parts.
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         parts: Vec<ContentPart>,
+        /// Set on the message the person sent (by `input_sanitization`, before the message is
+        /// first saved, so it is stored with it); `None` on antler's own user-role messages
+        /// and on messages stored before it was kept here.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        authored: Option<Authored>,
     },
     /// What the model answered: text, tool calls, or both.
     Assistant {
@@ -59,6 +64,7 @@ impl ChatMessage {
         Self::User {
             content: content.into(),
             parts: Vec::new(),
+            authored: None,
         }
     }
 
@@ -111,7 +117,7 @@ impl ChatMessage {
                         .map(|c| c.id.len() + c.name.len() + c.arguments.len())
                         .sum::<usize>()
             }
-            Self::User { content, parts } => {
+            Self::User { content, parts, .. } => {
                 content.len()
                     + parts
                         .iter()
@@ -133,6 +139,14 @@ impl ChatMessage {
             content: content.into(),
         }
     }
+}
+
+/// That a user-role message is what a person wrote, and which part of it antler appended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Authored {
+    /// How many bytes at the end of the text antler appended (the uploads block): trusted,
+    /// unlike the rest.
+    pub(crate) trusted_tail: usize,
 }
 
 /// A piece of message content beyond its text.

@@ -25,7 +25,7 @@ use serde::{Deserialize, Serialize};
 
 use super::rules::DedupeEntry;
 use super::{InboxItem, InboxStatus, OutboxItem, OutboxStatus, StoreError};
-use crate::agent::message::{ChatMessage, ContentPart, ToolCall};
+use crate::agent::message::{Authored, ChatMessage, ContentPart, ToolCall};
 
 /// The first byte of a schema-2 record (JSON).
 pub(crate) const JSON_RECORD: u8 = b'{';
@@ -42,9 +42,16 @@ pub(crate) trait Record: Sized {
     fn from_record(bytes: &[u8]) -> Result<Self, StoreError>;
 }
 
-/// Whether `bytes` is a record in `T`'s current format (a migration skips those).
+/// Whether `bytes` is a record in `T`'s current format.
+#[cfg(test)]
 pub(crate) fn is_current<T: Record>(bytes: &[u8]) -> bool {
     bytes.first() == Some(&T::FORMAT)
+}
+
+/// Whether `bytes` is a schema-2 record (JSON), which a migration converts; a record in any
+/// of the store's own formats, current or older, is left as it is.
+pub(crate) fn is_json(bytes: &[u8]) -> bool {
+    bytes.first() == Some(&JSON_RECORD)
 }
 
 fn codec_error(what: &'static str, detail: impl std::fmt::Display) -> StoreError {
@@ -501,53 +508,85 @@ struct ToolCallV1<'a> {
     arguments: Cow<'a, str>,
 }
 
+// ---- thread messages (format 2: format 1, then who wrote a user message) ----
+
+#[derive(Serialize, Deserialize)]
+struct MessageV2<'a> {
+    v1: MessageV1<'a>,
+    /// A user message's [`Authored::trusted_tail`]; `None` for every other message.
+    authored: Option<u64>,
+}
+
+/// The first format of thread messages, still read.
+const MESSAGE_V1: u8 = 1;
+
 impl Record for ChatMessage {
     const WHAT: &'static str = "message";
-    const FORMAT: u8 = 1;
+    const FORMAT: u8 = 2;
 
     fn to_record(&self) -> Result<Vec<u8>, StoreError> {
-        let record = match self {
-            Self::System { content } => MessageV1::System(text(content)),
-            Self::User { content, parts } => MessageV1::User {
-                content: text(content),
-                parts: parts
-                    .iter()
-                    .map(|part| match part {
-                        ContentPart::Text { text: t } => PartV1::Text(text(t)),
-                        ContentPart::Image { url } => PartV1::Image(text(url)),
-                    })
-                    .collect(),
-            },
+        let (v1, authored) = match self {
+            Self::System { content } => (MessageV1::System(text(content)), None),
+            Self::User {
+                content,
+                parts,
+                authored,
+            } => (
+                MessageV1::User {
+                    content: text(content),
+                    parts: parts
+                        .iter()
+                        .map(|part| match part {
+                            ContentPart::Text { text: t } => PartV1::Text(text(t)),
+                            ContentPart::Image { url } => PartV1::Image(text(url)),
+                        })
+                        .collect(),
+                },
+                authored.map(|a| a.trusted_tail as u64),
+            ),
             Self::Assistant {
                 content,
                 tool_calls,
                 reasoning,
-            } => MessageV1::Assistant {
-                content: text(content),
-                tool_calls: tool_calls
-                    .iter()
-                    .map(|call| ToolCallV1 {
-                        id: text(&call.id),
-                        name: text(&call.name),
-                        arguments: text(&call.arguments),
-                    })
-                    .collect(),
-                reasoning: opt_text(reasoning),
-            },
+            } => (
+                MessageV1::Assistant {
+                    content: text(content),
+                    tool_calls: tool_calls
+                        .iter()
+                        .map(|call| ToolCallV1 {
+                            id: text(&call.id),
+                            name: text(&call.name),
+                            arguments: text(&call.arguments),
+                        })
+                        .collect(),
+                    reasoning: opt_text(reasoning),
+                },
+                None,
+            ),
             Self::Tool {
                 tool_call_id,
                 content,
-            } => MessageV1::Tool {
-                tool_call_id: text(tool_call_id),
-                content: text(content),
-            },
+            } => (
+                MessageV1::Tool {
+                    tool_call_id: text(tool_call_id),
+                    content: text(content),
+                },
+                None,
+            ),
         };
-        write(Self::WHAT, Self::FORMAT, &record)
+        write(Self::WHAT, Self::FORMAT, &MessageV2 { v1, authored })
     }
 
     fn from_record(bytes: &[u8]) -> Result<Self, StoreError> {
-        let record: MessageV1<'_> = read(Self::WHAT, Self::FORMAT, bytes)?;
-        Ok(match record {
+        let MessageV2 { v1, authored } = if bytes.first() == Some(&MESSAGE_V1) {
+            MessageV2 {
+                v1: read(Self::WHAT, MESSAGE_V1, bytes)?,
+                authored: None,
+            }
+        } else {
+            read(Self::WHAT, Self::FORMAT, bytes)?
+        };
+        Ok(match v1 {
             MessageV1::System(content) => Self::System {
                 content: content.into_owned(),
             },
@@ -564,6 +603,13 @@ impl Record for ChatMessage {
                         },
                     })
                     .collect(),
+                authored: authored
+                    .map(|tail| {
+                        usize::try_from(tail)
+                            .map(|trusted_tail| Authored { trusted_tail })
+                            .map_err(|_| codec_error(Self::WHAT, "a trusted tail past usize"))
+                    })
+                    .transpose()?,
             },
             MessageV1::Assistant {
                 content,

@@ -297,6 +297,7 @@ impl Middleware for ViewImageMiddleware {
                 _ => request.messages.push(ChatMessage::User {
                     content: "The images the user sent with their message:".to_owned(),
                     parts: uploads,
+                    authored: None,
                 }),
             }
         }
@@ -305,6 +306,7 @@ impl Middleware for ViewImageMiddleware {
             request.messages.push(ChatMessage::User {
                 content: format!("The images you asked to view: {}", paths.join(", ")),
                 parts: viewed,
+                authored: None,
             });
         }
         Ok(())
@@ -494,7 +496,7 @@ mod tests {
         )
         .await;
         assert_eq!(request.messages.len(), 4, "no message added");
-        let ChatMessage::User { content, parts } = &request.messages[3] else {
+        let ChatMessage::User { content, parts, .. } = &request.messages[3] else {
             panic!("{request:?}");
         };
         assert_eq!(content, "what is in this picture?");
@@ -620,7 +622,7 @@ mod tests {
             tools: Vec::new(),
         };
         mw.before_model(&mut cx, &mut request).await.unwrap();
-        let Some(ChatMessage::User { content, parts }) = request.messages.last() else {
+        let Some(ChatMessage::User { content, parts, .. }) = request.messages.last() else {
             panic!("{request:?}");
         };
         assert!(content.contains("chart.png"), "{content}");

@@ -119,6 +119,12 @@ fn messages() -> Vec<ChatMessage> {
                     url: "data:image/png;base64,AAAA".to_owned(),
                 },
             ],
+            authored: None,
+        },
+        ChatMessage::User {
+            content: "mine\n\n<uploaded_files>a.txt</uploaded_files>".to_owned(),
+            parts: Vec::new(),
+            authored: Some(Authored { trusted_tail: 35 }),
         },
         ChatMessage::Assistant {
             content: String::new(),
@@ -191,7 +197,31 @@ fn format_1_bytes_read_back_forever() {
         ChatMessage::from_record(&tool).unwrap(),
         ChatMessage::tool("c", "ok")
     );
+    let user = [1, 1, 2, b'h', b'i', 0];
+    assert_eq!(
+        ChatMessage::from_record(&user).unwrap(),
+        ChatMessage::user("hi"),
+        "a message stored before format 2 has no author"
+    );
+}
+
+/// Format 2 of messages is format 1 and then who wrote a user message.
+#[test]
+fn format_2_messages_are_format_1_and_the_author() {
+    let tool = [2, 3, 1, b'c', 2, b'o', b'k', 0];
     assert_eq!(ChatMessage::tool("c", "ok").to_record().unwrap(), tool);
+    assert_eq!(
+        ChatMessage::from_record(&tool).unwrap(),
+        ChatMessage::tool("c", "ok")
+    );
+    let user = [2, 1, 2, b'h', b'i', 0, 1, 4];
+    let authored = ChatMessage::User {
+        content: "hi".to_owned(),
+        parts: Vec::new(),
+        authored: Some(Authored { trusted_tail: 4 }),
+    };
+    assert_eq!(authored.to_record().unwrap(), user);
+    assert_eq!(ChatMessage::from_record(&user).unwrap(), authored);
 }
 
 /// Inbox items written before format 2 (by an antler that stopped with messages waiting) are

@@ -189,7 +189,7 @@ pub(super) fn convert<T: Record + DeserializeOwned>(
     let mut in_batch = 0;
     for entry in tree.iter() {
         let (key, bytes) = entry?;
-        if records::is_current::<T>(&bytes) {
+        if !records::is_json(&bytes) {
             continue;
         }
         let value: T = decode(T::WHAT, &bytes)?;

@@ -124,6 +124,7 @@ pub(super) fn turn_messages() -> Vec<ChatMessage> {
                     url: "data:image/png;base64,iVBORw0KGgo=".to_owned(),
                 },
             ],
+            authored: None,
         },
         ChatMessage::Assistant {
             content: String::new(),

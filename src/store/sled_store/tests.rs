@@ -343,6 +343,41 @@ async fn a_turn_writes_only_the_messages_it_added() {
     assert_eq!(store.messages.len(), before);
 }
 
+/// Issue 27: what a save of a thread writes (its metadata, whole, and its new messages) does
+/// not grow with the thread; the user's marks travel with their messages.
+#[tokio::test]
+async fn what_a_save_writes_does_not_grow_with_the_thread() {
+    use crate::agent::message::Authored;
+    let store = SledStore::temporary().unwrap();
+    let InboxItem { thread_id, .. } =
+        accept_new(&store, accept("m1", ThreadChoice::Current, 1)).await;
+    let mut thread = store.thread(&thread_id).await.unwrap().unwrap();
+    let mut written = Vec::new();
+    for turn in 10..40 {
+        thread.messages.push(ChatMessage::User {
+            content: format!("question {turn}"),
+            parts: Vec::new(),
+            authored: Some(Authored { trusted_tail: 0 }),
+        });
+        thread
+            .messages
+            .push(ChatMessage::assistant(format!("answer {turn}")));
+        let write = ThreadWrite::of(&thread).unwrap();
+        written.push(
+            write.meta.len()
+                + write
+                    .messages
+                    .iter()
+                    .map(|(k, v)| k.len() + v.len())
+                    .sum::<usize>(),
+        );
+        store.checkpoint_thread(&mut thread).await.unwrap();
+    }
+    assert!(written.iter().all(|&n| n == written[0]), "{written:?}");
+    let stored = store.thread(&thread_id).await.unwrap().unwrap();
+    assert_eq!(stored.messages, thread.messages, "the marks come back");
+}
+
 #[test]
 fn io_errors_are_worth_retrying_and_corruption_is_not() {
     let io = StoreError::from(sled::Error::Io(std::io::Error::other("disk gone")));

@@ -1373,6 +1373,7 @@ async fn images_go_as_content_parts_and_reasoning_stays_home() {
                         url: "data:image/png;base64,iVBORw0KGgo=".into(),
                     },
                 ],
+                authored: None,
             },
         ],
         tools: Vec::new(),

@@ -111,10 +111,10 @@ impl<'a> From<&'a ChatMessage> for WireMessage<'a> {
     fn from(message: &'a ChatMessage) -> Self {
         match message {
             ChatMessage::System { content } => Self::System { content },
-            ChatMessage::User { content, parts } if parts.is_empty() => Self::User {
+            ChatMessage::User { content, parts, .. } if parts.is_empty() => Self::User {
                 content: WireContent::Text(content),
             },
-            ChatMessage::User { content, parts } => {
+            ChatMessage::User { content, parts, .. } => {
                 let text = (!content.is_empty()).then_some(WirePart::Text { text: content });
                 let parts = text
                     .into_iter()
