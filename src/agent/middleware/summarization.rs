@@ -174,7 +174,7 @@ pub(crate) fn message_tokens(message: &ChatMessage) -> usize {
                         .map(|c| count_tokens(&c.name) + count_tokens(&c.arguments))
                         .sum::<usize>()
             }
-            ChatMessage::User { content, parts } => {
+            ChatMessage::User { content, parts, .. } => {
                 count_tokens(content)
                     + parts
                         .iter()
