@@ -468,7 +468,10 @@ fn baseline_binary() -> Option<String> {
     if path.is_empty() {
         return None;
     }
-    assert!(Path::new(&path).exists(), "baseline binary missing at {path}");
+    assert!(
+        Path::new(&path).exists(),
+        "baseline binary missing at {path}"
+    );
     Some(path)
 }
 
