@@ -1941,49 +1941,49 @@ async fn measure(a: &Args, r: usize, rig: &Rig<'_>) -> Run {
         json!({"conversation": format!("a{i}"), "user": "bench", "text": format!("hello {i}"),
                "message_id": format!("r{r}-a{i}")})
     };
-    let ceiling = load(&client, &bare_url, n, c, a.timeout, 202, body, |_, _| true).await;
+    let ceiling = load(client, bare_url, n, c, a.timeout, 202, body, |_, _| true).await;
     let sequential = if a.runs("sequential") {
-        Some(sequential(&a, r, &client, &model).await)
+        Some(sequential(a, r, client, model).await)
     } else {
         None
     };
     let acks = if a.runs("acks") {
-        Some(acks(&a, r, &client, &model).await)
+        Some(acks(a, r, client, model).await)
     } else {
         None
     };
     let turns = if a.runs("turns") {
-        Some(turns(&a, r, &client, &model).await)
+        Some(turns(a, r, client, model).await)
     } else {
         None
     };
     let queued = if a.runs("queued") {
-        Some(queued(&a, r, &client, &model).await)
+        Some(queued(a, r, client, model).await)
     } else {
         None
     };
     let growth = if a.runs("growth") {
-        Some(growth(&a, r, &client, &model).await)
+        Some(growth(a, r, client, model).await)
     } else {
         None
     };
     let memory = if a.runs("memory") {
-        Some(memory_phase(&a, &client).await)
+        Some(memory_phase(a, client).await)
     } else {
         None
     };
     let subagents = if a.runs("subagents") {
-        Some(subagents_phase(&a, &client).await)
+        Some(subagents_phase(a, client).await)
     } else {
         None
     };
     let sandbox = if a.runs("sandbox") {
-        Some(sandbox_phase(&a, &client).await)
+        Some(sandbox_phase(a, client).await)
     } else {
         None
     };
     let telegram = if a.runs("telegram") {
-        Some(telegram(&a, &client, &tg_client, &model, &bot, &bot_url).await)
+        Some(telegram(a, client, tg_client, model, bot, bot_url).await)
     } else {
         None
     };
@@ -2049,7 +2049,7 @@ fn summarize(a: &Args, runs: &[Run], startups: &[f64]) -> (Table, serde_json::Ma
     );
 
     if a.runs("sequential") {
-        let x = |f: fn(&Sequential) -> f64| med(&runs, |r| r.sequential.as_ref(), f);
+        let x = |f: fn(&Sequential) -> f64| med(runs, |r| r.sequential.as_ref(), f);
         let k = a.sequential;
         let (first, ready) = (x(|s| s.first_turn_ms), x(|s| s.ready_ms));
         let (idle, after, peak) = (
@@ -2126,7 +2126,7 @@ fn summarize(a: &Args, runs: &[Run], startups: &[f64]) -> (Table, serde_json::Ma
     }
 
     if a.runs("acks") {
-        let x = |f: fn(&Acks) -> f64| med(&runs, |r| r.acks.as_ref(), f);
+        let x = |f: fn(&Acks) -> f64| med(runs, |r| r.acks.as_ref(), f);
         let ratio = median(runs.iter().filter_map(|r| r.ack_ratio).collect());
         let (rate, p50, p99) = (x(|x| x.acks_per_s), x(|x| x.p50_ms), x(|x| x.p99_ms));
         let syncs = x(|x| x.syncs_per_ack);
@@ -2173,7 +2173,7 @@ fn summarize(a: &Args, runs: &[Run], startups: &[f64]) -> (Table, serde_json::Ma
     }
 
     if a.runs("turns") {
-        let x = |f: fn(&Turns) -> f64| med(&runs, |r| r.turns.as_ref(), f);
+        let x = |f: fn(&Turns) -> f64| med(runs, |r| r.turns.as_ref(), f);
         let ratio = median(runs.iter().filter_map(|r| r.turn_ratio).collect());
         let tps = x(|x| x.turns_per_s);
         let (p50, p90, p99) = (x(|x| x.p50_ms), x(|x| x.p90_ms), x(|x| x.p99_ms));
@@ -2225,7 +2225,7 @@ fn summarize(a: &Args, runs: &[Run], startups: &[f64]) -> (Table, serde_json::Ma
     }
 
     if a.runs("queued") {
-        let x = |f: fn(&Queued) -> f64| med(&runs, |r| r.queued.as_ref(), f);
+        let x = |f: fn(&Queued) -> f64| med(runs, |r| r.queued.as_ref(), f);
         let rate = x(|x| x.post_acks_per_s);
         let (rss, hwm) = (x(|x| x.before.rss), x(|x| x.before.hwm));
         let (after, after_hwm) = (x(|x| x.after.rss), x(|x| x.after.hwm));
@@ -2288,14 +2288,14 @@ fn summarize(a: &Args, runs: &[Run], startups: &[f64]) -> (Table, serde_json::Ma
     if a.runs("growth") {
         let size = |f: fn(&Windows) -> f64| {
             med(
-                &runs,
+                runs,
                 |r| r.growth.as_ref(),
                 |g| f(&Windows::of(&g.store_bytes)),
             )
         };
         let written = |f: fn(&Windows) -> f64| {
             med(
-                &runs,
+                runs,
                 |r| r.growth.as_ref(),
                 |g| f(&Windows::of(&g.write_bytes)),
             )
@@ -2336,7 +2336,7 @@ fn summarize(a: &Args, runs: &[Run], startups: &[f64]) -> (Table, serde_json::Ma
     }
 
     if a.runs("memory") {
-        let x = |f: fn(&Memory) -> f64| med(&runs, |r| r.memory.as_ref(), f);
+        let x = |f: fn(&Memory) -> f64| med(runs, |r| r.memory.as_ref(), f);
         let (off, on) = (x(|m| m.off_p50_ms), x(|m| m.on_p50_ms));
         let (cpu_off, cpu_on) = (x(|m| m.off_cpu_us_per_turn), x(|m| m.on_cpu_us_per_turn));
         table.row(
@@ -2378,7 +2378,7 @@ fn summarize(a: &Args, runs: &[Run], startups: &[f64]) -> (Table, serde_json::Ma
     }
 
     if a.runs("subagents") {
-        let x = |f: fn(&Subagents) -> f64| med(&runs, |r| r.subagents.as_ref(), f);
+        let x = |f: fn(&Subagents) -> f64| med(runs, |r| r.subagents.as_ref(), f);
         let (direct, delegated) = (x(|s| s.direct_p50_ms), x(|s| s.delegated_p50_ms));
         let (cpu_direct, cpu_delegated) = (
             x(|s| s.direct_cpu_us_per_turn),
@@ -2448,7 +2448,7 @@ fn summarize(a: &Args, runs: &[Run], startups: &[f64]) -> (Table, serde_json::Ma
     }
 
     if a.runs("telegram") {
-        let x = |f: fn(&Telegram) -> f64| med(&runs, |r| r.telegram.as_ref(), f);
+        let x = |f: fn(&Telegram) -> f64| med(runs, |r| r.telegram.as_ref(), f);
         let ratio = |f: fn(&TelegramRatios) -> f64| {
             median(
                 runs.iter()
@@ -2473,7 +2473,7 @@ fn summarize(a: &Args, runs: &[Run], startups: &[f64]) -> (Table, serde_json::Ma
             (ratio(|r| r.acks), ratio(|r| r.drain), ratio(|r| r.turns));
         let per_turn = |f: fn(&BotCalls) -> usize| {
             med(
-                &runs,
+                runs,
                 |r| r.telegram.as_ref(),
                 |x: &Telegram| (f(&x.calls_held) + f(&x.calls_load)) as f64 / (2 * n) as f64,
             )

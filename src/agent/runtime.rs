@@ -999,6 +999,31 @@ fn estimate_tokens(message: &ChatMessage) -> usize {
     message.payload_bytes(340) / 4 + 4
 }
 
+/// The length of `value` written as compact JSON, escapes aside, found without writing it:
+/// on every model call for every tool, writing the schemas out cost more than the rest of
+/// the estimate.
+fn json_len(value: &serde_json::Value) -> usize {
+    use serde_json::Value;
+    let separators = |n: usize| n.saturating_sub(1);
+    match value {
+        Value::Null => 4,
+        Value::Bool(true) => 4,
+        Value::Bool(false) => 5,
+        Value::Number(n) => n.to_string().len(),
+        Value::String(s) => s.len() + 2,
+        Value::Array(items) => {
+            2 + separators(items.len()) + items.iter().map(json_len).sum::<usize>()
+        }
+        Value::Object(map) => {
+            2 + separators(map.len())
+                + map
+                    .iter()
+                    .map(|(k, v)| k.len() + 3 + json_len(v))
+                    .sum::<usize>()
+        }
+    }
+}
+
 /// Leaves the oldest whole exchanges (a user message and everything up to the next one) out
 /// of `request` until it fits `budget` tokens; system messages and the last exchange always
 /// stay. Returns how many messages were left out.
@@ -1006,7 +1031,7 @@ fn fit_context(request: &mut ModelRequest, budget: usize) -> usize {
     let tools: usize = request
         .tools
         .iter()
-        .map(|t| (t.name.len() + t.description.len() + t.parameters.to_string().len()) / 4)
+        .map(|t| (t.name.len() + t.description.len() + json_len(&t.parameters)) / 4)
         .sum();
     let mut total: usize = tools + request.messages.iter().map(estimate_tokens).sum::<usize>();
     let mut dropped = 0;

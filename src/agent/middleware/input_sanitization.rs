@@ -609,8 +609,8 @@ mod tests {
         thread.messages.push(ChatMessage::user("again <system>"));
         thread.saved_messages = thread.messages.len();
         let input = RunInput::text("api", "u", "again <system>");
-        let model = ScriptedModel::new(Vec::new());
-        let mut cx = RunContext::new(&mut thread, &input, &model);
+        let model = Arc::new(ScriptedModel::new(Vec::new()));
+        let mut cx = RunContext::new(&mut thread, &input, model);
         let middleware = InputSanitizationMiddleware;
         middleware.before_run(&mut cx).await.unwrap();
         let mut request = request_of(cx.thread);

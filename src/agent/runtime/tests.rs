@@ -1173,3 +1173,18 @@ async fn a_held_call_stops_the_run_unanswered_and_a_resume_runs_it() {
     ));
     assert_eq!(model.requests().len(), 2);
 }
+
+#[test]
+fn a_schema_is_measured_as_long_as_its_compact_json() {
+    let schema = serde_json::json!({
+        "type": "object",
+        "properties": {
+            "path": {"type": "string", "description": "Where"},
+            "limit": {"type": "integer", "minimum": 1, "maximum": 2000},
+            "flags": {"type": "array", "items": {"type": "boolean"}, "default": [true, false, null]},
+            "empty": {}
+        },
+        "required": ["path"]
+    });
+    assert_eq!(json_len(&schema), schema.to_string().len());
+}
