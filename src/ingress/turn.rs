@@ -34,7 +34,7 @@ use crate::agent::memory::identity::MemoryIdentities;
 use crate::agent::memory::sharing::GroupPolicy;
 use crate::agent::message::ChatMessage;
 use crate::agent::middleware::RunEnding;
-use crate::agent::middleware::title::PendingTitle;
+use crate::agent::middleware::pending_title::PendingTitle;
 use crate::agent::middleware::todo::TodoConfig;
 use crate::agent::runtime::{
     CheckpointError, RunLimits, RunObserver, Runtime, ToolProgress, unanswered_calls_at,

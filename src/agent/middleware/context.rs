@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use super::title::PendingTitle;
+use super::pending_title::PendingTitle;
 use crate::agent::input::{RunInput, ThreadFolders};
 use crate::agent::memory::MemoryUpdate;
 use crate::agent::message::{ChatMessage, TokenUsage};

@@ -17,6 +17,7 @@ pub(crate) mod guardrail;
 pub(crate) mod input_sanitization;
 pub(crate) mod loop_detection;
 pub(crate) mod memory;
+pub(crate) mod pending_title;
 pub(crate) mod sandbox_audit;
 pub(crate) mod skills;
 pub(crate) mod subagent_limit;
