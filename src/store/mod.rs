@@ -13,6 +13,11 @@
 
 mod group_commit;
 mod keys;
+#[allow(
+    dead_code,
+    reason = "wired by [store] backend = \"postgres\" in the next step"
+)]
+mod pg_store;
 mod records;
 mod rules;
 mod sled_store;
