@@ -1,0 +1,252 @@
+//! The PostgreSQL store's tests: the conformance suite and what only this backend has
+//! (migrations, connection errors). Each test works in a schema of its own, dropped at its
+//! end. They need a server: `ANTLER_TEST_DATABASE_URL` (or `DATABASE_URL`); without one each
+//! test says so and passes.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::migrate::SCHEMA_VERSION;
+use super::*;
+use crate::store::conformance::{Backend, conformance};
+use crate::store::{InboxStore, MaintenanceStore, SkillStore, Store};
+
+/// The test database's URL, if the environment names one.
+fn database_url() -> Option<String> {
+    ["ANTLER_TEST_DATABASE_URL", "DATABASE_URL"]
+        .into_iter()
+        .filter_map(|name| std::env::var(name).ok())
+        .find(|url| !url.trim().is_empty())
+}
+
+/// Whether the PostgreSQL tests cannot run here; says so when they cannot.
+fn skipped() -> bool {
+    if database_url().is_some() {
+        return false;
+    }
+    eprintln!("skipped: set ANTLER_TEST_DATABASE_URL to run the PostgreSQL tests");
+    true
+}
+
+/// Options for a fresh schema of the test database.
+fn fresh_options() -> PgOptions {
+    PgOptions {
+        url: database_url().unwrap(),
+        pool_size: 4,
+        schema: Some(format!("t_{}", uuid::Uuid::new_v4().simple())),
+    }
+}
+
+/// Drops the schema of `options` (best effort: a test that fails leaves it behind otherwise).
+async fn drop_schema(options: &PgOptions) {
+    let (Ok((client, connection)), Some(schema)) = (
+        tokio_postgres::connect(&options.url, NoTls).await,
+        &options.schema,
+    ) else {
+        return;
+    };
+    let connection = tokio::spawn(connection);
+    let _ = client
+        .batch_execute(&format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"))
+        .await;
+    drop(client);
+    let _ = connection.await;
+}
+
+/// Stores in a schema of their own, reopened in place; the schema goes with the backend.
+struct PgBackend(Option<PgOptions>);
+
+impl PgBackend {
+    fn new() -> Self {
+        Self(database_url().map(|_| fresh_options()))
+    }
+}
+
+impl Backend for PgBackend {
+    fn open(&self) -> Arc<dyn Store> {
+        let options = self.0.as_ref().unwrap();
+        let store = tokio::task::block_in_place(|| {
+            tokio::runtime::Handle::current().block_on(PgStore::open(options))
+        });
+        Arc::new(store.unwrap())
+    }
+}
+
+impl Drop for PgBackend {
+    fn drop(&mut self) {
+        let Some(options) = &self.0 else {
+            return;
+        };
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            tokio::task::block_in_place(|| handle.block_on(drop_schema(options)));
+        }
+    }
+}
+
+conformance!(PgBackend::new(), skip_if skipped());
+
+/// Runs `test` with options for a fresh schema, then drops the schema.
+async fn in_fresh_schema<F, Fut>(test: F)
+where
+    F: FnOnce(PgOptions) -> Fut,
+    Fut: Future<Output = ()>,
+{
+    let options = fresh_options();
+    test(options.clone()).await;
+    drop_schema(&options).await;
+}
+
+#[tokio::test]
+async fn migrations_apply_once_and_a_newer_schema_is_refused() {
+    if skipped() {
+        return;
+    }
+    in_fresh_schema(|options| async move {
+        assert_eq!(PgStore::migrate(&options).await.unwrap(), (0, SCHEMA_VERSION));
+        assert_eq!(
+            PgStore::migrate(&options).await.unwrap(),
+            (SCHEMA_VERSION, SCHEMA_VERSION)
+        );
+        let store = PgStore::open(&options).await.unwrap();
+        assert_eq!(store.stats().await.unwrap().inbox, 0);
+        let client = store.client().await.unwrap();
+        client
+            .batch_execute("INSERT INTO antler_schema_migrations (version) VALUES (999)")
+            .await
+            .unwrap();
+        drop(client);
+        let refused = PgStore::open(&options).await.unwrap_err();
+        assert!(
+            matches!(
+                &refused,
+                StoreError::NewerSchema { found: 999, supported, .. } if *supported == SCHEMA_VERSION
+            ),
+            "{refused:?}"
+        );
+        assert!(!refused.is_retryable());
+        assert!(matches!(
+            PgStore::migrate(&options).await,
+            Err(StoreError::NewerSchema { .. })
+        ));
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_migrating_together_both_succeed() {
+    if skipped() {
+        return;
+    }
+    in_fresh_schema(|options| async move {
+        let (a, b) = tokio::join!(PgStore::migrate(&options), PgStore::migrate(&options));
+        let mut versions = [a.unwrap(), b.unwrap()];
+        versions.sort();
+        assert_eq!(
+            versions,
+            [(0, SCHEMA_VERSION), (SCHEMA_VERSION, SCHEMA_VERSION)]
+        );
+        let (a, b) = tokio::join!(PgStore::open(&options), PgStore::open(&options));
+        let (a, b) = (a.unwrap(), b.unwrap());
+        assert!(a.skill_switches().await.unwrap().is_empty());
+        b.set_skill_switch("x", true).await.unwrap();
+        assert_eq!(a.skill_switches().await.unwrap().get("x"), Some(&true));
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn an_unreachable_database_is_unavailable_at_once_and_the_password_stays_secret() {
+    // No server needed: nothing listens on port 1.
+    let options = PgOptions {
+        url: "postgres://antler:s3cret-pw@127.0.0.1:1/antler".to_owned(),
+        pool_size: 2,
+        schema: None,
+    };
+    assert!(!format!("{options:?}").contains("s3cret-pw"));
+    let started = std::time::Instant::now();
+    let refused = PgStore::open(&options).await.unwrap_err();
+    assert!(started.elapsed() < Duration::from_secs(10));
+    assert!(matches!(refused, StoreError::Unavailable(_)), "{refused:?}");
+    assert!(refused.is_retryable());
+    for shown in [refused.to_string(), format!("{refused:?}")] {
+        assert!(!shown.contains("s3cret-pw"), "{shown}");
+    }
+    let refused = PgStore::migrate(&options).await.unwrap_err();
+    assert!(matches!(refused, StoreError::Unavailable(_)), "{refused:?}");
+
+    // A host that never answers: the connect timeout ends the wait.
+    let options = PgOptions {
+        url: "postgres://antler:s3cret-pw@10.255.255.1:5432/antler?connect_timeout=1".to_owned(),
+        ..options
+    };
+    let started = std::time::Instant::now();
+    let refused = PgStore::open(&options).await.unwrap_err();
+    assert!(started.elapsed() < Duration::from_secs(5), "{refused}");
+    assert!(matches!(refused, StoreError::Unavailable(_)), "{refused:?}");
+    assert!(!format!("{refused} {refused:?}").contains("s3cret-pw"));
+}
+
+#[test]
+fn urls_are_shown_with_their_password_masked() {
+    assert_eq!(
+        mask_url("postgres://u:secret@db.example:5432/antler?sslmode=disable"),
+        "postgres://u:***@db.example:5432/antler?sslmode=disable"
+    );
+    assert_eq!(
+        mask_url("postgresql://u@db/antler"),
+        "postgresql://u@db/antler"
+    );
+    assert_eq!(
+        mask_url("postgres://db/antler?user=u&password=secret"),
+        "postgres://db/antler?***"
+    );
+    assert_eq!(mask_url("host=db password=secret"), "postgres");
+    assert_eq!(
+        mask_url("postgres://u:p@ss:w@rd@db/x"),
+        "postgres://u:***@db/x"
+    );
+}
+
+#[test]
+fn schema_names_that_would_need_quoting_are_refused() {
+    assert!(migrate::check_schema_name("t_0a9").is_ok());
+    for bad in ["", "9t", "T", "a-b", "a\"b", "a;b"] {
+        assert!(migrate::check_schema_name(bad).is_err(), "{bad}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn racing_first_accepts_into_one_new_conversation_share_its_thread() {
+    if skipped() {
+        return;
+    }
+    in_fresh_schema(|options| async move {
+        let store = Arc::new(PgStore::open(&options).await.unwrap());
+        let tasks: Vec<_> = (0..16)
+            .map(|n| {
+                let store = Arc::clone(&store);
+                tokio::spawn(async move {
+                    store
+                        .accept(crate::store::conformance::accept(
+                            &format!("m{n}"),
+                            crate::store::ThreadChoice::Current,
+                            1,
+                        ))
+                        .await
+                        .unwrap()
+                })
+            })
+            .collect();
+        let mut threads = std::collections::BTreeSet::new();
+        for task in tasks {
+            match task.await.unwrap() {
+                crate::store::Accepted::New(item) => threads.insert(item.thread_id),
+                other => panic!("{other:?}"),
+            };
+        }
+        assert_eq!(threads.len(), 1, "{threads:?}");
+        assert_eq!(store.stats().await.unwrap().inbox, 16);
+        assert!(store.stats().await.unwrap().disk_bytes > 0);
+    })
+    .await;
+}
