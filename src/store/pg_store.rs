@@ -198,9 +198,8 @@ fn db_error(e: tokio_postgres::Error) -> StoreError {
                 .contains(code)
         }
         None => {
-            e.is_closed()
-                || std::error::Error::source(&e).is_some_and(|s| s.is::<std::io::Error>())
-                || e.to_string().contains("timeout")
+            // Connect timeouts are I/O errors (`TimedOut`) too.
+            e.is_closed() || std::error::Error::source(&e).is_some_and(|s| s.is::<std::io::Error>())
         }
     };
     if unavailable {

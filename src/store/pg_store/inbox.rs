@@ -1,5 +1,7 @@
 //! The inbox (with dedupe and conversations), threads and the outbox on PostgreSQL.
 
+use std::collections::{BTreeSet, HashMap};
+
 use antler_channel::{ChatMove, Receipt};
 use deadpool_postgres::Transaction;
 
@@ -49,21 +51,6 @@ pub(super) async fn count(
         .await?;
     }
     Ok(())
-}
-
-/// The conversation `key`, locked until the transaction ends.
-async fn locked_conversation(
-    tx: &Transaction<'_>,
-    key: &str,
-) -> Result<Option<ConversationRecord>, Failure> {
-    row(
-        tx,
-        "SELECT record::text FROM antler_conversations WHERE key = $1 FOR UPDATE",
-        &[&key],
-    )
-    .await?
-    .map(|row| json("conversation", &row, 0))
-    .transpose()
 }
 
 /// Stores `record`: an update when it `existed` (and is locked), else an insert that
@@ -137,35 +124,100 @@ pub(super) async fn save_thread(tx: &Transaction<'_>, thread: &ThreadState) -> R
     Ok(())
 }
 
-/// One event of an accept batch: a duplicate, or a new inbox item (with its conversation and,
-/// for a new conversation or `/new`, its thread).
-async fn accept_one(tx: &Transaction<'_>, accept: &Accept) -> Result<Accepted, Failure> {
+/// The conversations of an accept batch as the batch goes: each record (`None`: none yet)
+/// and whether the table holds a row for it.
+struct BatchConversations(HashMap<String, (Option<ConversationRecord>, bool)>);
+
+impl BatchConversations {
+    /// Locks the conversations `accepts` go to, in key order (so two batches never wait for
+    /// each other in a circle), and reads them. Locked before any inbox number is drawn, the
+    /// accepts of one conversation are numbered in the order they commit.
+    async fn lock(tx: &Transaction<'_>, accepts: &[Accept]) -> Result<Self, Failure> {
+        let keys: BTreeSet<&str> = accepts
+            .iter()
+            .map(|a| a.event.conversation.as_str())
+            .collect();
+        let mut conversations: HashMap<String, (Option<ConversationRecord>, bool)> = keys
+            .iter()
+            .map(|key| ((*key).to_owned(), (None, false)))
+            .collect();
+        let keys: Vec<&str> = keys.into_iter().collect();
+        let found = rows(
+            tx,
+            "SELECT key, record::text FROM antler_conversations WHERE key = ANY($1) \
+             ORDER BY key FOR UPDATE",
+            &[&keys],
+        )
+        .await?;
+        for row in &found {
+            let key: String = get(row, 0)?;
+            let record: ConversationRecord = json("conversation", row, 1)?;
+            conversations.insert(key, (Some(record), true));
+        }
+        Ok(Self(conversations))
+    }
+}
+
+/// Draws `count` inbox numbers, in increasing order.
+async fn draw_seqs(tx: &Transaction<'_>, count: usize) -> Result<Vec<u64>, Failure> {
+    let count = int(count as u64)?;
+    rows(
+        tx,
+        "SELECT nextval('antler_inbox_seq') FROM generate_series(1, $1::bigint) ORDER BY 1",
+        &[&count],
+    )
+    .await?
+    .iter()
+    .map(|row| Ok(uint("inbox item", get(row, 0)?)?))
+    .collect()
+}
+
+/// One event of an accept batch, numbered `seq` if it is new: a duplicate, or a new inbox
+/// item (with its conversation and, for a new conversation or `/new`, its thread).
+async fn accept_one(
+    tx: &Transaction<'_>,
+    accept: &Accept,
+    seq: u64,
+    conversations: &mut BatchConversations,
+) -> Result<Accepted, Failure> {
     let conversation = accept.event.conversation.as_str();
     let event_id = accept.event.event_id.as_str();
-    // Locking the conversation puts its accepts in one order.
-    let current = locked_conversation(tx, conversation).await?;
-    let existed = current.is_some();
+    let (current, stored) = conversations
+        .0
+        .get(conversation)
+        .cloned()
+        .unwrap_or((None, false));
     let (record, fresh) = rules::next_conversation(current, accept);
-    let entry = DedupeEntry::of(accept, &record.thread_id, 0);
-    // The key is taken unless a live one holds it; an expired one is taken over.
-    let taken = row(
+    let entry = DedupeEntry::of(accept, &record.thread_id, seq);
+    let item = rules::inbox_item(seq, accept, &record.thread_id);
+    // The key is taken unless a live one holds it (an expired one is taken over), and the
+    // item goes in with it: one statement.
+    let taken = exec(
         tx,
-        "INSERT INTO antler_dedupe (conversation, event_id, expires_at_ms, thread_id, seq) \
-         VALUES ($1, $2, $3, $4, nextval('antler_inbox_seq')) \
+        "WITH taken AS (\
+         INSERT INTO antler_dedupe (conversation, event_id, expires_at_ms, thread_id, seq) \
+         VALUES ($1, $2, $3, $4, $5) \
          ON CONFLICT (conversation, event_id) DO UPDATE SET \
-         expires_at_ms = EXCLUDED.expires_at_ms, thread_id = EXCLUDED.thread_id, seq = EXCLUDED.seq \
-         WHERE antler_dedupe.expires_at_ms <= $5 \
-         RETURNING seq",
+         expires_at_ms = EXCLUDED.expires_at_ms, thread_id = EXCLUDED.thread_id, \
+         seq = EXCLUDED.seq \
+         WHERE antler_dedupe.expires_at_ms <= $6 \
+         RETURNING seq) \
+         INSERT INTO antler_inbox (seq, conversation, thread_id, status, accepted_at_ms, record) \
+         SELECT seq, $1, $4, $7, $8, $9 FROM taken",
         &[
             &conversation,
             &event_id,
             &bound(entry.expires_at_ms),
             &entry.thread_id,
+            &int(seq)?,
             &bound(accept.now_ms),
+            &inbox_status(item.status),
+            &int(item.accepted_at_ms)?,
+            &item.to_record()?,
         ],
     )
     .await?;
-    let Some(taken) = taken else {
+    if taken == 0 {
         let seen = row(
             tx,
             "SELECT expires_at_ms, thread_id, seq FROM antler_dedupe \
@@ -184,28 +236,15 @@ async fn accept_one(tx: &Transaction<'_>, accept: &Accept) -> Result<Accepted, F
         return seen
             .duplicate_at(accept.now_ms)
             .ok_or_else(|| Failure::Again("a dedupe key expired meanwhile".to_owned()));
-    };
-    let seq = uint("inbox item", get(&taken, 0)?)?;
+    }
     // The conversation changes only when it starts a thread.
     if let Some(thread) = fresh {
         save_thread(tx, &thread).await?;
-        put_conversation(tx, &record, existed).await?;
+        put_conversation(tx, &record, stored).await?;
+        conversations
+            .0
+            .insert(conversation.to_owned(), (Some(record), true));
     }
-    let item = rules::inbox_item(seq, accept, &record.thread_id);
-    exec(
-        tx,
-        "INSERT INTO antler_inbox (seq, conversation, thread_id, status, accepted_at_ms, record) \
-         VALUES ($1, $2, $3, $4, $5, $6)",
-        &[
-            &int(seq)?,
-            &conversation,
-            &item.thread_id,
-            &inbox_status(item.status),
-            &int(item.accepted_at_ms)?,
-            &item.to_record()?,
-        ],
-    )
-    .await?;
     Ok(Accepted::New(item))
 }
 
@@ -284,9 +323,11 @@ impl InboxStore for PgStore {
             return Ok(Vec::new());
         }
         transaction!(self, |tx| {
+            let mut conversations = BatchConversations::lock(&tx, &accepts).await?;
+            let seqs = draw_seqs(&tx, accepts.len()).await?;
             let mut outcomes = Vec::with_capacity(accepts.len());
-            for accept in &accepts {
-                outcomes.push(accept_one(&tx, accept).await?);
+            for (accept, seq) in accepts.iter().zip(seqs) {
+                outcomes.push(accept_one(&tx, accept, seq, &mut conversations).await?);
             }
             let new = outcomes
                 .iter()
