@@ -34,7 +34,7 @@ mod tests;
 use std::sync::Arc;
 use std::time::Duration;
 
-use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime, Transaction};
+use deadpool_postgres::{GenericClient, Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio_postgres::error::SqlState;
@@ -314,7 +314,7 @@ use transaction;
 
 /// The rows of `sql` (prepared once per connection).
 async fn rows(
-    tx: &Transaction<'_>,
+    tx: &impl GenericClient,
     sql: &str,
     params: &[&(dyn ToSql + Sync)],
 ) -> Result<Vec<Row>, Failure> {
@@ -324,7 +324,7 @@ async fn rows(
 
 /// The row of `sql`, if any.
 async fn row(
-    tx: &Transaction<'_>,
+    tx: &impl GenericClient,
     sql: &str,
     params: &[&(dyn ToSql + Sync)],
 ) -> Result<Option<Row>, Failure> {
@@ -334,7 +334,7 @@ async fn row(
 
 /// Runs `sql`; the number of rows it changed.
 async fn exec(
-    tx: &Transaction<'_>,
+    tx: &impl GenericClient,
     sql: &str,
     params: &[&(dyn ToSql + Sync)],
 ) -> Result<u64, Failure> {
@@ -401,3 +401,17 @@ fn missing(what: &'static str, key: impl ToString) -> Failure {
         key: key.to_string(),
     })
 }
+
+/// Runs `$body` (a block evaluating to `Result<T, Failure>`) with a pooled connection as
+/// `$db`, outside a transaction: for reads of one statement, which see one snapshot anyway.
+macro_rules! read {
+    ($store:expr, |$db:ident| $body:block) => {{
+        let $db = $store.client().await?;
+        match $crate::store::pg_store::body(async { $body }).await {
+            Ok(value) => Ok(value),
+            Err($crate::store::pg_store::Failure::Store(e)) => Err(e),
+            Err($crate::store::pg_store::Failure::Again(why)) => Err(StoreError::Conflict(why)),
+        }
+    }};
+}
+use read;

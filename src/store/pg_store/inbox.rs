@@ -7,7 +7,8 @@ use deadpool_postgres::Transaction;
 
 use super::memory::queue_update;
 use super::{
-    Failure, PgStore, bound, exec, get, int, json, missing, row, rows, to_json, transaction, uint,
+    Failure, PgStore, bound, exec, get, int, json, missing, read, row, rows, to_json, transaction,
+    uint,
 };
 use crate::agent::message::ChatMessage;
 use crate::agent::thread::ThreadState;
@@ -339,8 +340,8 @@ impl InboxStore for PgStore {
     }
 
     async fn inbox(&self) -> Result<Vec<InboxItem>, StoreError> {
-        transaction!(self, |tx| {
-            rows(&tx, "SELECT record FROM antler_inbox ORDER BY seq", &[])
+        read!(self, |db| {
+            rows(&db, "SELECT record FROM antler_inbox ORDER BY seq", &[])
                 .await?
                 .iter()
                 .map(|row| Ok(InboxItem::from_record(get(row, 0)?)?))
@@ -433,9 +434,9 @@ impl ThreadStore for PgStore {
     }
 
     async fn conversation(&self, key: &str) -> Result<Option<ConversationRecord>, StoreError> {
-        transaction!(self, |tx| {
+        read!(self, |db| {
             row(
-                &tx,
+                &db,
                 "SELECT record::text FROM antler_conversations WHERE key = $1",
                 &[&key],
             )
@@ -508,10 +509,10 @@ impl ThreadStore for PgStore {
 #[async_trait::async_trait]
 impl OutboxStore for PgStore {
     async fn outbox_pending(&self) -> Result<Vec<OutboxItem>, StoreError> {
-        transaction!(self, |tx| {
+        read!(self, |db| {
             outbox_items(
                 &rows(
-                    &tx,
+                    &db,
                     "SELECT record FROM antler_outbox WHERE status = 'pending' ORDER BY seq",
                     &[],
                 )
@@ -521,9 +522,9 @@ impl OutboxStore for PgStore {
     }
 
     async fn outbox_item(&self, seq: u64) -> Result<Option<OutboxItem>, StoreError> {
-        transaction!(self, |tx| {
+        read!(self, |db| {
             let found = rows(
-                &tx,
+                &db,
                 "SELECT record FROM antler_outbox WHERE seq = $1",
                 &[&int(seq)?],
             )
@@ -540,10 +541,10 @@ impl OutboxStore for PgStore {
             int(first)?,
             int(first.saturating_add(MAX_REPLIES_PER_ITEM))?,
         );
-        transaction!(self, |tx| {
+        read!(self, |db| {
             outbox_items(
                 &rows(
-                    &tx,
+                    &db,
                     "SELECT record FROM antler_outbox WHERE seq >= $1 AND seq < $2 ORDER BY seq",
                     &[&first, &end],
                 )

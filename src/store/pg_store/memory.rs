@@ -3,7 +3,7 @@
 use deadpool_postgres::Transaction;
 
 use super::{
-    Failure, PgStore, all_json, bound, exec, get, int, json, row, rows, to_json, transaction,
+    Failure, PgStore, all_json, bound, exec, get, int, json, read, row, rows, to_json, transaction,
 };
 use crate::agent::memory::{MemoryDocument, MemoryUpdate};
 use crate::store::rules;
@@ -145,9 +145,9 @@ async fn remove_update(tx: &Transaction<'_>, update: &MemoryUpdate) -> Result<bo
 #[async_trait::async_trait]
 impl MemoryStore for PgStore {
     async fn memory(&self, user_id: &str) -> Result<Option<MemoryDocument>, StoreError> {
-        transaction!(self, |tx| {
+        read!(self, |db| {
             row(
-                &tx,
+                &db,
                 "SELECT document::text FROM antler_memory WHERE user_key = $1",
                 &[&user_id],
             )
@@ -217,9 +217,9 @@ impl MemoryStore for PgStore {
         limit: usize,
     ) -> Result<Vec<String>, StoreError> {
         let limit = bound(limit as u64);
-        transaction!(self, |tx| {
+        read!(self, |db| {
             let found = rows(
-                &tx,
+                &db,
                 "SELECT user_key FROM antler_memory WHERE $1::text IS NULL OR user_key > $1 \
                  ORDER BY user_key LIMIT $2",
                 &[&after, &limit],
@@ -245,9 +245,9 @@ impl MemoryQueueStore for PgStore {
         limit: usize,
     ) -> Result<Vec<MemoryUpdate>, StoreError> {
         let (now, max) = (bound(now_ms), bound(limit as u64));
-        let queued: Vec<MemoryUpdate> = transaction!(self, |tx| {
+        let queued: Vec<MemoryUpdate> = read!(self, |db| {
             let found = rows(
-                &tx,
+                &db,
                 "SELECT record::text FROM antler_memory_queue WHERE due_at_ms <= $1 \
                  ORDER BY enqueued_at_ms, user_id, thread_id LIMIT $2",
                 &[&now, &max],

@@ -3,7 +3,7 @@
 use deadpool_postgres::Transaction;
 
 use super::{
-    Failure, PgStore, all_json, bound, exec, get, int, json, missing, row, rows, to_json,
+    Failure, PgStore, all_json, bound, exec, get, int, json, missing, read, row, rows, to_json,
     transaction, uint,
 };
 use crate::agent::subagents::{SubagentChange, SubagentRecord, SubagentStatus, Transition};
@@ -77,9 +77,9 @@ impl SubagentStore for PgStore {
     }
 
     async fn subagent(&self, id: &str) -> Result<Option<SubagentRecord>, StoreError> {
-        transaction!(self, |tx| {
+        read!(self, |db| {
             row(
-                &tx,
+                &db,
                 "SELECT record::text FROM antler_subagents WHERE id = $1",
                 &[&id],
             )
@@ -96,9 +96,9 @@ impl SubagentStore for PgStore {
         call_id: &str,
     ) -> Result<Option<SubagentRecord>, StoreError> {
         let turn = int(turn)?;
-        transaction!(self, |tx| {
+        read!(self, |db| {
             row(
-                &tx,
+                &db,
                 "SELECT s.record::text FROM antler_subagent_calls c \
                  JOIN antler_subagents s ON s.id = c.subagent_id \
                  WHERE c.thread_id = $1 AND c.turn = $2 AND c.call_id = $3",
@@ -116,10 +116,10 @@ impl SubagentStore for PgStore {
         limit: usize,
     ) -> Result<Vec<SubagentRecord>, StoreError> {
         let limit = bound(limit as u64);
-        let mut records: Vec<SubagentRecord> = transaction!(self, |tx| {
+        let mut records: Vec<SubagentRecord> = read!(self, |db| {
             // The newest turns' calls, as the sled index reads them.
             let found = rows(
-                &tx,
+                &db,
                 "SELECT s.record::text FROM antler_subagent_calls c \
                  JOIN antler_subagents s ON s.id = c.subagent_id \
                  WHERE c.thread_id = $1 ORDER BY c.turn DESC, c.call_id DESC LIMIT $2",
@@ -224,9 +224,9 @@ impl MaintenanceStore for PgStore {
     }
 
     async fn stats(&self) -> Result<StoreStats, StoreError> {
-        transaction!(self, |tx| {
+        read!(self, |db| {
             let found = row(
-                &tx,
+                &db,
                 "SELECT c.inbox, c.outbox_pending, \
                  (SELECT accepted_at_ms FROM antler_inbox ORDER BY seq LIMIT 1), \
                  (SELECT coalesce(sum(pg_total_relation_size(t.oid)), 0)::bigint \

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use deadpool_postgres::Transaction;
 
 use super::{
-    Failure, PgStore, all_json, bound, exec, get, int, json, missing, row, rows, to_json,
+    Failure, PgStore, all_json, bound, exec, get, int, json, missing, read, row, rows, to_json,
     transaction, uint,
 };
 use crate::agent::approvals::{ApprovalRecord, ApprovalState, Opened};
@@ -24,9 +24,9 @@ const SCHEDULES_LOCK: i32 = 0x616e_7402;
 #[async_trait::async_trait]
 impl SkillStore for PgStore {
     async fn skill_switches(&self) -> Result<BTreeMap<String, bool>, StoreError> {
-        transaction!(self, |tx| {
+        read!(self, |db| {
             rows(
-                &tx,
+                &db,
                 "SELECT name, enabled FROM antler_skills ORDER BY name",
                 &[],
             )
@@ -54,9 +54,9 @@ impl SkillStore for PgStore {
 #[async_trait::async_trait]
 impl PairingStore for PgStore {
     async fn pairing_requests(&self) -> Result<Vec<PairingRequest>, StoreError> {
-        transaction!(self, |tx| {
+        read!(self, |db| {
             let found = rows(
-                &tx,
+                &db,
                 "SELECT record::text FROM antler_pairing_requests ORDER BY channel, user_id",
                 &[],
             )
@@ -124,9 +124,9 @@ impl PairingStore for PgStore {
     }
 
     async fn paired_users(&self) -> Result<Vec<PairedUser>, StoreError> {
-        transaction!(self, |tx| {
+        read!(self, |db| {
             let found = rows(
-                &tx,
+                &db,
                 "SELECT record::text FROM antler_paired_users ORDER BY channel, user_id",
                 &[],
             )
@@ -139,9 +139,9 @@ impl PairingStore for PgStore {
 #[async_trait::async_trait]
 impl ScheduleStore for PgStore {
     async fn schedules(&self) -> Result<Vec<ScheduleRecord>, StoreError> {
-        transaction!(self, |tx| {
+        read!(self, |db| {
             let found = rows(
-                &tx,
+                &db,
                 "SELECT record::text FROM antler_schedules ORDER BY name",
                 &[],
             )
@@ -220,9 +220,9 @@ impl ScheduleStore for PgStore {
     }
 
     async fn schedule_marks(&self) -> Result<BTreeMap<String, u64>, StoreError> {
-        transaction!(self, |tx| {
+        read!(self, |db| {
             rows(
-                &tx,
+                &db,
                 "SELECT name, fire_ms FROM antler_schedule_marks ORDER BY name",
                 &[],
             )
@@ -346,9 +346,9 @@ impl ApprovalStore for PgStore {
     }
 
     async fn approval(&self, id: &str) -> Result<Option<ApprovalRecord>, StoreError> {
-        transaction!(self, |tx| {
+        read!(self, |db| {
             row(
-                &tx,
+                &db,
                 "SELECT record::text FROM antler_approvals WHERE id = $1",
                 &[&id],
             )
@@ -363,9 +363,9 @@ impl ApprovalStore for PgStore {
         thread_id: &str,
         call_key: &str,
     ) -> Result<Option<ApprovalRecord>, StoreError> {
-        transaction!(self, |tx| {
+        read!(self, |db| {
             row(
-                &tx,
+                &db,
                 "SELECT record::text FROM antler_approvals WHERE thread_id = $1 AND call_key = $2",
                 &[&thread_id, &call_key],
             )
@@ -376,9 +376,9 @@ impl ApprovalStore for PgStore {
     }
 
     async fn open_approvals(&self) -> Result<Vec<ApprovalRecord>, StoreError> {
-        transaction!(self, |tx| {
+        read!(self, |db| {
             let found = rows(
-                &tx,
+                &db,
                 "SELECT record::text FROM antler_approvals WHERE NOT queued \
                  ORDER BY created_at_ms, id",
                 &[],
