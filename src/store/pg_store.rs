@@ -119,6 +119,11 @@ impl PgStore {
     async fn client(&self) -> Result<deadpool_postgres::Client, StoreError> {
         self.pool.get().await.map_err(pool_error)
     }
+
+    /// Drops the pooled connections that were lost, so the next call gets a live one.
+    fn forget_closed(&self) {
+        self.pool.retain(|client, _| !client.is_closed());
+    }
 }
 
 /// The pool for `options`: its connections are made on first use.
@@ -226,7 +231,20 @@ enum Failure {
     /// Another transaction got in the way (a serialization failure, a deadlock, an insert
     /// that lost a race): running it again will see what that one did.
     Again(String),
+    /// The transaction could not start on its connection (lost, e.g. the server restarted):
+    /// nothing was done, so it may run again on another connection.
+    Unstarted(StoreError),
     Store(StoreError),
+}
+
+impl Failure {
+    /// The failure of a transaction's start.
+    fn unstarted(e: tokio_postgres::Error) -> Self {
+        match db_error(e) {
+            e @ StoreError::Unavailable(_) => Self::Unstarted(e),
+            e => Self::Store(e),
+        }
+    }
 }
 
 impl From<StoreError> for Failure {
@@ -282,11 +300,15 @@ macro_rules! transaction {
             attempt += 1;
             let mut client = $store.client().await?;
             let outcome: Result<_, $crate::store::pg_store::Failure> = async {
-                let $tx = client
+                let started = client
                     .build_transaction()
                     .isolation_level($isolation)
                     .start()
-                    .await?;
+                    .await;
+                let $tx = match started {
+                    Ok(tx) => tx,
+                    Err(e) => return Err($crate::store::pg_store::Failure::unstarted(e)),
+                };
                 let value = $crate::store::pg_store::body(async { $body }).await?;
                 $tx.commit().await?;
                 Ok(value)
@@ -305,7 +327,16 @@ macro_rules! transaction {
                         "other writers kept getting in the way ({why})"
                     )));
                 }
-                Err($crate::store::pg_store::Failure::Store(e)) => break Err(e),
+                Err($crate::store::pg_store::Failure::Unstarted(e))
+                    if attempt < $crate::store::pg_store::ATTEMPTS =>
+                {
+                    tracing::debug!(attempt, error = %e, "store transaction starts again");
+                    $store.forget_closed();
+                }
+                Err(
+                    $crate::store::pg_store::Failure::Unstarted(e)
+                    | $crate::store::pg_store::Failure::Store(e),
+                ) => break Err(e),
             }
         }
     }};
@@ -404,13 +435,31 @@ fn missing(what: &'static str, key: impl ToString) -> Failure {
 
 /// Runs `$body` (a block evaluating to `Result<T, Failure>`) with a pooled connection as
 /// `$db`, outside a transaction: for reads of one statement, which see one snapshot anyway.
+/// A read that failed because its connection was lost runs again on another connection.
 macro_rules! read {
     ($store:expr, |$db:ident| $body:block) => {{
-        let $db = $store.client().await?;
-        match $crate::store::pg_store::body(async { $body }).await {
-            Ok(value) => Ok(value),
-            Err($crate::store::pg_store::Failure::Store(e)) => Err(e),
-            Err($crate::store::pg_store::Failure::Again(why)) => Err(StoreError::Conflict(why)),
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let $db = $store.client().await?;
+            match $crate::store::pg_store::body(async { $body }).await {
+                Ok(value) => break Ok(value),
+                Err(
+                    $crate::store::pg_store::Failure::Store(e @ StoreError::Unavailable(_))
+                    | $crate::store::pg_store::Failure::Unstarted(e),
+                ) if attempt < $crate::store::pg_store::ATTEMPTS => {
+                    tracing::debug!(attempt, error = %e, "store read runs again");
+                    drop($db);
+                    $store.forget_closed();
+                }
+                Err(
+                    $crate::store::pg_store::Failure::Store(e)
+                    | $crate::store::pg_store::Failure::Unstarted(e),
+                ) => break Err(e),
+                Err($crate::store::pg_store::Failure::Again(why)) => {
+                    break Err(StoreError::Conflict(why));
+                }
+            }
         }
     }};
 }

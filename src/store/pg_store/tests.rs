@@ -250,3 +250,40 @@ async fn racing_first_accepts_into_one_new_conversation_share_its_thread() {
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_the_server_ended_are_replaced() {
+    if skipped() {
+        return;
+    }
+    in_fresh_schema(|options| async move {
+        // Its own application name, to end only this store's connections.
+        let name = options.schema.clone().unwrap();
+        let separator = if options.url.contains('?') { '&' } else { '?' };
+        let options = PgOptions {
+            url: format!("{}{separator}application_name={name}", options.url),
+            ..options
+        };
+        let store = PgStore::open(&options).await.unwrap();
+        store.set_skill_switch("a", true).await.unwrap();
+        let (admin, connection) = tokio_postgres::connect(&database_url().unwrap(), NoTls)
+            .await
+            .unwrap();
+        let connection = tokio::spawn(connection);
+        // What an administrator's shutdown (57P01) or a restart does to idle connections.
+        let ended = admin
+            .query(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+                 WHERE application_name = $1",
+                &[&name],
+            )
+            .await
+            .unwrap();
+        assert!(!ended.is_empty());
+        drop(admin);
+        let _ = connection.await;
+        store.set_skill_switch("b", false).await.unwrap();
+        assert_eq!(store.skill_switches().await.unwrap().len(), 2);
+    })
+    .await;
+}
