@@ -7,7 +7,7 @@
 //! | table | key | holds |
 //! |---|---|---|
 //! | `antler_schema_migrations` | version | the migrations applied |
-//! | `antler_counters` | (one row) | inbox and pending outbox counts, for [`StoreStats`] |
+//! | `antler_counters` | shard (0..16) | inbox and pending outbox counts, summed for [`StoreStats`] |
 //! | `antler_conversations` | conversation key | [`ConversationRecord`] |
 //! | `antler_threads`, `antler_messages` | thread id, (thread id, index) | metadata, one message each |
 //! | `antler_inbox` | seq (`antler_inbox_seq`) | an [`InboxItem`] record |

@@ -35,8 +35,9 @@ pub(super) fn outbox_status(status: OutboxStatus) -> &'static str {
     }
 }
 
-/// Changes the counts by the rows a transaction added and removed; last in the transaction,
-/// so the one row everyone changes is locked only until the commit.
+/// Changes the counts by the rows a transaction added and removed: in the shard of the
+/// connection (one shard per transaction, so two never wait for each other's), last in the
+/// transaction, so the row is locked only until the commit.
 pub(super) async fn count(
     tx: &Transaction<'_>,
     inbox: i64,
@@ -46,7 +47,7 @@ pub(super) async fn count(
         exec(
             tx,
             "UPDATE antler_counters SET inbox = inbox + $1, outbox_pending = outbox_pending + $2 \
-             WHERE id = 1",
+             WHERE shard = pg_backend_pid() % 16",
             &[&inbox, &outbox_pending],
         )
         .await?;

@@ -227,17 +227,19 @@ impl MaintenanceStore for PgStore {
         read!(self, |db| {
             let found = row(
                 &db,
-                "SELECT c.inbox, c.outbox_pending, \
+                "SELECT coalesce(c.inbox, 0)::bigint, coalesce(c.outbox_pending, 0)::bigint, \
                  (SELECT accepted_at_ms FROM antler_inbox ORDER BY seq LIMIT 1), \
                  (SELECT coalesce(sum(pg_total_relation_size(t.oid)), 0)::bigint \
                   FROM pg_class t WHERE t.relkind IN ('r', 'S') \
-                  AND t.relnamespace = (SELECT oid FROM pg_namespace WHERE nspname = current_schema()) \
+                  AND t.relnamespace = \
+                  (SELECT oid FROM pg_namespace WHERE nspname = current_schema()) \
                   AND t.relname LIKE 'antler\\_%') \
-                 FROM antler_counters c WHERE c.id = 1",
+                 FROM (SELECT sum(inbox) AS inbox, sum(outbox_pending) AS outbox_pending \
+                 FROM antler_counters) c",
                 &[],
             )
             .await?
-            .ok_or_else(|| missing("counters row", "1"))?;
+            .ok_or_else(|| missing("counters", "*"))?;
             Ok(StoreStats {
                 inbox: uint("inbox count", get(&found, 0)?)? as usize,
                 outbox_pending: uint("outbox count", get(&found, 1)?)? as usize,

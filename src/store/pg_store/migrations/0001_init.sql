@@ -8,13 +8,16 @@
 -- Rows that one replica claims from another later (inbox, outbox, memory queue) carry their
 -- conversation or user, so a claim can lock them per conversation (`FOR UPDATE SKIP LOCKED`).
 
--- Counts read by /readyz and metrics, changed in the transactions that change the rows.
+-- Counts read by /readyz and metrics (the sum of the rows), changed in the transactions that
+-- change what they count. A transaction changes the row of its connection's shard, so
+-- concurrent writers do not all wait for one row's lock.
 CREATE TABLE antler_counters (
-    id smallint PRIMARY KEY CHECK (id = 1),
+    shard smallint PRIMARY KEY CHECK (shard >= 0 AND shard < 16),
     inbox bigint NOT NULL,
     outbox_pending bigint NOT NULL
 );
-INSERT INTO antler_counters (id, inbox, outbox_pending) VALUES (1, 0, 0);
+INSERT INTO antler_counters (shard, inbox, outbox_pending)
+    SELECT shard, 0, 0 FROM generate_series(0, 15) AS shard;
 
 CREATE TABLE antler_conversations (
     key text COLLATE "C" PRIMARY KEY,
