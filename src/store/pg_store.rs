@@ -7,21 +7,24 @@
 //! | table | key | holds |
 //! |---|---|---|
 //! | `antler_schema_migrations` | version | the migrations applied |
-//! | `antler_counters` | shard (0..16) | inbox and pending outbox counts, summed for [`StoreStats`] |
-//! | `antler_conversations` | conversation key | [`ConversationRecord`] |
+//! | `antler_counters` | shard (0..16) | inbox and pending outbox counts, summed for [`StoreStats`](super::StoreStats) |
+//! | `antler_conversations` | conversation key | [`ConversationRecord`](super::ConversationRecord) |
 //! | `antler_threads`, `antler_messages` | thread id, (thread id, index) | metadata, one message each |
-//! | `antler_inbox` | seq (`antler_inbox_seq`) | an [`InboxItem`] record |
+//! | `antler_inbox` | seq (`antler_inbox_seq`) | an [`InboxItem`](super::InboxItem) record |
 //! | `antler_dedupe` | (conversation, event id) | expiry, thread, seq |
-//! | `antler_outbox` | [`super::outbox_seq`] | an [`OutboxItem`] record |
+//! | `antler_outbox` | [`super::outbox_seq`] | an [`OutboxItem`](super::OutboxItem) record |
 //! | `antler_memory`, `antler_memory_queue` | user key, (user key, thread id) | documents, updates |
 //! | `antler_subagents`, `antler_subagent_calls` | task id, (thread, turn, call id) | tasks |
 //! | `antler_leases` | lease name | the store's lease (`store`) |
 //! | `antler_skills`, `antler_pairing_requests`, `antler_paired_users` | name, (channel, user) | |
 //! | `antler_schedules`, `antler_schedule_marks`, `antler_approvals` | name, name, id | |
 //!
-//! Transactions run at READ COMMITTED and lock what they change (`FOR UPDATE`); a
-//! serialization failure or a deadlock runs the transaction again (a few times, then
-//! [`StoreError::Conflict`]). Lost connections are [`StoreError::Unavailable`].
+//! Transactions run at READ COMMITTED and lock what they change (`FOR UPDATE`, and an insert
+//! that loses a race runs the transaction again); a serialization failure or a deadlock runs
+//! the transaction again too (a few times, then [`StoreError::Conflict`]). Reads of one
+//! statement run without a transaction. A lost connection is [`StoreError::Unavailable`],
+//! except where nothing was done yet (a transaction that could not start, a read): that runs
+//! again on a live connection.
 
 mod inbox;
 mod memory;
