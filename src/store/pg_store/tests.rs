@@ -37,6 +37,19 @@ fn fresh_options() -> PgOptions {
     }
 }
 
+/// `url` with `password` for its user, when it names a user without one.
+fn with_password(url: &str, password: &str) -> String {
+    match url.split_once("://") {
+        Some((scheme, rest)) => match rest.split_once('@') {
+            Some((user, host)) if !user.contains(':') => {
+                format!("{scheme}://{user}:{password}@{host}")
+            }
+            _ => url.to_owned(),
+        },
+        None => url.to_owned(),
+    }
+}
+
 /// Drops the schema of `options` (best effort: a test that fails leaves it behind otherwise).
 async fn drop_schema(options: &PgOptions) {
     let (Ok((client, connection)), Some(schema)) = (
@@ -115,7 +128,12 @@ async fn migrations_apply_once_and_a_newer_schema_is_refused() {
             .await
             .unwrap();
         drop(client);
-        let refused = PgStore::open(&options).await.unwrap_err();
+        // A password in the URL (trust authentication ignores it) is never shown.
+        let secret = PgOptions {
+            url: with_password(&options.url, "s3cret-pw"),
+            ..options.clone()
+        };
+        let refused = PgStore::open(&secret).await.unwrap_err();
         assert!(
             matches!(
                 &refused,
@@ -124,6 +142,9 @@ async fn migrations_apply_once_and_a_newer_schema_is_refused() {
             "{refused:?}"
         );
         assert!(!refused.is_retryable());
+        let shown = format!("{refused} {refused:?}");
+        assert!(shown.contains(&mask_url(&secret.url)), "{shown}");
+        assert!(!shown.contains("s3cret-pw"), "{shown}");
         assert!(matches!(
             PgStore::migrate(&options).await,
             Err(StoreError::NewerSchema { .. })
