@@ -34,7 +34,7 @@ mod settings;
 #[cfg(test)]
 mod tests;
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use deadpool_postgres::{GenericClient, Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
@@ -83,7 +83,13 @@ pub(crate) struct PgStore {
     pool: Pool,
     /// The URL with its password masked, for messages.
     path: Arc<str>,
+    /// The size of antler's tables and when it was measured: measuring costs milliseconds
+    /// (a file size per table and index), so it is done at most every [`DISK_SIZE_AGE`].
+    disk_bytes: Arc<Mutex<Option<(tokio::time::Instant, u64)>>>,
 }
+
+/// How long a measured disk size is reported before it is measured again.
+const DISK_SIZE_AGE: Duration = Duration::from_secs(30);
 
 impl std::fmt::Debug for PgStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -101,6 +107,7 @@ impl PgStore {
         let store = Self {
             pool: pool(options)?,
             path: Arc::from(mask_url(&options.url)),
+            disk_bytes: Arc::default(),
         };
         let mut client = store.client().await?;
         migrate::apply(&mut client, &store.path, options.schema.as_deref()).await?;
@@ -121,6 +128,20 @@ impl PgStore {
 
     async fn client(&self) -> Result<deadpool_postgres::Client, StoreError> {
         self.pool.get().await.map_err(pool_error)
+    }
+
+    /// The disk size measured less than [`DISK_SIZE_AGE`] ago, if any.
+    fn recent_disk_bytes(&self) -> Option<u64> {
+        let measured = *self.disk_bytes.lock().ok()?;
+        measured
+            .filter(|(at, _)| at.elapsed() < DISK_SIZE_AGE)
+            .map(|(_, bytes)| bytes)
+    }
+
+    fn measured_disk_bytes(&self, bytes: u64) {
+        if let Ok(mut measured) = self.disk_bytes.lock() {
+            *measured = Some((tokio::time::Instant::now(), bytes));
+        }
     }
 
     /// Drops the pooled connections that were lost, so the next call gets a live one.

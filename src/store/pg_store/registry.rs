@@ -224,19 +224,23 @@ impl MaintenanceStore for PgStore {
     }
 
     async fn stats(&self) -> Result<StoreStats, StoreError> {
-        read!(self, |db| {
+        let cached = self.recent_disk_bytes();
+        let measure = cached.is_none();
+        let stats = read!(self, |db| {
             let found = row(
                 &db,
                 "SELECT coalesce(c.inbox, 0)::bigint, coalesce(c.outbox_pending, 0)::bigint, \
                  (SELECT accepted_at_ms FROM antler_inbox ORDER BY seq LIMIT 1), \
+                 CASE WHEN $1 THEN \
                  (SELECT coalesce(sum(pg_total_relation_size(t.oid)), 0)::bigint \
                   FROM pg_class t WHERE t.relkind IN ('r', 'S') \
                   AND t.relnamespace = \
                   (SELECT oid FROM pg_namespace WHERE nspname = current_schema()) \
                   AND t.relname LIKE 'antler\\_%') \
+                 ELSE 0::bigint END \
                  FROM (SELECT sum(inbox) AS inbox, sum(outbox_pending) AS outbox_pending \
                  FROM antler_counters) c",
-                &[],
+                &[&measure],
             )
             .await?
             .ok_or_else(|| missing("counters", "*"))?;
@@ -248,6 +252,16 @@ impl MaintenanceStore for PgStore {
                     .transpose()?,
                 disk_bytes: uint("disk size", get(&found, 3)?)?,
             })
+        })?;
+        Ok(match cached {
+            Some(disk_bytes) => StoreStats {
+                disk_bytes,
+                ..stats
+            },
+            None => {
+                self.measured_disk_bytes(stats.disk_bytes);
+                stats
+            }
         })
     }
 }
