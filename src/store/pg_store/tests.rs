@@ -98,15 +98,22 @@ impl Drop for PgBackend {
 
 conformance!(PgBackend::new(), skip_if skipped());
 
-/// Runs `test` with options for a fresh schema, then drops the schema.
+/// Runs `test` with options for a fresh schema, then drops the schema (also when the test
+/// fails).
 async fn in_fresh_schema<F, Fut>(test: F)
 where
     F: FnOnce(PgOptions) -> Fut,
     Fut: Future<Output = ()>,
 {
+    use futures_util::FutureExt;
     let options = fresh_options();
-    test(options.clone()).await;
+    let outcome = std::panic::AssertUnwindSafe(test(options.clone()))
+        .catch_unwind()
+        .await;
     drop_schema(&options).await;
+    if let Err(panic) = outcome {
+        std::panic::resume_unwind(panic);
+    }
 }
 
 #[tokio::test]
