@@ -1,9 +1,10 @@
 //! The inbox (with dedupe and conversations), threads and the outbox on PostgreSQL.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 
 use antler_channel::{ChatMove, Receipt};
 use deadpool_postgres::Transaction;
+use tokio_postgres::types::ToSql;
 
 use super::memory::queue_update;
 use super::{
@@ -16,8 +17,8 @@ use crate::store::records::Record;
 use crate::store::rules::{self, DedupeEntry};
 use crate::store::{
     Accept, Accepted, ConversationRecord, FinishTurn, InboxItem, InboxStatus, InboxStore,
-    MAX_REPLIES_PER_ITEM, OutboxItem, OutboxStatus, OutboxStore, StoreError, ThreadStore,
-    outbox_seq,
+    MAX_REPLIES_PER_ITEM, OutboxItem, OutboxStatus, OutboxStore, StoreError, ThreadChoice,
+    ThreadStore, outbox_seq,
 };
 
 fn inbox_status(status: InboxStatus) -> &'static str {
@@ -174,6 +175,88 @@ async fn draw_seqs(tx: &Transaction<'_>, count: usize) -> Result<Vec<u64>, Failu
     .collect()
 }
 
+/// Takes an event's dedupe key unless a live one holds it (an expired one is taken over),
+/// and inserts its inbox item with it: one statement, which changes one row when the event
+/// is new and none when it is a duplicate.
+const ACCEPT_SQL: &str = "WITH taken AS (\
+     INSERT INTO antler_dedupe (conversation, event_id, expires_at_ms, thread_id, seq) \
+     VALUES ($1, $2, $3, $4, $5) \
+     ON CONFLICT (conversation, event_id) DO UPDATE SET \
+     expires_at_ms = EXCLUDED.expires_at_ms, thread_id = EXCLUDED.thread_id, seq = EXCLUDED.seq \
+     WHERE antler_dedupe.expires_at_ms <= $6 \
+     RETURNING seq) \
+     INSERT INTO antler_inbox (seq, conversation, thread_id, status, accepted_at_ms, record) \
+     SELECT seq, $1, $4, $7, $8, $9 FROM taken";
+
+/// The parameters of [`ACCEPT_SQL`] for one event.
+struct AcceptRow<'a> {
+    conversation: &'a str,
+    event_id: &'a str,
+    expires_at_ms: i64,
+    thread_id: String,
+    seq: i64,
+    now_ms: i64,
+    status: &'static str,
+    accepted_at_ms: i64,
+    record: Vec<u8>,
+    item: InboxItem,
+}
+
+impl<'a> AcceptRow<'a> {
+    /// The row of `accept` into the thread `thread_id`, numbered `seq`.
+    fn of(accept: &'a Accept, thread_id: &str, seq: u64) -> Result<Self, StoreError> {
+        let entry = DedupeEntry::of(accept, thread_id, seq);
+        let item = rules::inbox_item(seq, accept, thread_id);
+        Ok(Self {
+            conversation: accept.event.conversation.as_str(),
+            event_id: &accept.event.event_id,
+            expires_at_ms: bound(entry.expires_at_ms),
+            thread_id: entry.thread_id,
+            seq: int(seq)?,
+            now_ms: bound(accept.now_ms),
+            status: inbox_status(item.status),
+            accepted_at_ms: int(item.accepted_at_ms)?,
+            record: item.to_record()?,
+            item,
+        })
+    }
+
+    fn params(&self) -> [&(dyn ToSql + Sync); 9] {
+        [
+            &self.conversation,
+            &self.event_id,
+            &self.expires_at_ms,
+            &self.thread_id,
+            &self.seq,
+            &self.now_ms,
+            &self.status,
+            &self.accepted_at_ms,
+            &self.record,
+        ]
+    }
+}
+
+/// The outcome of an event whose key a live entry holds: the duplicate of what it records.
+async fn duplicate(tx: &Transaction<'_>, accept: &Accept) -> Result<Accepted, Failure> {
+    let seen = row(
+        tx,
+        "SELECT expires_at_ms, thread_id, seq FROM antler_dedupe \
+         WHERE conversation = $1 AND event_id = $2",
+        &[&accept.event.conversation.as_str(), &accept.event.event_id],
+    )
+    .await?
+    .ok_or_else(|| Failure::Again("a dedupe key went away meanwhile".to_owned()))?;
+    let seen = DedupeEntry {
+        expires_at_ms: uint("dedupe entry", get(&seen, 0)?)?,
+        thread_id: get(&seen, 1)?,
+        seq: get::<Option<i64>>(&seen, 2)?
+            .map(|seq| uint("dedupe entry", seq))
+            .transpose()?,
+    };
+    seen.duplicate_at(accept.now_ms)
+        .ok_or_else(|| Failure::Again("a dedupe key expired meanwhile".to_owned()))
+}
+
 /// One event of an accept batch, numbered `seq` if it is new: a duplicate, or a new inbox
 /// item (with its conversation and, for a new conversation or `/new`, its thread).
 async fn accept_one(
@@ -183,61 +266,15 @@ async fn accept_one(
     conversations: &mut BatchConversations,
 ) -> Result<Accepted, Failure> {
     let conversation = accept.event.conversation.as_str();
-    let event_id = accept.event.event_id.as_str();
     let (current, stored) = conversations
         .0
         .get(conversation)
         .cloned()
         .unwrap_or((None, false));
     let (record, fresh) = rules::next_conversation(current, accept);
-    let entry = DedupeEntry::of(accept, &record.thread_id, seq);
-    let item = rules::inbox_item(seq, accept, &record.thread_id);
-    // The key is taken unless a live one holds it (an expired one is taken over), and the
-    // item goes in with it: one statement.
-    let taken = exec(
-        tx,
-        "WITH taken AS (\
-         INSERT INTO antler_dedupe (conversation, event_id, expires_at_ms, thread_id, seq) \
-         VALUES ($1, $2, $3, $4, $5) \
-         ON CONFLICT (conversation, event_id) DO UPDATE SET \
-         expires_at_ms = EXCLUDED.expires_at_ms, thread_id = EXCLUDED.thread_id, \
-         seq = EXCLUDED.seq \
-         WHERE antler_dedupe.expires_at_ms <= $6 \
-         RETURNING seq) \
-         INSERT INTO antler_inbox (seq, conversation, thread_id, status, accepted_at_ms, record) \
-         SELECT seq, $1, $4, $7, $8, $9 FROM taken",
-        &[
-            &conversation,
-            &event_id,
-            &bound(entry.expires_at_ms),
-            &entry.thread_id,
-            &int(seq)?,
-            &bound(accept.now_ms),
-            &inbox_status(item.status),
-            &int(item.accepted_at_ms)?,
-            &item.to_record()?,
-        ],
-    )
-    .await?;
-    if taken == 0 {
-        let seen = row(
-            tx,
-            "SELECT expires_at_ms, thread_id, seq FROM antler_dedupe \
-             WHERE conversation = $1 AND event_id = $2",
-            &[&conversation, &event_id],
-        )
-        .await?
-        .ok_or_else(|| Failure::Again("a dedupe key went away meanwhile".to_owned()))?;
-        let seen = DedupeEntry {
-            expires_at_ms: uint("dedupe entry", get(&seen, 0)?)?,
-            thread_id: get(&seen, 1)?,
-            seq: get::<Option<i64>>(&seen, 2)?
-                .map(|seq| uint("dedupe entry", seq))
-                .transpose()?,
-        };
-        return seen
-            .duplicate_at(accept.now_ms)
-            .ok_or_else(|| Failure::Again("a dedupe key expired meanwhile".to_owned()));
+    let accept_row = AcceptRow::of(accept, &record.thread_id, seq)?;
+    if exec(tx, ACCEPT_SQL, &accept_row.params()).await? == 0 {
+        return duplicate(tx, accept).await;
     }
     // The conversation changes only when it starts a thread.
     if let Some(thread) = fresh {
@@ -247,7 +284,56 @@ async fn accept_one(
             .0
             .insert(conversation.to_owned(), (Some(record), true));
     }
-    Ok(Accepted::New(item))
+    Ok(Accepted::New(accept_row.item))
+}
+
+/// The rows of a batch whose events all go to the current thread of a stored conversation,
+/// each with its own key; `None` for any other batch. Such events change nothing but their
+/// own rows, so their statements may be sent together.
+fn independent_rows<'a>(
+    accepts: &'a [Accept],
+    seqs: &[u64],
+    conversations: &BatchConversations,
+) -> Result<Option<Vec<AcceptRow<'a>>>, StoreError> {
+    let mut keys = HashSet::with_capacity(accepts.len());
+    let mut accept_rows = Vec::with_capacity(accepts.len());
+    for (accept, seq) in accepts.iter().zip(seqs) {
+        let conversation = accept.event.conversation.as_str();
+        let current = match conversations.0.get(conversation) {
+            Some((Some(record), true)) if accept.thread == ThreadChoice::Current => record,
+            _ => return Ok(None),
+        };
+        if !keys.insert((conversation, accept.event.event_id.as_str())) {
+            return Ok(None);
+        }
+        accept_rows.push(AcceptRow::of(accept, &current.thread_id, *seq)?);
+    }
+    Ok(Some(accept_rows))
+}
+
+/// Accepts independent events ([`independent_rows`]): their statements are sent at once
+/// (the connection pipelines them), so a batch costs about one round trip, not one each.
+async fn accept_independent(
+    tx: &Transaction<'_>,
+    accepts: &[Accept],
+    accept_rows: Vec<AcceptRow<'_>>,
+) -> Result<Vec<Accepted>, Failure> {
+    let statement = tx.prepare_cached(ACCEPT_SQL).await?;
+    let taken = futures_util::future::try_join_all(
+        accept_rows
+            .iter()
+            .map(|accept_row| tx.execute_raw(&statement, accept_row.params())),
+    )
+    .await?;
+    let mut outcomes = Vec::with_capacity(accepts.len());
+    for ((accept, accept_row), taken) in accepts.iter().zip(accept_rows).zip(taken) {
+        outcomes.push(if taken == 0 {
+            duplicate(tx, accept).await?
+        } else {
+            Accepted::New(accept_row.item)
+        });
+    }
+    Ok(outcomes)
 }
 
 /// Reads, changes and writes back inbox item `seq`, locked meanwhile.
@@ -327,10 +413,16 @@ impl InboxStore for PgStore {
         transaction!(self, |tx| {
             let mut conversations = BatchConversations::lock(&tx, &accepts).await?;
             let seqs = draw_seqs(&tx, accepts.len()).await?;
-            let mut outcomes = Vec::with_capacity(accepts.len());
-            for (accept, seq) in accepts.iter().zip(seqs) {
-                outcomes.push(accept_one(&tx, accept, seq, &mut conversations).await?);
-            }
+            let outcomes = match independent_rows(&accepts, &seqs, &conversations)? {
+                Some(accept_rows) => accept_independent(&tx, &accepts, accept_rows).await?,
+                None => {
+                    let mut outcomes = Vec::with_capacity(accepts.len());
+                    for (accept, seq) in accepts.iter().zip(seqs) {
+                        outcomes.push(accept_one(&tx, accept, seq, &mut conversations).await?);
+                    }
+                    outcomes
+                }
+            };
             let new = outcomes
                 .iter()
                 .filter(|o| matches!(o, Accepted::New(_)))

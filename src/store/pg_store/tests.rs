@@ -315,3 +315,61 @@ async fn connections_the_server_ended_are_replaced() {
     })
     .await;
 }
+
+/// A batch into conversations that exist, to their current threads, is sent at once; its
+/// outcomes are those of one event after the other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_into_known_conversations_is_sent_at_once_with_the_same_outcomes() {
+    use crate::store::Accepted;
+    use crate::store::conformance::accept_in;
+    if skipped() {
+        return;
+    }
+    in_fresh_schema(|options| async move {
+        let store = PgStore::open(&options).await.unwrap();
+        let first = store
+            .accept_batch(vec![accept_in("a", "m1", 5, 1_000), accept_in("b", "m0", 5, 10)])
+            .await
+            .unwrap();
+        let [Accepted::New(a1), Accepted::New(b0)] = first.as_slice() else {
+            panic!("{first:?}");
+        };
+        let outcomes = store
+            .accept_batch(vec![
+                accept_in("a", "m2", 100, 1_000),
+                // A redelivery of an event accepted before.
+                accept_in("a", "m1", 100, 1_000),
+                // Its key expired at 15: new again.
+                accept_in("b", "m0", 100, 1_000),
+                accept_in("b", "m3", 100, 1_000),
+            ])
+            .await
+            .unwrap();
+        let [
+            Accepted::New(a2),
+            Accepted::Duplicate { thread_id, seq },
+            Accepted::New(b0_again),
+            Accepted::New(b3),
+        ] = outcomes.as_slice()
+        else {
+            panic!("{outcomes:?}");
+        };
+        assert_eq!((thread_id, *seq), (&a1.thread_id, Some(a1.seq)));
+        assert_eq!(a2.thread_id, a1.thread_id);
+        assert_eq!((&b0_again.thread_id, &b3.thread_id), (&b0.thread_id, &b0.thread_id));
+        assert!(b0.seq < a2.seq && a2.seq < b0_again.seq && b0_again.seq < b3.seq);
+        let inbox: Vec<u64> = store.inbox().await.unwrap().iter().map(|i| i.seq).collect();
+        assert_eq!(inbox, [a1.seq, b0.seq, a2.seq, b0_again.seq, b3.seq]);
+        assert_eq!(store.stats().await.unwrap().inbox, 5);
+        // The same key twice in one batch: the second is the first's duplicate.
+        let twice = store
+            .accept_batch(vec![accept_in("a", "m9", 200, 1_000), accept_in("a", "m9", 200, 1_000)])
+            .await
+            .unwrap();
+        assert!(
+            matches!(twice.as_slice(), [Accepted::New(n), Accepted::Duplicate { seq: Some(s), .. }] if n.seq == *s),
+            "{twice:?}"
+        );
+    })
+    .await;
+}
