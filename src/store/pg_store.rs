@@ -27,6 +27,7 @@
 //! again on a live connection.
 
 mod inbox;
+mod inspect;
 mod memory;
 mod migrate;
 mod registry;
