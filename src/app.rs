@@ -52,7 +52,7 @@ use crate::agent::tools::mcp::McpServers;
 use crate::agent::tools::probed_bash::{ProbedBash, ShellProbe, ShellRoles};
 use crate::agent::tools::web_fetch::WebFetch;
 use crate::agent::tools::{Tool, ToolRegistry};
-use crate::config::{Config, StoreConfig};
+use crate::config::{Config, StoreBackend, StoreConfig};
 use crate::config::{FeishuMode, SlackMode, TelegramMode};
 use crate::delivery::{Delivery, ReplyFiles};
 use crate::events::EventHub;
@@ -70,7 +70,7 @@ use crate::retry::{Backoff, RetryPolicy};
 use crate::sandbox::{self, Backend, Detection, Sandbox};
 use crate::schedule::{Clock, Schedule, Schedules, SystemClock};
 use crate::store::{
-    Claimed, InboxItem, OutboxItem, SledStore, Store, StoreDocuments, StoreError, StoreRegistry,
+    Claimed, InboxItem, OutboxItem, Store, StoreDocuments, StoreError, StoreRegistry,
     StoreSkillSwitches,
 };
 
@@ -80,10 +80,10 @@ const SWEEP_EVERY: Duration = Duration::from_secs(60);
 /// How long interrupted turns get to give their attempt back.
 const INTERRUPT_WAIT: Duration = Duration::from_secs(5);
 
-/// How long the store's lease lasts unless renewed, and how often it is renewed: a process
-/// that stops unexpectedly leaves its work to the next one at most this long.
-const LEASE: Duration = Duration::from_secs(30);
-const LEASE_RENEW_EVERY: Duration = Duration::from_secs(10);
+/// How many times the store's lease is renewed within its length (`store.lease_secs`): a
+/// process that stops unexpectedly leaves its work to the next one at most one length after
+/// its last renewal, and a renewal may fail twice before the lease runs out.
+const RENEWALS_PER_LEASE: u32 = 3;
 
 /// Why the application could not start or stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -698,6 +698,19 @@ async fn probe_model(client: OpenAiClient, model: String) {
     }
 }
 
+/// `antler migrate`: applies the store's pending schema migrations and nothing else (`serve`
+/// applies them at start too). Returns where the store is (a URL's password masked) and its
+/// schema versions before (0: a new store) and after.
+pub async fn migrate(config: &Config) -> Result<(String, u32, u32), AppError> {
+    let at = match config.store.backend {
+        StoreBackend::Sled => config.store.path.display().to_string(),
+        StoreBackend::Postgres => crate::store::pg_options(&config.store)
+            .map(|options| crate::store::mask_pg_url(&options.url))?,
+    };
+    let (from, to) = crate::store::migrate(&config.store).await?;
+    Ok((at, from, to))
+}
+
 /// Runs antler on `listener` until `shutdown` resolves (or another process takes the store's
 /// lease), then drains (the stages of [`shutdown`]): intake stops (new messages get 503),
 /// running turns get `server.shutdown_grace_secs` to finish, turns still running after that
@@ -845,11 +858,17 @@ where
     // environment or open files through /proc, nor trace it.
     let _ = rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable);
     let metrics = metrics_handle();
-    let store = open_store(&config.store).await?;
+    let store = crate::store::open(&config.store).await?;
     // Before anything else starts (the shell's proxy socket in the store's folder, MCP
     // servers): a second process must not get that far.
     let stops = Stops::default();
-    let (owner, lease_keeper) = claim_lease(&store, &stops).await?;
+    let shutdown = futures_util::FutureExt::shared(Box::pin(shutdown));
+    let Some((owner, lease_keeper)) =
+        claim_lease(&store, &config.store, &stops, shutdown.clone()).await?
+    else {
+        tracing::info!("stopped while standing by");
+        return Ok(());
+    };
     // The sandbox's probe (most of the start-up time) runs in the background: antler answers
     // before it is done, and only runs that may use the shell wait for its verdict
     // (tools::probed_bash). After the store opened, which sets its folder's permissions, since
@@ -1280,34 +1299,68 @@ fn warn_open_channels(config: &Config, access: &Access) {
     }
 }
 
-/// Opens the store `[store]` names (opening migrates an older layout, so it runs on the
-/// blocking pool).
-async fn open_store(settings: &StoreConfig) -> Result<Arc<dyn Store>, AppError> {
-    let path = settings.path.clone();
-    let cache = settings.cache_capacity_bytes;
-    let store = tokio::task::spawn_blocking(move || SledStore::open(&path, cache))
-        .await
-        .map_err(|e| AppError::Store(e.to_string()))??;
-    Ok(Arc::new(store))
+/// This process's name in logs and leases: `store.replica`, else the host name and the
+/// process id.
+fn replica_name(settings: &StoreConfig) -> String {
+    settings.replica.clone().unwrap_or_else(|| {
+        let host = rustix::system::uname();
+        format!(
+            "{}-{}",
+            host.nodename().to_string_lossy(),
+            std::process::id()
+        )
+    })
 }
 
-/// Claims the store's lease for this process (`antler-<pid>-<id>`) and starts renewing it:
-/// the store's work is this process's from here. Returns the owner's name and the renewer,
-/// which stops when dropped: a start that fails later lets go of the store.
+/// Claims the store's lease for this process (`<replica>/<id>`: a restarted replica of the
+/// same name is another owner, so it sees how the last one left) and starts renewing it: the
+/// store's work is this process's from here. While another antler's lease is live (a second
+/// replica on one database, or this replica restarted after a crash before its old lease ran
+/// out) it stands by and claims again as that lease would run out; `None` if `shutdown` came
+/// first. Returns the owner's name and the renewer, which stops when dropped: a start that
+/// fails later lets go of the store.
 async fn claim_lease(
     store: &Arc<dyn Store>,
+    settings: &StoreConfig,
     stops: &Stops,
-) -> Result<(String, AbortOnDropHandle<()>), AppError> {
+    shutdown: impl Future<Output = ()>,
+) -> Result<Option<(String, AbortOnDropHandle<()>)>, AppError> {
     let owner = format!(
-        "antler-{}-{}",
-        std::process::id(),
+        "{}/{}",
+        replica_name(settings),
         uuid::Uuid::now_v7().simple()
     );
-    let now = crate::now_ms();
-    match store
-        .claim(&owner, now, now + LEASE.as_millis() as u64)
-        .await?
-    {
+    let lease = Duration::from_secs(settings.lease_secs);
+    let mut shutdown = std::pin::pin!(shutdown);
+    let mut told = false;
+    let claimed = loop {
+        let now = crate::now_ms();
+        match store.claim(&owner, now, now + millis(lease)).await {
+            Ok(claimed) => break claimed,
+            Err(StoreError::Leased {
+                owner: holder,
+                remaining_ms,
+            }) => {
+                if !told {
+                    tracing::info!(
+                        holder,
+                        remaining_ms,
+                        "standing by: another antler holds the store's lease"
+                    );
+                    told = true;
+                }
+                // Claimed again as the lease would run out (or a renewal interval on, since
+                // its holder renews it): a clean stop releases it sooner than that.
+                let wait = Duration::from_millis(remaining_ms).min(lease / RENEWALS_PER_LEASE);
+                tokio::select! {
+                    () = tokio::time::sleep(wait + Duration::from_millis(50)) => {}
+                    () = &mut shutdown => return Ok(None),
+                }
+            }
+            Err(e) => return Err(e.into()),
+        }
+    };
+    match claimed {
         Claimed::Expired { owner: previous } => {
             tracing::info!(
                 previous,
@@ -1319,10 +1372,11 @@ async fn claim_lease(
     let keeper = AbortOnDropHandle::new(tokio::spawn(keep_lease(
         Arc::clone(store),
         owner.clone(),
+        lease,
         stops.lease.clone(),
         stops.lease_lost.clone(),
     )));
-    Ok((owner, keeper))
+    Ok(Some((owner, keeper)))
 }
 
 /// What the last process left to do.
@@ -1351,23 +1405,30 @@ async fn resume(store: &dyn Store) -> Result<Resumed, AppError> {
     Ok(Resumed { inbox, outbox })
 }
 
-/// Renews the store's lease every [`LEASE_RENEW_EVERY`] until `stop`. If another owner took
-/// it, cancels `lost`, which stops this process: two processes must never work on one store.
-/// A store that is unavailable for a moment is tried again at the next renewal.
+/// A duration in whole milliseconds, saturating.
+fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// Renews the store's lease of length `lease` [`RENEWALS_PER_LEASE`] times within it until
+/// `stop`. If another owner took it, cancels `lost`, which stops this process: two processes
+/// must never work on one store. A store that is unavailable for a moment is tried again at
+/// the next renewal.
 async fn keep_lease(
     store: Arc<dyn Store>,
     owner: String,
+    lease: Duration,
     stop: CancellationToken,
     lost: CancellationToken,
 ) {
-    let mut every = tokio::time::interval(LEASE_RENEW_EVERY);
+    let mut every = tokio::time::interval(lease / RENEWALS_PER_LEASE);
     every.tick().await;
     loop {
         tokio::select! {
             _ = every.tick() => {}
             () = stop.cancelled() => return,
         }
-        let until = crate::now_ms() + LEASE.as_millis() as u64;
+        let until = crate::now_ms().saturating_add(millis(lease));
         match store.renew(&owner, until).await {
             Ok(()) => {}
             Err(e) if e.is_retryable() => {
@@ -1422,7 +1483,7 @@ mod tool_tests;
 #[cfg(test)]
 mod tests {
     use crate::store::{
-        Accept, Accepted, FinishTurn, InboxStore, LeaseStore, OutboxStatus, OutboxStore,
+        Accept, Accepted, FinishTurn, InboxStore, LeaseStore, OutboxStatus, OutboxStore, SledStore,
         ThreadChoice,
     };
     use antler_channel::{InboundEvent, OutboundMessage};
@@ -1548,7 +1609,8 @@ mod tests {
             SledStore::open(&dir.path().join("store"), 1 << 20).expect("the store is free again");
         let claimed = store.claim("next", 0, 1).await.unwrap();
         assert!(
-            matches!(&claimed, Claimed::Expired { owner } if owner.starts_with("antler-")),
+            matches!(&claimed, Claimed::Expired { owner }
+                if owner.contains(&format!("-{}/", std::process::id()))),
             "a failed start never released it: {claimed:?}"
         );
     }
@@ -1558,20 +1620,22 @@ mod tests {
         let store: Arc<dyn Store> = Arc::new(crate::store::MemStore::new());
         store.claim("a", 0, 1).await.unwrap();
         let (stop, lost) = (CancellationToken::new(), CancellationToken::new());
+        let lease = Duration::from_secs(15);
         let keeper = tokio::spawn(keep_lease(
             Arc::clone(&store),
             "a".to_owned(),
+            lease,
             stop.clone(),
             lost.clone(),
         ));
         // Renewals keep it while it is ours.
-        tokio::time::sleep(LEASE_RENEW_EVERY * 3).await;
+        tokio::time::sleep(lease).await;
         assert!(!lost.is_cancelled());
         // Another owner takes it (here: after a release, as a second process would once
         // the lease had run out).
         store.release("a").await.unwrap();
         store.claim("b", 0, u64::MAX).await.unwrap();
-        tokio::time::sleep(LEASE_RENEW_EVERY * 2).await;
+        tokio::time::sleep(lease / 2).await;
         assert!(lost.is_cancelled(), "the next renewal notices");
         keeper.await.unwrap();
         assert!(!stop.is_cancelled());

@@ -53,6 +53,13 @@ pub enum Command {
         #[arg(long, env = "ANTLER_USER")]
         user: Option<String>,
     },
+    /// Apply the store's pending schema migrations and exit (`serve` applies them at start
+    /// too); a store written by a newer antler is refused.
+    Migrate {
+        /// The configuration file [default: ./config/antler.toml, else /etc/antler/antler.toml].
+        #[arg(long, env = "ANTLER_CONFIG")]
+        config: Option<PathBuf>,
+    },
     /// Check the configuration, store, listen address, model endpoint and API access, and
     /// say how to fix what fails (exit 1 if anything does).
     Doctor {

@@ -9,7 +9,7 @@
 //! except that a store is opened the way `antler serve` would open it (an older layout is
 //! migrated); a store another antler holds is reported, not touched.
 
-use crate::store::{MaintenanceStore, SledStore, StoreError};
+use crate::store::{MaintenanceStore, PgStore, SledStore, StoreError};
 use std::io::Write;
 use std::path::Path;
 use std::time::Duration;
@@ -19,7 +19,7 @@ use crate::agent::skills;
 use crate::agent::tools::mcp::McpServers;
 use antler_channel::ChannelError;
 
-use crate::config::{Config, FeishuMode, TelegramMode, mask_url};
+use crate::config::{Config, FeishuMode, StoreBackend, TelegramMode, mask_url};
 use crate::setup;
 
 /// How one check came out.
@@ -276,6 +276,9 @@ async fn check_mcp(config: &Config) -> Vec<Finding> {
 }
 
 async fn check_store(config: &Config) -> Finding {
+    if config.store.backend == StoreBackend::Postgres {
+        return check_database(config).await;
+    }
     let path = config.store.path.clone();
     if !path.exists() {
         return match creatable_parent(&path) {
@@ -330,6 +333,49 @@ async fn check_store(config: &Config) -> Finding {
             format!("make {path} writable by this user, or set store.path (ANTLER_DATA_DIR)"),
         ),
         Err(e) => Finding::fail("store", e.to_string(), "report this as a bug"),
+    }
+}
+
+/// The PostgreSQL store: reachable with these credentials, its schema beside this build's,
+/// and who holds the store's lease. Reads only: `serve` and `antler migrate` apply the schema.
+async fn check_database(config: &Config) -> Finding {
+    let options = match crate::store::pg_options(&config.store) {
+        Ok(options) => options,
+        Err(e) => return Finding::fail("store", e.to_string(), "set store.url (DATABASE_URL)"),
+    };
+    let at = crate::store::mask_pg_url(&options.url);
+    match PgStore::inspect(&options).await {
+        Ok(found) if found.schema > found.supported => Finding::fail(
+            "store",
+            format!(
+                "{at}: schema version {}, but this antler supports at most {}",
+                found.schema, found.supported
+            ),
+            "run the antler version that wrote it (or a newer one)",
+        ),
+        Ok(found) => {
+            let schema = if found.schema == found.supported {
+                format!("schema version {}", found.schema)
+            } else {
+                format!(
+                    "schema version {} (`antler migrate` or `serve` applies {})",
+                    found.schema, found.supported
+                )
+            };
+            let lease = match found.lease {
+                Some(lease) if !lease.released && lease.until_ms > crate::now_ms() => {
+                    format!("; the store's lease is held by {}", lease.owner)
+                }
+                Some(lease) => format!("; the last owner was {}", lease.owner),
+                None => String::new(),
+            };
+            Finding::ok("store", format!("{at}: {schema}{lease}"))
+        }
+        Err(e) => Finding::fail(
+            "store",
+            format!("{at}: {e}"),
+            "check that the database runs and that store.url names it with working credentials",
+        ),
     }
 }
 

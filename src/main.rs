@@ -143,6 +143,23 @@ async fn run(command: &Command) -> anyhow::Result<ExitCode> {
             }
         }
         Command::Healthcheck { url } => antler::chat::healthcheck(url).await?,
+        Command::Migrate { config } => {
+            let path = match located(config) {
+                Ok(path) => path,
+                Err(code) => return Ok(code),
+            };
+            let config = Config::load(&path)?;
+            let (at, from, to) = antler::migrate(&config).await?;
+            if from == to {
+                say(format_args!(
+                    "store {at}: schema version {to}, nothing to apply"
+                ));
+            } else {
+                say(format_args!(
+                    "store {at}: schema version {from} -> {to}, applied"
+                ));
+            }
+        }
         Command::Doctor { config } => {
             let path = match located(config) {
                 Ok(path) => path,

@@ -14,7 +14,7 @@ use serde_json::json;
 use crate::config::{ApiRole, Config, ConfigError, Secret};
 use crate::ingress::access::Access;
 use crate::ingress::pairing::{Pairing, PairingError, PendingView};
-use crate::store::{SledStore, StoreError};
+use crate::store::StoreError;
 
 /// How long the CLI waits for a running serve.
 const API_TIMEOUT: Duration = Duration::from_secs(10);
@@ -225,11 +225,8 @@ async fn on_store(
     base: &str,
     action: &PairingAction,
 ) -> Result<Answer, PairingCliError> {
-    let path = config.store.path.clone();
-    let cache = config.store.cache_capacity_bytes;
-    let store = tokio::task::spawn_blocking(move || SledStore::open(&path, cache))
+    let store = crate::store::open(&config.store)
         .await
-        .map_err(|e| PairingCliError::Store(e.to_string()))?
         .map_err(|e| match e {
             StoreError::InUse { .. } => PairingCliError::Store(format!(
                 "{e}, but no antler answers at {base} (is channels.api enabled, and \
@@ -237,7 +234,7 @@ async fn on_store(
             )),
             e => PairingCliError::Store(e.to_string()),
         })?;
-    let pairing = Pairing::new(Arc::new(store), Arc::new(Access::default()));
+    let pairing = Pairing::new(store, Arc::new(Access::default()));
     Ok(match action {
         PairingAction::List => Answer::Pending(pairing.list().await?),
         PairingAction::Approve { code, admin } => {
@@ -316,6 +313,7 @@ fn report(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::SledStore;
 
     #[test]
     fn a_wildcard_listen_address_is_reached_on_loopback() {

@@ -225,25 +225,54 @@ impl Default for ServerConfig {
     }
 }
 
+/// Where antler keeps its state.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StoreBackend {
+    /// The embedded sled database under `[store] path`: one process.
+    #[default]
+    Sled,
+    /// A PostgreSQL database at `[store] url`.
+    Postgres,
+}
+
 /// `[store]`
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct StoreConfig {
-    /// The directory sled lives in.
+    /// Which store holds conversations, threads, the inbox and the outbox.
+    pub backend: StoreBackend,
+    /// The directory sled lives in; with PostgreSQL, the thread folders and the audit log.
     #[serde(deserialize_with = "secret::string")]
     pub path: PathBuf,
     /// How long a delivered platform event id is remembered for dedupe.
     pub dedupe_ttl_secs: u64,
     /// The memory sled may use for its page cache, in bytes.
     pub cache_capacity_bytes: u64,
+    /// The PostgreSQL database (`postgres://user:password@host:5432/db`); a secret.
+    #[serde(deserialize_with = "secret::opt_secret")]
+    pub url: Option<Secret>,
+    /// Connections to PostgreSQL kept open at most.
+    pub pool_size: usize,
+    /// How long the store's work stays this antler's without renewing its lease, in seconds
+    /// (PostgreSQL).
+    pub lease_secs: u64,
+    /// This antler's name in logs and leases; `None`: the host name and the process id.
+    #[serde(deserialize_with = "secret::opt_string")]
+    pub replica: Option<String>,
 }
 
 impl Default for StoreConfig {
     fn default() -> Self {
         Self {
+            backend: StoreBackend::Sled,
             path: PathBuf::from("data"),
             dedupe_ttl_secs: 86_400,
             cache_capacity_bytes: 8 * 1024 * 1024,
+            url: None,
+            pool_size: 16,
+            lease_secs: 15,
+            replica: None,
         }
     }
 }
@@ -1241,11 +1270,20 @@ impl Config {
         if server.metrics_token.is_some() {
             lines.push("metrics token: ***".to_owned());
         }
-        lines.push(format!(
-            "store: {} (cache: {})",
-            self.store.path.display(),
-            display_bytes(self.store.cache_capacity_bytes),
-        ));
+        match (self.store.backend, &self.store.url) {
+            (StoreBackend::Postgres, Some(url)) => lines.push(format!(
+                "store: PostgreSQL at {} ({} connections, lease {}s); thread folders in {}",
+                mask_url(url.expose()),
+                self.store.pool_size,
+                self.store.lease_secs,
+                self.store.path.display(),
+            )),
+            _ => lines.push(format!(
+                "store: {} (cache: {})",
+                self.store.path.display(),
+                display_bytes(self.store.cache_capacity_bytes),
+            )),
+        }
         lines.push(format!(
             "model: {} at {} (api key: {})",
             model.model,

@@ -90,9 +90,14 @@ pub(crate) const SETTINGS: &[Setting] = &[
     value("server.log_level", r#""info""#, "Which log lines are written, in `RUST_LOG` syntax (`antler=debug,warn`); `RUST_LOG`, when set, wins; SIGHUP applies a change."),
     unset("server.wait_timeout_secs", "`agent.turn_timeout_secs` + 60", "Seconds a `\"wait\": true` request waits for its answer before answering 202 without it (the turn goes on)."),
     // [store]
-    value("store.path", r#""data""#, "The directory sled lives in."),
+    value("store.backend", r#""sled""#, "Where antler keeps its state: `\"sled\"` (embedded, one process) or `\"postgres\"`."),
+    value("store.path", r#""data""#, "The directory sled lives in; with PostgreSQL, the thread folders and the audit log."),
     value("store.dedupe_ttl_secs", "86400", "How long a delivered platform event id is remembered for dedupe."),
     value("store.cache_capacity_bytes", "8388608", "The memory sled may use for its page cache, in bytes."),
+    unset("store.url", "none; required with `backend = \"postgres\"`", "The PostgreSQL database, `postgres://user:password@host:5432/db` (a secret: masked everywhere)."),
+    value("store.pool_size", "16", "Connections to PostgreSQL kept open at most."),
+    value("store.lease_secs", "15", "Seconds the store's work stays this antler's without renewing its lease (PostgreSQL)."),
+    unset("store.replica", "the host name and the process id", "This antler's name in logs and leases (PostgreSQL)."),
     // [model]
     value("model.base_url", r#""https://api.openai.com/v1""#, "The OpenAI-compatible API base URL (`.../v1`)."),
     unset("model.api_key", "no key is sent", "The bearer API key."),

@@ -957,7 +957,8 @@ fn every_unknown_key_and_type_error_is_reported_at_once_in_file_order() {
     );
     assert_eq!(
         found[0],
-        "store.pth: unknown key (expected one of: path, dedupe_ttl_secs, cache_capacity_bytes)"
+        "store.pth: unknown key (expected one of: backend, path, dedupe_ttl_secs, cache_capacity_bytes, \
+         url, pool_size, lease_secs, replica)"
     );
     assert_eq!(
         found[1],
@@ -2377,4 +2378,43 @@ fn schedules_are_checked_naming_the_key_and_read_in_their_zone() {
             .any(|issue| issue.starts_with("schedules[0].when")),
         "{unknown:?}"
     );
+}
+
+#[test]
+fn the_postgres_store_needs_a_postgres_url_and_keeps_it_secret() {
+    assert_issue(
+        "[store]\nbackend = \"postgres\"\n",
+        "store.url: is required with store.backend = \"postgres\" \
+         (postgres://user:password@host:5432/db)",
+    );
+    let found = issues("[store]\nbackend = \"postgres\"\nurl = \"mysql://u:hunter2@db/x\"\n");
+    assert_eq!(
+        found,
+        ["store.url: must be a postgres:// or postgresql:// URL"]
+    );
+    assert_issue(
+        "[store]\nbackend = \"postgres\"\nurl = \"postgres://db/x\"\npool_size = 0\n",
+        "store.pool_size: must be at least 1 (got 0)",
+    );
+    assert_issue(
+        "[store]\nlease_secs = 2\n",
+        "store.lease_secs: must be at least 3 (got 2)",
+    );
+    assert!(
+        !issues("[store]\nbackend = \"mongo\"\n").is_empty(),
+        "an unknown backend is refused"
+    );
+    let config = Config::from_toml_str(
+        "[store]\nbackend = \"postgres\"\nurl = \"${DATABASE_URL}\"\nreplica = \"a\"\n",
+        &env_of(&[("DATABASE_URL", "postgres://antler:hunter2@db:5432/antler")]),
+    )
+    .unwrap();
+    assert_eq!(config.store.backend, StoreBackend::Postgres);
+    assert_eq!(
+        config.store.url.as_ref().map(Secret::expose),
+        Some("postgres://antler:hunter2@db:5432/antler")
+    );
+    assert_eq!(config.store.replica.as_deref(), Some("a"));
+    assert!(!format!("{config:?}").contains("hunter2"));
+    assert!(!config.summary().contains("hunter2"));
 }

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use super::settings::{at, element, entry, key, named};
 use super::{Config, ConfigIssue, Secret};
-use super::{DmPolicy, FeishuMode, SlackMode, TelegramMode};
+use super::{DmPolicy, FeishuMode, SlackMode, StoreBackend, TelegramMode};
 use crate::agent::middleware::sandbox_audit::{MAX_COMMAND_CHARS_LIMIT, SandboxAuditConfig};
 use crate::agent::subagents::config::{BUILTIN_TYPES, TASK_CALL_MARGIN};
 use crate::agent::subagents::task_tool::TASK_TOOL;
@@ -190,6 +190,27 @@ fn server(config: &Config, v: &mut Issues) {
         config.store.cache_capacity_bytes,
         MIN_CACHE_CAPACITY_BYTES,
     );
+    if config.store.backend == StoreBackend::Postgres {
+        match config.store.url.as_ref().map(Secret::expose) {
+            None => v.push(
+                key!("store.url"),
+                format!(
+                    "is required with {} = \"postgres\" (postgres://user:password@host:5432/db)",
+                    key!("store.backend")
+                ),
+            ),
+            Some(url) if !url.starts_with("postgres://") && !url.starts_with("postgresql://") => {
+                // Never quoted: it may hold a password.
+                v.push(
+                    key!("store.url"),
+                    "must be a postgres:// or postgresql:// URL",
+                );
+            }
+            Some(_) => {}
+        }
+    }
+    v.at_least(key!("store.pool_size"), config.store.pool_size, 1);
+    v.at_least(key!("store.lease_secs"), config.store.lease_secs, 3);
 }
 
 /// Whether two listeners would fight over one port: the same port (0 picks a fresh one each

@@ -388,6 +388,19 @@ fn open_error(e: sled::Error, path: &Path) -> StoreError {
     }
 }
 
+/// The schema version the store in `meta`'s database was written with (`None`: a new store).
+fn stored_schema(meta: &sled::Tree) -> Result<Option<u32>, StoreError> {
+    let Some(bytes) = meta.get(SCHEMA_KEY)? else {
+        return Ok(None);
+    };
+    <[u8; 4]>::try_from(bytes.as_ref())
+        .map(|be| Some(u32::from_be_bytes(be)))
+        .map_err(|_| StoreError::Codec {
+            what: "schema version",
+            detail: format!("{} bytes", bytes.len()),
+        })
+}
+
 impl SledStore {
     /// Opens (or creates) the store in `path`, migrating an older layout and checking the
     /// schema version. `cache_capacity` bounds sled's page cache.
@@ -399,6 +412,19 @@ impl SledStore {
         Self::from_db(db, &path.display().to_string(), Some(files))
     }
 
+    /// Opens the store in `path` only to migrate it (`antler migrate`); returns the schema
+    /// versions before (0: a new store) and after.
+    pub(crate) fn migrate(path: &Path, cache_capacity: u64) -> Result<(u32, u32), StoreError> {
+        prepare_dir(path)?;
+        let db = open_db(path, cache_capacity)?;
+        tighten_files(path);
+        let found = stored_schema(&db.open_tree("meta")?)?.unwrap_or(0);
+        let files = SyncFiles::open(path)?;
+        let store = Self::from_db(db, &path.display().to_string(), Some(files))?;
+        store.db.flush()?;
+        Ok((found, SCHEMA_VERSION))
+    }
+
     /// A store in a temporary directory that sled deletes on drop (tests).
     #[cfg(test)]
     pub(crate) fn temporary() -> Result<Self, StoreError> {
@@ -408,13 +434,7 @@ impl SledStore {
 
     fn from_db(db: sled::Db, path: &str, files: Option<SyncFiles>) -> Result<Self, StoreError> {
         let meta = db.open_tree("meta")?;
-        if let Some(bytes) = meta.get(SCHEMA_KEY)? {
-            let found = <[u8; 4]>::try_from(bytes.as_ref())
-                .map(u32::from_be_bytes)
-                .map_err(|_| StoreError::Codec {
-                    what: "schema version",
-                    detail: format!("{} bytes", bytes.len()),
-                })?;
+        if let Some(found) = stored_schema(&meta)? {
             if found > SCHEMA_VERSION {
                 return Err(StoreError::NewerSchema {
                     path: path.to_owned(),

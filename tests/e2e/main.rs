@@ -26,6 +26,7 @@ mod opcommands;
 mod ordering;
 mod pairing;
 mod plan_mode;
+mod postgres;
 mod present_files;
 mod request_shaping;
 mod restart;

@@ -1,0 +1,69 @@
+//! What `antler doctor` reads from the database, changing nothing: that it answers with these
+//! credentials, its schema version beside this build's, and who holds the store's lease.
+
+use super::migrate::SCHEMA_VERSION;
+use super::{PgOptions, PgStore, db_error, pool, pool_error};
+use crate::store::{Lease, StoreError};
+
+/// The database as `antler doctor` found it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Inspected {
+    /// The schema version applied (0: none yet).
+    pub(crate) schema: u32,
+    /// The version this build applies.
+    pub(crate) supported: u32,
+    /// The store's lease, once anyone claimed it.
+    pub(crate) lease: Option<Lease>,
+}
+
+impl PgStore {
+    /// Connects and reads the schema version and the lease without migrating anything.
+    pub(crate) async fn inspect(options: &PgOptions) -> Result<Inspected, StoreError> {
+        let client = pool(options)?.get().await.map_err(pool_error)?;
+        let applied: bool = client
+            .query_one(
+                "SELECT to_regclass('antler_schema_migrations') IS NOT NULL",
+                &[],
+            )
+            .await
+            .and_then(|row| row.try_get(0))
+            .map_err(db_error)?;
+        if !applied {
+            return Ok(Inspected {
+                schema: 0,
+                supported: SCHEMA_VERSION,
+                lease: None,
+            });
+        }
+        let schema: i32 = client
+            .query_one(
+                "SELECT coalesce(max(version), 0) FROM antler_schema_migrations",
+                &[],
+            )
+            .await
+            .and_then(|row| row.try_get(0))
+            .map_err(db_error)?;
+        let lease = client
+            .query_opt(
+                "SELECT owner, until_ms, released FROM antler_leases WHERE name = 'store'",
+                &[],
+            )
+            .await
+            .map_err(db_error)?
+            .map(|row| -> Result<Lease, tokio_postgres::Error> {
+                let until_ms: i64 = row.try_get(1)?;
+                Ok(Lease {
+                    owner: row.try_get(0)?,
+                    until_ms: u64::try_from(until_ms).unwrap_or(0),
+                    released: row.try_get(2)?,
+                })
+            })
+            .transpose()
+            .map_err(db_error)?;
+        Ok(Inspected {
+            schema: u32::try_from(schema).unwrap_or(0),
+            supported: SCHEMA_VERSION,
+            lease,
+        })
+    }
+}

@@ -1,0 +1,375 @@
+//! The PostgreSQL store's tests: the conformance suite and what only this backend has
+//! (migrations, connection errors). Each test works in a schema of its own, dropped at its
+//! end. They need a server: `ANTLER_TEST_DATABASE_URL` (or `DATABASE_URL`); without one each
+//! test says so and passes.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::migrate::SCHEMA_VERSION;
+use super::*;
+use crate::store::conformance::{Backend, conformance};
+use crate::store::{InboxStore, MaintenanceStore, SkillStore, Store};
+
+/// The test database's URL, if the environment names one.
+fn database_url() -> Option<String> {
+    ["ANTLER_TEST_DATABASE_URL", "DATABASE_URL"]
+        .into_iter()
+        .filter_map(|name| std::env::var(name).ok())
+        .find(|url| !url.trim().is_empty())
+}
+
+/// Whether the PostgreSQL tests cannot run here; says so when they cannot.
+fn skipped() -> bool {
+    if database_url().is_some() {
+        return false;
+    }
+    eprintln!("skipped: set ANTLER_TEST_DATABASE_URL to run the PostgreSQL tests");
+    true
+}
+
+/// Options for a fresh schema of the test database.
+fn fresh_options() -> PgOptions {
+    PgOptions {
+        url: database_url().unwrap(),
+        pool_size: 4,
+        schema: Some(format!("t_{}", uuid::Uuid::new_v4().simple())),
+    }
+}
+
+/// `url` with `password` for its user, when it names a user without one.
+fn with_password(url: &str, password: &str) -> String {
+    match url.split_once("://") {
+        Some((scheme, rest)) => match rest.split_once('@') {
+            Some((user, host)) if !user.contains(':') => {
+                format!("{scheme}://{user}:{password}@{host}")
+            }
+            _ => url.to_owned(),
+        },
+        None => url.to_owned(),
+    }
+}
+
+/// Drops the schema of `options` (best effort: a test that fails leaves it behind otherwise).
+async fn drop_schema(options: &PgOptions) {
+    let (Ok((client, connection)), Some(schema)) = (
+        tokio_postgres::connect(&options.url, NoTls).await,
+        &options.schema,
+    ) else {
+        return;
+    };
+    let connection = tokio::spawn(connection);
+    let _ = client
+        .batch_execute(&format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"))
+        .await;
+    drop(client);
+    let _ = connection.await;
+}
+
+/// Stores in a schema of their own, reopened in place; the schema goes with the backend.
+struct PgBackend(Option<PgOptions>);
+
+impl PgBackend {
+    fn new() -> Self {
+        Self(database_url().map(|_| fresh_options()))
+    }
+}
+
+impl Backend for PgBackend {
+    fn open(&self) -> Arc<dyn Store> {
+        let options = self.0.as_ref().unwrap();
+        let store = tokio::task::block_in_place(|| {
+            tokio::runtime::Handle::current().block_on(PgStore::open(options))
+        });
+        Arc::new(store.unwrap())
+    }
+}
+
+impl Drop for PgBackend {
+    fn drop(&mut self) {
+        let Some(options) = &self.0 else {
+            return;
+        };
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            tokio::task::block_in_place(|| handle.block_on(drop_schema(options)));
+        }
+    }
+}
+
+conformance!(PgBackend::new(), skip_if skipped());
+
+/// Runs `test` with options for a fresh schema, then drops the schema (also when the test
+/// fails).
+async fn in_fresh_schema<F, Fut>(test: F)
+where
+    F: FnOnce(PgOptions) -> Fut,
+    Fut: Future<Output = ()>,
+{
+    use futures_util::FutureExt;
+    let options = fresh_options();
+    let outcome = std::panic::AssertUnwindSafe(test(options.clone()))
+        .catch_unwind()
+        .await;
+    drop_schema(&options).await;
+    if let Err(panic) = outcome {
+        std::panic::resume_unwind(panic);
+    }
+}
+
+#[tokio::test]
+async fn migrations_apply_once_and_a_newer_schema_is_refused() {
+    if skipped() {
+        return;
+    }
+    in_fresh_schema(|options| async move {
+        assert_eq!(PgStore::migrate(&options).await.unwrap(), (0, SCHEMA_VERSION));
+        assert_eq!(
+            PgStore::migrate(&options).await.unwrap(),
+            (SCHEMA_VERSION, SCHEMA_VERSION)
+        );
+        let store = PgStore::open(&options).await.unwrap();
+        assert_eq!(store.stats().await.unwrap().inbox, 0);
+        let client = store.client().await.unwrap();
+        client
+            .batch_execute("INSERT INTO antler_schema_migrations (version) VALUES (999)")
+            .await
+            .unwrap();
+        drop(client);
+        // A password in the URL (trust authentication ignores it) is never shown.
+        let secret = PgOptions {
+            url: with_password(&options.url, "s3cret-pw"),
+            ..options.clone()
+        };
+        let refused = PgStore::open(&secret).await.unwrap_err();
+        assert!(
+            matches!(
+                &refused,
+                StoreError::NewerSchema { found: 999, supported, .. } if *supported == SCHEMA_VERSION
+            ),
+            "{refused:?}"
+        );
+        assert!(!refused.is_retryable());
+        let shown = format!("{refused} {refused:?}");
+        assert!(shown.contains(&mask_url(&secret.url)), "{shown}");
+        assert!(!shown.contains("s3cret-pw"), "{shown}");
+        assert!(matches!(
+            PgStore::migrate(&options).await,
+            Err(StoreError::NewerSchema { .. })
+        ));
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_migrating_together_both_succeed() {
+    if skipped() {
+        return;
+    }
+    in_fresh_schema(|options| async move {
+        let (a, b) = tokio::join!(PgStore::migrate(&options), PgStore::migrate(&options));
+        let mut versions = [a.unwrap(), b.unwrap()];
+        versions.sort();
+        assert_eq!(
+            versions,
+            [(0, SCHEMA_VERSION), (SCHEMA_VERSION, SCHEMA_VERSION)]
+        );
+        let (a, b) = tokio::join!(PgStore::open(&options), PgStore::open(&options));
+        let (a, b) = (a.unwrap(), b.unwrap());
+        assert!(a.skill_switches().await.unwrap().is_empty());
+        b.set_skill_switch("x", true).await.unwrap();
+        assert_eq!(a.skill_switches().await.unwrap().get("x"), Some(&true));
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn an_unreachable_database_is_unavailable_at_once_and_the_password_stays_secret() {
+    // No server needed: nothing listens on port 1.
+    let options = PgOptions {
+        url: "postgres://antler:s3cret-pw@127.0.0.1:1/antler".to_owned(),
+        pool_size: 2,
+        schema: None,
+    };
+    assert!(!format!("{options:?}").contains("s3cret-pw"));
+    let started = std::time::Instant::now();
+    let refused = PgStore::open(&options).await.unwrap_err();
+    assert!(started.elapsed() < Duration::from_secs(10));
+    assert!(matches!(refused, StoreError::Unavailable(_)), "{refused:?}");
+    assert!(refused.is_retryable());
+    for shown in [refused.to_string(), format!("{refused:?}")] {
+        assert!(!shown.contains("s3cret-pw"), "{shown}");
+    }
+    let refused = PgStore::migrate(&options).await.unwrap_err();
+    assert!(matches!(refused, StoreError::Unavailable(_)), "{refused:?}");
+
+    // A host that never answers: the connect timeout ends the wait.
+    let options = PgOptions {
+        url: "postgres://antler:s3cret-pw@10.255.255.1:5432/antler?connect_timeout=1".to_owned(),
+        ..options
+    };
+    let started = std::time::Instant::now();
+    let refused = PgStore::open(&options).await.unwrap_err();
+    assert!(started.elapsed() < Duration::from_secs(5), "{refused}");
+    assert!(matches!(refused, StoreError::Unavailable(_)), "{refused:?}");
+    assert!(!format!("{refused} {refused:?}").contains("s3cret-pw"));
+}
+
+#[test]
+fn urls_are_shown_with_their_password_masked() {
+    assert_eq!(
+        mask_url("postgres://u:secret@db.example:5432/antler?sslmode=disable"),
+        "postgres://u:***@db.example:5432/antler?sslmode=disable"
+    );
+    assert_eq!(
+        mask_url("postgresql://u@db/antler"),
+        "postgresql://u@db/antler"
+    );
+    assert_eq!(
+        mask_url("postgres://db/antler?user=u&password=secret"),
+        "postgres://db/antler?***"
+    );
+    assert_eq!(mask_url("host=db password=secret"), "postgres");
+    assert_eq!(
+        mask_url("postgres://u:p@ss:w@rd@db/x"),
+        "postgres://u:***@db/x"
+    );
+}
+
+#[test]
+fn schema_names_that_would_need_quoting_are_refused() {
+    assert!(migrate::check_schema_name("t_0a9").is_ok());
+    for bad in ["", "9t", "T", "a-b", "a\"b", "a;b"] {
+        assert!(migrate::check_schema_name(bad).is_err(), "{bad}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn racing_first_accepts_into_one_new_conversation_share_its_thread() {
+    if skipped() {
+        return;
+    }
+    in_fresh_schema(|options| async move {
+        let store = Arc::new(PgStore::open(&options).await.unwrap());
+        let tasks: Vec<_> = (0..16)
+            .map(|n| {
+                let store = Arc::clone(&store);
+                tokio::spawn(async move {
+                    store
+                        .accept(crate::store::conformance::accept(
+                            &format!("m{n}"),
+                            crate::store::ThreadChoice::Current,
+                            1,
+                        ))
+                        .await
+                        .unwrap()
+                })
+            })
+            .collect();
+        let mut threads = std::collections::BTreeSet::new();
+        for task in tasks {
+            match task.await.unwrap() {
+                crate::store::Accepted::New(item) => threads.insert(item.thread_id),
+                other => panic!("{other:?}"),
+            };
+        }
+        assert_eq!(threads.len(), 1, "{threads:?}");
+        assert_eq!(store.stats().await.unwrap().inbox, 16);
+        assert!(store.stats().await.unwrap().disk_bytes > 0);
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_the_server_ended_are_replaced() {
+    if skipped() {
+        return;
+    }
+    in_fresh_schema(|options| async move {
+        // Its own application name, to end only this store's connections.
+        let name = options.schema.clone().unwrap();
+        let separator = if options.url.contains('?') { '&' } else { '?' };
+        let options = PgOptions {
+            url: format!("{}{separator}application_name={name}", options.url),
+            ..options
+        };
+        let store = PgStore::open(&options).await.unwrap();
+        store.set_skill_switch("a", true).await.unwrap();
+        let (admin, connection) = tokio_postgres::connect(&database_url().unwrap(), NoTls)
+            .await
+            .unwrap();
+        let connection = tokio::spawn(connection);
+        // What an administrator's shutdown (57P01) or a restart does to idle connections.
+        let ended = admin
+            .query(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+                 WHERE application_name = $1",
+                &[&name],
+            )
+            .await
+            .unwrap();
+        assert!(!ended.is_empty());
+        drop(admin);
+        let _ = connection.await;
+        store.set_skill_switch("b", false).await.unwrap();
+        assert_eq!(store.skill_switches().await.unwrap().len(), 2);
+    })
+    .await;
+}
+
+/// A batch into conversations that exist, to their current threads, is sent at once; its
+/// outcomes are those of one event after the other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_into_known_conversations_is_sent_at_once_with_the_same_outcomes() {
+    use crate::store::Accepted;
+    use crate::store::conformance::accept_in;
+    if skipped() {
+        return;
+    }
+    in_fresh_schema(|options| async move {
+        let store = PgStore::open(&options).await.unwrap();
+        let first = store
+            .accept_batch(vec![accept_in("a", "m1", 5, 1_000), accept_in("b", "m0", 5, 10)])
+            .await
+            .unwrap();
+        let [Accepted::New(a1), Accepted::New(b0)] = first.as_slice() else {
+            panic!("{first:?}");
+        };
+        let outcomes = store
+            .accept_batch(vec![
+                accept_in("a", "m2", 100, 1_000),
+                // A redelivery of an event accepted before.
+                accept_in("a", "m1", 100, 1_000),
+                // Its key expired at 15: new again.
+                accept_in("b", "m0", 100, 1_000),
+                accept_in("b", "m3", 100, 1_000),
+            ])
+            .await
+            .unwrap();
+        let [
+            Accepted::New(a2),
+            Accepted::Duplicate { thread_id, seq },
+            Accepted::New(b0_again),
+            Accepted::New(b3),
+        ] = outcomes.as_slice()
+        else {
+            panic!("{outcomes:?}");
+        };
+        assert_eq!((thread_id, *seq), (&a1.thread_id, Some(a1.seq)));
+        assert_eq!(a2.thread_id, a1.thread_id);
+        assert_eq!((&b0_again.thread_id, &b3.thread_id), (&b0.thread_id, &b0.thread_id));
+        assert!(b0.seq < a2.seq && a2.seq < b0_again.seq && b0_again.seq < b3.seq);
+        let inbox: Vec<u64> = store.inbox().await.unwrap().iter().map(|i| i.seq).collect();
+        assert_eq!(inbox, [a1.seq, b0.seq, a2.seq, b0_again.seq, b3.seq]);
+        assert_eq!(store.stats().await.unwrap().inbox, 5);
+        // The same key twice in one batch: the second is the first's duplicate.
+        let twice = store
+            .accept_batch(vec![accept_in("a", "m9", 200, 1_000), accept_in("a", "m9", 200, 1_000)])
+            .await
+            .unwrap();
+        assert!(
+            matches!(twice.as_slice(), [Accepted::New(n), Accepted::Duplicate { seq: Some(s), .. }] if n.seq == *s),
+            "{twice:?}"
+        );
+    })
+    .await;
+}

@@ -1,0 +1,184 @@
+//! antler on PostgreSQL (`[store] backend = "postgres"`): a message answered and kept across a
+//! restart, a second antler on the same database standing by until the first stops, and
+//! `antler migrate`. They run when `ANTLER_TEST_DATABASE_URL` (or `DATABASE_URL`) names a
+//! server, each in a schema of its own (the URL's `search_path`); without one they say so and
+//! pass.
+
+use std::time::{Duration, Instant};
+
+use crate::support::{
+    Behaviour, Client, DEADLINE, MockModel, TestApp, config, run_binary, searchable_tempdir,
+};
+
+/// A schema of its own on the test server, dropped when the test ends.
+struct Schema {
+    server: String,
+    name: String,
+}
+
+impl Schema {
+    /// A fresh schema, or `None` (after saying why) when no server is named.
+    async fn create() -> Option<Self> {
+        let Some(server) = std::env::var("ANTLER_TEST_DATABASE_URL")
+            .or_else(|_| std::env::var("DATABASE_URL"))
+            .ok()
+            .filter(|url| !url.is_empty())
+        else {
+            eprintln!("skipped: set ANTLER_TEST_DATABASE_URL to run the PostgreSQL tests");
+            return None;
+        };
+        let name = format!("e2e_{}", uuid::Uuid::now_v7().simple());
+        run_sql(&server, &format!("CREATE SCHEMA {name}")).await;
+        Some(Self { server, name })
+    }
+
+    /// The server's URL with this schema first on the `search_path`.
+    fn url(&self) -> String {
+        let join = if self.server.contains('?') { '&' } else { '?' };
+        format!("{}{join}options=-csearch_path%3D{}", self.server, self.name)
+    }
+
+    /// The `[store]` table of an antler on this schema named `replica`.
+    fn store_config(&self, replica: &str) -> String {
+        format!(
+            "[store]\nbackend = \"postgres\"\nurl = {:?}\nlease_secs = 3\nreplica = {replica:?}\n",
+            self.url()
+        )
+    }
+
+    async fn drop(self) {
+        run_sql(
+            &self.server,
+            &format!("DROP SCHEMA IF EXISTS {} CASCADE", self.name),
+        )
+        .await;
+    }
+}
+
+async fn run_sql(url: &str, sql: &str) {
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .expect("connect to the test database");
+    let connection = tokio::spawn(connection);
+    client.batch_execute(sql).await.expect(sql);
+    drop(client);
+    let _ = connection.await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_is_answered_and_kept_across_a_restart_on_postgres() {
+    let Some(schema) = Schema::create().await else {
+        return;
+    };
+    let mock = MockModel::start(Behaviour::Echo).await;
+    let dir = searchable_tempdir();
+    let folders = dir.path().join("store");
+    let app = TestApp::start(&mock, &folders, &schema.store_config("a")).await;
+    let first = app.ask("pg", "remember me").await;
+    assert_eq!(first.json["reply"], "echo: remember me", "{}", first.text);
+    let thread_id = first.json["thread_id"].as_str().unwrap().to_owned();
+    // A redelivery is recognised by the database's dedupe keys.
+    let again = app
+        .post(&serde_json::json!({
+            "conversation": "pg", "text": "remember me",
+            "message_id": first.json["message_id"],
+        }))
+        .await;
+    assert_eq!(again.json["duplicate"], true, "{}", again.text);
+    app.wait_idle().await;
+    app.shutdown().await;
+
+    // The next start (another replica name: a new owner) reads the thread from PostgreSQL.
+    let app = TestApp::start(&mock, &folders, &schema.store_config("b")).await;
+    let thread = app.thread(&thread_id).await;
+    let messages = thread["messages"].as_array().unwrap();
+    assert_eq!(messages.len(), 2, "{messages:?}");
+    assert_eq!(messages[1]["content"], "echo: remember me");
+    let second = app.ask("pg", "still there?").await;
+    assert_eq!(second.json["thread_id"], thread_id.as_str());
+    assert_eq!(second.json["reply"], "echo: still there?");
+    assert_eq!(mock.requests().len(), 2, "each message ran once");
+    app.shutdown().await;
+    schema.drop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_antler_on_one_database_stands_by_until_the_first_stops() {
+    let Some(schema) = Schema::create().await else {
+        return;
+    };
+    let mock = MockModel::start(Behaviour::Echo).await;
+    let dir = searchable_tempdir();
+    let folders = dir.path().join("store");
+    let first = TestApp::start(&mock, &folders, &schema.store_config("first")).await;
+    let asked = first.ask("pg", "before").await;
+    assert_eq!(asked.json["reply"], "echo: before");
+
+    // The second one starts while the first holds the store's lease: it does not serve.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let second = Client::new(format!("http://{}", listener.local_addr().unwrap()));
+    let (stop_second, stopped) = tokio::sync::oneshot::channel::<()>();
+    let config = config(&mock.base_url(), &folders, &schema.store_config("second"));
+    let serving = tokio::spawn(antler::serve(config, listener, async move {
+        let _ = stopped.await;
+    }));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(!serving.is_finished(), "it waits rather than failing");
+    // Its listener is bound but nobody accepts: a request gets no answer.
+    let standing_by = tokio::time::timeout(Duration::from_secs(1), second.is_healthy()).await;
+    assert!(
+        !matches!(standing_by, Ok(true)),
+        "it does not serve while standing by"
+    );
+    let answered = first.ask("pg", "still the first").await;
+    assert_eq!(answered.json["reply"], "echo: still the first");
+
+    // The first stops cleanly (its lease given up): the second takes over and goes on with
+    // the same conversation.
+    first.shutdown().await;
+    let started = Instant::now();
+    while !second.is_healthy().await {
+        assert!(
+            started.elapsed() < DEADLINE,
+            "the second antler did not take over within {DEADLINE:?}"
+        );
+        assert!(!serving.is_finished(), "the second antler stopped");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let after = second.ask("pg", "after").await;
+    assert_eq!(after.json["reply"], "echo: after", "{}", after.text);
+    assert_eq!(after.json["thread_id"], asked.json["thread_id"]);
+    assert_eq!(mock.requests().len(), 3, "each message ran once");
+    let _ = stop_second.send(());
+    tokio::time::timeout(DEADLINE, serving)
+        .await
+        .expect("the second antler stops")
+        .unwrap()
+        .unwrap();
+    schema.drop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_applies_the_schema_once_and_says_what_it_did() {
+    let Some(schema) = Schema::create().await else {
+        return;
+    };
+    let dir = searchable_tempdir();
+    let path = dir.path().join("antler.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "[model]\nbase_url = \"http://127.0.0.1:9/v1\"\n{}",
+            schema.store_config("migrate")
+        ),
+    )
+    .unwrap();
+    let path = path.to_str().unwrap();
+    let (code, out, err) = run_binary(&["migrate", "--config", path]).await;
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(out.contains("schema version 0 -> 1, applied"), "{out}");
+    let (code, out, err) = run_binary(&["migrate", "--config", path]).await;
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(out.contains("schema version 1, nothing to apply"), "{out}");
+    schema.drop().await;
+}
