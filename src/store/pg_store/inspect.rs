@@ -1,7 +1,7 @@
 //! What `antler doctor` reads from the database, changing nothing: that it answers with these
 //! credentials, its schema version beside this build's, and who holds the store's lease.
 
-use super::migrate::SCHEMA_VERSION;
+use super::migrate::{SCHEMA_VERSION, applied_version};
 use super::{PgOptions, PgStore, db_error, pool, pool_error};
 use crate::store::{Lease, StoreError};
 
@@ -35,14 +35,7 @@ impl PgStore {
                 lease: None,
             });
         }
-        let schema: i32 = client
-            .query_one(
-                "SELECT coalesce(max(version), 0) FROM antler_schema_migrations",
-                &[],
-            )
-            .await
-            .and_then(|row| row.try_get(0))
-            .map_err(db_error)?;
+        let schema = applied_version(&client).await?;
         let lease = client
             .query_opt(
                 "SELECT owner, until_ms, released FROM antler_leases WHERE name = 'store'",
@@ -61,7 +54,7 @@ impl PgStore {
             .transpose()
             .map_err(db_error)?;
         Ok(Inspected {
-            schema: u32::try_from(schema).unwrap_or(0),
+            schema,
             supported: SCHEMA_VERSION,
             lease,
         })

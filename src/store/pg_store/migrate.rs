@@ -2,6 +2,8 @@
 //! `antler_schema_migrations`, all pending ones in one transaction that holds an advisory
 //! lock, so replicas starting together apply them once and none starts on half a schema.
 
+use deadpool_postgres::GenericClient;
+
 use super::db_error;
 use crate::store::StoreError;
 
@@ -39,18 +41,7 @@ pub(super) async fn apply(
     )
     .await
     .map_err(db_error)?;
-    let found: i32 = tx
-        .query_one(
-            "SELECT coalesce(max(version), 0) FROM antler_schema_migrations",
-            &[],
-        )
-        .await
-        .and_then(|row| row.try_get(0))
-        .map_err(db_error)?;
-    let found = u32::try_from(found).map_err(|_| StoreError::Codec {
-        what: "schema version",
-        detail: format!("negative: {found}"),
-    })?;
+    let found = applied_version(&tx).await?;
     if found > SCHEMA_VERSION {
         return Err(StoreError::NewerSchema {
             path: path.to_owned(),
@@ -79,6 +70,22 @@ pub(super) async fn apply(
         );
     }
     Ok((found, SCHEMA_VERSION))
+}
+
+/// The highest schema version `antler_schema_migrations` records (0: none).
+pub(super) async fn applied_version(client: &impl GenericClient) -> Result<u32, StoreError> {
+    let found: i32 = client
+        .query_one(
+            "SELECT coalesce(max(version), 0) FROM antler_schema_migrations",
+            &[],
+        )
+        .await
+        .and_then(|row| row.try_get(0))
+        .map_err(db_error)?;
+    u32::try_from(found).map_err(|_| StoreError::Codec {
+        what: "schema version",
+        detail: format!("negative: {found}"),
+    })
 }
 
 /// Refuses a schema name that would need quoting: it goes into a connection option and a
