@@ -704,10 +704,10 @@ async fn probe_model(client: OpenAiClient, model: String) {
 pub async fn migrate(config: &Config) -> Result<(String, u32, u32), AppError> {
     let at = match config.store.backend {
         StoreBackend::Sled => config.store.path.display().to_string(),
-        StoreBackend::Postgres => crate::store::pg_options(&config.store)
+        StoreBackend::Postgres => store_backend::pg_options(&config.store)
             .map(|options| crate::store::mask_pg_url(&options.url))?,
     };
-    let (from, to) = crate::store::migrate(&config.store).await?;
+    let (from, to) = store_backend::migrate(&config.store).await?;
     Ok((at, from, to))
 }
 
@@ -1331,7 +1331,7 @@ async fn open_store(
     let mut shutdown = std::pin::pin!(shutdown);
     let mut backoff = Duration::from_millis(500);
     loop {
-        match crate::store::open(settings).await {
+        match store_backend::open(settings).await {
             Ok(store) => {
                 if let Some(waiting) = waiting {
                     waiting.set(Waiting::Starting);
@@ -1539,6 +1539,7 @@ async fn sweep(
 }
 
 mod shutdown;
+pub(crate) mod store_backend;
 mod waiting;
 
 use shutdown::{Shutdown, Stops};
