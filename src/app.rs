@@ -704,10 +704,10 @@ async fn probe_model(client: OpenAiClient, model: String) {
 pub async fn migrate(config: &Config) -> Result<(String, u32, u32), AppError> {
     let at = match config.store.backend {
         StoreBackend::Sled => config.store.path.display().to_string(),
-        StoreBackend::Postgres => crate::store::pg_options(&config.store)
+        StoreBackend::Postgres => store_backend::pg_options(&config.store)
             .map(|options| crate::store::mask_pg_url(&options.url))?,
     };
-    let (from, to) = crate::store::migrate(&config.store).await?;
+    let (from, to) = store_backend::migrate(&config.store).await?;
     Ok((at, from, to))
 }
 
@@ -858,13 +858,31 @@ where
     // environment or open files through /proc, nor trace it.
     let _ = rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable);
     let metrics = metrics_handle();
-    let store = crate::store::open(&config.store).await?;
+    let shutdown = futures_util::FutureExt::shared(Box::pin(shutdown));
+    // A database may be down or held by another antler for a while: meanwhile antler answers
+    // that it is alive and not ready (sled opens at once or not at all).
+    let (listener, waiting) = match config.store.backend {
+        StoreBackend::Postgres => {
+            let (listener, waiting) = WaitingServer::start(listener)?;
+            (listener, Some(waiting))
+        }
+        StoreBackend::Sled => (listener, None),
+    };
+    let Some(store) = open_store(&config.store, waiting.as_ref(), shutdown.clone()).await? else {
+        tracing::info!("stopped while waiting for the database");
+        return Ok(());
+    };
     // Before anything else starts (the shell's proxy socket in the store's folder, MCP
     // servers): a second process must not get that far.
     let stops = Stops::default();
-    let shutdown = futures_util::FutureExt::shared(Box::pin(shutdown));
-    let Some((owner, lease_keeper)) =
-        claim_lease(&store, &config.store, &stops, shutdown.clone()).await?
+    let Some((owner, lease_keeper)) = claim_lease(
+        &store,
+        &config.store,
+        &stops,
+        waiting.as_ref(),
+        shutdown.clone(),
+    )
+    .await?
     else {
         tracing::info!("stopped while standing by");
         return Ok(());
@@ -1097,6 +1115,9 @@ where
     });
     let grace = Duration::from_secs(server.shutdown_grace_secs);
     let local = listener.local_addr()?;
+    if let Some(waiting) = waiting {
+        waiting.stop().await;
+    }
     let listeners = serve_listeners(&config, state, &webhooks, listener, &http_stop).await?;
     tracing::info!(address = %local, startup_ms = started.elapsed().as_millis() as u64, "antler is serving");
 
@@ -1299,6 +1320,45 @@ fn warn_open_channels(config: &Config, access: &Access) {
     }
 }
 
+/// Opens the store `[store]` names. A PostgreSQL database that does not answer is tried
+/// again with backoff (0.5 s doubling to 30 s) while `waiting` says so, until `shutdown`
+/// (`None`); any other failure, or any failure of sled's, ends the start.
+async fn open_store(
+    settings: &StoreConfig,
+    waiting: Option<&WaitingServer>,
+    shutdown: impl Future<Output = ()>,
+) -> Result<Option<Arc<dyn Store>>, AppError> {
+    let mut shutdown = std::pin::pin!(shutdown);
+    let mut backoff = Duration::from_millis(500);
+    loop {
+        match store_backend::open(settings).await {
+            Ok(store) => {
+                if let Some(waiting) = waiting {
+                    waiting.set(Waiting::Starting);
+                }
+                return Ok(Some(store));
+            }
+            Err(e) if e.is_retryable() && waiting.is_some() => {
+                tracing::warn!(
+                    error = %e,
+                    retry_in_ms = backoff.as_millis() as u64,
+                    "the database does not answer; antler is not ready until it does"
+                );
+                metrics::counter!("antler_store_errors_total", "retryable" => "true").increment(1);
+                if let Some(waiting) = waiting {
+                    waiting.set(Waiting::Database);
+                }
+                tokio::select! {
+                    () = tokio::time::sleep(backoff) => {}
+                    () = &mut shutdown => return Ok(None),
+                }
+                backoff = (backoff * 2).min(Duration::from_secs(30));
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
 /// This process's name in logs and leases: `store.replica`, else the host name and the
 /// process id.
 fn replica_name(settings: &StoreConfig) -> String {
@@ -1323,6 +1383,7 @@ async fn claim_lease(
     store: &Arc<dyn Store>,
     settings: &StoreConfig,
     stops: &Stops,
+    waiting: Option<&WaitingServer>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<Option<(String, AbortOnDropHandle<()>)>, AppError> {
     let owner = format!(
@@ -1341,6 +1402,9 @@ async fn claim_lease(
                 owner: holder,
                 remaining_ms,
             }) => {
+                if let Some(waiting) = waiting {
+                    waiting.set(Waiting::Lease);
+                }
                 if !told {
                     tracing::info!(
                         holder,
@@ -1360,6 +1424,9 @@ async fn claim_lease(
             Err(e) => return Err(e.into()),
         }
     };
+    if let Some(waiting) = waiting {
+        waiting.set(Waiting::Starting);
+    }
     match claimed {
         Claimed::Expired { owner: previous } => {
             tracing::info!(
@@ -1472,8 +1539,11 @@ async fn sweep(
 }
 
 mod shutdown;
+pub(crate) mod store_backend;
+mod waiting;
 
 use shutdown::{Shutdown, Stops};
+use waiting::{Waiting, WaitingServer};
 
 #[cfg(test)]
 mod schedule_tests;
@@ -1588,7 +1658,8 @@ mod tests {
         // And its lease was given up: the next owner knows the last one stopped cleanly.
         let claimed = store.claim("next", 0, 1).await.unwrap();
         assert!(
-            matches!(&claimed, Claimed::Released { owner } if owner.starts_with("antler-")),
+            matches!(&claimed, Claimed::Released { owner }
+                if owner.contains(&format!("-{}/", std::process::id()))),
             "{claimed:?}"
         );
     }

@@ -339,7 +339,7 @@ async fn check_store(config: &Config) -> Finding {
 /// The PostgreSQL store: reachable with these credentials, its schema beside this build's,
 /// and who holds the store's lease. Reads only: `serve` and `antler migrate` apply the schema.
 async fn check_database(config: &Config) -> Finding {
-    let options = match crate::store::pg_options(&config.store) {
+    let options = match crate::app::store_backend::pg_options(&config.store) {
         Ok(options) => options,
         Err(e) => return Finding::fail("store", e.to_string(), "set store.url (DATABASE_URL)"),
     };

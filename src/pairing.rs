@@ -225,7 +225,7 @@ async fn on_store(
     base: &str,
     action: &PairingAction,
 ) -> Result<Answer, PairingCliError> {
-    let store = crate::store::open(&config.store)
+    let store = crate::app::store_backend::open(&config.store)
         .await
         .map_err(|e| match e {
             StoreError::InUse { .. } => PairingCliError::Store(format!(

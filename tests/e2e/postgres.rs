@@ -2,7 +2,7 @@
 //! restart, a second antler on the same database standing by until the first stops, and
 //! `antler migrate`. They run when `ANTLER_TEST_DATABASE_URL` (or `DATABASE_URL`) names a
 //! server, each in a schema of its own (the URL's `search_path`); without one they say so and
-//! pass.
+//! pass. An unreachable database at start needs no server and always runs.
 
 use std::time::{Duration, Instant};
 
@@ -122,14 +122,15 @@ async fn a_second_antler_on_one_database_stands_by_until_the_first_stops() {
     let serving = tokio::spawn(antler::serve(config, listener, async move {
         let _ = stopped.await;
     }));
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // Alive, not ready, and taking nothing: a load balancer sends traffic to the first.
+    wait_for_state(&second, "standing_by").await;
+    assert!(second.is_healthy().await);
     assert!(!serving.is_finished(), "it waits rather than failing");
-    // Its listener is bound but nobody accepts: a request gets no answer.
-    let standing_by = tokio::time::timeout(Duration::from_secs(1), second.is_healthy()).await;
-    assert!(
-        !matches!(standing_by, Ok(true)),
-        "it does not serve while standing by"
-    );
+    let refused = second
+        .post(&serde_json::json!({"conversation": "pg", "text": "to the wrong one"}))
+        .await;
+    assert_eq!(refused.status, 503, "{}", refused.text);
+    assert_eq!(refused.headers["retry-after"], "5");
     let answered = first.ask("pg", "still the first").await;
     assert_eq!(answered.json["reply"], "echo: still the first");
 
@@ -137,7 +138,7 @@ async fn a_second_antler_on_one_database_stands_by_until_the_first_stops() {
     // the same conversation.
     first.shutdown().await;
     let started = Instant::now();
-    while !second.is_healthy().await {
+    while second.get("/readyz").await.status != 200 {
         assert!(
             started.elapsed() < DEADLINE,
             "the second antler did not take over within {DEADLINE:?}"
@@ -156,6 +157,64 @@ async fn a_second_antler_on_one_database_stands_by_until_the_first_stops() {
         .unwrap()
         .unwrap();
     schema.drop().await;
+}
+
+/// Waits until `/readyz` is 503 with `state`.
+async fn wait_for_state(client: &Client, state: &str) {
+    let started = Instant::now();
+    loop {
+        let ready = client.get("/readyz").await;
+        if ready.status == 503 && ready.json["state"] == state {
+            return;
+        }
+        assert!(
+            started.elapsed() < DEADLINE,
+            "/readyz never said {state}: {} {}",
+            ready.status,
+            ready.text
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Needs no server: the database it names never answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_database_at_start_is_waited_for_and_nothing_is_accepted_meanwhile() {
+    let mock = MockModel::start(Behaviour::Echo).await;
+    let dir = searchable_tempdir();
+    // A port nobody listens on (bound, then let go).
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!(
+        "postgres://antler:hunter2@{}/antler",
+        closed.local_addr().unwrap()
+    );
+    drop(closed);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let client = Client::new(format!("http://{}", listener.local_addr().unwrap()));
+    let config = config(
+        &mock.base_url(),
+        &dir.path().join("store"),
+        &format!("[store]\nbackend = \"postgres\"\nurl = {url:?}\n"),
+    );
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let serving = tokio::spawn(antler::serve(config, listener, async move {
+        let _ = stopped.await;
+    }));
+    wait_for_state(&client, "waiting_for_database").await;
+    assert!(client.is_healthy().await, "alive while it waits");
+    let refused = client
+        .post(&serde_json::json!({"conversation": "pg", "text": "hello"}))
+        .await;
+    assert_eq!(refused.status, 503, "{}", refused.text);
+    assert!(!refused.text.contains("hunter2"));
+    assert!(mock.requests().is_empty(), "nothing ran");
+    // A stop while waiting is a clean one.
+    let _ = stop.send(());
+    tokio::time::timeout(DEADLINE, serving)
+        .await
+        .expect("it stops while waiting")
+        .unwrap()
+        .unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

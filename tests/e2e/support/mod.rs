@@ -146,6 +146,12 @@ impl Client {
             .is_ok_and(|r| r.status() == StatusCode::OK)
     }
 
+    /// Whether antler itself answers: alive, and past what it answers while it waits for its
+    /// store (a `/readyz` that names what it waits for).
+    pub async fn is_serving(&self) -> bool {
+        self.is_healthy().await && self.get("/readyz").await.json["state"].is_null()
+    }
+
     fn authorized(&self, request: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
         match &self.token {
             Some(token) => request.bearer_auth(token),
@@ -325,7 +331,7 @@ impl TestApp {
                     other => panic!("serve ended before it answered: {other:?}"),
                 }
             }
-            if client.is_healthy().await {
+            if client.is_serving().await {
                 break;
             }
             if start.elapsed() > DEADLINE {
