@@ -1,0 +1,363 @@
+//! Moving a deployment from one store to another (`antler store copy`): every kind of record,
+//! page by page, so a large store is never in memory at once. Inbox numbers, outbox keys and
+//! thread ids are kept as they are, so the copied deployment resumes where it stopped.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use crate::agent::approvals::ApprovalRecord;
+use crate::agent::memory::{MemoryDocument, MemoryUpdate};
+use crate::agent::subagents::SubagentRecord;
+use crate::agent::thread::ThreadState;
+use crate::store::rules::DedupeEntry;
+use crate::store::{
+    ConversationRecord, InboxItem, OutboxItem, PairedUser, PairingRequest, PgOptions, PgStore,
+    ScheduleRecord, SledStore, StoreError, mask_pg_url,
+};
+
+/// Records read and written at a time.
+pub(crate) const PAGE: usize = 256;
+
+/// The kinds of record a deployment holds, in the order they are copied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum CopyKind {
+    Conversations,
+    Threads,
+    Messages,
+    Inbox,
+    Outbox,
+    Dedupe,
+    Memory,
+    MemoryQueue,
+    Subagents,
+    SubagentCalls,
+    Skills,
+    PairingRequests,
+    PairedUsers,
+    Schedules,
+    ScheduleMarks,
+    Approvals,
+}
+
+impl CopyKind {
+    pub(crate) const ALL: [Self; 16] = [
+        Self::Conversations,
+        Self::Threads,
+        Self::Messages,
+        Self::Inbox,
+        Self::Outbox,
+        Self::Dedupe,
+        Self::Memory,
+        Self::MemoryQueue,
+        Self::Subagents,
+        Self::SubagentCalls,
+        Self::Skills,
+        Self::PairingRequests,
+        Self::PairedUsers,
+        Self::Schedules,
+        Self::ScheduleMarks,
+        Self::Approvals,
+    ];
+
+    /// Its name in the report.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Self::Conversations => "conversations",
+            Self::Threads => "threads",
+            Self::Messages => "thread messages",
+            Self::Inbox => "inbox items",
+            Self::Outbox => "outbox items",
+            Self::Dedupe => "dedupe keys",
+            Self::Memory => "memory documents",
+            Self::MemoryQueue => "memory updates queued",
+            Self::Subagents => "subagent records",
+            Self::SubagentCalls => "subagent call index entries",
+            Self::Skills => "skill switches",
+            Self::PairingRequests => "pairing requests",
+            Self::PairedUsers => "paired users",
+            Self::Schedules => "schedules",
+            Self::ScheduleMarks => "schedule marks",
+            Self::Approvals => "approvals",
+        }
+    }
+}
+
+/// One record of one kind, as every backend reads and writes it.
+#[derive(Debug, Clone)]
+pub(crate) enum CopyItem {
+    Conversation(ConversationRecord),
+    /// A thread's metadata (its messages are [`CopyItem::Message`]s).
+    Thread(ThreadState),
+    /// One message of a thread: its place and its stored record (the same on every backend).
+    Message {
+        thread_id: String,
+        position: u64,
+        record: Vec<u8>,
+    },
+    Inbox(InboxItem),
+    Outbox(OutboxItem),
+    /// A dedupe key still remembered, with its expiry.
+    Dedupe {
+        conversation: String,
+        event_id: String,
+        entry: DedupeEntry,
+    },
+    Memory {
+        user_key: String,
+        document: MemoryDocument,
+    },
+    MemoryUpdate(MemoryUpdate),
+    Subagent(SubagentRecord),
+    /// Which task a turn's tool call started.
+    SubagentCall {
+        thread_id: String,
+        turn: u64,
+        call_id: String,
+        subagent_id: String,
+    },
+    Skill {
+        name: String,
+        on: bool,
+    },
+    PairingRequest(PairingRequest),
+    PairedUser(PairedUser),
+    Schedule(ScheduleRecord),
+    ScheduleMark {
+        name: String,
+        fire_ms: u64,
+    },
+    Approval(ApprovalRecord),
+}
+
+/// A store a deployment can be copied out of and into.
+#[async_trait::async_trait]
+pub(crate) trait CopyStore: Send + Sync + std::fmt::Debug {
+    /// At most `limit` records of `kind` after `after` (the last record of the previous page,
+    /// `None`: from the start) in the store's own order. Dedupe keys expired at `now_ms` are
+    /// left out.
+    async fn export_page(
+        &self,
+        kind: CopyKind,
+        after: Option<&CopyItem>,
+        limit: usize,
+        now_ms: u64,
+    ) -> Result<Vec<CopyItem>, StoreError>;
+    /// Writes `items` as they are, replacing records with the same keys.
+    async fn import_page(&self, items: &[CopyItem]) -> Result<(), StoreError>;
+    /// Whether the store holds any conversation.
+    async fn holds_conversations(&self) -> Result<bool, StoreError>;
+    /// After the last page: whatever keeps the store consistent with what was written (the
+    /// next inbox number, counts), and everything durable.
+    async fn finish_import(&self) -> Result<(), StoreError>;
+}
+
+/// The errors of `antler store copy`.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum CopyError {
+    #[error("{0}: a store is sled:PATH or postgres://USER@HOST/DB")]
+    Endpoint(String),
+    #[error("the target {0} holds conversations already; copy into it anyway with --force")]
+    TargetNotEmpty(String),
+    #[error("the source and the target are the same store ({0})")]
+    Same(String),
+    #[error("{at}: {source}")]
+    Store {
+        at: String,
+        #[source]
+        source: StoreError,
+    },
+}
+
+/// Where a store is, as `--from` and `--to` name it.
+#[derive(Clone, PartialEq, Eq)]
+pub(crate) enum Endpoint {
+    Sled(std::path::PathBuf),
+    Postgres(String),
+}
+
+impl Endpoint {
+    pub(crate) fn parse(text: &str) -> Result<Self, CopyError> {
+        if let Some(path) = text.strip_prefix("sled:") {
+            if path.is_empty() {
+                return Err(CopyError::Endpoint(text.to_owned()));
+            }
+            return Ok(Self::Sled(path.into()));
+        }
+        if text.starts_with("postgres://") || text.starts_with("postgresql://") {
+            return Ok(Self::Postgres(text.to_owned()));
+        }
+        Err(CopyError::Endpoint(mask_pg_url(text)))
+    }
+
+    /// How messages name `text` (a URL's password masked).
+    pub(crate) fn shown_text(text: &str) -> String {
+        Self::parse(text).map_or_else(|_| mask_pg_url(text), |endpoint| endpoint.shown())
+    }
+
+    /// How messages name it (a URL's password masked).
+    pub(crate) fn shown(&self) -> String {
+        match self {
+            Self::Sled(path) => format!("sled:{}", path.display()),
+            Self::Postgres(url) => mask_pg_url(url),
+        }
+    }
+
+    /// Opens the store (its migrations applied). Another process using it is refused: sled's
+    /// lock, or a live lease on the database (`now_ms`).
+    async fn open(&self, now_ms: u64) -> Result<Arc<dyn CopyStore>, CopyError> {
+        let at = self.shown();
+        let failed = |source| CopyError::Store {
+            at: at.clone(),
+            source,
+        };
+        match self {
+            Self::Sled(path) => {
+                let path = path.clone();
+                let store =
+                    tokio::task::spawn_blocking(move || SledStore::open(&path, 8 * 1024 * 1024))
+                        .await
+                        .map_err(|e| failed(StoreError::backend(format!("opening stopped: {e}"))))?
+                        .map_err(failed)?;
+                Ok(Arc::new(store))
+            }
+            Self::Postgres(url) => {
+                let store = PgStore::open(&PgOptions {
+                    url: url.clone(),
+                    pool_size: 2,
+                    schema: None,
+                })
+                .await
+                .map_err(failed)?;
+                store.refuse_live_lease(now_ms).await.map_err(failed)?;
+                Ok(Arc::new(store))
+            }
+        }
+    }
+}
+
+/// `antler store copy`: copies everything in `from` into `to` (refused when `to` holds a
+/// conversation, unless `force`). Returns the counts per kind.
+pub(crate) async fn copy_between(
+    from: &str,
+    to: &str,
+    force: bool,
+    now_ms: u64,
+) -> Result<Vec<(CopyKind, u64)>, CopyError> {
+    let source = Endpoint::parse(from)?;
+    let target = Endpoint::parse(to)?;
+    if source == target {
+        return Err(CopyError::Same(source.shown()));
+    }
+    let reader = source.open(now_ms).await?;
+    let writer = target.open(now_ms).await?;
+    copy_stores(
+        reader.as_ref(),
+        writer.as_ref(),
+        force,
+        &target.shown(),
+        now_ms,
+    )
+    .await
+}
+
+/// Copies every record of `from` into `to`, a page at a time; `to_shown` names the target in
+/// errors.
+pub(crate) async fn copy_stores(
+    from: &dyn CopyStore,
+    to: &dyn CopyStore,
+    force: bool,
+    to_shown: &str,
+    now_ms: u64,
+) -> Result<Vec<(CopyKind, u64)>, CopyError> {
+    let at_target = |source| CopyError::Store {
+        at: to_shown.to_owned(),
+        source,
+    };
+    if !force && to.holds_conversations().await.map_err(at_target)? {
+        return Err(CopyError::TargetNotEmpty(to_shown.to_owned()));
+    }
+    let mut counts = BTreeMap::new();
+    for kind in CopyKind::ALL {
+        let mut after: Option<CopyItem> = None;
+        let mut copied = 0u64;
+        loop {
+            let page = from
+                .export_page(kind, after.as_ref(), PAGE, now_ms)
+                .await
+                .map_err(|source| CopyError::Store {
+                    at: "the source".to_owned(),
+                    source,
+                })?;
+            if page.is_empty() {
+                break;
+            }
+            to.import_page(&page).await.map_err(at_target)?;
+            copied += page.len() as u64;
+            let full = page.len() == PAGE;
+            after = page.into_iter().last();
+            if !full {
+                break;
+            }
+        }
+        counts.insert(kind, copied);
+    }
+    to.finish_import().await.map_err(at_target)?;
+    Ok(counts.into_iter().collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::conformance::{accept, accept_new};
+    use crate::store::{ScheduleStore, SkillStore, ThreadChoice};
+
+    /// Every record of every kind in `store`, as text, page by page.
+    async fn everything(store: &dyn CopyStore) -> Vec<String> {
+        let mut all = Vec::new();
+        for kind in CopyKind::ALL {
+            let mut after: Option<CopyItem> = None;
+            loop {
+                let page = store.export_page(kind, after.as_ref(), 2, 0).await.unwrap();
+                all.extend(page.iter().map(|item| format!("{item:?}")));
+                if page.len() < 2 {
+                    break;
+                }
+                after = page.into_iter().last();
+            }
+        }
+        all
+    }
+
+    fn sled_at(dir: &std::path::Path) -> SledStore {
+        SledStore::open(dir, 1024 * 1024).unwrap()
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_sled_store_copies_into_another_equal_and_a_full_target_needs_force() {
+        let dirs = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let source = sled_at(dirs.0.path());
+        for id in ["a", "b", "c"] {
+            accept_new(&source, accept(id, ThreadChoice::Current, 1_000)).await;
+        }
+        source.set_skill_switch("web", false).await.unwrap();
+        source.set_schedule_mark("daily", 42).await.unwrap();
+        let target = sled_at(dirs.1.path());
+        let counts = copy_stores(&source, &target, false, "target", 0)
+            .await
+            .unwrap();
+        assert!(counts.contains(&(CopyKind::Inbox, 3)), "{counts:?}");
+        assert!(counts.contains(&(CopyKind::Dedupe, 3)), "{counts:?}");
+        let copied = everything(&target).await;
+        assert!(!copied.is_empty());
+        assert_eq!(copied, everything(&source).await);
+        let refused = copy_stores(&source, &target, false, "target", 0).await;
+        assert!(
+            matches!(refused, Err(CopyError::TargetNotEmpty(_))),
+            "{refused:?}"
+        );
+        copy_stores(&source, &target, true, "target", 0)
+            .await
+            .unwrap();
+        assert_eq!(everything(&target).await, everything(&source).await);
+    }
+}
