@@ -163,7 +163,7 @@ async fn run(command: &Command) -> anyhow::Result<ExitCode> {
         Command::Store {
             command: StoreCommand::Copy { from, to, force },
         } => {
-            let report = antler::store_copy(&from, &to, force).await?;
+            let report = antler::store_copy(from, to, *force).await?;
             say(format_args!("{report}"));
         }
         Command::Doctor { config } => {

@@ -175,7 +175,14 @@ pub(crate) enum Endpoint {
     Postgres(String),
 }
 
+impl std::fmt::Debug for Endpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.shown())
+    }
+}
+
 impl Endpoint {
+    /// The store `text` names: `sled:PATH` or a PostgreSQL URL.
     pub(crate) fn parse(text: &str) -> Result<Self, CopyError> {
         if let Some(path) = text.strip_prefix("sled:") {
             if path.is_empty() {
@@ -306,18 +313,25 @@ pub(crate) async fn copy_stores(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
-    use crate::store::conformance::{accept, accept_new};
-    use crate::store::{ScheduleStore, SkillStore, ThreadChoice};
+    use crate::agent::approvals::{ApprovalState, Requester};
+    use crate::agent::memory::MemoryDocument;
+    use crate::agent::message::ChatMessage;
+    use crate::agent::subagents::SubagentStatus;
+    use crate::store::conformance::{accept, accept_new, memory_update, reply, subagent};
+    use crate::store::{FinishTurn, InboxStore, MaintenanceStore, Store, ThreadChoice};
 
-    /// Every record of every kind in `store`, as text, page by page.
-    async fn everything(store: &dyn CopyStore) -> Vec<String> {
+    /// Every record of every kind in `store`, as text, read in pages of two.
+    pub(crate) async fn everything(store: &dyn CopyStore, now_ms: u64) -> Vec<String> {
         let mut all = Vec::new();
         for kind in CopyKind::ALL {
             let mut after: Option<CopyItem> = None;
             loop {
-                let page = store.export_page(kind, after.as_ref(), 2, 0).await.unwrap();
+                let page = store
+                    .export_page(kind, after.as_ref(), 2, now_ms)
+                    .await
+                    .unwrap();
                 all.extend(page.iter().map(|item| format!("{item:?}")));
                 if page.len() < 2 {
                     break;
@@ -328,36 +342,183 @@ mod tests {
         all
     }
 
+    /// Writes records of every kind into `store` at `now_ms`, through its own methods.
+    pub(crate) async fn fill(store: &dyn Store, now_ms: u64) {
+        let first = accept_new(store, accept("m1", ThreadChoice::Current, now_ms)).await;
+        // Left in the inbox, pending.
+        accept_new(store, accept("m2", ThreadChoice::Current, now_ms)).await;
+        accept_new(store, accept("m3", ThreadChoice::Current, now_ms)).await;
+        store.start_turn(first.seq).await.unwrap();
+        let mut thread = store.thread(&first.thread_id).await.unwrap().unwrap();
+        thread.messages.push(ChatMessage::user("hi"));
+        thread.messages.push(ChatMessage::assistant("hello"));
+        thread.messages.push(ChatMessage::assistant("and more"));
+        store
+            .finish_turn(FinishTurn {
+                inbox_seq: first.seq,
+                thread: Some(thread),
+                replies: vec![reply(&first.thread_id, "a"), reply(&first.thread_id, "b")],
+                memory_update: Some(memory_update("api:u1", &first.thread_id, now_ms)),
+                draft: None,
+                absorbed: Vec::new(),
+                now_ms,
+            })
+            .await
+            .unwrap();
+        store
+            .queue_memory_update(memory_update("api:u2", "t9", now_ms))
+            .await
+            .unwrap();
+        store
+            .put_memory("api:u1", &MemoryDocument::default())
+            .await
+            .unwrap();
+        store
+            .put_memory("api:u3", &MemoryDocument::default())
+            .await
+            .unwrap();
+        for (id, status) in [
+            ("s1", SubagentStatus::Running),
+            ("s2", SubagentStatus::Pending),
+            ("s3", SubagentStatus::Pending),
+        ] {
+            store.create_subagent(&subagent(id, status)).await.unwrap();
+        }
+        store.set_skill_switch("web", false).await.unwrap();
+        store.set_skill_switch("shell", true).await.unwrap();
+        let request = |user: &str| PairingRequest {
+            channel: "telegram".to_owned(),
+            user_id: user.to_owned(),
+            name: None,
+            code: format!("code-{user}"),
+            created_at_ms: now_ms,
+        };
+        store
+            .put_pairing_request(&request("u7"), &[])
+            .await
+            .unwrap();
+        store
+            .put_pairing_request(&request("u8"), &[])
+            .await
+            .unwrap();
+        let paired = PairedUser {
+            channel: "telegram".to_owned(),
+            user_id: "u8".to_owned(),
+            admin: true,
+            approved_at_ms: now_ms,
+        };
+        store
+            .settle_pairing("telegram", "u8", Some(&paired))
+            .await
+            .unwrap();
+        for name in ["daily", "weekly"] {
+            let schedule = ScheduleRecord {
+                name: name.to_owned(),
+                when: "every 15m".to_owned(),
+                timezone: "UTC".to_owned(),
+                conversation: "api:c1".to_owned(),
+                prompt: "status".to_owned(),
+                created_by: "api:u1".to_owned(),
+                created_at_ms: now_ms,
+            };
+            store.add_schedule(&schedule, 10).await.unwrap();
+            store.set_schedule_mark(name, now_ms + 7).await.unwrap();
+        }
+        for (id, message) in [("ap1", 1), ("ap2", 2)] {
+            let record = ApprovalRecord {
+                id: id.to_owned(),
+                conversation: "api:c1".to_owned(),
+                channel: "api".to_owned(),
+                thread_id: first.thread_id.clone(),
+                message,
+                call_id: "call_1".to_owned(),
+                tool: "bash".to_owned(),
+                arguments: "{}".to_owned(),
+                requester: Requester {
+                    user_id: "ada".to_owned(),
+                    name: None,
+                    admin: false,
+                    group: false,
+                },
+                created_at_ms: now_ms,
+                expires_at_ms: now_ms + 60_000,
+                state: ApprovalState::Pending,
+                decided_by: None,
+                reason: None,
+                decided_at_ms: None,
+                queued: false,
+            };
+            store.open_approval(&record, 10).await.unwrap();
+        }
+    }
+
     fn sled_at(dir: &std::path::Path) -> SledStore {
         SledStore::open(dir, 1024 * 1024).unwrap()
     }
 
     #[tokio::test(flavor = "multi_thread")]
     async fn a_sled_store_copies_into_another_equal_and_a_full_target_needs_force() {
+        let now = crate::now_ms();
         let dirs = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
         let source = sled_at(dirs.0.path());
-        for id in ["a", "b", "c"] {
-            accept_new(&source, accept(id, ThreadChoice::Current, 1_000)).await;
-        }
-        source.set_skill_switch("web", false).await.unwrap();
-        source.set_schedule_mark("daily", 42).await.unwrap();
+        fill(&source, now).await;
         let target = sled_at(dirs.1.path());
-        let counts = copy_stores(&source, &target, false, "target", 0)
+        let counts = copy_stores(&source, &target, false, "target", now)
             .await
             .unwrap();
-        assert!(counts.contains(&(CopyKind::Inbox, 3)), "{counts:?}");
-        assert!(counts.contains(&(CopyKind::Dedupe, 3)), "{counts:?}");
-        let copied = everything(&target).await;
-        assert!(!copied.is_empty());
-        assert_eq!(copied, everything(&source).await);
-        let refused = copy_stores(&source, &target, false, "target", 0).await;
+        for (kind, count) in &counts {
+            assert!(*count > 0, "no {} copied: {counts:?}", kind.name());
+        }
+        let original = everything(&source, now).await;
+        assert_eq!(everything(&target, now).await, original);
+        let refused = copy_stores(&source, &target, false, "target", now).await;
         assert!(
             matches!(refused, Err(CopyError::TargetNotEmpty(_))),
             "{refused:?}"
         );
-        copy_stores(&source, &target, true, "target", 0)
+        copy_stores(&source, &target, true, "target", now)
             .await
             .unwrap();
-        assert_eq!(everything(&target).await, everything(&source).await);
+        assert_eq!(everything(&target, now).await, original);
+        // The copy resumes: its counts are the source's, and the next accept is numbered
+        // after the copied ones.
+        assert_eq!(target.stats().await.unwrap().inbox, 2);
+        assert_eq!(target.stats().await.unwrap().outbox_pending, 2);
+        drop(target);
+        let reopened = sled_at(dirs.1.path());
+        let next = accept_new(&reopened, accept("m4", ThreadChoice::Current, now)).await;
+        let highest = reopened
+            .inbox()
+            .await
+            .unwrap()
+            .iter()
+            .map(|item| item.seq)
+            .max();
+        assert_eq!(Some(next.seq), highest);
+        assert!(next.seq > 3);
+        // A dedupe key copied is still recognised.
+        assert!(matches!(
+            reopened
+                .accept(accept("m2", ThreadChoice::Current, now))
+                .await
+                .unwrap(),
+            crate::store::Accepted::Duplicate { .. }
+        ));
+    }
+
+    #[test]
+    fn endpoints_are_sled_paths_or_postgres_urls_and_passwords_are_masked() {
+        assert!(matches!(
+            Endpoint::parse("sled:data"),
+            Ok(Endpoint::Sled(_))
+        ));
+        assert!(Endpoint::parse("sled:").is_err());
+        assert!(Endpoint::parse("mysql://u:pw@h/db").is_err());
+        let url = Endpoint::parse("postgres://u:s3cret@h/db").unwrap();
+        assert!(!url.shown().contains("s3cret"), "{}", url.shown());
+        let refused = Endpoint::parse("postgre://u:s3cret@h/db")
+            .unwrap_err()
+            .to_string();
+        assert!(!refused.contains("s3cret"), "{refused}");
     }
 }
