@@ -158,6 +158,8 @@ pub(crate) enum CopyError {
     Endpoint(String),
     #[error("the target {0} holds conversations already; copy into it anyway with --force")]
     TargetNotEmpty(String),
+    #[error("there is no sled store at {0}")]
+    NoSource(String),
     #[error("the source and the target are the same store ({0})")]
     Same(String),
     #[error("{at}: {source}")]
@@ -193,12 +195,12 @@ impl Endpoint {
         if text.starts_with("postgres://") || text.starts_with("postgresql://") {
             return Ok(Self::Postgres(text.to_owned()));
         }
-        Err(CopyError::Endpoint(mask_pg_url(text)))
+        Err(CopyError::Endpoint(redacted(text)))
     }
 
     /// How messages name `text` (a URL's password masked).
     pub(crate) fn shown_text(text: &str) -> String {
-        Self::parse(text).map_or_else(|_| mask_pg_url(text), |endpoint| endpoint.shown())
+        Self::parse(text).map_or_else(|_| redacted(text), |endpoint| endpoint.shown())
     }
 
     /// How messages name it (a URL's password masked).
@@ -209,9 +211,9 @@ impl Endpoint {
         }
     }
 
-    /// Opens the store (its migrations applied). Another process using it is refused: sled's
-    /// lock, or a live lease on the database (`now_ms`).
-    async fn open(&self, now_ms: u64) -> Result<Arc<dyn CopyStore>, CopyError> {
+    /// Opens the store (its migrations applied); a `source` must exist already. Another
+    /// process using it is refused: sled's lock, or a live lease on the database (`now_ms`).
+    async fn open(&self, source: bool, now_ms: u64) -> Result<Arc<dyn CopyStore>, CopyError> {
         let at = self.shown();
         let failed = |source| CopyError::Store {
             at: at.clone(),
@@ -219,6 +221,9 @@ impl Endpoint {
         };
         match self {
             Self::Sled(path) => {
+                if source && !path.join("conf").exists() {
+                    return Err(CopyError::NoSource(at));
+                }
                 let path = path.clone();
                 let store =
                     tokio::task::spawn_blocking(move || SledStore::open(&path, 8 * 1024 * 1024))
@@ -242,6 +247,17 @@ impl Endpoint {
     }
 }
 
+/// `text` with what stands between `://` and `@` (a user and password) masked.
+fn redacted(text: &str) -> String {
+    match text.split_once("://") {
+        Some((scheme, rest)) => match rest.rsplit_once('@') {
+            Some((_, host)) => format!("{scheme}://***@{host}"),
+            None => text.to_owned(),
+        },
+        None => text.to_owned(),
+    }
+}
+
 /// `antler store copy`: copies everything in `from` into `to` (refused when `to` holds a
 /// conversation, unless `force`). Returns the counts per kind.
 pub(crate) async fn copy_between(
@@ -255,8 +271,8 @@ pub(crate) async fn copy_between(
     if source == target {
         return Err(CopyError::Same(source.shown()));
     }
-    let reader = source.open(now_ms).await?;
-    let writer = target.open(now_ms).await?;
+    let reader = source.open(true, now_ms).await?;
+    let writer = target.open(false, now_ms).await?;
     copy_stores(
         reader.as_ref(),
         writer.as_ref(),
@@ -520,5 +536,22 @@ pub(crate) mod tests {
             .unwrap_err()
             .to_string();
         assert!(!refused.contains("s3cret"), "{refused}");
+        assert!(refused.contains("postgre://***@h/db"), "{refused}");
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_sled_source_that_does_not_exist_is_refused_not_made() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("nothing");
+        let from = format!("sled:{}", missing.display());
+        let to = format!("sled:{}", dir.path().join("to").display());
+        let refused = copy_between(&from, &to, false, 0).await;
+        assert!(
+            matches!(refused, Err(CopyError::NoSource(_))),
+            "{refused:?}"
+        );
+        assert!(!missing.exists());
+        let same = copy_between(&to, &to, false, 0).await;
+        assert!(matches!(same, Err(CopyError::Same(_))), "{same:?}");
     }
 }
