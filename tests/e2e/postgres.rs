@@ -200,8 +200,6 @@ async fn a_deployment_served_on_sled_is_copied_to_postgres_and_served_there() {
     );
     let thread_id = first.json["thread_id"].as_str().unwrap().to_owned();
     app.wait_idle().await;
-    app.shutdown().await;
-
     let from = format!("sled:{}", folders.display());
     let to = schema.url();
     let copy = [
@@ -212,6 +210,12 @@ async fn a_deployment_served_on_sled_is_copied_to_postgres_and_served_there() {
         "--to",
         to.as_str(),
     ];
+    // Not while antler runs on the store.
+    let (code, out, err) = run_binary(&copy).await;
+    assert_ne!(code, Some(0), "{out}{err}");
+    assert!(err.contains("another antler is using the store"), "{err}");
+    app.shutdown().await;
+
     let (code, out, err) = run_binary(&copy).await;
     assert_eq!(code, Some(0), "{out}{err}");
     assert!(out.contains("1 conversations"), "{out}");
