@@ -711,6 +711,24 @@ pub async fn migrate(config: &Config) -> Result<(String, u32, u32), AppError> {
     Ok((at, from, to))
 }
 
+/// `antler store copy`: copies the deployment in store `from` into store `to` (`sled:PATH` or
+/// a PostgreSQL URL), refusing a target that holds conversations unless `force`. Returns the
+/// report to print: where from and to (passwords masked) and the records copied per kind.
+pub async fn store_copy(from: &str, to: &str, force: bool) -> Result<String, AppError> {
+    let counts = crate::store::copy::copy_between(from, to, force, crate::now_ms())
+        .await
+        .map_err(|e| AppError::Store(e.to_string()))?;
+    let mut report = format!(
+        "copied {} -> {}:",
+        crate::store::copy::Endpoint::shown_text(from),
+        crate::store::copy::Endpoint::shown_text(to)
+    );
+    for (kind, count) in counts {
+        report.push_str(&format!("\n  {count:>8} {}", kind.name()));
+    }
+    Ok(report)
+}
+
 /// Runs antler on `listener` until `shutdown` resolves (or another process takes the store's
 /// lease), then drains (the stages of [`shutdown`]): intake stops (new messages get 503),
 /// running turns get `server.shutdown_grace_secs` to finish, turns still running after that

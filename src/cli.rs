@@ -60,6 +60,12 @@ pub enum Command {
         #[arg(long, env = "ANTLER_CONFIG")]
         config: Option<PathBuf>,
     },
+    /// The store itself: copying a deployment between backends.
+    Store {
+        /// What to do.
+        #[command(subcommand)]
+        command: StoreCommand,
+    },
     /// Check the configuration, store, listen address, model endpoint and API access, and
     /// say how to fix what fails (exit 1 if anything does).
     Doctor {
@@ -253,5 +259,25 @@ pub enum TelegramCommand {
         /// Drop the updates Telegram holds for delivery.
         #[arg(long)]
         drop_pending_updates: bool,
+    },
+}
+
+/// `antler store ...`.
+#[derive(Debug, Subcommand)]
+pub enum StoreCommand {
+    /// Copy everything in one store into another (sled <-> PostgreSQL), with antler stopped:
+    /// conversations, threads, inbox, outbox, dedupe keys, memory, subagents, settings.
+    Copy {
+        /// The store to copy: `sled:PATH` or `postgres://USER@HOST/DB`.
+        #[arg(long)]
+        from: String,
+        /// The store to copy into (its migrations applied first): `sled:PATH` or
+        /// `postgres://USER@HOST/DB`.
+        #[arg(long)]
+        to: String,
+        /// Copy even when the target holds conversations already (records with the same
+        /// keys are replaced).
+        #[arg(long)]
+        force: bool,
     },
 }

@@ -55,7 +55,7 @@ pub(crate) mod store;
 pub(crate) mod test_support;
 pub(crate) mod units;
 
-pub use app::{AppError, migrate, serve, serve_reloading};
+pub use app::{AppError, migrate, serve, serve_reloading, store_copy};
 pub use sandbox::main_if_launcher;
 
 /// Milliseconds since the Unix epoch (wall clock, for stored timestamps).

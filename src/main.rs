@@ -4,7 +4,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use antler::cli::{Cli, Command, DiscordCommand, SlackCommand, TelegramCommand};
+use antler::cli::{Cli, Command, DiscordCommand, SlackCommand, StoreCommand, TelegramCommand};
 use antler::config::Config;
 use antler::logging;
 use clap::Parser;
@@ -159,6 +159,12 @@ async fn run(command: &Command) -> anyhow::Result<ExitCode> {
                     "store {at}: schema version {from} -> {to}, applied"
                 ));
             }
+        }
+        Command::Store {
+            command: StoreCommand::Copy { from, to, force },
+        } => {
+            let report = antler::store_copy(from, to, *force).await?;
+            say(format_args!("{report}"));
         }
         Command::Doctor { config } => {
             let path = match located(config) {

@@ -101,7 +101,7 @@ pub(crate) fn accept(event_id: &str, thread: ThreadChoice, now_ms: u64) -> Accep
     }
 }
 
-fn reply(thread_id: &str, text: &str) -> OutboundMessage {
+pub(crate) fn reply(thread_id: &str, text: &str) -> OutboundMessage {
     OutboundMessage {
         prompts: Vec::new(),
         idempotency_key: format!("{thread_id}:{text}"),
@@ -590,7 +590,7 @@ pub(crate) async fn concurrent_accepts_all_land_in_arrival_order(backend: &dyn B
     assert_eq!(store.stats().await.unwrap().inbox, 200);
 }
 
-fn subagent(id: &str, status: SubagentStatus) -> SubagentRecord {
+pub(crate) fn subagent(id: &str, status: SubagentStatus) -> SubagentRecord {
     SubagentRecord {
         id: id.to_owned(),
         parent_thread_id: "t1".to_owned(),
@@ -875,7 +875,7 @@ pub(crate) async fn a_newer_update_takes_over_what_the_unread_one_held(backend: 
     );
 }
 
-fn memory_update(user: &str, thread: &str, at: u64) -> MemoryUpdate {
+pub(crate) fn memory_update(user: &str, thread: &str, at: u64) -> MemoryUpdate {
     MemoryUpdate {
         user_id: user.to_owned(),
         thread_id: thread.to_owned(),

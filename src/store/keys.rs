@@ -33,6 +33,24 @@ pub(super) fn with_index(prefix: &str, index: u64) -> Vec<u8> {
     key
 }
 
+/// The first `count` parts of a tuple key and the bytes after them (a number's, for
+/// [`with_index`] keys); `None` when `key` is not such a tuple.
+pub(super) fn split(key: &[u8], count: usize) -> Option<(Vec<&[u8]>, &[u8])> {
+    let mut parts = Vec::with_capacity(count);
+    let mut rest = key;
+    for _ in 0..count {
+        let (len, tail) = rest.split_first_chunk::<4>()?;
+        let len = usize::try_from(u32::from_be_bytes(*len)).ok()?;
+        if tail.len() < len {
+            return None;
+        }
+        let (part, tail) = tail.split_at(len);
+        parts.push(part);
+        rest = tail;
+    }
+    Some((parts, rest))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -772,3 +772,322 @@ impl ApprovalStore for MemStore {
         Ok(())
     }
 }
+
+/// The first `limit` of `entries` whose keys come after `after`, in key order.
+fn page_of<K: Ord + Clone, V>(
+    entries: impl Iterator<Item = (K, V)>,
+    after: Option<K>,
+    limit: usize,
+) -> Vec<(K, V)> {
+    let mut found: Vec<(K, V)> = entries
+        .filter(|(key, _)| after.as_ref().is_none_or(|after| key > after))
+        .collect();
+    found.sort_by(|a, b| a.0.cmp(&b.0));
+    found.truncate(limit);
+    found
+}
+
+#[async_trait::async_trait]
+impl super::copy::CopyStore for MemStore {
+    async fn export_page(
+        &self,
+        kind: super::copy::CopyKind,
+        after: Option<&super::copy::CopyItem>,
+        limit: usize,
+        now_ms: u64,
+    ) -> Result<Vec<super::copy::CopyItem>, StoreError> {
+        use super::copy::{CopyItem as Item, CopyKind as Kind};
+        use super::records::Record;
+        let data = self.data()?;
+        // The key of `after` as one text, two texts and a number: each kind uses its part.
+        let (one, two, number) = match after {
+            None => (None, None, None),
+            Some(Item::Conversation(r)) => (Some(r.key.clone()), None, None),
+            Some(Item::Thread(t)) => (Some(t.id.clone()), None, None),
+            Some(Item::Message {
+                thread_id,
+                position,
+                ..
+            }) => (Some(thread_id.clone()), None, Some(*position)),
+            Some(Item::Inbox(i)) => (None, None, Some(i.seq)),
+            Some(Item::Outbox(i)) => (None, None, Some(i.seq)),
+            Some(Item::Dedupe {
+                conversation,
+                event_id,
+                ..
+            }) => (Some(conversation.clone()), Some(event_id.clone()), None),
+            Some(Item::Memory { user_key, .. }) => (Some(user_key.clone()), None, None),
+            Some(Item::MemoryUpdate(u)) => {
+                (Some(u.user_id.clone()), Some(u.thread_id.clone()), None)
+            }
+            Some(Item::Subagent(r)) => (Some(r.id.clone()), None, None),
+            Some(Item::SubagentCall {
+                thread_id,
+                turn,
+                call_id,
+                ..
+            }) => (Some(thread_id.clone()), Some(call_id.clone()), Some(*turn)),
+            Some(Item::Skill { name, .. } | Item::ScheduleMark { name, .. }) => {
+                (Some(name.clone()), None, None)
+            }
+            Some(Item::PairingRequest(r)) => {
+                (Some(r.channel.clone()), Some(r.user_id.clone()), None)
+            }
+            Some(Item::PairedUser(u)) => (Some(u.channel.clone()), Some(u.user_id.clone()), None),
+            Some(Item::Schedule(r)) => (Some(r.name.clone()), None, None),
+            Some(Item::Approval(r)) => (Some(r.id.clone()), None, None),
+        };
+        let pair = one.clone().zip(two.clone());
+        let items = match kind {
+            Kind::Conversations => page_of(
+                data.conversations.iter().map(|(k, v)| (k.clone(), v)),
+                one,
+                limit,
+            )
+            .into_iter()
+            .map(|(_, v)| Item::Conversation(v.clone()))
+            .collect(),
+            Kind::Threads => page_of(data.threads.iter().map(|(k, v)| (k.clone(), v)), one, limit)
+                .into_iter()
+                .map(|(_, thread)| {
+                    let mut meta = thread.clone();
+                    meta.messages = Vec::new();
+                    meta.saved_messages = 0;
+                    Item::Thread(meta)
+                })
+                .collect(),
+            Kind::Messages => {
+                let entries = data.threads.iter().flat_map(|(id, thread)| {
+                    thread
+                        .messages
+                        .iter()
+                        .enumerate()
+                        .map(move |(index, message)| ((id.clone(), index as u64), message))
+                });
+                let mut items = Vec::new();
+                for ((thread_id, position), message) in page_of(entries, one.zip(number), limit) {
+                    items.push(Item::Message {
+                        thread_id,
+                        position,
+                        record: message.to_record()?,
+                    });
+                }
+                items
+            }
+            Kind::Inbox => page_of(data.inbox.iter().map(|(k, v)| (*k, v)), number, limit)
+                .into_iter()
+                .map(|(_, v)| Item::Inbox(v.clone()))
+                .collect(),
+            Kind::Outbox => page_of(data.outbox.iter().map(|(k, v)| (*k, v)), number, limit)
+                .into_iter()
+                .map(|(_, v)| Item::Outbox(v.clone()))
+                .collect(),
+            Kind::Dedupe => page_of(
+                data.dedupe
+                    .iter()
+                    .filter(|(_, entry)| entry.expires_at_ms > now_ms)
+                    .map(|(k, v)| (k.clone(), v)),
+                pair,
+                limit,
+            )
+            .into_iter()
+            .map(|((conversation, event_id), entry)| Item::Dedupe {
+                conversation,
+                event_id,
+                entry: entry.clone(),
+            })
+            .collect(),
+            Kind::Memory => page_of(data.memory.iter().map(|(k, v)| (k.clone(), v)), one, limit)
+                .into_iter()
+                .map(|(user_key, document)| Item::Memory {
+                    user_key,
+                    document: document.clone(),
+                })
+                .collect(),
+            Kind::MemoryQueue => page_of(
+                data.memory_queue.iter().map(|(k, v)| (k.clone(), v)),
+                pair,
+                limit,
+            )
+            .into_iter()
+            .map(|(_, v)| Item::MemoryUpdate(v.clone()))
+            .collect(),
+            Kind::Subagents => page_of(
+                data.subagents.iter().map(|(k, v)| (k.clone(), v)),
+                one,
+                limit,
+            )
+            .into_iter()
+            .map(|(_, v)| Item::Subagent(v.clone()))
+            .collect(),
+            Kind::SubagentCalls => {
+                let after = match (one, number, two) {
+                    (Some(thread), Some(turn), Some(call)) => Some((thread, turn, call)),
+                    _ => None,
+                };
+                page_of(
+                    data.subagent_calls.iter().map(|(k, v)| (k.clone(), v)),
+                    after,
+                    limit,
+                )
+                .into_iter()
+                .map(|((thread_id, turn, call_id), id)| Item::SubagentCall {
+                    thread_id,
+                    turn,
+                    call_id,
+                    subagent_id: id.clone(),
+                })
+                .collect()
+            }
+            Kind::Skills => page_of(data.skills.iter().map(|(k, v)| (k.clone(), *v)), one, limit)
+                .into_iter()
+                .map(|(name, on)| Item::Skill { name, on })
+                .collect(),
+            Kind::PairingRequests => page_of(
+                data.pairing_requests.iter().map(|(k, v)| (k.clone(), v)),
+                pair,
+                limit,
+            )
+            .into_iter()
+            .map(|(_, v)| Item::PairingRequest(v.clone()))
+            .collect(),
+            Kind::PairedUsers => page_of(
+                data.paired_users.iter().map(|(k, v)| (k.clone(), v)),
+                pair,
+                limit,
+            )
+            .into_iter()
+            .map(|(_, v)| Item::PairedUser(v.clone()))
+            .collect(),
+            Kind::Schedules => page_of(
+                data.schedules.iter().map(|(k, v)| (k.clone(), v)),
+                one,
+                limit,
+            )
+            .into_iter()
+            .map(|(_, v)| Item::Schedule(v.clone()))
+            .collect(),
+            Kind::ScheduleMarks => page_of(
+                data.schedule_marks.iter().map(|(k, v)| (k.clone(), *v)),
+                one,
+                limit,
+            )
+            .into_iter()
+            .map(|(name, fire_ms)| Item::ScheduleMark { name, fire_ms })
+            .collect(),
+            Kind::Approvals => page_of(
+                data.approvals.iter().map(|(k, v)| (k.clone(), v)),
+                one,
+                limit,
+            )
+            .into_iter()
+            .map(|(_, v)| Item::Approval(v.clone()))
+            .collect(),
+        };
+        Ok(items)
+    }
+
+    async fn import_page(&self, items: &[super::copy::CopyItem]) -> Result<(), StoreError> {
+        use super::copy::CopyItem as Item;
+        use super::records::Record;
+        let mut data = self.data()?;
+        for item in items {
+            match item.clone() {
+                Item::Conversation(record) => {
+                    data.conversations.insert(record.key.clone(), record);
+                }
+                Item::Thread(mut meta) => {
+                    if let Some(stored) = data.threads.remove(&meta.id) {
+                        meta.messages = stored.messages;
+                    }
+                    data.threads.insert(meta.id.clone(), meta);
+                }
+                Item::Message {
+                    thread_id,
+                    position,
+                    record,
+                } => {
+                    let message = Record::from_record(&record)?;
+                    let thread = data
+                        .threads
+                        .get_mut(&thread_id)
+                        .ok_or_else(|| missing("thread", &thread_id))?;
+                    let index = usize::try_from(position)
+                        .map_err(|_| StoreError::Invalid(format!("message {position}")))?;
+                    if index < thread.messages.len() {
+                        thread.messages[index] = message;
+                    } else if index == thread.messages.len() {
+                        thread.messages.push(message);
+                    } else {
+                        return Err(missing("message before", position));
+                    }
+                }
+                Item::Inbox(inbox) => {
+                    data.next_seq = data.next_seq.max(inbox.seq + 1);
+                    data.inbox.insert(inbox.seq, inbox);
+                }
+                Item::Outbox(outbox) => {
+                    data.next_seq = data.next_seq.max(outbox.seq / MAX_REPLIES_PER_ITEM + 1);
+                    data.outbox.insert(outbox.seq, outbox);
+                }
+                Item::Dedupe {
+                    conversation,
+                    event_id,
+                    entry,
+                } => {
+                    data.dedupe.insert((conversation, event_id), entry);
+                }
+                Item::Memory { user_key, document } => {
+                    data.memory.insert(user_key, document);
+                }
+                Item::MemoryUpdate(update) => {
+                    let key = (update.user_id.clone(), update.thread_id.clone());
+                    data.memory_queue.insert(key, update);
+                }
+                Item::Subagent(record) => {
+                    data.subagents.insert(record.id.clone(), record);
+                }
+                Item::SubagentCall {
+                    thread_id,
+                    turn,
+                    call_id,
+                    subagent_id,
+                } => {
+                    data.subagent_calls
+                        .insert((thread_id, turn, call_id), subagent_id);
+                }
+                Item::Skill { name, on } => {
+                    data.skills.insert(name, on);
+                }
+                Item::PairingRequest(request) => {
+                    let key = (request.channel.clone(), request.user_id.clone());
+                    data.pairing_requests.insert(key, request);
+                }
+                Item::PairedUser(user) => {
+                    let key = (user.channel.clone(), user.user_id.clone());
+                    data.paired_users.insert(key, user);
+                }
+                Item::Schedule(record) => {
+                    data.schedules.insert(record.name.clone(), record);
+                }
+                Item::ScheduleMark { name, fire_ms } => {
+                    data.schedule_marks.insert(name, fire_ms);
+                }
+                Item::Approval(record) => {
+                    let key = (record.thread_id.clone(), record.call_key());
+                    data.approval_calls.insert(key, record.id.clone());
+                    data.approvals.insert(record.id.clone(), record);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn holds_conversations(&self) -> Result<bool, StoreError> {
+        Ok(!self.data()?.conversations.is_empty())
+    }
+
+    async fn finish_import(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+}

@@ -11,6 +11,7 @@
 //! Keys made of several parts are tuple-encoded (`keys`), never joined with a separator, so no
 //! two different tuples can meet in one key.
 
+pub(crate) mod copy;
 mod group_commit;
 mod keys;
 mod pg_store;

@@ -26,6 +26,7 @@
 //! except where nothing was done yet (a transaction that could not start, a read): that runs
 //! again on a live connection.
 
+mod copy;
 mod inbox;
 mod inspect;
 mod memory;

@@ -22,6 +22,7 @@
 //! | `approvals`, `approval_calls`, `approvals_open` | see `approvals` | approval records |
 
 mod approvals;
+mod copy;
 mod migrate;
 #[cfg(test)]
 mod schema2;

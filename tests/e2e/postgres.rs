@@ -241,3 +241,65 @@ async fn migrate_applies_the_schema_once_and_says_what_it_did() {
     assert!(out.contains("schema version 1, nothing to apply"), "{out}");
     schema.drop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deployment_served_on_sled_is_copied_to_postgres_and_served_there() {
+    let Some(schema) = Schema::create().await else {
+        return;
+    };
+    let mock = MockModel::start(Behaviour::Echo).await;
+    let dir = searchable_tempdir();
+    let folders = dir.path().join("store");
+    let app = TestApp::start(&mock, &folders, "").await;
+    let first = app.ask("moving", "before the move").await;
+    assert_eq!(
+        first.json["reply"], "echo: before the move",
+        "{}",
+        first.text
+    );
+    let thread_id = first.json["thread_id"].as_str().unwrap().to_owned();
+    app.wait_idle().await;
+    let from = format!("sled:{}", folders.display());
+    let to = schema.url();
+    let copy = [
+        "store",
+        "copy",
+        "--from",
+        from.as_str(),
+        "--to",
+        to.as_str(),
+    ];
+    // Not while antler runs on the store.
+    let (code, out, err) = run_binary(&copy).await;
+    assert_ne!(code, Some(0), "{out}{err}");
+    assert!(err.contains("another antler is using the store"), "{err}");
+    app.shutdown().await;
+
+    let (code, out, err) = run_binary(&copy).await;
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(out.contains("1 conversations"), "{out}");
+    assert!(out.contains("2 thread messages"), "{out}");
+    // The target holds a conversation now: a second copy is refused without --force.
+    let (code, out, err) = run_binary(&copy).await;
+    assert_ne!(code, Some(0), "{out}{err}");
+    assert!(err.contains("--force"), "{err}");
+
+    let app = TestApp::start(&mock, &folders, &schema.store_config("after-move")).await;
+    let thread = app.thread(&thread_id).await;
+    let messages = thread["messages"].as_array().unwrap();
+    assert_eq!(messages.len(), 2, "{messages:?}");
+    assert_eq!(messages[1]["content"], "echo: before the move");
+    let again = app
+        .post(&serde_json::json!({
+            "conversation": "moving", "text": "before the move",
+            "message_id": first.json["message_id"],
+        }))
+        .await;
+    assert_eq!(again.json["duplicate"], true, "{}", again.text);
+    let second = app.ask("moving", "after the move").await;
+    assert_eq!(second.json["thread_id"], thread_id.as_str());
+    assert_eq!(second.json["reply"], "echo: after the move");
+    assert_eq!(mock.requests().len(), 2, "each message ran once");
+    app.shutdown().await;
+    schema.drop().await;
+}

@@ -21,7 +21,7 @@ use crate::store::{
     ThreadStore, outbox_seq,
 };
 
-fn inbox_status(status: InboxStatus) -> &'static str {
+pub(super) fn inbox_status(status: InboxStatus) -> &'static str {
     match status {
         InboxStatus::Pending => "pending",
         InboxStatus::Running => "running",

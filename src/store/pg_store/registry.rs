@@ -13,10 +13,13 @@ use crate::store::{
 };
 
 /// The name of the store-wide lease in `antler_leases`.
-const STORE_LEASE: &str = "store";
+pub(super) const STORE_LEASE: &str = "store";
 
 /// Writes a subagent record's row.
-async fn put_subagent(tx: &Transaction<'_>, record: &SubagentRecord) -> Result<(), Failure> {
+pub(super) async fn put_subagent(
+    tx: &Transaction<'_>,
+    record: &SubagentRecord,
+) -> Result<(), Failure> {
     exec(
         tx,
         "INSERT INTO antler_subagents \

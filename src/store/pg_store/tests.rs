@@ -373,3 +373,73 @@ async fn a_batch_into_known_conversations_is_sent_at_once_with_the_same_outcomes
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_deployment_copies_from_sled_into_postgres_and_back_unchanged() {
+    use crate::store::copy::tests::{everything, fill};
+    use crate::store::copy::{CopyError, CopyKind, copy_stores};
+    use crate::store::{Accepted, LeaseStore, SledStore, ThreadChoice};
+    if skipped() {
+        return;
+    }
+    in_fresh_schema(|options| async move {
+        let now = crate::now_ms();
+        let dirs = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let source = SledStore::open(dirs.0.path(), 1024 * 1024).unwrap();
+        fill(&source, now).await;
+        let original = everything(&source, now).await;
+        let pg = PgStore::open(&options).await.unwrap();
+        let counts = copy_stores(&source, &pg, false, "pg", now).await.unwrap();
+        assert!(counts.iter().all(|(_, count)| *count > 0), "{counts:?}");
+        assert_eq!(everything(&pg, now).await, original);
+        let refused = copy_stores(&source, &pg, false, "pg", now).await;
+        assert!(
+            matches!(refused, Err(CopyError::TargetNotEmpty(_))),
+            "{refused:?}"
+        );
+
+        let back = SledStore::open(dirs.1.path(), 1024 * 1024).unwrap();
+        let counts = copy_stores(&pg, &back, false, "sled", now).await.unwrap();
+        assert!(counts.contains(&(CopyKind::Messages, 3)), "{counts:?}");
+        assert_eq!(everything(&back, now).await, original);
+
+        // PostgreSQL resumes the copied deployment: its counts, inbox numbers past the
+        // copied ones, and the copied dedupe keys.
+        let stats = pg.stats().await.unwrap();
+        assert_eq!((stats.inbox, stats.outbox_pending), (2, 2));
+        let highest = pg
+            .inbox()
+            .await
+            .unwrap()
+            .iter()
+            .map(|item| item.seq)
+            .max()
+            .unwrap();
+        let next = crate::store::conformance::accept_new(
+            &pg,
+            crate::store::conformance::accept("m9", ThreadChoice::Current, now),
+        )
+        .await;
+        assert!(next.seq > highest, "{} after {highest}", next.seq);
+        assert!(matches!(
+            pg.accept(crate::store::conformance::accept(
+                "m2",
+                ThreadChoice::Current,
+                now
+            ))
+            .await
+            .unwrap(),
+            Accepted::Duplicate { .. }
+        ));
+
+        // A database another antler works on is not copied from.
+        pg.claim("replica-a", now, now + 60_000).await.unwrap();
+        match pg.refuse_live_lease(now).await {
+            Err(StoreError::Leased { owner, .. }) => assert_eq!(owner, "replica-a"),
+            other => panic!("expected the lease to refuse, got {other:?}"),
+        }
+        pg.release("replica-a").await.unwrap();
+        pg.refuse_live_lease(now).await.unwrap();
+    })
+    .await;
+}

@@ -15,12 +15,14 @@ use crate::agent::approvals::{ApprovalRecord, ApprovalState, Opened};
 use crate::store::rules;
 use crate::store::{ApprovalDecision, ApprovalStore, Decided, StoreError};
 
-fn call_key(thread_id: &str, call_key: &str) -> Vec<u8> {
+pub(super) fn call_key(thread_id: &str, call_key: &str) -> Vec<u8> {
     keys::tuple(&[thread_id.as_bytes(), call_key.as_bytes()])
 }
 
 impl SledStore {
-    fn approval_trees(&self) -> Result<(sled::Tree, sled::Tree, sled::Tree), StoreError> {
+    pub(super) fn approval_trees(
+        &self,
+    ) -> Result<(sled::Tree, sled::Tree, sled::Tree), StoreError> {
         Ok((
             self.db.open_tree("approvals")?,
             self.db.open_tree("approval_calls")?,
