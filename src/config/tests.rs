@@ -2446,7 +2446,7 @@ fn the_local_config_takes_the_postgres_store_from_the_environment() {
     assert!(config.store.replica.is_none());
 
     // The backend without a URL names the key.
-    let refused = Config::from_toml_str(LOCAL, &env_of(&[("ANTLER_STORE_BACKEND", "postgres")]))
-        .unwrap_err();
+    let refused =
+        Config::from_toml_str(LOCAL, &env_of(&[("ANTLER_STORE_BACKEND", "postgres")])).unwrap_err();
     assert!(refused.to_string().contains("store.url"), "{refused}");
 }
