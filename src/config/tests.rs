@@ -2418,3 +2418,35 @@ fn the_postgres_store_needs_a_postgres_url_and_keeps_it_secret() {
     assert!(!format!("{config:?}").contains("hunter2"));
     assert!(!config.summary().contains("hunter2"));
 }
+
+#[test]
+fn the_local_config_takes_the_postgres_store_from_the_environment() {
+    // What deploy/compose.postgres.yaml and deploy/kubernetes/postgres/ set.
+    let env = env_of(&[
+        ("ANTLER_STORE_BACKEND", "postgres"),
+        (
+            "DATABASE_URL",
+            "postgres://antler:hunter2@db:5432/antler?sslmode=verify-full",
+        ),
+        ("ANTLER_REPLICA", "antler-2"),
+    ]);
+    let config = Config::from_toml_str(LOCAL, &env).unwrap();
+    assert_eq!(config.store.backend, StoreBackend::Postgres);
+    assert_eq!(
+        config.store.url.as_ref().map(Secret::expose),
+        Some("postgres://antler:hunter2@db:5432/antler?sslmode=verify-full")
+    );
+    assert_eq!(config.store.replica.as_deref(), Some("antler-2"));
+    assert!(!config.summary().contains("hunter2"));
+
+    // Unset: sled, no URL, the default replica name.
+    let config = Config::from_toml_str(LOCAL, &env_of(&[])).unwrap();
+    assert_eq!(config.store.backend, StoreBackend::Sled);
+    assert!(config.store.url.is_none());
+    assert!(config.store.replica.is_none());
+
+    // The backend without a URL names the key.
+    let refused =
+        Config::from_toml_str(LOCAL, &env_of(&[("ANTLER_STORE_BACKEND", "postgres")])).unwrap_err();
+    assert!(refused.to_string().contains("store.url"), "{refused}");
+}

@@ -40,12 +40,16 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use deadpool_postgres::{GenericClient, Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use rustls::ClientConfig;
+use rustls::client::WebPkiServerVerifier;
+use rustls::client::danger::ServerCertVerifier;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{NoTls, Row, Socket};
+use tokio_postgres_rustls::MakeRustlsConnect;
 
 use super::StoreError;
 
@@ -152,9 +156,11 @@ impl PgStore {
     }
 }
 
-/// The pool for `options`: its connections are made on first use.
+/// The pool for `options`: its connections are made on first use, with TLS as the URL's
+/// `sslmode` asks (see [`TlsMode`]).
 fn pool(options: &PgOptions) -> Result<Pool, StoreError> {
-    let mut config: tokio_postgres::Config = options.url.parse().map_err(|e| {
+    let (url, mode) = tls_mode(&options.url)?;
+    let mut config: tokio_postgres::Config = url.parse().map_err(|e| {
         StoreError::Invalid(format!(
             "the database URL {} is not valid: {e}",
             mask_url(&options.url)
@@ -175,17 +181,227 @@ fn pool(options: &PgOptions) -> Result<Pool, StoreError> {
         };
         config.options(&startup);
     }
-    if config.get_ssl_mode() == tokio_postgres::config::SslMode::Require {
-        return Err(StoreError::Invalid(
-            "the database URL asks for TLS (sslmode=require), which this build does not have"
-                .to_owned(),
-        ));
+    match tls_config(mode)? {
+        Some(tls) => pool_with(config, MakeRustlsConnect::new(tls), options.pool_size),
+        None => pool_with(config, NoTls, options.pool_size),
     }
-    pool_with(config, NoTls, options.pool_size)
 }
 
-/// A pool connecting with `tls`: this build passes [`NoTls`]; a TLS connector (chosen by the
-/// URL's `sslmode`) is passed here the same way.
+/// What a URL's `sslmode` asks of the connection, as libpq reads it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum TlsMode {
+    /// Plain TCP only.
+    Disable,
+    /// TLS when the server offers it, plain otherwise; the certificate is not checked (the
+    /// default, as in libpq).
+    Prefer,
+    /// TLS or no connection; the certificate is not checked (libpq's `require` encrypts
+    /// against eavesdroppers, not against a server pretending to be the database).
+    Require,
+    /// TLS with a certificate chained to a trusted root; any host name.
+    VerifyCa,
+    /// TLS with a certificate chained to a trusted root and naming the host connected to.
+    VerifyFull,
+}
+
+/// The URL's `sslmode` and the URL to hand to tokio-postgres, which knows `disable`,
+/// `prefer` and `require` only: the two verifying modes are passed on as `require`, and the
+/// verification is done by the connector [`tls_config`] builds. Both the URL form
+/// (`postgres://...?sslmode=verify-full`) and the key-value form (`host=... sslmode=...`)
+/// are read.
+fn tls_mode(url: &str) -> Result<(String, TlsMode), StoreError> {
+    let is_url = url.starts_with("postgres://") || url.starts_with("postgresql://");
+    let separator = if is_url { '&' } else { ' ' };
+    let (head, params) = if is_url {
+        match url.split_once('?') {
+            Some((head, query)) => (format!("{head}?"), query),
+            None => return Ok((url.to_owned(), TlsMode::Prefer)),
+        }
+    } else {
+        (String::new(), url)
+    };
+    let mut mode = TlsMode::Prefer;
+    let mut kept = Vec::new();
+    for param in params.split(separator) {
+        let Some(value) = param.trim().strip_prefix("sslmode=") else {
+            kept.push(param.to_owned());
+            continue;
+        };
+        let (given, passed) = match value {
+            "disable" => (TlsMode::Disable, value),
+            "prefer" => (TlsMode::Prefer, value),
+            "require" => (TlsMode::Require, value),
+            "verify-ca" => (TlsMode::VerifyCa, "require"),
+            "verify-full" => (TlsMode::VerifyFull, "require"),
+            other => {
+                return Err(StoreError::Invalid(format!(
+                    "the database URL's sslmode `{other}` is not one of disable, prefer, \
+                     require, verify-ca, verify-full"
+                )));
+            }
+        };
+        mode = given;
+        kept.push(param.replacen(value, passed, 1));
+    }
+    Ok((format!("{head}{}", kept.join(&separator.to_string())), mode))
+}
+
+/// The rustls client configuration for `mode` (`None`: no TLS). It carries its own `ring`
+/// provider, so it needs no process-wide one. The verifying modes use the system's root
+/// certificates (`ca-certificates` in the image).
+fn tls_config(mode: TlsMode) -> Result<Option<ClientConfig>, StoreError> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = ClientConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| StoreError::backend(format!("cannot set up TLS: {e}")))?;
+    let verifier: Arc<dyn ServerCertVerifier> = match mode {
+        TlsMode::Disable => return Ok(None),
+        TlsMode::Prefer | TlsMode::Require => Arc::new(tls::Unverified(provider)),
+        TlsMode::VerifyCa | TlsMode::VerifyFull => {
+            let found = rustls_native_certs::load_native_certs();
+            let mut roots = rustls::RootCertStore::empty();
+            roots.add_parsable_certificates(found.certs);
+            if roots.is_empty() {
+                return Err(StoreError::Invalid(
+                    "the database URL's sslmode verifies the server's certificate, but no \
+                     root certificates were found on this system (install ca-certificates)"
+                        .to_owned(),
+                ));
+            }
+            let chain = WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider)
+                .build()
+                .map_err(|e| StoreError::backend(format!("cannot set up TLS: {e}")))?;
+            if mode == TlsMode::VerifyFull {
+                chain
+            } else {
+                Arc::new(tls::AnyName(chain))
+            }
+        }
+    };
+    Ok(Some(
+        builder
+            .dangerous()
+            .with_custom_certificate_verifier(verifier)
+            .with_no_client_auth(),
+    ))
+}
+
+/// The certificate checks of the modes that rustls's own verifier does not cover.
+mod tls {
+    use std::sync::Arc;
+
+    use rustls::client::WebPkiServerVerifier;
+    use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+    use rustls::crypto::{CryptoProvider, verify_tls12_signature, verify_tls13_signature};
+    use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+    use rustls::{CertificateError, DigitallySignedStruct, Error, SignatureScheme};
+
+    /// `prefer` and `require`: any certificate is taken, as libpq does; the handshake's
+    /// signatures are still checked, so the session's keys belong to that certificate.
+    #[derive(Debug)]
+    pub(super) struct Unverified(pub(super) Arc<CryptoProvider>);
+
+    impl ServerCertVerifier for Unverified {
+        fn verify_server_cert(
+            &self,
+            _end_entity: &CertificateDer<'_>,
+            _intermediates: &[CertificateDer<'_>],
+            _server_name: &ServerName<'_>,
+            _ocsp_response: &[u8],
+            _now: UnixTime,
+        ) -> Result<ServerCertVerified, Error> {
+            Ok(ServerCertVerified::assertion())
+        }
+
+        fn verify_tls12_signature(
+            &self,
+            message: &[u8],
+            cert: &CertificateDer<'_>,
+            dss: &DigitallySignedStruct,
+        ) -> Result<HandshakeSignatureValid, Error> {
+            verify_tls12_signature(
+                message,
+                cert,
+                dss,
+                &self.0.signature_verification_algorithms,
+            )
+        }
+
+        fn verify_tls13_signature(
+            &self,
+            message: &[u8],
+            cert: &CertificateDer<'_>,
+            dss: &DigitallySignedStruct,
+        ) -> Result<HandshakeSignatureValid, Error> {
+            verify_tls13_signature(
+                message,
+                cert,
+                dss,
+                &self.0.signature_verification_algorithms,
+            )
+        }
+
+        fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+            self.0.signature_verification_algorithms.supported_schemes()
+        }
+    }
+
+    /// `verify-ca`: the chain must lead to a trusted root; the name in the certificate is not
+    /// compared with the host. rustls checks the chain before the name, so a name mismatch
+    /// means the chain passed.
+    #[derive(Debug)]
+    pub(super) struct AnyName(pub(super) Arc<WebPkiServerVerifier>);
+
+    impl ServerCertVerifier for AnyName {
+        fn verify_server_cert(
+            &self,
+            end_entity: &CertificateDer<'_>,
+            intermediates: &[CertificateDer<'_>],
+            server_name: &ServerName<'_>,
+            ocsp_response: &[u8],
+            now: UnixTime,
+        ) -> Result<ServerCertVerified, Error> {
+            match self.0.verify_server_cert(
+                end_entity,
+                intermediates,
+                server_name,
+                ocsp_response,
+                now,
+            ) {
+                Err(Error::InvalidCertificate(
+                    CertificateError::NotValidForName
+                    | CertificateError::NotValidForNameContext { .. },
+                )) => Ok(ServerCertVerified::assertion()),
+                other => other,
+            }
+        }
+
+        fn verify_tls12_signature(
+            &self,
+            message: &[u8],
+            cert: &CertificateDer<'_>,
+            dss: &DigitallySignedStruct,
+        ) -> Result<HandshakeSignatureValid, Error> {
+            self.0.verify_tls12_signature(message, cert, dss)
+        }
+
+        fn verify_tls13_signature(
+            &self,
+            message: &[u8],
+            cert: &CertificateDer<'_>,
+            dss: &DigitallySignedStruct,
+        ) -> Result<HandshakeSignatureValid, Error> {
+            self.0.verify_tls13_signature(message, cert, dss)
+        }
+
+        fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+            self.0.supported_verify_schemes()
+        }
+    }
+}
+
+/// A pool connecting with `tls`: [`NoTls`] for `sslmode=disable`, a rustls connector
+/// otherwise.
 fn pool_with<T>(config: tokio_postgres::Config, tls: T, size: usize) -> Result<Pool, StoreError>
 where
     T: MakeTlsConnect<Socket> + Clone + Sync + Send + 'static,
@@ -233,6 +449,16 @@ fn db_error(e: tokio_postgres::Error) -> StoreError {
             e.is_closed() || std::error::Error::source(&e).is_some_and(|s| s.is::<std::io::Error>())
         }
     };
+    // A server without TLS when the URL's sslmode requires it, or a certificate the mode
+    // refuses: tokio-postgres tells these apart only in its message. Unavailable, so `serve`
+    // waits (the server may be given TLS or a certificate) while /readyz shows the message.
+    if e.code().is_none() && e.to_string().starts_with("error performing TLS handshake") {
+        // The reason (no TLS, which certificate check failed) is the source, not the message.
+        let reason = std::error::Error::source(&e).map_or_else(String::new, |s| format!(": {s}"));
+        return StoreError::unavailable(format!(
+            "{e}{reason} (TLS as the database URL's sslmode asks)"
+        ));
+    }
     if unavailable {
         StoreError::unavailable(e)
     } else {

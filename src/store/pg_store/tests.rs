@@ -443,3 +443,207 @@ async fn a_deployment_copies_from_sled_into_postgres_and_back_unchanged() {
     })
     .await;
 }
+
+#[test]
+fn sslmode_is_read_from_both_url_forms_and_the_verifying_modes_reach_the_driver_as_require() {
+    let cases = [
+        (
+            "postgres://u:pw@db/antler",
+            "postgres://u:pw@db/antler",
+            TlsMode::Prefer,
+        ),
+        (
+            "postgres://u@db/antler?sslmode=disable",
+            "postgres://u@db/antler?sslmode=disable",
+            TlsMode::Disable,
+        ),
+        (
+            "postgresql://u@db/antler?application_name=x&sslmode=require",
+            "postgresql://u@db/antler?application_name=x&sslmode=require",
+            TlsMode::Require,
+        ),
+        (
+            "postgres://u@db/antler?sslmode=verify-ca&connect_timeout=2",
+            "postgres://u@db/antler?sslmode=require&connect_timeout=2",
+            TlsMode::VerifyCa,
+        ),
+        (
+            "postgres://u@db/antler?sslmode=verify-full",
+            "postgres://u@db/antler?sslmode=require",
+            TlsMode::VerifyFull,
+        ),
+        (
+            "host=db user=u sslmode=verify-full dbname=antler",
+            "host=db user=u sslmode=require dbname=antler",
+            TlsMode::VerifyFull,
+        ),
+        ("host=db user=u", "host=db user=u", TlsMode::Prefer),
+    ];
+    for (given, passed, mode) in cases {
+        assert_eq!(
+            tls_mode(given).unwrap(),
+            (passed.to_owned(), mode),
+            "{given}"
+        );
+        passed.parse::<tokio_postgres::Config>().unwrap();
+    }
+    let refused = tls_mode("postgres://u:s3cret-pw@db/antler?sslmode=allow").unwrap_err();
+    assert!(matches!(refused, StoreError::Invalid(_)), "{refused:?}");
+    assert!(refused.to_string().contains("`allow`"), "{refused}");
+    assert!(!refused.to_string().contains("s3cret-pw"), "{refused}");
+}
+
+#[test]
+fn every_mode_but_disable_builds_a_tls_connector() {
+    assert!(tls_config(TlsMode::Disable).unwrap().is_none());
+    for mode in [TlsMode::Prefer, TlsMode::Require] {
+        assert!(tls_config(mode).unwrap().is_some(), "{mode:?}");
+    }
+    // The verifying modes need the system's roots; where it has some they build too.
+    if !rustls_native_certs::load_native_certs().certs.is_empty() {
+        for mode in [TlsMode::VerifyCa, TlsMode::VerifyFull] {
+            assert!(tls_config(mode).unwrap().is_some(), "{mode:?}");
+        }
+    }
+}
+
+/// The test database's URL with `sslmode` set to `mode`.
+fn with_sslmode(url: &str, mode: &str) -> String {
+    let separator = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{separator}sslmode={mode}")
+}
+
+/// Whether the store's connection to the server is encrypted.
+async fn encrypted(store: &PgStore) -> bool {
+    let row = store
+        .client()
+        .await
+        .unwrap()
+        .query_one(
+            "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()",
+            &[],
+        )
+        .await
+        .unwrap();
+    row.get(0)
+}
+
+#[tokio::test]
+async fn sslmode_disable_connects_plainly_and_require_encrypts_without_checking_the_certificate() {
+    if skipped() {
+        return;
+    }
+    // The local server may offer TLS (Debian's has a self-signed "snakeoil" certificate) or not.
+    let mut options = fresh_options();
+    options.url = with_sslmode(&options.url, "prefer");
+    let store = PgStore::open(&options).await.unwrap();
+    let offered = encrypted(&store).await;
+    drop(store);
+    drop_schema(&options).await;
+
+    let mut options = fresh_options();
+    options.url = with_sslmode(&options.url, "disable");
+    let store = PgStore::open(&options).await.unwrap();
+    assert!(!encrypted(&store).await);
+    drop(store);
+    drop_schema(&options).await;
+
+    let mut options = fresh_options();
+    options.url = with_sslmode(&with_password(&options.url, "s3cret-pw"), "require");
+    if offered {
+        let store = PgStore::open(&options).await.unwrap();
+        assert!(encrypted(&store).await);
+        drop(store);
+    } else {
+        let refused = PgStore::open(&options).await.unwrap_err();
+        assert!(matches!(refused, StoreError::Unavailable(_)), "{refused:?}");
+        assert!(refused.to_string().contains("TLS"), "{refused}");
+        assert!(!format!("{refused} {refused:?}").contains("s3cret-pw"));
+    }
+    drop_schema(&options).await;
+}
+
+#[tokio::test]
+async fn sslmode_verify_full_checks_more_than_verify_ca() {
+    if skipped() {
+        return;
+    }
+    // What passes depends on the server's certificate and the system's roots (Debian's
+    // "snakeoil" certificate names `localhost` and, its folder read whole, is a root here):
+    // whatever verify-full takes, verify-ca takes too, and a refusal says why.
+    let mut outcomes = Vec::new();
+    for mode in ["verify-ca", "verify-full"] {
+        let mut options = fresh_options();
+        options.url = with_sslmode(&with_password(&options.url, "s3cret-pw"), mode);
+        match PgStore::open(&options).await {
+            Ok(store) => {
+                assert!(encrypted(&store).await, "{mode}");
+                outcomes.push(true);
+            }
+            Err(refused) => {
+                assert!(
+                    matches!(refused, StoreError::Unavailable(_) | StoreError::Invalid(_)),
+                    "{mode}: {refused:?}"
+                );
+                let shown = format!("{refused} {refused:?}");
+                assert!(
+                    shown.contains("TLS") || shown.contains("certificate"),
+                    "{shown}"
+                );
+                assert!(!shown.contains("s3cret-pw"), "{shown}");
+                eprintln!("{mode}: {refused}");
+                outcomes.push(false);
+            }
+        }
+        drop_schema(&options).await;
+    }
+    assert!(
+        outcomes[0] || !outcomes[1],
+        "verify-full passed where verify-ca did not"
+    );
+}
+
+#[tokio::test]
+async fn sslmode_require_against_a_server_without_tls_is_unavailable_and_says_why() {
+    // No database needed: a server that answers "no TLS" (`N`) to the TLS request.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let server = tokio::spawn(async move {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        while let Ok((mut socket, _)) = listener.accept().await {
+            let mut request = [0u8; 8];
+            if socket.read_exact(&mut request).await.is_ok() {
+                let _ = socket.write_all(b"N").await;
+            }
+        }
+    });
+    for mode in ["require", "verify-full"] {
+        let options = PgOptions {
+            url: format!("postgres://antler:s3cret-pw@127.0.0.1:{port}/antler?sslmode={mode}"),
+            pool_size: 1,
+            schema: None,
+        };
+        let refused = PgStore::open(&options).await.unwrap_err();
+        if rustls_native_certs::load_native_certs().certs.is_empty() && mode == "verify-full" {
+            assert!(matches!(refused, StoreError::Invalid(_)), "{refused:?}");
+            continue;
+        }
+        assert!(
+            matches!(refused, StoreError::Unavailable(_)),
+            "{mode}: {refused:?}"
+        );
+        let shown = refused.to_string();
+        assert!(shown.contains("server does not support TLS"), "{shown}");
+        assert!(shown.contains("sslmode"), "{shown}");
+        assert!(
+            !format!("{shown} {refused:?}").contains("s3cret-pw"),
+            "{shown}"
+        );
+        let refused = PgStore::migrate(&options).await.unwrap_err();
+        assert!(
+            matches!(refused, StoreError::Unavailable(_)),
+            "{mode}: {refused:?}"
+        );
+    }
+    server.abort();
+}
