@@ -7,6 +7,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, Ordering};
+use std::time::Duration;
 
 use axum::Router;
 use axum::http::{HeaderValue, StatusCode, header};
@@ -18,6 +19,9 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::ingress::RETRY_AFTER;
+
+/// How long requests under way may take once the app takes the listener over.
+const STOP_WAIT: Duration = Duration::from_secs(2);
 
 /// Why antler is not serving yet.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -95,10 +99,15 @@ impl WaitingServer {
         self.state.store(waiting as u8, Ordering::SeqCst);
     }
 
-    /// Stops answering (requests under way finish) and closes this handle of the socket.
+    /// Stops answering (requests under way get [`STOP_WAIT`] to finish: a client that sends
+    /// its request slowly must not hold up the start) and closes this handle of the socket.
     pub(super) async fn stop(self) {
         self.stop.cancel();
-        let _ = self.task.await;
+        let mut task = self.task;
+        if tokio::time::timeout(STOP_WAIT, &mut task).await.is_err() {
+            task.abort();
+            let _ = task.await;
+        }
     }
 }
 
@@ -161,7 +170,16 @@ mod tests {
             posted.headers()[header::RETRY_AFTER],
             RETRY_AFTER.as_secs().to_string().as_str()
         );
-        waiting.stop().await;
+        // A client that never finishes its request does not hold the hand-over up.
+        let mut slow = tokio::net::TcpStream::connect(base.trim_start_matches("http://"))
+            .await
+            .unwrap();
+        tokio::io::AsyncWriteExt::write_all(&mut slow, b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+            .await
+            .unwrap();
+        tokio::time::timeout(STOP_WAIT * 5, waiting.stop())
+            .await
+            .expect("the hand-over is bounded");
         // The socket stays open: the app serves on the listener it got back.
         let app = Router::new().route("/healthz", get(|| async { "app" }));
         tokio::spawn(async move { axum::serve(listener, app).await });
