@@ -886,24 +886,28 @@ where
         }
         StoreBackend::Sled => (listener, None),
     };
-    let Some(store) = open_store(&config.store, waiting.as_ref(), shutdown.clone()).await? else {
+    // `<replica>/<id>`: a restarted replica of the same name is another owner, so it sees
+    // how the last one left.
+    let owner = format!(
+        "{}/{}",
+        replica_name(&config.store),
+        uuid::Uuid::now_v7().simple()
+    );
+    let Some(store) = open_store(&config.store, &owner, waiting.as_ref(), shutdown.clone()).await?
+    else {
         tracing::info!("stopped while waiting for the database");
         return Ok(());
     };
     // Before anything else starts (the shell's proxy socket in the store's folder, MCP
-    // servers): a second process must not get that far.
+    // servers): a second process must not get that far. Replicas sharing a store each mark
+    // themselves alive instead; the store's lease then only decides which one runs the
+    // singletons (`app::singletons`).
     let stops = Stops::default();
-    let Some((owner, lease_keeper)) = claim_lease(
-        &store,
-        &config.store,
-        &stops,
-        waiting.as_ref(),
-        shutdown.clone(),
-    )
-    .await?
-    else {
-        tracing::info!("stopped while standing by");
-        return Ok(());
+    let shared = store.shared();
+    let lease_keeper = if shared {
+        join_replicas(&store, &config.store, &stops).await?
+    } else {
+        claim_lease(&store, &owner, &config.store, &stops).await?
     };
     // The sandbox's probe (most of the start-up time) runs in the background: antler answers
     // before it is done, and only runs that may use the shell wait for its verdict
@@ -991,7 +995,12 @@ where
         deliveries.clone(),
         delivery_stop.clone(),
     );
-    let Resumed { inbox, outbox } = resume(store.as_ref()).await?;
+    // With replicas, what others left is adopted conversation by conversation instead.
+    let Resumed { inbox, outbox } = if shared {
+        Resumed::default()
+    } else {
+        resume(store.as_ref()).await?
+    };
     // Replies left in the outbox go first; the runner then owns the delivery handle.
     delivery.enqueue(outbox);
     let access = Arc::new(Access::from_config(&config.channels));
@@ -1016,6 +1025,7 @@ where
         };
         tokio::spawn(apply_reloads(config.clone(), live, reloads));
     }
+    let adopted_replies = delivery.clone();
     let runner = TurnRunner::new(
         Arc::clone(&store),
         runtime,
@@ -1040,26 +1050,36 @@ where
         intake_stop.clone(),
     );
 
-    ingress.recover(inbox);
-    // After the recovered items: a firing enqueued again after a crash is found a duplicate.
-    let scheduler = tokio::spawn(crate::schedule::run(
-        schedules,
-        Arc::new(ingress.clone()),
-        intake_stop.clone(),
-    ));
+    if shared {
+        ingress.share_work(adopted_replies, INTERRUPTED, intake_stop.clone());
+    } else {
+        drop(adopted_replies);
+        ingress.recover(inbox);
+    }
     // After the recovered items, so a resume queued now comes after what was waiting.
     approvals.attach(ingress.downgrade());
-    let approval_timer = (!config.approvals.tools.is_empty())
-        .then(|| tokio::spawn(Arc::clone(&approvals).run(intake_stop.clone())));
-    let poller = platforms.telegram_polling.map(|channel| {
-        tokio::spawn(crate::intake::poll_telegram(
-            channel,
-            ingress.clone(),
+    // After the recovered items: a firing enqueued again after a crash is found a duplicate.
+    let singletons = singletons::Singletons {
+        config: config.clone(),
+        telegram_polling: platforms.telegram_polling,
+        discord: platforms.discord,
+        schedules,
+        approvals: Arc::clone(&approvals),
+        ingress: ingress.clone(),
+    };
+    let singletons = if shared {
+        vec![tokio::spawn(singletons.run_while_leased(
+            Arc::clone(&store),
+            owner.clone(),
+            Duration::from_secs(config.store.lease_secs),
             intake_stop.clone(),
-        ))
-    });
-    let discord_gateway =
-        discord_gateway(&config, platforms.discord, &ingress, &intake_stop).await?;
+        ))]
+    } else {
+        let tasks = singletons.start(&intake_stop).await?;
+        // What they need is theirs now: the store must be free once they end.
+        drop(singletons);
+        tasks
+    };
     let slack_socket = platforms.slack_socket.map(|(channel, socket)| {
         tokio::spawn(crate::intake::read_slack_socket(
             channel,
@@ -1144,18 +1164,11 @@ where
         () = shutdown => {}
         () = lease_lost.cancelled() => {}
     }
-    let intake_tasks = [
-        Some(sweeper),
-        Some(scheduler),
-        poller,
-        discord_gateway,
-        slack_socket,
-        feishu_socket,
-        approval_timer,
-    ]
-    .into_iter()
-    .flatten()
-    .collect();
+    let intake_tasks = [Some(sweeper), slack_socket, feishu_socket]
+        .into_iter()
+        .flatten()
+        .chain(singletons)
+        .collect();
     Shutdown {
         stops,
         grace,
@@ -1343,13 +1356,14 @@ fn warn_open_channels(config: &Config, access: &Access) {
 /// (`None`); any other failure, or any failure of sled's, ends the start.
 async fn open_store(
     settings: &StoreConfig,
+    owner: &str,
     waiting: Option<&WaitingServer>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<Option<Arc<dyn Store>>, AppError> {
     let mut shutdown = std::pin::pin!(shutdown);
     let mut backoff = Duration::from_millis(500);
     loop {
-        match store_backend::open(settings).await {
+        match store_backend::open_as(settings, Some(owner)).await {
             Ok(store) => {
                 if let Some(waiting) = waiting {
                     waiting.set(Waiting::Starting);
@@ -1390,62 +1404,19 @@ fn replica_name(settings: &StoreConfig) -> String {
     })
 }
 
-/// Claims the store's lease for this process (`<replica>/<id>`: a restarted replica of the
-/// same name is another owner, so it sees how the last one left) and starts renewing it: the
-/// store's work is this process's from here. While another antler's lease is live (a second
-/// replica on one database, or this replica restarted after a crash before its old lease ran
-/// out) it stands by and claims again as that lease would run out; `None` if `shutdown` came
-/// first. Returns the owner's name and the renewer, which stops when dropped: a start that
-/// fails later lets go of the store.
+/// Claims the store's lease for this process (`owner`) and starts renewing it: the store's
+/// work is this process's from here. With sled, the store's file lock already keeps other
+/// processes out, so the claim only tells how the last owner left. Returns the renewer,
+/// which stops when dropped: a start that fails later lets go of the store.
 async fn claim_lease(
     store: &Arc<dyn Store>,
+    owner: &str,
     settings: &StoreConfig,
     stops: &Stops,
-    waiting: Option<&WaitingServer>,
-    shutdown: impl Future<Output = ()>,
-) -> Result<Option<(String, AbortOnDropHandle<()>)>, AppError> {
-    let owner = format!(
-        "{}/{}",
-        replica_name(settings),
-        uuid::Uuid::now_v7().simple()
-    );
+) -> Result<AbortOnDropHandle<()>, AppError> {
     let lease = Duration::from_secs(settings.lease_secs);
-    let mut shutdown = std::pin::pin!(shutdown);
-    let mut told = false;
-    let claimed = loop {
-        let now = crate::now_ms();
-        match store.claim(&owner, now, now + millis(lease)).await {
-            Ok(claimed) => break claimed,
-            Err(StoreError::Leased {
-                owner: holder,
-                remaining_ms,
-            }) => {
-                if let Some(waiting) = waiting {
-                    waiting.set(Waiting::Lease);
-                }
-                if !told {
-                    tracing::info!(
-                        holder,
-                        remaining_ms,
-                        "standing by: another antler holds the store's lease"
-                    );
-                    told = true;
-                }
-                // Claimed again as the lease would run out (or a renewal interval on, since
-                // its holder renews it): a clean stop releases it sooner than that.
-                let wait = Duration::from_millis(remaining_ms).min(lease / RENEWALS_PER_LEASE);
-                tokio::select! {
-                    () = tokio::time::sleep(wait + Duration::from_millis(50)) => {}
-                    () = &mut shutdown => return Ok(None),
-                }
-            }
-            Err(e) => return Err(e.into()),
-        }
-    };
-    if let Some(waiting) = waiting {
-        waiting.set(Waiting::Starting);
-    }
-    match claimed {
+    let now = crate::now_ms();
+    match store.claim(owner, now, now + millis(lease)).await? {
         Claimed::Expired { owner: previous } => {
             tracing::info!(
                 previous,
@@ -1454,17 +1425,48 @@ async fn claim_lease(
         }
         Claimed::First | Claimed::Released { .. } | Claimed::Held => {}
     }
-    let keeper = AbortOnDropHandle::new(tokio::spawn(keep_lease(
+    Ok(AbortOnDropHandle::new(tokio::spawn(keep_lease(
         Arc::clone(store),
-        owner.clone(),
+        owner.to_owned(),
         lease,
         stops.lease.clone(),
         stops.lease_lost.clone(),
-    )));
-    Ok(Some((owner, keeper)))
+    ))))
+}
+
+/// Marks this replica alive in a store shared with others and keeps the mark renewed
+/// ([`RENEWALS_PER_LEASE`] times per `store.lease_secs`). If the mark ran out anyway (the
+/// database was out of reach for longer than that), the others have adopted this replica's
+/// conversations: `lease_lost` is cancelled and this process stops.
+async fn join_replicas(
+    store: &Arc<dyn Store>,
+    settings: &StoreConfig,
+    stops: &Stops,
+) -> Result<AbortOnDropHandle<()>, AppError> {
+    store_backend::check_shared_folder(store.as_ref(), &settings.path)
+        .await
+        .map_err(|e| AppError::Store(e.to_string()))?;
+    let lease = Duration::from_secs(settings.lease_secs);
+    store.mark_alive(millis(lease), true).await?;
+    tracing::info!(
+        replica = replica_name(settings),
+        "joined the replicas sharing this store"
+    );
+    let renewing = Arc::clone(store);
+    Ok(AbortOnDropHandle::new(tokio::spawn(renew_every(
+        lease,
+        "this replica's mark",
+        move || {
+            let store = Arc::clone(&renewing);
+            async move { store.mark_alive(millis(lease), false).await }
+        },
+        stops.lease.clone(),
+        stops.lease_lost.clone(),
+    ))))
 }
 
 /// What the last process left to do.
+#[derive(Default)]
 struct Resumed {
     inbox: Vec<InboxItem>,
     outbox: Vec<OutboxItem>,
@@ -1506,6 +1508,35 @@ async fn keep_lease(
     stop: CancellationToken,
     lost: CancellationToken,
 ) {
+    renew_every(
+        lease,
+        "the store's lease",
+        move || {
+            let store = Arc::clone(&store);
+            let owner = owner.clone();
+            async move {
+                let until = crate::now_ms().saturating_add(millis(lease));
+                store.renew(&owner, until).await
+            }
+        },
+        stop,
+        lost,
+    )
+    .await;
+}
+
+/// Calls `renew` [`RENEWALS_PER_LEASE`] times per `lease` until `stop`; a retryable failure
+/// is tried again at the next renewal, any other cancels `lost` and ends it.
+async fn renew_every<F, Fut>(
+    lease: Duration,
+    what: &'static str,
+    renew: F,
+    stop: CancellationToken,
+    lost: CancellationToken,
+) where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Result<(), StoreError>>,
+{
     let mut every = tokio::time::interval(lease / RENEWALS_PER_LEASE);
     every.tick().await;
     loop {
@@ -1513,15 +1544,14 @@ async fn keep_lease(
             _ = every.tick() => {}
             () = stop.cancelled() => return,
         }
-        let until = crate::now_ms().saturating_add(millis(lease));
-        match store.renew(&owner, until).await {
+        match renew().await {
             Ok(()) => {}
             Err(e) if e.is_retryable() => {
-                tracing::warn!(error = %e, "cannot renew the store's lease; trying again");
+                tracing::warn!(error = %e, "cannot renew {what}; trying again");
                 metrics::counter!("antler_store_errors_total", "retryable" => "true").increment(1);
             }
             Err(e) => {
-                tracing::error!(error = %e, "lost the store's lease; stopping");
+                tracing::error!(error = %e, "lost {what}; stopping");
                 metrics::counter!("antler_store_errors_total", "retryable" => "false").increment(1);
                 lost.cancel();
                 return;
@@ -1557,6 +1587,7 @@ async fn sweep(
 }
 
 mod shutdown;
+mod singletons;
 pub(crate) mod store_backend;
 mod waiting;
 

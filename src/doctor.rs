@@ -369,7 +369,27 @@ async fn check_database(config: &Config) -> Finding {
                 Some(lease) => format!("; the last owner was {}", lease.owner),
                 None => String::new(),
             };
-            Finding::ok("store", format!("{at}: {schema}{lease}"))
+            let replicas = match found.replicas.len() {
+                0 => String::new(),
+                n => format!(
+                    "; {n} replica(s) alive: {}",
+                    found
+                        .replicas
+                        .iter()
+                        .map(|(owner, left)| format!("{owner} ({} s left)", left / 1000))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            };
+            let summary = format!("{at}: {schema}{lease}{replicas}");
+            match shared_folder(config, found.folder.as_deref()) {
+                Ok(folder) => Finding::ok("store", format!("{summary}{folder}")),
+                Err(why) => Finding::fail(
+                    "store",
+                    format!("{summary}; {why}"),
+                    "every replica must see one store.path (a shared volume, ReadWriteMany on Kubernetes)",
+                ),
+            }
         }
         Err(e) => Finding::fail(
             "store",
@@ -899,6 +919,31 @@ fn check_api(config: &Config) -> Finding {
         );
     }
     Finding::ok("api", format!("{tokens} token(s) configured"))
+}
+
+/// Whether `store.path` holds the folder id the database names (`named`), as every replica's
+/// must: what to add to the finding, or what is wrong.
+fn shared_folder(config: &Config, named: Option<&str>) -> Result<String, String> {
+    use crate::app::store_backend::FOLDER_ID_FILE;
+    let Some(named) = named else {
+        return Ok(String::new());
+    };
+    let path = config.store.path.join(FOLDER_ID_FILE);
+    match std::fs::read_to_string(&path) {
+        Ok(here) if here.trim() == named => Ok(format!(
+            "; {} is the folder the replicas share",
+            config.store.path.display()
+        )),
+        Ok(here) => Err(format!(
+            "{} names folder {}, but the database names {named}: this is not the folder the replicas share",
+            path.display(),
+            here.trim()
+        )),
+        Err(_) => Err(format!(
+            "{} is missing, but the database names folder {named}: this is not the folder the replicas share",
+            path.display()
+        )),
+    }
 }
 
 #[cfg(test)]

@@ -158,6 +158,10 @@ impl Shutdown {
                 "another antler took over the store's lease; this one stopped".to_owned(),
             ));
         }
+        // With replicas: the others adopt this one's conversations from here, at once.
+        if let Err(e) = store.leave().await {
+            tracing::warn!(error = %e, "cannot let go of this replica's conversations; the others adopt them when its mark runs out");
+        }
         store.release(&owner).await?;
         release_store(store).await;
         tracing::info!("stopped");

@@ -31,16 +31,12 @@ pub(super) enum Waiting {
     Starting = 0,
     /// The database does not answer; it is tried again with backoff.
     Database = 1,
-    /// Another antler holds the store's lease; this one takes over when it is given up or
-    /// runs out.
-    Lease = 2,
 }
 
 impl Waiting {
     fn of(raw: u8) -> Self {
         match raw {
             1 => Self::Database,
-            2 => Self::Lease,
             _ => Self::Starting,
         }
     }
@@ -50,7 +46,6 @@ impl Waiting {
         match self {
             Self::Starting => "starting",
             Self::Database => "waiting_for_database",
-            Self::Lease => "standing_by",
         }
     }
 }
@@ -156,9 +151,9 @@ mod tests {
             body,
             json!({"ready": false, "state": "waiting_for_database"})
         );
-        waiting.set(Waiting::Lease);
+        waiting.set(Waiting::Starting);
         let body: serde_json::Value = fetch(&base, "/readyz").await.json().await.unwrap();
-        assert_eq!(body["state"], "standing_by");
+        assert_eq!(body["state"], "starting");
         let posted = reqwest::Client::new()
             .post(format!("{base}/api/v1/messages"))
             .body("{}")

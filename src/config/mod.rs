@@ -254,8 +254,8 @@ pub struct StoreConfig {
     pub url: Option<Secret>,
     /// Connections to PostgreSQL kept open at most.
     pub pool_size: usize,
-    /// How long the store's work stays this antler's without renewing its lease, in seconds
-    /// (PostgreSQL).
+    /// How long a replica holds its conversations (and the singletons: Telegram polling, the
+    /// Discord Gateway, the timers) without renewing, in seconds; on sled, the store's lease.
     pub lease_secs: u64,
     /// This antler's name in logs and leases; `None`: the host name and the process id.
     #[serde(deserialize_with = "secret::opt_string")]

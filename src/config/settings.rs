@@ -96,7 +96,7 @@ pub(crate) const SETTINGS: &[Setting] = &[
     value("store.cache_capacity_bytes", "8388608", "The memory sled may use for its page cache, in bytes."),
     unset("store.url", "none; required with `backend = \"postgres\"`", "The PostgreSQL database, `postgres://user:password@host:5432/db` (a secret: masked everywhere)."),
     value("store.pool_size", "16", "Connections to PostgreSQL kept open at most."),
-    value("store.lease_secs", "15", "Seconds the store's work stays this antler's without renewing its lease (PostgreSQL)."),
+    value("store.lease_secs", "15", "Seconds a replica holds its conversations and the singletons without renewing (PostgreSQL); the store's lease on sled."),
     unset("store.replica", "the host name and the process id", "This antler's name in logs and leases (PostgreSQL)."),
     // [model]
     value("model.base_url", r#""https://api.openai.com/v1""#, "The OpenAI-compatible API base URL (`.../v1`)."),

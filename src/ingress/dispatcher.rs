@@ -140,6 +140,15 @@ impl Dispatcher {
     pub(crate) fn running(&self) -> usize {
         self.inner.state.lock().map(|s| s.running).unwrap_or(0)
     }
+
+    /// Whether `conversation` has a turn running or waiting.
+    pub(crate) fn is_busy(&self, conversation: &str) -> bool {
+        self.inner
+            .state
+            .lock()
+            .map(|s| s.lanes.contains_key(conversation))
+            .unwrap_or(true)
+    }
 }
 
 impl Inner {

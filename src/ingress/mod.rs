@@ -23,14 +23,15 @@ pub(crate) mod attachments;
 pub(crate) mod commands;
 mod dispatcher;
 pub(crate) mod pairing;
+mod replicas;
 mod scheduled;
 mod turn;
 
 pub(crate) use dispatcher::{Dispatcher, RunTurn};
 pub(crate) use turn::{TurnRunner, TurnSettings};
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use antler_channel::{Channel, ChatMove, InboundEvent, Press};
@@ -105,6 +106,10 @@ struct Inner {
     store: Arc<dyn Store>,
     /// Decides what a button press asks (an approval's Approve or Deny).
     approvals: Arc<approvals::Approvals>,
+    /// Runs turns (kept for [`Ingress::share_work`]).
+    runner: TurnRunner,
+    /// Set by [`Ingress::share_work`].
+    shared: Arc<OnceLock<replicas::Accepted>>,
 }
 
 /// An [`Ingress`] that may be gone.
@@ -155,6 +160,9 @@ struct Acceptor {
     runner: TurnRunner,
     hub: EventHub,
     queued: Arc<Queued>,
+    /// With a store shared by replicas: where new items go instead of the dispatcher
+    /// ([`replicas`]).
+    shared: Arc<OnceLock<replicas::Accepted>>,
 }
 
 /// What has been queued to run: the backlog it holds and where the inbox stands.
@@ -233,13 +241,15 @@ impl Ingress {
         runner.attach_queue(Arc::downgrade(&queue));
         let (acceptor, requests) = mpsc::unbounded_channel();
         // Ends when the last handle to this ingress is dropped.
+        let shared = Arc::new(OnceLock::new());
         tokio::spawn(
             Acceptor {
                 store: Arc::clone(&store),
                 dispatcher: dispatcher.clone(),
-                runner,
+                runner: runner.clone(),
                 hub,
                 queued: Arc::clone(&queued),
+                shared: Arc::clone(&shared),
             }
             .run(requests),
         );
@@ -256,7 +266,34 @@ impl Ingress {
                 stop,
                 acceptor,
                 approvals,
+                runner,
+                shared,
             }),
+        }
+    }
+
+    /// Shares the work with other replicas of a shared store
+    /// ([`crate::store::ReplicaStore`]): from here, accepted items are queued by the
+    /// conversation's holder, and the work of conversations nobody holds is adopted (its
+    /// replies through `delivery`), until `stop`. Subagent tasks of gone replicas fail with
+    /// `interrupted`. Called once, before intake starts.
+    pub(crate) fn share_work(
+        &self,
+        delivery: crate::delivery::Delivery,
+        interrupted: &'static str,
+        stop: CancellationToken,
+    ) {
+        let inner = &self.inner;
+        let (work, accepted, receiver) = replicas::ReplicaWork::new(
+            Arc::clone(&inner.store),
+            inner.dispatcher.clone(),
+            Arc::clone(&inner.queued),
+            inner.runner.clone(),
+            delivery,
+            interrupted,
+        );
+        if inner.shared.set(accepted).is_ok() {
+            tokio::spawn(work.run(receiver, stop));
         }
     }
 
@@ -498,6 +535,16 @@ impl Acceptor {
     async fn accept_batch(&self, requests: Vec<Request>) {
         let (accepts, replies): (Vec<Accept>, Vec<Reply>) =
             requests.into_iter().map(|r| (r.accept, r.reply)).unzip();
+        let shared = self.shared.get();
+        // With replicas, the conversations' holders queue what was stored, even after a
+        // failed write that kept some of it.
+        let conversations: Vec<String> = match shared {
+            Some(_) => accepts
+                .iter()
+                .map(|a| a.event.conversation.as_str().to_owned())
+                .collect(),
+            None => Vec::new(),
+        };
         // Durable when it returns, redeliveries included (their originals were stored by this
         // or an earlier batch): no answer gets ahead of its data. Requests arriving meanwhile
         // wait for the next batch, so one sync serves as many of them as are waiting.
@@ -508,13 +555,19 @@ impl Acceptor {
                     // A caller that stopped waiting is fine: its event is stored and queued.
                     let _ = reply.answer.send(Ok(admission));
                 }
+                if let Some(shared) = shared {
+                    shared.send(conversations);
+                }
             }
             Err(e) => {
                 tracing::error!(error = %e, "accepting failed");
                 for reply in replies {
                     let _ = reply.answer.send(Err(IngressError::Store(e.clone())));
                 }
-                self.queue_what_was_kept().await;
+                match shared {
+                    Some(shared) => shared.send(conversations),
+                    None => self.queue_what_was_kept().await,
+                }
             }
         }
     }
@@ -553,6 +606,17 @@ impl Acceptor {
                     thread_id,
                     new: false,
                     seq,
+                    events,
+                }
+            }
+            Accepted::New(item) if self.shared.get().is_some() => {
+                // Queued by the conversation's holder, maybe another replica: this one's
+                // backlog counts what it runs.
+                let events = reply.subscribe.then(|| self.hub.subscribe(&item.thread_id));
+                Admission {
+                    thread_id: item.thread_id,
+                    new: true,
+                    seq: Some(item.seq),
                     events,
                 }
             }

@@ -96,6 +96,8 @@ enum Stopped {
     Cancelled,
     /// The store failed in a way that trying again cannot mend (logged where it happened).
     Failed,
+    /// Another replica holds the conversation now ([`StoreError::NotHeld`]).
+    NotHeld,
 }
 
 /// Runs inbox items. Cloning shares it.
@@ -205,6 +207,16 @@ async fn start_turn(store: &dyn Store, seq: u64) -> Result<Option<InboxItem>, St
     match store.start_turn(seq).await {
         Ok(item) => Ok(Some(item)),
         Err(StoreError::Missing { .. }) => Ok(None),
+        // Another replica holds the conversation now (this one stalled past its mark, or the
+        // item was adopted): the holder runs it.
+        Err(StoreError::NotHeld { conversation }) => {
+            tracing::info!(
+                seq,
+                conversation,
+                "another replica runs this conversation now"
+            );
+            Ok(None)
+        }
         Err(e) => Err(e),
     }
 }
@@ -430,11 +442,15 @@ impl TurnRunner {
             now_ms: crate::now_ms(),
             absorbed,
         });
-        let Ok(items) = self
+        let items = match self
             .retry("finish the turn", seq, || self.finish(Arc::clone(&finish)))
             .await
-        else {
-            return false;
+        {
+            Ok(items) => items,
+            // Another replica took the conversation over and runs the item again: this
+            // replica's answer is dropped, unsent.
+            Err(Stopped::NotHeld) => return true,
+            Err(_) => return false,
         };
         inner.delivery.enqueue(items);
         metrics::counter!("antler_turns_total", "outcome" => result.outcome).increment(1);
@@ -569,6 +585,14 @@ impl TurnRunner {
             let wait = backoff.next_wait();
             match operation().await {
                 Ok(value) => return Ok(value),
+                Err(StoreError::NotHeld { conversation }) => {
+                    tracing::warn!(
+                        seq,
+                        conversation,
+                        "cannot {what}: another replica holds the conversation now"
+                    );
+                    return Err(Stopped::NotHeld);
+                }
                 Err(e) if e.is_retryable() => {
                     tracing::error!(seq, error = %e, retry_in = ?wait, "cannot {what}; retrying");
                     metrics::counter!("antler_store_errors_total", "retryable" => "true")
@@ -703,7 +727,7 @@ impl TurnRunner {
                 crate::now_ms(),
             )),
             // When cancelled, the turn is being dropped and this answer is never stored.
-            Err(Stopped::Failed | Stopped::Cancelled) => Err(TurnResult {
+            Err(Stopped::Failed | Stopped::Cancelled | Stopped::NotHeld) => Err(TurnResult {
                 prompts: Vec::new(),
                 title: None,
                 thread: None,

@@ -237,6 +237,7 @@ impl Endpoint {
                     url: url.clone(),
                     pool_size: 2,
                     schema: None,
+                    owner: None,
                 })
                 .await
                 .map_err(failed)?;

@@ -280,6 +280,9 @@ impl MaintenanceStore for FaultyStore {
     }
 }
 
+/// One process opens it: nothing to share with replicas.
+impl super::ReplicaStore for FaultyStore {}
+
 #[async_trait::async_trait]
 impl LeaseStore for FaultyStore {
     async fn claim(&self, owner: &str, now_ms: u64, until_ms: u64) -> Result<Claimed, StoreError> {

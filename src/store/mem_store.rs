@@ -531,6 +531,9 @@ impl MaintenanceStore for MemStore {
     }
 }
 
+/// One process opens it: nothing to share with replicas.
+impl super::ReplicaStore for MemStore {}
+
 #[async_trait::async_trait]
 impl LeaseStore for MemStore {
     async fn claim(&self, owner: &str, now_ms: u64, until_ms: u64) -> Result<Claimed, StoreError> {

@@ -16,6 +16,7 @@ mod group_commit;
 mod keys;
 mod pg_store;
 mod records;
+mod replicas;
 mod rules;
 mod sled_store;
 
@@ -29,6 +30,7 @@ mod mem_store;
 #[cfg(test)]
 pub(crate) use mem_store::MemStore;
 pub(crate) use pg_store::{PgOptions, PgStore, mask_url as mask_pg_url};
+pub(crate) use replicas::{Adopted, ReplicaStore};
 pub(crate) use sled_store::SledStore;
 
 use std::collections::BTreeMap;
@@ -96,6 +98,9 @@ pub(crate) enum StoreError {
     /// This owner's lease is gone: another owner took it (or it was given up).
     #[error("the store's lease is no longer ours ({holder} holds it); stop working on it")]
     LeaseLost { holder: String },
+    /// This replica does not hold the conversation (any more): another replica runs it.
+    #[error("conversation {conversation} is held by another replica")]
+    NotHeld { conversation: String },
 }
 
 impl StoreError {
@@ -695,6 +700,7 @@ pub(crate) trait Store:
     + SubagentStore
     + MaintenanceStore
     + LeaseStore
+    + ReplicaStore
     + SkillStore
     + PairingStore
     + ScheduleStore
@@ -711,6 +717,7 @@ impl<T> Store for T where
         + SubagentStore
         + MaintenanceStore
         + LeaseStore
+        + ReplicaStore
         + SkillStore
         + PairingStore
         + ScheduleStore

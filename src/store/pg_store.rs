@@ -32,6 +32,7 @@ mod inspect;
 mod memory;
 mod migrate;
 mod registry;
+mod replicas;
 mod settings;
 #[cfg(test)]
 mod tests;
@@ -71,6 +72,9 @@ pub(crate) struct PgOptions {
     pub(crate) pool_size: usize,
     /// A schema of its own (tests); created when missing. `None`: the URL's `search_path`.
     pub(crate) schema: Option<String>,
+    /// The replica this store works for (`antler serve`: `<replica>/<id>`), which holds
+    /// conversations ([`crate::store::ReplicaStore`]); `None` for commands that run no turns.
+    pub(crate) owner: Option<String>,
 }
 
 impl std::fmt::Debug for PgOptions {
@@ -79,6 +83,7 @@ impl std::fmt::Debug for PgOptions {
             .field("url", &mask_url(&self.url))
             .field("pool_size", &self.pool_size)
             .field("schema", &self.schema)
+            .field("owner", &self.owner)
             .finish()
     }
 }
@@ -87,6 +92,10 @@ impl std::fmt::Debug for PgOptions {
 #[derive(Clone)]
 pub(crate) struct PgStore {
     pool: Pool,
+    /// How to open a connection of its own (the one that listens for notices).
+    connector: Arc<Connector>,
+    /// The replica this store works for, if any (see [`PgOptions::owner`]).
+    owner: Option<Arc<str>>,
     /// The URL with its password masked, for messages.
     path: Arc<str>,
     /// The size of antler's tables and when it was measured: measuring costs milliseconds
@@ -110,8 +119,11 @@ impl PgStore {
     /// [`StoreError::Unavailable`] at once) and applies pending migrations under an advisory
     /// lock, so replicas starting together are safe.
     pub(crate) async fn open(options: &PgOptions) -> Result<Self, StoreError> {
+        let connector = Arc::new(Connector::new(options)?);
         let store = Self {
-            pool: pool(options)?,
+            pool: connector.pool(options.pool_size)?,
+            connector,
+            owner: options.owner.as_deref().map(Arc::from),
             path: Arc::from(mask_url(&options.url)),
             disk_bytes: Arc::default(),
         };
@@ -122,7 +134,7 @@ impl PgStore {
 
     /// Applies pending migrations only; returns the schema version before and after.
     pub(crate) async fn migrate(options: &PgOptions) -> Result<(u32, u32), StoreError> {
-        let pool = pool(options)?;
+        let pool = Connector::new(options)?.pool(options.pool_size)?;
         let mut client = pool.get().await.map_err(pool_error)?;
         migrate::apply(
             &mut client,
@@ -156,34 +168,54 @@ impl PgStore {
     }
 }
 
-/// The pool for `options`: its connections are made on first use, with TLS as the URL's
-/// `sslmode` asks (see [`TlsMode`]).
-fn pool(options: &PgOptions) -> Result<Pool, StoreError> {
-    let (url, mode) = tls_mode(&options.url)?;
-    let mut config: tokio_postgres::Config = url.parse().map_err(|e| {
-        StoreError::Invalid(format!(
-            "the database URL {} is not valid: {e}",
-            mask_url(&options.url)
-        ))
-    })?;
-    if config.get_connect_timeout().is_none() {
-        config.connect_timeout(CONNECT_TIMEOUT);
+/// Where and how to connect: the parsed URL (with the schema of [`PgOptions::schema`]) and
+/// the TLS it asks for (see [`TlsMode`]).
+struct Connector {
+    config: tokio_postgres::Config,
+    /// `None`: plain TCP (`sslmode=disable`).
+    tls: Option<ClientConfig>,
+}
+
+impl Connector {
+    fn new(options: &PgOptions) -> Result<Self, StoreError> {
+        let (url, mode) = tls_mode(&options.url)?;
+        let mut config: tokio_postgres::Config = url.parse().map_err(|e| {
+            StoreError::Invalid(format!(
+                "the database URL {} is not valid: {e}",
+                mask_url(&options.url)
+            ))
+        })?;
+        if config.get_connect_timeout().is_none() {
+            config.connect_timeout(CONNECT_TIMEOUT);
+        }
+        if config.get_application_name().is_none() {
+            config.application_name("antler");
+        }
+        if let Some(schema) = &options.schema {
+            migrate::check_schema_name(schema)?;
+            let path = format!("-c search_path={schema}");
+            let startup = match config.get_options() {
+                Some(given) => format!("{given} {path}"),
+                None => path,
+            };
+            config.options(&startup);
+        }
+        Ok(Self {
+            config,
+            tls: tls_config(mode)?,
+        })
     }
-    if config.get_application_name().is_none() {
-        config.application_name("antler");
-    }
-    if let Some(schema) = &options.schema {
-        migrate::check_schema_name(schema)?;
-        let path = format!("-c search_path={schema}");
-        let startup = match config.get_options() {
-            Some(given) => format!("{given} {path}"),
-            None => path,
-        };
-        config.options(&startup);
-    }
-    match tls_config(mode)? {
-        Some(tls) => pool_with(config, MakeRustlsConnect::new(tls), options.pool_size),
-        None => pool_with(config, NoTls, options.pool_size),
+
+    /// A pool of at most `size` connections, made on first use.
+    fn pool(&self, size: usize) -> Result<Pool, StoreError> {
+        match &self.tls {
+            Some(tls) => pool_with(
+                self.config.clone(),
+                MakeRustlsConnect::new(tls.clone()),
+                size,
+            ),
+            None => pool_with(self.config.clone(), NoTls, size),
+        }
     }
 }
 
@@ -594,6 +626,14 @@ macro_rules! transaction {
     }};
 }
 use transaction;
+
+/// The outbox items of `rows` (column 0: the record).
+fn outbox_items(rows: &[tokio_postgres::Row]) -> Result<Vec<crate::store::OutboxItem>, Failure> {
+    use crate::store::records::Record;
+    rows.iter()
+        .map(|row| Ok(crate::store::OutboxItem::from_record(get(row, 0)?)?))
+        .collect()
+}
 
 /// The rows of `sql` (prepared once per connection).
 async fn rows(

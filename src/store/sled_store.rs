@@ -1355,6 +1355,9 @@ impl SledStore {
     }
 }
 
+/// One process opens it: nothing to share with replicas.
+impl super::ReplicaStore for SledStore {}
+
 #[async_trait::async_trait]
 impl LeaseStore for SledStore {
     async fn claim(&self, owner: &str, now_ms: u64, until_ms: u64) -> Result<Claimed, StoreError> {

@@ -103,7 +103,7 @@ async fn a_message_is_answered_and_kept_across_a_restart_on_postgres() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_second_antler_on_one_database_stands_by_until_the_first_stops() {
+async fn two_antlers_on_one_database_both_serve_and_a_conversation_runs_where_it_is_held() {
     let Some(schema) = Schema::create().await else {
         return;
     };
@@ -113,53 +113,59 @@ async fn a_second_antler_on_one_database_stands_by_until_the_first_stops() {
     let first = TestApp::start(&mock, &folders, &schema.store_config("first")).await;
     let asked = first.ask("pg", "before").await;
     assert_eq!(asked.json["reply"], "echo: before");
+    let thread_id = asked.json["thread_id"].clone();
 
-    // The second one starts while the first holds the store's lease: it does not serve.
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let second = Client::new(format!("http://{}", listener.local_addr().unwrap()));
-    let (stop_second, stopped) = tokio::sync::oneshot::channel::<()>();
-    let config = config(&mock.base_url(), &folders, &schema.store_config("second"));
-    let serving = tokio::spawn(antler::serve(config, listener, async move {
-        let _ = stopped.await;
-    }));
-    // Alive, not ready, and taking nothing: a load balancer sends traffic to the first.
-    wait_for_state(&second, "standing_by").await;
-    assert!(second.is_healthy().await);
-    assert!(!serving.is_finished(), "it waits rather than failing");
-    let refused = second
-        .post(&serde_json::json!({"conversation": "pg", "text": "to the wrong one"}))
-        .await;
-    assert_eq!(refused.status, 503, "{}", refused.text);
-    assert_eq!(refused.headers["retry-after"], "5");
-    let answered = first.ask("pg", "still the first").await;
-    assert_eq!(answered.json["reply"], "echo: still the first");
+    // The second serves at once beside the first (active/active, no standing by).
+    let second = TestApp::start(&mock, &folders, &schema.store_config("second")).await;
+    assert_eq!(second.get("/readyz").await.status, 200);
+    // A message for the first's conversation may land on the second: it is stored there,
+    // run by the first (which holds the conversation), and the second's `wait` gets the
+    // answer from the store.
+    let via_second = second.ask("pg", "via the second").await;
+    assert_eq!(
+        via_second.json["reply"], "echo: via the second",
+        "{}",
+        via_second.text
+    );
+    assert_eq!(via_second.json["thread_id"], thread_id);
+    // A conversation that starts on the second runs there.
+    let other = second.ask("pg-other", "new on the second").await;
+    assert_eq!(
+        other.json["reply"], "echo: new on the second",
+        "{}",
+        other.text
+    );
 
-    // The first stops cleanly (its lease given up): the second takes over and goes on with
-    // the same conversation.
+    // The first stops cleanly (letting go of its conversations): the second adopts them
+    // and goes on with the same thread.
     first.shutdown().await;
-    let started = Instant::now();
-    while second.get("/readyz").await.status != 200 {
-        assert!(
-            started.elapsed() < DEADLINE,
-            "the second antler did not take over within {DEADLINE:?}"
-        );
-        assert!(!serving.is_finished(), "the second antler stopped");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
     let after = second.ask("pg", "after").await;
     assert_eq!(after.json["reply"], "echo: after", "{}", after.text);
-    assert_eq!(after.json["thread_id"], asked.json["thread_id"]);
-    assert_eq!(mock.requests().len(), 3, "each message ran once");
-    let _ = stop_second.send(());
-    tokio::time::timeout(DEADLINE, serving)
-        .await
-        .expect("the second antler stops")
+    assert_eq!(after.json["thread_id"], thread_id);
+    let thread = second.thread(thread_id.as_str().unwrap()).await;
+    let contents: Vec<&str> = thread["messages"]
+        .as_array()
         .unwrap()
-        .unwrap();
+        .iter()
+        .filter_map(|m| m["content"].as_str())
+        .collect();
+    assert_eq!(
+        contents,
+        [
+            "before",
+            "echo: before",
+            "via the second",
+            "echo: via the second",
+            "after",
+            "echo: after"
+        ],
+        "each message once, in order"
+    );
+    assert_eq!(mock.requests().len(), 4, "each message ran once");
+    second.shutdown().await;
     schema.drop().await;
 }
 
-/// Waits until `/readyz` is 503 with `state`.
 async fn wait_for_state(client: &Client, state: &str) {
     let started = Instant::now();
     loop {
@@ -235,10 +241,10 @@ async fn migrate_applies_the_schema_once_and_says_what_it_did() {
     let path = path.to_str().unwrap();
     let (code, out, err) = run_binary(&["migrate", "--config", path]).await;
     assert_eq!(code, Some(0), "{out}{err}");
-    assert!(out.contains("schema version 0 -> 1, applied"), "{out}");
+    assert!(out.contains("schema version 0 -> 2, applied"), "{out}");
     let (code, out, err) = run_binary(&["migrate", "--config", path]).await;
     assert_eq!(code, Some(0), "{out}{err}");
-    assert!(out.contains("schema version 1, nothing to apply"), "{out}");
+    assert!(out.contains("schema version 2, nothing to apply"), "{out}");
     schema.drop().await;
 }
 
@@ -301,5 +307,38 @@ async fn a_deployment_served_on_sled_is_copied_to_postgres_and_served_there() {
     assert_eq!(second.json["reply"], "echo: after the move");
     assert_eq!(mock.requests().len(), 2, "each message ran once");
     app.shutdown().await;
+    schema.drop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_that_does_not_see_the_shared_folder_refuses_to_start() {
+    let Some(schema) = Schema::create().await else {
+        return;
+    };
+    let mock = MockModel::start(Behaviour::Echo).await;
+    let dir = searchable_tempdir();
+    let shared = dir.path().join("shared");
+    let first = TestApp::start(&mock, &shared, &schema.store_config("first")).await;
+    let id = std::fs::read_to_string(shared.join(".antler-store-id")).unwrap();
+    assert!(!id.trim().is_empty());
+
+    // Another folder (a volume that is not the shared one): the replica says so and stops.
+    let elsewhere = dir.path().join("elsewhere");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let config = config(&mock.base_url(), &elsewhere, &schema.store_config("lost"));
+    let refused = tokio::time::timeout(
+        DEADLINE,
+        antler::serve(config, listener, std::future::pending()),
+    )
+    .await
+    .expect("it stops rather than serving")
+    .unwrap_err()
+    .to_string();
+    assert!(
+        refused.contains("does not see the folder the other replicas share")
+            && refused.contains(id.trim()),
+        "{refused}"
+    );
+    first.shutdown().await;
     schema.drop().await;
 }

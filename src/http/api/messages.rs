@@ -92,7 +92,12 @@ pub(crate) async fn post_message(
     }
     let reply = match existing {
         Some(reply) => Some(reply),
-        None => wait_for_answer(events, &message_id, &state.stop, state.wait_limit).await,
+        None => {
+            // With replicas the conversation may run on another one, whose events never
+            // reach this one's subscribers: its answer is read from the store instead.
+            let stored = admission.seq.filter(|_| state.store.shared());
+            wait_for_answer(events, &message_id, &state, stored).await
+        }
     };
     drop(permit);
     let mut answer = accepted;
@@ -108,13 +113,30 @@ pub(crate) async fn post_message(
     }
 }
 
+/// How often a `wait` looks in the store for an answer another replica produced.
+const STORED_ANSWER_EVERY: Duration = Duration::from_millis(200);
+
+/// The answer to `message_id`, from this replica's events or, with `stored` (its inbox
+/// seq), from the store's replies; `None` after the wait limit or at shutdown.
 async fn wait_for_answer(
     mut events: Subscription,
     message_id: &str,
-    stop: &CancellationToken,
-    limit: Duration,
+    state: &AppState,
+    stored: Option<u64>,
 ) -> Option<Reply> {
-    let wait = async {
+    let (stop, limit) = (&state.stop, state.wait_limit);
+    let from_store = async {
+        let Some(seq) = stored else {
+            return std::future::pending().await;
+        };
+        loop {
+            tokio::time::sleep(STORED_ANSWER_EVERY).await;
+            if let Ok(Some(reply)) = existing_reply(state, seq).await {
+                return Some(reply);
+            }
+        }
+    };
+    let from_events = async {
         loop {
             match events.recv().await {
                 Ok(ThreadEvent::Final {
@@ -127,6 +149,12 @@ async fn wait_for_answer(
                 Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => {}
                 Err(broadcast::error::RecvError::Closed) => return None,
             }
+        }
+    };
+    let wait = async {
+        tokio::select! {
+            answer = from_events => answer,
+            answer = from_store => answer,
         }
     };
     tokio::select! {

@@ -7,9 +7,10 @@ use deadpool_postgres::Transaction;
 use tokio_postgres::types::ToSql;
 
 use super::memory::queue_update;
+use super::replicas::ensure_held;
 use super::{
-    Failure, PgStore, bound, exec, get, int, json, missing, read, row, rows, to_json, transaction,
-    uint,
+    Failure, PgStore, bound, exec, get, int, json, missing, outbox_items, read, row, rows, to_json,
+    transaction, uint,
 };
 use crate::agent::message::ChatMessage;
 use crate::agent::thread::ThreadState;
@@ -361,6 +362,33 @@ async fn update_inbox(
     Ok(item)
 }
 
+/// A finish whose inbox item is gone already: this replica's own earlier attempt committed
+/// (its answer was lost), or another replica finished the item after taking the
+/// conversation over. Only the first may write again (nothing changes: the writes are
+/// idempotent), so the conversation must still be this replica's.
+async fn ensure_finished_here(
+    tx: &Transaction<'_>,
+    owner: Option<&str>,
+    finish: &FinishTurn,
+) -> Result<(), Failure> {
+    let conversation = match (finish.replies.first(), &finish.thread) {
+        (Some(reply), _) => Some(reply.conversation.as_str().to_owned()),
+        (None, Some(thread)) => row(
+            tx,
+            "SELECT conversation FROM antler_threads WHERE id = $1",
+            &[&thread.id],
+        )
+        .await?
+        .map(|row| get::<String>(&row, 0))
+        .transpose()?,
+        (None, None) => None,
+    };
+    match conversation {
+        Some(conversation) => ensure_held(tx, owner, &conversation).await,
+        None => Ok(()),
+    }
+}
+
 /// Reads, changes and writes back outbox item `seq`, locked meanwhile, keeping the pending
 /// count in step.
 async fn update_outbox(
@@ -395,13 +423,6 @@ async fn update_outbox(
         count(tx, 0, -1).await?;
     }
     Ok(item)
-}
-
-/// The outbox items of `rows` (column 0: the record).
-fn outbox_items(rows: &[tokio_postgres::Row]) -> Result<Vec<OutboxItem>, Failure> {
-    rows.iter()
-        .map(|row| Ok(OutboxItem::from_record(get(row, 0)?)?))
-        .collect()
 }
 
 #[async_trait::async_trait]
@@ -443,8 +464,11 @@ impl InboxStore for PgStore {
     }
 
     async fn start_turn(&self, seq: u64) -> Result<InboxItem, StoreError> {
+        let owner = self.owner.as_deref();
         transaction!(self, |tx| {
-            update_inbox(&tx, seq, rules::start_turn).await
+            let item = update_inbox(&tx, seq, rules::start_turn).await?;
+            ensure_held(&tx, owner, item.event.conversation.as_str()).await?;
+            Ok(item)
         })
     }
 
@@ -463,6 +487,7 @@ impl InboxStore for PgStore {
             .iter()
             .map(|finish| rules::outbox_items(finish))
             .collect::<Result<Vec<_>, _>>()?;
+        let owner = self.owner.as_deref();
         transaction!(self, |tx| {
             let mut removed = 0;
             let mut added = 0;
@@ -471,12 +496,21 @@ impl InboxStore for PgStore {
                     .chain(finish.absorbed.iter().copied())
                     .map(int)
                     .collect::<Result<Vec<i64>, _>>()?;
-                removed += exec(
+                let gone = rows(
                     &tx,
-                    "DELETE FROM antler_inbox WHERE seq = ANY($1)",
+                    "DELETE FROM antler_inbox WHERE seq = ANY($1) RETURNING conversation",
                     &[&seqs],
                 )
                 .await?;
+                removed += gone.len() as u64;
+                if owner.is_some() {
+                    // Only the replica holding the conversation writes its turn: one that
+                    // stalled past its mark must not write over what its successor ran.
+                    match gone.first() {
+                        Some(row) => ensure_held(&tx, owner, get(row, 0)?).await?,
+                        None => ensure_finished_here(&tx, owner, finish).await?,
+                    }
+                }
                 if let Some(thread) = &finish.thread {
                     save_thread(&tx, thread).await?;
                 }

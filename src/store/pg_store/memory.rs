@@ -233,6 +233,9 @@ impl MemoryStore for PgStore {
     }
 }
 
+/// How long a replica has the memory updates it read before another may take them.
+const MEMORY_CLAIM_MS: u64 = 60_000;
+
 #[async_trait::async_trait]
 impl MemoryQueueStore for PgStore {
     async fn queue_memory_update(&self, update: MemoryUpdate) -> Result<(), StoreError> {
@@ -245,6 +248,28 @@ impl MemoryQueueStore for PgStore {
         limit: usize,
     ) -> Result<Vec<MemoryUpdate>, StoreError> {
         let (now, max) = (bound(now_ms), bound(limit as u64));
+        // With replicas, each takes the updates it reads for a while (rows another replica
+        // is taking are skipped): two replicas do not ask the model about the same
+        // conversation. A flush at shutdown (`now_ms` far ahead) reads everything; applying
+        // compares and swaps, so an update two replicas both answer is written once.
+        if self.owner.is_some() && now_ms <= crate::now_ms().saturating_add(MEMORY_CLAIM_MS) {
+            let claim = bound(MEMORY_CLAIM_MS);
+            let queued: Vec<MemoryUpdate> = transaction!(self, |tx| {
+                let found = rows(
+                    &tx,
+                    "WITH picked AS (SELECT user_id, thread_id FROM antler_memory_queue \
+                     WHERE due_at_ms <= $1 ORDER BY enqueued_at_ms, user_id, thread_id \
+                     LIMIT $2 FOR UPDATE SKIP LOCKED) \
+                     UPDATE antler_memory_queue q SET due_at_ms = $1 + $3 FROM picked \
+                     WHERE q.user_id = picked.user_id AND q.thread_id = picked.thread_id \
+                     RETURNING q.record::text",
+                    &[&now, &max, &claim],
+                )
+                .await?;
+                all_json("memory update", &found)
+            })?;
+            return Ok(rules::due_updates(queued, now_ms, limit));
+        }
         let queued: Vec<MemoryUpdate> = read!(self, |db| {
             let found = rows(
                 &db,

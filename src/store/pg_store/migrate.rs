@@ -8,10 +8,13 @@ use super::db_error;
 use crate::store::StoreError;
 
 /// The migrations, by version; a version is never changed once released, a change is a new one.
-const MIGRATIONS: &[(u32, &str)] = &[(1, include_str!("migrations/0001_init.sql"))];
+const MIGRATIONS: &[(u32, &str)] = &[
+    (1, include_str!("migrations/0001_init.sql")),
+    (2, include_str!("migrations/0002_replicas.sql")),
+];
 
-/// The schema version this build writes.
-pub(crate) const SCHEMA_VERSION: u32 = 1;
+/// The schema version this build writes: the last migration's.
+pub(crate) const SCHEMA_VERSION: u32 = MIGRATIONS[MIGRATIONS.len() - 1].0;
 
 /// The advisory lock held while migrating ("antler" in ASCII): any number works as long as
 /// every antler uses the same one.

@@ -60,8 +60,17 @@ async fn transition(
 impl SubagentStore for PgStore {
     async fn create_subagent(&self, record: &SubagentRecord) -> Result<(), StoreError> {
         let turn = int(record.parent_turn)?;
+        let owner = self.owner.as_deref();
         transaction!(self, |tx| {
             put_subagent(&tx, record).await?;
+            if let Some(owner) = owner {
+                exec(
+                    &tx,
+                    "UPDATE antler_subagents SET owner = $2 WHERE id = $1",
+                    &[&record.id, &owner],
+                )
+                .await?;
+            }
             exec(
                 &tx,
                 "INSERT INTO antler_subagent_calls (thread_id, turn, call_id, subagent_id) \
@@ -158,12 +167,21 @@ impl SubagentStore for PgStore {
         now_ms: u64,
     ) -> Result<usize, StoreError> {
         let change = SubagentChange::failed(SubagentStatus::Failed, reason, now_ms);
+        let owner = self.owner.as_deref().unwrap_or_default();
         transaction!(self, |tx| {
+            // Tasks whose replica is gone (its mark ran out or was cleared), never this
+            // replica's own or a live one's; locked, so two replicas finding the same task
+            // fail it once (the second finds it terminal and skips it).
             let found = rows(
                 &tx,
-                "SELECT record::text FROM antler_subagents WHERE NOT terminal ORDER BY id \
-                 FOR UPDATE",
-                &[],
+                concat!(
+                    "SELECT record::text FROM antler_subagents s WHERE NOT terminal ",
+                    "AND (s.owner IS NULL OR (s.owner <> $1 AND NOT EXISTS ",
+                    "(SELECT 1 FROM antler_replicas r WHERE r.owner = s.owner ",
+                    "AND r.expires_at_ms > (extract(epoch from clock_timestamp()) * 1000)::bigint))) ",
+                    "ORDER BY id FOR UPDATE"
+                ),
+                &[&owner],
             )
             .await?;
             let mut failed = 0;

@@ -9,7 +9,7 @@ use std::time::Duration;
 use super::migrate::SCHEMA_VERSION;
 use super::*;
 use crate::store::conformance::{Backend, conformance};
-use crate::store::{InboxStore, MaintenanceStore, SkillStore, Store};
+use crate::store::{FinishTurn, InboxStore, MaintenanceStore, ReplicaStore, SkillStore, Store};
 
 /// The test database's URL, if the environment names one.
 fn database_url() -> Option<String> {
@@ -34,6 +34,7 @@ fn fresh_options() -> PgOptions {
         url: database_url().unwrap(),
         pool_size: 4,
         schema: Some(format!("t_{}", uuid::Uuid::new_v4().simple())),
+        owner: None,
     }
 }
 
@@ -189,6 +190,7 @@ async fn an_unreachable_database_is_unavailable_at_once_and_the_password_stays_s
         url: "postgres://antler:s3cret-pw@127.0.0.1:1/antler".to_owned(),
         pool_size: 2,
         schema: None,
+        owner: None,
     };
     assert!(!format!("{options:?}").contains("s3cret-pw"));
     let started = std::time::Instant::now();
@@ -622,6 +624,7 @@ async fn sslmode_require_against_a_server_without_tls_is_unavailable_and_says_wh
             url: format!("postgres://antler:s3cret-pw@127.0.0.1:{port}/antler?sslmode={mode}"),
             pool_size: 1,
             schema: None,
+            owner: None,
         };
         let refused = PgStore::open(&options).await.unwrap_err();
         if rustls_native_certs::load_native_certs().certs.is_empty() && mode == "verify-full" {
@@ -646,4 +649,185 @@ async fn sslmode_require_against_a_server_without_tls_is_unavailable_and_says_wh
         );
     }
     server.abort();
+}
+
+/// Two replicas' stores on one schema: `a/1` and `b/1`, both marked alive for a minute.
+async fn two_replicas(options: &PgOptions) -> (PgStore, PgStore) {
+    let replica = |owner: &str| PgOptions {
+        owner: Some(owner.to_owned()),
+        ..options.clone()
+    };
+    let a = PgStore::open(&replica("a/1")).await.unwrap();
+    let b = PgStore::open(&replica("b/1")).await.unwrap();
+    a.mark_alive(60_000, true).await.unwrap();
+    b.mark_alive(60_000, true).await.unwrap();
+    (a, b)
+}
+
+/// Ends `owner`'s mark now, as if its replica had died a lease ago.
+async fn expire(store: &PgStore, owner: &str) {
+    store
+        .client()
+        .await
+        .unwrap()
+        .execute(
+            "UPDATE antler_replicas SET expires_at_ms = 0 WHERE owner = $1",
+            &[&owner],
+        )
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn one_replica_holds_a_conversation_and_another_adopts_it_once_the_holder_is_gone() {
+    use crate::store::conformance::{accept_in, accept_new};
+    if skipped() {
+        return;
+    }
+    in_fresh_schema(|options| async move {
+        let (a, b) = two_replicas(&options).await;
+        assert!(a.shared() && b.shared());
+        let item = accept_new(&b, accept_in("c1", "m1", 1, 60_000)).await;
+        let conversation = item.event.conversation.as_str().to_owned();
+        let mut notices = a.notices().await.unwrap().unwrap();
+
+        // The first to hold it keeps it; the other's attempt sends the holder a notice.
+        assert_eq!(
+            a.hold(&[&conversation]).await.unwrap(),
+            [conversation.as_str()]
+        );
+        assert!(b.hold(&[&conversation]).await.unwrap().is_empty());
+        let notice = tokio::time::timeout(Duration::from_secs(30), notices.recv())
+            .await
+            .expect("the holder is told")
+            .unwrap();
+        assert_eq!(notice, conversation);
+        assert!(b.waiting_after(&conversation, 0).await.unwrap().is_empty());
+        let waiting = a.waiting_after(&conversation, 0).await.unwrap();
+        assert_eq!(
+            waiting.iter().map(|i| i.seq).collect::<Vec<_>>(),
+            [item.seq]
+        );
+        assert!(
+            a.waiting_after(&conversation, item.seq)
+                .await
+                .unwrap()
+                .is_empty()
+        );
+        assert_eq!(
+            a.held_waiting().await.unwrap(),
+            [(conversation.clone(), item.seq)]
+        );
+        assert!(b.held_waiting().await.unwrap().is_empty());
+
+        // Only the holder starts its turns; nothing is adopted while it lives.
+        assert!(matches!(
+            b.start_turn(item.seq).await,
+            Err(StoreError::NotHeld { .. })
+        ));
+        assert_eq!(a.start_turn(item.seq).await.unwrap().attempts, 1);
+        assert!(b.adopt(64).await.unwrap().inbox.is_empty());
+
+        // The holder dies: its turn is adopted with the attempt it made, it may not finish
+        // it any more, and its mark is not brought back.
+        expire(&a, "a/1").await;
+        let adopted = b.adopt(64).await.unwrap();
+        assert_eq!(
+            adopted.inbox.iter().map(|i| i.seq).collect::<Vec<_>>(),
+            [item.seq]
+        );
+        assert!(b.adopt(64).await.unwrap().inbox.is_empty(), "adopted once");
+        let finish = FinishTurn {
+            inbox_seq: item.seq,
+            thread: None,
+            replies: Vec::new(),
+            memory_update: None,
+            draft: None,
+            absorbed: Vec::new(),
+            now_ms: 2,
+        };
+        assert!(matches!(
+            a.finish_turns(&[&finish]).await,
+            Err(StoreError::NotHeld { .. })
+        ));
+        assert!(matches!(
+            a.mark_alive(60_000, false).await,
+            Err(StoreError::LeaseLost { .. })
+        ));
+        assert_eq!(b.start_turn(item.seq).await.unwrap().attempts, 2);
+        b.finish_turns(&[&finish]).await.unwrap();
+        assert_eq!(b.stats().await.unwrap().inbox, 0);
+
+        // A clean stop lets go at once.
+        b.leave().await.unwrap();
+        let again = accept_new(&b, accept_in("c1", "m2", 3, 60_000)).await;
+        let c = PgStore::open(&PgOptions {
+            owner: Some("c/1".to_owned()),
+            ..options.clone()
+        })
+        .await
+        .unwrap();
+        c.mark_alive(60_000, true).await.unwrap();
+        let adopted = c.adopt(64).await.unwrap();
+        assert_eq!(
+            adopted.inbox.iter().map(|i| i.seq).collect::<Vec<_>>(),
+            [again.seq]
+        );
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_gone_replicas_subagent_tasks_fail_once_and_a_live_ones_never() {
+    use crate::agent::subagents::SubagentStatus;
+    use crate::store::SubagentStore;
+    use crate::store::conformance::subagent;
+    if skipped() {
+        return;
+    }
+    in_fresh_schema(|options| async move {
+        let (a, b) = two_replicas(&options).await;
+        a.create_subagent(&subagent("task_a", SubagentStatus::Running))
+            .await
+            .unwrap();
+        assert_eq!(b.fail_unfinished_subagents("gone", 5).await.unwrap(), 0);
+        assert_eq!(a.fail_unfinished_subagents("gone", 5).await.unwrap(), 0);
+        expire(&a, "a/1").await;
+        let (first, second) = tokio::join!(
+            b.fail_unfinished_subagents("gone", 5),
+            b.fail_unfinished_subagents("gone", 5)
+        );
+        assert_eq!(first.unwrap() + second.unwrap(), 1, "failed exactly once");
+        let record = b.subagent("task_a").await.unwrap().unwrap();
+        assert_eq!(record.status, SubagentStatus::Failed);
+        assert_eq!(record.error.as_deref(), Some("gone"));
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn replicas_take_different_memory_updates() {
+    use crate::store::MemoryQueueStore;
+    use crate::store::conformance::memory_update;
+    if skipped() {
+        return;
+    }
+    in_fresh_schema(|options| async move {
+        let (a, b) = two_replicas(&options).await;
+        assert!(a.shared());
+        for thread in ["t1", "t2"] {
+            a.queue_memory_update(memory_update("u", thread, 1))
+                .await
+                .unwrap();
+        }
+        let now = crate::now_ms();
+        let first = a.due_memory_updates(now, 1).await.unwrap();
+        let second = b.due_memory_updates(now, 10).await.unwrap();
+        assert_eq!((first.len(), second.len()), (1, 1));
+        assert_ne!(first[0].thread_id, second[0].thread_id);
+        assert!(a.due_memory_updates(now, 10).await.unwrap().is_empty());
+        // A flush at shutdown reads everything.
+        assert_eq!(a.due_memory_updates(u64::MAX, 10).await.unwrap().len(), 2);
+    })
+    .await;
 }
