@@ -17,7 +17,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use antler_testkit::telegram::{MockTelegram, SECRET, secret_headers};
@@ -71,6 +71,7 @@ async fn two_replicas_with_one_killed_at_random_answer_every_acknowledged_messag
     let flow = Flow {
         acked: Mutex::new(vec![0; CHATS]),
         killing: AtomicBool::new(true),
+        lost: AtomicUsize::new(0),
     };
 
     // Messages flow over every chat while one replica after the other is killed.
@@ -232,11 +233,12 @@ async fn two_replicas_with_one_killed_at_random_answer_every_acknowledged_messag
     let figure =
         |d: Option<&Duration>| d.map_or("-".to_owned(), |d| format!("{:.2} s", d.as_secs_f64()));
     eprintln!(
-        "chaos seed {seed}: {total} messages over {CHATS} chats ({} before the last restart), \
-         {} kills, {} replicas stopped alone, {repeats} answers repeated at Telegram, \
+        "chaos seed {seed}: {total} messages over {CHATS} chats ({} before the last restart, \
+         {} posts of them unanswered and sent again), {} kills, {} replicas stopped alone, {repeats} answers repeated at Telegram, \
          {} model requests ({} turns run again); takeover p50 {} max {} over {} kills of a serving \
          replica with work left; {:.1} s in all",
         flowed.iter().sum::<usize>(),
+        flow.lost.load(Ordering::SeqCst),
         kills.len(),
         chaos.stopped_alone,
         requests,
@@ -317,6 +319,8 @@ struct Flow {
     acked: Mutex<Vec<usize>>,
     /// Whether kills remain to be made (the chats go on sending until they are).
     killing: AtomicBool,
+    /// Posts of an update that got no answer (sent again).
+    lost: AtomicUsize,
 }
 
 /// The text of a chat's message.
@@ -360,7 +364,8 @@ async fn drive(
     let mut index = 0;
     while index < MAX_MESSAGES && (index < MIN_MESSAGES || flow.killing.load(Ordering::SeqCst)) {
         tokio::time::sleep(Duration::from_millis(rng.u64(200..1200))).await;
-        deliver(http, bases, rng.usize(..bases.len()), &update(chat, index)).await;
+        let lost = deliver(http, bases, rng.usize(..bases.len()), &update(chat, index)).await;
+        flow.lost.fetch_add(lost, Ordering::SeqCst);
         flow.acked.lock().unwrap()[chat] = index + 1;
         index += 1;
     }
@@ -370,8 +375,10 @@ async fn drive(
 /// then, after a 503 (standing by, or not serving yet), another 5xx or no answer at all
 /// (killed), to the next, after a short wait. Telegram sends an update again with the same
 /// `update_id`, so one that was stored before its acknowledgement was lost is a redelivery.
-async fn deliver(http: &reqwest::Client, bases: &[&str], first: usize, update: &str) {
+/// Returns how many posts got no answer (the replica was killed, or not listening yet).
+async fn deliver(http: &reqwest::Client, bases: &[&str], first: usize, update: &str) -> usize {
     let started = Instant::now();
+    let mut lost = 0;
     let mut at = first;
     let mut wait = Duration::from_millis(50);
     loop {
@@ -381,7 +388,7 @@ async fn deliver(http: &reqwest::Client, bases: &[&str], first: usize, update: &
             request = request.header(name.as_str(), value.as_bytes());
         }
         match request.send().await {
-            Ok(response) if response.status().is_success() => return,
+            Ok(response) if response.status().is_success() => return lost,
             Ok(response) if response.status().is_server_error() => {}
             Ok(response) => panic!(
                 "{url} refused an update with {}: {}\n{update}",
@@ -389,7 +396,7 @@ async fn deliver(http: &reqwest::Client, bases: &[&str], first: usize, update: &
                 response.text().await.unwrap_or_default()
             ),
             // Killed, or not listening yet.
-            Err(_) => {}
+            Err(_) => lost += 1,
         }
         assert!(
             started.elapsed() < PATIENCE,
@@ -493,12 +500,13 @@ async fn kill_at_random(
             });
         children[victim] = restarted;
         eprintln!(
-            "kill {} at {:.1} s: replica {} ({}), {} messages unanswered, the next of them \
-             answered after {}, started again after {:.1} s",
+            "kill {} at {:.1} s: replica {} (a {}, b {}), {} messages unanswered, the next of \
+             them answered after {}, started again after {:.1} s",
             n + 1,
             (killed - started).as_secs_f64(),
             replicas[victim].name,
-            states[victim],
+            states[0],
+            states[1],
             pending.len(),
             takeover.map_or("-".to_owned(), |d| format!("{:.2} s", d.as_secs_f64())),
             down.as_secs_f64(),
