@@ -6,6 +6,7 @@
 mod agent_run;
 mod api;
 mod approvals;
+mod chaos;
 mod cli;
 mod config;
 mod crash;

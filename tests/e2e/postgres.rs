@@ -6,64 +6,10 @@
 
 use std::time::{Duration, Instant};
 
+use crate::support::postgres::Schema;
 use crate::support::{
     Behaviour, Client, DEADLINE, MockModel, TestApp, config, run_binary, searchable_tempdir,
 };
-
-/// A schema of its own on the test server, dropped when the test ends.
-struct Schema {
-    server: String,
-    name: String,
-}
-
-impl Schema {
-    /// A fresh schema, or `None` (after saying why) when no server is named.
-    async fn create() -> Option<Self> {
-        let Some(server) = std::env::var("ANTLER_TEST_DATABASE_URL")
-            .or_else(|_| std::env::var("DATABASE_URL"))
-            .ok()
-            .filter(|url| !url.is_empty())
-        else {
-            eprintln!("skipped: set ANTLER_TEST_DATABASE_URL to run the PostgreSQL tests");
-            return None;
-        };
-        let name = format!("e2e_{}", uuid::Uuid::now_v7().simple());
-        run_sql(&server, &format!("CREATE SCHEMA {name}")).await;
-        Some(Self { server, name })
-    }
-
-    /// The server's URL with this schema first on the `search_path`.
-    fn url(&self) -> String {
-        let join = if self.server.contains('?') { '&' } else { '?' };
-        format!("{}{join}options=-csearch_path%3D{}", self.server, self.name)
-    }
-
-    /// The `[store]` table of an antler on this schema named `replica`.
-    fn store_config(&self, replica: &str) -> String {
-        format!(
-            "[store]\nbackend = \"postgres\"\nurl = {:?}\nlease_secs = 3\nreplica = {replica:?}\n",
-            self.url()
-        )
-    }
-
-    async fn drop(self) {
-        run_sql(
-            &self.server,
-            &format!("DROP SCHEMA IF EXISTS {} CASCADE", self.name),
-        )
-        .await;
-    }
-}
-
-async fn run_sql(url: &str, sql: &str) {
-    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
-        .await
-        .expect("connect to the test database");
-    let connection = tokio::spawn(connection);
-    client.batch_execute(sql).await.expect(sql);
-    drop(client);
-    let _ = connection.await;
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_message_is_answered_and_kept_across_a_restart_on_postgres() {

@@ -13,6 +13,8 @@ use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
+pub mod postgres;
+
 pub use antler_testkit::{DEADLINE, mock_model, wait_until};
 pub use mock_model::{
     Behaviour, MEMORY_PROMPT, MODEL_NAME, MockModel, REASONING_MARK, SUBAGENT_PROMPT, Step,
