@@ -12,7 +12,8 @@
 //! Every second it also adopts the work of conversations no live replica holds (a replica
 //! that died, or stopped), their unfinished messages to the dispatcher and their replies
 //! still to deliver to delivery; every five it fails the subagent tasks of replicas that are
-//! gone, and every ten it checks the conversations it holds for items a lost notice named.
+//! gone, and every three it checks the conversations it holds for items a lost notice named
+//! (or that a replica stopped before telling).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -32,7 +33,7 @@ const ADOPT_AT_ONCE: usize = 64;
 /// Every how many looks the tasks of gone replicas are failed.
 const FAIL_TASKS_EVERY: u32 = 5;
 /// Every how many looks the conversations held are checked for items a lost notice named.
-const RECHECK_EVERY: u32 = 10;
+const RECHECK_EVERY: u32 = 3;
 /// Every how many looks the record of idle conversations is trimmed.
 const TRIM_EVERY: u32 = 600;
 

@@ -2,8 +2,13 @@
 //! PostgreSQL: named by `ANTLER_TEST_DATABASE_URL` (or `DATABASE_URL`); without one, the tests
 //! say so and pass.
 
-/// The `[store] lease_secs` of an antler configured by [`Schema::store_config`].
+/// The `[store] lease_secs` of the replicas [`Schema::store_config_leased`] configures for
+/// the chaos test, whose takeovers wait for it.
 pub const LEASE_SECS: u64 = 3;
+/// The `[store] lease_secs` of [`Schema::store_config`]: tests that stop replicas cleanly
+/// (their conversations move at once) and must not lose a replica to a late renewal on a
+/// loaded machine.
+const CALM_LEASE_SECS: u64 = 15;
 
 /// A schema of its own on the test server, dropped by [`Schema::drop`] (a failed test leaves
 /// it behind to look at).
@@ -36,8 +41,13 @@ impl Schema {
 
     /// The `[store]` table of an antler on this schema named `replica`.
     pub fn store_config(&self, replica: &str) -> String {
+        self.store_config_leased(replica, CALM_LEASE_SECS)
+    }
+
+    /// [`Schema::store_config`] with `lease_secs` of `lease`.
+    pub fn store_config_leased(&self, replica: &str, lease: u64) -> String {
         format!(
-            "[store]\nbackend = \"postgres\"\nurl = {:?}\nlease_secs = {LEASE_SECS}\nreplica = {replica:?}\n",
+            "[store]\nbackend = \"postgres\"\nurl = {:?}\nlease_secs = {lease}\nreplica = {replica:?}\n",
             self.url()
         )
     }
