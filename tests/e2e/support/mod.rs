@@ -149,9 +149,17 @@ impl Client {
     }
 
     /// Whether antler itself answers: alive, and past what it answers while it waits for its
-    /// store (a `/readyz` that names what it waits for).
+    /// store (a `/readyz` that names what it waits for). A connection the waiting server
+    /// closes as it hands the listener over is "not yet".
     pub async fn is_serving(&self) -> bool {
-        self.is_healthy().await && self.get("/readyz").await.json["state"].is_null()
+        if !self.is_healthy().await {
+            return false;
+        }
+        let request = self.http.get(format!("{}/readyz", self.base));
+        match self.authorized(request).send().await {
+            Ok(response) => answer_of(response).await.json["state"].is_null(),
+            Err(_) => false,
+        }
     }
 
     fn authorized(&self, request: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
