@@ -44,6 +44,10 @@ pub(crate) enum ApiError {
     /// platform delivers it again.
     #[error("{0}; retry later")]
     NotReady(String),
+    /// The store cannot answer now (a database out of reach): nothing was stored, so the
+    /// client or platform sends again later.
+    #[error("the store is unavailable; retry later")]
+    StoreUnavailable(String),
     #[error("internal error")]
     Internal(String),
 }
@@ -69,6 +73,7 @@ impl ApiError {
             Self::TooManyStreams => (StatusCode::SERVICE_UNAVAILABLE, "too_many_streams"),
             Self::ShuttingDown => (StatusCode::SERVICE_UNAVAILABLE, "shutting_down"),
             Self::NotReady(_) => (StatusCode::SERVICE_UNAVAILABLE, "not_ready"),
+            Self::StoreUnavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "store_unavailable"),
             Self::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
         }
     }
@@ -89,14 +94,22 @@ impl From<IngressError> for ApiError {
 
 impl From<StoreError> for ApiError {
     fn from(e: StoreError) -> Self {
-        Self::Internal(e.to_string())
+        if e.is_retryable() {
+            Self::StoreUnavailable(e.to_string())
+        } else {
+            Self::Internal(e.to_string())
+        }
     }
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        if let Self::Internal(cause) = &self {
-            tracing::error!(%cause, "request failed");
+        match &self {
+            Self::Internal(cause) => tracing::error!(%cause, "request failed"),
+            Self::StoreUnavailable(cause) => {
+                tracing::warn!(%cause, "request refused: the store is unavailable");
+            }
+            _ => {}
         }
         let (status, code) = self.status_and_code();
         let body = json!({ "error": { "code": code, "message": self.to_string() } });
@@ -114,5 +127,24 @@ impl IntoResponse for ApiError {
             );
         }
         response
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_store_out_of_reach_is_a_503_to_retry_and_a_broken_one_a_500() {
+        let unavailable =
+            ApiError::from(StoreError::unavailable("connection refused")).into_response();
+        assert_eq!(unavailable.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(
+            unavailable.headers()[header::RETRY_AFTER],
+            RETRY_AFTER.as_secs().to_string().as_str()
+        );
+        let broken = ApiError::from(StoreError::backend("corrupt")).into_response();
+        assert_eq!(broken.status(), StatusCode::INTERNAL_SERVER_ERROR);
+        assert!(broken.headers().get(header::RETRY_AFTER).is_none());
     }
 }
