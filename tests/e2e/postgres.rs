@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::support::postgres::Schema;
+use crate::support::postgres::{Outage, Schema};
 use crate::support::{
     Behaviour, Client, DEADLINE, MockModel, TestApp, config, run_binary, searchable_tempdir,
 };
@@ -286,5 +286,80 @@ async fn a_replica_that_does_not_see_the_shared_folder_refuses_to_start() {
         "{refused}"
     );
     first.shutdown().await;
+    schema.drop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_outage_refuses_messages_with_503_and_a_running_turn_finishes_after_it() {
+    let Some(schema) = Schema::create().await else {
+        return;
+    };
+    let Some(server) = schema.server_address() else {
+        eprintln!("skipped: the test database's URL names no host:port to put a proxy in front of");
+        return;
+    };
+    let outage = Outage::start(server).await;
+    let url = schema.url_through(outage.address).unwrap();
+    let mock = MockModel::start(Behaviour::Echo).await;
+    let dir = searchable_tempdir();
+    let store = format!(
+        "[store]\nbackend = \"postgres\"\nurl = {url:?}\nlease_secs = 60\nreplica = \"outage\"\n"
+    );
+    let app = TestApp::start(&mock, &dir.path().join("store"), &store).await;
+    let before = app.ask("out", "before").await;
+    assert_eq!(before.json["reply"], "echo: before", "{}", before.text);
+
+    // A turn is running (the model holds its answer) when the database goes away.
+    mock.hold();
+    let during = app
+        .post(
+            &serde_json::json!({"conversation": "out", "text": "during", "message_id": "m-during"}),
+        )
+        .await;
+    assert_eq!(during.status, 202, "{}", during.text);
+    mock.wait_for_requests(2).await;
+    outage.cut();
+
+    // Nothing is acknowledged that was not stored: a message is refused with 503 and
+    // Retry-After, and readiness says the store fails.
+    let refused = app
+        .post(
+            &serde_json::json!({"conversation": "out", "text": "lost?", "message_id": "m-refused"}),
+        )
+        .await;
+    assert_eq!(refused.status, 503, "{}", refused.text);
+    assert_eq!(
+        refused.json["error"]["code"], "store_unavailable",
+        "{}",
+        refused.text
+    );
+    assert_eq!(refused.headers["retry-after"], "5");
+    let ready = app.get("/readyz").await;
+    assert_eq!(ready.status, 503, "{}", ready.text);
+    // The turn's answer comes while the database is away: its finish waits and retries.
+    mock.release();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    outage.mend();
+
+    let thread_id = before.json["thread_id"].as_str().unwrap().to_owned();
+    let thread = app.wait_for_messages(&thread_id, 4).await;
+    let contents: Vec<&str> = thread["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|m| m["content"].as_str())
+        .collect();
+    assert_eq!(
+        contents,
+        ["before", "echo: before", "during", "echo: during"]
+    );
+    // The refused message was never stored: sent again, it is new and answered.
+    let again = app
+        .post(&serde_json::json!({"conversation": "out", "text": "lost?", "message_id": "m-refused", "wait": true}))
+        .await;
+    assert_eq!(again.json["duplicate"], false, "{}", again.text);
+    assert_eq!(again.json["reply"], "echo: lost?", "{}", again.text);
+    assert_eq!(app.get("/readyz").await.status, 200);
+    app.shutdown().await;
     schema.drop().await;
 }

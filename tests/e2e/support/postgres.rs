@@ -39,6 +39,27 @@ impl Schema {
         format!("{}{join}options=-csearch_path%3D{}", self.server, self.name)
     }
 
+    /// [`Schema::url`] reaching the server through `proxy` (its address in place of the
+    /// server's `host:port`), or `None` when the URL names no `host:port` this can replace.
+    pub fn url_through(&self, proxy: std::net::SocketAddr) -> Option<String> {
+        let url = self.url();
+        let (scheme, rest) = url.split_once("://")?;
+        let (credentials, rest) = match rest.split_once('@') {
+            Some((credentials, rest)) => (format!("{credentials}@"), rest),
+            None => (String::new(), rest),
+        };
+        let end = rest.find(['/', '?']).unwrap_or(rest.len());
+        Some(format!("{scheme}://{credentials}{proxy}{}", &rest[end..]))
+    }
+
+    /// The server's `host:port`, from its URL.
+    pub fn server_address(&self) -> Option<String> {
+        let rest = self.server.split_once("://")?.1;
+        let rest = rest.split_once('@').map_or(rest, |(_, rest)| rest);
+        let end = rest.find(['/', '?']).unwrap_or(rest.len());
+        Some(rest[..end].to_owned())
+    }
+
     /// The `[store]` table of an antler on this schema named `replica`.
     pub fn store_config(&self, replica: &str) -> String {
         self.store_config_leased(replica, CALM_LEASE_SECS)
@@ -81,4 +102,51 @@ async fn run_sql(url: &str, sql: &str) {
     client.batch_execute(sql).await.expect(sql);
     drop(client);
     let _ = connection.await;
+}
+
+/// A TCP proxy to the database that can be cut (every connection closed, new ones refused)
+/// and mended: a database outage, as antler sees it.
+pub struct Outage {
+    pub address: std::net::SocketAddr,
+    cut: tokio::sync::watch::Sender<bool>,
+}
+
+impl Outage {
+    /// A proxy on 127.0.0.1 forwarding to `server` (`host:port`).
+    pub async fn start(server: String) -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let (cut, watch) = tokio::sync::watch::channel(false);
+        tokio::spawn(async move {
+            loop {
+                let Ok((mut client, _)) = listener.accept().await else {
+                    return;
+                };
+                if *watch.borrow() {
+                    continue;
+                }
+                let mut watch = watch.clone();
+                let server = server.clone();
+                tokio::spawn(async move {
+                    let Ok(mut upstream) = tokio::net::TcpStream::connect(&server).await else {
+                        return;
+                    };
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut client, &mut upstream) => {}
+                        _ = watch.wait_for(|cut| *cut) => {}
+                    }
+                });
+            }
+        });
+        Self { address, cut }
+    }
+
+    /// Closes every connection and refuses new ones, until [`Outage::mend`].
+    pub fn cut(&self) {
+        let _ = self.cut.send(true);
+    }
+
+    pub fn mend(&self) {
+        let _ = self.cut.send(false);
+    }
 }
