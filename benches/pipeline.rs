@@ -3,12 +3,13 @@
 //!
 //! `cargo bench --bench pipeline -- [--quick] [--runs R] [--messages N] [--concurrency C]
 //! [--threads T] [--queued Q] [--queued-concurrency QC] [--thread-turns L] [--startups S]
-//! [--sequential K] [--only PHASE,...] [--timeout-secs X]`
+//! [--sequential K] [--takeovers KT] [--only PHASE,...] [--timeout-secs X]`
 //!
-//! Defaults: R=3, N=5000, C=64, T=1000, Q=60000, QC=256, L=20, S=5, K=200, X=600 (per load
-//! phase). `--quick` is a smoke run: N=500, Q=5000, R=1, S=1. `--only` takes a comma-separated
-//! subset of `startup,sequential,acks,turns,queued,growth,telegram,memory,subagents,sandbox`
-//! (the ceiling always runs).
+//! Defaults: R=3, N=5000, C=64, T=1000, Q=60000, QC=256, L=20, S=5, K=200, KT=5, X=600 (per
+//! load phase). `--quick` is a smoke run: N=500, Q=5000, R=1, S=1. `--only` takes a
+//! comma-separated subset of `startup,sequential,acks,turns,queued,growth,telegram,memory,
+//! subagents,sandbox,pg-acks,pg-turns,takeover` (the ceiling always runs; `pg-acks` and
+//! `pg-turns` bring in `acks` and `turns`, whose sled figures they are compared with).
 //!
 //! In one process: the mock model, a bare axum handler (the HTTP ceiling) and a mock Telegram
 //! Bot API, all on 127.0.0.1:0, and the load generator (one shared reqwest client, HTTP/1.1
@@ -63,6 +64,30 @@
 //!   drained (inbox and outbox empty) before they stop, and must have sent exactly N messages
 //!   each; warnings and errors in their logs are printed on stderr.
 //!
+//! - **pg-acks**, **pg-turns** (with `ANTLER_BENCH_DATABASE_URL`, e.g.
+//!   `postgres://root@127.0.0.1:5432/test`; without it they say they are skipped): the
+//!   `acks` and `turns` phases, same N, C and T, on `[store] backend = "postgres"`, each in a
+//!   fresh schema (the URL's `search_path`, dropped afterwards) with one `[store] path` folder
+//!   its replicas share: once with 1 replica, once with 2 (`lease_secs = 3`). With 2, request
+//!   i goes to replica i mod 2 and a 503 (a replica standing by, today's active/standby) is
+//!   retried at once on the other, as a load balancer would; the 503s are counted and the
+//!   latency runs from the first attempt. Reported beside the sled figures of the same run:
+//!   rates, pg ×1 ÷ sled and pg ×2 ÷ pg ×1 (within a run, then the median), latencies, CPU
+//!   per message of all replicas and of the local PostgreSQL's processes (`comm` postgres;
+//!   other clients of the server count too). The drain waits until every replica whose
+//!   `/readyz` reports the store shows an empty inbox and outbox;
+//! - **takeover** (same variable): two replicas on one schema, `lease_secs = 3`, each with
+//!   `[channels.telegram]` in webhook mode and a mock Bot API of its own, so the bench sees
+//!   which replica answered. KT rounds: a chat's first message is posted to the replicas in
+//!   turn (503: the other) and answered by replica X (with active/standby the active one;
+//!   with active/active whichever holds the chat); X is SIGKILLed; the chat's next message
+//!   is posted to the survivor, retried every 20 ms while it answers 503 (as a platform
+//!   retries, but without honouring `Retry-After`); the takeover is the time from the kill
+//!   to that answer's `SendMessage` at the mock. X is restarted (a new replica name, as a
+//!   new pod would have) before the next round. p50, p99 and max over every kill of every
+//!   run; each second message must be answered exactly once, and first answers sent again
+//!   after the kill (at-least-once delivery's window) are counted.
+//!
 //! With `ANTLER_BENCH_BIN` set, that binary is measured instead of this build's (a baseline
 //! commit's, for before/after figures). With `ANTLER_BENCH_WRAP` set (e.g. `heaptrack -o /tmp/antler`), each antler runs under that
 //! command; the bench stops the wrapper, so check for antlers left running afterwards. Startup is spawn → first 200 of `/readyz` (median of S spawns). Every figure is the median
@@ -114,10 +139,12 @@ struct Args {
     timeout: Duration,
     /// The phases to run (`--only`); all by default.
     only: Vec<String>,
+    /// Kills of the `takeover` phase per run.
+    takeovers: usize,
 }
 
 /// The phases `--only` may name.
-const PHASES: [&str; 10] = [
+const PHASES: [&str; 13] = [
     "startup",
     "sequential",
     "acks",
@@ -128,6 +155,9 @@ const PHASES: [&str; 10] = [
     "memory",
     "subagents",
     "sandbox",
+    "pg-acks",
+    "pg-turns",
+    "takeover",
 ];
 
 impl Args {
@@ -144,6 +174,7 @@ impl Args {
             sequential: 200,
             timeout: Duration::from_secs(600),
             only: PHASES.iter().map(|p| (*p).to_owned()).collect(),
+            takeovers: 5,
         };
         let mut it = std::env::args().skip(1);
         while let Some(flag) = it.next() {
@@ -164,6 +195,7 @@ impl Args {
                 "--thread-turns" => a.thread_turns = value().max(10),
                 "--sequential" => a.sequential = value().max(1),
                 "--timeout-secs" => a.timeout = Duration::from_secs(value() as u64),
+                "--takeovers" => a.takeovers = value().max(1),
                 "--only" => {
                     let list = it.next().expect("--only needs a list of phases");
                     a.only = list.split(',').map(str::to_owned).collect();
@@ -182,6 +214,12 @@ impl Args {
                 }
                 "--bench" => {} // passed by `cargo bench`
                 other => panic!("unknown argument {other}"),
+            }
+        }
+        // The PostgreSQL figures are read beside sled's of the same run.
+        for (pg, sled) in [("pg-acks", "acks"), ("pg-turns", "turns")] {
+            if a.runs(pg) && !a.runs(sled) {
+                a.only.push(sled.to_owned());
             }
         }
         a
@@ -231,6 +269,8 @@ struct BotApi {
     other: AtomicUsize,
     /// The last message id handed out.
     message_id: AtomicUsize,
+    /// Every `SendMessage` by chat: when it arrived and its text (the `takeover` phase).
+    sent_to: std::sync::Mutex<std::collections::HashMap<i64, Vec<(Instant, String)>>>,
 }
 
 /// The Bot API calls made between two [`BotApi::counts`].
@@ -267,6 +307,16 @@ impl BotApi {
 
     fn sent(&self) -> usize {
         self.send_message.load(Ordering::SeqCst)
+    }
+
+    /// The `SendMessage` calls to `chat` so far: arrival and text.
+    fn sent_to(&self, chat: i64) -> Vec<(Instant, String)> {
+        self.sent_to
+            .lock()
+            .unwrap()
+            .get(&chat)
+            .cloned()
+            .unwrap_or_default()
     }
 
     fn counts(&self) -> BotCalls {
@@ -323,6 +373,15 @@ async fn bot_api_answer(
         }
         Some("SendMessage") => {
             let m = message();
+            if let Some(chat) = request["chat_id"].as_i64() {
+                let text = request["text"].as_str().unwrap_or_default().to_owned();
+                api.sent_to
+                    .lock()
+                    .unwrap()
+                    .entry(chat)
+                    .or_default()
+                    .push((Instant::now(), text));
+            }
             api.send_message.fetch_add(1, Ordering::SeqCst);
             m
         }
@@ -346,8 +405,10 @@ async fn bot_api_answer(
 
 struct Load {
     wall: Duration,
-    /// Sorted per-request latencies.
+    /// Sorted per-request latencies (a retried request: from its first attempt).
     latencies: Vec<Duration>,
+    /// 503s met and retried on the next replica (several URLs only).
+    retried: usize,
 }
 
 impl Load {
@@ -372,16 +433,47 @@ async fn load(
     body: impl Fn(usize) -> Value + Send + Sync + 'static,
     check: impl Fn(usize, &Value) -> bool + Send + Sync + 'static,
 ) -> Load {
+    load_on(
+        client,
+        &[url.to_owned()],
+        n,
+        c,
+        timeout,
+        status,
+        body,
+        check,
+    )
+    .await
+}
+
+/// [`load`] spread over replicas: request `i` goes to `urls[i % len]`, and a 503 (a replica
+/// standing by, or one that does not take the message now) is retried on the next replica,
+/// as a load balancer would, pausing only once every replica has said 503 in turn. With one
+/// URL a 503 fails the load like any other unexpected status.
+#[allow(clippy::too_many_arguments)]
+async fn load_on(
+    client: &reqwest::Client,
+    urls: &[String],
+    n: usize,
+    c: usize,
+    timeout: Duration,
+    status: u16,
+    body: impl Fn(usize) -> Value + Send + Sync + 'static,
+    check: impl Fn(usize, &Value) -> bool + Send + Sync + 'static,
+) -> Load {
     let next = Arc::new(AtomicUsize::new(0));
+    let retried = Arc::new(AtomicUsize::new(0));
+    let urls: Arc<Vec<String>> = Arc::new(urls.to_vec());
     let body = Arc::new(body);
     let check = Arc::new(check);
     let started = Instant::now();
     let tasks: Vec<_> = (0..c.min(n))
         .map(|_| {
-            let (client, url, next, body, check) = (
+            let (client, urls, next, retried, body, check) = (
                 client.clone(),
-                url.to_owned(),
+                urls.clone(),
                 next.clone(),
+                retried.clone(),
                 body.clone(),
                 check.clone(),
             );
@@ -394,14 +486,25 @@ async fn load(
                     }
                     let payload = body(i);
                     let t = Instant::now();
-                    let response = client
-                        .post(&url)
-                        .json(&payload)
-                        .send()
-                        .await
-                        .expect("request failed");
-                    let got = response.status();
-                    let bytes = response.bytes().await.expect("bad response body");
+                    let mut at = i % urls.len();
+                    let (got, bytes) = loop {
+                        let response = client
+                            .post(&urls[at])
+                            .json(&payload)
+                            .send()
+                            .await
+                            .expect("request failed");
+                        let got = response.status();
+                        let bytes = response.bytes().await.expect("bad response body");
+                        if got != 503 || urls.len() == 1 {
+                            break (got, bytes);
+                        }
+                        retried.fetch_add(1, Ordering::Relaxed);
+                        at = (at + 1) % urls.len();
+                        if at == i % urls.len() {
+                            tokio::time::sleep(Duration::from_millis(10)).await;
+                        }
+                    };
                     // A webhook's acknowledgement has no body.
                     let answer: Value = if bytes.is_empty() {
                         Value::Null
@@ -424,7 +527,11 @@ async fn load(
     let wall = started.elapsed();
     let mut latencies: Vec<Duration> = all.into_iter().flatten().collect();
     latencies.sort_unstable();
-    Load { wall, latencies }
+    Load {
+        wall,
+        latencies,
+        retried: retried.load(Ordering::Relaxed),
+    }
 }
 
 // ---- the antler child ----
@@ -476,7 +583,7 @@ fn baseline_binary() -> Option<String> {
 }
 
 /// Spawns antler with a fresh store and room for `backlog` waiting messages, and with the
-/// Telegram channel (webhook mode, anyone may talk) when `telegram_api` names a Bot API;
+/// Telegram channel (webhook mode, `dm_policy = "open"`: anyone may talk) when `telegram_api` names a Bot API;
 /// returns it and the time until `/readyz` answered 200.
 async fn start_antler(
     model_base_url: &str,
@@ -498,24 +605,67 @@ async fn start_antler_with(
     memory: &str,
     extra: &str,
 ) -> (Antler, Duration) {
+    spawn_antler(
+        model_base_url,
+        backlog,
+        deadline,
+        telegram_api,
+        memory,
+        extra,
+        None,
+    )
+    .await
+}
+
+/// A replica of antler on PostgreSQL: the database (a schema of its own), the `[store] path`
+/// every replica of it shares, and this replica's name.
+struct PgReplica<'a> {
+    url: &'a str,
+    folder: &'a Path,
+    name: String,
+}
+
+/// Spawns antler: on a fresh sled store of its own, or as `replica` on PostgreSQL, which has
+/// started once `/readyz` is 200 or says `standing_by` (a second replica while main is
+/// active/standby).
+async fn spawn_antler(
+    model_base_url: &str,
+    backlog: usize,
+    deadline: Duration,
+    telegram_api: Option<&str>,
+    memory: &str,
+    extra: &str,
+    replica: Option<&PgReplica<'_>>,
+) -> (Antler, Duration) {
     let dir = tempfile::tempdir().unwrap();
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
         .unwrap()
         .port();
+    let store = match replica {
+        None => format!(
+            "path = {:?}\n",
+            dir.path().join("data").display().to_string()
+        ),
+        Some(replica) => format!(
+            "backend = \"postgres\"\nurl = {:?}\npath = {:?}\nlease_secs = 3\nreplica = {:?}\n",
+            replica.url,
+            replica.folder.display().to_string(),
+            replica.name
+        ),
+    };
     // Model and turn timeouts are long because phases hold the mock model while tens of
     // thousands of messages are posted; a held request must not time out and retry. Titles
     // are the shortened question: a model-written title is one more model call per new
     // thread, which measures the model, not antler.
     let mut config = format!(
-        "[server]\nlisten = \"127.0.0.1:{port}\"\n\n[store]\npath = \"{store}\"\n\n\
+        "[server]\nlisten = \"127.0.0.1:{port}\"\n\n[store]\n{store}\n\
          [model]\nbase_url = \"{model_base_url}\"\nmodel = \"{MODEL_NAME}\"\nrequest_timeout_secs = 1800\n\
          first_byte_timeout_secs = 1800\nidle_timeout_secs = 1800\n\n\
          [agent]\nmax_concurrent_turns = 64\nbacklog = {backlog}\nturn_timeout_secs = 1800\n\n\
          [agent.middleware.title]\nuse_model = false\n\n\
          [channels.api]\nenabled = true\n",
-        store = dir.path().join("data").display(),
     );
     if memory.is_empty() {
         config.push_str("\n[memory]\nenabled = false\n");
@@ -526,7 +676,7 @@ async fn start_antler_with(
         config.push_str(&format!(
             "\n[channels.telegram]\nenabled = true\nmode = \"webhook\"\n\
              bot_token = \"{TG_TOKEN}\"\nwebhook_secret = \"{TG_SECRET}\"\n\
-             api_url = \"{api_url}\"\n"
+             api_url = \"{api_url}\"\ndm_policy = \"open\"\n"
         ));
     }
     config.push_str(extra);
@@ -563,6 +713,14 @@ async fn start_antler_with(
             .await
         {
             if r.status() == 200 {
+                return (antler, started.elapsed());
+            }
+            if replica.is_some()
+                && r.status() == 503
+                && r.json::<Value>()
+                    .await
+                    .is_ok_and(|v| v["state"] == "standing_by")
+            {
                 return (antler, started.elapsed());
             }
         }
@@ -608,8 +766,9 @@ impl Antler {
         let problems: Vec<&str> = log
             .lines()
             .filter(|l| l.contains(" WARN ") || l.contains("ERROR"))
-            // Expected: the bench leaves the allowlists empty.
+            // Expected: the bench leaves the allowlists empty and lets anyone talk.
             .filter(|l| !l.contains("allowed_chats are both empty"))
+            .filter(|l| !l.contains("dm_policy is \"open\""))
             .collect();
         if !problems.is_empty() {
             eprintln!(
@@ -702,6 +861,12 @@ impl Antler {
             );
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
+    }
+
+    /// SIGKILL, and reap it.
+    fn kill(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 
     /// SIGTERM, then wait for the graceful exit.
@@ -1565,6 +1730,542 @@ async fn telegram(
     }
 }
 
+// ---- PostgreSQL: replicas on one database ----
+
+/// The server the PostgreSQL phases use (`ANTLER_BENCH_DATABASE_URL`), if any.
+fn bench_database() -> Option<String> {
+    std::env::var("ANTLER_BENCH_DATABASE_URL")
+        .ok()
+        .map(|url| url.trim().to_owned())
+        .filter(|url| !url.is_empty())
+}
+
+/// A schema of its own on the bench's server (the tests' `Schema`, tests/e2e/postgres.rs).
+struct Schema {
+    server: String,
+    name: String,
+}
+
+impl Schema {
+    async fn create(server: &str) -> Self {
+        let name = format!("bench_{}", uuid::Uuid::now_v7().simple());
+        run_sql(server, &format!("CREATE SCHEMA {name}")).await;
+        Self {
+            server: server.to_owned(),
+            name,
+        }
+    }
+
+    /// The server's URL with this schema first on the `search_path`.
+    fn url(&self) -> String {
+        let join = if self.server.contains('?') { '&' } else { '?' };
+        format!("{}{join}options=-csearch_path%3D{}", self.server, self.name)
+    }
+
+    async fn drop(self) {
+        run_sql(
+            &self.server,
+            &format!("DROP SCHEMA IF EXISTS {} CASCADE", self.name),
+        )
+        .await;
+    }
+}
+
+async fn run_sql(url: &str, sql: &str) {
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .unwrap_or_else(|e| panic!("cannot connect to ANTLER_BENCH_DATABASE_URL: {e}"));
+    let connection = tokio::spawn(connection);
+    client.batch_execute(sql).await.expect(sql);
+    drop(client);
+    let _ = connection.await;
+}
+
+/// User + system CPU seconds of the local PostgreSQL's processes (`comm` = postgres), so far;
+/// 0 when the server runs elsewhere. Other clients of the server count too.
+fn postgres_cpu_secs() -> f64 {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return 0.0;
+    };
+    let mut total = 0.0;
+    for entry in entries.flatten() {
+        let pid = entry.file_name().to_string_lossy().into_owned();
+        if !pid.bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        let Ok(comm) = std::fs::read_to_string(format!("/proc/{pid}/comm")) else {
+            continue;
+        };
+        if comm.trim() != "postgres" {
+            continue;
+        }
+        // The process may be gone by now.
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        let Some(close) = stat.rfind(')') else {
+            continue;
+        };
+        let fields: Vec<&str> = stat[close + 2..].split_whitespace().collect();
+        let tick = |i: usize| {
+            fields
+                .get(i)
+                .and_then(|f| f.parse::<f64>().ok())
+                .unwrap_or(0.0)
+        };
+        total += (tick(11) + tick(12)) / 100.0;
+    }
+    total
+}
+
+/// R replicas of antler on one fresh schema, sharing one `[store] path`.
+struct PgSet {
+    schema: Schema,
+    folder: tempfile::TempDir,
+    replicas: Vec<Antler>,
+}
+
+impl PgSet {
+    /// Starts `count` replicas one after the other (the first applies the migrations).
+    async fn start(
+        server: &str,
+        model: &MockModel,
+        count: usize,
+        backlog: usize,
+        label: &str,
+    ) -> Self {
+        let schema = Schema::create(server).await;
+        let folder = tempfile::tempdir().unwrap();
+        let url = schema.url();
+        let mut replicas = Vec::with_capacity(count);
+        for i in 0..count {
+            let replica = PgReplica {
+                url: &url,
+                folder: folder.path(),
+                name: format!("{label}-{i}"),
+            };
+            let (antler, _) = spawn_antler(
+                &model.base_url(),
+                backlog,
+                Duration::from_secs(60),
+                None,
+                "",
+                "",
+                Some(&replica),
+            )
+            .await;
+            eprintln!("  {label}: replica {i}, antler pid {}", antler.pid());
+            replicas.push(antler);
+        }
+        Self {
+            schema,
+            folder,
+            replicas,
+        }
+    }
+
+    fn urls(&self, path: &str) -> Vec<String> {
+        self.replicas
+            .iter()
+            .map(|r| format!("{}{path}", r.url))
+            .collect()
+    }
+
+    fn cpu_secs(&self) -> f64 {
+        self.replicas.iter().map(Antler::cpu_secs).sum()
+    }
+
+    /// Waits until every replica that reports the store (`/readyz` with `inbox`: the serving
+    /// ones) shows an empty inbox and outbox, and at least one does; returns when that was.
+    async fn drain(&self, client: &reqwest::Client, timeout: Duration) -> Duration {
+        let started = Instant::now();
+        loop {
+            let mut seen = Vec::new();
+            for replica in &self.replicas {
+                let ready = replica.readyz(client).await;
+                if !ready["inbox"].is_null() {
+                    seen.push(ready);
+                }
+            }
+            if !seen.is_empty()
+                && seen
+                    .iter()
+                    .all(|r| r["inbox"] == 0 && r["outbox_pending"] == 0)
+            {
+                return started.elapsed();
+            }
+            assert!(
+                started.elapsed() < timeout,
+                "the replicas did not drain within {timeout:?}: {seen:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    /// Stops the replicas (the last started first), prints their logs' problems and drops the
+    /// schema.
+    async fn stop(self, label: &str) {
+        let Self {
+            schema,
+            folder,
+            mut replicas,
+        } = self;
+        while let Some(replica) = replicas.pop() {
+            replica.report_log_problems(&format!("{label} replica {}", replicas.len()));
+            replica.stop();
+        }
+        drop(folder);
+        schema.drop().await;
+    }
+}
+
+/// A load phase on PostgreSQL with one or more replicas.
+#[derive(Debug, Clone, serde::Serialize)]
+struct PgLoad {
+    replicas: usize,
+    per_s: f64,
+    p50_ms: f64,
+    p99_ms: f64,
+    /// CPU of all replicas per message.
+    cpu_us: f64,
+    /// CPU of the local PostgreSQL's processes per message.
+    pg_cpu_us: f64,
+    /// 503s retried on another replica.
+    retried_503: usize,
+    /// `pg-acks`: turns per second while the backlog drained after the release.
+    drain_turns_per_s: Option<f64>,
+}
+
+/// The `acks` phase on `count` replicas of one database.
+async fn pg_acks(
+    a: &Args,
+    r: usize,
+    client: &reqwest::Client,
+    model: &MockModel,
+    server: &str,
+    count: usize,
+) -> PgLoad {
+    let n = a.messages;
+    let label = format!("pg-acks x{count}");
+    let set = PgSet::start(server, model, count, n + 1000, &label).await;
+    model.hold();
+    let (cpu0, pg0) = (set.cpu_secs(), postgres_cpu_secs());
+    let body = move |i: usize| {
+        json!({"conversation": format!("a{i}"), "user": "bench", "text": format!("hello {i}"),
+               "message_id": format!("r{r}-a{i}")})
+    };
+    let l = load_on(
+        client,
+        &set.urls("/api/v1/messages"),
+        n,
+        a.concurrency,
+        a.timeout,
+        202,
+        body,
+        |_, v| v["duplicate"] == false,
+    )
+    .await;
+    let (cpu, pg) = (set.cpu_secs() - cpu0, postgres_cpu_secs() - pg0);
+    model.release();
+    let drained = set.drain(client, a.timeout).await;
+    set.stop(&label).await;
+    PgLoad {
+        replicas: count,
+        per_s: l.rate(),
+        p50_ms: l.pct(0.50),
+        p99_ms: l.pct(0.99),
+        cpu_us: cpu * 1e6 / n as f64,
+        pg_cpu_us: pg * 1e6 / n as f64,
+        retried_503: l.retried,
+        drain_turns_per_s: Some(n as f64 / drained.as_secs_f64()),
+    }
+}
+
+/// The `turns` phase on `count` replicas of one database.
+async fn pg_turns(
+    a: &Args,
+    r: usize,
+    client: &reqwest::Client,
+    model: &MockModel,
+    server: &str,
+    count: usize,
+) -> PgLoad {
+    let (n, t) = (a.messages, a.threads);
+    let label = format!("pg-turns x{count}");
+    let set = PgSet::start(server, model, count, n + 1000, &label).await;
+    let (cpu0, pg0) = (set.cpu_secs(), postgres_cpu_secs());
+    let body = move |i: usize| {
+        json!({"conversation": format!("c{}", i % t), "user": "bench", "text": format!("hello {i}"),
+               "message_id": format!("r{r}-m{i}"), "wait": true})
+    };
+    let l = load_on(
+        client,
+        &set.urls("/api/v1/messages"),
+        n,
+        a.concurrency,
+        a.timeout,
+        200,
+        body,
+        |i, v| v["reply"] == format!("echo: hello {i}"),
+    )
+    .await;
+    let (cpu, pg) = (set.cpu_secs() - cpu0, postgres_cpu_secs() - pg0);
+    set.drain(client, a.timeout).await;
+    set.stop(&label).await;
+    PgLoad {
+        replicas: count,
+        per_s: l.rate(),
+        p50_ms: l.pct(0.50),
+        p99_ms: l.pct(0.99),
+        cpu_us: cpu * 1e6 / n as f64,
+        pg_cpu_us: pg * 1e6 / n as f64,
+        retried_503: l.retried,
+        drain_turns_per_s: None,
+    }
+}
+
+/// The PostgreSQL load figures of one run: 1 and 2 replicas.
+#[derive(Debug, Clone, serde::Serialize)]
+struct PgPair {
+    one: PgLoad,
+    two: PgLoad,
+}
+
+/// Kills of the replica holding a chat, and the time until the survivor answered.
+#[derive(Debug, Clone, serde::Serialize)]
+struct Takeover {
+    /// SIGKILL → the chat's next answer at the mock Bot API, per kill.
+    ms: Vec<f64>,
+    /// 503s retried: the first message of each round (on the other replica) and the next
+    /// message (on the survivor, until it took it).
+    retried_503: usize,
+    /// Which replica slot answered each round's first message (and was killed).
+    killed: Vec<usize>,
+    /// First answers sent again after the kill (at-least-once delivery's window).
+    repeated_answers: usize,
+    /// Model calls over the phase (two messages per round: 2 × KT when no turn ran twice).
+    model_calls: usize,
+}
+
+/// Posts a Telegram update to `urls[first]`, moving on to the next replica after a 503 or a
+/// refused connection, as a platform retries (every 20 ms once each replica has refused);
+/// returns the replica that took it (200) and the 503s met.
+async fn post_until_taken(
+    tg_client: &reqwest::Client,
+    urls: &[String],
+    first: usize,
+    update: &Value,
+    deadline: Duration,
+) -> (usize, usize) {
+    let started = Instant::now();
+    let (mut at, mut refused) = (first, 0);
+    loop {
+        match tg_client.post(&urls[at]).json(update).send().await {
+            Ok(r) if r.status() == 200 => return (at, refused),
+            Ok(r) if r.status() == 503 => refused += 1,
+            Ok(r) => {
+                let status = r.status();
+                panic!("{}: {status} {}", urls[at], r.text().await.unwrap())
+            }
+            Err(e) if e.is_connect() => {}
+            Err(e) => panic!("{}: {e}", urls[at]),
+        }
+        assert!(
+            started.elapsed() < deadline,
+            "no replica took the update within {deadline:?}"
+        );
+        at = (at + 1) % urls.len();
+        if at == first {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+/// The answers the mock Bot APIs have sent to `chat`, in order of arrival.
+fn answers(bots: &[(Arc<BotApi>, String)], chat: i64) -> Vec<(Instant, String, usize)> {
+    let mut all: Vec<(Instant, String, usize)> = bots
+        .iter()
+        .enumerate()
+        .flat_map(|(slot, (bot, _))| {
+            bot.sent_to(chat)
+                .into_iter()
+                .map(move |(at, text)| (at, text, slot))
+        })
+        .collect();
+    all.sort_by_key(|(at, _, _)| *at);
+    all
+}
+
+/// Waits until an answer to `chat` holds `text`; returns it (arrival, text, slot).
+async fn wait_answer(
+    bots: &[(Arc<BotApi>, String)],
+    chat: i64,
+    text: &str,
+    deadline: Duration,
+) -> (Instant, String, usize) {
+    let started = Instant::now();
+    loop {
+        let all = answers(bots, chat);
+        if let Some(found) = all.into_iter().find(|(_, t, _)| t.contains(text)) {
+            return found;
+        }
+        assert!(
+            started.elapsed() < deadline,
+            "chat {chat}: no answer with {text:?} within {deadline:?}: {:?}",
+            answers(bots, chat)
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+/// One replica of the `takeover` phase, answering Telegram through the mock `bot_url`.
+async fn takeover_replica(
+    model: &MockModel,
+    url: &str,
+    folder: &Path,
+    bot_url: &str,
+    name: String,
+) -> Antler {
+    let replica = PgReplica { url, folder, name };
+    let (antler, _) = spawn_antler(
+        &model.base_url(),
+        1000,
+        Duration::from_secs(60),
+        Some(bot_url),
+        "",
+        "",
+        Some(&replica),
+    )
+    .await;
+    eprintln!(
+        "  takeover: {} started, antler pid {}",
+        replica.name,
+        antler.pid()
+    );
+    antler
+}
+
+/// Two replicas on one database (`lease_secs = 3`), each with a mock Bot API of its own (so
+/// that the bench sees which replica answered). K rounds: a chat's first message, posted to
+/// the replicas in turn (503: the other), is answered by replica X; X is SIGKILLed; the
+/// chat's next message is posted to the survivor until it takes it; the time from the kill
+/// to that answer at a mock Bot API is the takeover. X is restarted before the next round.
+async fn takeover(
+    a: &Args,
+    r: usize,
+    tg_client: &reqwest::Client,
+    model: &MockModel,
+    server: &str,
+) -> Takeover {
+    let deadline = Duration::from_secs(60);
+    let schema = Schema::create(server).await;
+    let folder = tempfile::tempdir().unwrap();
+    let url = schema.url();
+    let bots = [BotApi::start().await, BotApi::start().await];
+    let name = |slot: usize, k: usize| format!("takeover-r{r}-s{slot}-{k}");
+    let mut slots = [
+        Some(takeover_replica(model, &url, folder.path(), &bots[0].1, name(0, 0)).await),
+        Some(takeover_replica(model, &url, folder.path(), &bots[1].1, name(1, 0)).await),
+    ];
+    let mut result = Takeover {
+        ms: Vec::new(),
+        retried_503: 0,
+        killed: Vec::new(),
+        repeated_answers: 0,
+        model_calls: 0,
+    };
+    let calls0 = model.count();
+    let mut kills = Vec::new();
+    let chat_of = |k: usize| 300_000_000 + (r * 10_000 + k) as i64;
+    for k in 0..a.takeovers {
+        let urls: Vec<String> = slots
+            .iter()
+            .map(|s| format!("{}/webhooks/telegram", s.as_ref().unwrap().url))
+            .collect();
+        let chat = chat_of(k);
+        let update = |j: usize| {
+            let mut u = tg_update(3_000_000 + r * 100_000 + k * 2 + j, chat as usize, j);
+            u["message"]["text"] = json!(format!("takeover {k} message {j}"));
+            u
+        };
+        let (_, refused) = post_until_taken(tg_client, &urls, k % 2, &update(0), deadline).await;
+        result.retried_503 += refused;
+        let (_, _, x) =
+            wait_answer(&bots, chat, &format!("takeover {k} message 0"), deadline).await;
+        let survivor = 1 - x;
+        let killed_at = Instant::now();
+        slots[x].take().unwrap().kill();
+        kills.push(killed_at);
+        let (_, refused) = post_until_taken(
+            tg_client,
+            std::slice::from_ref(&urls[survivor]),
+            0,
+            &update(1),
+            deadline,
+        )
+        .await;
+        result.retried_503 += refused;
+        let (answered_at, _, by) =
+            wait_answer(&bots, chat, &format!("takeover {k} message 1"), deadline).await;
+        assert_eq!(by, survivor, "round {k}: answered by the killed replica");
+        result
+            .ms
+            .push((answered_at - killed_at).as_secs_f64() * 1e3);
+        result.killed.push(x);
+        eprintln!(
+            "  takeover {}/{}: slot {x} killed, slot {survivor} answered after {:.0} ms",
+            k + 1,
+            a.takeovers,
+            result.ms[k]
+        );
+        slots[x] =
+            Some(takeover_replica(model, &url, folder.path(), &bots[x].1, name(x, k + 1)).await);
+    }
+    for (i, slot) in slots.iter_mut().enumerate().rev() {
+        let antler = slot.take().unwrap();
+        antler.report_log_problems(&format!("takeover slot {i}"));
+        antler.stop();
+    }
+    // Each message is answered; a first answer sent again (the kill came between its
+    // `SendMessage` and the record of its delivery) is counted, the second must be once.
+    for (k, killed_at) in kills.iter().enumerate() {
+        let all = answers(&bots, chat_of(k));
+        let of = |j: usize| {
+            all.iter()
+                .filter(|(_, t, _)| t.contains(&format!("takeover {k} message {j}")))
+                .count()
+        };
+        assert_eq!(
+            of(1),
+            1,
+            "round {k}: the second message answered once: {all:?}"
+        );
+        assert!(of(0) >= 1, "round {k}: the first message answered: {all:?}");
+        result.repeated_answers += of(0) - 1;
+        if of(0) > 1 {
+            let seen: Vec<String> = all
+                .iter()
+                .map(|(at, text, slot)| {
+                    let ms = if at >= killed_at {
+                        format!("+{:.0}", (*at - *killed_at).as_secs_f64() * 1e3)
+                    } else {
+                        format!("-{:.0}", (*killed_at - *at).as_secs_f64() * 1e3)
+                    };
+                    format!("{ms} ms from slot {slot}: {text:?}")
+                })
+                .collect();
+            eprintln!(
+                "  takeover {}: the first answer was sent again; answers relative to the kill: {seen:?}",
+                k + 1
+            );
+        }
+    }
+    result.model_calls = model.count() - calls0;
+    drop(folder);
+    schema.drop().await;
+    result
+}
+
 // ---- reporting ----
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -1600,6 +2301,10 @@ struct Run {
     telegram: Option<Telegram>,
     /// Telegram's webhook acks/s, drain turns/s and turns/s under load ÷ this run's ceiling.
     telegram_ratios: Option<TelegramRatios>,
+    /// The `acks` and `turns` phases on PostgreSQL, 1 and 2 replicas.
+    pg_acks: Option<PgPair>,
+    pg_turns: Option<PgPair>,
+    takeover: Option<Takeover>,
 }
 
 #[derive(Debug, Clone, Copy, serde::Serialize)]
@@ -1810,6 +2515,16 @@ async fn bench(a: Args) {
         a.only,
         antler_binary()
     );
+    let pg_phases: Vec<&str> = ["pg-acks", "pg-turns", "takeover"]
+        .into_iter()
+        .filter(|phase| a.runs(phase))
+        .collect();
+    if bench_database().is_none() && !pg_phases.is_empty() {
+        eprintln!(
+            "  skipped {pg_phases:?}: set ANTLER_BENCH_DATABASE_URL \
+             (e.g. postgres://root@127.0.0.1:5432/test) to measure antler on PostgreSQL"
+        );
+    }
     let begun = Instant::now();
 
     let mut startups = Vec::new();
@@ -1952,10 +2667,25 @@ async fn measure(a: &Args, r: usize, rig: &Rig<'_>) -> Run {
     } else {
         None
     };
+    let database = bench_database();
+    let pg_acks = match &database {
+        Some(server) if a.runs("pg-acks") => Some(PgPair {
+            one: pg_acks(a, r, client, model, server, 1).await,
+            two: pg_acks(a, r, client, model, server, 2).await,
+        }),
+        _ => None,
+    };
     let turns = if a.runs("turns") {
         Some(turns(a, r, client, model).await)
     } else {
         None
+    };
+    let pg_turns = match &database {
+        Some(server) if a.runs("pg-turns") => Some(PgPair {
+            one: pg_turns(a, r, client, model, server, 1).await,
+            two: pg_turns(a, r, client, model, server, 2).await,
+        }),
+        _ => None,
     };
     let queued = if a.runs("queued") {
         Some(queued(a, r, client, model).await)
@@ -1987,6 +2717,10 @@ async fn measure(a: &Args, r: usize, rig: &Rig<'_>) -> Run {
     } else {
         None
     };
+    let takeover = match &database {
+        Some(server) if a.runs("takeover") => Some(takeover(a, r, tg_client, model, server).await),
+        _ => None,
+    };
     Run {
         ceiling_req_per_s: ceiling.rate(),
         ceiling_p50_ms: ceiling.pct(0.50),
@@ -2007,6 +2741,9 @@ async fn measure(a: &Args, r: usize, rig: &Rig<'_>) -> Run {
             turns: x.turns_per_s / ceiling.rate(),
         }),
         telegram,
+        pg_acks,
+        pg_turns,
+        takeover,
     }
 }
 
@@ -2532,5 +3269,204 @@ fn summarize(a: &Args, runs: &[Run], startups: &[f64]) -> (Table, serde_json::Ma
                    "edits_per_turn": edits}),
         );
     }
+    pg_rows(a, runs, &mut table, &mut report);
     (table, report)
+}
+
+/// Nearest-rank percentile `p` of `v` (NaN when empty).
+fn percentile(mut v: Vec<f64>, p: f64) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(f64::total_cmp);
+    let i = ((v.len() as f64 * p).ceil() as usize).clamp(1, v.len());
+    v[i - 1]
+}
+
+/// The rows of the PostgreSQL phases: each figure beside sled's of the same runs, medians over
+/// the runs, ratios taken within a run; takeover percentiles over every kill of every run.
+#[allow(clippy::too_many_lines)]
+fn pg_rows(a: &Args, runs: &[Run], table: &mut Table, report: &mut serde_json::Map<String, Value>) {
+    let c = a.concurrency;
+    let database = bench_database().is_some();
+    for (phase, what) in [("pg-acks", "ack"), ("pg-turns", "turn")] {
+        if !a.runs(phase) {
+            continue;
+        }
+        if !database {
+            table.row(
+                format!("{phase}: skipped"),
+                "ANTLER_BENCH_DATABASE_URL unset".into(),
+                String::new(),
+            );
+            continue;
+        }
+        // (sled, pg ×1, pg ×2) of one run, with sled's figures as a PgLoad.
+        let per_run: Vec<(PgLoad, PgLoad, PgLoad)> = runs
+            .iter()
+            .filter_map(|r| {
+                let (sled, pair) = if phase == "pg-acks" {
+                    let x = r.acks.as_ref()?;
+                    let sled = PgLoad {
+                        replicas: 0,
+                        per_s: x.acks_per_s,
+                        p50_ms: x.p50_ms,
+                        p99_ms: x.p99_ms,
+                        cpu_us: x.cpu_us_per_ack,
+                        pg_cpu_us: 0.0,
+                        retried_503: 0,
+                        drain_turns_per_s: Some(x.drain_turns_per_s),
+                    };
+                    (sled, r.pg_acks.as_ref()?)
+                } else {
+                    let x = r.turns.as_ref()?;
+                    let sled = PgLoad {
+                        replicas: 0,
+                        per_s: x.turns_per_s,
+                        p50_ms: x.p50_ms,
+                        p99_ms: x.p99_ms,
+                        cpu_us: x.cpu_us_per_turn,
+                        pg_cpu_us: 0.0,
+                        retried_503: 0,
+                        drain_turns_per_s: None,
+                    };
+                    (sled, r.pg_turns.as_ref()?)
+                };
+                Some((sled, pair.one.clone(), pair.two.clone()))
+            })
+            .collect();
+        let m =
+            |f: &dyn Fn(&(PgLoad, PgLoad, PgLoad)) -> f64| median(per_run.iter().map(f).collect());
+        let (sled, one, two) = (m(&|x| x.0.per_s), m(&|x| x.1.per_s), m(&|x| x.2.per_s));
+        let (r1, r2) = (m(&|x| x.1.per_s / x.0.per_s), m(&|x| x.2.per_s / x.1.per_s));
+        let lat = |i: usize| {
+            let pick = move |x: &(PgLoad, PgLoad, PgLoad)| match i {
+                0 => x.0.clone(),
+                1 => x.1.clone(),
+                _ => x.2.clone(),
+            };
+            (m(&|x| pick(x).p50_ms), m(&|x| pick(x).p99_ms))
+        };
+        let ((s50, s99), (o50, o99), (t50, t99)) = (lat(0), lat(1), lat(2));
+        let (cpu_s, cpu_1, cpu_2) = (m(&|x| x.0.cpu_us), m(&|x| x.1.cpu_us), m(&|x| x.2.cpu_us));
+        let (pg_1, pg_2) = (m(&|x| x.1.pg_cpu_us), m(&|x| x.2.pg_cpu_us));
+        let retried = m(&|x| x.2.retried_503 as f64);
+        let unit = if phase == "pg-acks" {
+            "acks/s"
+        } else {
+            "turns/s"
+        };
+        let shape = if phase == "pg-acks" {
+            format!("durable acks (202, model held), C={c}")
+        } else {
+            format!("turns end to end (wait: true), T={}, C={c}", a.threads)
+        };
+        table.row(
+            format!("{phase}: {shape}: sled / pg ×1 / pg ×2"),
+            format!("{sled:.0} / {one:.0} / {two:.0} {unit}"),
+            String::new(),
+        );
+        table.row(
+            format!("{phase}: pg ×1 ÷ sled / pg ×2 ÷ pg ×1 (within runs)"),
+            format!("{r1:.3} / {r2:.3}"),
+            String::new(),
+        );
+        table.row(
+            format!("{phase}: latency p50 / p99, sled; pg ×1; pg ×2"),
+            format!("{s50:.1}/{s99:.1}; {o50:.1}/{o99:.1}; {t50:.1}/{t99:.1} ms"),
+            String::new(),
+        );
+        table.row(
+            format!("{phase}: CPU per {what}: antler sled / pg ×1 / pg ×2 (both replicas)"),
+            format!("{cpu_s:.0} / {cpu_1:.0} / {cpu_2:.0} µs"),
+            String::new(),
+        );
+        table.row(
+            format!("{phase}: CPU per {what}: PostgreSQL's processes, pg ×1 / pg ×2"),
+            format!("{pg_1:.0} / {pg_2:.0} µs"),
+            String::new(),
+        );
+        table.row(
+            format!("{phase}: 503s retried on the other replica (pg ×2, of N)"),
+            format!("{retried:.0}"),
+            String::new(),
+        );
+        let mut entry = json!({
+            "per_s": {"sled": sled, "pg1": one, "pg2": two},
+            "ratio": {"pg1_sled": r1, "pg2_pg1": r2},
+            "latency_ms": {"sled": [s50, s99], "pg1": [o50, o99], "pg2": [t50, t99]},
+            "cpu_us": {"sled": cpu_s, "pg1": cpu_1, "pg2": cpu_2},
+            "postgres_cpu_us": {"pg1": pg_1, "pg2": pg_2},
+            "retried_503_pg2": retried,
+        });
+        if phase == "pg-acks" {
+            let drain = |i: usize| {
+                m(&|x| {
+                    let l = [&x.0, &x.1, &x.2][i];
+                    l.drain_turns_per_s.unwrap_or(f64::NAN)
+                })
+            };
+            let (d0, d1, d2) = (drain(0), drain(1), drain(2));
+            table.row(
+                "pg-acks: drain of those N after release: sled / pg ×1 / pg ×2".into(),
+                format!("{d0:.0} / {d1:.0} / {d2:.0} turns/s"),
+                String::new(),
+            );
+            entry["drain_turns_per_s"] = json!({"sled": d0, "pg1": d1, "pg2": d2});
+        }
+        report.insert(phase.replace('-', "_"), entry);
+    }
+
+    if a.runs("takeover") {
+        if !database {
+            table.row(
+                "takeover: skipped".into(),
+                "ANTLER_BENCH_DATABASE_URL unset".into(),
+                String::new(),
+            );
+            return;
+        }
+        let all: Vec<f64> = runs
+            .iter()
+            .filter_map(|r| r.takeover.as_ref())
+            .flat_map(|t| t.ms.iter().copied())
+            .collect();
+        let retried: usize = runs
+            .iter()
+            .filter_map(|r| r.takeover.as_ref())
+            .map(|t| t.retried_503)
+            .sum();
+        let repeated: usize = runs
+            .iter()
+            .filter_map(|r| r.takeover.as_ref())
+            .map(|t| t.repeated_answers)
+            .sum();
+        let (p50, p99) = (percentile(all.clone(), 0.50), percentile(all.clone(), 0.99));
+        let max = all.iter().copied().fold(f64::NAN, f64::max);
+        table.row(
+            format!(
+                "takeover: SIGKILL → next answer at the platform, lease_secs = 3 ({} kills)",
+                all.len()
+            ),
+            format!("p50 {p50:.0} / p99 {p99:.0} / max {max:.0} ms"),
+            String::new(),
+        );
+        let calls: usize = runs
+            .iter()
+            .filter_map(|r| r.takeover.as_ref())
+            .map(|t| t.model_calls)
+            .sum();
+        table.row(
+            "takeover: 503s retried; first answers sent again; model calls / messages".into(),
+            format!("{retried}; {repeated}; {calls} / {}", 2 * all.len()),
+            String::new(),
+        );
+        report.insert(
+            "takeover".into(),
+            json!({"kills": all.len(), "p50_ms": p50, "p99_ms": p99, "max_ms": max,
+                   "lease_secs": 3, "retried_503": retried, "repeated_answers": repeated,
+                   "model_calls": calls, "messages": 2 * all.len(),
+                   "ms": all}),
+        );
+    }
 }
