@@ -454,11 +454,33 @@ impl PgStore {
             Ok(Some((owner, until_ms, released)))
         })?;
         match lease {
-            Some((owner, until_ms, false)) if until_ms > now_ms => Err(StoreError::Leased {
+            Some((owner, until_ms, false)) if until_ms > now_ms => {
+                return Err(StoreError::Leased {
+                    owner,
+                    remaining_ms: until_ms - now_ms,
+                });
+            }
+            _ => {}
+        }
+        // Any replica alive works on the store too (its mark, by the database's clock).
+        let replica = read!(self, |db| {
+            row(
+                &db,
+                "SELECT owner, expires_at_ms - (extract(epoch from clock_timestamp()) * 1000)::bigint \
+                 FROM antler_replicas WHERE expires_at_ms > (extract(epoch from clock_timestamp()) * 1000)::bigint \
+                 ORDER BY owner LIMIT 1",
+                &[],
+            )
+            .await?
+            .map(|found| Ok((get::<String>(&found, 0)?, get::<i64>(&found, 1)?)))
+            .transpose()
+        })?;
+        match replica {
+            Some((owner, left)) => Err(StoreError::Leased {
                 owner,
-                remaining_ms: until_ms - now_ms,
+                remaining_ms: u64::try_from(left).unwrap_or(0),
             }),
-            _ => Ok(()),
+            None => Ok(()),
         }
     }
 }

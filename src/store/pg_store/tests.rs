@@ -831,3 +831,24 @@ async fn replicas_take_different_memory_updates() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn a_store_with_a_replica_alive_is_not_copied_from() {
+    if skipped() {
+        return;
+    }
+    in_fresh_schema(|options| async move {
+        let idle = PgStore::open(&options).await.unwrap();
+        idle.refuse_live_lease(crate::now_ms()).await.unwrap();
+        let (a, b) = two_replicas(&options).await;
+        let refused = idle.refuse_live_lease(crate::now_ms()).await.unwrap_err();
+        assert!(
+            matches!(&refused, StoreError::Leased { owner, .. } if owner == "a/1"),
+            "{refused:?}"
+        );
+        a.leave().await.unwrap();
+        b.leave().await.unwrap();
+        idle.refuse_live_lease(crate::now_ms()).await.unwrap();
+    })
+    .await;
+}
