@@ -1936,6 +1936,23 @@ struct PgLoad {
     drain_turns_per_s: Option<f64>,
 }
 
+impl PgLoad {
+    /// The figures of load `l` of `n` messages on `replicas`, which spent `cpu` seconds (and
+    /// PostgreSQL `pg`).
+    fn of(replicas: usize, l: &Load, cpu: f64, pg: f64, n: usize) -> Self {
+        Self {
+            replicas,
+            per_s: l.rate(),
+            p50_ms: l.pct(0.50),
+            p99_ms: l.pct(0.99),
+            cpu_us: cpu * 1e6 / n as f64,
+            pg_cpu_us: pg * 1e6 / n as f64,
+            retried_503: l.retried,
+            drain_turns_per_s: None,
+        }
+    }
+}
+
 /// The `acks` phase on `count` replicas of one database.
 async fn pg_acks(
     a: &Args,
@@ -1970,14 +1987,8 @@ async fn pg_acks(
     let drained = set.drain(client, a.timeout).await;
     set.stop(&label).await;
     PgLoad {
-        replicas: count,
-        per_s: l.rate(),
-        p50_ms: l.pct(0.50),
-        p99_ms: l.pct(0.99),
-        cpu_us: cpu * 1e6 / n as f64,
-        pg_cpu_us: pg * 1e6 / n as f64,
-        retried_503: l.retried,
         drain_turns_per_s: Some(n as f64 / drained.as_secs_f64()),
+        ..PgLoad::of(count, &l, cpu, pg, n)
     }
 }
 
@@ -2012,16 +2023,7 @@ async fn pg_turns(
     let (cpu, pg) = (set.cpu_secs() - cpu0, postgres_cpu_secs() - pg0);
     set.drain(client, a.timeout).await;
     set.stop(&label).await;
-    PgLoad {
-        replicas: count,
-        per_s: l.rate(),
-        p50_ms: l.pct(0.50),
-        p99_ms: l.pct(0.99),
-        cpu_us: cpu * 1e6 / n as f64,
-        pg_cpu_us: pg * 1e6 / n as f64,
-        retried_503: l.retried,
-        drain_turns_per_s: None,
-    }
+    PgLoad::of(count, &l, cpu, pg, n)
 }
 
 /// The PostgreSQL load figures of one run: 1 and 2 replicas.
