@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 
 use crate::support::postgres::{Outage, Schema};
 use crate::support::{
-    Behaviour, Client, DEADLINE, MockModel, TestApp, config, run_binary, searchable_tempdir,
+    Behaviour, Client, DEADLINE, MockModel, TestApp, config, read_sse, run_binary,
+    searchable_tempdir,
 };
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -74,6 +75,21 @@ async fn two_antlers_on_one_database_both_serve_and_a_conversation_runs_where_it
         via_second.text
     );
     assert_eq!(via_second.json["thread_id"], thread_id);
+    // A stream there ends with the answer too (read from the store: the turn's live events
+    // stay on the replica running it).
+    let response = second
+        .http
+        .post(format!("{}/api/v1/messages", second.base))
+        .json(&serde_json::json!({"conversation": "pg", "text": "streamed", "message_id": "m-stream", "stream": true}))
+        .send()
+        .await
+        .unwrap();
+    let events = tokio::time::timeout(DEADLINE, read_sse(response))
+        .await
+        .expect("the stream ends");
+    let (last, data) = events.last().unwrap();
+    assert_eq!(last, "final", "{events:?}");
+    assert_eq!(data["text"], "echo: streamed", "{events:?}");
     // A conversation that starts on the second runs there.
     let other = second.ask("pg-other", "new on the second").await;
     assert_eq!(
@@ -102,12 +118,14 @@ async fn two_antlers_on_one_database_both_serve_and_a_conversation_runs_where_it
             "echo: before",
             "via the second",
             "echo: via the second",
+            "streamed",
+            "echo: streamed",
             "after",
             "echo: after"
         ],
         "each message once, in order"
     );
-    assert_eq!(mock.requests().len(), 4, "each message ran once");
+    assert_eq!(mock.requests().len(), 5, "each message ran once");
     second.shutdown().await;
     schema.drop().await;
 }

@@ -81,7 +81,19 @@ pub(crate) async fn post_message(
         let first = Event::default()
             .event("accepted")
             .data(accepted.to_string());
-        let stream = answer_stream(events, message_id, existing, state.stop.clone(), permit);
+        // With replicas the turn may run on another one: its answer is read from the store.
+        let stored = admission
+            .seq
+            .filter(|_| state.store.shared())
+            .map(|seq| (state.clone(), seq));
+        let stream = answer_stream(
+            events,
+            message_id,
+            existing,
+            stored,
+            state.stop.clone(),
+            permit,
+        );
         let stream = futures_util::StreamExt::chain(
             futures_util::stream::once(async move { Ok(first) }),
             stream,
@@ -168,6 +180,8 @@ struct AnswerStream {
     events: Subscription,
     /// The answer when it was already there: sent as the only event.
     existing: Option<Reply>,
+    /// Where to look for an answer another replica produced: the app and the inbox seq.
+    stored: Option<(AppState, u64)>,
     finished: bool,
     _permit: OwnedSemaphorePermit,
 }
@@ -177,12 +191,14 @@ fn answer_stream(
     events: Subscription,
     message_id: String,
     existing: Option<Reply>,
+    stored: Option<(AppState, u64)>,
     stop: CancellationToken,
     permit: OwnedSemaphorePermit,
 ) -> impl Stream<Item = Result<Event, Infallible>> {
     let state = AnswerStream {
         events,
         existing,
+        stored,
         finished: false,
         _permit: permit,
     };
@@ -203,8 +219,29 @@ fn answer_stream(
                 return Some((Ok(sse_event(&event)), state));
             }
             loop {
+                let from_store = async {
+                    match &state.stored {
+                        Some((app, seq)) => {
+                            tokio::time::sleep(STORED_ANSWER_EVERY).await;
+                            existing_reply(app, *seq).await.ok().flatten()
+                        }
+                        None => std::future::pending().await,
+                    }
+                };
                 let next = tokio::select! {
                     next = state.events.recv() => next,
+                    stored = from_store => match stored {
+                        Some((text, attachments)) => {
+                            let event = ThreadEvent::Final {
+                                in_reply_to: message_id,
+                                text,
+                                attachments,
+                            };
+                            state.finished = true;
+                            return Some((Ok(sse_event(&event)), state));
+                        }
+                        None => continue,
+                    },
                     () = stop.cancelled() => return None,
                 };
                 match next {
