@@ -139,7 +139,9 @@ impl ReplicaWork {
         let keys: Vec<&str> = conversations.iter().map(String::as_str).collect();
         match self.store.hold(&keys).await {
             Ok(held) => {
-                for conversation in held {
+                // Replies a gone replica left in a conversation taken now go out first.
+                self.delivery.enqueue(held.replies);
+                for conversation in held.conversations {
                     self.queue_waiting(&conversation).await;
                 }
             }

@@ -30,7 +30,7 @@ mod mem_store;
 #[cfg(test)]
 pub(crate) use mem_store::MemStore;
 pub(crate) use pg_store::{PgOptions, PgStore, mask_url as mask_pg_url};
-pub(crate) use replicas::{Adopted, ReplicaStore};
+pub(crate) use replicas::{Adopted, Held, ReplicaStore};
 pub(crate) use sled_store::SledStore;
 
 use std::collections::BTreeMap;

@@ -25,6 +25,14 @@ pub(crate) struct Adopted {
     pub(crate) outbox: Vec<OutboxItem>,
 }
 
+/// Conversations a replica holds after [`ReplicaStore::hold`], and the replies still to
+/// deliver of those it took from a replica that is gone (or that nobody held).
+#[derive(Debug, Default)]
+pub(crate) struct Held {
+    pub(crate) conversations: Vec<String>,
+    pub(crate) replies: Vec<OutboxItem>,
+}
+
 /// What replicas sharing a store agree through it.
 #[async_trait::async_trait]
 pub(crate) trait ReplicaStore: Send + Sync + std::fmt::Debug {
@@ -48,10 +56,14 @@ pub(crate) trait ReplicaStore: Send + Sync + std::fmt::Debug {
     }
 
     /// Takes each of `conversations` that no live replica holds; returns those this replica
-    /// holds now. The holders of the others are sent a notice ([`ReplicaStore::notices`]).
-    /// *Durable.*
-    async fn hold(&self, conversations: &[&str]) -> Result<Vec<String>, StoreError> {
-        Ok(conversations.iter().map(|c| (*c).to_owned()).collect())
+    /// holds now, with the pending replies of the ones it took (a replica that died may have
+    /// left some: they go out before anything newer). The holders of the others are sent a
+    /// notice ([`ReplicaStore::notices`]). *Durable.*
+    async fn hold(&self, conversations: &[&str]) -> Result<Held, StoreError> {
+        Ok(Held {
+            conversations: conversations.iter().map(|c| (*c).to_owned()).collect(),
+            replies: Vec::new(),
+        })
     }
 
     /// Takes up to `limit` conversations with work (unfinished messages, replies to deliver)

@@ -18,7 +18,7 @@ use super::{
     Failure, PgStore, db_error, exec, get, int, outbox_items, read, row, rows, transaction, uint,
 };
 use crate::store::records::Record;
-use crate::store::{Adopted, InboxItem, ReplicaStore, StoreError};
+use crate::store::{Adopted, Held, InboxItem, OutboxItem, ReplicaStore, StoreError};
 
 /// The `LISTEN` channel of notices.
 const CHANNEL: &str = "antler_work";
@@ -88,15 +88,18 @@ pub(super) async fn ensure_held(
 }
 
 /// Takes `conversations` (sorted, distinct) for `owner` where no live replica holds them;
-/// returns those `owner` holds now, and sends the holders of the others a notice.
+/// returns those `owner` holds now, each with whether it was taken just now (from nobody, or
+/// from a replica whose mark ran out), and sends the holders of the others a notice.
 async fn hold_in(
     tx: &Transaction<'_>,
     owner: &str,
     conversations: &[&str],
-) -> Result<Vec<String>, Failure> {
+) -> Result<Vec<(String, bool)>, Failure> {
     let held = rows(
         tx,
         concat!(
+            "WITH before AS (SELECT conversation, owner FROM antler_conversation_owners ",
+            "WHERE conversation = ANY($1)) ",
             "INSERT INTO antler_conversation_owners (conversation, owner) ",
             "SELECT c, $2 FROM unnest($1::text[]) AS c WHERE ",
             alive!("$2"),
@@ -105,19 +108,20 @@ async fn hold_in(
             "(SELECT 1 FROM antler_replicas r WHERE r.owner = antler_conversation_owners.owner ",
             "AND r.expires_at_ms > ",
             db_now_ms!(),
-            ") RETURNING conversation"
+            ") RETURNING conversation, NOT EXISTS (SELECT 1 FROM before b ",
+            "WHERE b.conversation = antler_conversation_owners.conversation AND b.owner = $2)"
         ),
         &[&conversations, &owner],
     )
     .await?
     .iter()
-    .map(|row| get::<String>(row, 0))
-    .collect::<Result<Vec<_>, _>>()?;
+    .map(|row| Ok((get::<String>(row, 0)?, get::<bool>(row, 1)?)))
+    .collect::<Result<Vec<_>, Failure>>()?;
     if held.len() < conversations.len() {
         let others: Vec<&str> = conversations
             .iter()
             .copied()
-            .filter(|c| !held.iter().any(|h| h == c))
+            .filter(|c| !held.iter().any(|(h, _)| h == c))
             .collect();
         rows(
             tx,
@@ -128,6 +132,25 @@ async fn hold_in(
         .await?;
     }
     Ok(held)
+}
+
+/// The pending replies of `conversations`, in outbox order.
+async fn pending_replies(
+    tx: &Transaction<'_>,
+    conversations: &[String],
+) -> Result<Vec<OutboxItem>, Failure> {
+    if conversations.is_empty() {
+        return Ok(Vec::new());
+    }
+    outbox_items(
+        &rows(
+            tx,
+            "SELECT record FROM antler_outbox WHERE status = 'pending' \
+             AND conversation = ANY($1) ORDER BY seq",
+            &[&conversations],
+        )
+        .await?,
+    )
 }
 
 impl PgStore {
@@ -201,16 +224,30 @@ impl ReplicaStore for PgStore {
         })
     }
 
-    async fn hold(&self, conversations: &[&str]) -> Result<Vec<String>, StoreError> {
+    async fn hold(&self, conversations: &[&str]) -> Result<Held, StoreError> {
         let owner = self.replica()?;
         // Sorted: two replicas holding overlapping sets lock rows in one order.
         let mut sorted: Vec<&str> = conversations.to_vec();
         sorted.sort_unstable();
         sorted.dedup();
         if sorted.is_empty() {
-            return Ok(Vec::new());
+            return Ok(Held::default());
         }
-        transaction!(self, |tx| { hold_in(&tx, owner, &sorted).await })
+        transaction!(self, |tx| {
+            let held = hold_in(&tx, owner, &sorted).await?;
+            let taken: Vec<String> = held
+                .iter()
+                .filter(|(_, taken)| *taken)
+                .map(|(conversation, _)| conversation.clone())
+                .collect();
+            Ok(Held {
+                replies: pending_replies(&tx, &taken).await?,
+                conversations: held
+                    .into_iter()
+                    .map(|(conversation, _)| conversation)
+                    .collect(),
+            })
+        })
     }
 
     async fn adopt(&self, limit: usize) -> Result<Adopted, StoreError> {
@@ -261,7 +298,11 @@ impl ReplicaStore for PgStore {
                 return Ok(Adopted::default());
             }
             let wanted: Vec<&str> = found.iter().map(String::as_str).collect();
-            let held = hold_in(&tx, owner, &wanted).await?;
+            let held: Vec<String> = hold_in(&tx, owner, &wanted)
+                .await?
+                .into_iter()
+                .map(|(conversation, _)| conversation)
+                .collect();
             let inbox = rows(
                 &tx,
                 "SELECT record FROM antler_inbox WHERE conversation = ANY($1) ORDER BY seq",
@@ -271,15 +312,7 @@ impl ReplicaStore for PgStore {
             .iter()
             .map(|row| Ok(InboxItem::from_record(get(row, 0)?)?))
             .collect::<Result<Vec<_>, Failure>>()?;
-            let outbox = outbox_items(
-                &rows(
-                    &tx,
-                    "SELECT record FROM antler_outbox WHERE status = 'pending' \
-                     AND conversation = ANY($1) ORDER BY seq",
-                    &[&held],
-                )
-                .await?,
-            )?;
+            let outbox = pending_replies(&tx, &held).await?;
             Ok(Adopted { inbox, outbox })
         })
     }

@@ -693,10 +693,16 @@ async fn one_replica_holds_a_conversation_and_another_adopts_it_once_the_holder_
 
         // The first to hold it keeps it; the other's attempt sends the holder a notice.
         assert_eq!(
-            a.hold(&[&conversation]).await.unwrap(),
+            a.hold(&[&conversation]).await.unwrap().conversations,
             [conversation.as_str()]
         );
-        assert!(b.hold(&[&conversation]).await.unwrap().is_empty());
+        assert!(
+            b.hold(&[&conversation])
+                .await
+                .unwrap()
+                .conversations
+                .is_empty()
+        );
         let notice = tokio::time::timeout(Duration::from_secs(30), notices.recv())
             .await
             .expect("the holder is told")
@@ -849,6 +855,49 @@ async fn a_store_with_a_replica_alive_is_not_copied_from() {
         a.leave().await.unwrap();
         b.leave().await.unwrap();
         idle.refuse_live_lease(crate::now_ms()).await.unwrap();
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_conversation_taken_from_a_gone_replica_comes_with_the_replies_it_left() {
+    use crate::store::conformance::{accept_in, accept_new, reply};
+    if skipped() {
+        return;
+    }
+    in_fresh_schema(|options| async move {
+        let (a, b) = two_replicas(&options).await;
+        let item = accept_new(&a, accept_in("c1", "m1", 1, 60_000)).await;
+        let conversation = item.event.conversation.as_str().to_owned();
+        let held = a.hold(&[&conversation]).await.unwrap();
+        assert!(held.replies.is_empty(), "a new conversation has none");
+        a.start_turn(item.seq).await.unwrap();
+        let mut answer = reply(&item.thread_id, "left behind");
+        answer.conversation = item.event.conversation.clone();
+        let finish = FinishTurn {
+            inbox_seq: item.seq,
+            thread: None,
+            replies: vec![answer],
+            memory_update: None,
+            draft: None,
+            absorbed: Vec::new(),
+            now_ms: 2,
+        };
+        a.finish_turns(&[&finish]).await.unwrap();
+        // The holder dies before delivering; a new message lands on the other replica,
+        // which takes the conversation and, with it, the reply to send first.
+        expire(&a, "a/1").await;
+        let held = b.hold(&[&conversation]).await.unwrap();
+        assert_eq!(held.conversations, [conversation.as_str()]);
+        assert_eq!(
+            held.replies
+                .iter()
+                .map(|r| r.message.text.as_str())
+                .collect::<Vec<_>>(),
+            ["left behind"]
+        );
+        // Held already: nothing handed over twice.
+        assert!(b.hold(&[&conversation]).await.unwrap().replies.is_empty());
     })
     .await;
 }
