@@ -291,6 +291,7 @@ impl Ingress {
             inner.runner.clone(),
             delivery,
             interrupted,
+            inner.pairing.clone(),
         );
         if inner.shared.set(accepted).is_ok() {
             tokio::spawn(work.run(receiver, stop));

@@ -12,7 +12,7 @@
 //! Every second it also adopts the work of conversations no live replica holds (a replica
 //! that died, or stopped), their unfinished messages to the dispatcher and their replies
 //! still to deliver to delivery; every five it fails the subagent tasks of replicas that are
-//! gone, and every three it checks the conversations it holds for items a lost notice named
+//! gone and reads again the users approved through pairing (on any replica), and every three it checks the conversations it holds for items a lost notice named
 //! (or that a replica stopped before telling).
 
 use std::collections::{HashMap, HashSet};
@@ -22,6 +22,7 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+use super::pairing::Pairing;
 use super::{Dispatcher, Queued, TurnRunner, commands, commands::Command};
 use crate::delivery::Delivery;
 use crate::store::{InboxItem, Store};
@@ -60,6 +61,9 @@ pub(crate) struct ReplicaWork {
     delivery: Delivery,
     /// The subagent tasks' failure reason when their replica is gone.
     interrupted: &'static str,
+    /// Users approved through pairing, which another replica may have approved: read again
+    /// now and then.
+    pairing: Option<Arc<Pairing>>,
     /// Per conversation held, the last inbox item queued.
     last: HashMap<Arc<str>, u64>,
     /// Conversations to look at again (a store error got in the way).
@@ -74,6 +78,7 @@ impl ReplicaWork {
         runner: TurnRunner,
         delivery: Delivery,
         interrupted: &'static str,
+        pairing: Option<Arc<Pairing>>,
     ) -> (Self, Accepted, mpsc::UnboundedReceiver<Vec<String>>) {
         let (sender, receiver) = mpsc::unbounded_channel();
         let work = Self {
@@ -83,6 +88,7 @@ impl ReplicaWork {
             runner,
             delivery,
             interrupted,
+            pairing,
             last: HashMap::new(),
             again: HashSet::new(),
         };
@@ -236,6 +242,11 @@ impl ReplicaWork {
                 Ok(0) => {}
                 Ok(failed) => tracing::info!(failed, "failed the tasks of replicas that are gone"),
                 Err(e) => tracing::warn!(error = %e, "cannot fail the tasks of gone replicas"),
+            }
+            if let Some(pairing) = &self.pairing {
+                if let Err(e) = pairing.load().await {
+                    tracing::warn!(error = %e, "cannot read the users approved through pairing");
+                }
             }
         }
         if looks % TRIM_EVERY == 0 {

@@ -381,3 +381,79 @@ async fn a_database_outage_refuses_messages_with_503_and_a_running_turn_finishes
     app.shutdown().await;
     schema.drop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_approved_through_pairing_on_one_replica_may_talk_on_the_other() {
+    use antler_testkit::telegram::{MockTelegram, SECRET, post};
+    let Some(schema) = Schema::create().await else {
+        return;
+    };
+    const TOKEN: &str = "replicas-pairing-admin-token";
+    const PAT: u64 = 5_550_003_001;
+    let dm = |n: u64, text: &str| {
+        serde_json::json!({
+            "update_id": 730_300_000 + n,
+            "message": {
+                "message_id": 3_000 + n,
+                "from": {"id": PAT, "is_bot": false, "first_name": "Pat"},
+                "chat": {"id": PAT, "first_name": "Pat", "type": "private"},
+                "date": 1_767_225_600 + n,
+                "text": text
+            }
+        })
+        .to_string()
+    };
+    let mock = MockModel::start(Behaviour::Echo).await;
+    let api = MockTelegram::start().await;
+    // No allowlists and no dm_policy: pairing is the default.
+    let telegram = api.config("").replace("dm_policy = \"open\"\n", "");
+    let overrides = |replica: &str| {
+        format!(
+            "{telegram}[channels.api]\ntoken = \"{TOKEN}\"\n{}",
+            schema.store_config(replica)
+        )
+    };
+    let dir = searchable_tempdir();
+    let folders = dir.path().join("store");
+    let first = TestApp::start(&mock, &folders, &overrides("first")).await;
+    let second = TestApp::start(&mock, &folders, &overrides("second")).await;
+
+    // Pat writes to the second replica: a pairing code, nothing runs.
+    assert_eq!(post(&second.base, &dm(1, "hello"), Some(SECRET)).await, 200);
+    let sent = api.wait_for_sends(1).await;
+    let text = sent[0]["text"].as_str().unwrap().to_owned();
+    let code: String = text
+        .split_once("antler pairing approve ")
+        .map(|(_, rest)| rest.chars().take(8).collect())
+        .unwrap_or_else(|| panic!("no code in {text}"));
+    // The operator approves through the first replica's API.
+    let approved = reqwest::Client::new()
+        .post(format!("{}/api/v1/pairing/approve", first.base))
+        .bearer_auth(TOKEN)
+        .json(&serde_json::json!({"code": code}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(approved.status(), 200);
+    // The second replica learns of it (it reads the approvals again every few seconds):
+    // Pat's next messages there are answered.
+    let mut n = 1;
+    antler_testkit::wait_until("the second replica admits Pat", || {
+        n += 1;
+        let (base, update) = (second.base.clone(), dm(n, "hello again"));
+        let api = &api;
+        async move {
+            assert_eq!(post(&base, &update, Some(SECRET)).await, 200);
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            api.sent()
+                .await
+                .iter()
+                .any(|m| m["text"] == "echo: hello again")
+                .then_some(())
+        }
+    })
+    .await;
+    first.shutdown().await;
+    second.shutdown().await;
+    schema.drop().await;
+}
