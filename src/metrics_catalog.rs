@@ -180,11 +180,15 @@ pub(crate) const METRICS: &[Metric] = &[
         Series::Plain,
     ),
     // Platform intake.
-    gauge(
-        "antler_channel_healthy",
-        None,
-        "1 while no refusal of the bot by the platform stands, else 0, per platform channel.",
-    ),
+    // Set per platform channel by `health` when the channel is registered at start; a series
+    // at 0 made up here would say "unhealthy".
+    Metric {
+        name: "antler_channel_healthy",
+        kind: Kind::Gauge,
+        unit: None,
+        help: "1 while no refusal of the bot by the platform stands, else 0, per platform channel.",
+        series: Series::OnUse,
+    },
     counter(
         "antler_telegram_unreadable_updates_total",
         "Telegram updates that could not be read at all.",

@@ -77,6 +77,10 @@ async fn a_fresh_antler_describes_every_metric_and_shows_the_known_series_at_zer
         }
     }
     assert!(!text.contains("quantile="), "no summaries:\n{text}");
+    assert!(
+        !text.contains("\nantler_channel_healthy"),
+        "no platform channel here, so no health series (none at 0 saying unhealthy):\n{text}"
+    );
     for series in [
         r#"antler_turns_total{outcome="ok"}"#,
         r#"antler_turns_total{outcome="failed"}"#,
