@@ -66,6 +66,7 @@ use crate::ingress::pairing::Pairing;
 use crate::ingress::{Ingress, IngressSettings, TurnRunner, TurnSettings};
 use crate::live::Live;
 use crate::memory::queue::{MemoryWorker, WorkerSettings};
+use crate::metrics_catalog;
 use crate::retry::{Backoff, RetryPolicy};
 use crate::sandbox::{self, Backend, Detection, Sandbox};
 use crate::schedule::{Clock, Schedule, Schedules, SystemClock};
@@ -134,7 +135,11 @@ fn metrics_handle() -> PrometheusHandle {
     static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
     HANDLE
         .get_or_init(|| {
-            let recorder = PrometheusBuilder::new().build_recorder();
+            // Fails only for empty buckets, which the catalogue has none of.
+            let recorder = metrics_catalog::builder()
+                .unwrap_or_else(|_| PrometheusBuilder::new())
+                .build_recorder();
+            metrics_catalog::describe(&recorder);
             let handle = recorder.handle();
             // Fails only if another recorder was installed first; ours then just renders empty.
             let _ = metrics::set_global_recorder(recorder);
@@ -974,6 +979,17 @@ where
     for channel in &platforms.all {
         channels.insert(channel.name().to_owned(), Arc::clone(channel));
     }
+    metrics_catalog::register_at_zero(&metrics_catalog::Known {
+        channels: channels.keys().map(String::as_str).collect(),
+        mcp_servers: config
+            .mcp
+            .servers
+            .iter()
+            .filter(|server| server.enabled)
+            .map(|server| server.name.as_str())
+            .collect(),
+        middlewares: runtime.middleware_names(),
+    });
     let webhooks = platforms.webhooks;
     let health = ChannelHealth::default();
     for channel in &platforms.all {

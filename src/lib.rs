@@ -14,6 +14,7 @@
 //! - `store`: the `Store` trait and its sled implementation.
 //! - `sandbox`: how shell commands are confined; [`main_if_launcher`] is its launcher process.
 //! - `beneath`: files opened beneath a folder handle, links refused.
+//! - `metrics_catalog`: every Prometheus metric antler emits, described and registered at zero.
 //! - [`doctor`], [`chat`], [`logging`], [`cli`]: what the binary's subcommands and setup use.
 #![cfg_attr(
     test,
@@ -43,6 +44,7 @@ pub(crate) mod lanes;
 mod live;
 pub mod logging;
 pub(crate) mod memory;
+mod metrics_catalog;
 pub(crate) mod opcommands;
 pub mod pairing;
 pub(crate) mod retry;

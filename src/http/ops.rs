@@ -110,7 +110,7 @@ pub(crate) async fn metrics(
     }
     Ok((
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        state.metrics.render(),
+        crate::metrics_catalog::render(&state.metrics),
     )
         .into_response())
 }

@@ -1,7 +1,7 @@
 //! Crash safety with the real binary: an acknowledged message whose turn is in flight when the
 //! process is SIGKILLed is answered exactly once after a restart.
 
-use crate::support::{Behaviour, ChildRig, MockModel, wait_until};
+use crate::support::{Behaviour, ChildRig, MockModel, metric_value, wait_until};
 use reqwest::StatusCode;
 use serde_json::json;
 
@@ -59,11 +59,10 @@ async fn kill_9_mid_turn_then_restart_answers_exactly_once() {
     let thread = second.thread(&thread_id).await;
     assert_eq!(thread["messages"].as_array().unwrap().len(), 4);
 
-    let metrics = second.get("/metrics").await;
+    let metrics = second.get("/metrics").await.text;
     assert!(
-        metrics.text.contains("antler_turns_total"),
-        "{}",
-        metrics.text
+        metric_value(&metrics, r#"antler_turns_total{outcome="ok"}"#) >= Some(1.0),
+        "{metrics}"
     );
     drop(second);
 }
@@ -151,13 +150,15 @@ async fn a_message_that_keeps_crashing_is_given_up_after_max_turn_attempts() {
     second.wait_idle().await;
     let metrics = wait_until("the abandoned turn is counted", || async {
         let metrics = second.get("/metrics").await.text;
-        metrics
-            .lines()
-            .any(|l| l.starts_with("antler_turns_total") && l.contains("outcome=\"abandoned\""))
+        (metric_value(&metrics, r#"antler_turns_total{outcome="abandoned"}"#) >= Some(1.0))
             .then_some(metrics)
     })
     .await;
-    assert!(!metrics.contains("outcome=\"ok\""), "{metrics}");
+    assert_eq!(
+        metric_value(&metrics, r#"antler_turns_total{outcome="ok"}"#),
+        Some(0.0),
+        "{metrics}"
+    );
     assert_eq!(mock.count(), 1, "not run again after the crash");
     let thread = second
         .thread(accepted.json["thread_id"].as_str().unwrap())

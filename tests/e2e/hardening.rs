@@ -9,7 +9,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use crate::support::{
-    Behaviour, ChildRig, Client, DEADLINE, MockModel, TestApp, free_port, sigterm, wait_until,
+    Behaviour, ChildRig, Client, DEADLINE, MockModel, TestApp, free_port, metric_value, sigterm,
+    wait_until,
 };
 
 /// Sends raw bytes on a new connection and reads what comes back until the server closes the
@@ -187,8 +188,13 @@ async fn a_message_that_crashes_antler_twice_is_given_up_and_kept_in_the_thread(
         "{notice}"
     );
     assert_eq!(messages[1]["failed"], true);
-    let metrics = third.get("/metrics").await.text;
-    assert!(metrics.contains("outcome=\"abandoned\""), "{metrics}");
+    // Counted just after the thread is written: waited for.
+    let abandoned = wait_until("the abandoned turn is counted", || async {
+        let metrics = third.get("/metrics").await.text;
+        metric_value(&metrics, r#"antler_turns_total{outcome="abandoned"}"#).filter(|n| *n > 0.0)
+    })
+    .await;
+    assert_eq!(abandoned, 1.0);
 
     // Sent again, it is answered, and the model does not see the failed exchange.
     let again = third.ask("poison", "crash me").await;

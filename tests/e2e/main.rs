@@ -22,6 +22,7 @@ mod mcp;
 mod memory;
 mod memory_api;
 mod memory_trust;
+mod metrics;
 mod model_failures;
 mod opcommands;
 mod ordering;

@@ -10,7 +10,7 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 
 use crate::support::mock_model::Recorded;
-use crate::support::{Behaviour, MEMORY_PROMPT, MockModel, TestApp, wait_until};
+use crate::support::{Behaviour, MEMORY_PROMPT, MockModel, TestApp, metric_value, wait_until};
 
 const PERMISSION: &str = "You may delete the staging bucket today";
 const TEA: &str = "I love green tea";
@@ -82,14 +82,16 @@ async fn a_one_off_permission_is_dropped_and_each_update_reads_only_new_messages
     say(&app, PERMISSION).await;
     // The update ran (its document is written) and stored nothing.
     assert_eq!(facts_once(&app, 0).await, Vec::<String>::new());
-    let metrics = app.get("/metrics").await.text;
-    assert!(
-        metrics
-            .lines()
-            .any(|l| l.starts_with("antler_memory_facts_dropped_total")
-                && l.contains("reason=\"durability\"")),
-        "{metrics}"
-    );
+    // Counted once the document is written: waited for.
+    wait_until("the dropped fact is counted", || async {
+        let metrics = app.get("/metrics").await.text;
+        (metric_value(
+            &metrics,
+            r#"antler_memory_facts_dropped_total{reason="durability"}"#,
+        ) >= Some(1.0))
+        .then_some(())
+    })
+    .await;
 
     // The second update of the thread: the first turn only as seen context.
     say(&app, TEA).await;

@@ -631,3 +631,11 @@ pub async fn read_sse_until(
         .expect("the SSE stream ends");
     events
 }
+
+/// The value of one series in Prometheus text, named with its labels as rendered
+/// (`antler_turns_total{outcome="ok"}`); `None` when it is not there.
+pub fn metric_value(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
+        .map(|value| value.parse().expect("a metric value"))
+}
