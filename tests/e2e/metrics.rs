@@ -2,53 +2,14 @@
 //! that share one): every metric the source writes is described, the series known at start are
 //! there at zero, and histograms are histograms.
 
-use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-
+use crate::support::source_metrics::metrics_in_the_source;
 use crate::support::{Behaviour, ChildRig, MockModel, metric_value, wait_until};
 use reqwest::StatusCode;
 
-fn rust_files(dir: &Path, found: &mut Vec<PathBuf>) {
-    for entry in std::fs::read_dir(dir).unwrap() {
-        let path = entry.unwrap().path();
-        if path.is_dir() {
-            rust_files(&path, found);
-        } else if path.extension().is_some_and(|e| e == "rs") {
-            found.push(path);
-        }
-    }
-}
-
-/// Every `metrics::<kind>!("name"` in `src/` and `channels/*/src`: name to Prometheus type.
-fn metrics_in_the_source() -> BTreeMap<String, &'static str> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let mut files = Vec::new();
-    rust_files(&root.join("src"), &mut files);
-    for entry in std::fs::read_dir(root.join("channels")).unwrap() {
-        let src = entry.unwrap().path().join("src");
-        if src.is_dir() {
-            rust_files(&src, &mut files);
-        }
-    }
-    let mut names = BTreeMap::new();
-    for file in files {
-        let text = std::fs::read_to_string(&file).unwrap();
-        for kind in ["counter", "gauge", "histogram"] {
-            let call = format!("metrics::{kind}!(");
-            for (at, _) in text.match_indices(&call) {
-                let rest = text[at + call.len()..].trim_start();
-                if let Some((name, _)) = rest.strip_prefix('"').and_then(|r| r.split_once('"')) {
-                    names.insert(name.to_owned(), kind);
-                }
-            }
-        }
-    }
-    names
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fresh_antler_describes_every_metric_and_shows_the_known_series_at_zero() {
-    let names = metrics_in_the_source();
+    let (names, errors) = metrics_in_the_source();
+    assert!(errors.is_empty(), "{errors:#?}");
     assert!(names.len() > 50, "the scan finds the metrics: {names:?}");
     let mock = MockModel::start(Behaviour::Echo).await;
     let rig = ChildRig::new(&mock, "");

@@ -14,6 +14,7 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 pub mod postgres;
+pub mod source_metrics;
 
 pub use antler_testkit::{DEADLINE, mock_model, wait_until};
 pub use mock_model::{
