@@ -57,6 +57,7 @@ use crate::config::{FeishuMode, SlackMode, TelegramMode};
 use crate::delivery::{Delivery, ReplyFiles};
 use crate::events::EventHub;
 use crate::health::ChannelHealth;
+use crate::http::admin::{AdminContext, session::Sessions};
 use crate::http::guard::{ApiAuth, HostPolicy};
 use crate::http::serve::{ServeLimits, serve as serve_http};
 use crate::http::{AppContext, AppState, ShellStatus, api::ApiChannel, ops_router, router};
@@ -1042,6 +1043,7 @@ where
         tokio::spawn(apply_reloads(config.clone(), live, reloads));
     }
     let adopted_replies = delivery.clone();
+    let admin_delivery = delivery.clone();
     let runner = TurnRunner::new(
         Arc::clone(&store),
         runtime,
@@ -1133,6 +1135,7 @@ where
     ));
 
     let server = &config.server;
+    let admin = admin_context(&config, &auth, admin_delivery);
     let state = Arc::new(AppContext {
         ingress,
         store: Arc::clone(&store),
@@ -1166,6 +1169,7 @@ where
         // The last use: nothing else may hold the store once the app has drained.
         approvals,
         started: std::time::Instant::now(),
+        admin,
     });
     let grace = Duration::from_secs(server.shutdown_grace_secs);
     let local = listener.local_addr()?;
@@ -1275,6 +1279,28 @@ async fn serve_listeners(
         grace,
     )));
     Ok(listeners)
+}
+
+/// The admin page's part of the state: where it is served (the ops listener when there is
+/// one) decides whether it may be served without an admin token (on loopback only).
+fn admin_context(config: &Config, auth: &ApiAuth, delivery: Delivery) -> AdminContext {
+    let server = &config.server;
+    let listen = server.ops_listen.unwrap_or(server.listen);
+    let tokenless = !auth.has_admin_token();
+    let only_users = tokenless && !auth.is_open();
+    let loopback = listen.ip().is_loopback();
+    AdminContext {
+        sessions: Sessions::new(
+            server
+                .public_url
+                .as_deref()
+                .is_some_and(|url| url.starts_with("https://")),
+        ),
+        open: auth.is_open() && loopback,
+        closed: (auth.is_open() && !loopback) || only_users,
+        config_summary: config.summary(),
+        delivery: Some(delivery),
+    }
 }
 
 /// How delivery tries again, from `[delivery]`.

@@ -170,6 +170,27 @@ pub(crate) const METRICS: &[Metric] = &[
         Series::OnUse,
     ),
     counter(
+        "antler_admin_refused_total",
+        "Admin page requests refused, by reason (host, csrf, token, signed_out, form, ...).",
+        Series::OnUse,
+    ),
+    counter(
+        "antler_admin_actions_total",
+        "Changes made on the admin page, by action.",
+        Series::Each(
+            "action",
+            &[
+                "retry_delivery",
+                "drop_delivery",
+                "edit_fact",
+                "forget_fact",
+                "forget_user",
+                "cancel_task",
+                "decide_approval",
+            ],
+        ),
+    ),
+    counter(
         "antler_streams_refused_total",
         "SSE streams and waiting requests refused at server.max_streams.",
         Series::Plain,

@@ -18,18 +18,19 @@
 
 mod draft;
 
-use crate::store::{OutboxItem, OutboxStore, StoreError};
+use crate::store::{OutboxItem, OutboxStatus, OutboxStore, StoreError};
 pub(crate) use draft::Draft;
 // The policy is the runtime's too (MCP restarts), so it lives in the agent layer.
 use crate::retry::RetryPolicy;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use antler_channel::{
     Button, Channel, ChannelError, FileContent, OutboundFile, OutboundMessage, Part, Receipt,
 };
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -66,11 +67,79 @@ impl ReplyFiles {
     }
 }
 
+/// The items waiting out a backoff: what wakes each early (an operator's retry or drop) and
+/// when it is tried next (ms since the epoch). Cloning shares them.
+#[derive(Debug, Clone, Default)]
+struct Backoffs(Arc<Mutex<HashMap<u64, Backoff>>>);
+
+/// One item's backoff.
+#[derive(Debug)]
+struct Backoff {
+    wake: Arc<Notify>,
+    next_ms: u64,
+}
+
+impl Backoffs {
+    fn waiting(&self, seq: u64, wait: std::time::Duration) -> Arc<Notify> {
+        let notify = Arc::new(Notify::new());
+        let next_ms =
+            crate::now_ms().saturating_add(u64::try_from(wait.as_millis()).unwrap_or(u64::MAX));
+        if let Ok(mut waiting) = self.0.lock() {
+            waiting.insert(
+                seq,
+                Backoff {
+                    wake: Arc::clone(&notify),
+                    next_ms,
+                },
+            );
+        }
+        notify
+    }
+
+    fn done(&self, seq: u64) {
+        if let Ok(mut waiting) = self.0.lock() {
+            waiting.remove(&seq);
+        }
+    }
+
+    /// Ends `seq`'s backoff now; whether it was waiting one.
+    fn wake(&self, seq: u64) -> bool {
+        let notify = self
+            .0
+            .lock()
+            .ok()
+            .and_then(|w| w.get(&seq).map(|b| Arc::clone(&b.wake)));
+        notify.inspect(|n| n.notify_one()).is_some()
+    }
+
+    fn next_ms(&self, seq: u64) -> Option<u64> {
+        self.0
+            .lock()
+            .ok()
+            .and_then(|w| w.get(&seq).map(|b| b.next_ms))
+    }
+}
+
+/// What an operator's retry did ([`Delivery::retry`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Retried {
+    /// Given up on before; pending again and queued.
+    Requeued,
+    /// Waiting out a backoff; it is tried now.
+    Woken,
+    /// Pending and on its way (queued behind others, or being sent): nothing to do.
+    Underway,
+    /// Sent already: nothing to do.
+    Sent,
+}
+
 /// Sends outbox items. Cloning shares it.
 #[derive(Clone)]
 pub(crate) struct Delivery {
     lanes: Lanes<OutboxItem>,
     channels: Arc<HashMap<String, Arc<dyn Channel>>>,
+    store: Arc<dyn OutboxStore>,
+    backoffs: Backoffs,
 }
 
 impl std::fmt::Debug for Delivery {
@@ -96,8 +165,11 @@ impl Delivery {
     ) -> Self {
         let channels = Arc::new(channels);
         let files = Arc::new(files);
+        let backoffs = Backoffs::default();
         let lanes = {
             let channels = Arc::clone(&channels);
+            let store = Arc::clone(&store);
+            let backoffs = backoffs.clone();
             let lane_stop = stop.clone();
             Lanes::new(
                 move |item: OutboxItem| {
@@ -105,6 +177,7 @@ impl Delivery {
                     let channels = Arc::clone(&channels);
                     let files = Arc::clone(&files);
                     let health = health.clone();
+                    let backoffs = backoffs.clone();
                     let stop = stop.clone();
                     async move {
                         let done = Delivering {
@@ -112,6 +185,7 @@ impl Delivery {
                             channels: &channels,
                             files: &files,
                             health: &health,
+                            backoffs: &backoffs,
                         };
                         done.deliver(policy, &stop, item).await;
                     }
@@ -120,7 +194,60 @@ impl Delivery {
                 lane_stop,
             )
         };
-        Self { lanes, channels }
+        Self {
+            lanes,
+            channels,
+            store,
+            backoffs,
+        }
+    }
+
+    /// When outbox item `seq` is tried next, while it waits out a backoff here.
+    pub(crate) fn next_retry_ms(&self, seq: u64) -> Option<u64> {
+        self.backoffs.next_ms(seq)
+    }
+
+    /// An operator's "retry now" of outbox item `seq`: an item given up on is pending again
+    /// and queued; one waiting out a backoff is tried at once.
+    pub(crate) async fn retry(&self, seq: u64) -> Result<Retried, StoreError> {
+        let Some(item) = self.store.outbox_item(seq).await? else {
+            return Err(StoreError::Missing {
+                what: "outbox item",
+                key: seq.to_string(),
+            });
+        };
+        match item.status {
+            OutboxStatus::Sent => Ok(Retried::Sent),
+            OutboxStatus::Pending if self.backoffs.wake(seq) => Ok(Retried::Woken),
+            OutboxStatus::Pending => Ok(Retried::Underway),
+            OutboxStatus::Failed => {
+                let item = self.store.requeue_delivery(seq).await?;
+                tracing::info!(seq, "delivery retried by an operator");
+                self.enqueue(vec![item]);
+                Ok(Retried::Requeued)
+            }
+        }
+    }
+
+    /// An operator drops outbox item `seq`, stuck or failing: it is given up on (kept for
+    /// inspection as failed, with why) and a backoff it waits out ends, so its lane goes on.
+    /// Whether it was pending; an item sent or given up on already is left as it is.
+    pub(crate) async fn drop_item(&self, seq: u64) -> Result<bool, StoreError> {
+        let Some(item) = self.store.outbox_item(seq).await? else {
+            return Err(StoreError::Missing {
+                what: "outbox item",
+                key: seq.to_string(),
+            });
+        };
+        if item.status != OutboxStatus::Pending {
+            return Ok(false);
+        }
+        self.store
+            .delivery_failed(seq, DROPPED, true, crate::now_ms())
+            .await?;
+        tracing::info!(seq, "delivery dropped by an operator");
+        self.backoffs.wake(seq);
+        Ok(true)
     }
 
     /// The enabled channel called `name` (the first segment of a conversation key), e.g. to
@@ -138,12 +265,16 @@ impl Delivery {
     }
 }
 
+/// The error an item dropped by an operator is given up with.
+const DROPPED: &str = "dropped by an operator";
+
 /// What delivering one item works with.
 struct Delivering<'a> {
     store: &'a dyn OutboxStore,
     channels: &'a HashMap<String, Arc<dyn Channel>>,
     files: &'a ReplyFiles,
     health: &'a ChannelHealth,
+    backoffs: &'a Backoffs,
 }
 
 impl Delivering<'_> {
@@ -153,6 +284,7 @@ impl Delivering<'_> {
             channels,
             files,
             health,
+            backoffs,
         } = *self;
         let channel_name = item.message.conversation.channel().to_owned();
         let Some(channel) = channels.get(&channel_name) else {
@@ -210,10 +342,25 @@ impl Delivering<'_> {
                 _ => policy.backoff(attempts),
             };
             tracing::warn!(seq = item.seq, channel = channel_label, attempts, ?wait, %error, "delivery failed; retrying");
-            tokio::select! {
-                () = tokio::time::sleep(wait) => {}
+            let woken = backoffs.waiting(item.seq, wait);
+            let stopped = tokio::select! {
+                () = tokio::time::sleep(wait) => false,
+                () = woken.notified() => false,
                 // Still pending in the store: delivered after the restart.
-                () = stop.cancelled() => return,
+                () = stop.cancelled() => true,
+            };
+            backoffs.done(item.seq);
+            if stopped {
+                return;
+            }
+            // An operator may have dropped it meanwhile.
+            match store.outbox_item(item.seq).await {
+                Ok(Some(current)) if current.status == OutboxStatus::Pending => item = current,
+                Ok(_) => return,
+                Err(e) => {
+                    tracing::error!(seq = item.seq, error = %e, "cannot read the delivery back");
+                    return;
+                }
             }
         }
     }

@@ -109,6 +109,24 @@ impl ApiAuth {
         found
     }
 
+    /// Whether `token` is an admin token (the admin page's sign-in). Every token is compared,
+    /// in constant time each.
+    pub(crate) fn is_admin_token(&self, token: &str) -> bool {
+        let mut found = false;
+        for (known, principal) in &self.tokens {
+            let matches = verify::constant_time_eq(known.expose().as_bytes(), token.as_bytes());
+            found |= matches && principal.user.is_none();
+        }
+        found
+    }
+
+    /// Whether any admin token is configured.
+    pub(crate) fn has_admin_token(&self) -> bool {
+        self.tokens
+            .iter()
+            .any(|(_, principal)| principal.user.is_none())
+    }
+
     /// Whether the request carries an admin token (never true without tokens: an open API
     /// does not open what has a token of its own, such as the metrics).
     pub(crate) fn is_admin(&self, headers: &HeaderMap) -> bool {
@@ -144,12 +162,14 @@ impl HostPolicy {
             .into_iter()
             .map(str::to_owned)
             .collect();
-        let ip = server.listen.ip();
-        if !ip.is_unspecified() {
-            hosts.insert(match ip {
-                std::net::IpAddr::V4(v4) => v4.to_string(),
-                std::net::IpAddr::V6(v6) => format!("[{v6}]"),
-            });
+        // The ops listener's address too: the admin page may be served there.
+        for ip in std::iter::once(server.listen.ip()).chain(server.ops_listen.map(|a| a.ip())) {
+            if !ip.is_unspecified() {
+                hosts.insert(match ip {
+                    std::net::IpAddr::V4(v4) => v4.to_string(),
+                    std::net::IpAddr::V6(v6) => format!("[{v6}]"),
+                });
+            }
         }
         if let Some(host) = server
             .public_url
@@ -176,7 +196,7 @@ impl HostPolicy {
 
     /// Whether the request's `Host` is one of ours (a request without one is not a
     /// browser's).
-    fn allows_host_header(&self, headers: &HeaderMap) -> bool {
+    pub(crate) fn allows_host_header(&self, headers: &HeaderMap) -> bool {
         match headers.get(header::HOST).map(|v| v.to_str()) {
             None => true,
             Some(Ok(host)) => self.allows(host),
@@ -185,7 +205,7 @@ impl HostPolicy {
     }
 
     /// Whether a browser marked the request as coming from another site.
-    fn is_cross_origin(&self, headers: &HeaderMap) -> bool {
+    pub(crate) fn is_cross_origin(&self, headers: &HeaderMap) -> bool {
         let fetch_site = headers
             .get("sec-fetch-site")
             .and_then(|v| v.to_str().ok())
@@ -328,6 +348,13 @@ mod tests {
         assert_eq!(auth.principal(&HeaderMap::new()), None);
         assert!(auth.is_admin(&bearer("admin-token-0123456789")));
         assert!(!auth.is_admin(&bearer("ana-token-0123456789")));
+        assert!(auth.is_admin_token("admin-token-0123456789"));
+        assert!(
+            !auth.is_admin_token("ana-token-0123456789"),
+            "a user's token"
+        );
+        assert!(!auth.is_admin_token("admin-token-012345678"));
+        assert!(auth.has_admin_token());
 
         assert_eq!(ana.conversation_key("ops").as_str(), "api:ana/ops");
         assert!(ana.may_read("api:ana/ops"));

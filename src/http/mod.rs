@@ -1,6 +1,7 @@
 //! The axum router: the API channel, platform webhooks (`/webhooks/<channel>`), health and
 //! metrics, and the accept loop that serves it.
 
+pub(crate) mod admin;
 pub(crate) mod api;
 mod approvals;
 mod error;
@@ -101,10 +102,12 @@ pub(crate) struct AppContext {
     pub(crate) approvals: Arc<crate::ingress::approvals::Approvals>,
     /// When antler started serving, for the uptime `/readyz` reports.
     pub(crate) started: std::time::Instant,
+    /// The admin page's sessions and what it shows beside the rest.
+    pub(crate) admin: admin::AdminContext,
 }
 
-/// The main listener's routes. With `ops_elsewhere`, `/readyz` and `/metrics` are left to the
-/// ops listener ([`ops_router`]).
+/// The main listener's routes. With `ops_elsewhere`, `/readyz`, `/metrics` and the admin page
+/// are left to the ops listener ([`ops_router`]).
 /// Each channel in `webhooks` is served at `POST /webhooks/<its name>[/<route>]`, one path per
 /// route it names.
 pub(crate) fn router(
@@ -133,7 +136,8 @@ pub(crate) fn router(
     if !ops_elsewhere {
         router = router
             .route("/readyz", get(ops::readyz))
-            .route("/metrics", get(ops::metrics));
+            .route("/metrics", get(ops::metrics))
+            .merge(admin::router(state.clone()));
     }
     if api_enabled {
         let api = Router::new()
@@ -171,12 +175,14 @@ pub(crate) fn router(
         .with_state(state)
 }
 
-/// The ops listener's routes: health, readiness with detail and metrics, without a token.
+/// The ops listener's routes: health, readiness with detail and metrics, without a token,
+/// and the admin page (which has sign-in of its own).
 pub(crate) fn ops_router(state: AppState) -> Router {
     Router::new()
         .route("/healthz", get(ops::healthz))
         .route("/readyz", get(ops::readyz))
         .route("/metrics", get(ops::metrics))
+        .merge(admin::router(state.clone()))
         .layer(axum::Extension(ops::OpsListener))
         .with_state(state)
 }

@@ -12,8 +12,9 @@ use std::sync::Arc;
 use antler_channel::{ChatMove, ConversationKey, OutboundMessage, Receipt};
 
 use super::{
-    Accept, Accepted, Claimed, ClearedMemory, FinishTurn, InboxItem, InboxStatus, InboxStore,
-    OutboxStatus, PairedUser, PairingRequest, Store, StoreError, ThreadChoice,
+    Accept, Accepted, Claimed, ClearedMemory, ConversationRecord, FinishTurn, InboxItem,
+    InboxStatus, InboxStore, OutboxStatus, PairedUser, PairingRequest, Store, StoreError,
+    ThreadChoice,
 };
 use super::{AddedSchedule, ScheduleRecord};
 use crate::agent::memory::{MemoryDocument, MemoryUpdate};
@@ -56,6 +57,8 @@ macro_rules! conformance {
             update_memory_is_a_compare_and_swap,
             clear_memory_drops_the_document_and_that_users_queued_updates_only,
             memory_keys_page_in_key_order,
+            conversations_page_in_key_order,
+            a_failed_delivery_is_requeued_once_by_an_operator,
             dedupe_keys_of_different_conversations_never_collide,
             a_released_turn_gives_its_attempt_back,
             checkpoints_append_messages_and_keep_failed_spans,
@@ -1086,6 +1089,78 @@ pub(crate) async fn memory_keys_page_in_key_order(backend: &dyn Backend) {
             .unwrap()
             .is_empty()
     );
+}
+
+pub(crate) async fn conversations_page_in_key_order(backend: &dyn Backend) {
+    let store = backend.open();
+    for conversation in ["c", "a", "z", "b"] {
+        accept_new(&*store, accept_in(conversation, "m1", 1, 10_000)).await;
+    }
+    let keys = |records: Vec<ConversationRecord>| -> Vec<String> {
+        records.into_iter().map(|r| r.key).collect()
+    };
+    assert_eq!(
+        keys(store.conversations(None, 2).await.unwrap()),
+        ["api:a", "api:b"]
+    );
+    assert_eq!(
+        keys(store.conversations(Some("api:b"), 5).await.unwrap()),
+        ["api:c", "api:z"]
+    );
+    assert!(
+        store
+            .conversations(Some("api:z"), 2)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+}
+
+pub(crate) async fn a_failed_delivery_is_requeued_once_by_an_operator(backend: &dyn Backend) {
+    let store = backend.open();
+    let InboxItem { seq, thread_id, .. } =
+        accept_new(&*store, accept_in("c1", "m1", 1, 10_000)).await;
+    let items = store
+        .finish_turn(FinishTurn {
+            inbox_seq: seq,
+            thread: None,
+            replies: vec![reply(&thread_id, "a"), reply(&thread_id, "b")],
+            memory_update: None,
+            draft: None,
+            now_ms: 1,
+            absorbed: Vec::new(),
+        })
+        .await
+        .unwrap();
+    let recent = store.outbox_recent(5).await.unwrap();
+    assert_eq!(
+        recent.iter().map(|i| i.seq).collect::<Vec<_>>(),
+        [items[1].seq, items[0].seq],
+        "newest first"
+    );
+    assert_eq!(store.outbox_recent(1).await.unwrap().len(), 1);
+    store
+        .delivery_failed(items[0].seq, "403 forbidden", true, 2)
+        .await
+        .unwrap();
+    assert_eq!(store.stats().await.unwrap().outbox_pending, 1);
+
+    let again = store.requeue_delivery(items[0].seq).await.unwrap();
+    assert_eq!(
+        (again.status, again.attempts, again.finished_at_ms),
+        (OutboxStatus::Pending, 0, None)
+    );
+    assert_eq!(again.last_error.as_deref(), Some("403 forbidden"));
+    assert_eq!(store.stats().await.unwrap().outbox_pending, 2);
+    assert_eq!(store.outbox_pending().await.unwrap().len(), 2);
+    // A pending (or sent) item is left as it is, and counted once.
+    let unchanged = store.requeue_delivery(items[0].seq).await.unwrap();
+    assert_eq!(unchanged, again);
+    assert_eq!(store.stats().await.unwrap().outbox_pending, 2);
+    assert!(matches!(
+        store.requeue_delivery(items[1].seq + 7).await,
+        Err(StoreError::Missing { .. })
+    ));
 }
 
 /// An event of `conversation` with a TTL of `ttl_ms`.

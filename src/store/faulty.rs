@@ -132,6 +132,13 @@ impl ThreadStore for FaultyStore {
     async fn conversation(&self, key: &str) -> Result<Option<ConversationRecord>, StoreError> {
         self.inner.conversation(key).await
     }
+    async fn conversations(
+        &self,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<ConversationRecord>, StoreError> {
+        self.inner.conversations(after, limit).await
+    }
     async fn move_conversation(&self, chat_move: &ChatMove) -> Result<(), StoreError> {
         self.inner.move_conversation(chat_move).await
     }
@@ -145,6 +152,12 @@ impl ThreadStore for FaultyStore {
 impl OutboxStore for FaultyStore {
     async fn outbox_pending(&self) -> Result<Vec<OutboxItem>, StoreError> {
         self.inner.outbox_pending().await
+    }
+    async fn outbox_recent(&self, limit: usize) -> Result<Vec<OutboxItem>, StoreError> {
+        self.inner.outbox_recent(limit).await
+    }
+    async fn requeue_delivery(&self, seq: u64) -> Result<OutboxItem, StoreError> {
+        self.inner.requeue_delivery(seq).await
     }
     async fn outbox_item(&self, seq: u64) -> Result<Option<OutboxItem>, StoreError> {
         self.inner.outbox_item(seq).await

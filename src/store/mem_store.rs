@@ -234,6 +234,24 @@ impl ThreadStore for MemStore {
     async fn conversation(&self, key: &str) -> Result<Option<ConversationRecord>, StoreError> {
         Ok(self.data()?.conversations.get(key).cloned())
     }
+    async fn conversations(
+        &self,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<ConversationRecord>, StoreError> {
+        let data = self.data()?;
+        let mut keys: Vec<&String> = data
+            .conversations
+            .keys()
+            .filter(|key| after.is_none_or(|after| key.as_str() > after))
+            .collect();
+        keys.sort_unstable();
+        Ok(keys
+            .into_iter()
+            .take(limit)
+            .filter_map(|key| data.conversations.get(key).cloned())
+            .collect())
+    }
     async fn move_conversation(&self, chat_move: &ChatMove) -> Result<(), StoreError> {
         let mut data = self.data()?;
         let from = data.conversations.get(chat_move.from.as_str()).cloned();
@@ -264,6 +282,21 @@ impl OutboxStore for MemStore {
     }
     async fn outbox_item(&self, seq: u64) -> Result<Option<OutboxItem>, StoreError> {
         Ok(self.data()?.outbox.get(&seq).cloned())
+    }
+    async fn outbox_recent(&self, limit: usize) -> Result<Vec<OutboxItem>, StoreError> {
+        Ok(self
+            .data()?
+            .outbox
+            .values()
+            .rev()
+            .take(limit)
+            .cloned()
+            .collect())
+    }
+    async fn requeue_delivery(&self, seq: u64) -> Result<OutboxItem, StoreError> {
+        self.data()?.outbox_item(seq, |item| {
+            rules::requeued(item);
+        })
     }
     async fn replies(&self, inbox_seq: u64) -> Result<Vec<OutboxItem>, StoreError> {
         let Some(first) = outbox_seq(inbox_seq, 0) else {

@@ -386,6 +386,13 @@ pub(crate) trait ThreadStore: Send + Sync + std::fmt::Debug {
     async fn move_conversation(&self, chat_move: &ChatMove) -> Result<(), StoreError>;
     /// The thread with all its messages.
     async fn thread(&self, id: &str) -> Result<Option<ThreadState>, StoreError>;
+    /// Up to `limit` conversations in key order, starting after the key `after` (the admin
+    /// page's listing).
+    async fn conversations(
+        &self,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<ConversationRecord>, StoreError>;
 }
 
 /// The outbox: replies waiting for delivery, and what became of each attempt.
@@ -414,6 +421,11 @@ pub(crate) trait OutboxStore: Send + Sync + std::fmt::Debug {
         complete: bool,
         now_ms: u64,
     ) -> Result<OutboxItem, StoreError>;
+    /// The newest `limit` outbox items, any status, newest first (the admin page's listing).
+    async fn outbox_recent(&self, limit: usize) -> Result<Vec<OutboxItem>, StoreError>;
+    /// An item given up on is pending again, with its attempts counted afresh (an operator
+    /// retries it). An item in any other state is answered unchanged. *Durable.*
+    async fn requeue_delivery(&self, seq: u64) -> Result<OutboxItem, StoreError>;
 }
 
 /// Users' long-term memory documents.

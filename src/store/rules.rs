@@ -193,6 +193,18 @@ pub(crate) fn delivery_failed(item: &mut OutboxItem, error: &str, give_up: bool,
     }
 }
 
+/// An operator retries an item given up on: pending again, its attempts counted afresh (the
+/// last error stays, to say what happened before). Whether it changed.
+pub(crate) fn requeued(item: &mut OutboxItem) -> bool {
+    if item.status != OutboxStatus::Failed {
+        return false;
+    }
+    item.status = OutboxStatus::Pending;
+    item.attempts = 0;
+    item.finished_at_ms = None;
+    true
+}
+
 /// The next part of an item was sent; `complete`: it was the last, the item is sent and its
 /// receipt is the first part's.
 pub(crate) fn part_delivered(

@@ -657,8 +657,11 @@ impl SledStore {
     ) -> Result<OutboxItem, StoreError> {
         let (old, item) = update_record(&self.outbox, seq, change)?;
         let was_pending = old.is_some_and(|old| old.status == OutboxStatus::Pending);
-        if was_pending && item.status != OutboxStatus::Pending {
+        let is_pending = item.status == OutboxStatus::Pending;
+        if was_pending && !is_pending {
             self.outbox_pending.fetch_sub(1, Ordering::SeqCst);
+        } else if is_pending && !was_pending {
+            self.outbox_pending.fetch_add(1, Ordering::SeqCst);
         }
         Ok(item)
     }
@@ -884,6 +887,24 @@ impl ThreadStore for SledStore {
     async fn conversation(&self, key: &str) -> Result<Option<ConversationRecord>, StoreError> {
         Self::get(&self.conversations, "conversation", key.as_bytes())
     }
+    async fn conversations(
+        &self,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<ConversationRecord>, StoreError> {
+        let range = match after {
+            Some(after) => self.conversations.range::<&[u8], _>((
+                std::ops::Bound::Excluded(after.as_bytes()),
+                std::ops::Bound::Unbounded,
+            )),
+            None => self.conversations.iter(),
+        };
+        range
+            .values()
+            .take(limit)
+            .map(|value| decode("conversation", &value?))
+            .collect()
+    }
     async fn move_conversation(&self, chat_move: &ChatMove) -> Result<(), StoreError> {
         let read = |tree: &TransactionalTree, key: &ConversationKey| {
             tree.get(key.as_str().as_bytes())?
@@ -966,6 +987,22 @@ impl OutboxStore for SledStore {
             .get(seq_key(seq))?
             .map(|bytes| OutboxItem::from_record(&bytes))
             .transpose()
+    }
+    async fn outbox_recent(&self, limit: usize) -> Result<Vec<OutboxItem>, StoreError> {
+        self.outbox
+            .iter()
+            .values()
+            .rev()
+            .take(limit)
+            .map(|value| OutboxItem::from_record(&value?))
+            .collect()
+    }
+    async fn requeue_delivery(&self, seq: u64) -> Result<OutboxItem, StoreError> {
+        let item = self.update_outbox(seq, |item| {
+            rules::requeued(item);
+        })?;
+        self.commit.flush().await?;
+        Ok(item)
     }
     async fn replies(&self, inbox_seq: u64) -> Result<Vec<OutboxItem>, StoreError> {
         let Some(first) = outbox_seq(inbox_seq, 0) else {

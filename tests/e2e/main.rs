@@ -3,6 +3,7 @@
 //! binary, so the support code is compiled once.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod admin;
 mod agent_run;
 mod api;
 mod approvals;

@@ -76,7 +76,7 @@ mod threads;
 pub(crate) use messages::post_message;
 #[cfg(test)]
 use threads::ascii_file_name;
-pub(crate) use threads::{get_file, get_thread, thread_events};
+pub(crate) use threads::{file_response, get_file, get_thread, thread_events};
 
 /// The API channel.
 #[derive(Debug)]

@@ -152,7 +152,17 @@ pub(crate) async fn get_file(
     ApiPath((id, name)): ApiPath<(String, String)>,
 ) -> Result<Response, ApiError> {
     readable_thread(&state, &principal, &id).await?;
-    let folders = ThreadFolders::new(&state.data_root, &id).map_err(|_| no_file(&name))?;
+    file_response(&state, &id, &name).await
+}
+
+/// File `name` of thread `id`'s outputs folder as a download (the caller checked that the
+/// thread may be read): 404 for anything but a regular file beneath the outputs.
+pub(crate) async fn file_response(
+    state: &AppState,
+    id: &str,
+    name: &str,
+) -> Result<Response, ApiError> {
+    let folders = ThreadFolders::new(&state.data_root, id).map_err(|_| no_file(name))?;
     let max_bytes = state.max_attachment_bytes;
     let virtual_path = format!("{}/{name}", Area::Outputs.virtual_path());
     // The name is checked as the tool checks it (inside outputs, no `..`), then opened once,
@@ -171,7 +181,7 @@ pub(crate) async fn get_file(
         .await
         .map_err(|e| ApiError::Internal(e.to_string()))?;
     let Some((opened, size, name, media_type)) = opened else {
-        return Err(no_file(&name));
+        return Err(no_file(name));
     };
     // Streamed, never held whole; exactly the size announced, even if the file grows meanwhile.
     let reader = tokio::io::AsyncReadExt::take(tokio::fs::File::from_std(opened), size);

@@ -419,8 +419,11 @@ async fn update_outbox(
         ],
     )
     .await?;
-    if was_pending && item.status != OutboxStatus::Pending {
+    let is_pending = item.status == OutboxStatus::Pending;
+    if was_pending && !is_pending {
         count(tx, 0, -1).await?;
+    } else if is_pending && !was_pending {
+        count(tx, 0, 1).await?;
     }
     Ok(item)
 }
@@ -573,6 +576,26 @@ impl ThreadStore for PgStore {
         })
     }
 
+    async fn conversations(
+        &self,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<ConversationRecord>, StoreError> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        read!(self, |db| {
+            rows(
+                &db,
+                "SELECT record::text FROM antler_conversations \
+                 WHERE $1::text IS NULL OR key > $1 ORDER BY key LIMIT $2",
+                &[&after, &limit],
+            )
+            .await?
+            .iter()
+            .map(|row| json("conversation", row, 0))
+            .collect()
+        })
+    }
+
     async fn move_conversation(&self, chat_move: &ChatMove) -> Result<(), StoreError> {
         transaction!(self, |tx| {
             // Both locked in key order, so two moves never wait for each other in a circle.
@@ -677,6 +700,29 @@ impl OutboxStore for PgStore {
                 )
                 .await?,
             )
+        })
+    }
+
+    async fn outbox_recent(&self, limit: usize) -> Result<Vec<OutboxItem>, StoreError> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        read!(self, |db| {
+            outbox_items(
+                &rows(
+                    &db,
+                    "SELECT record FROM antler_outbox ORDER BY seq DESC LIMIT $1",
+                    &[&limit],
+                )
+                .await?,
+            )
+        })
+    }
+
+    async fn requeue_delivery(&self, seq: u64) -> Result<OutboxItem, StoreError> {
+        transaction!(self, |tx| {
+            update_outbox(&tx, seq, |item| {
+                rules::requeued(item);
+            })
+            .await
         })
     }
 
