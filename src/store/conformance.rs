@@ -95,6 +95,7 @@ pub(crate) async fn accept_new<S: InboxStore + ?Sized>(store: &S, request: Accep
 pub(crate) fn accept(event_id: &str, thread: ThreadChoice, now_ms: u64) -> Accept {
     Accept {
         dedupe_ttl_ms: 1_000,
+        trace: crate::telemetry::TraceContext::fresh(),
         event: event("c1", event_id, "hi"),
         thread,
         now_ms,
@@ -217,6 +218,7 @@ pub(crate) async fn finish_turn_writes_thread_outbox_and_removes_the_inbox_item_
     let items = store
         .finish_turn(FinishTurn {
             inbox_seq: seq,
+            trace: crate::telemetry::TraceContext::fresh(),
             thread: Some(thread.clone()),
             replies: vec![reply(&thread_id, "a"), reply(&thread_id, "b")],
             memory_update: Some(update.clone()),
@@ -266,6 +268,7 @@ pub(crate) async fn delivery_records_receipts_and_failures(backend: &dyn Backend
     let items = store
         .finish_turn(FinishTurn {
             inbox_seq: seq,
+            trace: crate::telemetry::TraceContext::fresh(),
             thread: None,
             replies: vec![reply(&thread_id, "a"), reply(&thread_id, "b")],
             memory_update: None,
@@ -326,6 +329,7 @@ pub(crate) async fn a_saved_draft_survives_a_reopen_and_goes_to_the_first_reply(
     let items = store
         .finish_turn(FinishTurn {
             inbox_seq: seq,
+            trace: crate::telemetry::TraceContext::fresh(),
             thread: None,
             replies: vec![reply(&thread_id, "a"), reply(&thread_id, "b")],
             memory_update: None,
@@ -544,6 +548,7 @@ pub(crate) async fn state_survives_reopening(backend: &dyn Backend) {
         store
             .finish_turn(FinishTurn {
                 inbox_seq: seq,
+                trace: crate::telemetry::TraceContext::fresh(),
                 thread: None,
                 replies: vec![reply(&thread_id, "pending")],
                 memory_update: None,
@@ -849,6 +854,7 @@ pub(crate) async fn a_newer_update_takes_over_what_the_unread_one_held(backend: 
     store
         .finish_turn(FinishTurn {
             inbox_seq: 999,
+            trace: crate::telemetry::TraceContext::fresh(),
             thread: None,
             replies: Vec::new(),
             memory_update: Some(update(4, 1, &["first", "second"], 2)),
@@ -1092,6 +1098,7 @@ pub(crate) async fn memory_keys_page_in_key_order(backend: &dyn Backend) {
 pub(crate) fn accept_in(conversation: &str, event_id: &str, now_ms: u64, ttl_ms: u64) -> Accept {
     Accept {
         dedupe_ttl_ms: ttl_ms,
+        trace: crate::telemetry::TraceContext::fresh(),
         event: event(conversation, event_id, "hi"),
         thread: ThreadChoice::Current,
         now_ms,
@@ -1173,6 +1180,7 @@ pub(crate) async fn counts_follow_accepts_and_finished_turns(backend: &dyn Backe
     store
         .finish_turn(FinishTurn {
             inbox_seq: seqs[0],
+            trace: crate::telemetry::TraceContext::fresh(),
             thread: None,
             replies: vec![reply("t", "done")],
             memory_update: None,
@@ -1204,6 +1212,7 @@ pub(crate) async fn a_turn_that_absorbed_album_parts_finishes_them_with_it(backe
     let items = store
         .finish_turn(FinishTurn {
             inbox_seq: seqs[0],
+            trace: crate::telemetry::TraceContext::fresh(),
             thread: None,
             replies: vec![reply("t", "both photos")],
             memory_update: None,

@@ -43,3 +43,4 @@ mod subagents;
 mod support;
 mod telegram;
 mod telegram_prod;
+mod telemetry;
