@@ -65,15 +65,11 @@ impl TelemetryConfig {
             .map(|url| url.trim().trim_end_matches('/').to_owned())
             .filter(|url| !url.is_empty())
     }
-
-    /// The link to trace `trace_id`, when `trace_url` is set.
-    pub(crate) fn trace_link(&self, trace_id: &str) -> Option<String> {
-        trace_link(self.trace_url.as_deref(), trace_id)
-    }
 }
 
-/// `template` with `{trace_id}` replaced by `trace_id`; `None` without a template. For the
-/// admin page and `/status`.
+/// `template` (`telemetry.trace_url`) with `{trace_id}` replaced by `trace_id`; `None`
+/// without a template. For the admin page and `/status`:
+/// `trace_link(config.telemetry.trace_url.as_deref(), &id)`.
 pub(crate) fn trace_link(template: Option<&str>, trace_id: &str) -> Option<String> {
     let template = template.map(str::trim).filter(|t| !t.is_empty())?;
     Some(template.replace("{trace_id}", trace_id))
@@ -349,16 +345,23 @@ impl SpanProcessor for Deferred {
     }
 }
 
-/// The per-layer filter of [`layer`]: spans only, and only while exporting.
+/// The per-layer filter of [`layer`]: antler's own spans only, and only while exporting.
+/// Libraries' spans stay out, the HTTP client's among them: the exporter's own requests must
+/// not make spans to export.
 struct WhenExporting;
+
+/// Whether `meta` is one of antler's spans.
+fn ours(meta: &Metadata<'_>) -> bool {
+    meta.is_span() && meta.target().split("::").next() == Some("antler")
+}
 
 impl<S> Filter<S> for WhenExporting {
     fn enabled(&self, meta: &Metadata<'_>, _: &LayerContext<'_, S>) -> bool {
-        meta.is_span() && exporting()
+        ours(meta) && exporting()
     }
 
     fn callsite_enabled(&self, meta: &'static Metadata<'static>) -> Interest {
-        if meta.is_span() {
+        if ours(meta) {
             // Decided per span: exporting starts after the callsites registered.
             Interest::sometimes()
         } else {

@@ -56,12 +56,20 @@ pub(crate) fn validate(config: &Config) -> Vec<ConfigIssue> {
 /// `[telemetry]`: an http(s) collector URL, a link template holding `{trace_id}`.
 fn telemetry(config: &Config, v: &mut Issues) {
     let telemetry = &config.telemetry;
-    if let Some(endpoint) = telemetry.otlp_endpoint.as_ref().filter(|e| !e.trim().is_empty()) {
+    if let Some(endpoint) = telemetry
+        .otlp_endpoint
+        .as_ref()
+        .filter(|e| !e.trim().is_empty())
+    {
         if let Err(problem) = crate::telemetry::check_endpoint(endpoint.trim()) {
             v.push(key!("telemetry.otlp_endpoint"), problem);
         }
     }
-    if let Some(template) = telemetry.trace_url.as_ref().filter(|t| !t.trim().is_empty()) {
+    if let Some(template) = telemetry
+        .trace_url
+        .as_ref()
+        .filter(|t| !t.trim().is_empty())
+    {
         if let Err(problem) = crate::telemetry::check_trace_url(template.trim()) {
             v.push(key!("telemetry.trace_url"), problem);
         }

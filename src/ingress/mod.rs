@@ -44,10 +44,10 @@ use crate::events::{EventHub, Subscription};
 use crate::health::ChannelHealth;
 use crate::store::{Accept, Accepted, InboxItem, Store, StoreError, ThreadChoice};
 use crate::telemetry::TraceContext;
-use tracing::Instrument;
 use access::{Access, Admit};
 use commands::Command;
 use pairing::Pairing;
+use tracing::Instrument;
 
 /// How long a client is asked to wait when the backlog is full.
 pub(crate) const RETRY_AFTER: Duration = Duration::from_secs(5);

@@ -405,7 +405,9 @@ impl TurnRunner {
         };
         let (item, absorbed) = self.gather_album(item).await;
         let span = turn_span(&item);
-        self.run_item(item, absorbed, started).instrument(span).await
+        self.run_item(item, absorbed, started)
+            .instrument(span)
+            .await
     }
 
     /// [`Self::run`] once the item is read, inside its `turn` span.

@@ -47,7 +47,10 @@ async fn collector() -> (String, Spans) {
     (format!("http://{address}"), spans)
 }
 
-async fn receive(State(spans): State<Spans>, body: Bytes) -> ([(&'static str, &'static str); 1], Vec<u8>) {
+async fn receive(
+    State(spans): State<Spans>,
+    body: Bytes,
+) -> ([(&'static str, &'static str); 1], Vec<u8>) {
     let request = ExportTraceServiceRequest::decode(body).expect("an OTLP protobuf request");
     let mut received = spans.lock().unwrap();
     for resource in request.resource_spans {
@@ -106,7 +109,10 @@ async fn one_message_makes_one_trace_from_accept_to_delivery() {
         rig.port,
         &rig.log,
         // Exported every 100 ms rather than every 5 s.
-        &[("OTEL_BSP_SCHEDULE_DELAY", "100"), ("RUST_LOG", "info,antler=debug")],
+        &[
+            ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+            ("RUST_LOG", "info,antler=debug"),
+        ],
     )
     .await;
     let answer = child.client.ask("otel", "what time is it?").await;
@@ -117,9 +123,11 @@ async fn one_message_makes_one_trace_from_accept_to_delivery() {
         let spans = Arc::clone(&spans);
         async move {
             let spans = spans.lock().unwrap().clone();
-            let accept = spans
-                .iter()
-                .find(|s| s.name == "accept" && s.attribute("conversation").is_some_and(|c| c.contains("otel")))?;
+            let accept = spans.iter().find(|s| {
+                s.name == "accept"
+                    && s.attribute("conversation")
+                        .is_some_and(|c| c.contains("otel"))
+            })?;
             let mine: Vec<Received> = spans
                 .iter()
                 .filter(|s| s.trace_id == accept.trace_id)
@@ -137,23 +145,54 @@ async fn one_message_makes_one_trace_from_accept_to_delivery() {
     let named = |name: &str| -> Vec<&Received> { mine.iter().filter(|s| s.name == name).collect() };
     let turn = named("turn");
     assert_eq!(turn.len(), 1, "{mine:#?}");
-    assert_eq!(turn[0].parent, accept.span_id, "the turn is a child of the accept span");
+    assert_eq!(
+        turn[0].parent, accept.span_id,
+        "the turn is a child of the accept span"
+    );
     let calls = named("model_call");
-    assert_eq!(calls.len(), 2, "a call for the tool, one for the answer: {mine:#?}");
+    assert_eq!(
+        calls.len(),
+        2,
+        "a call for the tool, one for the answer: {mine:#?}"
+    );
     for call in &calls {
         assert_eq!(call.parent, turn[0].span_id, "{call:?}");
-        for key in ["model", "prompt_tokens", "completion_tokens", "latency_ms", "retries"] {
+        for key in [
+            "model",
+            "prompt_tokens",
+            "completion_tokens",
+            "latency_ms",
+            "retries",
+        ] {
             assert!(call.attribute(key).is_some(), "{key} on {call:?}");
         }
     }
     let tool = named("tool_call");
     assert_eq!(tool.len(), 1, "{mine:#?}");
-    assert!(tool[0].attribute("tool").is_some_and(|t| t.contains("current_time")), "{tool:?}");
-    assert!(tool[0].attribute("outcome").is_some_and(|o| o.contains("ok")), "{tool:?}");
+    assert!(
+        tool[0]
+            .attribute("tool")
+            .is_some_and(|t| t.contains("current_time")),
+        "{tool:?}"
+    );
+    assert!(
+        tool[0]
+            .attribute("outcome")
+            .is_some_and(|o| o.contains("ok")),
+        "{tool:?}"
+    );
     let delivery = named("delivery");
     assert!(!delivery.is_empty());
-    assert_eq!(delivery[0].parent, accept.span_id, "delivery hangs off the accept span");
-    assert!(delivery[0].attribute("outcome").is_some_and(|o| o.contains("sent")), "{delivery:?}");
+    assert_eq!(
+        delivery[0].parent, accept.span_id,
+        "delivery hangs off the accept span"
+    );
+    assert!(
+        delivery[0]
+            .attribute("outcome")
+            .is_some_and(|o| o.contains("sent")),
+        "{delivery:?}"
+    );
     // Nothing of the message's text is in the spans.
     assert!(
         !format!("{mine:?}").contains("what time is it"),

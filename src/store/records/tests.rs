@@ -246,7 +246,13 @@ fn format_1_inbox_items_are_still_read() {
     assert_eq!(bytes[0], 1);
     let read = InboxItem::from_record(&bytes).unwrap();
     // Format 1 had no trace: the item gets a fresh one.
-    assert_eq!(read, InboxItem { trace: read.trace, ..item });
+    assert_eq!(
+        read,
+        InboxItem {
+            trace: read.trace,
+            ..item
+        }
+    );
     assert!(
         !is_current::<InboxItem>(&bytes),
         "format 1 is read, no longer written"
@@ -275,8 +281,17 @@ fn format_2_inbox_items_are_read_with_a_fresh_trace() {
     let read = InboxItem::from_record(&bytes).unwrap();
     assert_ne!(read.trace, item.trace);
     assert_eq!(read.trace.trace_hex().len(), 32);
-    assert_eq!(read, InboxItem { trace: read.trace, ..item.clone() });
-    assert!(!is_current::<InboxItem>(&bytes), "format 2 is read, no longer written");
+    assert_eq!(
+        read,
+        InboxItem {
+            trace: read.trace,
+            ..item.clone()
+        }
+    );
+    assert!(
+        !is_current::<InboxItem>(&bytes),
+        "format 2 is read, no longer written"
+    );
     // Format 3 is format 2 and the 24 bytes of the trace, nothing more.
     let current = item.to_record().unwrap();
     assert_eq!(current.len(), bytes.len() + 24);
@@ -295,7 +310,13 @@ fn format_1_outbox_items_are_read_with_a_fresh_trace() {
     assert_eq!(old.len() + 24, current.len());
     let read = OutboxItem::from_record(&old).unwrap();
     assert_ne!(read.trace, item.trace);
-    assert_eq!(read, OutboxItem { trace: read.trace, ..item });
+    assert_eq!(
+        read,
+        OutboxItem {
+            trace: read.trace,
+            ..item
+        }
+    );
 }
 
 #[test]
