@@ -221,3 +221,67 @@ async fn one_message_makes_one_trace_from_accept_to_delivery() {
         accept.trace_id
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subagent_task_is_a_span_in_its_messages_trace() {
+    let (endpoint, spans) = collector().await;
+    let mock = MockModel::start(Behaviour::Delegate(vec!["alpha facts".to_owned()])).await;
+    let rig = ChildRig::new(
+        &mock,
+        &format!("[telemetry]\notlp_endpoint = \"{endpoint}\"\n"),
+    );
+    let mut child = Child::serve_with_env(
+        &rig.config,
+        rig.port,
+        &rig.log,
+        &[("OTEL_BSP_SCHEDULE_DELAY", "100")],
+    )
+    .await;
+    let answer = child.client.ask("otel-task", "research alpha").await;
+    assert!(
+        answer.json["reply"]
+            .as_str()
+            .is_some_and(|r| r.contains("alpha facts")),
+        "{}",
+        answer.text
+    );
+    let mine = wait_until("the task's spans reach the collector", || {
+        let spans = Arc::clone(&spans);
+        async move {
+            let spans = spans.lock().unwrap().clone();
+            let accept = spans.iter().find(|s| {
+                s.name == "accept"
+                    && s.attribute("conversation")
+                        .is_some_and(|c| c.contains("otel-task"))
+            })?;
+            let mine: Vec<Received> = spans
+                .iter()
+                .filter(|s| s.trace_id == accept.trace_id)
+                .cloned()
+                .collect();
+            let has = |name: &str| mine.iter().any(|s| s.name == name);
+            (has("subagent") && has("delivery")).then_some(mine)
+        }
+    })
+    .await;
+    let subagent = mine.iter().find(|s| s.name == "subagent").unwrap();
+    assert!(
+        subagent
+            .attribute("task")
+            .is_some_and(|t| t.contains("task_")),
+        "{subagent:?}"
+    );
+    // The `task` tool call holds it, and the subagent's own model calls are inside it.
+    let task_call = mine
+        .iter()
+        .find(|s| s.name == "tool_call" && s.attribute("tool").is_some_and(|t| t.contains("task")))
+        .unwrap();
+    assert_eq!(subagent.parent, task_call.span_id, "{mine:#?}");
+    assert!(
+        mine.iter()
+            .any(|s| s.name == "model_call" && s.parent == subagent.span_id),
+        "{mine:#?}"
+    );
+    let exit = sigterm(&mut child.process).await;
+    assert!(exit.success(), "antler exited with {exit}");
+}
