@@ -877,6 +877,30 @@ async fn run_app<F>(
 where
     F: Future<Output = ()> + Send + 'static,
 {
+    // Traces are exported while antler runs; the last ones are sent on the way out.
+    match crate::telemetry::start(&config.telemetry) {
+        Ok(Some(endpoint)) => tracing::info!(%endpoint, "exporting traces (OTLP over HTTP)"),
+        Ok(None) => {}
+        // Only the environment's endpoint can be wrong here (the config's is validated).
+        Err(e) => tracing::warn!(error = %e, "traces are not exported"),
+    }
+    let outcome = run_app_traced(config, listener, shutdown, extra_tools, reloads, clock).await;
+    crate::telemetry::shutdown().await;
+    outcome
+}
+
+/// [`run_app`] once tracing is set up.
+async fn run_app_traced<F>(
+    config: Config,
+    listener: TcpListener,
+    shutdown: F,
+    extra_tools: Vec<Arc<dyn Tool>>,
+    reloads: Option<tokio::sync::mpsc::Receiver<Config>>,
+    clock: Arc<dyn Clock>,
+) -> Result<(), AppError>
+where
+    F: Future<Output = ()> + Send + 'static,
+{
     let started = Instant::now();
     // Same-user processes (a shell command among them) may not read this process's memory,
     // environment or open files through /proc, nor trace it.
@@ -1300,6 +1324,7 @@ fn admin_context(config: &Config, auth: &ApiAuth, delivery: Delivery) -> AdminCo
         closed: (auth.is_open() && !loopback) || only_users,
         config_summary: config.summary(),
         delivery: Some(delivery),
+        trace_url: config.telemetry.trace_url.clone(),
     }
 }
 
@@ -1374,6 +1399,7 @@ fn turn_settings(
         turn_timeout: Duration::from_secs(config.agent.turn_timeout_secs),
         max_attachment_bytes: config.agent.max_attachment_bytes,
         todo: config.agent.middleware.todo.clone(),
+        trace_url: config.telemetry.trace_url.clone(),
         memory_identities: MemoryIdentities::from_config(&config.memory),
         memory_groups: GroupPolicy::from_config(&config.memory),
     }
@@ -1818,6 +1844,7 @@ mod tests {
             let Accepted::New(item) = store
                 .accept(Accept {
                     dedupe_ttl_ms: 60_000,
+                    trace: crate::telemetry::TraceContext::fresh(),
                     event: event.clone(),
                     thread: ThreadChoice::Current,
                     now_ms: 1,
@@ -1831,6 +1858,7 @@ mod tests {
             store
                 .finish_turn(FinishTurn {
                     inbox_seq: item.seq,
+                    trace: crate::telemetry::TraceContext::fresh(),
                     thread: None,
                     replies: vec![OutboundMessage {
                         prompts: Vec::new(),

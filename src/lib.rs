@@ -53,6 +53,7 @@ pub(crate) mod schedule;
 pub(crate) mod secret;
 pub mod setup;
 pub(crate) mod store;
+pub mod telemetry;
 #[cfg(test)]
 pub(crate) mod test_support;
 pub(crate) mod units;

@@ -19,6 +19,8 @@ use tracing_subscriber::EnvFilter;
 use tracing_subscriber::field::{MakeVisitor, VisitFmt, VisitOutput};
 use tracing_subscriber::fmt::MakeWriter;
 use tracing_subscriber::fmt::format::Writer;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::reload;
 use tracing_subscriber::util::SubscriberInitExt;
 
 /// How many formatted lines may wait for the writer thread before new ones are dropped.
@@ -116,18 +118,20 @@ fn human_subscriber<W>(
 where
     W: for<'w> MakeWriter<'w> + Send + Sync + 'static,
 {
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    let (filter, handle) = reload::Layer::new(filter);
+    let lines = tracing_subscriber::fmt::layer()
         .with_writer(writer)
         .with_ansi(ansi)
         // The default reports its own write failures with `eprintln!`, which panics on a
         // closed stderr; the writer below never fails anyway.
         .log_internal_errors(false)
-        .fmt_fields(EscapedFields)
-        .with_filter_reloading();
-    let handle = builder.reload_handle();
+        .fmt_fields(EscapedFields);
+    let subscriber = tracing_subscriber::registry()
+        .with(filter)
+        .with(lines)
+        .with(crate::telemetry::layer());
     (
-        builder.finish(),
+        subscriber,
         Box::new(move |f| handle.reload(f).map_err(|e| e.to_string())),
     )
 }
@@ -140,16 +144,18 @@ fn json_subscriber<W>(
 where
     W: for<'w> MakeWriter<'w> + Send + Sync + 'static,
 {
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    let (filter, handle) = reload::Layer::new(filter);
+    let lines = tracing_subscriber::fmt::layer()
         .with_writer(writer)
         .with_ansi(false)
         .log_internal_errors(false)
-        .json()
-        .with_filter_reloading();
-    let handle = builder.reload_handle();
+        .json();
+    let subscriber = tracing_subscriber::registry()
+        .with(filter)
+        .with(lines)
+        .with(crate::telemetry::layer());
     (
-        builder.finish(),
+        subscriber,
         Box::new(move |f| handle.reload(f).map_err(|e| e.to_string())),
     )
 }

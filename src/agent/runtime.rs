@@ -507,7 +507,7 @@ impl Runtime {
 
             shown.begin_round();
             let sink = |text: &str| shown.stream(text, observer);
-            let mut response = self.model.complete(&request, Some(&sink)).await?;
+            let mut response = self.call_model(cx, &request, &sink).await?;
             cx.model_calls += 1;
             model_tokens += response.usage.map_or(0, |u| u.total_tokens);
             self.chain.after_model(cx, &mut response).await?;
@@ -631,6 +631,49 @@ impl Runtime {
                 return Ok(Finish::Answered);
             }
         }
+    }
+
+    /// One model call in its `model_call` span: the model, the tokens, the latency and the
+    /// retries (recorded by the client) are its attributes; never the text.
+    async fn call_model(
+        &self,
+        cx: &RunContext<'_>,
+        request: &ModelRequest,
+        sink: super::model::DeltaSink<'_>,
+    ) -> Result<ModelResponse, ModelError> {
+        let span = tracing::info_span!(
+            "model_call",
+            model = %self.model.name(),
+            call = cx.model_calls + 1,
+            prompt_tokens = tracing::field::Empty,
+            completion_tokens = tracing::field::Empty,
+            latency_ms = tracing::field::Empty,
+            retries = tracing::field::Empty,
+            outcome = tracing::field::Empty,
+        );
+        let began = Instant::now();
+        let result = self
+            .model
+            .complete(request, Some(sink))
+            .instrument(span.clone())
+            .await;
+        span.record(
+            "latency_ms",
+            u64::try_from(began.elapsed().as_millis()).unwrap_or(u64::MAX),
+        );
+        match &result {
+            Ok(response) => {
+                if let Some(usage) = response.usage {
+                    span.record("prompt_tokens", usage.prompt_tokens);
+                    span.record("completion_tokens", usage.completion_tokens);
+                }
+                span.record("outcome", "ok");
+            }
+            Err(_) => {
+                span.record("outcome", "error");
+            }
+        }
+        result
     }
 
     /// Makes the request valid whatever the hooks did: tool-call pairing repaired, the
@@ -796,7 +839,14 @@ impl Runtime {
                         turn.get().min(limit)
                     };
                     let cx = ToolContext { deadline, ..base };
-                    registry.call(&call, &cx).await
+                    let span = tracing::info_span!(
+                        "tool_call",
+                        tool = %call.name,
+                        outcome = tracing::field::Empty,
+                    );
+                    let output = registry.call(&call, &cx).instrument(span.clone()).await;
+                    span.record("outcome", if output.is_error { "error" } else { "ok" });
+                    output
                 }
                 .in_current_span(),
             );

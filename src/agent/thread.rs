@@ -134,6 +134,10 @@ pub(crate) struct ThreadState {
     /// State the middlewares keep (a todo list, a summary, promoted tools).
     #[serde(default, skip_serializing_if = "Extensions::is_empty")]
     pub(crate) extensions: Extensions,
+    /// The trace id (32 hex) of the last turn run on this thread, for `/status` and the admin
+    /// page.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) last_trace: Option<String>,
     /// Set while a turn runs (so only in mid-turn checkpoints).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) running: Option<RunningTurn>,
@@ -162,6 +166,7 @@ impl ThreadState {
             turns: 0,
             pending_question: None,
             extensions: Extensions::default(),
+            last_trace: None,
             running: None,
             created_at_ms: now_ms,
             updated_at_ms: now_ms,

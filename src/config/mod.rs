@@ -98,6 +98,8 @@ pub struct Config {
     pub(crate) schedules: Vec<ScheduleConfig>,
     /// `[approvals]`: tool calls that wait for a person.
     pub(crate) approvals: crate::agent::middleware::approval::ApprovalsConfig,
+    /// `[telemetry]`: OpenTelemetry traces.
+    pub telemetry: crate::telemetry::TelemetryConfig,
 }
 
 /// The sections (`[server]`, `[channels.telegram]`…) in which `new` differs from `running` in
@@ -133,6 +135,7 @@ pub(crate) fn needs_restart(running: &Config, new: &Config) -> Vec<&'static str>
     check("commands", running.commands == new.commands);
     // The config's schedules are applied by the reload (`app::apply_reloads`).
     check("approvals", running.approvals == new.approvals);
+    check("telemetry", running.telemetry == new.telemetry);
     // Who may talk aside, each channel must be as it runs.
     let mut channels = new.channels.clone();
     let (old, now) = (&running.channels, &mut channels);
@@ -1354,6 +1357,12 @@ impl Config {
             ));
         } else {
             lines.push("subagents: disabled".to_owned());
+        }
+        if let Some(endpoint) = self.telemetry.endpoint() {
+            lines.push(format!(
+                "traces: exported to {} (OTLP over HTTP)",
+                mask_url(&endpoint)
+            ));
         }
         lines.join("\n")
     }

@@ -330,6 +330,9 @@ pub(crate) const SETTINGS: &[Setting] = &[
     value("commands[].tool", "true", "Whether the model is offered it as the tool `cmd_<name>`."),
     unset("commands[].cwd", "the thread's workspace", "The folder it runs in."),
     value("commands[].env", "{}", "Its whole environment (nothing else of antler's reaches it); `${VAR}` takes antler's."),
+    // [telemetry]
+    unset("telemetry.otlp_endpoint", "`OTEL_EXPORTER_OTLP_ENDPOINT`, else no traces are exported", "The OTLP collector's base URL (http or https); spans are posted to `<otlp_endpoint>/v1/traces`."),
+    unset("telemetry.trace_url", "no link", "A trace viewer's link to one trace, `{trace_id}` standing for its id, e.g. `https://tempo.example/trace/{trace_id}`."),
 ];
 
 /// Whether [`SETTINGS`] declares `key` (written as declared, placeholders included).

@@ -2450,3 +2450,51 @@ fn the_local_config_takes_the_postgres_store_from_the_environment() {
         Config::from_toml_str(LOCAL, &env_of(&[("ANTLER_STORE_BACKEND", "postgres")])).unwrap_err();
     assert!(refused.to_string().contains("store.url"), "{refused}");
 }
+
+#[test]
+fn telemetry_is_off_by_default_and_its_urls_are_checked() {
+    let config = parse("").unwrap();
+    assert_eq!(
+        config.telemetry,
+        crate::telemetry::TelemetryConfig::default()
+    );
+
+    let on = parse(
+        r#"
+        [telemetry]
+        otlp_endpoint = "http://user:hunter2@collector:4318/"
+        trace_url = "https://tempo.example/trace/{trace_id}"
+        "#,
+    )
+    .unwrap();
+    assert_eq!(
+        on.telemetry.otlp_endpoint.as_deref(),
+        Some("http://user:hunter2@collector:4318/")
+    );
+    let summary = on.summary();
+    assert!(
+        summary.contains("traces: exported to http://user:***@collector:4318"),
+        "{summary}"
+    );
+    assert!(!summary.contains("hunter2"), "{summary}");
+
+    let found = issues(
+        r#"
+        [telemetry]
+        otlp_endpoint = "collector:4317"
+        trace_url = "https://tempo.example/trace/"
+        "#,
+    );
+    assert_eq!(found.len(), 2, "{found:?}");
+    assert!(
+        found[0].starts_with("telemetry.otlp_endpoint: "),
+        "{found:?}"
+    );
+    assert_eq!(
+        found[1],
+        "telemetry.trace_url: must contain `{trace_id}`, where the trace id goes"
+    );
+    // Left empty (`${VAR:-}` unset) is the same as left out.
+    let empty = parse("[telemetry]\notlp_endpoint = \"\"\n").unwrap();
+    assert_eq!(empty.telemetry.otlp_endpoint.as_deref(), Some(""));
+}

@@ -49,7 +49,31 @@ pub(crate) fn validate(config: &Config) -> Vec<ConfigIssue> {
     }
     v.0.extend(super::schedules::validate(config));
     approvals(config, &mut v);
+    telemetry(config, &mut v);
     v.0
+}
+
+/// `[telemetry]`: an http(s) collector URL, a link template holding `{trace_id}`.
+fn telemetry(config: &Config, v: &mut Issues) {
+    let telemetry = &config.telemetry;
+    if let Some(endpoint) = telemetry
+        .otlp_endpoint
+        .as_ref()
+        .filter(|e| !e.trim().is_empty())
+    {
+        if let Err(problem) = crate::telemetry::check_endpoint(endpoint.trim()) {
+            v.push(key!("telemetry.otlp_endpoint"), problem);
+        }
+    }
+    if let Some(template) = telemetry
+        .trace_url
+        .as_ref()
+        .filter(|t| !t.trim().is_empty())
+    {
+        if let Err(problem) = crate::telemetry::check_trace_url(template.trim()) {
+            v.push(key!("telemetry.trace_url"), problem);
+        }
+    }
 }
 
 /// `[approvals]`: tool names as the model API spells them (plus `*`), approvers that name

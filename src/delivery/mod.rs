@@ -33,6 +33,7 @@ use antler_channel::{
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+use tracing::Instrument;
 
 use crate::agent::input::ThreadFolders;
 use crate::agent::tools::present_files::open_presented;
@@ -302,7 +303,31 @@ impl Delivering<'_> {
         loop {
             metrics::counter!("antler_delivery_attempts_total", "channel" => channel_label)
                 .increment(1);
-            let error = match send_parts(store, channel.as_ref(), files, &mut item).await {
+            // Each attempt is a span in the trace of the message the reply answers.
+            let span = tracing::info_span!(
+                "delivery",
+                channel = channel_label,
+                seq = item.seq,
+                attempt = item.attempts + 1,
+                parts = tracing::field::Empty,
+                outcome = tracing::field::Empty,
+            );
+            item.trace.adopt(&span);
+            let sent = send_parts(store, channel.as_ref(), files, &mut item)
+                .instrument(span.clone())
+                .await;
+            span.record("parts", item.parts.len());
+            span.record(
+                "outcome",
+                match &sent {
+                    Ok(()) => "sent",
+                    Err(SendError::Store(_)) => "not_recorded",
+                    Err(SendError::Channel(e)) if e.is_retryable() => "retryable_error",
+                    Err(SendError::Channel(_)) => "error",
+                },
+            );
+            drop(span);
+            let error = match sent {
                 Ok(()) => {
                     health.delivered(channel_label);
                     return;

@@ -33,6 +33,7 @@ async fn outbox_with_draft(
     store
         .finish_turn(FinishTurn {
             inbox_seq,
+            trace: crate::telemetry::TraceContext::fresh(),
             thread: None,
             replies,
             memory_update: None,
@@ -288,6 +289,7 @@ async fn outbox_with_files(
     store
         .finish_turn(FinishTurn {
             inbox_seq,
+            trace: crate::telemetry::TraceContext::fresh(),
             thread: None,
             replies: vec![OutboundMessage {
                 prompts: Vec::new(),

@@ -43,9 +43,11 @@ use tokio_util::task::TaskTracker;
 use crate::events::{EventHub, Subscription};
 use crate::health::ChannelHealth;
 use crate::store::{Accept, Accepted, InboxItem, Store, StoreError, ThreadChoice};
+use crate::telemetry::TraceContext;
 use access::{Access, Admit};
 use commands::Command;
 use pairing::Pairing;
+use tracing::Instrument;
 
 /// How long a client is asked to wait when the backlog is full.
 pub(crate) const RETRY_AFTER: Duration = Duration::from_secs(5);
@@ -473,7 +475,27 @@ impl Ingress {
     }
 
     /// Hands an event that passed the access check to the acceptor and waits for its answer.
+    /// Its trace begins here: the `accept` span's context is stored with the inbox item.
     async fn admit(&self, event: InboundEvent, subscribe: bool) -> Result<Admission, IngressError> {
+        let span = tracing::info_span!(
+            "accept",
+            channel = %event.channel,
+            conversation = %event.conversation,
+            trace = tracing::field::Empty,
+        );
+        let trace = TraceContext::of_span(&span);
+        span.record("trace", tracing::field::display(trace.trace_hex()));
+        self.admit_traced(event, subscribe, trace)
+            .instrument(span)
+            .await
+    }
+
+    async fn admit_traced(
+        &self,
+        event: InboundEvent,
+        subscribe: bool,
+        trace: TraceContext,
+    ) -> Result<Admission, IngressError> {
         let inner = &self.inner;
         let reserved = inner.queued.backlog.fetch_add(1, Ordering::SeqCst);
         let slot = Slot {
@@ -495,6 +517,7 @@ impl Ingress {
         let request = Request {
             accept: Accept {
                 dedupe_ttl_ms: u64::try_from(inner.dedupe_ttl.as_millis()).unwrap_or(u64::MAX),
+                trace,
                 now_ms: crate::now_ms(),
                 event,
                 thread,

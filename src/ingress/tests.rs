@@ -123,6 +123,7 @@ pub(crate) fn harness_with(max_attempts: u32, access: Access) -> Harness {
             turn_timeout: Duration::from_secs(60),
             max_attachment_bytes: 1 << 20,
             todo: crate::agent::middleware::todo::TodoConfig::default(),
+            trace_url: None,
             memory_identities: crate::agent::memory::identity::MemoryIdentities::default(),
             memory_groups: crate::agent::memory::sharing::GroupPolicy::default(),
             skills: std::sync::Arc::default(),
@@ -443,6 +444,7 @@ async fn a_message_that_kept_crashing_is_given_up_and_kept_in_the_thread() {
         .store
         .accept(crate::store::Accept {
             dedupe_ttl_ms: 60_000,
+            trace: crate::telemetry::TraceContext::fresh(),
             event: event("c", "m1", "crash me"),
             thread: crate::store::ThreadChoice::Current,
             now_ms: 1,

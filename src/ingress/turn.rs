@@ -117,6 +117,8 @@ pub(crate) struct TurnSettings {
     pub(crate) max_attachment_bytes: u64,
     /// `[agent.middleware.todo]`: whether `/plan` may switch plan mode, and its default.
     pub(crate) todo: TodoConfig,
+    /// `telemetry.trace_url`: `/status` links the last turn's trace with it.
+    pub(crate) trace_url: Option<String>,
     /// `[[memory.identities]]`: whose memory `/memory` reads.
     pub(crate) memory_identities: MemoryIdentities,
     /// What of it `/memory` shows in a group chat.
@@ -144,6 +146,8 @@ struct Inner {
     turn_timeout: Duration,
     /// `[agent.middleware.todo]`, for `/plan` and `/status`.
     todo: TodoConfig,
+    /// `telemetry.trace_url`, for `/status`.
+    trace_url: Option<String>,
     /// Whose memory `/memory` reads.
     memory_identities: MemoryIdentities,
     /// What of it `/memory` shows in a group chat.
@@ -334,6 +338,7 @@ impl TurnRunner {
                 max_attempts: settings.max_attempts.max(1),
                 max_attachment_bytes: settings.max_attachment_bytes,
                 todo: settings.todo.clone(),
+                trace_url: settings.trace_url.clone(),
                 memory_identities: settings.memory_identities.clone(),
                 memory_groups: settings.memory_groups,
                 skills: Arc::clone(&settings.skills),
@@ -399,6 +404,16 @@ impl TurnRunner {
             Err(_) => return false,
         };
         let (item, absorbed) = self.gather_album(item).await;
+        let span = turn_span(&item);
+        self.run_item(item, absorbed, started)
+            .instrument(span)
+            .await
+    }
+
+    /// [`Self::run`] once the item is read, inside its `turn` span.
+    async fn run_item(&self, item: InboxItem, absorbed: Vec<u64>, started: Instant) -> bool {
+        let inner = &self.inner;
+        let seq = item.seq;
         let planned = tokio::select! {
             biased;
             () = inner.cancel.cancelled() => None,
@@ -435,6 +450,7 @@ impl TurnRunner {
         };
         let finish = Arc::new(FinishTurn {
             inbox_seq: item.seq,
+            trace: item.trace,
             thread: result.thread,
             replies,
             memory_update: result.memory_update,
@@ -795,11 +811,8 @@ impl TurnRunner {
     /// Runs the agent for `item` inside its `turn` span, which every log line of the turn
     /// carries: the conversation, channel, thread, trace id and inbox number.
     async fn agent_turn(&self, item: &InboxItem) -> TurnResult {
-        let input = self.run_input(&item.event);
-        let span = turn_span(item, &input.trace_id);
-        self.agent_turn_in_span(item, input, None)
-            .instrument(span)
-            .await
+        let input = self.run_input(item);
+        self.agent_turn_in_span(item, input, None).await
     }
 
     /// The turn of an approval's resume item: the held call is run (approved) or answered
@@ -840,11 +853,8 @@ impl TurnRunner {
                 };
             }
         };
-        let input = self.run_input(&item.event);
-        let span = turn_span(item, &input.trace_id);
-        self.agent_turn_in_span(item, input, Some(record))
-            .instrument(span)
-            .await
+        let input = self.run_input(item);
+        self.agent_turn_in_span(item, input, Some(record)).await
     }
 
     /// Answers the calls of the thread's last round that wait for an approval, before a new
@@ -943,6 +953,7 @@ impl TurnRunner {
             inbox_seq: item.seq,
             start,
         });
+        thread.last_trace = Some(item.trace.trace_hex());
         if !item.event.attachments.is_empty() {
             match self.fetch_attachments(item).await {
                 Ok(attachments) => input.attachments = attachments,
@@ -1186,7 +1197,8 @@ impl TurnRunner {
 
     /// What the runtime is told about the message: who wrote it, where, and what the
     /// channel can show.
-    fn run_input(&self, event: &InboundEvent) -> RunInput {
+    fn run_input(&self, item: &InboxItem) -> RunInput {
+        let event = &item.event;
         let capabilities = self
             .inner
             .delivery
@@ -1212,8 +1224,8 @@ impl TurnRunner {
                 images: capabilities.images,
                 interactive: event.interactive,
             },
-            // Short, as in DeerFlow: it only has to tell the turns of a log apart.
-            trace_id: format!("{:08x}", fastrand::u32(..)),
+            // The message's OpenTelemetry trace id, also in every log line of the turn.
+            trace_id: item.trace.trace_hex(),
         }
     }
 
@@ -1295,6 +1307,7 @@ impl TurnRunner {
             thread_id: &item.thread_id,
             thread: thread.as_ref(),
             todo: &inner.todo,
+            trace_url: inner.trace_url.as_deref(),
             model: inner.runtime.model_name(),
             waiting,
             backlog,
@@ -1416,15 +1429,19 @@ async fn finish_batches(
     }
 }
 
-/// The span of one agent turn: every line logged in it names the conversation, the channel,
-/// the thread, the trace id (also in the run's hidden context) and the inbox number.
-fn turn_span(item: &InboxItem, trace: &str) -> tracing::Span {
-    tracing::info_span!(
+/// The span of one turn: every line logged in it names the conversation, the channel, the
+/// thread, the trace id (also in the run's hidden context) and the inbox number. In the
+/// message's trace it is a child of the span that accepted the message.
+fn turn_span(item: &InboxItem) -> tracing::Span {
+    let span = tracing::info_span!(
         "turn",
         conversation = %item.event.conversation,
         channel = %item.event.channel,
         thread = %item.thread_id,
-        trace = %trace,
+        trace = %item.trace.trace_hex(),
         seq = item.seq,
-    )
+        attempt = item.attempts,
+    );
+    item.trace.adopt(&span);
+    span
 }

@@ -98,6 +98,7 @@ pub(crate) async fn accept_new<S: InboxStore + ?Sized>(store: &S, request: Accep
 pub(crate) fn accept(event_id: &str, thread: ThreadChoice, now_ms: u64) -> Accept {
     Accept {
         dedupe_ttl_ms: 1_000,
+        trace: crate::telemetry::TraceContext::fresh(),
         event: event("c1", event_id, "hi"),
         thread,
         now_ms,
@@ -220,6 +221,7 @@ pub(crate) async fn finish_turn_writes_thread_outbox_and_removes_the_inbox_item_
     let items = store
         .finish_turn(FinishTurn {
             inbox_seq: seq,
+            trace: crate::telemetry::TraceContext::fresh(),
             thread: Some(thread.clone()),
             replies: vec![reply(&thread_id, "a"), reply(&thread_id, "b")],
             memory_update: Some(update.clone()),
@@ -269,6 +271,7 @@ pub(crate) async fn delivery_records_receipts_and_failures(backend: &dyn Backend
     let items = store
         .finish_turn(FinishTurn {
             inbox_seq: seq,
+            trace: crate::telemetry::TraceContext::fresh(),
             thread: None,
             replies: vec![reply(&thread_id, "a"), reply(&thread_id, "b")],
             memory_update: None,
@@ -329,6 +332,7 @@ pub(crate) async fn a_saved_draft_survives_a_reopen_and_goes_to_the_first_reply(
     let items = store
         .finish_turn(FinishTurn {
             inbox_seq: seq,
+            trace: crate::telemetry::TraceContext::fresh(),
             thread: None,
             replies: vec![reply(&thread_id, "a"), reply(&thread_id, "b")],
             memory_update: None,
@@ -547,6 +551,7 @@ pub(crate) async fn state_survives_reopening(backend: &dyn Backend) {
         store
             .finish_turn(FinishTurn {
                 inbox_seq: seq,
+                trace: crate::telemetry::TraceContext::fresh(),
                 thread: None,
                 replies: vec![reply(&thread_id, "pending")],
                 memory_update: None,
@@ -852,6 +857,7 @@ pub(crate) async fn a_newer_update_takes_over_what_the_unread_one_held(backend: 
     store
         .finish_turn(FinishTurn {
             inbox_seq: 999,
+            trace: crate::telemetry::TraceContext::fresh(),
             thread: None,
             replies: Vec::new(),
             memory_update: Some(update(4, 1, &["first", "second"], 2)),
@@ -1129,6 +1135,7 @@ pub(crate) async fn a_failed_delivery_is_requeued_once_by_an_operator(backend: &
             draft: None,
             now_ms: 1,
             absorbed: Vec::new(),
+            trace: crate::telemetry::TraceContext::fresh(),
         })
         .await
         .unwrap();
@@ -1167,6 +1174,7 @@ pub(crate) async fn a_failed_delivery_is_requeued_once_by_an_operator(backend: &
 pub(crate) fn accept_in(conversation: &str, event_id: &str, now_ms: u64, ttl_ms: u64) -> Accept {
     Accept {
         dedupe_ttl_ms: ttl_ms,
+        trace: crate::telemetry::TraceContext::fresh(),
         event: event(conversation, event_id, "hi"),
         thread: ThreadChoice::Current,
         now_ms,
@@ -1248,6 +1256,7 @@ pub(crate) async fn counts_follow_accepts_and_finished_turns(backend: &dyn Backe
     store
         .finish_turn(FinishTurn {
             inbox_seq: seqs[0],
+            trace: crate::telemetry::TraceContext::fresh(),
             thread: None,
             replies: vec![reply("t", "done")],
             memory_update: None,
@@ -1279,6 +1288,7 @@ pub(crate) async fn a_turn_that_absorbed_album_parts_finishes_them_with_it(backe
     let items = store
         .finish_turn(FinishTurn {
             inbox_seq: seqs[0],
+            trace: crate::telemetry::TraceContext::fresh(),
             thread: None,
             replies: vec![reply("t", "both photos")],
             memory_update: None,

@@ -373,6 +373,7 @@ pub(crate) mod tests {
         store
             .finish_turn(FinishTurn {
                 inbox_seq: first.seq,
+                trace: crate::telemetry::TraceContext::fresh(),
                 thread: Some(thread),
                 replies: vec![reply(&first.thread_id, "a"), reply(&first.thread_id, "b")],
                 memory_update: Some(memory_update("api:u1", &first.thread_id, now_ms)),

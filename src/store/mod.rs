@@ -46,6 +46,7 @@ use crate::agent::subagents::{
     RegistryError, SubagentChange, SubagentRecord, SubagentRegistry, Transition,
 };
 use crate::agent::thread::ThreadState;
+use crate::telemetry::TraceContext;
 
 /// The store layout version this build writes. Bump it when a stored type changes
 /// incompatibly, and teach `SledStore::open` to migrate.
@@ -161,6 +162,8 @@ pub(crate) enum ThreadChoice {
 pub(crate) struct Accept {
     /// How long the event id is remembered.
     pub(crate) dedupe_ttl_ms: u64,
+    /// The message's trace, begun by the span that accepts it.
+    pub(crate) trace: TraceContext,
     pub(crate) event: InboundEvent,
     pub(crate) thread: ThreadChoice,
     pub(crate) now_ms: u64,
@@ -206,6 +209,10 @@ pub(crate) struct InboxItem {
     /// interrupted by a clean shutdown gives its attempt back.
     pub(crate) attempts: u32,
     pub(crate) accepted_at_ms: u64,
+    /// The message's trace: its turn's span and its replies' delivery spans are children of
+    /// the span that accepted it. (Its `trace_hex` is the trace id people see.)
+    #[serde(default = "TraceContext::fresh")]
+    pub(crate) trace: TraceContext,
     /// The draft message a live reply is being written into, saved as soon as the platform
     /// created it: a re-run after a crash writes into it again, and the answer replaces it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -229,6 +236,9 @@ pub(crate) struct OutboxItem {
     /// [`outbox_seq`]: replies sort in arrival order of what they answer, and the replies to
     /// one message are found without an index.
     pub(crate) seq: u64,
+    /// The trace of the message it answers: delivery attempts are spans in it.
+    #[serde(default = "TraceContext::fresh")]
+    pub(crate) trace: TraceContext,
     pub(crate) message: OutboundMessage,
     pub(crate) status: OutboxStatus,
     pub(crate) attempts: u32,
@@ -267,6 +277,8 @@ pub(crate) fn outbox_seq(inbox_seq: u64, index: u64) -> Option<u64> {
 #[derive(Debug, Clone)]
 pub(crate) struct FinishTurn {
     pub(crate) inbox_seq: u64,
+    /// The answered message's trace, which its replies carry.
+    pub(crate) trace: TraceContext,
     /// The thread after the turn (None: unchanged, e.g. a command that touches no thread).
     /// Only its messages past `saved_messages` are written.
     pub(crate) thread: Option<ThreadState>,

@@ -26,6 +26,7 @@ use serde::{Deserialize, Serialize};
 use super::rules::DedupeEntry;
 use super::{InboxItem, InboxStatus, OutboxItem, OutboxStatus, StoreError};
 use crate::agent::message::{Authored, ChatMessage, ContentPart, ToolCall};
+use crate::telemetry::TraceContext;
 
 /// The first byte of a schema-2 record (JSON).
 pub(crate) const JSON_RECORD: u8 = b'{';
@@ -260,8 +261,39 @@ impl<'a> AttachmentV1<'a> {
     }
 }
 
-// ---- inbox items (format 2: format 1, then what an event gained since) ----
+// ---- trace contexts (telemetry.rs): 24 bytes, the trace id and the accepting span's id ----
 
+#[derive(Serialize, Deserialize)]
+struct TraceV1 {
+    trace_id: [u8; 16],
+    span_id: [u8; 8],
+}
+
+impl TraceV1 {
+    fn of(trace: TraceContext) -> Self {
+        Self {
+            trace_id: trace.trace_id,
+            span_id: trace.span_id,
+        }
+    }
+
+    fn into_context(self) -> TraceContext {
+        TraceContext {
+            trace_id: self.trace_id,
+            span_id: self.span_id,
+        }
+    }
+}
+
+// ---- inbox items (format 3: format 2, then the message's trace) ----
+
+#[derive(Serialize, Deserialize)]
+struct InboxV3<'a> {
+    v2: InboxV2<'a>,
+    trace: TraceV1,
+}
+
+/// Format 2: format 1, then what an event gained since. Still read.
 #[derive(Serialize, Deserialize)]
 struct InboxV2<'a> {
     v1: InboxV1<'a>,
@@ -271,12 +303,15 @@ struct InboxV2<'a> {
 /// The first format of inbox items, still read.
 const INBOX_V1: u8 = 1;
 
+/// The second format of inbox items, still read (a fresh trace stands in for the missing one).
+const INBOX_V2: u8 = 2;
+
 impl Record for InboxItem {
     const WHAT: &'static str = "inbox item";
-    const FORMAT: u8 = 2;
+    const FORMAT: u8 = 3;
 
     fn to_record(&self) -> Result<Vec<u8>, StoreError> {
-        let record = InboxV2 {
+        let v2 = InboxV2 {
             v1: InboxV1 {
                 seq: self.seq,
                 event: EventV1::of(&self.event),
@@ -289,17 +324,27 @@ impl Record for InboxItem {
             },
             media_group: opt_text(&self.event.media_group),
         };
+        let record = InboxV3 {
+            v2,
+            trace: TraceV1::of(self.trace),
+        };
         write(Self::WHAT, Self::FORMAT, &record)
     }
 
     fn from_record(bytes: &[u8]) -> Result<Self, StoreError> {
-        let InboxV2 { v1, media_group } = if bytes.first() == Some(&INBOX_V1) {
-            InboxV2 {
-                v1: read(Self::WHAT, INBOX_V1, bytes)?,
-                media_group: None,
+        let (InboxV2 { v1, media_group }, trace) = match bytes.first() {
+            Some(&INBOX_V1) => (
+                InboxV2 {
+                    v1: read(Self::WHAT, INBOX_V1, bytes)?,
+                    media_group: None,
+                },
+                TraceContext::fresh(),
+            ),
+            Some(&INBOX_V2) => (read(Self::WHAT, INBOX_V2, bytes)?, TraceContext::fresh()),
+            _ => {
+                let InboxV3 { v2, trace } = read(Self::WHAT, Self::FORMAT, bytes)?;
+                (v2, trace.into_context())
             }
-        } else {
-            read(Self::WHAT, Self::FORMAT, bytes)?
         };
         let mut event = v1.event.into_event();
         event.media_group = owned(media_group);
@@ -315,6 +360,7 @@ impl Record for InboxItem {
             },
             attempts: v1.attempts,
             accepted_at_ms: v1.accepted_at_ms,
+            trace,
             draft: receipt(v1.draft),
         })
     }
@@ -352,7 +398,16 @@ impl Record for DedupeEntry {
     }
 }
 
-// ---- outbox items (format 1) ----
+// ---- outbox items (format 2: format 1, then the answered message's trace) ----
+
+#[derive(Serialize, Deserialize)]
+struct OutboxV2<'a> {
+    v1: OutboxV1<'a>,
+    trace: TraceV1,
+}
+
+/// The first format of outbox items, still read (a fresh trace stands in for the missing one).
+const OUTBOX_V1: u8 = 1;
 
 #[derive(Serialize, Deserialize)]
 struct OutboxV1<'a> {
@@ -390,7 +445,7 @@ enum StatusV1 {
 
 impl Record for OutboxItem {
     const WHAT: &'static str = "outbox item";
-    const FORMAT: u8 = 1;
+    const FORMAT: u8 = 2;
 
     fn to_record(&self) -> Result<Vec<u8>, StoreError> {
         let message = &self.message;
@@ -428,13 +483,24 @@ impl Record for OutboxItem {
             created_at_ms: self.created_at_ms,
             finished_at_ms: self.finished_at_ms,
         };
+        let record = OutboxV2 {
+            v1: record,
+            trace: TraceV1::of(self.trace),
+        };
         write(Self::WHAT, Self::FORMAT, &record)
     }
 
     fn from_record(bytes: &[u8]) -> Result<Self, StoreError> {
-        let record: OutboxV1<'_> = read(Self::WHAT, Self::FORMAT, bytes)?;
+        let (record, trace) = if bytes.first() == Some(&OUTBOX_V1) {
+            let record: OutboxV1<'_> = read(Self::WHAT, OUTBOX_V1, bytes)?;
+            (record, TraceContext::fresh())
+        } else {
+            let OutboxV2 { v1, trace } = read(Self::WHAT, Self::FORMAT, bytes)?;
+            (v1, trace.into_context())
+        };
         Ok(Self {
             seq: record.seq,
+            trace,
             message: OutboundMessage {
                 prompts: Vec::new(),
                 idempotency_key: record.idempotency_key.into_owned(),

@@ -103,6 +103,7 @@ pub(crate) fn inbox_item(seq: u64, accept: &Accept, thread_id: &str) -> InboxIte
         status: InboxStatus::Pending,
         attempts: 0,
         accepted_at_ms: accept.now_ms,
+        trace: accept.trace,
         draft: None,
     }
 }
@@ -153,6 +154,7 @@ pub(crate) fn outbox_items(finish: &FinishTurn) -> Result<Vec<OutboxItem>, Store
             })?;
             Ok(OutboxItem {
                 seq,
+                trace: finish.trace,
                 message: message.clone(),
                 status: OutboxStatus::Pending,
                 attempts: 0,

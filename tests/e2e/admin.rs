@@ -378,7 +378,8 @@ async fn an_operator_signs_in_sees_a_tool_call_retries_a_delivery_forgets_a_fact
         .server_error_next_sends(&[(502, "Bad Gateway"), (502, "Bad Gateway")])
         .await;
     let config = tokens(&format!(
-        "{}\n[delivery]\nmax_attempts = 2\n\n[memory]\nenabled = true\ndebounce_seconds = 3600\nshutdown_flush_secs = 1\n",
+        "{}\n[delivery]\nmax_attempts = 2\n\n[memory]\nenabled = true\ndebounce_seconds = 3600\nshutdown_flush_secs = 1\n\n\
+         [telemetry]\ntrace_url = \"https://traces.example/trace/{{trace_id}}\"\n",
         telegram.config("")
     ));
     let app = TestApp::spawn(&model, &config).await;

@@ -44,3 +44,4 @@ mod subagents;
 mod support;
 mod telegram;
 mod telegram_prod;
+mod telemetry;

@@ -96,7 +96,7 @@ async fn two_tasks_run_in_parallel_and_the_lead_answers_from_their_results() {
     let listed = tasks(&app, thread_id).await;
     assert_eq!(listed.len(), 2);
     let trace = listed[0]["trace_id"].as_str().unwrap().to_owned();
-    assert_eq!(trace.len(), 8, "{trace}");
+    assert_eq!(trace.len(), 32, "the OpenTelemetry trace id: {trace}");
     for task in &listed {
         assert_eq!(task["status"], "COMPLETED", "{task}");
         assert_eq!(task["parent_thread_id"], thread_id);

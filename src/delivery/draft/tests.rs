@@ -22,6 +22,7 @@ async fn accepted(store: &MemStore, group: bool) -> InboxItem {
     let accepted = store
         .accept(Accept {
             dedupe_ttl_ms: 60_000,
+            trace: crate::telemetry::TraceContext::fresh(),
             event,
             thread: ThreadChoice::Current,
             now_ms: 1,

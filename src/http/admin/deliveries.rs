@@ -41,7 +41,7 @@ pub(super) async fn list(State(state): State<AppState>, Operator(session): Opera
         div.scroll { table #outbox {
             thead { tr {
                 th { "#" } th { "Conversation" } th { "State" } th { "Attempts" }
-                th { "Last error" } th { "Created" } th { "Next retry" } th { "" }
+                th { "Last error" } th { "Created" } th { "Next retry" } th { "Trace" } th { "" }
             } }
             tbody #outbox-rows data-live="/admin/deliveries/live" {
                 (outbox_rows(&state, &session, &outbox))
@@ -52,7 +52,7 @@ pub(super) async fn list(State(state): State<AppState>, Operator(session): Opera
             p.muted { "Nothing waits for a turn." }
         } @else {
             div.scroll { table #inbox {
-                thead { tr { th { "#" } th { "Conversation" } th { "Thread" } th { "State" } th { "Attempts" } th { "Accepted" } } }
+                thead { tr { th { "#" } th { "Conversation" } th { "Thread" } th { "State" } th { "Attempts" } th { "Accepted" } th { "Trace" } } }
                 tbody {
                     @for item in inbox.iter().take(INBOX_SHOWN) {
                         tr {
@@ -62,6 +62,7 @@ pub(super) async fn list(State(state): State<AppState>, Operator(session): Opera
                             td { span.badge { (match item.status { InboxStatus::Pending => "pending", InboxStatus::Running => "running" }) } }
                             td { (item.attempts) }
                             td title=(page::time(item.accepted_at_ms)) { (page::ago(item.accepted_at_ms)) }
+                            td { (page::trace(&item.trace.trace_hex(), state.admin.trace_url.as_deref())) }
                         }
                     }
                 }
@@ -84,7 +85,7 @@ fn outbox_rows(state: &AppState, session: &Session, items: &[OutboxItem]) -> Mar
     let delivery = state.admin.delivery.as_ref();
     html! {
         @if items.is_empty() {
-            tr { td colspan="8" { span.muted { "Nothing was delivered yet." } } }
+            tr { td colspan="9" { span.muted { "Nothing was delivered yet." } } }
         }
         @for item in items {
             @let next = delivery.and_then(|d| d.next_retry_ms(item.seq));
@@ -96,6 +97,7 @@ fn outbox_rows(state: &AppState, session: &Session, items: &[OutboxItem]) -> Mar
                 td { (item.last_error.as_deref().map(|e| page::clip(e, 200)).unwrap_or_default()) }
                 td title=(page::time(item.created_at_ms)) { (page::ago(item.created_at_ms)) }
                 td { (next.map(page::time).unwrap_or_default()) }
+                td { (page::trace(&item.trace.trace_hex(), state.admin.trace_url.as_deref())) }
                 td {
                     @if item.status == OutboxStatus::Failed || next.is_some() {
                         (button(session, &format!("/admin/outbox/{}/retry", item.seq), "Retry now", "primary"))

@@ -58,6 +58,8 @@ pub(crate) struct AdminContext {
     pub(crate) config_summary: String,
     /// Delivery, for retrying and dropping outbox items.
     pub(crate) delivery: Option<Delivery>,
+    /// `telemetry.trace_url`: where a trace id links to.
+    pub(crate) trace_url: Option<String>,
 }
 
 /// A request's form fields (the guard read and checked them), for the handler.

@@ -61,7 +61,11 @@ pub(super) fn channel_table(channels: &BTreeMap<String, ChannelState>) -> Markup
 }
 
 /// A thread's subagent tasks, with a cancel button on those still running.
-pub(super) fn task_table(session: &Session, tasks: &[SubagentRecord]) -> Markup {
+pub(super) fn task_table(
+    session: &Session,
+    tasks: &[SubagentRecord],
+    trace_url: Option<&str>,
+) -> Markup {
     html! {
         @if tasks.is_empty() {
             p.muted { "No subagent tasks." }
@@ -75,7 +79,7 @@ pub(super) fn task_table(session: &Session, tasks: &[SubagentRecord]) -> Markup 
                             td { (task.subagent_type) }
                             td { (page::clip(&task.description, 200)) }
                             td { span.badge.(task.status.as_str().to_ascii_lowercase()) { (task.status.as_str()) } }
-                            td { code { (task.trace_id) } }
+                            td { (page::trace(&task.trace_id, trace_url)) }
                             td {
                                 @if !task.status.is_terminal() {
                                     (button(session, &format!("/admin/tasks/{}/cancel", segment(&task.id)), "Cancel", "danger"))

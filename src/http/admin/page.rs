@@ -76,6 +76,16 @@ pub(super) fn button(session: &Session, action: &str, label: &str, class: &str) 
     }
 }
 
+/// A trace id, linked to the trace when `telemetry.trace_url` is set.
+pub(super) fn trace(id: &str, trace_url: Option<&str>) -> Markup {
+    html! {
+        @match crate::telemetry::trace_link(trace_url, id) {
+            Some(link) => a.trace href=(link) rel="noreferrer" { code { (id) } },
+            None => code.trace { (id) },
+        }
+    }
+}
+
 /// A page's HTML as a response (200).
 pub(super) fn respond(markup: Markup) -> Response {
     (
@@ -156,6 +166,15 @@ mod tests {
         let html = page(hostile, None, html! { p { (hostile) } }).into_string();
         assert!(!html.contains("<script>alert"), "{html}");
         assert!(html.contains("&lt;script&gt;alert('x')&lt;/script&gt;&quot;&amp;"));
+    }
+
+    #[test]
+    fn trace_ids_link_out_when_a_template_is_set() {
+        let id = "4bf92f3577b34da6a3ce929d0e0e4736";
+        let plain = trace(id, None).into_string();
+        assert_eq!(plain, format!("<code class=\"trace\">{id}</code>"));
+        let linked = trace(id, Some("https://tempo.example/trace/{trace_id}")).into_string();
+        assert!(linked.contains(&format!("href=\"https://tempo.example/trace/{id}\"")));
     }
 
     #[test]

@@ -96,6 +96,9 @@ pub(super) async fn thread(
         div.card {
             div { span.muted { "Thread " } code #thread-id { (thread.id) } }
             div { span.muted { "Conversation " } (thread.conversation) }
+            @if let Some(id) = &thread.last_trace {
+                div { span.muted { "Last turn's trace " } (page::trace(id, state.admin.trace_url.as_deref())) }
+            }
             div #usage {
                 span.muted { "Usage " }
                 (thread.usage.prompt_tokens) " prompt + " (thread.usage.completion_tokens)
@@ -111,7 +114,7 @@ pub(super) async fn thread(
         h2 { "Files" }
         (files(&thread))
         h2 { "Subagent tasks" }
-        (operations::task_table(&session, &tasks))
+        (operations::task_table(&session, &tasks, state.admin.trace_url.as_deref()))
     };
     respond(page(&title, Some(&session), body))
 }

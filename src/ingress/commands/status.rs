@@ -25,6 +25,8 @@ pub(crate) struct Facts<'a> {
     pub(crate) waiting: usize,
     /// Items in the inbox, all conversations.
     pub(crate) backlog: usize,
+    /// `telemetry.trace_url`: the template of a link to a trace.
+    pub(crate) trace_url: Option<&'a str>,
 }
 
 /// The answer to `/status`.
@@ -36,6 +38,7 @@ pub(crate) fn answer(facts: &Facts<'_>) -> String {
         model,
         waiting,
         backlog,
+        trace_url,
     } = facts;
     let mut out = format!("Thread: {thread_id}");
     if let Some(thread) = thread {
@@ -57,6 +60,12 @@ pub(crate) fn answer(facts: &Facts<'_>) -> String {
             "\nTokens: {} prompt + {} completion = {} total",
             thread.usage.prompt_tokens, thread.usage.completion_tokens, thread.usage.total_tokens
         ));
+        if let Some(trace) = &thread.last_trace {
+            out.push_str(&format!("\nLast trace: {trace}"));
+            if let Some(link) = crate::telemetry::trace_link(*trace_url, trace) {
+                out.push_str(&format!(" ({link})"));
+            }
+        }
     }
     let plan_mode = thread.map_or(config.enabled, |thread| config.plan_mode(thread));
     if config.in_chain() {

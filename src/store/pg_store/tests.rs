@@ -745,6 +745,7 @@ async fn one_replica_holds_a_conversation_and_another_adopts_it_once_the_holder_
         assert!(b.adopt(64).await.unwrap().inbox.is_empty(), "adopted once");
         let finish = FinishTurn {
             inbox_seq: item.seq,
+            trace: crate::telemetry::TraceContext::fresh(),
             thread: None,
             replies: Vec::new(),
             memory_update: None,
@@ -876,6 +877,7 @@ async fn a_conversation_taken_from_a_gone_replica_comes_with_the_replies_it_left
         answer.conversation = item.event.conversation.clone();
         let finish = FinishTurn {
             inbox_seq: item.seq,
+            trace: crate::telemetry::TraceContext::fresh(),
             thread: None,
             replies: vec![answer],
             memory_update: None,

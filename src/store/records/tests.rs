@@ -73,6 +73,7 @@ fn inbox_item() -> InboxItem {
         status: InboxStatus::Running,
         attempts: 2,
         accepted_at_ms: 1_780_000_000_124,
+        trace: crate::telemetry::TraceContext::fresh(),
         draft: Some(receipt("om_9")),
     }
 }
@@ -80,6 +81,7 @@ fn inbox_item() -> InboxItem {
 fn outbox_item(status: OutboxStatus) -> OutboxItem {
     OutboxItem {
         seq: 300 * 65_536 + 1,
+        trace: crate::telemetry::TraceContext::fresh(),
         message: OutboundMessage {
             prompts: Vec::new(),
             idempotency_key: "t:300:1".to_owned(),
@@ -242,10 +244,78 @@ fn format_1_inbox_items_are_still_read() {
     };
     let bytes = write(InboxItem::WHAT, INBOX_V1, &v1).unwrap();
     assert_eq!(bytes[0], 1);
-    assert_eq!(InboxItem::from_record(&bytes).unwrap(), item);
+    let read = InboxItem::from_record(&bytes).unwrap();
+    // Format 1 had no trace: the item gets a fresh one.
+    assert_eq!(
+        read,
+        InboxItem {
+            trace: read.trace,
+            ..item
+        }
+    );
     assert!(
         !is_current::<InboxItem>(&bytes),
         "format 1 is read, no longer written"
+    );
+}
+
+/// Inbox items of format 2 (before traces) are read with a fresh trace, everything else as
+/// it was.
+#[test]
+fn format_2_inbox_items_are_read_with_a_fresh_trace() {
+    let item = inbox_item();
+    let v2 = InboxV2 {
+        v1: InboxV1 {
+            seq: item.seq,
+            event: EventV1::of(&item.event),
+            thread_id: text(&item.thread_id),
+            fresh_thread: item.fresh_thread,
+            running: true,
+            attempts: item.attempts,
+            accepted_at_ms: item.accepted_at_ms,
+            draft: receipt_id(&item.draft),
+        },
+        media_group: opt_text(&item.event.media_group),
+    };
+    let bytes = write(InboxItem::WHAT, INBOX_V2, &v2).unwrap();
+    let read = InboxItem::from_record(&bytes).unwrap();
+    assert_ne!(read.trace, item.trace);
+    assert_eq!(read.trace.trace_hex().len(), 32);
+    assert_eq!(
+        read,
+        InboxItem {
+            trace: read.trace,
+            ..item.clone()
+        }
+    );
+    assert!(
+        !is_current::<InboxItem>(&bytes),
+        "format 2 is read, no longer written"
+    );
+    // Format 3 is format 2 and the 24 bytes of the trace, nothing more.
+    let current = item.to_record().unwrap();
+    assert_eq!(current.len(), bytes.len() + 24);
+    assert_eq!(InboxItem::from_record(&current).unwrap().trace, item.trace);
+}
+
+/// Outbox items of format 1 (before traces) are read with a fresh trace.
+#[test]
+fn format_1_outbox_items_are_read_with_a_fresh_trace() {
+    let item = outbox_item(OutboxStatus::Pending);
+    let current = item.to_record().unwrap();
+    assert_eq!(current[0], 2);
+    let OutboxV2 { v1, trace } = read(OutboxItem::WHAT, OutboxItem::FORMAT, &current).unwrap();
+    assert_eq!(trace.into_context(), item.trace);
+    let old = write(OutboxItem::WHAT, OUTBOX_V1, &v1).unwrap();
+    assert_eq!(old.len() + 24, current.len());
+    let read = OutboxItem::from_record(&old).unwrap();
+    assert_ne!(read.trace, item.trace);
+    assert_eq!(
+        read,
+        OutboxItem {
+            trace: read.trace,
+            ..item
+        }
     );
 }
 

@@ -104,6 +104,7 @@ pub(super) fn events() -> [InboundEvent; 3] {
 pub(super) fn accept_of(event: InboundEvent) -> Accept {
     Accept {
         dedupe_ttl_ms: TTL_MS,
+        trace: crate::telemetry::TraceContext::fresh(),
         event,
         thread: ThreadChoice::Current,
         now_ms: NOW_MS,

@@ -162,6 +162,7 @@ fn write_v1_store(path: &std::path::Path) -> String {
         .unwrap();
     let item = OutboxItem {
         seq: 3,
+        trace: crate::telemetry::TraceContext::fresh(),
         message: OutboundMessage {
             prompts: Vec::new(),
             idempotency_key: format!("{thread_id}:7:0"),

@@ -498,6 +498,8 @@ impl ChatModel for OpenAiClient {
         let mut attempts = 0u32;
         loop {
             attempts += 1;
+            // The retries so far, on the caller's `model_call` span (a trace attribute).
+            tracing::Span::current().record("retries", attempts - 1);
             let mut shown = String::new();
             let result = self.attempt(body.clone(), sink, &mut shown).await;
             metrics::counter!("antler_model_requests_total", "status" => status_label(&result))
