@@ -1323,7 +1323,7 @@ fn admin_context(config: &Config, auth: &ApiAuth, delivery: Delivery) -> AdminCo
         open: auth.is_open() && loopback,
         closed: (auth.is_open() && !loopback) || only_users,
         config_summary: config.summary(),
-        delivery: Some(delivery),
+        delivery,
         trace_url: config.telemetry.trace_url.clone(),
     }
 }

@@ -13,7 +13,7 @@ use axum::response::{IntoResponse, Redirect, Response};
 use maud::{Markup, html};
 
 use super::Operator;
-use super::page::{self, button, csrf_field, page, problem, respond, segment};
+use super::page::{self, button, csrf_field, page, problem, respond, segment, store_problem};
 use super::session::Session;
 use super::threads::sse;
 use crate::http::AppState;
@@ -82,13 +82,13 @@ fn status_name(status: OutboxStatus) -> &'static str {
 
 /// The outbox table's rows.
 fn outbox_rows(state: &AppState, session: &Session, items: &[OutboxItem]) -> Markup {
-    let delivery = state.admin.delivery.as_ref();
+    let delivery = &state.admin.delivery;
     html! {
         @if items.is_empty() {
             tr { td colspan="9" { span.muted { "Nothing was delivered yet." } } }
         }
         @for item in items {
-            @let next = delivery.and_then(|d| d.next_retry_ms(item.seq));
+            @let next = delivery.next_retry_ms(item.seq);
             tr data-seq=(item.seq) {
                 td { (item.seq) }
                 td { (item.message.conversation.as_str()) }
@@ -109,22 +109,6 @@ fn outbox_rows(state: &AppState, session: &Session, items: &[OutboxItem]) -> Mar
             }
         }
     }
-}
-
-fn store_problem(session: &Session, e: &StoreError) -> Response {
-    problem(
-        StatusCode::SERVICE_UNAVAILABLE,
-        Some(session),
-        &format!("the store does not answer: {e}"),
-    )
-}
-
-fn no_delivery(session: &Session) -> Response {
-    problem(
-        StatusCode::SERVICE_UNAVAILABLE,
-        Some(session),
-        "delivery is not running here",
-    )
 }
 
 fn missing(session: &Session, seq: u64) -> Response {
@@ -174,10 +158,7 @@ pub(super) async fn retry(
     Path(seq): Path<u64>,
     Operator(session): Operator,
 ) -> Response {
-    let Some(delivery) = &state.admin.delivery else {
-        return no_delivery(&session);
-    };
-    match delivery.retry(seq).await {
+    match state.admin.delivery.retry(seq).await {
         Ok(outcome) => {
             metrics::counter!("antler_admin_actions_total", "action" => "retry_delivery")
                 .increment(1);
@@ -220,10 +201,7 @@ pub(super) async fn drop_item(
     Path(seq): Path<u64>,
     Operator(session): Operator,
 ) -> Response {
-    let Some(delivery) = &state.admin.delivery else {
-        return no_delivery(&session);
-    };
-    match delivery.drop_item(seq).await {
+    match state.admin.delivery.drop_item(seq).await {
         Ok(dropped) => {
             if dropped {
                 metrics::counter!("antler_admin_actions_total", "action" => "drop_delivery")

@@ -10,12 +10,11 @@ use maud::html;
 use serde::Deserialize;
 use time::format_description::well_known::Rfc3339;
 
-use super::page::{self, button, csrf_field, page, problem, respond, segment};
+use super::page::{self, button, csrf_field, page, problem, respond, segment, store_problem};
 use super::session::Session;
 use super::{FormFields, Operator};
 use crate::http::AppState;
 use crate::memory::edit;
-use crate::store::StoreError;
 
 /// Users per page of the listing.
 const PAGE: usize = 100;
@@ -31,14 +30,6 @@ fn bad_user_key(session: &Session, key: &str) -> Option<Response> {
     edit::check_user_key(key)
         .err()
         .map(|e| problem(StatusCode::BAD_REQUEST, Some(session), &e.to_string()))
-}
-
-fn store_problem(session: &Session, e: &StoreError) -> Response {
-    problem(
-        StatusCode::SERVICE_UNAVAILABLE,
-        Some(session),
-        &format!("the store does not answer: {e}"),
-    )
 }
 
 fn to_user(key: &str) -> Response {

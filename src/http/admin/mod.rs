@@ -57,7 +57,7 @@ pub(crate) struct AdminContext {
     /// `Config::summary`: the configuration with secrets masked.
     pub(crate) config_summary: String,
     /// Delivery, for retrying and dropping outbox items.
-    pub(crate) delivery: Option<Delivery>,
+    pub(crate) delivery: Delivery,
     /// `telemetry.trace_url`: where a trace id links to.
     pub(crate) trace_url: Option<String>,
 }

@@ -9,7 +9,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Redirect, Response};
 use maud::{Markup, html};
 
-use super::page::{self, button, page, problem, respond, segment};
+use super::page::{self, button, page, problem, respond, segment, store_problem};
 use super::session::Session;
 use super::{FormFields, Operator};
 use crate::agent::subagents::SubagentRecord;
@@ -17,15 +17,6 @@ use crate::agent::subagents::executor::CancelOutcome;
 use crate::health::ChannelState;
 use crate::http::AppState;
 use crate::ingress::approvals::{DecideError, Decider};
-use crate::store::StoreError;
-
-fn store_problem(session: &Session, e: &StoreError) -> Response {
-    problem(
-        StatusCode::SERVICE_UNAVAILABLE,
-        Some(session),
-        &format!("the store does not answer: {e}"),
-    )
-}
 
 /// Each platform channel's health as a table.
 pub(super) fn channel_table(channels: &BTreeMap<String, ChannelState>) -> Markup {

@@ -107,6 +107,15 @@ pub(super) fn problem(status: StatusCode, session: Option<&Session>, message: &s
     response
 }
 
+/// The page saying the store does not answer (503).
+pub(super) fn store_problem(session: &Session, e: &crate::store::StoreError) -> Response {
+    problem(
+        StatusCode::SERVICE_UNAVAILABLE,
+        Some(session),
+        &format!("the store does not answer: {e}"),
+    )
+}
+
 /// A time in ms since the epoch, as UTC to the second (`2026-12-05 14:03:22`).
 pub(super) fn time(ms: u64) -> String {
     let nanos = i128::from(ms) * 1_000_000;

@@ -13,7 +13,7 @@ use maud::{Markup, html};
 use serde::Deserialize;
 use tokio::sync::broadcast;
 
-use super::page::{self, page, problem, respond, segment};
+use super::page::{self, page, problem, respond, segment, store_problem};
 use super::{Operator, operations};
 use crate::agent::message::ChatMessage;
 use crate::agent::middleware::thread_data::PresentedFiles;
@@ -137,14 +137,6 @@ async fn read_thread(state: &AppState, id: &str) -> Result<ThreadState, Response
             &format!("the store does not answer: {e}"),
         )),
     }
-}
-
-fn store_problem(session: &super::Session, e: &crate::store::StoreError) -> Response {
-    problem(
-        StatusCode::SERVICE_UNAVAILABLE,
-        Some(session),
-        &format!("the store does not answer: {e}"),
-    )
 }
 
 /// The thread's messages, oldest first; system messages left out (they are the prompt).
