@@ -15,7 +15,9 @@ use axum::http::StatusCode;
 use fantoccini::{Client as Browser, ClientBuilder, Locator};
 use serde_json::{Value, json};
 
-use crate::support::{Behaviour, DEADLINE, MockModel, TestApp, free_port, wait_until};
+use crate::support::{
+    Behaviour, DEADLINE, MockModel, TestApp, free_port, read_sse_until, wait_until,
+};
 
 const ADMIN_TOKEN: &str = "admin-token-0123456789";
 
@@ -164,6 +166,42 @@ async fn the_admin_page_needs_a_session_and_every_form_its_csrf_token() {
     assert!(!html.contains("<script>alert"), "{html}");
     assert!(
         html.contains("&lt;script&gt;alert('owned')&lt;/script&gt; &amp; &lt;b&gt;bold&lt;/b&gt;")
+    );
+
+    // The outbox follows the store live: the rows come as an `outbox` event, escaped.
+    let live = http
+        .get(format!("{base}/admin/deliveries/live"))
+        .header("cookie", &cookie)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(live.status(), StatusCode::OK);
+    let events = read_sse_until(live, |events| {
+        events.iter().any(|(name, _)| name == "outbox")
+    })
+    .await;
+    let rows = events[0].1["html"].as_str().unwrap().to_owned();
+    assert!(rows.contains("api:ops") && rows.contains("sent"), "{rows}");
+    // And a thread's page its turn's events: the next answer streams in.
+    let thread_live = http
+        .get(format!("{base}/admin/threads/{thread}/live"))
+        .header("cookie", &cookie)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(thread_live.status(), StatusCode::OK);
+    let asking = admin.ask("ops", "again");
+    let (events, _) = tokio::join!(
+        read_sse_until(thread_live, |events| events
+            .iter()
+            .any(|(name, _)| name == "final")),
+        asking
+    );
+    assert!(
+        events
+            .iter()
+            .any(|(name, data)| name == "final" && data["text"] == "echo: again"),
+        "{events:?}"
     );
 
     // State changes need the session's CSRF token, from this site.
