@@ -2,7 +2,7 @@
 //! wrappers over parsers that are otherwise internal, taking raw input and returning plain
 //! data the targets check properties on. Not an API: hidden from the docs and free to change.
 
-use std::sync::Mutex;
+use std::sync::{LazyLock, Mutex};
 
 use crate::agent::model::{ModelResponse, OpenAiClient, OpenAiConfig};
 
@@ -21,9 +21,14 @@ pub struct ModelAnswer {
     pub finish_reason: String,
 }
 
-/// A client whose base URL is never reached: reading a body makes no request.
-fn client() -> Result<OpenAiClient, String> {
-    OpenAiClient::new(OpenAiConfig::new("http://127.0.0.1:9/v1", "fuzz")).map_err(|e| e.to_string())
+/// A client whose base URL is never reached: reading a body makes no request. Built once:
+/// building an HTTP client costs far more than reading a body.
+fn client() -> Result<&'static OpenAiClient, String> {
+    static CLIENT: LazyLock<Result<OpenAiClient, String>> = LazyLock::new(|| {
+        OpenAiClient::new(OpenAiConfig::new("http://127.0.0.1:9/v1", "fuzz"))
+            .map_err(|e| e.to_string())
+    });
+    CLIENT.as_ref().map_err(Clone::clone)
 }
 
 fn answer(response: ModelResponse, deltas: String) -> ModelAnswer {
@@ -89,7 +94,8 @@ pub fn chat_sse_events(pieces: &[&[u8]]) -> Vec<(String, String)> {
 /// A `.env` file's variables, sorted by name, or the line number and problem of its first
 /// error.
 pub fn env_file(text: &str) -> Result<Vec<(String, String)>, (usize, &'static str)> {
-    let mut vars: Vec<(String, String)> = crate::config::parse_env_file(text)?.into_iter().collect();
+    let mut vars: Vec<(String, String)> =
+        crate::config::parse_env_file(text)?.into_iter().collect();
     vars.sort();
     Ok(vars)
 }
@@ -119,8 +125,12 @@ mod tests {
 
     #[test]
     fn chat_events_and_env_files_read() {
-        let events = chat_sse_events(&[b"event: delta\ndata: a\n\nevent: final\ndata: b\n\n".as_slice()]);
-        assert_eq!(events, [("delta".into(), "a".into()), ("final".into(), "b".into())]);
+        let events =
+            chat_sse_events(&[b"event: delta\ndata: a\n\nevent: final\ndata: b\n\n".as_slice()]);
+        assert_eq!(
+            events,
+            [("delta".into(), "a".into()), ("final".into(), "b".into())]
+        );
         assert_eq!(env_file("A=1\n# c\n"), Ok(vec![("A".into(), "1".into())]));
         assert_eq!(env_file("nope"), Err((1, "expected NAME=value")));
     }

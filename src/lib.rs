@@ -35,9 +35,9 @@ pub mod cli;
 pub mod config;
 pub(crate) mod delivery;
 pub mod doctor;
+pub(crate) mod events;
 #[doc(hidden)]
 pub mod fuzzing;
-pub(crate) mod events;
 pub(crate) mod health;
 pub(crate) mod http;
 pub(crate) mod ingress;

@@ -12,10 +12,17 @@ fuzz_target!(|data: &[u8]| {
     };
     let whole = model_stream(&[stream]);
     if let Ok(answer) = &whole {
-        assert_eq!(answer.deltas, answer.content, "deltas differ from the content");
+        assert_eq!(
+            answer.deltas, answer.content,
+            "deltas differ from the content"
+        );
     }
     let size = usize::from(cuts % 16) + 1;
     let pieces: Vec<&[u8]> = stream.chunks(size).collect();
-    assert_eq!(model_stream(&pieces), whole, "the answer depends on chunking");
+    assert_eq!(
+        model_stream(&pieces),
+        whole,
+        "the answer depends on chunking"
+    );
     let _ = model_completion(stream);
 });

@@ -8,18 +8,28 @@ use antler_channel::render::{Limit, SlackMrkdwn};
 use antler_fuzz::{SLACK, check_chunking, render_input};
 use libfuzzer_sys::fuzz_target;
 
+/// Whether `before` ends in a line's start followed by quote markers only.
+fn quote_prefix(before: &str) -> bool {
+    let line = &before[before.rfind('\n').map_or(0, |at| at + 1)..];
+    line.chars().all(|c| c == '>' || c == ' ')
+}
+
 fn check_mrkdwn(chunk: &str) {
     let mut inside = false;
     for (at, c) in chunk.char_indices() {
         match c {
             '&' => assert!(
-                ["&amp;", "&lt;", "&gt;"].iter().any(|e| chunk[at..].starts_with(e)),
+                ["&amp;", "&lt;", "&gt;"]
+                    .iter()
+                    .any(|e| chunk[at..].starts_with(e)),
                 "a bare '&' in {chunk:?}"
             ),
             '<' => {
                 assert!(!inside, "a '<' inside a link in {chunk:?}");
                 inside = true;
             }
+            // A quote's `> ` (nested: `> > `) at the start of a line is markup.
+            '>' if !inside && quote_prefix(&chunk[..at]) => {}
             '>' => {
                 assert!(inside, "a stray '>' in {chunk:?}");
                 inside = false;

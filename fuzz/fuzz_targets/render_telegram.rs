@@ -16,7 +16,10 @@ fuzz_target!(|data: &[u8]| {
     };
     let whole = rendered(&TelegramHtml, markdown);
     for (chunks, max) in [
-        (check_chunking(&TelegramHtml, markdown, Limit::Utf16(limit)), limit),
+        (
+            check_chunking(&TelegramHtml, markdown, Limit::Utf16(limit)),
+            limit,
+        ),
         (TELEGRAM.render(markdown).expect("renders at 4096"), 4096),
     ] {
         for chunk in &chunks {

@@ -9,12 +9,12 @@ fuzz_target!(|data: &[u8]| {
     let Some((&cuts, stream)) = data.split_first() else {
         return;
     };
-    // Cut points from the first byte: pieces of 1 to 8 bytes, cycling.
+    // Cut points from the first byte: pieces of 1 to 32 bytes, cycling.
     let mut pieces: Vec<&[u8]> = Vec::new();
     let mut rest = stream;
     let mut step = 0u32;
     while !rest.is_empty() {
-        let size = usize::from((cuts.rotate_left(step) & 7) + 1).min(rest.len());
+        let size = usize::from((cuts.rotate_left(step) & 31) + 1).min(rest.len());
         pieces.push(&rest[..size]);
         rest = &rest[size..];
         step += 1;

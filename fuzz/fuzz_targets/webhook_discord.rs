@@ -39,8 +39,14 @@ fuzz_target!(|data: &[u8]| {
         0 if accepted => {
             // Accepted: a valid signature by the application's key over timestamp and body.
             let ts = headers.get(TIMESTAMP_HEADER).unwrap().as_bytes();
-            let sig = hex::decode(headers.get(SIGNATURE_HEADER).unwrap().as_bytes().trim_ascii())
-                .expect("accepted a signature that is not hex");
+            let sig = hex::decode(
+                headers
+                    .get(SIGNATURE_HEADER)
+                    .unwrap()
+                    .as_bytes()
+                    .trim_ascii(),
+            )
+            .expect("accepted a signature that is not hex");
             let sig = ed25519_dalek::Signature::from_slice(&sig).expect("a 64-byte signature");
             let mut signed = ts.to_vec();
             signed.extend_from_slice(input.body);

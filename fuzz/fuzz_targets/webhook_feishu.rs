@@ -57,23 +57,27 @@ fuzz_target!(|data: &[u8]| {
     if accepted {
         let url_verification = matches!(parsed, Ok(Parsed::Reply(_)));
         if encrypted && !url_verification {
-            let value = |name: &str| {
-                std::str::from_utf8(headers.get(name).unwrap().as_bytes()).unwrap()
-            };
+            let value =
+                |name: &str| std::str::from_utf8(headers.get(name).unwrap().as_bytes()).unwrap();
             let expected = signature(
                 value(TIMESTAMP_HEADER),
                 value(NONCE_HEADER),
                 ENCRYPT_KEY,
                 &body,
             );
-            assert_eq!(value(SIGNATURE_HEADER).trim().to_ascii_lowercase(), expected);
+            assert_eq!(
+                value(SIGNATURE_HEADER).trim().to_ascii_lowercase(),
+                expected
+            );
         }
         if !encrypted {
             let event: serde_json::Value = serde_json::from_slice(&body).unwrap();
             let token = if url_verification {
                 event.get("token")
             } else {
-                event.pointer("/header/token").or_else(|| event.get("token"))
+                event
+                    .pointer("/header/token")
+                    .or_else(|| event.get("token"))
             };
             assert_eq!(token.and_then(|t| t.as_str()), Some(VERIFICATION_TOKEN));
         }

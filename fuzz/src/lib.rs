@@ -305,7 +305,9 @@ pub fn check_telegram_html(html: &str) -> String {
     while let Some(c) = rest.chars().next() {
         match c {
             '<' => {
-                let end = rest.find('>').unwrap_or_else(|| panic!("an unclosed tag: {html:?}"));
+                let end = rest
+                    .find('>')
+                    .unwrap_or_else(|| panic!("an unclosed tag: {html:?}"));
                 let tag = &rest[1..end];
                 rest = &rest[end + 1..];
                 if let Some(name) = tag.strip_prefix('/') {
@@ -336,10 +338,15 @@ pub fn check_telegram_html(html: &str) -> String {
             }
             '>' => panic!("a stray '>' in {html:?}"),
             '&' => {
-                let (entity, decoded) = [("&amp;", '&'), ("&lt;", '<'), ("&gt;", '>'), ("&quot;", '"')]
-                    .into_iter()
-                    .find(|(entity, _)| rest.starts_with(entity))
-                    .unwrap_or_else(|| panic!("a bare '&' in {html:?}"));
+                let (entity, decoded) = [
+                    ("&amp;", '&'),
+                    ("&lt;", '<'),
+                    ("&gt;", '>'),
+                    ("&quot;", '"'),
+                ]
+                .into_iter()
+                .find(|(entity, _)| rest.starts_with(entity))
+                .unwrap_or_else(|| panic!("a bare '&' in {html:?}"));
                 visible.push(decoded);
                 rest = &rest[entity.len()..];
             }
