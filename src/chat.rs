@@ -415,7 +415,7 @@ fn failure_reason(error: &reqwest::Error, timeout: Duration) -> String {
 }
 
 /// The end (exclusive) of the first complete SSE block in `buffer`.
-fn block_end(buffer: &[u8]) -> Option<usize> {
+pub(crate) fn block_end(buffer: &[u8]) -> Option<usize> {
     buffer
         .windows(2)
         .position(|pair| pair == b"\n\n")
@@ -423,7 +423,7 @@ fn block_end(buffer: &[u8]) -> Option<usize> {
 }
 
 /// Splits one SSE block into its event name and joined data lines.
-fn parse_block(block: &str) -> (String, String) {
+pub(crate) fn parse_block(block: &str) -> (String, String) {
     let mut event = String::from("message");
     let mut data = Vec::new();
     for line in block.lines() {

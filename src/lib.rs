@@ -16,6 +16,7 @@
 //! - `beneath`: files opened beneath a folder handle, links refused.
 //! - `metrics_catalog`: every Prometheus metric antler emits, described and registered at zero.
 //! - [`doctor`], [`chat`], [`logging`], [`cli`]: what the binary's subcommands and setup use.
+//! - `fuzzing`: thin entry points into internal parsers for the fuzz targets in `fuzz/` (hidden).
 #![cfg_attr(
     test,
     allow(
@@ -35,6 +36,8 @@ pub mod config;
 pub(crate) mod delivery;
 pub mod doctor;
 pub(crate) mod events;
+#[doc(hidden)]
+pub mod fuzzing;
 pub(crate) mod health;
 pub(crate) mod http;
 pub(crate) mod ingress;

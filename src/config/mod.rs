@@ -58,6 +58,7 @@ use crate::agent::tools::web_fetch::WebFetchConfig;
 use crate::secret;
 pub use crate::secret::Secret;
 
+pub(crate) use locate::parse_env_file;
 pub use locate::{CONFIG_VAR, ConfigNotFound, ENV_FILE, EnvFileError, SEARCH_PATHS, locate};
 pub(crate) use schedules::ScheduleConfig;
 

@@ -328,6 +328,12 @@ pub fn normalize(update: &Update, me: &BotIdentity, received_at_ms: u64) -> Norm
         ),
         (None, None) => ("", Vec::new()),
     };
+    // teloxide turns an offset past the text's end into a byte range past it, and
+    // `MessageEntityRef::text` then panics: an entity not within the text is dropped.
+    let entities: Vec<MessageEntityRef<'_>> = entities
+        .into_iter()
+        .filter(|entity| text.get(entity.range()).is_some())
+        .collect();
     let attachments = attachments(message);
     let unsupported = if text.trim().is_empty() && attachments.is_empty() {
         match unsupported(message) {
@@ -628,6 +634,21 @@ mod tests {
                 Normalized::Moved(chat_move) => assert_eq!(chat_move, expected, "{name}"),
                 other => panic!("{name}: {other:?}"),
             }
+        }
+    }
+
+    /// Found by the `webhook_telegram` fuzz target: an entity reaching past the text made
+    /// teloxide's `MessageEntityRef::text` panic.
+    #[test]
+    fn an_entity_past_the_end_of_the_text_is_dropped_not_a_panic() {
+        let mut raw: Value =
+            serde_json::from_str(&antler_testkit::telegram::fixture("tg_group_mention")).unwrap();
+        raw["message"]["entities"] =
+            serde_json::json!([{"offset": 0, "length": 111, "type": "mention"}]);
+        let update = read_update(&raw).unwrap().unwrap();
+        match normalize(&update, &me(), 42) {
+            Normalized::Message(m) => assert!(!m.facts.mentions_bot),
+            other => panic!("not a message: {other:?}"),
         }
     }
 

@@ -12,7 +12,7 @@ pub(crate) mod scripted;
 mod think;
 
 pub(crate) use health::ModelHealth;
-pub(crate) use openai::{OpenAiClient, OpenAiConfig};
+pub(crate) use openai::{OpenAiClient, OpenAiConfig, sse_events};
 
 use std::sync::Arc;
 use std::time::Duration;

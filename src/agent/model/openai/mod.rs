@@ -56,6 +56,14 @@ const SSE_LINE_MAX_BYTES: usize = 1024 * 1024;
 /// The most a stream may carry in all.
 const STREAM_MAX_BYTES: usize = 16 * 1024 * 1024;
 
+/// What one network chunk of a stream did.
+struct ChunkRead {
+    /// The answer, when the chunk completed it (`[DONE]`).
+    done: Option<ModelResponse>,
+    /// Whether the answer moved (see [`SseParser::take_activity`]).
+    activity: bool,
+}
+
 /// Settings of the OpenAI-compatible client.
 #[derive(Clone)]
 pub(crate) struct OpenAiConfig {
@@ -349,23 +357,59 @@ impl OpenAiClient {
                     STREAM_MAX_BYTES / (1024 * 1024)
                 )));
             }
-            let events = parser.push(&chunk)?;
-            if parser.take_activity() {
+            let read = self.read_chunk(&mut parser, &mut state, &chunk, sink, shown)?;
+            if read.activity {
                 answering = true;
                 deadline = after(Instant::now(), self.config.idle_timeout);
             }
-            for data in events {
-                if self.apply(&mut state, &data, sink, shown)? {
-                    return Ok(state.finish(sink, shown));
-                }
+            if let Some(answer) = read.done {
+                return Ok(answer);
             }
         }
+        self.end_stream(parser, state, sink, shown)
+    }
+
+    /// Reads one network chunk of a stream: its events applied, and the answer once `[DONE]`
+    /// completes it.
+    fn read_chunk(
+        &self,
+        parser: &mut SseParser,
+        state: &mut StreamState,
+        chunk: &[u8],
+        sink: DeltaSink<'_>,
+        shown: &mut String,
+    ) -> Result<ChunkRead, AttemptError> {
+        let events = parser.push(chunk)?;
+        let activity = parser.take_activity();
+        for data in events {
+            if self.apply(state, &data, sink, shown)? {
+                let done = std::mem::take(state).finish(sink, shown);
+                return Ok(ChunkRead {
+                    done: Some(done),
+                    activity,
+                });
+            }
+        }
+        Ok(ChunkRead {
+            done: None,
+            activity,
+        })
+    }
+
+    /// The answer once the connection closed without `[DONE]`: an event left without its
+    /// closing blank line still counts, and what came is usable only if it was complete.
+    fn end_stream(
+        &self,
+        mut parser: SseParser,
+        mut state: StreamState,
+        sink: DeltaSink<'_>,
+        shown: &mut String,
+    ) -> Result<ModelResponse, AttemptError> {
         if let Some(data) = parser.finish() {
             if self.apply(&mut state, &data, sink, shown)? {
                 return Ok(state.finish(sink, shown));
             }
         }
-        // The connection closed without `[DONE]`: what came is usable only if it was complete.
         if state.finish_reason.is_some() {
             Ok(state.finish(sink, shown))
         } else {
@@ -373,6 +417,36 @@ impl OpenAiClient {
                 "the stream ended before the answer was complete".to_owned(),
             ))
         }
+    }
+
+    /// A whole stream body arriving in `pieces`, read as a streamed attempt reads it (without
+    /// its timeouts): for the fuzz targets ([`crate::fuzzing`]).
+    pub(crate) fn read_stream(
+        &self,
+        pieces: &[&[u8]],
+        sink: DeltaSink<'_>,
+        shown: &mut String,
+    ) -> Result<ModelResponse, ModelError> {
+        let mut parser = SseParser::default();
+        let mut state = StreamState::default();
+        let read = || -> Result<ModelResponse, AttemptError> {
+            for piece in pieces {
+                if let Some(answer) = self
+                    .read_chunk(&mut parser, &mut state, piece, sink, shown)?
+                    .done
+                {
+                    return Ok(answer);
+                }
+            }
+            self.end_stream(parser, state, sink, shown)
+        };
+        read().map_err(|error| self.final_error(error, 1))
+    }
+
+    /// A non-streamed answer's body, read as an attempt reads it: for the fuzz targets.
+    pub(crate) fn read_completion(&self, body: &[u8]) -> Result<ModelResponse, ModelError> {
+        self.parse_completion(body)
+            .map_err(|error| self.final_error(error, 1))
     }
 
     /// Applies one stream event; an error chunk becomes the error it names.
@@ -642,4 +716,16 @@ async fn read_body(
         }
         body.extend_from_slice(&chunk);
     }
+}
+
+/// The `data` of each event in a stream arriving in `pieces`, an unterminated last one
+/// included, as a streamed attempt splits it: for the fuzz targets ([`crate::fuzzing`]).
+pub(crate) fn sse_events(pieces: &[&[u8]]) -> Result<Vec<String>, String> {
+    let mut parser = SseParser::default();
+    let mut events = Vec::new();
+    for piece in pieces {
+        events.extend(parser.push(piece).map_err(|e| format!("{e:?}"))?);
+    }
+    events.extend(parser.finish());
+    Ok(events)
 }
