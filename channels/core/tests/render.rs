@@ -647,6 +647,20 @@ fn discord_keeps_markdown_mostly_as_it_is() {
 }
 
 #[test]
+fn a_code_block_in_a_quote_starts_at_the_margin() {
+    // Found by the `render_discord` fuzz target: `> ```` opens no code block on Discord (or
+    // in Slack), so the fence showed as text and the closing one opened a block.
+    assert_eq!(
+        discord("> ```sh\n> ls -l\n> ```\n>\n> after"),
+        "```sh\nls -l\n```\n> after"
+    );
+    assert_eq!(
+        discord("> before\n>\n> ```\n> x\n> ```"),
+        "> before\n```\nx\n```"
+    );
+}
+
+#[test]
 fn discord_escapes_what_would_format_with_a_backslash_atom() {
     assert_eq!(
         discord("snake_case \\*x\\* a\\|b <@123> \\~s\\~ \\`c\\` \\[l\\] back\\\\slash"),

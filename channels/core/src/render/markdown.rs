@@ -137,11 +137,25 @@ impl Walker<'_> {
     /// Code verbatim, at the margin: a list's or quote's indentation would become part of it.
     /// The fence stays the same in every chunk, so it keeps its language when reopened.
     fn code_block(&mut self, language: Option<&str>, text: &str) {
+        self.start_at_margin();
         let fence = "`".repeat(longest_backtick_run(text).max(2) + 1);
         let language = language.filter(|l| is_language_safe(l)).unwrap_or("");
         self.open(&format!("{fence}{language}\n"), &format!("\n{fence}"));
         self.raw(text);
         self.close();
+    }
+
+    /// Drops the current line's indentation while nothing else is on it: a fence after a
+    /// quote's `> ` opens no code block, so its backticks would show as text.
+    fn start_at_margin(&mut self) {
+        if self.indent.is_empty() || !self.at_line_start() {
+            return;
+        }
+        if let Some(Token::Text(last)) = self.out.last_mut() {
+            if let Some(kept) = last.strip_suffix(self.indent.as_str()).map(str::len) {
+                last.truncate(kept);
+            }
+        }
     }
 
     /// Tables become aligned text in a code block: neither dialect has table markup.
