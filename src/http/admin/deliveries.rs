@@ -158,7 +158,20 @@ pub(super) async fn retry(
     Path(seq): Path<u64>,
     Operator(session): Operator,
 ) -> Response {
-    match state.admin.delivery.retry(seq).await {
+    // In a task of its own: a reply requeued is also queued, whether or not the browser
+    // waits for the answer.
+    let delivery = state.admin.delivery.clone();
+    let retried = match tokio::spawn(async move { delivery.retry(seq).await }).await {
+        Ok(retried) => retried,
+        Err(e) => {
+            return problem(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                Some(&session),
+                &e.to_string(),
+            );
+        }
+    };
+    match retried {
         Ok(outcome) => {
             metrics::counter!("antler_admin_actions_total", "action" => "retry_delivery")
                 .increment(1);
