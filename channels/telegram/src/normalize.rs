@@ -320,20 +320,16 @@ pub fn normalize(update: &Update, me: &BotIdentity, received_at_ms: u64) -> Norm
     let Some(user) = author(message) else {
         return Normalized::Ignored("written by a bot, or by no one");
     };
-    let (text, entities) = match (message.text(), message.caption()) {
-        (Some(text), _) => (text, message.parse_entities().unwrap_or_default()),
-        (None, Some(caption)) => (
-            caption,
-            message.parse_caption_entities().unwrap_or_default(),
-        ),
-        (None, None) => ("", Vec::new()),
+    let (text, raw_entities) = match (message.text(), message.caption()) {
+        (Some(text), _) => (text, message.entities().unwrap_or_default()),
+        (None, Some(caption)) => (caption, message.caption_entities().unwrap_or_default()),
+        (None, None) => ("", &[][..]),
     };
-    // teloxide turns an offset past the text's end into a byte range past it, and
-    // `MessageEntityRef::text` then panics: an entity not within the text is dropped.
-    let entities: Vec<MessageEntityRef<'_>> = entities
-        .into_iter()
-        .filter(|entity| text.get(entity.range()).is_some())
-        .collect();
+    // teloxide's `MessageEntityRef::parse` panics on an offset that splits a character's
+    // UTF-16 pair, and `MessageEntityRef::text` on one past the text's end: an entity that
+    // does not start and end on the text's character boundaries is dropped.
+    let kept = on_char_boundaries(text, raw_entities);
+    let entities = MessageEntityRef::parse(text, &kept);
     let attachments = attachments(message);
     let unsupported = if text.trim().is_empty() && attachments.is_empty() {
         match unsupported(message) {
@@ -453,6 +449,27 @@ fn press(query: &CallbackQuery) -> Normalized {
 }
 
 /// Whether `entity` mentions the bot.
+/// The entities whose UTF-16 start and end both fall on a character boundary of `text`.
+fn on_char_boundaries(text: &str, entities: &[MessageEntity]) -> Vec<MessageEntity> {
+    let boundaries: Vec<usize> = std::iter::once(0)
+        .chain(text.chars().scan(0, |units, c| {
+            *units += c.len_utf16();
+            Some(*units)
+        }))
+        .collect();
+    let is_boundary = |units: usize| boundaries.binary_search(&units).is_ok();
+    entities
+        .iter()
+        .filter(|entity| {
+            entity
+                .offset
+                .checked_add(entity.length)
+                .is_some_and(|end| is_boundary(entity.offset) && is_boundary(end))
+        })
+        .cloned()
+        .collect()
+}
+
 fn mentions(entity: &MessageEntityRef<'_>, me: &BotIdentity) -> bool {
     match entity.kind() {
         MessageEntityKind::Mention => entity
@@ -649,6 +666,27 @@ mod tests {
         match normalize(&update, &me(), 42) {
             Normalized::Message(m) => assert!(!m.facts.mentions_bot),
             other => panic!("not a message: {other:?}"),
+        }
+    }
+
+    /// Found by the `webhook_telegram` fuzz target: an offset inside 🚀's UTF-16 pair made
+    /// teloxide's `MessageEntityRef::parse` panic ("Invalid utf-16 offset").
+    #[test]
+    fn an_entity_splitting_a_character_is_dropped_not_a_panic() {
+        for (offset, length) in [(1, 12), (0, 1), (3, usize::MAX)] {
+            let mut raw: Value =
+                serde_json::from_str(&antler_testkit::telegram::fixture("tg_group_mention"))
+                    .unwrap();
+            raw["message"]["entities"] =
+                serde_json::json!([{"offset": offset, "length": length, "type": "mention"}]);
+            let update = read_update(&raw).unwrap().unwrap();
+            match normalize(&update, &me(), 42) {
+                Normalized::Message(m) => {
+                    assert!(!m.facts.mentions_bot, "{offset}+{length}");
+                    assert_eq!(m.event.text, "🚀 @opsbot_bot restart web-api");
+                }
+                other => panic!("not a message: {other:?}"),
+            }
         }
     }
 
