@@ -139,6 +139,7 @@ async fn check(config_path: &Path) -> Vec<Finding> {
     findings.push(check_listen(&config).await);
     findings.push(check_model(&config).await);
     findings.push(check_api(&config));
+    findings.push(check_traces(&config.telemetry));
     if config.channels.telegram.enabled {
         findings.extend(check_telegram(&config).await);
     }
@@ -921,6 +922,35 @@ fn check_api(config: &Config) -> Finding {
     Finding::ok("api", format!("{tokens} token(s) configured"))
 }
 
+/// Whether traces leave the process, and where (credentials masked). Validation has checked
+/// the URLs already; an `OTEL_EXPORTER_OTLP_ENDPOINT` that is not one is reported here.
+fn check_traces(telemetry: &crate::telemetry::TelemetryConfig) -> Finding {
+    let Some(endpoint) = telemetry.endpoint() else {
+        return Finding::note(
+            "traces",
+            "off (set [telemetry] otlp_endpoint or OTEL_EXPORTER_OTLP_ENDPOINT to export them)",
+        );
+    };
+    let masked = crate::secret::mask_url(&endpoint);
+    let shown = masked.trim_end_matches('/');
+    if let Err(e) = crate::telemetry::check_endpoint(&endpoint) {
+        return Finding::fail(
+            "traces",
+            format!("the collector URL {shown} {e}"),
+            "set [telemetry] otlp_endpoint (or OTEL_EXPORTER_OTLP_ENDPOINT) to the collector's base URL, e.g. http://127.0.0.1:4318",
+        );
+    }
+    let link = if telemetry.trace_url.is_some() {
+        "; the admin page and /status link to telemetry.trace_url"
+    } else {
+        ""
+    };
+    Finding::ok(
+        "traces",
+        format!("exported as OTLP/HTTP to {shown}/v1/traces{link}"),
+    )
+}
+
 /// Whether `store.path` holds the folder id the database names (`named`), as every replica's
 /// must: what to add to the finding, or what is wrong.
 fn shared_folder(config: &Config, named: Option<&str>) -> Result<String, String> {
@@ -961,6 +991,29 @@ mod tests {
             Finding::ok("store", "fine")
                 .line()
                 .starts_with("ok    store")
+        );
+    }
+
+    #[test]
+    fn traces_say_where_they_go_without_credentials() {
+        use crate::telemetry::TelemetryConfig;
+        let on = check_traces(&TelemetryConfig {
+            otlp_endpoint: Some("https://user:hunter2@otel.example:4318".to_owned()),
+            trace_url: Some("https://jaeger.example/trace/{trace_id}".to_owned()),
+        })
+        .line();
+        assert!(on.starts_with("ok    traces"), "{on}");
+        assert!(on.contains("otel.example:4318/v1/traces"), "{on}");
+        assert!(on.contains("trace_url"), "{on}");
+        assert!(!on.contains("hunter2"), "{on}");
+        let bad = check_traces(&TelemetryConfig {
+            otlp_endpoint: Some("ftp://otel.example".to_owned()),
+            trace_url: None,
+        })
+        .line();
+        assert!(
+            bad.starts_with("FAIL  traces") && bad.contains("fix:"),
+            "{bad}"
         );
     }
 }

@@ -66,7 +66,7 @@ pub fn init(format: LogFormat) -> Result<LogGuard, LoggingError> {
     let from_env = std::env::var(EnvFilter::DEFAULT_ENV)
         .ok()
         .filter(|value| !value.trim().is_empty())
-        .and_then(|value| EnvFilter::builder().parse(value).ok());
+        .and_then(|value| EnvFilter::builder().parse(tidy(&value)).ok());
     let env_rules = from_env.is_some();
     let filter = from_env.unwrap_or_else(|| EnvFilter::new("info"));
     let installed = match format {
@@ -87,10 +87,22 @@ pub fn init(format: LogFormat) -> Result<LogGuard, LoggingError> {
     Ok(guard)
 }
 
+/// `directives` with each comma-separated directive trimmed: tracing-subscriber 0.3 slices a
+/// directive at offsets into its trimmed copy, so a space after a comma shifts them (a target
+/// cut short, or a panic inside a multi-byte character).
+fn tidy(directives: &str) -> String {
+    directives
+        .split(',')
+        .map(str::trim)
+        .filter(|directive| !directive.is_empty())
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
 /// Reads `server.log_level`: `RUST_LOG` syntax, directives separated by commas.
 pub(crate) fn parse_level(directives: &str) -> Result<EnvFilter, String> {
     EnvFilter::builder()
-        .parse(directives)
+        .parse(tidy(directives))
         .map_err(|e| format!("not a log filter ({e}); e.g. `info` or `antler=debug,warn`"))
 }
 
@@ -539,6 +551,15 @@ mod tests {
         let problem = parse_level("antler=loud").unwrap_err();
         assert!(problem.contains("e.g. `info`"), "{problem}");
         assert!(parse_level("info").is_ok());
+    }
+
+    /// Found by the `config` fuzz target: tracing-subscriber sliced ` e◐=info` (after a comma)
+    /// at offsets into its trimmed copy and panicked inside the `◐`.
+    #[test]
+    fn spaces_after_commas_neither_cut_a_target_nor_panic() {
+        let filter = parse_level("warn, antler=debug").unwrap();
+        assert_eq!(filter.to_string(), "antler=debug,warn");
+        assert!(parse_level("info, e_:-◐=warn").is_ok());
     }
 
     #[test]

@@ -718,3 +718,58 @@ fn telegram_html_never_nests_what_the_bot_api_refuses() {
         "<blockquote>outer\ninner &lt;b&gt;</blockquote>\n\n<blockquote>again</blockquote>"
     );
 }
+
+#[test]
+fn an_image_in_a_link_keeps_its_text_but_is_no_link_of_its_own() {
+    // Found by the `render_telegram` fuzz target: `[a ![i](x)](y)` made an `<a>` inside an
+    // `<a>`, which Telegram refuses ("Can't parse entities").
+    let markdown = "[see ![i](http://x.test/i.png) here](https://y.test/run)";
+    assert_eq!(
+        html(markdown),
+        "<a href=\"https://y.test/run\">see i here</a>"
+    );
+    assert!(!links_nest(&html(markdown)));
+    assert_eq!(mrkdwn(markdown), "<https://y.test/run|see i here>");
+    assert_eq!(discord(markdown), "[see i here](https://y.test/run)");
+}
+
+/// `<a>` inside `<a>`: what Telegram refuses here.
+fn links_nest(html: &str) -> bool {
+    let mut depth = 0i32;
+    for (at, _) in html.match_indices('<') {
+        if html[at..].starts_with("<a ") {
+            depth += 1;
+            if depth > 1 {
+                return true;
+            }
+        } else if html[at..].starts_with("</a>") {
+            depth -= 1;
+        }
+    }
+    false
+}
+
+#[test]
+fn a_code_block_opening_a_list_item_starts_at_the_margin() {
+    // Found by the `render_discord` fuzz target: `- ```` opens no code block on Discord, so
+    // the fence showed as text and the closing one opened a block left open.
+    assert_eq!(
+        discord("- ```\n  x\n  ```\n- next"),
+        "- \n```\nx\n```\n- next"
+    );
+    assert_eq!(
+        discord("1. first\n2.     indented code"),
+        "1. first\n2. \n```\nindented code\n```"
+    );
+}
+
+#[test]
+fn a_quote_opening_a_list_item_starts_on_its_own_line() {
+    // Found by the `render_slack` fuzz target: `• > ` is no quote in Slack, and the `>` was
+    // written bare, where Slack wants `&gt;`.
+    assert_eq!(
+        mrkdwn("- > quoted\n  > more\n- next"),
+        "• \n  > quoted\n  > more\n• next"
+    );
+    assert_eq!(discord("- > quoted"), "- \n  > quoted");
+}

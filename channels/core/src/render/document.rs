@@ -198,6 +198,9 @@ impl Builder {
                 dest_url,
                 ..
             } => match safe_url(&dest_url, link_type) {
+                // A link in a link (an image in a link's text) keeps only its text: no
+                // platform nests links, and Telegram refuses the message.
+                Some(_) if self.in_link() => Frame::Span(SpanKind::Transparent, Vec::new()),
                 Some(url) => Frame::Span(SpanKind::Link(url), Vec::new()),
                 None => Frame::Span(SpanKind::Transparent, Vec::new()),
             },
@@ -206,6 +209,13 @@ impl Builder {
             _ => Frame::Span(SpanKind::Transparent, Vec::new()),
         };
         self.stack.push(frame);
+    }
+
+    /// Whether a link is open around the current position.
+    fn in_link(&self) -> bool {
+        self.stack
+            .iter()
+            .any(|frame| matches!(frame, Frame::Span(SpanKind::Link(_), _)))
     }
 
     /// Closes the innermost frame and hands its result to the parent.

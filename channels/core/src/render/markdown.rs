@@ -105,19 +105,6 @@ impl Walker<'_> {
         }
     }
 
-    /// Whether the next text starts a line (after its indentation): nothing written yet, or
-    /// only a newline and the current indentation since the last text.
-    fn at_line_start(&self) -> bool {
-        match self.out.last() {
-            None => true,
-            Some(Token::Text(last)) => {
-                let trimmed = last.strip_suffix(self.indent.as_str()).unwrap_or(last);
-                trimmed.is_empty() || trimmed.ends_with('\n')
-            }
-            Some(_) => false,
-        }
-    }
-
     fn write_block(&mut self, block: &Block) {
         match block {
             Block::Paragraph(content) => self.inlines(content),
@@ -145,10 +132,15 @@ impl Walker<'_> {
         self.close();
     }
 
-    /// Drops the current line's indentation while nothing else is on it: a fence after a
-    /// quote's `> ` opens no code block, so its backticks would show as text.
+    /// Moves to the margin: drops the current line's indentation while nothing else is on it,
+    /// else (a list item's marker) starts a new line. A fence after a quote's `> ` or a
+    /// marker opens no code block, so its backticks would show as text.
     fn start_at_margin(&mut self) {
-        if self.indent.is_empty() || !self.at_line_start() {
+        if !self.at_line_start() {
+            self.raw("\n");
+            return;
+        }
+        if self.indent.is_empty() {
             return;
         }
         if let Some(Token::Text(last)) = self.out.last_mut() {

@@ -38,8 +38,28 @@ pub(super) trait TokenWriter {
         *self.indent() = indent;
     }
 
-    /// A quote as `> ` at the start of each of its lines.
+    /// Whether the next output starts a line (after its indentation): nothing written yet,
+    /// or only a newline and the current indentation since the last text.
+    fn at_line_start(&mut self) -> bool {
+        let indent = std::mem::take(self.indent());
+        let at_start = match self.tokens().last() {
+            None => true,
+            Some(Token::Text(last)) => {
+                let trimmed = last.strip_suffix(indent.as_str()).unwrap_or(last);
+                trimmed.is_empty() || trimmed.ends_with('\n')
+            }
+            Some(_) => false,
+        };
+        *self.indent() = indent;
+        at_start
+    }
+
+    /// A quote as `> ` at the start of each of its lines. A quote that opens a list item
+    /// starts on the next line: a `> ` after the item's marker is no quote, just text.
     fn prefixed_quote(&mut self, blocks: &[Block]) {
+        if !self.at_line_start() {
+            self.newline();
+        }
         self.raw("> ");
         self.indent().push_str("> ");
         self.blocks(blocks, "\n");
