@@ -289,7 +289,7 @@ impl Session<'_> {
     ) -> Result<(), ChatError> {
         let mut streamed = false;
         // Bytes, not text: a character may be split across two chunks.
-        let mut buffer: Vec<u8> = Vec::new();
+        let mut blocks = SseBlocks::default();
         let mut body = response.bytes_stream();
         loop {
             let chunk = tokio::select! {
@@ -319,9 +319,8 @@ impl Session<'_> {
                     return Ok(());
                 }
             };
-            buffer.extend_from_slice(&chunk);
-            while let Some(end) = block_end(&buffer) {
-                let block: Vec<u8> = buffer.drain(..end).collect();
+            blocks.push(&chunk);
+            while let Some(block) = blocks.next_block() {
                 let (event, data) = parse_block(&String::from_utf8_lossy(&block));
                 let (text, flow) = self.on_event(&event, &data, &mut streamed);
                 show(&text);
@@ -414,12 +413,34 @@ fn failure_reason(error: &reqwest::Error, timeout: Duration) -> String {
     escape_line(&cause.to_string())
 }
 
-/// The end (exclusive) of the first complete SSE block in `buffer`.
-pub(crate) fn block_end(buffer: &[u8]) -> Option<usize> {
-    buffer
-        .windows(2)
-        .position(|pair| pair == b"\n\n")
-        .map(|at| at + 2)
+/// A byte stream cut into SSE blocks (each ending in a blank line). Each byte is searched
+/// once, however many network chunks a block arrives in.
+#[derive(Debug, Default)]
+pub(crate) struct SseBlocks {
+    buffer: Vec<u8>,
+    /// How much of `buffer` holds no block end.
+    searched: usize,
+}
+
+impl SseBlocks {
+    pub(crate) fn push(&mut self, bytes: &[u8]) {
+        self.buffer.extend_from_slice(bytes);
+    }
+
+    /// The next complete block, its blank line included.
+    pub(crate) fn next_block(&mut self) -> Option<Vec<u8>> {
+        // A block end's first `\n` may be the last byte searched.
+        let from = self.searched.saturating_sub(1);
+        let Some(at) = self.buffer[from..]
+            .windows(2)
+            .position(|pair| pair == b"\n\n")
+        else {
+            self.searched = self.buffer.len();
+            return None;
+        };
+        self.searched = 0;
+        Some(self.buffer.drain(..from + at + 2).collect())
+    }
 }
 
 /// Splits one SSE block into its event name and joined data lines.
@@ -479,8 +500,14 @@ mod tests {
         assert_eq!(data, "{\"text\":\"hi\"}");
         let (event, data) = parse_block(": keep-alive\n\n");
         assert_eq!((event.as_str(), data.as_str()), ("message", ""));
-        assert_eq!(block_end(b"data: x\n\nrest"), Some(9));
-        assert_eq!(block_end(b"data: x\n"), None);
+        let mut blocks = SseBlocks::default();
+        blocks.push(b"data: x\n");
+        assert_eq!(blocks.next_block(), None);
+        blocks.push(b"\nrest\n");
+        assert_eq!(blocks.next_block().as_deref(), Some(&b"data: x\n\n"[..]));
+        assert_eq!(blocks.next_block(), None);
+        blocks.push(b"\n");
+        assert_eq!(blocks.next_block().as_deref(), Some(&b"rest\n\n"[..]));
     }
 
     #[test]

@@ -79,12 +79,11 @@ pub fn model_completion(body: &[u8]) -> Result<ModelAnswer, String> {
 /// The `(event, data)` of each complete block of an API answer stream arriving in `pieces`,
 /// as `antler chat` reads it.
 pub fn chat_sse_events(pieces: &[&[u8]]) -> Vec<(String, String)> {
-    let mut buffer: Vec<u8> = Vec::new();
+    let mut blocks = crate::chat::SseBlocks::default();
     let mut events = Vec::new();
     for piece in pieces {
-        buffer.extend_from_slice(piece);
-        while let Some(end) = crate::chat::block_end(&buffer) {
-            let block: Vec<u8> = buffer.drain(..end).collect();
+        blocks.push(piece);
+        while let Some(block) = blocks.next_block() {
             events.push(crate::chat::parse_block(&String::from_utf8_lossy(&block)));
         }
     }
