@@ -773,15 +773,3 @@ fn a_quote_opening_a_list_item_starts_on_its_own_line() {
     );
     assert_eq!(discord("- > quoted"), "- \n  > quoted");
 }
-
-#[test]
-fn a_quote_line_continued_in_the_next_chunk_keeps_its_marker_first() {
-    // Found by the `render_slack` fuzz target: a span reopened in front of the quote's `> `
-    // (`_> four_`) made the `>` a bare character and the line no quote.
-    let markdown = "> _one two three\n> four five six_";
-    assert_eq!(mrkdwn(markdown), "> _one two three\n> four five six_");
-    assert_eq!(
-        mrkdwn_chunks(markdown, Limit::Chars(20)),
-        ["> _one two three_", "> _four five six_"]
-    );
-}

@@ -269,21 +269,10 @@ fn write(
         stack.push((s, out.len(), false));
         out.push_str(spans[s].open);
     };
-    // A line's prefix (a quote's `> `, indentation) stays before the reopened spans: in
-    // `_> text_` the `>` is no quote marker but a bare character.
-    let prefix = units[start..cut]
-        .iter()
-        .take_while(|unit| matches!(unit, Unit::Piece(">" | " ")))
-        .count();
-    for unit in &units[start..start + prefix] {
-        if let Unit::Piece(p) = unit {
-            out.push_str(p);
-        }
-    }
     for &s in reopened {
         open(&mut out, &mut stack, s);
     }
-    for unit in &units[start + prefix..cut] {
+    for unit in &units[start..cut] {
         match *unit {
             Unit::Open(s) => open(&mut out, &mut stack, s),
             Unit::Close => close(spans, &mut out, &mut stack),
