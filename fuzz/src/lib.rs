@@ -227,7 +227,7 @@ pub fn check_chunking(renderer: &dyn Renderer, markdown: &str, limit: Limit) -> 
                 depth -= 1;
                 Token::Close
             }
-            Token::Text(t) | Token::Atom(t) => {
+            Token::Text(t) | Token::Atom(t) | Token::Prefix(t) => {
                 text.push_str(t);
                 token.clone()
             }

@@ -773,3 +773,50 @@ fn a_quote_opening_a_list_item_starts_on_its_own_line() {
     );
     assert_eq!(discord("- > quoted"), "- \n  > quoted");
 }
+
+#[test]
+fn a_quote_line_continued_in_the_next_chunk_keeps_its_marker_first() {
+    // Found by the `render_slack` fuzz target: a span reopened in front of the quote's `> `
+    // (`_> four_`) made the `>` a bare character and the line no quote.
+    let markdown = "> _one two three\n> four five six_";
+    assert_eq!(mrkdwn(markdown), "> _one two three\n> four five six_");
+    assert_eq!(
+        mrkdwn_chunks(markdown, Limit::Chars(20)),
+        ["> _one two three_", "> _four five six_"]
+    );
+    // A list item's continuation indentation stays first as well.
+    assert_eq!(
+        discord_chunks("- **one two three\n  four five six**", Limit::Chars(22)),
+        ["- **one two three**", "  **four five six**"]
+    );
+}
+
+#[test]
+fn a_code_block_resumed_on_an_indented_line_keeps_its_fence_at_the_margin() {
+    // The indentation inside code is code, not a line prefix: the reopened fence comes first
+    // (an earlier fix for the case above moved the spaces before it, which opened no block).
+    let markdown = "```rust\nfn main() {\n    let a = 1;\n    let b = 2;\n}\n```";
+    assert_eq!(
+        discord_chunks(markdown, Limit::Chars(40)),
+        [
+            "```rust\nfn main() {\n    let a = 1;\n```",
+            "```rust\n    let b = 2;\n}\n```"
+        ]
+    );
+}
+
+#[test]
+fn a_link_whose_text_spans_lines_is_written_on_one_line() {
+    // Found by the `render_slack` fuzz target: in a quote, the label's line break wrote the
+    // quote's `> ` inside `<url|…>`, and that `>` ended the link early.
+    // Raw HTML is literal text, so a tag may carry a line break into the label.
+    let markdown = "> see [the <b\n> id=1> runbook](https://x.io/a) now";
+    assert_eq!(
+        mrkdwn(markdown),
+        "> see <https://x.io/a|the &lt;b id=1&gt; runbook> now"
+    );
+    assert_eq!(
+        discord(markdown),
+        "> see [the \\<b id=1\\> runbook](https://x.io/a) now"
+    );
+}

@@ -20,6 +20,10 @@ pub enum Token {
     Text(String),
     /// Output that must stay whole: an entity (`&amp;`) or an escape sequence (`\*`).
     Atom(String),
+    /// What starts a line before its content: a quote's `> `, the spaces under a list item's
+    /// marker. A chunk that starts with it writes it before the spans it reopens, so the line
+    /// stays a quote (`> _text_`, not `_> text_`).
+    Prefix(String),
 }
 
 /// A platform's message size limit and the unit it counts in.
@@ -73,7 +77,7 @@ pub fn concat(tokens: &[Token]) -> String {
                 stack.push(close);
             }
             Token::Close => out.push_str(stack.pop().unwrap_or_default()),
-            Token::Text(text) | Token::Atom(text) => out.push_str(text),
+            Token::Text(text) | Token::Atom(text) | Token::Prefix(text) => out.push_str(text),
         }
     }
     out
@@ -109,12 +113,30 @@ pub fn chunk(tokens: &[Token], limit: Limit) -> Result<Vec<String>, ChunkError> 
     Ok(chunks)
 }
 
-/// A flattened token: one character, one atom, or a span edge.
+/// A flattened token: one character, one atom, one character of a line prefix, or a span
+/// edge.
 #[derive(Debug, Clone, Copy)]
 enum Unit<'a> {
     Open(usize),
     Close,
     Piece(&'a str),
+    Prefix(&'a str),
+}
+
+impl<'a> Unit<'a> {
+    /// The output this unit writes, if it is not a span edge.
+    fn output(self) -> Option<&'a str> {
+        match self {
+            Unit::Piece(p) | Unit::Prefix(p) => Some(p),
+            Unit::Open(_) | Unit::Close => None,
+        }
+    }
+}
+
+/// Each character of `text` as a unit made by `unit`.
+fn chars<'a>(text: &'a str, unit: fn(&'a str) -> Unit<'a>) -> impl Iterator<Item = Unit<'a>> {
+    text.char_indices()
+        .map(move |(i, c)| unit(&text[i..i + c.len_utf8()]))
 }
 
 struct Span<'a> {
@@ -133,12 +155,8 @@ fn flatten(tokens: &[Token]) -> (Vec<Span<'_>>, Vec<Unit<'_>>) {
             }
             Token::Close => units.push(Unit::Close),
             Token::Atom(atom) => units.push(Unit::Piece(atom)),
-            Token::Text(text) => {
-                units.extend(
-                    text.char_indices()
-                        .map(|(i, c)| Unit::Piece(&text[i..i + c.len_utf8()])),
-                );
-            }
+            Token::Text(text) => units.extend(chars(text, Unit::Piece)),
+            Token::Prefix(text) => units.extend(chars(text, Unit::Prefix)),
         }
     }
     (spans, units)
@@ -147,7 +165,7 @@ fn flatten(tokens: &[Token]) -> (Vec<Span<'_>>, Vec<Unit<'_>>) {
 fn text_content(units: &[Unit<'_>]) -> bool {
     units
         .iter()
-        .any(|u| matches!(u, Unit::Piece(p) if !p.trim().is_empty()))
+        .any(|u| u.output().is_some_and(|p| !p.trim().is_empty()))
 }
 
 enum Fit {
@@ -210,7 +228,7 @@ fn fit(
                 let c = stack.last().map_or(0, |&s| limit.measure(spans[s].close));
                 (used + c, closing - c)
             }
-            Unit::Piece(p) => (used + limit.measure(p), closing),
+            Unit::Piece(p) | Unit::Prefix(p) => (used + limit.measure(p), closing),
         };
         if next_used + next_closing > max {
             return match best.iter().flatten().next() {
@@ -223,7 +241,7 @@ fn fit(
             Unit::Close => {
                 stack.pop();
             }
-            Unit::Piece(p) => content |= !p.trim().is_empty(),
+            Unit::Piece(p) | Unit::Prefix(p) => content |= !p.trim().is_empty(),
         }
         used = next_used;
         closing = next_closing;
@@ -232,7 +250,8 @@ fn fit(
     Fit::All
 }
 
-/// Notes the boundary before unit `i` in the slot of its kind.
+/// Notes the boundary before unit `i` in the slot of its kind. A line prefix's spaces are no
+/// boundary: the line break before the prefix is a better one.
 fn record(units: &[Unit<'_>], i: usize, best: &mut [Option<(usize, usize)>; 4]) {
     let piece = |j: usize| match units.get(j) {
         Some(Unit::Piece(p)) => Some(*p),
@@ -251,8 +270,9 @@ fn record(units: &[Unit<'_>], i: usize, best: &mut [Option<(usize, usize)>; 4]) 
     }
 }
 
-/// Writes units `start..cut` with the spans in `reopened` opened first and every span still
-/// open at `cut` closed; returns the text and the spans open at `cut`.
+/// Writes units `start..cut` with the spans in `reopened` opened first (after the line prefix
+/// the chunk starts with, if any) and every span still open at `cut` closed; returns the text
+/// and the spans open at `cut`.
 ///
 /// A span that gets no text in this chunk is left out entirely rather than written empty.
 fn write(
@@ -269,14 +289,21 @@ fn write(
         stack.push((s, out.len(), false));
         out.push_str(spans[s].open);
     };
+    let prefix = units[start..cut]
+        .iter()
+        .take_while(|u| matches!(u, Unit::Prefix(_)))
+        .count();
+    for unit in &units[start..start + prefix] {
+        out.extend(unit.output());
+    }
     for &s in reopened {
         open(&mut out, &mut stack, s);
     }
-    for unit in &units[start..cut] {
+    for unit in &units[start + prefix..cut] {
         match *unit {
             Unit::Open(s) => open(&mut out, &mut stack, s),
             Unit::Close => close(spans, &mut out, &mut stack),
-            Unit::Piece(p) => {
+            Unit::Piece(p) | Unit::Prefix(p) => {
                 out.push_str(p);
                 stack.iter_mut().for_each(|frame| frame.2 = true);
             }

@@ -140,13 +140,8 @@ impl Walker<'_> {
             self.raw("\n");
             return;
         }
-        if self.indent.is_empty() {
-            return;
-        }
-        if let Some(Token::Text(last)) = self.out.last_mut() {
-            if let Some(kept) = last.strip_suffix(self.indent.as_str()).map(str::len) {
-                last.truncate(kept);
-            }
+        if let Some(Token::Prefix(_)) = self.out.last() {
+            self.out.pop();
         }
     }
 

@@ -30,6 +30,10 @@
 //!   link `Open { open: "[", close: "](url)" }`, and characters that would format are HTML
 //!   entities (`Atom("&#42;")`), which card Markdown decodes.
 //!
+//! What starts a line before its content, a quote's `> ` or the spaces under a list marker, is
+//! a [`Token::Prefix`]: a chunk that starts on such a line writes it before the spans it
+//! reopens, so `> _text_` stays a quote line.
+//!
 //! The chunker counts the markup itself against the limit, prefers paragraph breaks
 //! (`"\n\n"`), then line breaks, then spaces inside [`Token::Text`], and never splits a
 //! [`Token::Atom`] or a character.

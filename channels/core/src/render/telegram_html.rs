@@ -249,12 +249,15 @@ pub(super) fn table_text(rows: &[Vec<Vec<Inline>>]) -> String {
     lines.join("\n")
 }
 
-/// The text of inline content with all formatting dropped.
+/// The text of inline content with all formatting dropped, on one line: a label or a table
+/// cell holds no line break (one inside a quote would write the quote's `> ` into it).
 pub(super) fn plain(content: &[Inline]) -> String {
     let mut out = String::new();
     for inline in content {
         match inline {
-            Inline::Text(text) | Inline::Code(text) => out.push_str(text),
+            Inline::Text(text) | Inline::Code(text) => {
+                out.extend(text.chars().map(|c| if c == '\n' { ' ' } else { c }));
+            }
             Inline::LineBreak => out.push(' '),
             Inline::Bold(inner) | Inline::Italic(inner) | Inline::Strike(inner) => {
                 out.push_str(&plain(inner));

@@ -30,28 +30,36 @@ pub(super) trait TokenWriter {
         }
     }
 
+    /// What starts a line before its content (indentation, a quote's `> `), merged into the
+    /// prefix it follows.
+    fn prefix(&mut self, text: &str) {
+        if text.is_empty() {
+            return;
+        }
+        let tokens = self.tokens();
+        if let Some(Token::Prefix(last)) = tokens.last_mut() {
+            last.push_str(text);
+        } else {
+            tokens.push(Token::Prefix(text.to_owned()));
+        }
+    }
+
     /// A line break, then the current indentation.
     fn newline(&mut self) {
         self.raw("\n");
         let indent = std::mem::take(self.indent());
-        self.raw(&indent);
+        self.prefix(&indent);
         *self.indent() = indent;
     }
 
     /// Whether the next output starts a line (after its indentation): nothing written yet,
-    /// or only a newline and the current indentation since the last text.
+    /// or only a newline and the line's prefix since the last text.
     fn at_line_start(&mut self) -> bool {
-        let indent = std::mem::take(self.indent());
-        let at_start = match self.tokens().last() {
-            None => true,
-            Some(Token::Text(last)) => {
-                let trimmed = last.strip_suffix(indent.as_str()).unwrap_or(last);
-                trimmed.is_empty() || trimmed.ends_with('\n')
-            }
+        match self.tokens().last() {
+            None | Some(Token::Prefix(_)) => true,
+            Some(Token::Text(last)) => last.ends_with('\n'),
             Some(_) => false,
-        };
-        *self.indent() = indent;
-        at_start
+        }
     }
 
     /// A quote as `> ` at the start of each of its lines. A quote that opens a list item
@@ -60,7 +68,7 @@ pub(super) trait TokenWriter {
         if !self.at_line_start() {
             self.newline();
         }
-        self.raw("> ");
+        self.prefix("> ");
         self.indent().push_str("> ");
         self.blocks(blocks, "\n");
         let indent = self.indent();
