@@ -19,29 +19,13 @@ pub(super) trait TokenWriter {
     /// Output that needs no escaping (markers, newlines, indentation, code), merged into the
     /// text run it follows.
     fn raw(&mut self, text: &str) {
-        if text.is_empty() {
-            return;
-        }
-        let tokens = self.tokens();
-        if let Some(Token::Text(last)) = tokens.last_mut() {
-            last.push_str(text);
-        } else {
-            tokens.push(Token::Text(text.to_owned()));
-        }
+        append(self.tokens(), text, false);
     }
 
     /// What starts a line before its content (indentation, a quote's `> `), merged into the
     /// prefix it follows.
     fn prefix(&mut self, text: &str) {
-        if text.is_empty() {
-            return;
-        }
-        let tokens = self.tokens();
-        if let Some(Token::Prefix(last)) = tokens.last_mut() {
-            last.push_str(text);
-        } else {
-            tokens.push(Token::Prefix(text.to_owned()));
-        }
+        append(self.tokens(), text, true);
     }
 
     /// A line break, then the current indentation.
@@ -106,5 +90,20 @@ pub(super) trait TokenWriter {
             }
             self.block(block);
         }
+    }
+}
+
+/// Appends `text` to `tokens` as a [`Token::Prefix`] or else a [`Token::Text`], merged into
+/// the last token when that is of the same kind.
+fn append(tokens: &mut Vec<Token>, text: &str, prefix: bool) {
+    if text.is_empty() {
+        return;
+    }
+    match (tokens.last_mut(), prefix) {
+        (Some(Token::Prefix(last)), true) | (Some(Token::Text(last)), false) => {
+            last.push_str(text);
+        }
+        _ if prefix => tokens.push(Token::Prefix(text.to_owned())),
+        _ => tokens.push(Token::Text(text.to_owned())),
     }
 }
