@@ -384,15 +384,47 @@ fn a_span_with_no_text_in_a_chunk_is_left_out() {
 }
 
 #[test]
-fn a_limit_too_small_for_the_markup_is_an_error() {
+fn markup_too_big_for_the_limit_is_dropped_and_only_a_limit_below_one_escape_is_an_error() {
+    // `<pre><code class="language-rust">` and its close take 48 characters: at 40 the code is
+    // sent without them rather than not at all.
     let tokens = TelegramHtml.render(&Document::parse("```rust\nx\n```"));
+    assert_eq!(chunk(&tokens, Limit::Chars(40)).unwrap(), ["x"]);
     assert_eq!(
-        chunk(&tokens, Limit::Chars(40)),
+        chunk(&tokens, Limit::Chars(49)).unwrap(),
+        ["<pre><code class=\"language-rust\">x</code></pre>"]
+    );
+    // Found by the `render_discord` fuzz target: a link whose address, its `>` encoded as
+    // `%3E`, was longer than Discord's 2,000 characters made the whole answer unsendable.
+    let url = format!("https://x.io/{}", ">".repeat(700));
+    let chunks = discord_chunks(&format!("see [the page]({url})"), Limit::Chars(2000));
+    assert_eq!(chunks, ["see the page"]);
+    // Only a limit that cannot hold one escape sequence (`&amp;`) is refused.
+    let tokens = TelegramHtml.render(&Document::parse("a & b"));
+    assert_eq!(
+        chunk(&tokens, Limit::Chars(4)),
         Err(ChunkError::LimitTooSmall {
-            limit: Limit::Chars(40)
+            limit: Limit::Chars(4)
         })
     );
-    assert_eq!(chunk(&tokens, Limit::Chars(48)).unwrap().len(), 1);
+    assert_eq!(
+        chunk(&tokens, Limit::Chars(5)).unwrap(),
+        ["a", "&amp;", "b"]
+    );
+}
+
+#[test]
+fn text_with_no_boundary_is_cut_where_the_limit_is() {
+    // A run of whitespace longer than the limit, or one character with a long tail of
+    // combining marks, has no place to end a chunk: it is cut where the limit is rather than
+    // refused.
+    let spaces = format!("```\n{}x\n```", " ".repeat(30));
+    let chunks = discord_chunks(&spaces, Limit::Chars(20));
+    assert!(chunks.iter().all(|c| c.chars().count() <= 20), "{chunks:?}");
+    assert!(chunks.concat().contains('x'), "{chunks:?}");
+    let zalgo = format!("a{}", "\u{0301}".repeat(40));
+    let chunks = discord_chunks(&zalgo, Limit::Chars(16));
+    assert!(chunks.iter().all(|c| c.chars().count() <= 16), "{chunks:?}");
+    assert_eq!(chunks.concat(), zalgo);
 }
 
 #[test]
@@ -819,4 +851,25 @@ fn a_link_whose_text_spans_lines_is_written_on_one_line() {
         discord(markdown),
         "> see [the \\<b id=1\\> runbook](https://x.io/a) now"
     );
+}
+
+#[test]
+fn a_bare_slack_link_longer_than_a_message_is_split_into_links() {
+    let url = format!("https://x.io/?q={}", "a&".repeat(30));
+    let escaped = url.replace('&', "&amp;");
+    assert_eq!(mrkdwn(&format!("<{url}>")), format!("<{escaped}>"));
+    let chunks = mrkdwn_chunks(&format!("<{url}>"), Limit::Chars(50));
+    assert!(chunks.len() > 1, "{chunks:?}");
+    for chunk in &chunks {
+        assert!(chunk.starts_with('<') && chunk.ends_with('>'), "{chunk:?}");
+        assert_eq!(
+            chunk.matches('&').count(),
+            chunk.matches("&amp;").count(),
+            "{chunk:?}"
+        );
+    }
+    let joined: String = chunks.iter().map(|c| &c[1..c.len() - 1]).collect();
+    assert_eq!(joined, escaped);
+    // A space in an address would be a place to end a chunk inside the link: it is encoded.
+    assert_eq!(mrkdwn("[x](<https://x.io/a b>)"), "<https://x.io/a%20b|x>");
 }

@@ -90,8 +90,15 @@ pub fn concat(tokens: &[Token]) -> String {
 /// language). Boundaries are chosen at the last paragraph break that fits, else the last line
 /// break, else the last space, else the last character (never between an emoji and its
 /// modifier). The whitespace at a chosen boundary is dropped. Empty input gives no chunks.
+///
+/// A span whose markup, with that of the spans around it, would leave no room for the widest
+/// piece of text is written without its markup: a link whose address alone fills a message
+/// becomes its text rather than an answer that cannot be sent. Where no boundary fits, the
+/// chunk ends where the limit does, even inside a run of whitespace or a cluster of combining
+/// marks. So [`ChunkError`] means a limit smaller than one escape sequence, never a long link,
+/// deep nesting or odd text.
 pub fn chunk(tokens: &[Token], limit: Limit) -> Result<Vec<String>, ChunkError> {
-    let (spans, units) = flatten(tokens);
+    let (spans, units) = flatten(tokens, limit);
     let mut chunks = Vec::new();
     let mut start = 0;
     let mut reopened: Vec<usize> = Vec::new();
@@ -144,22 +151,58 @@ struct Span<'a> {
     close: &'a str,
 }
 
-fn flatten(tokens: &[Token]) -> (Vec<Span<'_>>, Vec<Unit<'_>>) {
+/// The tokens as units, without the markup of spans too big for `limit` (see [`chunk`]).
+fn flatten(tokens: &[Token], limit: Limit) -> (Vec<Span<'_>>, Vec<Unit<'_>>) {
     let mut spans = Vec::new();
     let mut units = Vec::new();
+    // The markup cost of each open span, `None` for one written without its markup, and the
+    // kept spans' total.
+    let mut open_costs: Vec<Option<usize>> = Vec::new();
+    let mut markup = 0usize;
+    let room = limit.max().saturating_sub(widest_piece(tokens, limit));
     for token in tokens {
         match token {
             Token::Open { open, close } => {
-                units.push(Unit::Open(spans.len()));
-                spans.push(Span { open, close });
+                let cost = limit.measure(open) + limit.measure(close);
+                if markup + cost <= room {
+                    markup += cost;
+                    open_costs.push(Some(cost));
+                    units.push(Unit::Open(spans.len()));
+                    spans.push(Span { open, close });
+                } else {
+                    open_costs.push(None);
+                }
             }
-            Token::Close => units.push(Unit::Close),
+            Token::Close => {
+                if let Some(Some(cost)) = open_costs.pop() {
+                    markup -= cost;
+                    units.push(Unit::Close);
+                }
+            }
             Token::Atom(atom) => units.push(Unit::Piece(atom)),
             Token::Text(text) => units.extend(chars(text, Unit::Piece)),
             Token::Prefix(text) => units.extend(chars(text, Unit::Prefix)),
         }
     }
     (spans, units)
+}
+
+/// The size of the largest piece of output the chunker cannot split: an atom or a character.
+fn widest_piece(tokens: &[Token], limit: Limit) -> usize {
+    let measure = |text: &str| {
+        text.chars()
+            .map(|c| limit.measure(c.encode_utf8(&mut [0; 4])))
+            .max()
+    };
+    tokens
+        .iter()
+        .filter_map(|token| match token {
+            Token::Atom(atom) => Some(limit.measure(atom)),
+            Token::Text(text) | Token::Prefix(text) => measure(text),
+            Token::Open { .. } | Token::Close => None,
+        })
+        .max()
+        .unwrap_or(0)
 }
 
 fn text_content(units: &[Unit<'_>]) -> bool {
@@ -233,6 +276,9 @@ fn fit(
         if next_used + next_closing > max {
             return match best.iter().flatten().next() {
                 Some(&(cut, resume)) => Fit::Split(cut, resume),
+                // No boundary yet (only whitespace, or one cluster of joined characters): end
+                // where the limit does.
+                None if i > start => Fit::Split(i, i),
                 None => Fit::Nothing,
             };
         }

@@ -2,6 +2,10 @@
 
 use pulldown_cmark::{CodeBlockKind, Event, LinkType, Options, Parser, Tag};
 
+/// The longest language name a code block keeps: longer ones are no language's name, and
+/// would only make every chunk's reopened fence long.
+const MAX_LANGUAGE: usize = 32;
+
 /// A parsed answer: what every platform renderer starts from.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Document {
@@ -23,7 +27,8 @@ pub enum Block {
     },
     /// A fenced or indented code block, without its trailing newline.
     Code {
-        /// The info string's first word (`rust` in ```` ```rust ````), if any.
+        /// The info string's first word (`rust` in ```` ```rust ````), if any and at most
+        /// 32 characters.
         language: Option<String>,
         /// The code, verbatim.
         text: String,
@@ -173,7 +178,7 @@ impl Builder {
                     CodeBlockKind::Fenced(info) => info
                         .split_whitespace()
                         .next()
-                        .filter(|word| !word.is_empty())
+                        .filter(|word| !word.is_empty() && word.chars().count() <= MAX_LANGUAGE)
                         .map(str::to_owned),
                     CodeBlockKind::Indented => None,
                 };

@@ -167,8 +167,16 @@ impl Walker {
         let target = link_target(url);
         let label = plain(content);
         if label == url || Some(label.as_str()) == url.strip_prefix("mailto:") || label.is_empty() {
-            // Slack shows the URL itself; an atom, so a chunk never ends inside it.
-            self.out.push(Token::Atom(format!("<{target}>")));
+            // Slack shows the URL itself. The address holds no space or line break, so a chunk
+            // ends inside it only when it is longer than a message (then each part is a link).
+            self.open("<", ">");
+            for (i, part) in target.split("&amp;").enumerate() {
+                if i > 0 {
+                    self.out.push(Token::Atom("&amp;".to_owned()));
+                }
+                self.raw(part);
+            }
+            self.close();
             return;
         }
         self.open(&format!("<{target}|"), ">");
@@ -178,7 +186,8 @@ impl Walker {
 }
 
 /// A URL as it may stand between `<` and `|`: `&` as Slack's entity, and the characters that
-/// would end the link (`|`, `<`, `>`) percent-encoded, which keeps the address the same.
+/// would end the link (`|`, `<`, `>`) or give a chunk a place to end inside it (whitespace)
+/// percent-encoded, which keeps the address the same.
 fn link_target(url: &str) -> String {
     let mut out = String::with_capacity(url.len());
     for c in url.chars() {
@@ -187,6 +196,10 @@ fn link_target(url: &str) -> String {
             '|' => out.push_str("%7C"),
             '<' => out.push_str("%3C"),
             '>' => out.push_str("%3E"),
+            ' ' => out.push_str("%20"),
+            '\t' => out.push_str("%09"),
+            '\n' => out.push_str("%0A"),
+            '\r' => out.push_str("%0D"),
             c => out.push(c),
         }
     }
