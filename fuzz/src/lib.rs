@@ -220,6 +220,7 @@ pub fn check_chunking(renderer: &dyn Renderer, markdown: &str, limit: Limit) -> 
                 Token::Open {
                     open: OPEN_MARK.to_string(),
                     close: CLOSE_MARK.to_string(),
+                    verbatim: true,
                 }
             }
             Token::Close => {

@@ -434,6 +434,7 @@ fn other_markup_dialects_plug_in_through_tokens() {
         Token::Open {
             open: "```\n".to_owned(),
             close: "\n```".to_owned(),
+            verbatim: true,
         },
         Token::Text("let a = 1;\nlet b = 2;".to_owned()),
         Token::Atom("&amp;".to_owned()),
@@ -872,4 +873,38 @@ fn a_bare_slack_link_longer_than_a_message_is_split_into_links() {
     assert_eq!(joined, escaped);
     // A space in an address would be a place to end a chunk inside the link: it is encoded.
     assert_eq!(mrkdwn("[x](<https://x.io/a b>)"), "<https://x.io/a%20b|x>");
+}
+
+#[test]
+fn code_keeps_its_fence_and_long_backtick_runs_are_broken() {
+    // Found by the `render_discord` fuzz target: at a limit too small for a code block's
+    // fence, dropping the fence showed the code's own "```" as markup. Code keeps its markup
+    // (the limit is refused instead), and a backtick run in code is broken after 15 with a
+    // zero-width space, so no fence is longer than 16 backticks.
+    let markdown = "````\n``` inside\n````";
+    assert_eq!(
+        discord_chunks(markdown, Limit::Chars(30)),
+        ["````\n``` inside\n````"]
+    );
+    assert_eq!(
+        chunk(
+            &DiscordMarkdown.render(&Document::parse(markdown)),
+            Limit::Chars(8)
+        ),
+        Err(ChunkError::LimitTooSmall {
+            limit: Limit::Chars(8)
+        })
+    );
+    let run = "`".repeat(40);
+    let broken = format!("{0}\u{200B}{0}\u{200B}{1}", "`".repeat(15), "`".repeat(10));
+    let fence = "`".repeat(16);
+    let outer = "`".repeat(41);
+    assert_eq!(
+        discord(&format!("{outer}\n{run}\n{outer}")),
+        format!("{fence}\n{broken}\n{fence}")
+    );
+    assert_eq!(
+        discord(&format!("` {run} `")),
+        format!("{fence} {broken} {fence}")
+    );
 }

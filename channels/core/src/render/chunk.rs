@@ -12,6 +12,10 @@ pub enum Token {
         open: String,
         /// The markup that ends it (`</b>`, `*`, ```` \n``` ````).
         close: String,
+        /// Whether the text inside is written as it is (code in Markdown), so that without
+        /// this span's markup its characters would format. Such a span keeps its markup even
+        /// where that leaves no room; others lose it (see [`chunk`]).
+        verbatim: bool,
     },
     /// Ends the innermost open span.
     Close,
@@ -72,7 +76,7 @@ pub fn concat(tokens: &[Token]) -> String {
     let mut stack: Vec<&str> = Vec::new();
     for token in tokens {
         match token {
-            Token::Open { open, close } => {
+            Token::Open { open, close, .. } => {
                 out.push_str(open);
                 stack.push(close);
             }
@@ -92,11 +96,11 @@ pub fn concat(tokens: &[Token]) -> String {
 /// modifier). The whitespace at a chosen boundary is dropped. Empty input gives no chunks.
 ///
 /// A span whose markup, with that of the spans around it, would leave no room for the widest
-/// piece of text is written without its markup: a link whose address alone fills a message
-/// becomes its text rather than an answer that cannot be sent. Where no boundary fits, the
-/// chunk ends where the limit does, even inside a run of whitespace or a cluster of combining
-/// marks. So [`ChunkError`] means a limit smaller than one escape sequence, never a long link,
-/// deep nesting or odd text.
+/// piece of text is written without its markup, unless it is verbatim: a link whose address
+/// alone fills a message becomes its text rather than an answer that cannot be sent. Where no
+/// boundary fits, the chunk ends where the limit does, even inside a run of whitespace or a
+/// cluster of combining marks. So [`ChunkError`] means a limit too small for one escape
+/// sequence or for a code block's own markup, never a long link, deep nesting or odd text.
 pub fn chunk(tokens: &[Token], limit: Limit) -> Result<Vec<String>, ChunkError> {
     let (spans, units) = flatten(tokens, limit);
     let mut chunks = Vec::new();
@@ -162,9 +166,13 @@ fn flatten(tokens: &[Token], limit: Limit) -> (Vec<Span<'_>>, Vec<Unit<'_>>) {
     let room = limit.max().saturating_sub(widest_piece(tokens, limit));
     for token in tokens {
         match token {
-            Token::Open { open, close } => {
+            Token::Open {
+                open,
+                close,
+                verbatim,
+            } => {
                 let cost = limit.measure(open) + limit.measure(close);
-                if markup + cost <= room {
+                if *verbatim || markup + cost <= room {
                     markup += cost;
                     open_costs.push(Some(cost));
                     units.push(Unit::Open(spans.len()));

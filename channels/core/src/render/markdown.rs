@@ -70,9 +70,19 @@ impl TokenWriter for Walker<'_> {
 
 impl Walker<'_> {
     fn open(&mut self, open: &str, close: &str) {
+        self.push_open(open, close, false);
+    }
+
+    /// A code span: its text is written as it is, so it would format without the markup.
+    fn open_code(&mut self, open: &str, close: &str) {
+        self.push_open(open, close, true);
+    }
+
+    fn push_open(&mut self, open: &str, close: &str, verbatim: bool) {
         self.out.push(Token::Open {
             open: open.to_owned(),
             close: close.to_owned(),
+            verbatim,
         });
     }
 
@@ -125,10 +135,11 @@ impl Walker<'_> {
     /// The fence stays the same in every chunk, so it keeps its language when reopened.
     fn code_block(&mut self, language: Option<&str>, text: &str) {
         self.start_at_margin();
-        let fence = "`".repeat(longest_backtick_run(text).max(2) + 1);
+        let text = short_backtick_runs(text);
+        let fence = "`".repeat(longest_backtick_run(&text).max(2) + 1);
         let language = language.filter(|l| is_language_safe(l)).unwrap_or("");
-        self.open(&format!("{fence}{language}\n"), &format!("\n{fence}"));
-        self.raw(text);
+        self.open_code(&format!("{fence}{language}\n"), &format!("\n{fence}"));
+        self.raw(&text);
         self.close();
     }
 
@@ -181,12 +192,13 @@ impl Walker<'_> {
             Inline::Code(code) => {
                 // CommonMark's rule: a longer backtick string, padded with spaces, holds
                 // backticks of its own.
-                let run = longest_backtick_run(code);
+                let code = short_backtick_runs(code);
+                let run = longest_backtick_run(&code);
                 if run == 0 {
-                    self.open("`", "`");
+                    self.open_code("`", "`");
                 } else {
                     let ticks = "`".repeat(run + 1);
-                    self.open(&format!("{ticks} "), &format!(" {ticks}"));
+                    self.open_code(&format!("{ticks} "), &format!(" {ticks}"));
                 }
                 self.raw(&code.replace('\n', " "));
                 self.close();
@@ -207,6 +219,33 @@ impl Walker<'_> {
         self.text(&label);
         self.close();
     }
+}
+
+/// The longest run of backticks code keeps: the fence around it is one longer, and a fence as
+/// long as the code's own run would let a message's limit be too small for the fence alone.
+const MAX_BACKTICK_RUN: usize = 15;
+
+/// `code` with a zero-width space after every [`MAX_BACKTICK_RUN`]th backtick of a run, so
+/// the fence or delimiter around it stays short. Code looks the same.
+fn short_backtick_runs(code: &str) -> std::borrow::Cow<'_, str> {
+    if longest_backtick_run(code) <= MAX_BACKTICK_RUN {
+        return std::borrow::Cow::Borrowed(code);
+    }
+    let mut out = String::with_capacity(code.len() + code.len() / MAX_BACKTICK_RUN * 3);
+    let mut run = 0;
+    for c in code.chars() {
+        if c == '`' {
+            if run == MAX_BACKTICK_RUN {
+                out.push('\u{200B}');
+                run = 0;
+            }
+            run += 1;
+        } else {
+            run = 0;
+        }
+        out.push(c);
+    }
+    std::borrow::Cow::Owned(out)
 }
 
 /// The longest run of backticks in `text`.

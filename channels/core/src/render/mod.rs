@@ -19,16 +19,19 @@
 //!
 //! A new renderer implements [`Renderer`] and needs nothing else from the chunker:
 //!
-//! - Slack mrkdwn ([`SlackMrkdwn`]): bold is `Open { open: "*", close: "*" }`, a code block is
-//!   `Open { open: "```\n", close: "\n```" }`, a link is `Open { open: "<url|", close: ">" }`;
-//!   `&`, `<` and `>` in text are emitted as `Atom("&amp;")` and so on.
-//! - Discord Markdown ([`DiscordMarkdown`]): bold is `Open { open: "**", close: "**" }`, a code block
-//!   `Open { open: "```rust\n", close: "\n```" }`; a backslash escape such as `\*` is an
-//!   `Atom`, so it is never split from the character it escapes.
+//! - Slack mrkdwn ([`SlackMrkdwn`]): bold is `Open { open: "*", close: "*", .. }`, a code
+//!   block `Open { open: "```\n", close: "\n```", verbatim: true }`, a link
+//!   `Open { open: "<url|", close: ">", .. }`; `&`, `<` and `>` in text are emitted as
+//!   `Atom("&amp;")` and so on.
+//! - Discord Markdown ([`DiscordMarkdown`]): bold is `Open { open: "**", close: "**", .. }`, a
+//!   code block `Open { open: "```rust\n", close: "\n```", verbatim: true }`; a backslash
+//!   escape such as `\*` is an `Atom`, so it is never split from the character it escapes.
+//! - Feishu card Markdown ([`FeishuMarkdown`]): bold is `Open { open: "**", close: "**", .. }`,
+//!   a link `Open { open: "[", close: "](url)", .. }`, and characters that would format are
+//!   HTML entities (`Atom("&#42;")`), which card Markdown decodes.
 //!
-//! - Feishu card Markdown ([`FeishuMarkdown`]): bold is `Open { open: "**", close: "**" }`, a
-//!   link `Open { open: "[", close: "](url)" }`, and characters that would format are HTML
-//!   entities (`Atom("&#42;")`), which card Markdown decodes.
+//! A span is `verbatim` when its text is written as it is (code in Markdown): the chunker
+//! keeps its markup whatever it costs, where it may drop a long link's rather than fail.
 //!
 //! What starts a line before its content, a quote's `> ` or the spaces under a list marker, is
 //! a [`Token::Prefix`]: a chunk that starts on such a line writes it before the spans it

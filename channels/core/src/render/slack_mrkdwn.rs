@@ -61,9 +61,19 @@ impl TokenWriter for Walker {
 
 impl Walker {
     fn open(&mut self, open: &str, close: &str) {
+        self.push_open(open, close, false);
+    }
+
+    /// A code span: its text would format without the markup.
+    fn open_code(&mut self, open: &str, close: &str) {
+        self.push_open(open, close, true);
+    }
+
+    fn push_open(&mut self, open: &str, close: &str, verbatim: bool) {
         self.out.push(Token::Open {
             open: open.to_owned(),
             close: close.to_owned(),
+            verbatim,
         });
     }
 
@@ -113,7 +123,7 @@ impl Walker {
     /// Code verbatim: a list's or quote's indentation would become part of the code, so its
     /// lines start at the margin.
     fn code_block(&mut self, text: &str) {
-        self.open("```\n", "\n```");
+        self.open_code("```\n", "\n```");
         self.escaped(text);
         self.close();
     }
@@ -152,7 +162,7 @@ impl Walker {
             Inline::Text(text) => self.text(text),
             Inline::LineBreak => self.newline(),
             Inline::Code(code) => {
-                self.open("`", "`");
+                self.open_code("`", "`");
                 self.text(code);
                 self.close();
             }

@@ -76,9 +76,11 @@ impl TokenWriter for Walker {
 impl Walker {
     fn open(&mut self, open: String, close: &str) {
         if self.html {
+            // Code's text is escaped: without its tags it reads as text, never as markup.
             self.out.push(Token::Open {
                 open,
                 close: close.to_owned(),
+                verbatim: false,
             });
         }
     }
