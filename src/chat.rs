@@ -28,6 +28,11 @@ pub const HEALTH_TIMEOUT: Duration = Duration::from_secs(5);
 /// The longest server error text shown, in characters.
 const SERVER_MESSAGE_MAX_CHARS: usize = 300;
 
+/// The most of one SSE event `antler chat` holds while waiting for its end. A final answer
+/// is far smaller; a stream past it is broken or hostile, so reading stops instead of
+/// growing without bound.
+const SSE_EVENT_MAX_BYTES: usize = 16 * 1024 * 1024;
+
 /// Why the chat client stopped early.
 #[derive(Debug, thiserror::Error)]
 pub enum ChatError {
@@ -328,6 +333,15 @@ impl Session<'_> {
                     return Ok(());
                 }
             }
+            if blocks.pending_len() > SSE_EVENT_MAX_BYTES {
+                end_line(streamed);
+                warn(&format!(
+                    "the answer from {} sent an event over {} MiB; stopped reading it",
+                    escape_line(self.url),
+                    SSE_EVENT_MAX_BYTES >> 20
+                ));
+                return Ok(());
+            }
         }
         end_line(streamed);
         warn("the answer stream ended before the final answer (is antler shutting down?)");
@@ -427,6 +441,11 @@ impl SseBlocks {
         self.buffer.extend_from_slice(bytes);
     }
 
+    /// How many bytes wait for their block's end.
+    pub(crate) fn pending_len(&self) -> usize {
+        self.buffer.len()
+    }
+
     /// The next complete block, its blank line included.
     pub(crate) fn next_block(&mut self) -> Option<Vec<u8>> {
         // A block end's first `\n` may be the last byte searched.
@@ -503,6 +522,7 @@ mod tests {
         let mut blocks = SseBlocks::default();
         blocks.push(b"data: x\n");
         assert_eq!(blocks.next_block(), None);
+        assert_eq!(blocks.pending_len(), 8);
         blocks.push(b"\nrest\n");
         assert_eq!(blocks.next_block().as_deref(), Some(&b"data: x\n\n"[..]));
         assert_eq!(blocks.next_block(), None);

@@ -465,6 +465,48 @@ async fn chat_neutralises_escape_sequences_in_answers() {
     app.shutdown().await;
 }
 
+#[tokio::test]
+async fn chat_stops_reading_an_event_that_never_ends() {
+    use futures_util::StreamExt;
+
+    // A server whose every answer is one SSE event that never ends. Held whole, it would grow
+    // `antler chat` without bound and the prompt would never come back.
+    let filler = bytes::Bytes::from(vec![b'x'; 64 * 1024]);
+    let server = axum::Router::new().route(
+        "/api/v1/messages",
+        axum::routing::post(move || {
+            let opening = bytes::Bytes::from_static(b"event: delta\ndata: ");
+            let body = futures_util::stream::iter([opening])
+                .chain(futures_util::stream::repeat(filler.clone()))
+                .map(Ok::<_, std::io::Error>);
+            async move {
+                (
+                    [("content-type", "text/event-stream")],
+                    axum::body::Body::from_stream(body),
+                )
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let url = format!("http://{}", listener.local_addr().expect("address"));
+    tokio::spawn(async move { axum::serve(listener, server).await });
+
+    let (code, stdout, stderr) = chat(&["--url", &url], "hello\nagain\n").await;
+    assert_eq!(code, Some(0), "{stdout}\n{stderr}");
+    assert_eq!(
+        stderr
+            .matches(&format!(
+                "the answer from {url} sent an event over 16 MiB; stopped reading it"
+            ))
+            .count(),
+        2,
+        "kept going after the first answer: {stderr}"
+    );
+    assert!(stdout.ends_with("> \n"), "{stdout:?}");
+}
+
 // ---------------------------------------------------------------------------------------------
 // antler healthcheck
 // ---------------------------------------------------------------------------------------------
