@@ -69,27 +69,6 @@ impl TokenWriter for Walker<'_> {
 }
 
 impl Walker<'_> {
-    fn open(&mut self, open: &str, close: &str) {
-        self.push_open(open, close, false);
-    }
-
-    /// A code span: its text is written as it is, so it would format without the markup.
-    fn open_code(&mut self, open: &str, close: &str) {
-        self.push_open(open, close, true);
-    }
-
-    fn push_open(&mut self, open: &str, close: &str, verbatim: bool) {
-        self.out.push(Token::Open {
-            open: open.to_owned(),
-            close: close.to_owned(),
-            verbatim,
-        });
-    }
-
-    fn close(&mut self) {
-        self.out.push(Token::Close);
-    }
-
     /// User text, escaped; line breaks continue the current indentation (a quote's `> `).
     fn text(&mut self, text: &str) {
         for (i, line) in text.split('\n').enumerate() {

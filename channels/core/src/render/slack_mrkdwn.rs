@@ -60,27 +60,6 @@ impl TokenWriter for Walker {
 }
 
 impl Walker {
-    fn open(&mut self, open: &str, close: &str) {
-        self.push_open(open, close, false);
-    }
-
-    /// A code span: its text would format without the markup.
-    fn open_code(&mut self, open: &str, close: &str) {
-        self.push_open(open, close, true);
-    }
-
-    fn push_open(&mut self, open: &str, close: &str, verbatim: bool) {
-        self.out.push(Token::Open {
-            open: open.to_owned(),
-            close: close.to_owned(),
-            verbatim,
-        });
-    }
-
-    fn close(&mut self) {
-        self.out.push(Token::Close);
-    }
-
     /// User text: `&`, `<` and `>` as entities, each an atom the chunker never splits; line
     /// breaks continue the current indentation (a quote's `> `).
     fn text(&mut self, text: &str) {

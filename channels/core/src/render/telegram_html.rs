@@ -74,7 +74,8 @@ impl TokenWriter for Walker {
 }
 
 impl Walker {
-    fn open(&mut self, open: String, close: &str) {
+    /// Opens a tag; [`PlainText`] has none.
+    fn open_tag(&mut self, open: String, close: &str) {
         if self.html {
             // Code's text is escaped: without its tags it reads as text, never as markup.
             self.out.push(Token::Open {
@@ -85,7 +86,8 @@ impl Walker {
         }
     }
 
-    fn close(&mut self) {
+    /// Closes the innermost tag.
+    fn close_tag(&mut self) {
         if self.html {
             self.out.push(Token::Close);
         }
@@ -114,33 +116,33 @@ impl Walker {
         match block {
             Block::Paragraph(content) => self.inlines(content),
             Block::Heading { content, .. } => {
-                self.open("<b>".to_owned(), "</b>");
+                self.open_tag("<b>".to_owned(), "</b>");
                 self.formatted += 1;
                 self.inlines(content);
                 self.formatted -= 1;
-                self.close();
+                self.close_tag();
             }
             Block::Code { language, text } => {
                 match language.as_deref().filter(|l| is_class_safe(l)) {
-                    Some(language) => self.open(
+                    Some(language) => self.open_tag(
                         format!("<pre><code class=\"language-{language}\">"),
                         "</code></pre>",
                     ),
-                    None => self.open("<pre>".to_owned(), "</pre>"),
+                    None => self.open_tag("<pre>".to_owned(), "</pre>"),
                 }
                 self.text(text);
-                self.close();
+                self.close_tag();
             }
             Block::Quote(blocks) => {
                 if self.html && self.quoted {
                     // Already in a <blockquote>; its text continues the outer one.
                     self.blocks(blocks, "\n");
                 } else if self.html {
-                    self.open("<blockquote>".to_owned(), "</blockquote>");
+                    self.open_tag("<blockquote>".to_owned(), "</blockquote>");
                     self.quoted = true;
                     self.blocks(blocks, "\n");
                     self.quoted = false;
-                    self.close();
+                    self.close_tag();
                 } else {
                     self.prefixed_quote(blocks);
                 }
@@ -154,9 +156,9 @@ impl Walker {
     /// Tables become aligned plain text: chat clients have no table markup.
     fn table(&mut self, rows: &[Vec<Vec<Inline>>]) {
         let text = table_text(rows);
-        self.open("<pre>".to_owned(), "</pre>");
+        self.open_tag("<pre>".to_owned(), "</pre>");
         self.text(&text);
-        self.close();
+        self.close_tag();
     }
 
     fn inlines(&mut self, content: &[Inline]) {
@@ -171,9 +173,9 @@ impl Walker {
             Inline::LineBreak => return self.newline(),
             Inline::Code(code) if self.formatted > 0 => return self.text(code),
             Inline::Code(code) => {
-                self.open("<code>".to_owned(), "</code>");
+                self.open_tag("<code>".to_owned(), "</code>");
                 self.text(code);
-                return self.close();
+                return self.close_tag();
             }
             Inline::Link { url, content } => {
                 if !self.html {
@@ -194,11 +196,11 @@ impl Walker {
             Inline::Italic(content) => ("<i>".to_owned(), "</i>", content),
             Inline::Strike(content) => ("<s>".to_owned(), "</s>", content),
         };
-        self.open(open, close);
+        self.open_tag(open, close);
         self.formatted += 1;
         self.inlines(content);
         self.formatted -= 1;
-        self.close();
+        self.close_tag();
     }
 }
 

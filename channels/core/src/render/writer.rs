@@ -16,6 +16,23 @@ pub(super) trait TokenWriter {
     /// Renders one block.
     fn block(&mut self, block: &Block);
 
+    /// Opens a span; where its markup leaves no room in a message, the chunker writes the
+    /// span without it.
+    fn open(&mut self, open: &str, close: &str) {
+        push_open(self.tokens(), open, close, false);
+    }
+
+    /// Opens a code span: its text is written as it is, so it would format without the
+    /// markup, which the chunker therefore always keeps.
+    fn open_code(&mut self, open: &str, close: &str) {
+        push_open(self.tokens(), open, close, true);
+    }
+
+    /// Ends the innermost open span.
+    fn close(&mut self) {
+        self.tokens().push(Token::Close);
+    }
+
     /// Output that needs no escaping (markers, newlines, indentation, code), merged into the
     /// text run it follows.
     fn raw(&mut self, text: &str) {
@@ -106,4 +123,12 @@ fn append(tokens: &mut Vec<Token>, text: &str, prefix: bool) {
         _ if prefix => tokens.push(Token::Prefix(text.to_owned())),
         _ => tokens.push(Token::Text(text.to_owned())),
     }
+}
+
+fn push_open(tokens: &mut Vec<Token>, open: &str, close: &str, verbatim: bool) {
+    tokens.push(Token::Open {
+        open: open.to_owned(),
+        close: close.to_owned(),
+        verbatim,
+    });
 }
